@@ -1,0 +1,66 @@
+"""The `opdiff` command. Parses arguments, calls the library, sets exit codes.
+
+Exit codes: 0 done (divergences are findings), 1 internal error, 2 bad input (one-line reason).
+Each subcommand lives in `opdiff.commands.<name>` with `add_parser(subparsers)` and `run(args)`.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from . import __version__
+from .errors import OpdiffError
+
+COMMANDS = ("demo", "compare", "overflow", "onnx", "env")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's default is exit 2 with usage; keep it to one line
+        self.exit(2, f"opdiff: error: {message} (see '{self.prog} --help')\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="opdiff", description="Find the first operator where two runs of a "
+                     "neural network part ways.")
+    parser.add_argument("--version", action="version", version=f"opdiff {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what opdiff is doing")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"opdiff.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name and exc.name.startswith("opdiff.commands"):
+                continue  # a command not built yet
+            raise
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(name)s: %(message)s")
+    if not getattr(args, "run", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.run(args) or 0)
+    except OpdiffError as exc:
+        print(f"opdiff: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("opdiff: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug in opdiff: say so plainly; the traceback helps with -v
+        if args.verbose:
+            raise
+        print(f"opdiff: internal error: {type(exc).__name__}: {exc} (rerun with -v for the "
+              f"traceback and report it)", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

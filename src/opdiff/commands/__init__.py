@@ -1,0 +1,1 @@
+"""One module per `opdiff` subcommand: `add_parser(subparsers)` registers it, setting `run`."""

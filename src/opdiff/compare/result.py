@@ -1,0 +1,77 @@
+"""What a compare produces: rows, verdicts and the first divergence. Report reads only these."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+# Metric column names, in CSV order. Values are float, or None where a metric does not apply.
+METRICS = ("Cosine", "RMSE", "MAPE", "MaxAbsErr", "MaxRelativeErr", "MeanRelativeErr",
+           "RelEuclideanDistance", "KLD", "One Thousandth Err Ratio", "Five Thousandths Err Ratio")
+
+PASS, WARNING, ERROR, UNMATCHED = "pass", "warning", "error", "unmatched"
+
+
+@dataclass(frozen=True)
+class Location:
+    """The user's source line for an op (innermost frame outside torch and opdiff)."""
+    file: str
+    line: int
+    code: str = ""
+    function: str = ""
+
+
+@dataclass(frozen=True)
+class TensorRow:
+    """One compared tensor (or one unmatched tensor of either side)."""
+    target_name: Optional[str]          # e.g. "Tensor.__iadd__.3.forward.input.0"; None if only golden has it
+    golden_name: Optional[str]
+    op_name: str                        # the record name, e.g. "Tensor.__iadd__.3.forward"
+    role: str                           # "input" | "output" | "parameters"
+    phase: str                          # "forward" | "backward"
+    kind: str                           # "api" | "module" | "aten" | "param_grad" | "node" (onnx)
+    index: int                          # position of the op in target execution order (golden's if unmatched)
+    target_dtype: Optional[str] = None
+    golden_dtype: Optional[str] = None
+    target_shape: Optional[tuple] = None
+    golden_shape: Optional[tuple] = None
+    metrics: dict = field(default_factory=dict)        # METRICS name -> float | None
+    target_stats: dict = field(default_factory=dict)   # max/min/mean/norm/nan/inf
+    golden_stats: dict = field(default_factory=dict)
+    result: str = PASS                  # PASS | WARNING | ERROR | UNMATCHED
+    accuracy_reached: str = ""          # "Yes" | "No" | "" (unmatched)
+    reason: str = ""                    # why this verdict, in words
+    module: Optional[str] = None        # enclosing module call name
+    stack: tuple = ()                   # Location tuple, innermost user frame first
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The first op whose inputs agree with golden but whose outputs do not."""
+    name: str                           # record name, e.g. "Tensor.__iadd__.3.forward"
+    op: str                             # e.g. "Tensor.__iadd__"
+    phase: str
+    reason: str                         # one sentence: why this op is the culprit
+    location: Optional[Location]
+    metrics: dict                       # metrics of the worst output tensor
+    tensor: Optional[str] = None        # the worst output tensor's name
+    input_metrics: dict = field(default_factory=dict)   # metrics of the worst input (agreeing)
+    module: Optional[str] = None
+    step: Optional[int] = None
+    rank: Optional[int] = None
+    context: tuple = ()                 # (line number, source text) around location.line
+
+
+@dataclass
+class CompareResult:
+    """Result of comparing one target dump with one golden dump (one step/rank pair, or merged)."""
+    target: str
+    golden: str
+    rows: list                          # list[TensorRow] in target execution order
+    first_divergence: Optional[Divergence]
+    counts: dict                        # {"pass", "warning", "error", "unmatched"}
+    environment_diff: list = field(default_factory=list)   # [{"key", "target", "golden"}]
+    step: Optional[int] = None
+    rank: Optional[int] = None
+    pairs: list = field(default_factory=list)   # per step/rank summaries when several were compared
+    files: dict = field(default_factory=dict)   # {"csv": path, "summary": path, "html": path}
+    title: str = "opdiff compare"       # shown in reports ("opdiff onnx" for model compares)

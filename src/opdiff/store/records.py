@@ -1,0 +1,109 @@
+"""The record and tensor-descriptor schema shared by the writer, the reader and compare.
+
+A record is one op call (one line of records.jsonl)::
+
+    {"seq": 12,                                  # execution order within this step/rank
+     "name": "Functional.conv2d.0.forward",      # unique within the step
+     "op": "Functional.conv2d",                  # name without counter and phase
+     "kind": "api" | "module" | "aten" | "param_grad",
+     "phase": "forward" | "backward",
+     "module": "Module.layer1.0.Bottleneck.forward.0" | null,   # enclosing module call
+     "inputs": [desc, ...],                      # backward: gradients w.r.t. forward outputs
+     "kwargs": {"dim": desc, ...},               # forward only, may be absent
+     "outputs": [desc, ...],                     # backward: gradients w.r.t. forward inputs
+     "parameters": {"weight": desc, ...},        # module calls and param_grad records
+     "stack": 3 | null,                          # id into stacks.jsonl
+     "forward": "Functional.conv2d.0.forward",   # backward records: their forward record
+     "error": "..."}                             # optional: capture failed partly for this op
+
+A descriptor describes one argument::
+
+    {"type": "tensor", "dtype": "float32", "shape": [2, 3], "device": "cpu",
+     "requires_grad": true, "stats": {"max":, "min":, "mean":, "norm":, "nan":, "inf":},
+     "key": "Functional.conv2d.0.forward.input.0"}       # key only when the tensor was saved
+    {"type": "int" | "float" | "bool" | "str", "value": ...}
+    {"type": "none"}
+    {"type": "dtype" | "device", "value": "torch.float32"}
+    {"type": "size", "value": [2, 3]}
+    {"type": "list" | "tuple", "items": [desc, ...]}
+    {"type": "dict", "items": {"k": desc}}
+    {"type": "object", "value": "<repr, truncated>"}
+
+Floats that are not finite are written as the strings "NaN", "Infinity", "-Infinity" so the
+file stays strict JSON; `decode_float` turns them back.
+"""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Iterator
+
+STAT_KEYS = ("max", "min", "mean", "norm", "nan", "inf")
+
+_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def encode_float(x: float) -> float | str:
+    """A float as strict JSON allows it."""
+    if math.isfinite(x):
+        return x
+    if math.isnan(x):
+        return "NaN"
+    return "Infinity" if x > 0 else "-Infinity"
+
+
+def decode_float(x: Any) -> Any:
+    """Inverse of encode_float; other values pass through."""
+    if isinstance(x, str) and x in _NONFINITE:
+        return _NONFINITE[x]
+    return x
+
+
+def dumps(obj: Any) -> str:
+    """Serialize to one line of strict JSON (raises on bare NaN/Infinity rather than writing it)."""
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+
+
+def decoded_stats(desc: dict) -> dict:
+    """A tensor descriptor's statistics with non-finite floats restored."""
+    return {k: decode_float(v) for k, v in (desc.get("stats") or {}).items()}
+
+
+def iter_descriptors(desc: dict, path: str) -> Iterator[tuple[str, dict]]:
+    """Flatten nested lists/tuples/dicts the way msprobe names them: list -> `.i`, dict -> `.key`."""
+    t = desc.get("type")
+    if t in ("list", "tuple"):
+        for i, item in enumerate(desc.get("items", [])):
+            yield from iter_descriptors(item, f"{path}.{i}")
+    elif t == "dict":
+        for k, item in desc.get("items", {}).items():
+            yield from iter_descriptors(item, f"{path}.{k}")
+    else:
+        yield path, desc
+
+
+def iter_tensors(record: dict) -> Iterator[tuple[str, str, dict]]:
+    """Yield (tensor_name, role, descriptor) for every tensor of a record, in a stable order.
+
+    role is "input", "output" or "parameters". Names follow msprobe:
+    `Functional.conv2d.0.forward.input.0`, `...forward.input.bias` (a kwarg),
+    `Module.fc.Linear.forward.0.parameters.weight`, `Module.fc.Linear.parameters_grad.0.weight`.
+    """
+    name = record["name"]
+    for i, d in enumerate(record.get("inputs") or []):
+        for path, leaf in iter_descriptors(d, f"{name}.input.{i}"):
+            if leaf.get("type") == "tensor":
+                yield path, "input", leaf
+    for k, d in (record.get("kwargs") or {}).items():
+        for path, leaf in iter_descriptors(d, f"{name}.input.{k}"):
+            if leaf.get("type") == "tensor":
+                yield path, "input", leaf
+    for i, d in enumerate(record.get("outputs") or []):
+        for path, leaf in iter_descriptors(d, f"{name}.output.{i}"):
+            if leaf.get("type") == "tensor":
+                yield path, "output", leaf
+    prefix = name if record.get("kind") == "param_grad" else f"{name}.parameters"
+    for k, d in (record.get("parameters") or {}).items():
+        for path, leaf in iter_descriptors(d, f"{prefix}.{k}"):
+            if leaf.get("type") == "tensor":
+                yield path, "parameters", leaf

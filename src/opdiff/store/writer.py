@@ -1,0 +1,173 @@
+"""Append-only dump writer used by capture (and by the ONNX runner).
+
+Records are buffered and appended to records.jsonl every `flush_every` records and on
+`flush()`/`close()`, each time followed by an OS-level flush, so a killed process leaves every
+record up to the last flush readable. Tensors go through a bounded queue to a background thread
+that writes safetensors shards atomically (temp file + rename): a shard is either whole or absent.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import threading
+from pathlib import Path
+from typing import Any
+
+from . import layout
+from .records import dumps
+
+log = logging.getLogger("opdiff")
+
+_SHARD_BYTES = 64 << 20      # one safetensors file holds about this much
+_QUEUE_BYTES = 256 << 20     # capture blocks when this much is waiting to be written
+
+
+class _TensorSink(threading.Thread):
+    """Background thread: moves queued tensors to host memory and writes them in shards."""
+
+    def __init__(self, directory: Path):
+        super().__init__(name="opdiff-tensor-writer", daemon=True)
+        self.directory = directory
+        self.queue: queue.Queue = queue.Queue()
+        self.pending_bytes = 0
+        self.cond = threading.Condition()
+        self.shard_index = 0
+        self.error: BaseException | None = None
+        self._batch: dict[str, Any] = {}
+        self._batch_bytes = 0
+
+    def put(self, key: str, tensor) -> None:
+        nbytes = tensor.numel() * tensor.element_size()
+        with self.cond:
+            # Backpressure keeps memory bounded: wait while too much is queued.
+            while self.pending_bytes > _QUEUE_BYTES and self.is_alive():
+                self.cond.wait(timeout=1.0)
+            self.pending_bytes += nbytes
+        self.queue.put((key, tensor, nbytes))
+
+    def run(self) -> None:
+        while True:
+            item = self.queue.get()
+            try:
+                if item is None:
+                    self._write_shard()
+                    return
+                if item == "flush":
+                    self._write_shard()
+                    continue
+                key, tensor, nbytes = item
+                self._batch[key] = tensor.detach().to("cpu").contiguous()
+                self._batch_bytes += nbytes
+                with self.cond:
+                    self.pending_bytes -= nbytes
+                    self.cond.notify_all()
+                if self._batch_bytes >= _SHARD_BYTES:
+                    self._write_shard()
+            except BaseException as exc:  # never raise into the user's process
+                if self.error is None:
+                    log.warning("opdiff: writing tensors failed (%s); tensors are no longer saved", exc)
+                self.error = exc
+                self._batch.clear()
+            finally:
+                self.queue.task_done()
+
+    def _write_shard(self) -> None:
+        if not self._batch:
+            return
+        from safetensors.torch import save_file
+
+        self.directory.mkdir(parents=True, exist_ok=True)
+        final = self.directory / f"shard_{self.shard_index:05d}.safetensors"
+        tmp = final.with_suffix(".tmp")
+        save_file(self._batch, str(tmp))
+        os.replace(tmp, final)
+        self.shard_index += 1
+        self._batch = {}
+        self._batch_bytes = 0
+
+
+class DumpWriter:
+    """Writes one step of one rank: `DumpWriter(dir, meta)`, then `write()`, `save_tensor()`, `close()`."""
+
+    def __init__(self, directory: str | os.PathLike, meta: dict, flush_every: int = 256):
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.flush_every = flush_every
+        meta = {"format_version": layout.FORMAT_VERSION, **meta}
+        tmp = self.directory / (layout.META + ".tmp")
+        tmp.write_text(json.dumps(meta, indent=2, allow_nan=False, default=str))
+        os.replace(tmp, self.directory / layout.META)
+        self._records = open(self.directory / layout.RECORDS, "a", encoding="utf-8")
+        self._stacks = open(self.directory / layout.STACKS, "a", encoding="utf-8")
+        self._buffer: list[str] = []
+        self._stack_ids: dict[tuple, int] = {}
+        self._sink: _TensorSink | None = None
+        self.disabled = False
+        self.records_written = 0
+
+    # -- stacks -------------------------------------------------------------------------------
+    def stack_id(self, frames: tuple) -> int:
+        """Id of a call stack, writing it the first time it is seen.
+
+        frames: tuple of (file, line, function, code) tuples, innermost user frame first.
+        """
+        sid = self._stack_ids.get(frames)
+        if sid is None:
+            sid = len(self._stack_ids)
+            self._stack_ids[frames] = sid
+            entry = {"id": sid, "frames": [
+                {"file": f, "line": ln, "function": fn, "code": code} for f, ln, fn, code in frames]}
+            self._buffer.append(("s", dumps(entry)))
+        return sid
+
+    # -- records ------------------------------------------------------------------------------
+    def write(self, record: dict) -> None:
+        """Queue one record (already fully resolved: statistics are plain numbers)."""
+        if self.disabled:
+            return
+        self._buffer.append(("r", dumps(record)))
+        self.records_written += 1
+        if len(self._buffer) >= self.flush_every:
+            self.flush()
+
+    def save_tensor(self, key: str, tensor) -> None:
+        """Queue a tensor for the background writer. The caller passes a private copy."""
+        if self.disabled:
+            return
+        if self._sink is None:
+            self._sink = _TensorSink(self.directory / layout.TENSORS)
+            self._sink.start()
+        self._sink.put(key, tensor)
+
+    def flush(self) -> None:
+        """Append buffered records and stacks to disk (stacks first, so ids always resolve)."""
+        if not self._buffer or self.disabled:
+            return
+        stacks = [line for kind, line in self._buffer if kind == "s"]
+        records = [line for kind, line in self._buffer if kind == "r"]
+        self._buffer.clear()
+        try:
+            if stacks:
+                self._stacks.write("\n".join(stacks) + "\n")
+                self._stacks.flush()
+            if records:
+                self._records.write("\n".join(records) + "\n")
+                self._records.flush()
+        except OSError as exc:  # disk full and friends: stop dumping, let training go on
+            log.warning("opdiff: cannot write the dump any more (%s); dumping stopped", exc)
+            self.disabled = True
+
+    def close(self) -> None:
+        """Flush everything and wait for the tensor writer to finish its last shard."""
+        self.flush()
+        if self._sink is not None:
+            self._sink.queue.put(None)
+            self._sink.join()
+            self._sink = None
+        for f in (self._records, self._stacks):
+            try:
+                f.close()
+            except OSError:
+                pass
