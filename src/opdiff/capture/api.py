@@ -1,0 +1,69 @@
+"""L1: every torch API call, through TorchFunctionMode (sees `from torch import relu` too)."""
+from __future__ import annotations
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from . import naming
+from .backward import hook_api_backward, in_backward
+
+_MUTATING_DUNDERS = {"__setitem__"}
+
+
+class ApiCapture(TorchFunctionMode):
+    """Records the outermost torch API call: inputs before it runs, outputs after."""
+
+    def __init__(self, session):
+        super().__init__()
+        self.session = session
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        s = self.session
+        op = naming.api_name(func)
+        if op is None or s.busy or s.writer is None or in_backward():
+            return func(*args, **kwargs)
+        ctx = None
+        try:
+            ctx = self._before(op, args, kwargs)
+        except Exception as exc:
+            s.failed(op, exc)
+        out = func(*args, **kwargs)
+        if ctx is not None:
+            try:
+                self._after(ctx, args, out)
+            except Exception as exc:
+                s.failed(op, exc, ctx[1])
+        return out
+
+    def _before(self, op, args, kwargs):
+        s = self.session
+        op = naming.operator_name(op)
+        index = s.next_index(op)
+        name = f"{op}.{index}.forward"
+        if not s.selected(name):
+            return None
+        stack_ = getattr(s.local, "modules", None)
+        module = stack_[-1] if stack_ else None
+        record = {"name": name, "op": op, "kind": "api", "phase": "forward", "module": module,
+                  "stack": s.stack_id(skip=3)}
+        # Inputs are described now, before an in-place op can overwrite them.
+        with s.internal():
+            record["inputs"] = s.describe_all(args, name, "input")
+            if kwargs:
+                record["kwargs"] = {k: s.describer.describe(v, f"{name}.input.{k}")
+                                    for k, v in kwargs.items()}
+        return (op, record, index)
+
+    def _after(self, ctx, args, out):
+        s = self.session
+        op, record, index = ctx
+        result = args[0] if op in ("Tensor.__setitem__",) and args else out
+        with s.internal():
+            record["outputs"] = s.describe_all([result], record["name"], "output") \
+                if not isinstance(result, (tuple, list)) else s.describe_all(result, record["name"], "output")
+        if s.want_forward:
+            s.emit(record)
+        s.check_overflow(record, args, result)
+        if s.want_backward and torch.is_grad_enabled():
+            hook_api_backward(s, record["name"], op, index, record["module"], record["stack"], result)

@@ -1,0 +1,72 @@
+"""L2: aten ops through TorchDispatchMode, including the ops autograd runs in backward.
+
+Backward aten ops are recognised by the autograd node executing them and linked to the forward
+op that created that node through its sequence number (as the profiler does).
+"""
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+# Bookkeeping ops: no numerics of their own.
+_SKIP = {"detach", "alias", "lift_fresh", "lift_fresh_copy", "_to_copy_meta", "empty", "empty_like",
+         "empty_strided", "set_", "_local_scalar_dense", "is_same_size", "_has_compatible_shallow_copy_type",
+         "result_type", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "_version"}
+
+
+class AtenCapture(TorchDispatchMode):
+    """Records aten ops (views and bookkeeping skipped); sees forward and autograd's backward."""
+
+    def __init__(self, session):
+        super().__init__()
+        self.session = session
+        self.forward_names: dict[int, str] = {}   # autograd sequence nr -> forward record name
+
+    @classmethod
+    def ignore_compile_internals(cls):
+        # Without this, torch.compile silently runs the model eagerly while the mode is active.
+        return True
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        s = self.session
+        packet = func.overloadpacket.__name__
+        if s.busy or s.writer is None or packet in _SKIP or func.is_view:
+            return func(*args, **kwargs)
+        node = torch._C._current_autograd_node()
+        phase = "backward" if node is not None else "forward"
+        op = f"Aten.{packet}"
+        record = None
+        try:
+            index = s.next_index(f"{op}.{phase}")
+            name = f"{op}.{index}.{phase}"
+            if s.selected(name) and (s.want_forward if phase == "forward" else s.want_backward):
+                stack_ = getattr(s.local, "modules", None)
+                record = {"name": name, "op": op, "kind": "aten", "phase": phase,
+                          "module": stack_[-1] if stack_ else None,
+                          "stack": s.stack_id(skip=3) if phase == "forward" else None}
+                if node is not None:
+                    record["forward"] = self.forward_names.get(node._sequence_nr())
+                    record["autograd_node"] = node.name()
+                with s.internal():
+                    record["inputs"] = s.describe_all(args, name, "input")
+                    if kwargs:
+                        record["kwargs"] = {k: s.describer.describe(v, f"{name}.input.{k}")
+                                            for k, v in kwargs.items()}
+        except Exception as exc:
+            s.failed(op, exc)
+            record = None
+        if record is not None and phase == "forward":
+            # Autograd creates the node before dispatching here: its sequence nr is the last one.
+            self.forward_names.setdefault(torch._C._autograd._get_sequence_nr() - 1, record["name"])
+        out = func(*args, **kwargs)
+        if record is not None:
+            try:
+                with s.internal():
+                    record["outputs"] = s.describe_all(out if isinstance(out, (tuple, list)) else [out],
+                                                       record["name"], "output")
+                s.emit(record)
+                s.check_overflow(record, args, out)
+            except Exception as exc:
+                s.failed(op, exc, record)
+        return out

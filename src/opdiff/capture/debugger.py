@@ -1,0 +1,147 @@
+"""PrecisionDebugger and opdiff.dump: the user-facing capture API.
+
+    dbg = opdiff.PrecisionDebugger(dump_path="./dump/gpu", task="statistics", level="mix", step=[0, 1])
+    for x, y in loader:
+        dbg.start(model)
+        loss = loss_fn(model(x), y); loss.backward(); opt.step(); opt.zero_grad()
+        dbg.stop()
+        dbg.step()
+
+    with opdiff.dump(model, "./dump/cpu", level="mix", task="tensor"):
+        loss = model(x).sum(); loss.backward()
+"""
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+
+from ..config import DumpConfig
+from ..errors import ConfigError
+from .session import Session
+
+log = logging.getLogger("opdiff")
+
+_active: "PrecisionDebugger | None" = None
+
+
+class PrecisionDebugger:
+    """Records every op of the steps you select into `dump_path/step{S}/rank{R}/`.
+
+    Arguments are msprobe's: `dump_path`, `task` ("statistics" | "tensor" | "overflow_check"),
+    `level` ("L0" modules | "L1" torch API | "mix" both | "L2" aten), `step` (list of steps to
+    dump, [] = all), `rank`, `scope` ([first, last] op names), `list` (names or substrings),
+    `data_mode` (["all"] or forward/backward/input/output), `overflow_nums`; or
+    `config_path="config.json"` with msprobe's keys (arguments given here win).
+    """
+
+    def __init__(self, dump_path=None, task=None, level=None, step=None, rank=None, scope=None,
+                 list=None, data_mode=None, overflow_nums=None, config_path=None, model=None,
+                 **unknown):
+        if unknown:
+            raise ConfigError(f"PrecisionDebugger got an unknown argument '{sorted(unknown)[0]}'")
+        options = dict(dump_path=dump_path, task=task, level=level, step=step, rank=rank,
+                       scope=scope, list=list, data_mode=data_mode, overflow_nums=overflow_nums)
+        if config_path is not None:
+            self.config = DumpConfig.from_file(config_path, **options)
+        else:
+            self.config = DumpConfig.create(**{k: v for k, v in options.items() if v is not None})
+        self.session = Session(self.config)
+        self.model = model
+        self._api = None
+        self._aten = None
+        self._modules = None
+        self._running = False
+
+    # -- the three verbs -------------------------------------------------------------------------
+    def start(self, model=None) -> None:
+        """Begin (or resume) recording the current step. `model` is needed for L0 and mix."""
+        global _active
+        if self._running:
+            return
+        model = model if model is not None else self.model
+        level = self.config.level
+        if level in ("L0", "mix") and model is None:
+            raise ConfigError(f"level '{level}' records modules: pass the model, dbg.start(model)")
+        if _active is not None and _active is not self:
+            raise ConfigError("another opdiff debugger is running; stop it first")
+        self.session.open_step()
+        if not self.session.recording:
+            return  # this step or rank is not selected
+        if level in ("L0", "mix"):
+            from .modules import ModuleCapture
+            if self._modules is None or self.model is not model:
+                if self._modules is not None:
+                    self._modules.remove_param_hooks()
+                self._modules = ModuleCapture(self.session, model)
+                self.model = model
+            self._modules.install()
+        if level in ("L1", "mix"):
+            from .api import ApiCapture
+            self._api = ApiCapture(self.session)
+            self._api.__enter__()
+        if level == "L2":
+            from .aten import AtenCapture
+            self._aten = self._aten or AtenCapture(self.session)
+            self._aten.__enter__()
+        _active = self
+        self._running = True
+
+    def stop(self) -> None:
+        """Pause recording. Backward hooks of ops already recorded still fire until `step()`."""
+        global _active
+        if not self._running:
+            return
+        if self._api is not None:
+            self._api.__exit__(None, None, None)
+            self._api = None
+        if self._aten is not None:
+            self._aten.__exit__(None, None, None)
+        if self._modules is not None:
+            self._modules.remove()
+        self.session.flush()
+        self._running = False
+        _active = None
+
+    def step(self) -> None:
+        """End the step: write everything of it to disk and reset the op counters."""
+        if self._running:
+            self.stop()
+        if self._modules is not None:
+            self._modules.remove_param_hooks()
+        if self._aten is not None:
+            self._aten.forward_names.clear()
+        self.session.close_step()
+
+    # -- conveniences -------------------------------------------------------------------------
+    @property
+    def dump_dir(self):
+        """Where the current step is being written (None when this step is not recorded)."""
+        w = self.session.writer
+        return w.directory if w is not None else None
+
+    @property
+    def overflows(self) -> list:
+        """Origin records found so far by task="overflow_check"."""
+        mon = self.session.overflow
+        return list(mon.origins) if mon is not None else []
+
+
+@contextmanager
+def dump(model=None, dump_path: str = "./dump", *, level: str = "mix", task: str = "statistics",
+         **options):
+    """Record everything inside the block as one step.
+
+        with opdiff.dump(model, "./dump/cpu", level="mix", task="tensor"):
+            loss = model(x).sum(); loss.backward()
+
+    Yields the PrecisionDebugger; the dump is complete when the block exits.
+    """
+    if model is None and level in ("L0", "mix"):
+        level = "L1"  # nothing to hook at module level: API calls only
+    dbg = PrecisionDebugger(dump_path=dump_path, level=level, task=task, **options)
+    dbg.start(model)
+    try:
+        yield dbg
+    finally:
+        dbg.stop()
+        dbg.step()

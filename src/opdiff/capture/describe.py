@@ -1,0 +1,99 @@
+"""Turn call arguments into descriptors (see store/records.py) and queue their statistics."""
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+_MAX_REPR = 120
+
+
+class Describer:
+    """Builds descriptors for one session step: statistics batched, tensors saved once each.
+
+    `save` decides whether full tensors are kept (task="tensor"). A tensor already saved and not
+    modified since (same object, same version counter) is referenced by its first key instead of
+    being written again: parameters read by many ops are stored once.
+    """
+
+    def __init__(self, stats, writer, save: bool):
+        self.stats = stats
+        self.writer = writer
+        self.save = save
+        self._saved: dict = {}   # id(tensor) -> (weakref, version, key)
+
+    def describe(self, value, name: str, depth: int = 0) -> dict:
+        if isinstance(value, torch.Tensor):
+            return self.tensor(value, name)
+        if value is None:
+            return {"type": "none"}
+        if isinstance(value, bool):
+            return {"type": "bool", "value": value}
+        if isinstance(value, int):
+            return {"type": "int", "value": value}
+        if isinstance(value, float):
+            from ..store.records import encode_float
+            return {"type": "float", "value": encode_float(value)}
+        if isinstance(value, str):
+            return {"type": "str", "value": value[:_MAX_REPR]}
+        if isinstance(value, torch.dtype):
+            return {"type": "dtype", "value": str(value)}
+        if isinstance(value, torch.device):
+            return {"type": "device", "value": str(value)}
+        if isinstance(value, torch.Size):
+            return {"type": "size", "value": list(value)}
+        if isinstance(value, (list, tuple)) and depth < 4:
+            kind = "list" if isinstance(value, list) else "tuple"
+            return {"type": kind, "items": [self.describe(v, f"{name}.{i}", depth + 1)
+                                            for i, v in enumerate(value)]}
+        if isinstance(value, dict) and depth < 4:
+            return {"type": "dict", "items": {str(k): self.describe(v, f"{name}.{k}", depth + 1)
+                                              for k, v in value.items()}}
+        return {"type": "object", "value": _short_repr(value)}
+
+    def tensor(self, t: torch.Tensor, name: str) -> dict:
+        desc = {"type": "tensor", "dtype": str(t.dtype).replace("torch.", ""),
+                "shape": list(t.shape), "device": str(t.device), "requires_grad": t.requires_grad}
+        if t.is_meta or getattr(t, "_is_fake", False):
+            desc["stats"] = None
+            return desc
+        if self.stats is None:      # overflow_check: descriptors only, numbers on demand
+            return desc
+        self.stats.add(desc, t)
+        if self.save and t.layout == torch.strided:
+            desc["key"] = self._save(t, name)
+        return desc
+
+    def _save(self, t: torch.Tensor, name: str) -> str:
+        entry = self._saved.get(id(t))
+        version = t._version
+        if entry is not None:
+            ref, saved_version, key = entry
+            if ref() is t and saved_version == version:
+                return key
+        self.writer.save_tensor(name, t.detach().clone())
+        try:
+            self._saved[id(t)] = (weakref.ref(t), version, name)
+        except TypeError:
+            pass
+        return name
+
+
+def _short_repr(value) -> str:
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= _MAX_REPR else text[:_MAX_REPR - 3] + "..."
+
+
+def tensors_in(value, depth: int = 0):
+    """Every tensor in a (nested) argument, in order."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)) and depth < 4:
+        for v in value:
+            yield from tensors_in(v, depth + 1)
+    elif isinstance(value, dict) and depth < 4:
+        for v in value.values():
+            yield from tensors_in(v, depth + 1)

@@ -1,0 +1,141 @@
+"""L0: every nn.Module call of the given model(s), through the global module hooks.
+
+A forward pre-hook describes the inputs before the module runs (an in-place module such as
+ReLU(inplace=True) overwrites them); the forward hook describes outputs and parameters. Modules
+are held through weak references, and every hook handle is removed by `remove()`.
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch.nn.modules import module as nn_module
+
+from .backward import hook_module_backward, in_backward
+
+
+def module_names(models) -> dict:
+    """{id(module): (weakref, "Module.<path>.<Class>")} for every module under the model(s).
+
+    The root is left out when it has children (msprobe does the same); with several models, a
+    `<i>.` prefix keeps their paths apart.
+    """
+    names = {}
+    models = list(models) if isinstance(models, (list, tuple)) else [models]
+    for i, model in enumerate(models):
+        prefix = f"{i}." if len(models) > 1 else ""
+        has_children = any(True for _ in model.children())
+        for path, mod in model.named_modules():
+            if not path and has_children:
+                continue
+            path = prefix + path if path else prefix.rstrip(".")
+            label = f"Module.{path}.{type(mod).__name__}" if path else f"Module.{type(mod).__name__}"
+            names[id(mod)] = (weakref.ref(mod), label)
+    return names
+
+
+class ModuleCapture:
+    """Installs global forward hooks filtered to one model's modules, plus parameter-grad hooks."""
+
+    def __init__(self, session, models):
+        self.session = session
+        self.names = module_names(models)
+        self.handles = []
+        self.param_handles = []
+        models = list(models) if isinstance(models, (list, tuple)) else [models]
+        self.models = [weakref.ref(m) for m in models]
+
+    def install(self, param_grads: bool = True) -> None:
+        self.handles.append(nn_module.register_module_forward_pre_hook(self._pre))
+        self.handles.append(nn_module.register_module_forward_hook(self._post))
+        if param_grads and self.session.want_backward and not self.param_handles:
+            self._hook_params()
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+
+    def remove_param_hooks(self) -> None:
+        for h in self.param_handles:
+            h.remove()
+        self.param_handles.clear()
+
+    def _label(self, module):
+        entry = self.names.get(id(module))
+        if entry is None or entry[0]() is not module:
+            return None
+        return entry[1]
+
+    def _hook_params(self) -> None:
+        s = self.session
+        for ref, label in list(self.names.values()):
+            mod = ref()
+            if mod is None:
+                continue
+            params = [(n, p) for n, p in mod.named_parameters(recurse=False) if p.requires_grad]
+            for pname, p in params:
+                def on_grad(param, label=label, pname=pname, expected=len(params)):
+                    if s.writer is not None and param.grad is not None:
+                        try:
+                            s.add_param_grad(label, expected, pname, param.grad)
+                        except Exception as exc:
+                            s.failed(f"{label}.parameters_grad", exc)
+                self.param_handles.append(p.register_post_accumulate_grad_hook(on_grad))
+
+    def _stack(self):
+        st = getattr(self.session.local, "module_calls", None)
+        if st is None:
+            st = self.session.local.module_calls = []
+            self.session.local.modules = []
+        return st
+
+    def _pre(self, module, args):
+        s = self.session
+        label = self._label(module)
+        if label is None or s.busy or s.writer is None or in_backward():
+            return None
+        calls = self._stack()
+        record = None
+        try:
+            index = s.next_index(f"{label}.forward")
+            name = f"{label}.forward.{index}"
+            parent = s.local.modules[-1] if s.local.modules else None
+            if s.selected(name):
+                record = {"name": name, "op": label, "kind": "module", "phase": "forward",
+                          "module": parent, "stack": s.stack_id(skip=3), "_index": index}
+                with s.internal():
+                    record["inputs"] = s.describe_all(args, name, "input")
+        except Exception as exc:
+            s.failed(label, exc)
+            name = label
+        calls.append((module, record, args))
+        s.local.modules.append(name)
+        return None
+
+    def _post(self, module, args, output):
+        s = self.session
+        calls = getattr(s.local, "module_calls", None)
+        if not calls or calls[-1][0] is not module:
+            return None
+        _, record, pre_args = calls.pop()
+        s.local.modules.pop()
+        if record is None or s.writer is None:
+            return None
+        try:
+            index = record.pop("_index")
+            with s.internal():
+                record["outputs"] = s.describe_all(
+                    output if isinstance(output, (tuple, list)) else [output], record["name"], "output")
+                record["parameters"] = {
+                    n: s.describer.describe(p, f"{record['name']}.parameters.{n}")
+                    for n, p in module.named_parameters(recurse=False)}
+            if s.want_forward:
+                s.emit(record)
+            s.check_overflow(record, pre_args, output)
+            if s.want_backward and torch.is_grad_enabled():
+                hook_module_backward(s, record["name"], record["op"], index, record["module"],
+                                     record["stack"], pre_args, output)
+        except Exception as exc:
+            s.failed(record.get("name", "module"), exc, record)
+        return None

@@ -1,0 +1,255 @@
+"""The capture session: names ops, builds records, filters them, and hands them to the writer.
+
+One Session serves one PrecisionDebugger. The interception pieces (`api.py`, `modules.py`,
+`aten.py`) call into it; everything they do is guarded so that a failure inside capture is
+logged once, recorded on the op, and never raised into the user's code.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from contextlib import contextmanager
+
+import torch
+
+from .. import __version__
+from ..config import DumpConfig
+from ..store import layout
+from ..store.writer import DumpWriter
+from . import stacks
+from .describe import Describer
+from .stats import StatsBatch
+
+log = logging.getLogger("opdiff")
+
+_LEGACY = re.compile(r"^(Tensor|Torch|Functional|VF|NPU|Distributed|Aten)_(.+?)_(?:(\d+)_)?(forward|backward)$")
+_COUNTER = re.compile(r"\.\d+\.(forward|backward)$")
+
+
+def normalize_name(pattern: str) -> str:
+    """ptdbg_ascend's `Tensor___iadd___0_forward` -> `Tensor.__iadd__.0.forward` (others unchanged)."""
+    m = _LEGACY.match(pattern)
+    if not m:
+        return pattern
+    prefix, api, index, phase = m.groups()
+    return f"{prefix}.{api}.{index}.{phase}" if index is not None else f"{prefix}.{api}.{phase}"
+
+
+def name_matches(pattern: str, name: str) -> bool:
+    """A `list`/`scope` entry matches a record name exactly, without its counter, or as a substring."""
+    pattern = normalize_name(pattern)
+    if pattern == name or pattern in name:
+        return True
+    return _COUNTER.sub(r".\1", name) == pattern
+
+
+class Session:
+    """State of one debugger: current step, counters, open writer, pending records."""
+
+    def __init__(self, config: DumpConfig):
+        self.config = config
+        self.step_index = 0
+        self.writer: DumpWriter | None = None
+        self.describer: Describer | None = None
+        self.stats = StatsBatch()
+        self.counters: dict[str, int] = {}
+        self.seq = 0
+        self.pending: list[dict] = []
+        self.local = threading.local()
+        self.lock = threading.RLock()
+        self.errors = 0
+        self._scope_state = "before" if config.scope else "inside"
+        self.overflow = None            # set by the overflow_check task (see overflow.py)
+        self.param_grads: dict = {}     # module name -> {"params": {...}, "expected": n}
+        modes = set(config.data_mode)
+        self.want_forward = "all" in modes or "forward" in modes or not ({"forward", "backward"} & modes)
+        self.want_backward = "all" in modes or "backward" in modes or not ({"forward", "backward"} & modes)
+        self.want_input = "all" in modes or "input" in modes or not ({"input", "output"} & modes)
+        self.want_output = "all" in modes or "output" in modes or not ({"input", "output"} & modes)
+
+    # -- guards ------------------------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        return getattr(self.local, "busy", False)
+
+    @contextmanager
+    def internal(self):
+        """Mark opdiff's own tensor work so the interception layers do not record it."""
+        prev = getattr(self.local, "busy", False)
+        self.local.busy = True
+        try:
+            with torch.no_grad():
+                yield
+        finally:
+            self.local.busy = prev
+
+    def failed(self, where: str, exc: BaseException, record: dict | None = None) -> None:
+        """Capture failed: log the first time, note it on the record, let the user's run go on."""
+        from ..errors import OverflowDetected
+        if isinstance(exc, OverflowDetected):
+            raise exc
+        self.errors += 1
+        if self.errors == 1:
+            log.warning("opdiff: capture failed in %s (%s: %s); the run continues, affected "
+                        "records carry an 'error' field", where, type(exc).__name__, exc)
+        if record is not None:
+            record["error"] = f"{where}: {type(exc).__name__}: {exc}"[:300]
+
+    # -- steps -------------------------------------------------------------------------------
+    @property
+    def recording(self) -> bool:
+        return self.writer is not None
+
+    def open_step(self) -> None:
+        """Open this step's dump directory if the step and rank are selected."""
+        if self.writer is not None:
+            return
+        cfg = self.config
+        if cfg.step and self.step_index not in cfg.step:
+            return
+        rank = current_rank()
+        if cfg.rank and rank not in cfg.rank:
+            return
+        from ..environment import fingerprint
+
+        directory = layout.rank_dir(cfg.dump_path, self.step_index, rank)
+        if (directory / layout.RECORDS).exists():
+            # Never append to (or overwrite) an earlier run's dump: that would mix two runs.
+            from ..errors import ConfigError
+            raise ConfigError(f"{directory} already holds a dump; choose another dump_path or remove it")
+        meta = {"opdiff_version": __version__, "config": cfg.as_dict(), "step": self.step_index,
+                "rank": rank, "environment": fingerprint()}
+        self.writer = DumpWriter(directory, meta)
+        light = cfg.task == "overflow_check"
+        self.describer = Describer(None if light else self.stats, self.writer, save=cfg.task == "tensor")
+        if light:
+            from .overflow import OverflowMonitor
+            self.overflow = OverflowMonitor(self, Describer(self.stats, self.writer, save=True))
+
+    def close_step(self) -> None:
+        """Flush and close this step's dump; counters restart for the next step."""
+        self.flush_param_grads()
+        self.flush()
+        if self.writer is not None:
+            self.writer.close()
+        self.writer = None
+        self.describer = None
+        self.counters.clear()
+        self.seq = 0
+        self._scope_state = "before" if self.config.scope else "inside"
+        self.step_index += 1
+
+    # -- names and filters ---------------------------------------------------------------------
+    def next_index(self, op: str) -> int:
+        n = self.counters.get(op, 0)
+        self.counters[op] = n + 1
+        return n
+
+    def selected(self, name: str) -> bool:
+        """Apply `scope` and `list` to a record name (counters advance either way)."""
+        cfg = self.config
+        if cfg.scope:
+            first, last = cfg.scope
+            if self._scope_state == "before" and name_matches(first, name):
+                self._scope_state = "inside"
+            if self._scope_state != "inside":
+                return False
+            if name_matches(last, name):
+                self._scope_state = "after"
+                return True
+        if cfg.list:
+            return any(name_matches(p, name) for p in cfg.list)
+        return True
+
+    def stack_id(self, skip: int = 2) -> int | None:
+        if not self.config.stack or self.writer is None:
+            return None
+        frames = stacks.user_frames(skip + 1)
+        cache = self.__dict__.setdefault("_stack_cache", {})
+        sid = cache.get(frames)
+        if sid is None:
+            sid = self.writer.stack_id(stacks.with_source(frames))
+            cache[frames] = sid
+        return sid
+
+    # -- records -------------------------------------------------------------------------------
+    def describe_all(self, values, name: str, role: str) -> list:
+        return [self.describer.describe(v, f"{name}.{role}.{i}") for i, v in enumerate(values)]
+
+    def check_overflow(self, record: dict, inputs, outputs) -> None:
+        """task="overflow_check": find ops that create inf/NaN (see overflow.py)."""
+        if self.overflow is not None and self.writer is not None:
+            self.overflow.check(record, inputs, outputs)
+
+    def emit(self, record: dict, force: bool = False) -> None:
+        """Queue a finished record; statistics are resolved in a batch at flush."""
+        if self.writer is None or (self.overflow is not None and not force):
+            return
+        record["seq"] = self.seq
+        self.seq += 1
+        if not self.want_input:
+            record.pop("inputs", None)
+            record.pop("kwargs", None)
+        if not self.want_output:
+            record.pop("outputs", None)
+        self.pending.append(record)
+        if len(self.pending) >= 256:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.pending and not len(self.stats):
+            return
+        with self.internal():
+            try:
+                self.stats.resolve()
+            except Exception as exc:
+                self.failed("statistics", exc)
+        writer = self.writer
+        for record in self.pending:
+            if writer is not None:
+                writer.write(record)
+        self.pending.clear()
+        if writer is not None:
+            writer.flush()
+
+    # -- parameter gradients -------------------------------------------------------------------
+    def add_param_grad(self, module_name: str, expected: int, pname: str, grad) -> None:
+        """Collect one parameter's gradient; a module's record is emitted once all have arrived."""
+        entry = self.param_grads.setdefault(module_name, {})
+        entry[pname] = grad
+        if len(entry) >= expected:
+            self._emit_param_grads(module_name)
+
+    def _emit_param_grads(self, module_name: str) -> None:
+        grads = self.param_grads.pop(module_name, None)
+        if not grads or self.writer is None:
+            return
+        op = f"{module_name}.parameters_grad"
+        name = f"{op}.{self.next_index(op)}"
+        if not self.want_backward or not self.selected(name):
+            return
+        record = {"name": name, "op": op, "kind": "param_grad", "phase": "backward", "module": None,
+                  "parameters": {}, "stack": None}
+        with self.internal():
+            try:
+                record["parameters"] = {p: self.describer.describe(g, f"{name}.{p}")
+                                        for p, g in grads.items()}
+            except Exception as exc:
+                self.failed("parameter gradients", exc, record)
+        self.emit(record)
+
+    def flush_param_grads(self) -> None:
+        for module_name in list(self.param_grads):
+            self._emit_param_grads(module_name)
+
+
+def current_rank() -> int:
+    """torch.distributed's rank when initialised, else 0."""
+    try:
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank()
+    except Exception:
+        pass
+    return 0

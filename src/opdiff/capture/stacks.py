@@ -1,0 +1,36 @@
+"""The user's call site: the innermost frames outside torch, opdiff and the standard library."""
+from __future__ import annotations
+
+import linecache
+import os
+import sys
+import sysconfig
+
+import torch
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_OPDIFF_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_STDLIB_DIR = sysconfig.get_paths()["stdlib"] + os.sep
+_SKIP_PREFIXES = (_TORCH_DIR, _OPDIFF_DIR, _STDLIB_DIR)
+MAX_FRAMES = 12
+
+
+def is_internal(filename: str) -> bool:
+    return filename.startswith(_SKIP_PREFIXES) or filename.startswith("<frozen")
+
+
+def user_frames(skip: int = 1, limit: int = MAX_FRAMES) -> tuple:
+    """(file, line, function) of up to `limit` user frames, innermost first; cheap, no source read."""
+    f = sys._getframe(skip)
+    out = []
+    while f is not None and len(out) < limit:
+        code = f.f_code
+        if not is_internal(code.co_filename):
+            out.append((code.co_filename, f.f_lineno, code.co_name))
+        f = f.f_back
+    return tuple(out)
+
+
+def with_source(frames: tuple) -> tuple:
+    """Add the source text of each frame: (file, line, function, code)."""
+    return tuple((fn, ln, func, linecache.getline(fn, ln).strip()) for fn, ln, func in frames)
