@@ -1,0 +1,119 @@
+"""Build opdiff descriptors (store/records.py) from what foreign tools wrote about a tensor.
+
+msprobe, ptdbg_ascend and torch_npu.hooks each describe a tensor differently; they all end up
+here as `tensor_descriptor(dtype, shape, max=, min=, mean=, norm=, ...)` so that every adapter
+emits the same statistics, with the same encoding of non-finite floats, as opdiff's capture.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..records import encode_float
+
+# Names foreign tools give the same thing: "torch.float32" and "float32" are both "float32".
+_FLOAT_DTYPES = {"float64", "float32", "float16", "bfloat16", "double", "float", "half",
+                 "float8_e4m3fn", "float8_e5m2", "complex64", "complex128"}
+
+# ptdbg_ascend writes the string "Nan" for "not computed" (e.g. the norm of an int tensor); it is
+# not a measured NaN, so it becomes "unknown".
+_NOT_COMPUTED = {"Nan", "N/A", "None", ""}
+_NONFINITE_TEXT = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "infinity": math.inf,
+                   "-infinity": -math.inf}
+
+
+def short_dtype(dtype: Any) -> str | None:
+    """"torch.float32" -> "float32"; None stays None."""
+    if dtype is None:
+        return None
+    text = str(dtype)
+    return text[len("torch."):] if text.startswith("torch.") else text
+
+
+def stat_value(value: Any) -> float | int | str | None:
+    """One statistic as the store keeps it: a number, "NaN"/"Infinity"/"-Infinity", or None."""
+    if value is None or isinstance(value, (list, dict)):
+        return None
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)):
+        return encode_float(value)
+    if isinstance(value, str):
+        if value in _NOT_COMPUTED:
+            return None
+        if value.lower() in _NONFINITE_TEXT:
+            return encode_float(_NONFINITE_TEXT[value.lower()])
+        try:
+            return encode_float(float(value))
+        except ValueError:
+            return None
+    return None
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def tensor_descriptor(dtype: Any, shape: Any, *, max=None, min=None, mean=None, norm=None,
+                      nan=None, inf=None, requires_grad=None, key: str | None = None) -> dict:
+    """An opdiff tensor descriptor.
+
+    nan/inf counts are rarely written by foreign tools. When they are not given they are
+    inferred only where that is certain: integer and bool tensors hold no NaN/inf, and a float
+    tensor whose max and min are finite holds none either (torch's max/min propagate NaN and
+    inf). Otherwise they stay None (unknown).
+    """
+    dt = short_dtype(dtype)
+    stats = {"max": stat_value(max), "min": stat_value(min), "mean": stat_value(mean),
+             "norm": stat_value(norm), "nan": nan, "inf": inf}
+    if nan is None and inf is None:
+        if dt is not None and dt not in _FLOAT_DTYPES and not dt.startswith(("float", "complex")):
+            stats["nan"] = stats["inf"] = 0
+        elif _finite(stats["max"]) and _finite(stats["min"]):
+            stats["nan"] = stats["inf"] = 0
+    if all(v is None for v in stats.values()):
+        stats = None
+    desc = {"type": "tensor", "dtype": dt, "shape": list(shape) if shape is not None else None,
+            "stats": stats}
+    if requires_grad is not None:
+        desc["requires_grad"] = bool(requires_grad)
+    if key is not None:
+        desc["key"] = key
+    return desc
+
+
+def value_descriptor(value: Any) -> dict:
+    """A plain Python value (from a foreign dump) as a descriptor."""
+    if value is None:
+        return {"type": "none"}
+    if isinstance(value, bool):
+        return {"type": "bool", "value": value}
+    if isinstance(value, int):
+        return {"type": "int", "value": value}
+    if isinstance(value, float):
+        return {"type": "float", "value": encode_float(value)}
+    if isinstance(value, str):
+        return {"type": "str", "value": value}
+    return {"type": "object", "value": repr(value)[:120]}
+
+
+def place(container: list, path: list[str], leaf: dict) -> None:
+    """Put `leaf` at a nested position given by `path` (list indices), filling gaps with none.
+
+    Legacy dumps name tensors by position only (`input.3.0`), and skip arguments they did not
+    dump (None, non-tensors); the gaps become {"type": "none"} so positions stay right.
+    """
+    index = int(path[0]) if path[0].isdigit() else None
+    if index is None:  # a keyword-like part: keep it as a dict entry at the end
+        container.append({"type": "dict", "items": {path[0]: leaf}})
+        return
+    while len(container) <= index:
+        container.append({"type": "none"})
+    if len(path) == 1:
+        container[index] = leaf
+        return
+    node = container[index]
+    if node.get("type") not in ("list", "tuple"):
+        node = {"type": "tuple", "items": []}
+        container[index] = node
+    place(node["items"], path[1:], leaf)

@@ -1,0 +1,461 @@
+"""Read the JSON-lines `.pkl` dumps of ptdbg_ascend and torch_npu.hooks (despite the suffix, no
+pickle: one JSON array per line; a real pickle is refused, since loading one can run code).
+
+ptdbg_ascend (3.x-6.x; e.g. `ptdbg_dump_v4.0/step0/rank0/api_stack_dump.pkl`, tensors in the
+sibling directory `api_stack_dump/` as `{tensor name}.npy`; bf16 tensors were saved as fp32)::
+
+    ["Functional_conv2d_0_forward_input.0", 1, [], "torch.float32", [2, 3, 4, 4], [max, min, mean, norm]]
+    ["Functional_conv2d_0_forward_stack_info", [["/x/model.py", "57", "forward", "out = conv(x)"], ...]]
+
+(the statistics list has no norm before 4.0; scalars have dtype "<class 'int'>" and their value as
+statistics). Backward lines follow msprobe's sense: `backward_input` are the gradients w.r.t. the
+forward outputs.
+
+torch_npu.hooks (`register_acc_cmp_hook`, torch_npu 1.8-1.11 era) writes whole tensors inline::
+
+    ["Module_Conv2d_forward_input.0", [flat values as float], "torch.float16", [2, 3, 4, 4]]
+
+(older builds: "forward_Conv2d_input.0"). Names carry no call counter, so one is assigned in
+execution order per op; backward calls take the counter of the latest unmatched forward call of
+the same op (backward runs in reverse). Its `backward_input` came from `register_backward_hook`'s
+grad_input, the gradients w.r.t. the forward *inputs*: they become the record's outputs, to match
+opdiff's and msprobe's sense (and `backward_output` becomes inputs). Names that are already dotted
+msprobe names (`Functional.conv2d.0.forward.input.0`) are kept as they are.
+
+Legacy underscore names map onto dotted ones: `Functional_conv2d_0_forward` ->
+`Functional.conv2d.0.forward`, `Tensor___iadd___0_forward` -> `Tensor.__iadd__.0.forward`,
+`Module_Conv2d_forward` (k-th call) -> `Module.Conv2d.forward.k`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from ...errors import DumpError
+from .. import layout
+from . import frames as _frames
+from .descriptors import place, short_dtype, tensor_descriptor, value_descriptor
+
+log = logging.getLogger("opdiff")
+
+_API_PREFIXES = {"Functional", "Tensor", "Torch", "VF", "NPU", "Aten", "Distributed"}
+_PTDBG = re.compile(r"^(?P<prefix>[A-Za-z]+)_(?P<api>.+)_(?P<n>\d+)_(?P<phase>pre_forward|forward|backward)"
+                    r"_(?P<role>input|output|stack_info)(?P<path>(?:\.\w+)*)$")
+_HOOKS_V1 = re.compile(r"^(?P<phase>forward|backward)_(?P<cls>.+)_(?P<role>input|output)(?P<path>(?:\.\w+)*)$")
+_HOOKS_V2 = re.compile(r"^(?P<head>.+?)_(?P<phase>forward|backward)_(?P<role>input|output)(?P<path>(?:\.\w+)*)$")
+_DOTTED = re.compile(r"^(?P<record>.+?\.(?:\d+\.(?:forward|backward)|(?:forward|backward)\.\d+))"
+                     r"\.(?P<role>input|output|parameters)\.(?P<path>.+)$")
+_DOTTED_GRAD = re.compile(r"^(?P<record>.+\.parameters_grad\.\d+)\.(?P<path>.+)$")
+_NAME_AT_START = re.compile(rb'^\s*\[\s*"((?:[^"\\]|\\.)*)"')
+_SCALAR_DTYPE = re.compile(r"^<class '(int|float|bool|str)'>$")
+
+
+@dataclass(frozen=True)
+class _Tensorname:
+    """One line's name, split: which call it belongs to and where in that call."""
+    op: str               # "Functional.conv2d", "Module.Conv2d"
+    kind: str             # "api" | "module" | "aten" | "param_grad"
+    phase: str            # "forward" | "backward"
+    counter: int | None   # None: the format has none, one is assigned
+    role: str             # "input" | "output" | "parameters" | "stack_info"
+    path: tuple           # ("0",), ("3", "0"), ("weight",)
+    record: str | None = None   # full record name when the line already gave it (dotted names)
+
+
+def _op_of(head: str) -> tuple[str, str]:
+    """(op, kind) for an underscore head like "Functional_conv2d" or "Module_Conv2d"."""
+    prefix, _, rest = head.partition("_")
+    if prefix == "Module" and rest:
+        return f"Module.{rest}", "module"
+    if prefix in _API_PREFIXES and rest:
+        return f"{prefix}.{rest}", "aten" if prefix == "Aten" else "api"
+    return f"Module.{head}", "module"   # ptdbg module_dump(module, "user_name")
+
+
+def _dotted(name: str) -> _Tensorname | None:
+    m = _DOTTED.match(name)
+    if m:
+        rec = m["record"]
+        mm = re.match(r"^(?P<op>.+)\.(?:(?P<n1>\d+)\.(?P<p1>forward|backward)|(?P<p2>forward|backward)\.(?P<n2>\d+))$", rec)
+        phase = mm["p1"] or mm["p2"]
+        counter = int(mm["n1"] or mm["n2"])
+        op = mm["op"]
+        kind = "module" if mm["p2"] else ("aten" if op.startswith("Aten.") else "api")
+        return _Tensorname(op, kind, phase, counter, m["role"], tuple(m["path"].split(".")), rec)
+    m = _DOTTED_GRAD.match(name)
+    if m:
+        rec = m["record"]
+        op, _, n = rec.rpartition(".")
+        return _Tensorname(op, "param_grad", "backward", int(n), "parameters", tuple(m["path"].split(".")), rec)
+    return None
+
+
+def parse_ptdbg_name(name: str) -> _Tensorname | None:
+    """A ptdbg_ascend tensor or stack name, or None if it is not one."""
+    m = _PTDBG.match(name)
+    if not m:
+        return _dotted(name)
+    op, kind = _op_of(f"{m['prefix']}_{m['api']}")
+    phase = "forward" if m["phase"] == "pre_forward" else m["phase"]
+    path = tuple(p for p in m["path"].split(".") if p)
+    return _Tensorname(op, kind, phase, int(m["n"]), m["role"], path)
+
+
+def parse_hooks_name(name: str) -> _Tensorname | None:
+    """A torch_npu.hooks tensor name (no counter), or None if it is not one."""
+    dotted = _dotted(name)
+    if dotted:
+        return dotted
+    m = _HOOKS_V1.match(name)
+    if m:
+        op, kind = f"Module.{m['cls']}", "module"
+        counter = None
+    else:
+        m = _HOOKS_V2.match(name)
+        if not m:
+            return None
+        head, counter = m["head"], None
+        numbered = re.match(r"^(.+)_(\d+)$", head)
+        if numbered and numbered.group(1).partition("_")[0] in _API_PREFIXES:
+            head, counter = numbered.group(1), int(numbered.group(2))
+        op, kind = _op_of(head)
+    path = tuple(p for p in m["path"].split(".") if p)
+    return _Tensorname(op, kind, m["phase"], counter, m["role"], path)
+
+
+def record_name(op: str, kind: str, phase: str, counter: int) -> str:
+    if kind == "module":
+        return f"{op}.{phase}.{counter}"
+    if kind == "param_grad":
+        return f"{op}.{counter}"
+    return f"{op}.{counter}.{phase}"
+
+
+class _Calls:
+    """Groups consecutive lines into op calls and emits opdiff records."""
+
+    def __init__(self, swap_backward: bool):
+        self.swap = swap_backward
+        self.current: dict | None = None
+        self.seen: set = set()
+        self.last_role = ""
+        self.head: tuple | None = None
+        self.forward_count: dict = {}
+        self.open_forwards: dict = {}   # op -> [counters of forward calls not yet matched]
+        self.backward_count: dict = {}
+        self.seq = 0
+
+    def add(self, tn: _Tensorname, desc: dict | None = None, stack=None) -> dict | None:
+        """Feed one line; returns the previous call's record when this line starts a new call."""
+        head = (tn.record or tn.op, tn.phase, tn.counter)
+        position = (tn.role, tn.path)
+        new_call = (self.current is None or head != self.head
+                    or (tn.role == "input" and self.last_role == "output")
+                    or (tn.role != "stack_info" and position in self.seen))
+        done = None
+        if new_call:
+            done = self.finish()
+            self._start(tn, head)
+        if tn.role == "stack_info":
+            self.current["_stack"] = stack
+        else:
+            self.seen.add(position)
+            self.last_role = tn.role
+            self._put(tn, desc)
+        return done
+
+    def _start(self, tn: _Tensorname, head: tuple) -> None:
+        counter = tn.counter
+        if counter is None:
+            if tn.phase == "forward":
+                counter = self.forward_count.get(tn.op, 0)
+                self.forward_count[tn.op] = counter + 1
+                self.open_forwards.setdefault(tn.op, []).append(counter)
+            elif self.open_forwards.get(tn.op):
+                counter = self.open_forwards[tn.op].pop()
+            else:
+                counter = self.backward_count.get(tn.op, 0)
+            if tn.phase == "backward":
+                self.backward_count[tn.op] = counter + 1
+        name = tn.record or record_name(tn.op, tn.kind, tn.phase, counter)
+        record = {"seq": self.seq, "name": name, "op": tn.op, "kind": tn.kind, "phase": tn.phase,
+                  "module": None, "inputs": [], "outputs": [], "stack": None}
+        if tn.phase == "backward" and tn.kind != "param_grad":
+            record["forward"] = (name.replace(".backward", ".forward", 1) if tn.record
+                                 else record_name(tn.op, tn.kind, "forward", counter))
+        self.seq += 1
+        self.current, self.head = record, head
+        self.seen, self.last_role = set(), ""
+
+    def _put(self, tn: _Tensorname, desc: dict) -> None:
+        role = tn.role
+        if self.swap and tn.phase == "backward" and tn.record is None:
+            role = {"input": "output", "output": "input"}[role]
+        if role == "parameters":
+            self.current.setdefault("parameters", {})[".".join(tn.path)] = desc
+            return
+        target = self.current["inputs" if role == "input" else "outputs"]
+        place(target, list(tn.path) or ["0"], desc)
+
+    def finish(self) -> dict | None:
+        record, self.current = self.current, None
+        return record
+
+
+@dataclass
+class _PklDump:
+    """Shared by both legacy formats: a `.pkl` of JSON lines."""
+
+    path: Path                 # the .pkl file
+    meta: dict
+    step: int | None = None
+    rank: int | None = None
+    _stacks: dict = field(default_factory=dict, repr=False)      # id -> frames
+    _stack_ids: dict = field(default_factory=dict, repr=False)   # frames as JSON -> id
+
+    def _lines(self) -> Iterator[tuple[int, int, list]]:
+        """(line number, byte offset, parsed line); a truncated last line is skipped with a warning."""
+        offset = 0
+        with open(self.path, "rb") as f:
+            pending = None
+            for number, raw in enumerate(f, 1):
+                if pending is not None:  # only the last line may be broken
+                    raise DumpError(f"{self.path}: line {pending} is not valid JSON; the file is corrupt")
+                start, offset = offset, offset + len(raw)
+                if not raw.strip():
+                    continue
+                try:
+                    item = json.loads(raw)
+                except (json.JSONDecodeError, UnicodeDecodeError):
+                    pending = number
+                    continue
+                if not isinstance(item, list) or not item or not isinstance(item[0], str):
+                    raise DumpError(f"{self.path}: line {number} is not a [name, ...] array; "
+                                    f"expected {self.format} JSON lines")
+                yield number, start, item
+            if pending is not None:
+                log.warning("opdiff: %s ends in a truncated line (the run was killed?); skipped", self.path)
+
+    def _stack_id(self, frames: list[dict]) -> int:
+        key = json.dumps(frames, sort_keys=True)
+        sid = self._stack_ids.get(key)
+        if sid is None:
+            sid = self._stack_ids[key] = len(self._stacks)
+            self._stacks[sid] = frames
+        return sid
+
+    def stacks(self) -> dict[int, list[dict]]:
+        """{stack id: frames}; ids are handed out while records() runs."""
+        return self._stacks
+
+    def stack(self, stack_id: int | None) -> list[dict]:
+        """Frames of one stack id ([] when unknown)."""
+        if stack_id is None:
+            return []
+        return self._stacks.get(stack_id, [])
+
+
+@dataclass
+class PtdbgDump(_PklDump):
+    """A ptdbg_ascend dump: one `.pkl` index plus `.npy` tensors in the directory of the same name."""
+
+    _files: set | None = field(default=None, repr=False)
+    format = "ptdbg_ascend"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.path.with_suffix("")
+
+    def records(self) -> Iterator[dict]:
+        calls = _Calls(swap_backward=False)
+        files = self._npy_files()
+        stacks: dict = {}
+        for record in self._records(calls, files):
+            # A backward call without its own stack gets its forward call's (the user's line).
+            if record["stack"] is None and record.get("forward") in stacks:
+                record["stack"] = stacks[record["forward"]]
+            elif record["phase"] == "forward" and record["stack"] is not None:
+                stacks[record["name"]] = record["stack"]
+            yield record
+
+    def _records(self, calls: "_Calls", files: set) -> Iterator[dict]:
+        for number, _, item in self._lines():
+            tn = parse_ptdbg_name(item[0])
+            if tn is None:
+                log.debug("opdiff: %s line %d: unrecognised name %r skipped", self.path, number, item[0])
+                continue
+            if tn.role == "stack_info":
+                frames = [f for f in map(_frames.parse_list_frame, item[1] if len(item) > 1 else []) if f]
+                done = calls.add(tn, stack=self._stack_id(_frames.user_frames(frames)))
+            else:
+                done = calls.add(tn, desc=self._descriptor(item, files))
+            if done:
+                yield _with_stack(done)
+        last = calls.finish()
+        if last:
+            yield _with_stack(last)
+
+    def _descriptor(self, item: list, files: set) -> dict:
+        name = item[0]
+        dtype = item[3] if len(item) > 3 else None
+        summary = item[5] if len(item) > 5 and isinstance(item[5], list) else []
+        scalar = _SCALAR_DTYPE.match(str(dtype))
+        if scalar:
+            return value_descriptor(summary[0] if summary else None)
+        stats = (summary + [None] * 4)[:4]
+        shape = item[4] if len(item) > 4 and isinstance(item[4], list) else None
+        return tensor_descriptor(dtype, shape, max=stats[0], min=stats[1], mean=stats[2], norm=stats[3],
+                                 key=name if name in files else None)
+
+    def _npy_files(self) -> set:
+        if self._files is None:
+            self._files = set()
+            if self.data_dir.is_dir():
+                with os.scandir(self.data_dir) as it:
+                    self._files = {e.name[:-4] for e in it if e.name.endswith(".npy")}
+        return self._files
+
+    @property
+    def has_tensors(self) -> bool:
+        return bool(self._npy_files())
+
+    def tensor_keys(self) -> list[str]:
+        return sorted(self._npy_files())
+
+    def tensor(self, key: str):
+        """The saved tensor (`.npy`, loaded without pickle) or None. bf16 tensors come back as fp32."""
+        if key not in self._npy_files():
+            return None
+        from .msprobe import load_tensor_file
+
+        return load_tensor_file(self.data_dir / f"{key}.npy")
+
+
+@dataclass
+class NpuHooksDump(_PklDump):
+    """A torch_npu.hooks dump: every tensor's values inline in the `.pkl`."""
+
+    _offsets: dict | None = field(default=None, repr=False)
+    format = "torch_npu_hooks"
+
+    def records(self) -> Iterator[dict]:
+        calls = _Calls(swap_backward=True)
+        offsets: dict = {}
+        for number, offset, item in self._lines():
+            tn = parse_hooks_name(item[0])
+            if tn is None or len(item) < 4:
+                log.debug("opdiff: %s line %d: unrecognised entry %r skipped", self.path, number, item[0])
+                continue
+            desc = _inline_descriptor(item)
+            done = calls.add(tn, desc=desc)
+            if done:
+                yield _with_stack(done)
+            # the key is the record's tensor name, known once the call is started
+            desc["key"] = f"{calls.current['name']}.{_role_path(calls, tn)}"
+            offsets[desc["key"]] = offset
+        last = calls.finish()
+        if last:
+            yield _with_stack(last)
+        self._offsets = offsets
+
+    @property
+    def has_tensors(self) -> bool:
+        return True
+
+    def tensor_keys(self) -> list[str]:
+        if self._offsets is None:
+            for _ in self.records():
+                pass
+        return list(self._offsets)
+
+    def tensor(self, key: str):
+        """The tensor rebuilt from the values in the `.pkl`, in its recorded dtype."""
+        if self._offsets is None:
+            for _ in self.records():
+                pass
+        offset = self._offsets.get(key)
+        if offset is None:
+            return None
+        with open(self.path, "rb") as f:
+            f.seek(offset)
+            item = json.loads(f.readline())
+        return _inline_tensor(item)
+
+
+def _role_path(calls: _Calls, tn: _Tensorname) -> str:
+    role = tn.role
+    if calls.swap and tn.phase == "backward" and tn.record is None:
+        role = {"input": "output", "output": "input"}[role]
+    return ".".join((role, *(tn.path or ("0",))))
+
+
+def _with_stack(record: dict) -> dict:
+    stack = record.pop("_stack", None)
+    if stack is not None:
+        record["stack"] = stack
+    return record
+
+
+def _inline_tensor(item: list):
+    import torch
+
+    values, dtype, shape = item[1], item[2], item[3]
+    t = torch.tensor(values if isinstance(values, list) else [values], dtype=torch.float32)
+    target = getattr(torch, short_dtype(dtype) or "float32", None)
+    if isinstance(target, torch.dtype) and target != torch.float32:
+        t = t.to(target)
+    return t.reshape(list(shape)) if isinstance(shape, (list, tuple)) else t
+
+
+def _inline_descriptor(item: list) -> dict:
+    """Statistics computed from the inline values (this format stores no statistics)."""
+    import numpy as np
+
+    values, dtype, shape = item[1], item[2], item[3]
+    a = np.asarray(values if isinstance(values, list) else [values], dtype=np.float64)
+    if a.size == 0:
+        return tensor_descriptor(dtype, shape)
+    with np.errstate(all="ignore"):
+        return tensor_descriptor(dtype, shape, max=float(a.max()), min=float(a.min()),
+                                 mean=float(a.mean()), norm=float(np.sqrt(np.sum(a * a))),
+                                 nan=int(np.isnan(a).sum()), inf=int(np.isinf(a).sum()))
+
+
+def open_pkl(path: Path) -> PtdbgDump | NpuHooksDump:
+    """Open a ptdbg_ascend or torch_npu.hooks `.pkl`, telling them apart by their first line."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(2)
+            f.seek(0)
+            first = b""
+            for raw in f:
+                if raw.strip():
+                    first = raw
+                    break
+    except OSError as exc:
+        raise DumpError(f"{path}: cannot read ({exc.strerror})") from None
+    if head[:1] == b"\x80":
+        raise DumpError(f"{path}: is a real Python pickle, which opdiff never loads (it can run code); "
+                        "expected ptdbg_ascend / torch_npu.hooks JSON lines")
+    if not first:
+        raise DumpError(f"{path}: empty file; the dump run wrote nothing")
+    try:
+        item = json.loads(first)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise DumpError(f"{path}: first line is not JSON; expected ptdbg_ascend / torch_npu.hooks "
+                        "JSON lines like [\"Functional_conv2d_0_forward_input.0\", ...]") from None
+    step, rank = layout.parse_step_rank(path.parent)
+    if step is None and rank is None:  # .../step0/x.pkl
+        step = layout.parse_step_rank(path.parent / "x")[0]
+    if isinstance(item, list) and len(item) == 4 and isinstance(item[1], list) and isinstance(item[2], str):
+        return NpuHooksDump(path=path, meta={"tool": "torch_npu.hooks"}, step=step, rank=rank)
+    if isinstance(item, list) and item and isinstance(item[0], str) and (
+            (len(item) >= 6 and isinstance(item[3], str)) or item[0].endswith("stack_info")):
+        return PtdbgDump(path=path, meta={"tool": "ptdbg_ascend"}, step=step, rank=rank)
+    raise DumpError(f"{path}: unknown .pkl layout; expected ptdbg_ascend lines [name, step, [], dtype, "
+                    "shape, stats] or torch_npu.hooks lines [name, values, dtype, shape]")

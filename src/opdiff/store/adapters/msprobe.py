@@ -1,0 +1,321 @@
+"""Read msprobe (mindstudio-probe) PyTorch dumps through opdiff's `Dump` interface.
+
+One msprobe step/rank directory looks like this (msprobe 1.x to 26.x)::
+
+    step{S}/rank{R}/  (or proc{pid}/ when torch.distributed was not initialised)
+        dump.json            {"task", "level", "framework", "dump_data_dir", "data": {name: entry}}
+        stack.json           {"0": [[names...], [frame strings...]]}  (older: {name: [frames]})
+        construct.json       {name: parent module name | null}
+        dump_tensor_data/    task="tensor": one file per tensor, `{tensor name}.pt` (or .npy)
+
+`data` keeps execution order (msprobe appends as ops run; Python keeps JSON object order), with
+forward and backward entries where they happened. Entries translate to opdiff records:
+
+    "Functional.conv2d.0.forward": {"input_args", "input_kwargs", "output"}   -> kind "api"
+    "Functional.conv2d.0.backward": {"input", "output"}                      -> kind "api", backward
+    "Module.fc.Linear.forward.0": {..., "parameters": {"weight": t}}          -> kind "module"
+    "Module.fc.Linear.parameters_grad.0": {"weight": [t]}                     -> kind "param_grad"
+
+Tensor entries carry Max/Min/Mean/Norm (msprobe writes bare NaN/Infinity into dump.json, which
+Python's json module reads), dtype, shape, requires_grad and, in tensor mode, data_name.
+Tensor keys are the data file's name without extension, which is also the tensor's name.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from ...errors import DumpError
+from ..records import encode_float
+from . import frames as _frames
+from .descriptors import short_dtype, tensor_descriptor
+
+log = logging.getLogger("opdiff")
+
+DUMP_JSON = "dump.json"
+STACK_JSON = "stack.json"
+CONSTRUCT_JSON = "construct.json"
+TENSOR_DIR = "dump_tensor_data"
+
+_PARAM_GRAD = re.compile(r"^(?P<owner>.+)\.parameters_grad\.(?P<n>\d+)$")
+_MODULE = re.compile(r"^(?P<op>(?:Module|Cell)\..+)\.(?P<phase>forward|backward)\.(?P<n>\d+)$")
+_API = re.compile(r"^(?P<op>.+)\.(?P<n>\d+)\.(?P<phase>forward|backward)$")
+_STEP = re.compile(r"^step(\d+)$")
+_RANK = re.compile(r"^(?:rank|proc)(\d+)$")
+
+_TENSOR_TYPES = {"torch.Tensor", "torch.nn.parameter.Parameter", "mindspore.Tensor", "numpy.ndarray"}
+_VALUE_TYPES = {"int": "int", "float": "float", "bool": "bool", "str": "str"}
+_TYPED_VALUES = {"torch.dtype": "dtype", "torch.device": "device", "torch.Size": "size"}
+
+
+def parse_name(name: str) -> dict:
+    """kind, op, phase and the forward record's name for one msprobe entry name."""
+    m = _PARAM_GRAD.match(name)
+    if m:
+        return {"kind": "param_grad", "op": f"{m['owner']}.parameters_grad", "phase": "backward"}
+    m = _MODULE.match(name)
+    if m:
+        out = {"kind": "module", "op": m["op"], "phase": m["phase"]}
+        if m["phase"] == "backward":
+            out["forward"] = f"{m['op']}.forward.{m['n']}"
+        return out
+    m = _API.match(name)
+    if m:
+        kind = "aten" if m["op"].startswith("Aten.") else "api"
+        out = {"kind": kind, "op": m["op"], "phase": m["phase"]}
+        if m["phase"] == "backward":
+            out["forward"] = f"{m['op']}.{m['n']}.forward"
+        return out
+    return {"kind": "api", "op": name, "phase": "backward" if "backward" in name else "forward"}
+
+
+def step_rank(directory: Path) -> tuple[int | None, int | None]:
+    """(step, rank) from `.../step{S}/rank{R}`; a `proc{pid}` directory has no rank (None)."""
+    step_m = _STEP.match(directory.parent.name)
+    rank = None
+    if directory.name.startswith("rank"):
+        m = _RANK.match(directory.name)
+        rank = int(m.group(1)) if m else None
+    return (int(step_m.group(1)) if step_m else None, rank)
+
+
+def looks_like_msprobe(directory: Path) -> bool:
+    return (directory / DUMP_JSON).is_file()
+
+
+@dataclass
+class MsprobeDump:
+    """One step of one rank of an msprobe dump, read as opdiff records."""
+
+    path: Path
+    meta: dict
+    step: int | None = None
+    rank: int | None = None
+    _stacks: dict | None = field(default=None, repr=False)
+    _stack_of: dict | None = field(default=None, repr=False)
+    _files: dict | None = field(default=None, repr=False)
+
+    format = "msprobe"
+
+    # -- records --------------------------------------------------------------------------------
+    def records(self) -> Iterator[dict]:
+        """Records in execution order (dump.json's order)."""
+        data = _load_json(self.path / DUMP_JSON).get("data")
+        if not isinstance(data, dict):
+            raise DumpError(f"{self.path / DUMP_JSON}: no \"data\" object; not an msprobe dump.json")
+        parents = self._construct()
+        self.stacks()
+        for seq, (name, entry) in enumerate(data.items()):
+            if not isinstance(entry, dict):
+                continue
+            yield self._record(seq, name, entry, parents.get(name))
+
+    def _record(self, seq: int, name: str, entry: dict, parent: str | None) -> dict:
+        info = parse_name(name)
+        stack = self._stack_of.get(name)
+        if stack is None and "forward" in info:
+            # msprobe keeps no stack for backward calls; the forward call's is the user's line.
+            stack = self._stack_of.get(info["forward"])
+        record = {"seq": seq, "name": name, "op": info["op"], "kind": info["kind"],
+                  "phase": info["phase"], "module": parent, "stack": stack}
+        if "forward" in info:
+            record["forward"] = info["forward"]
+        if info["kind"] == "param_grad":
+            # msprobe wraps each parameter's gradient in a one-element list.
+            record["parameters"] = {p: self._arg(v[0] if isinstance(v, list) and len(v) == 1 else v)
+                                    for p, v in entry.items()}
+            return record
+        inputs = entry.get("input_args", entry.get("input"))
+        record["inputs"] = [self._arg(v) for v in inputs] if isinstance(inputs, list) else []
+        kwargs = entry.get("input_kwargs")
+        if isinstance(kwargs, dict) and kwargs:
+            record["kwargs"] = {k: self._arg(v) for k, v in kwargs.items()}
+        outputs = entry.get("output")
+        if isinstance(outputs, list):
+            record["outputs"] = [self._arg(v) for v in outputs]
+        elif isinstance(outputs, dict):  # a single value rather than a list, in some versions
+            record["outputs"] = [self._arg(outputs)]
+        else:
+            record["outputs"] = []
+        params = entry.get("parameters")
+        if isinstance(params, dict) and params:
+            record["parameters"] = {k: self._arg(v) for k, v in params.items()}
+        return record
+
+    def _arg(self, value: Any, depth: int = 0) -> dict:
+        """One msprobe argument description as an opdiff descriptor."""
+        if value is None:
+            return {"type": "none"}
+        if isinstance(value, list):
+            return {"type": "list", "items": [self._arg(v, depth + 1) for v in value]}
+        if not isinstance(value, dict):
+            return {"type": "object", "value": repr(value)[:120]}
+        kind = value.get("type")
+        if kind is None:  # a dict argument: msprobe writes its items directly
+            return {"type": "dict", "items": {str(k): self._arg(v, depth + 1) for k, v in value.items()}}
+        if kind in _TENSOR_TYPES or ("dtype" in value and "shape" in value and kind not in _VALUE_TYPES):
+            return self._tensor(value)
+        if kind in _VALUE_TYPES:
+            v = value.get("value")
+            if isinstance(v, float):
+                v = encode_float(v)
+            return {"type": _VALUE_TYPES[kind], "value": v}
+        if kind in _TYPED_VALUES:
+            return {"type": _TYPED_VALUES[kind], "value": value.get("value")}
+        if kind in ("NoneType", "None"):
+            return {"type": "none"}
+        text = value.get("value", kind)
+        return {"type": "object", "value": str(text)[:120]}
+
+    def _tensor(self, value: dict) -> dict:
+        data_name = value.get("data_name")
+        key = None
+        if isinstance(data_name, str):
+            stem = _stem(data_name)
+            if stem in self._tensor_files():
+                key = stem
+        return tensor_descriptor(
+            short_dtype(value.get("dtype")), value.get("shape"),
+            max=value.get("Max"), min=value.get("Min"), mean=value.get("Mean"), norm=value.get("Norm"),
+            requires_grad=value.get("requires_grad"), key=key)
+
+    # -- module tree and stacks ---------------------------------------------------------------
+    def _construct(self) -> dict:
+        path = self.path / CONSTRUCT_JSON
+        if not path.exists():
+            return {}
+        try:
+            parents = _load_json(path)
+        except DumpError as exc:  # extra information only: a broken one costs the module column
+            log.warning("opdiff: %s; module nesting unknown", exc)
+            return {}
+        return parents if isinstance(parents, dict) else {}
+
+    def stacks(self) -> dict[int, list[dict]]:
+        """{stack id: [frame, ...]}, innermost user frame first."""
+        if self._stacks is None:
+            self._stacks, self._stack_of = {}, {}
+            path = self.path / STACK_JSON
+            raw: Any = {}
+            if path.exists():
+                try:
+                    raw = _load_json(path)
+                except DumpError as exc:
+                    log.warning("opdiff: %s; stacks unknown", exc)
+            for position, (sid, entry) in enumerate(raw.items() if isinstance(raw, dict) else ()):
+                if (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], list)
+                        and isinstance(entry[1], list)):
+                    names, lines = entry            # 8.x/26.x: grouped by identical stack
+                    stack_id = int(sid) if str(sid).isdigit() else position
+                else:
+                    names, lines = [sid], entry     # older: one stack per op name
+                    stack_id = position
+                frames = [f for f in map(_frames.parse_msprobe_frame, lines or []) if f]
+                self._stacks[stack_id] = _frames.user_frames(frames)
+                for n in names:
+                    self._stack_of[n] = stack_id
+        return self._stacks
+
+    def stack(self, stack_id: int | None) -> list[dict]:
+        """Frames of one stack id ([] when unknown)."""
+        if stack_id is None:
+            return []
+        return self.stacks().get(stack_id, [])
+
+    # -- tensors ------------------------------------------------------------------------------
+    def _tensor_files(self) -> dict[str, str]:
+        if self._files is None:
+            self._files = {}
+            tdir = self.path / TENSOR_DIR
+            if tdir.is_dir():
+                with os.scandir(tdir) as it:
+                    for e in it:
+                        if e.name.endswith((".pt", ".npy")) and e.is_file():
+                            self._files[_stem(e.name)] = e.name
+        return self._files
+
+    @property
+    def has_tensors(self) -> bool:
+        return bool(self._tensor_files())
+
+    def tensor_keys(self) -> list[str]:
+        return list(self._tensor_files())
+
+    def tensor(self, key: str):
+        """The saved tensor for a key (a CPU torch.Tensor), or None if not saved.
+
+        `.pt` files load with `weights_only=True` and `.npy` with `allow_pickle=False`, so an
+        untrusted dump cannot run code.
+        """
+        fname = self._tensor_files().get(key)
+        if fname is None:
+            return None
+        return load_tensor_file(self.path / TENSOR_DIR / fname)
+
+
+def load_tensor_file(path: Path):
+    """A `.pt` or `.npy` tensor file as a CPU torch.Tensor (never unpickling code)."""
+    import torch
+
+    try:
+        if path.suffix == ".npy":
+            import numpy as np
+
+            return torch.from_numpy(np.load(path, allow_pickle=False))
+        value = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise DumpError(f"{path}: cannot load tensor ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")
+    if not isinstance(value, torch.Tensor):
+        raise DumpError(f"{path}: holds a {type(value).__name__}, not a tensor")
+    return value
+
+
+def _stem(file_name: str) -> str:
+    for ext in (".pt", ".npy"):
+        if file_name.endswith(ext):
+            return file_name[: -len(ext)]
+    return file_name
+
+
+def _load_json(path: Path) -> Any:
+    """Parse a (possibly non-strict: bare NaN/Infinity) JSON file, or raise a one-line DumpError."""
+    try:
+        with open(path, "rb") as f:
+            return json.load(f)
+    except json.JSONDecodeError as exc:
+        raise DumpError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); "
+                        "the file is truncated or corrupt, dump this step again") from None
+    except UnicodeDecodeError:
+        raise DumpError(f"{path}: not a text JSON file; expected msprobe's {path.name}") from None
+
+
+def open_msprobe(directory: Path) -> MsprobeDump:
+    """Open one msprobe step/rank directory; cheap checks now, full parse on `records()`."""
+    path = directory / DUMP_JSON
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(4096)
+            f.seek(max(0, size - 64))
+            tail = f.read()
+    except OSError as exc:
+        raise DumpError(f"{path}: cannot read ({exc.strerror})") from None
+    if not head.strip():
+        raise DumpError(f"{path}: empty file; the msprobe run wrote no data (did it call debugger.stop()?)")
+    if not head.lstrip().startswith(b"{"):
+        raise DumpError(f"{path}: not an msprobe dump.json (expected a JSON object)")
+    if not tail.rstrip().endswith(b"}"):
+        raise DumpError(f"{path}: truncated (does not end with '}}'); the msprobe run was cut short, "
+                        "dump this step again")
+    meta: dict = {"tool": "msprobe", "config": {}}
+    for key in ("task", "level", "framework"):
+        m = re.search(rb'"%s"\s*:\s*"([^"]*)"' % key.encode(), head)
+        if m:
+            meta["config"][key] = m.group(1).decode(errors="replace")
+    step, rank = step_rank(directory)
+    return MsprobeDump(path=directory, meta=meta, step=step, rank=rank)
