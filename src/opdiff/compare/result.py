@@ -42,6 +42,11 @@ class TensorRow:
     reason: str = ""                    # why this verdict, in words
     module: Optional[str] = None        # enclosing module call name
     stack: tuple = ()                   # Location tuple, innermost user frame first
+    mode: str = "tensor"                # "tensor" (full tensors) | "statistics" (stats only)
+    error: Optional[float] = None       # relative L2 error the verdict used (see compare.metrics)
+    scale_error: Optional[float] = None # <t,g>/<g,g> - 1: the systematic part of the error
+    step: Optional[int] = None          # set when several step/rank pairs were compared
+    rank: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -75,3 +80,6 @@ class CompareResult:
     pairs: list = field(default_factory=list)   # per step/rank summaries when several were compared
     files: dict = field(default_factory=dict)   # {"csv": path, "summary": path, "html": path}
     title: str = "opdiff compare"       # shown in reports ("opdiff onnx" for model compares)
+    verdict: str = ""                   # one line: what the compare found, in words
+    notes: list = field(default_factory=list)   # things the user should know (unpaired ranks...)
+    failed: bool = False                # the `fail_on` condition held (CLI: exit 1)

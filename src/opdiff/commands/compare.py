@@ -1,0 +1,66 @@
+"""`opdiff compare TARGET GOLDEN [-o OUT]`: line up two dumps op by op and name the culprit."""
+from __future__ import annotations
+
+import argparse
+
+EXAMPLE = """example:
+  opdiff compare ./dump/npu ./dump/cpu -o ./out
+  opdiff compare ./dump/bf16/step0/rank0 ./dump/fp32/step0/rank0 --threshold bf16=0.02 \\
+      --fail-on-divergence
+
+TARGET is the run under suspicion (NPU, bf16, compiled...), GOLDEN the trusted one (CPU, fp32).
+Each is a step/rank directory or a dump root (every step/rank pair is then compared), written by
+opdiff, msprobe or ptdbg_ascend. OUT receives compare_result_{timestamp}.csv, summary.json and
+report.html. Exit codes: 0 done (a divergence is a finding), 1 with --fail-on-divergence when one
+is found, 2 bad input."""
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "compare", help="compare two dumps and find the first diverging op",
+        description="Line up two dumps op by op, score every tensor, and name the first op whose "
+                    "inputs agree with golden but whose outputs do not.",
+        epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("target", metavar="TARGET", help="dump of the run under suspicion")
+    p.add_argument("golden", metavar="GOLDEN", help="dump of the trusted run")
+    p.add_argument("-o", "--output", metavar="OUT", default=None,
+                   help="directory for the CSV, summary.json and report.html (default: none "
+                        "written, terminal summary only)")
+    p.add_argument("--shape-flag", action="store_true",
+                   help="pair ops only when all their tensor shapes are equal")
+    p.add_argument("--thresholds", metavar="FILE", default=None,
+                   help='JSON file of thresholds, e.g. {"tolerance": {"bf16": 0.02}, '
+                        '"amplification": 10}')
+    p.add_argument("--threshold", metavar="KEY=VALUE", action="append", default=[],
+                   help="override one threshold: a dtype's tolerance (bf16=0.02), amplification, "
+                        "agree_fraction or scale_min_numel; repeatable")
+    p.add_argument("--fail-on-divergence", action="store_true",
+                   help="exit 1 when a first divergence is found (for CI)")
+    p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+    p.set_defaults(run=run)
+
+
+def _overrides(pairs: list[str]) -> dict:
+    from ..errors import ConfigError
+
+    out = {}
+    for item in pairs:
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            raise ConfigError(f"--threshold expects KEY=VALUE (e.g. bf16=0.02), got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def run(args) -> int:
+    from ..compare.engine import compare
+    from ..compare.verdicts import Thresholds
+    from ..report.console import print_result
+
+    thresholds = Thresholds.load(args.thresholds, _overrides(args.threshold))
+    result = compare(args.target, args.golden, args.output, thresholds=thresholds,
+                     shape_flag=args.shape_flag,
+                     fail_on="divergence" if args.fail_on_divergence else None,
+                     progress=False if args.no_progress else None)
+    print_result(result)
+    return 1 if result.failed else 0

@@ -1,0 +1,89 @@
+"""Line up the op sequences of two dumps, so each target op meets its golden twin or nobody.
+
+Names carry per-name call counters (`Functional.relu.3.forward`), so one extra relu on the target
+side renames every later relu: names alone cannot pair the rest. The rule:
+
+1. Identical name sequences (the usual case) pair one to one.
+2. Otherwise the two sequences are diffed (longest matching blocks, like `diff`) on a signature
+   that ignores counters: op, phase, kind, enclosing module path and the shapes of every tensor.
+3. Stretches that still differ (an op fused on one side, an extra cast, a changed shape) are
+   diffed again on op, phase and kind only, so an op whose shapes changed still pairs, unless
+   `shape_flag` asks for equal shapes; what is left is reported as unmatched.
+
+Nothing is ever paired by position alone: an unmatched op never shifts the pairing after it.
+"""
+from __future__ import annotations
+
+import re
+from difflib import SequenceMatcher
+from typing import Optional
+
+from ..store.records import iter_tensors
+
+Pair = tuple[Optional[int], Optional[int]]   # (target index, golden index)
+
+_CALL_COUNTER = re.compile(r"\.\d+$")
+
+
+def module_path(record: dict) -> str:
+    """The enclosing module call without its call counter (`Module.layer1.0.Block.forward`)."""
+    module = record.get("module") or ""
+    return _CALL_COUNTER.sub("", module)
+
+
+def shapes(record: dict) -> tuple:
+    return tuple((role, tuple(desc.get("shape") or ())) for _, role, desc in iter_tensors(record))
+
+
+def coarse_key(record: dict) -> tuple:
+    return (record.get("op"), record.get("phase"), record.get("kind"))
+
+
+def fine_key(record: dict) -> tuple:
+    return coarse_key(record) + (module_path(record), shapes(record))
+
+
+def align(target: list[dict], golden: list[dict], *, shape_flag: bool = False) -> list[Pair]:
+    """Pairs (ti, gi) covering every record of both sides once, in target execution order;
+    unmatched records come as (ti, None) or (None, gi) at their place in the sequence."""
+    if [r.get("name") for r in target] == [r.get("name") for r in golden]:
+        pairs: list[Pair] = []
+        for i, (t, g) in enumerate(zip(target, golden)):
+            if shape_flag and shapes(t) != shapes(g):
+                pairs += [(i, None), (None, i)]
+            else:
+                pairs.append((i, i))
+        return pairs
+    tk = [fine_key(r) for r in target]
+    gk = [fine_key(r) for r in golden]
+    pairs = []
+    for tag, i1, i2, j1, j2 in _opcodes(tk, gk):
+        if tag == "equal":
+            pairs += [(i1 + k, j1 + k) for k in range(i2 - i1)]
+        else:
+            pairs += _align_gap(target, golden, i1, i2, j1, j2, shape_flag)
+    return pairs
+
+
+def _opcodes(a: list, b: list):
+    # Intern keys to small ints: hashing tuples of shapes once is much cheaper than in the matcher.
+    table: dict = {}
+    ia = [table.setdefault(k, len(table)) for k in a]
+    ib = [table.setdefault(k, len(table)) for k in b]
+    return SequenceMatcher(None, ia, ib, autojunk=False).get_opcodes()
+
+
+def _align_gap(target, golden, i1, i2, j1, j2, shape_flag) -> list[Pair]:
+    """Pair what can be paired inside a stretch where the fine signatures differ."""
+    pairs: list[Pair] = []
+    if i1 == i2 or j1 == j2:
+        return [(i, None) for i in range(i1, i2)] + [(None, j) for j in range(j1, j2)]
+    tk = [coarse_key(target[i]) for i in range(i1, i2)]
+    gk = [coarse_key(golden[j]) for j in range(j1, j2)]
+    for tag, a1, a2, b1, b2 in _opcodes(tk, gk):
+        if tag == "equal" and not shape_flag:
+            pairs += [(i1 + a1 + k, j1 + b1 + k) for k in range(a2 - a1)]
+        else:
+            pairs += [(i1 + k, None) for k in range(a1, a2)]
+            pairs += [(None, j1 + k) for k in range(b1, b2)]
+    return pairs

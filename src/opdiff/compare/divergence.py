@@ -1,0 +1,218 @@
+"""Which op is to blame: local error versus error carried in from the inputs.
+
+The first divergence is, in execution order, the first op whose inputs agree with golden but
+whose outputs do not. "Agree" is judged relative to the error the output shows (rules and numbers
+in `opdiff.compare.verdicts`): an op whose output error is an order of magnitude above what its
+inputs carry, and beyond what its dtype can explain, made that error itself (local error); an op
+whose output error is of the order of its input error only inherits it (accumulated error).
+
+- Inputs are the record's inputs and, for module calls, its parameters. For a backward record
+  (inputs: grads w.r.t. the forward outputs) the forward call's tensors count as inputs too,
+  since the backward formula reads them.
+- In-place ops are judged on their inputs as they were before the op ran (capture records them so).
+- Module records contain the API ops run inside them: a module whose output diverges because an
+  op inside it did is not named; the op is. A module is named only when nothing inside it is.
+- Integer and bool outputs (argmax, masks) are blamed only when the inputs agree exactly, since
+  any input noise may legitimately flip them. Ops returning uninitialised memory are never blamed.
+
+Besides picking the culprit, the analysis rewrites each row's verdict: an output beyond its
+tolerance is an `error` only when its op made the error, and a `warning` ("inherited from the
+inputs") otherwise; an input beyond its tolerance is a `warning` (it is some earlier op's output).
+"""
+from __future__ import annotations
+
+import linecache
+import math
+import os
+from dataclasses import dataclass, field, replace
+from typing import Optional
+
+from .result import ERROR, PASS, UNMATCHED, WARNING, Divergence, Location, TensorRow
+
+_UNINITIALISED = {"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided"}
+
+
+@dataclass
+class OpScore:
+    """One paired op call and the rows of its tensors (indices into the row list)."""
+    name: str
+    op: str
+    phase: str
+    kind: str
+    module: Optional[str]
+    forward: Optional[str]
+    seq: int
+    location: Optional[Location]
+    inputs: list = field(default_factory=list)     # [(row index, Measurement, t dtype, g dtype)]
+    outputs: list = field(default_factory=list)
+    local: bool = False
+    why: str = ""
+    worst_out: Optional[int] = None
+    worst_in: Optional[int] = None
+    error_in: float = 0.0
+    scale_in: float = 0.0
+
+
+def _is_float(dtype: Optional[str]) -> bool:
+    from .verdicts import canonical_dtype
+    return canonical_dtype(dtype) not in (None, "int")
+
+
+def _input_error(op: OpScore, by_name: dict) -> tuple[float, float, Optional[int]]:
+    entries = list(op.inputs)
+    if op.phase == "backward" and op.forward and op.forward in by_name:
+        fwd = by_name[op.forward]
+        entries += fwd.inputs + fwd.outputs
+    err, scale, worst = 0.0, 0.0, None
+    for row_index, m, _, _ in entries:
+        e = math.inf if m.nonfinite_mismatch else m.error
+        if e > err or worst is None:
+            err, worst = max(err, e), row_index
+        if not m.nonfinite_mismatch:
+            scale = max(scale, abs(m.scale_error))
+    return err, scale, worst
+
+
+def _judge_op(op: OpScore, by_name: dict, policy) -> None:
+    """Set op.local / op.why / op.worst_out from its outputs against its inputs."""
+    e_in, s_in, op.worst_in = _input_error(op, by_name)
+    op.error_in, op.scale_in = e_in, s_in
+    if op.op.rsplit(".", 1)[-1] in _UNINITIALISED:
+        return
+    amp = policy.amplification
+    best = None
+    for row_index, m, tdt, gdt in op.outputs:
+        if m.nonfinite_mismatch:
+            if math.isfinite(e_in):
+                why = f"inf/NaN appear here ({m.message})"
+                cand = (math.inf, row_index, why)
+            else:
+                continue
+        elif not (_is_float(tdt) or _is_float(gdt)):
+            if e_in == 0.0 and m.error > 0:
+                cand = (m.error, row_index, "integer output differs although the inputs are equal")
+            else:
+                continue
+        else:
+            tol = policy.tolerance_for(tdt, gdt)
+            stol = policy.scale_tolerance_for(tdt, gdt)
+            s = abs(m.scale_error)
+            if m.error > tol and m.error > amp * e_in:
+                why = "random"
+            elif (m.numel >= policy.thresholds.scale_min_numel and s > stol and s > amp * s_in
+                  and s > e_in):
+                why = "scale"
+            else:
+                continue
+            cand = (m.error, row_index, why)
+        if best is None or cand[0] > best[0]:
+            best = cand
+    if best is not None:
+        op.local, op.worst_out, op.why = True, best[1], best[2]
+
+
+def _ancestors(name: Optional[str], parent: dict) -> list[str]:
+    out, seen = [], set()
+    while name and name not in seen:
+        seen.add(name)
+        name = parent.get(name)
+        if name:
+            out.append(name)
+    return out
+
+
+def source_context(location: Optional[Location], radius: int = 2) -> tuple:
+    """(line number, text) pairs around a location, when the file is readable."""
+    if location is None or not location.file or not os.path.isfile(location.file):
+        return ()
+    lines = []
+    for n in range(max(1, location.line - radius), location.line + radius + 1):
+        text = linecache.getline(location.file, n)
+        if text:
+            lines.append((n, text.rstrip("\n")))
+    return tuple(lines)
+
+
+def _fmt(x) -> str:
+    if x is None:
+        return "n/a"
+    if isinstance(x, float) and math.isnan(x):
+        return "NaN"
+    return f"{x:.6f}" if isinstance(x, float) and abs(x) <= 1 and abs(x) > 0.99 else f"{x:.3g}"
+
+
+def _describe(op: OpScore, rows: list) -> str:
+    out = rows[op.worst_out]
+    inp = rows[op.worst_in] if op.worst_in is not None else None
+    if inp is None:
+        inputs = "no inputs to compare"
+    else:
+        inputs = (f"inputs agree (cosine {_fmt(inp.metrics.get('Cosine'))}, "
+                  f"rel err {_fmt(op.error_in)})")
+    if op.why == "scale":
+        output = (f"output does not: it is scaled by {1 + out.scale_error:.6g} relative to golden "
+                  f"(inputs {1 + op.scale_in:.6g}; cosine {_fmt(out.metrics.get('Cosine'))}, "
+                  f"max abs err {_fmt(out.metrics.get('MaxAbsErr'))})")
+    elif op.why == "random":
+        output = (f"output does not (cosine {_fmt(out.metrics.get('Cosine'))}, max abs err "
+                  f"{_fmt(out.metrics.get('MaxAbsErr'))}, rel err {_fmt(out.error)})")
+    else:
+        output = f"output does not: {op.why}"
+    return f"{inputs}, {output} — local error in this op"
+
+
+def analyse(ops: list[OpScore], rows: list[TensorRow], policy) -> Optional[Divergence]:
+    """Judge every op, rewrite row verdicts in place, and return the first divergence."""
+    by_name = {op.name: op for op in ops}
+    for op in ops:
+        _judge_op(op, by_name, policy)
+        for row_index, m, _, _ in op.outputs:
+            row = rows[row_index]
+            if op.local and row_index == op.worst_out:
+                reason = "local error: " + _describe(op, rows)
+                rows[row_index] = replace(row, result=ERROR, accuracy_reached="No", reason=reason)
+            elif row.result == ERROR:
+                why = f"inherited from the inputs (input rel err {_fmt(op.error_in)})"
+                if op.local:
+                    why = "this op made an error (see its worst output)"
+                rows[row_index] = replace(row, result=WARNING if not op.local else ERROR,
+                                          reason=f"{row.reason}; {why}")
+        for row_index, m, _, _ in op.inputs:
+            row = rows[row_index]
+            if row.result == ERROR:
+                rows[row_index] = replace(row, result=WARNING,
+                                          reason=f"{row.reason}; already differs when it reaches "
+                                                 f"this op (made earlier)")
+
+    parent = {op.name: op.module for op in ops if op.module}
+    contained: set[str] = set()
+    for op in ops:
+        if op.local and op.kind != "module":
+            contained.update(_ancestors(op.name, parent))
+            if op.forward:
+                contained.add(op.forward)
+                contained.update(_ancestors(op.forward, parent))
+    candidates = []
+    for op in ops:
+        if not op.local:
+            continue
+        if op.kind == "module" and (op.name in contained or (op.forward and op.forward in contained)):
+            continue
+        candidates.append(op)
+    if not candidates:
+        return None
+    first = min(candidates, key=lambda o: o.seq)
+    out = rows[first.worst_out]
+    inp = rows[first.worst_in] if first.worst_in is not None else None
+    return Divergence(
+        name=first.name, op=first.op, phase=first.phase, reason=_describe(first, rows),
+        location=first.location, metrics=dict(out.metrics), tensor=out.target_name,
+        input_metrics=dict(inp.metrics) if inp is not None else {}, module=first.module,
+        context=source_context(first.location))
+
+
+def count(rows: list[TensorRow]) -> dict:
+    counts = {PASS: 0, WARNING: 0, ERROR: 0, UNMATCHED: 0}
+    for row in rows:
+        counts[row.result] = counts.get(row.result, 0) + 1
+    return counts

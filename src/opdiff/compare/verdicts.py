@@ -1,0 +1,220 @@
+"""Verdicts: is a tensor close enough to golden, and is an op to blame for the error it shows.
+
+Errors are judged against what the *lower* precision of the pair can represent: a bf16 tensor
+compared with an fp32 golden is judged by bf16's resolution, never flagged for the dtype change.
+
+Default tolerances (relative L2 error |t - g| / |g|, see `opdiff.compare.metrics`):
+
+    dtype      agree (pass)   tolerance (error)   why
+    bfloat16   8e-3           1.6e-2              unit roundoff u = 2^-8 = 3.9e-3; one rounding
+                                                  costs about 0.4u, an op in bf16 (rounded inputs,
+                                                  weights and output) about 1u: 4u leaves room
+    float16    1e-3           2e-3                u = 2^-11 = 4.9e-4, same reasoning
+    float32    5e-6           1e-5                u = 6e-8, but other devices sum in other orders
+                                                  (and may use TF32-free but blocked kernels): about
+                                                  sqrt(K) u for a K-long reduction, 1e-5 covers K ~ 1e4
+    float64    1e-12          1e-10
+    integer    0              0                   integers and bools must be equal
+
+A tensor passes below "agree", is a warning up to "tolerance" and beyond it the verdict depends
+on where the error comes from (see `opdiff.compare.divergence`): error made by this op is an
+`error`, error carried in by the op's inputs is a `warning`. `Accuracy Reached or Not` is `No`
+exactly when the tensor is beyond the tolerance (or its inf/NaN positions or shapes differ).
+
+Local error (the first-divergence rule, applied to the worst output of each op): the op made the
+error itself when
+
+    error_out > tolerance  and  error_out > amplification * error_in          (random error)
+    or |scale_out| > scale_tolerance  and  |scale_out| > amplification * |scale_in|
+                                      and  |scale_out| > error_in                 (systematic error)
+
+where error_in / scale_in are the worst over the op's inputs and parameters (and, for backward
+records, over the forward call's tensors too). amplification defaults to 10 (the design's "an
+order of magnitude above what the inputs carry"). The scale test catches faults far below the
+random-noise tolerance, e.g. an output scaled by 1+1e-2 in a bf16 run: rounding noise is
+unbiased and averages out of <t,g>/<g,g>, a wrong scale does not. It is only used for tensors of
+at least `scale_min_numel` elements, where that averaging happens.
+
+Subclass `Policy` to change how tensors are judged (the ONNX compare applies msit's thresholds).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from ..errors import ConfigError
+from .result import ERROR, PASS, WARNING
+
+_DTYPE_ALIASES = {
+    "bf16": "bfloat16", "bfloat16": "bfloat16",
+    "fp16": "float16", "half": "float16", "float16": "float16",
+    "fp32": "float32", "float": "float32", "float32": "float32", "tf32": "float32",
+    "fp64": "float64", "double": "float64", "float64": "float64",
+}
+# Precision rank: lower number = coarser dtype. Unknown float-ish names rank like float32.
+_RANK = {"float8": 0, "bfloat16": 1, "float16": 2, "float32": 3, "float64": 4}
+
+
+def canonical_dtype(dtype: str | None) -> str | None:
+    """'torch.bfloat16', 'bf16', 'BF16' -> 'bfloat16'; integers -> 'int'; None stays None."""
+    if dtype is None:
+        return None
+    name = str(dtype).lower().replace("torch.", "").replace("numpy.", "")
+    if name in _DTYPE_ALIASES:
+        return _DTYPE_ALIASES[name]
+    if name.startswith("float8"):
+        return "float8"
+    if name.startswith(("int", "uint", "bool", "long", "short")):
+        return "int"
+    if name.startswith("complex"):
+        return "float64" if "128" in name else "float32"
+    return "float32"
+
+
+def lower_precision(a: str | None, b: str | None) -> str:
+    """The coarser of two dtypes ('int' only when both are integer)."""
+    ca, cb = canonical_dtype(a), canonical_dtype(b)
+    floats = [c for c in (ca, cb) if c not in (None, "int")]
+    if not floats:
+        return "int"
+    return min(floats, key=lambda c: _RANK.get(c, 3))
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Numbers behind every verdict. Load with `Thresholds.load(path_or_dict)`; see module doc."""
+    tolerance: dict = field(default_factory=lambda: {
+        "float8": 1.25e-1, "bfloat16": 1.6e-2, "float16": 2e-3, "float32": 1e-5,
+        "float64": 1e-10, "int": 0.0})
+    agree_fraction: float = 0.5         # pass below this fraction of the tolerance
+    amplification: float = 10.0         # local error must exceed input error by this factor
+    scale_tolerance: dict = field(default_factory=lambda: {
+        "float8": 3e-2, "bfloat16": 4e-3, "float16": 5e-4, "float32": 2e-6,
+        "float64": 1e-12, "int": 0.0})
+    scale_min_numel: int = 64
+
+    _KEYS = ("tolerance", "agree_fraction", "amplification", "scale_tolerance", "scale_min_numel")
+
+    @classmethod
+    def load(cls, source=None, overrides: dict | None = None) -> "Thresholds":
+        """From None (defaults), a dict, a Thresholds, or a JSON file path; then `overrides`.
+
+        A JSON file / dict looks like `{"tolerance": {"bf16": 2e-2}, "amplification": 5}`;
+        override keys may also be a bare dtype (`{"bf16": 2e-2}`) for its tolerance.
+        """
+        if isinstance(source, Thresholds):
+            base, data = source, {}
+        elif source is None:
+            base, data = cls(), {}
+        elif isinstance(source, dict):
+            base, data = cls(), dict(source)
+        else:
+            path = Path(os.fspath(source))
+            if not path.is_file():
+                raise ConfigError(f"{path}: thresholds file not found; pass a JSON file such as "
+                                  f'{{"tolerance": {{"bfloat16": 0.02}}}}')
+            try:
+                data = json.loads(path.read_text())
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise ConfigError(f"{path}: not valid JSON ({exc}); fix the thresholds file") from None
+            if not isinstance(data, dict):
+                raise ConfigError(f"{path}: expected a JSON object of thresholds")
+            base = cls()
+        data.update(overrides or {})
+        return base._with(data)
+
+    def _with(self, data: dict) -> "Thresholds":
+        tol, stol = dict(self.tolerance), dict(self.scale_tolerance)
+        changes: dict = {}
+        for key, value in data.items():
+            if key in ("tolerance", "scale_tolerance"):
+                if not isinstance(value, dict):
+                    raise ConfigError(f"threshold '{key}' must map dtypes to numbers, e.g. "
+                                      f'{{"bfloat16": 0.02}}')
+                target = tol if key == "tolerance" else stol
+                for dt, v in value.items():
+                    target[self._dtype_key(dt)] = self._number(f"{key}.{dt}", v)
+            elif key in ("agree_fraction", "amplification", "scale_min_numel"):
+                changes[key] = self._number(key, value)
+            elif canonical_dtype(key) and key.lower().replace("torch.", "") in _DTYPE_ALIASES:
+                tol[self._dtype_key(key)] = self._number(key, value)
+            else:
+                raise ConfigError(f"unknown threshold '{key}'; use one of {', '.join(self._KEYS)} "
+                                  f"or a dtype name such as bf16")
+        if "scale_min_numel" in changes:
+            changes["scale_min_numel"] = int(changes["scale_min_numel"])
+        return replace(self, tolerance=tol, scale_tolerance=stol, **changes)
+
+    @staticmethod
+    def _dtype_key(name: str) -> str:
+        key = name.lower().replace("torch.", "")
+        if key not in _DTYPE_ALIASES and key not in ("int", "float8"):
+            raise ConfigError(f"unknown dtype '{name}' in thresholds; use bf16, fp16, fp32 or fp64")
+        return _DTYPE_ALIASES.get(key, key)
+
+    @staticmethod
+    def _number(name: str, value) -> float:
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"threshold '{name}' must be a number, got {value!r}") from None
+        if not math.isfinite(v) or v < 0:
+            raise ConfigError(f"threshold '{name}' must be a finite number >= 0, got {value!r}")
+        return v
+
+
+@dataclass(frozen=True)
+class Verdict:
+    result: str                 # PASS | WARNING | ERROR
+    accuracy_reached: str       # "Yes" | "No"
+    reason: str
+
+
+class Policy:
+    """Turns a tensor's measurement into a verdict, and says whether a tensor agrees.
+
+    Two methods matter to subclasses:
+      - `judge(measurement, target_dtype, golden_dtype)` -> Verdict for one tensor on its own;
+      - `agrees(measurement, target_dtype, golden_dtype)` -> bool, used for "inputs agree".
+    The divergence analysis calls `tolerance_for` / `scale_tolerance_for` and `amplification`.
+    """
+
+    def __init__(self, thresholds: Thresholds | dict | str | None = None):
+        self.thresholds = Thresholds.load(thresholds)
+
+    @property
+    def amplification(self) -> float:
+        return self.thresholds.amplification
+
+    def tolerance_for(self, target_dtype: str | None, golden_dtype: str | None) -> float:
+        """Relative L2 error beyond which a tensor of this dtype pair does not agree."""
+        dt = lower_precision(target_dtype, golden_dtype)
+        return self.thresholds.tolerance.get(dt, self.thresholds.tolerance["float32"])
+
+    def scale_tolerance_for(self, target_dtype: str | None, golden_dtype: str | None) -> float:
+        dt = lower_precision(target_dtype, golden_dtype)
+        return self.thresholds.scale_tolerance.get(dt, self.thresholds.scale_tolerance["float32"])
+
+    def agrees(self, measurement, target_dtype: str | None, golden_dtype: str | None) -> bool:
+        """True when the tensor is within the tolerance of the pair's lower precision."""
+        if measurement.nonfinite_mismatch:
+            return False
+        return measurement.error <= self.tolerance_for(target_dtype, golden_dtype)
+
+    def judge(self, measurement, target_dtype: str | None, golden_dtype: str | None) -> Verdict:
+        """Verdict for one tensor on its own (the divergence analysis may then soften an error
+        that the op's inputs explain into a warning)."""
+        dt = lower_precision(target_dtype, golden_dtype)
+        tol = self.tolerance_for(target_dtype, golden_dtype)
+        if measurement.nonfinite_mismatch:
+            return Verdict(ERROR, "No", measurement.message or "inf/NaN positions differ")
+        err = measurement.error
+        if err <= tol * self.thresholds.agree_fraction:
+            return Verdict(PASS, "Yes", "")
+        if err <= tol:
+            return Verdict(WARNING, "Yes", f"relative error {err:.3g} is close to the {dt} "
+                                           f"tolerance {tol:.3g}")
+        return Verdict(ERROR, "No", f"relative error {err:.3g} exceeds the {dt} tolerance {tol:.3g}")
