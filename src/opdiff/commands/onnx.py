@@ -1,0 +1,116 @@
+"""`opdiff onnx`: compare two ONNX models (or a PyTorch module and its export) node by node."""
+from __future__ import annotations
+
+import argparse
+
+EXAMPLES = """examples:
+  opdiff onnx golden.onnx target.onnx -i input_0.npy,input_1.bin -o ./out
+  opdiff onnx model.onnx model.onnx --golden-opt disable_all --target-opt all -o ./out
+  opdiff onnx --torch my_module.py:build_model model.onnx -o ./out      # PyTorch vs its export
+
+Verdicts use msit's thresholds (CosineSimilarity > 0.99, RelativeEuclideanDistance < 0.05,
+KullbackLeiblerDivergence < 0.005, RootMeanSquareError < 1.0, MeanRelativeError < 1.0); any
+inf/NaN the golden does not have is an error. OUT gets result_{timestamp}.csv (msit's columns),
+summary.json, report.html, onnx_details.json and both dumps.
+"""
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "onnx", help="compare ONNX models node by node, or a PyTorch module against its export",
+        description="Run a golden and a target model on the same inputs, dump every intermediate "
+                    "tensor, pair them across converter renames and name the first failing node.",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("models", nargs="+", metavar="MODEL",
+                   help="GOLDEN.onnx TARGET.onnx, or just TARGET.onnx with --torch")
+    p.add_argument("--torch", metavar="FILE.py:FUNCTION",
+                   help="golden is a PyTorch module: FUNCTION() returns it, or (module, example_inputs)")
+    p.add_argument("-i", "--input", dest="inputs", metavar="FILES",
+                   help="comma-separated .npy/.npz/.bin, one per model input (default: random, seeded)")
+    p.add_argument("-is", "--input-shape", metavar="SHAPES",
+                   help="dynamic dimensions, e.g. 'input:1,3,224,224;mask:1,128'")
+    p.add_argument("-o", "--output", default="./opdiff_out", metavar="OUT",
+                   help="output directory (default ./opdiff_out)")
+    p.add_argument("--seed", type=int, default=0, help="seed for random inputs (default 0)")
+    for side in ("golden", "target"):
+        p.add_argument(f"--{side}-opt", default="all",
+                       choices=("disable_all", "basic", "extended", "all"),
+                       help=f"ONNX Runtime graph optimisation level for the {side} (default all)")
+        p.add_argument(f"--{side}-ep", default="CPU", metavar="PROVIDERS",
+                       help=f"execution providers for the {side}, comma-separated (default CPU)")
+    p.add_argument("--no-tensors", action="store_true",
+                   help="keep only statistics in the dumps (the compare itself still uses every value)")
+    p.add_argument("--fail-on-divergence", action="store_true",
+                   help="exit 1 when a failing node is found (for CI)")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from ..onnx.deps import OnnxError, require
+    from ..onnx.inputs import parse_input_shapes
+    from ..onnx.runner import RuntimeOptions
+
+    require()
+
+    def options(side: str) -> RuntimeOptions:
+        providers = tuple(p.strip() for p in getattr(args, f"{side}_ep").split(",") if p.strip())
+        return RuntimeOptions(providers=providers or ("CPU",), optimization=getattr(args, f"{side}_opt"))
+
+    shapes = parse_input_shapes(args.input_shape)
+    common = dict(inputs=args.inputs, output_path=args.output, input_shapes=shapes, seed=args.seed,
+                  save_tensors=not args.no_tensors)
+    if args.torch:
+        if len(args.models) != 1:
+            raise OnnxError("with --torch give exactly one ONNX model (the export to check)")
+        from ..onnx.torch_side import compare_torch
+
+        cmp = compare_torch(args.torch, args.models[0], target_options=options("target"), **common)
+    else:
+        if len(args.models) != 2:
+            raise OnnxError("give two models, GOLDEN.onnx TARGET.onnx (or --torch FILE.py:FUNCTION MODEL.onnx)")
+        from ..onnx.model_compare import compare_models
+
+        cmp = compare_models(args.models[0], args.models[1], golden_options=options("golden"),
+                             target_options=options("target"), **common)
+    _print(cmp)
+    return 1 if args.fail_on_divergence and cmp.first_divergence is not None else 0
+
+
+def _print(cmp) -> None:
+    """Console report: the shared printer when it exists, then what only an ONNX compare knows."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    console = Console()
+    try:
+        from ..report.console import print_result
+    except ImportError:
+        print_result = None
+    if print_result is not None:
+        print_result(cmp.result)
+    else:
+        c = cmp.result.counts
+        console.print(f"[bold]opdiff onnx[/]  golden: {cmp.result.golden}\n"
+                      f"             target: {cmp.result.target}")
+        console.print(f"{c['pass']} pass, [yellow]{c['warning']} warning[/], [red]{c['error']} error[/], "
+                      f"{c['unmatched']} unmatched")
+        d = cmp.first_divergence
+        if d is None:
+            console.print("[green]no failing node[/]")
+        else:
+            where = f" ({d.location.file}:{d.location.line})" if d.location else ""
+            module = f" module {d.module}" if d.module else ""
+            console.print(f"[red]first failing node:[/] {d.name} [{d.op}]{module}{where}")
+            console.print(f"  {escape(d.reason)}", highlight=False)
+    for side, obs in cmp.observer.items():
+        if obs is not None and obs.changed:
+            console.print(f"[yellow]observer check ({side}):[/] {escape(obs.summary())}", highlight=False)
+    for note in cmp.input_notes:
+        console.print(f"input: {escape(note)}", highlight=False)
+    rules = ", ".join(f"{n} by {r}" for r, n in cmp.matching.rules().items())
+    console.print(f"matched {len(cmp.matching.pairs)} tensors ({rules}); unmatched: "
+                  f"{len(cmp.matching.unmatched_golden)} golden, {len(cmp.matching.unmatched_target)} target",
+                  highlight=False)
+    if cmp.files:
+        console.print("wrote " + ", ".join(sorted(set(cmp.files.values()))), highlight=False)
+    console.print(f"took {cmp.seconds.get('total', 0):.2f} s", highlight=False)

@@ -1,0 +1,64 @@
+"""The per-tensor CSV in msit's layout (`result_{timestamp}.csv`), so Ascend users read it at sight.
+
+msit's columns come first, in its order (the two `DataType` columns included: the first is the
+target's, the second the golden's); opdiff adds tensor names, the matching rule, the PyTorch
+module and source line at the end.
+"""
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from .metrics import MSIT_COLUMNS
+
+HEADER = ("Index", "OpType", "NPUDump", "DataType", "GroundTruth", "DataType", "TensorIndex", "Shape",
+          *MSIT_COLUMNS, "CompareFailReason", "IsOutputNode", "IsPrecisionError",
+          "TargetTensor", "GoldenTensor", "MatchRule", "Module", "Location")
+
+
+@dataclass
+class MsitRow:
+    op_type: str
+    target_node: str
+    target_dtype: str
+    golden_node: str
+    golden_dtype: str
+    tensor_index: str
+    shape: str
+    metrics: dict = field(default_factory=dict)
+    fail_reason: str = ""
+    is_output: bool = False
+    is_error: Optional[bool] = None       # None: not compared (unmatched)
+    target_tensor: str = ""
+    golden_tensor: str = ""
+    rule: str = ""
+    module: str = ""
+    location: str = ""
+
+
+def _cell(v) -> str:
+    if v is None:
+        return "NaN"
+    if isinstance(v, float):
+        return "NaN" if math.isnan(v) else f"{v:.6g}"
+    return str(v)
+
+
+def write_msit_csv(path: Path, rows: list) -> Path:
+    """Write rows (MsitRow) to path; returns path."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(HEADER)
+        for i, r in enumerate(rows):
+            flag = "" if r.is_error is None else ("YES" if r.is_error else "NO")
+            w.writerow([i, r.op_type, r.target_node, r.target_dtype, r.golden_node, r.golden_dtype,
+                        r.tensor_index, r.shape, *(_cell(r.metrics.get(k)) for k in MSIT_COLUMNS),
+                        r.fail_reason, "YES" if r.is_output else "NO", flag, r.target_tensor,
+                        r.golden_tensor, r.rule, r.module, r.location])
+    tmp.replace(path)
+    return path
