@@ -1,0 +1,46 @@
+"""`opdiff overflow DUMP [-o OUT]`: where did inf/NaN first appear, and where did it spread."""
+from __future__ import annotations
+
+import argparse
+
+EXAMPLE = """example:
+  opdiff overflow ./dump/npu -o ./out
+  opdiff overflow ./dump/bf16/step3/rank0 --headroom 1
+
+DUMP is a statistics or tensor dump (a dump root, one step/rank directory, or its index file)
+written by opdiff, msprobe or ptdbg_ascend. The origin is the first op, forward or backward, whose
+inputs are finite and whose outputs are not. Steps where only gradients overflowed and
+GradScaler skipped the step are reported as "skipped by loss scaler". In fp32/bf16 runs, ops whose
+outputs would overflow in fp16 are listed as headroom warnings. OUT receives overflow.json.
+Exit codes: 0 done (an overflow is a finding), 1 with --fail-on-overflow when one is found,
+2 bad input."""
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "overflow", help="find the op where inf/NaN was born",
+        description="Find the op that created inf/NaN in a dump, the ops it spread through, "
+                    "steps skipped by the loss scaler, and ops that would overflow in fp16.",
+        epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dump", metavar="DUMP", help="dump root, step/rank directory or index file")
+    p.add_argument("-o", "--output", metavar="OUT", default=None,
+                   help="directory for overflow.json (default: terminal summary only)")
+    p.add_argument("--headroom", metavar="FACTOR", type=float, default=2.0,
+                   help="flag outputs with max|x| * FACTOR >= the fp16 maximum (1: only values "
+                        "that would overflow; default 2)")
+    p.add_argument("--fail-on-overflow", action="store_true",
+                   help="exit 1 when an op created inf/NaN (for CI); scaler-skipped steps pass")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from ..overflow import INHERITED, OVERFLOW, analyze
+    from ..overflow.console import print_overflow
+
+    result = analyze(args.dump, headroom_factor=args.headroom)
+    if args.output:
+        path = result.write_json(args.output)
+    print_overflow(result)
+    if args.output:
+        print(f"wrote {path}")
+    return 1 if args.fail_on_overflow and result.status in (OVERFLOW, INHERITED) else 0

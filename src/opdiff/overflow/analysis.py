@@ -1,0 +1,246 @@
+"""Find where inf/NaN was born in a dump: the origin op, the ops it spread through, and whether
+the loss scaler skipped the step.
+
+The origin is the first op, in execution order (forward and backward), whose inputs are finite
+and whose outputs are not. Three kinds of op look like origins but are not:
+
+- a module call that *contains* the origin op (in `mix` dumps the module is recorded too);
+- a backward op whose forward op already saw inf/NaN: it reads the saved non-finite activations,
+  so its gradients are non-finite even when the incoming gradient is finite;
+- an op the user fed an inf/NaN literal (`masked_fill(mask, -inf)` for attention): intentional.
+
+After an intentional -inf, an op that turns it into NaN (softmax of a fully masked row) is an
+origin of NaN. Everything else that outputs inf/NaN after the origin is the chain.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+
+from ..compare.result import Location
+from ..store.records import iter_tensors
+from . import headroom as _headroom
+from .classify import health, has_nonfinite_literal, sides
+from .result import (CLEAN, INHERITED, OVERFLOW, SKIPPED, ChainLink, Origin, OverflowResult,
+                     StepFinding)
+from .scaler import is_scaler_op, scaler_found_inf
+
+log = logging.getLogger("opdiff")
+
+MAX_CHAIN = 500             # links kept per step (all are counted)
+_API_BACKWARD = re.compile(r"^(.+\.\d+)\.backward$")
+_MODULE_BACKWARD = re.compile(r"^(Module\..+)\.backward\.(\d+)$")
+
+
+def analyze(path, headroom_factor: float = 2.0) -> OverflowResult:
+    """Analyse every step/rank dump under `path` (opdiff, msprobe or ptdbg_ascend).
+
+        result = opdiff.overflow.analyze("./dump/npu")
+        if result.origin:
+            print(result.origin.name, result.origin.phase, result.origin.location)
+
+    `headroom_factor` (>= 1) flags fp32/bf16 outputs with max|x| * factor >= 65504 (and fp16
+    outputs within that factor of fp16's maximum). Raises DumpError when nothing readable is there.
+    """
+    from ..errors import ConfigError
+    from ..store.adapters import discover
+
+    if not headroom_factor >= 1:
+        raise ConfigError(f"headroom factor must be >= 1 (1 flags only real fp16 overflow); "
+                          f"got {headroom_factor!r}")
+    steps, warnings = [], []
+    for dump in discover(path):
+        finding, warns = analyze_dump(dump, headroom_factor)
+        steps.append(finding)
+        warnings.extend(warns)
+    warnings.sort(key=lambda w: -w.max_abs / w.limit)
+    return OverflowResult(dump=str(path), steps=steps, headroom=warnings,
+                          headroom_factor=headroom_factor)
+
+
+def analyze_dump(dump, headroom_factor: float = 2.0) -> tuple[StepFinding, list]:
+    """Origins, chain and loss-scaler verdict of one step/rank dump, plus its headroom warnings."""
+    walk = _Walk(dump, headroom_factor)
+    for record in dump.records():
+        walk.visit(record)
+    return walk.finish()
+
+
+class _Walk:
+    """State of one pass over a dump's records, in execution order."""
+
+    def __init__(self, dump, factor: float):
+        self.dump = dump
+        self.factor = factor
+        self.origins: list[Origin] = []
+        self.chain: list[ChainLink] = []
+        self.intentional: list[str] = []
+        self.tainted_forward: set[str] = set()    # forward ops that saw inf/NaN
+        self.enclosing: set[tuple] = set()        # (module call, phase) containing an origin
+        self.counts = dict(records=0, nonfinite=0, propagated=0, absorbed=0, chain=0)
+        self.scaler: dict | None = None
+        self.inherited: Origin | None = None
+        self.headroom: list = []
+        self.module_headroom: list = []
+        self.has_ops = False
+
+    def visit(self, rec: dict) -> None:
+        self.counts["records"] += 1
+        kind, phase, name = rec.get("kind"), rec.get("phase", "forward"), rec["name"]
+        if kind in ("api", "aten"):
+            self.has_ops = True
+        if is_scaler_op(rec):
+            self._scaler(rec)
+            return
+        ins, outs = sides(rec)
+        hin, hout = health(ins, self.dump), health(outs, self.dump)
+        if hout.finite:
+            if not hin.finite:
+                self.counts["absorbed"] += 1
+                if phase == "forward":
+                    self.tainted_forward.add(name)
+            elif self.factor:
+                warns = _headroom.warnings_for(rec, self.factor, self._location(rec),
+                                               self.dump.step, self.dump.rank)
+                (self.module_headroom if kind == "module" else self.headroom).extend(warns)
+            return
+        self.counts["nonfinite"] += 1
+        if phase == "forward":
+            self.tainted_forward.add(name)
+        if kind == "module" and (_forward_form(name), phase) in self.enclosing:
+            self._link(rec, "contains origin")
+            self.enclosing.add((rec.get("module"), phase))
+        elif phase == "backward" and _forward_of(rec) in self.tainted_forward:
+            self._link(rec, "uses non-finite forward values")
+        elif kind == "param_grad" and (self.origins or self.inherited is not None):
+            # Parameter gradients are accumulated from the backward ops already seen.
+            self._link(rec, "propagates")
+        elif hin.finite and (not hin.unknown or not self.origins):
+            if has_nonfinite_literal(rec):
+                self.intentional.append(name)
+            else:
+                why = ("its inputs are finite, its outputs are not" if not hin.unknown else
+                       "its outputs are not finite (its inputs were not recorded)")
+                self._origin(rec, hin, hout, why)
+        elif hout.nan and not hin.nan and not self.origins:
+            self._origin(rec, hin, hout, "it turned +-inf inputs into NaN")
+        else:
+            self._link(rec, "propagates")
+            if not self.origins and not self.intentional and self.inherited is None:
+                self.inherited = self._make_origin(
+                    rec, hin, hout, "its inputs already hold inf/NaN that no recorded op produced "
+                    "(input data, parameters, or ops outside the dump)")
+
+    def _origin(self, rec, hin, hout, why: str) -> None:
+        origin = self._make_origin(rec, hin, hout, why)
+        if self.origins:
+            self._link(rec, "new origin")
+        self.origins.append(origin)
+        self.enclosing.add((rec.get("module"), rec.get("phase", "forward")))
+
+    def _make_origin(self, rec, hin, hout, why: str) -> Origin:
+        created = "inf and NaN" if (hout.nan and hout.inf) else ("NaN" if hout.nan else "inf")
+        ins, outs = [], []
+        for tname, role, desc in iter_tensors(rec):
+            side = outs if (role == "output" or rec.get("kind") == "param_grad") else ins
+            side.append(_tensor_summary(tname, desc))
+        return Origin(name=rec["name"], op=rec.get("op") or rec["name"],
+                      phase=rec.get("phase", "forward"), kind=rec.get("kind") or "api",
+                      reason=why, location=self._location(rec), module=rec.get("module"),
+                      nonfinite=created, outputs=tuple(outs), inputs=tuple(ins),
+                      step=self.dump.step, rank=self.dump.rank)
+
+    def _link(self, rec: dict, relation: str) -> None:
+        if relation == "propagates":
+            self.counts["propagated"] += 1
+        if self.origins or self.inherited is not None:
+            self.counts["chain"] += 1
+            if len(self.chain) < MAX_CHAIN:
+                self.chain.append(ChainLink(rec["name"], rec.get("phase", "forward"), relation))
+
+    def _scaler(self, rec: dict) -> None:
+        found = scaler_found_inf(rec, self.dump)
+        if self.scaler is None:
+            self.scaler = {"op": rec["name"], "found_inf": found, "skipped": bool(found)}
+        elif found:
+            self.scaler.update(op=rec["name"], found_inf=True, skipped=True)
+
+    def _location(self, rec: dict) -> Location | None:
+        try:
+            frames = self.dump.stack(rec.get("stack"))
+        except Exception as exc:   # a foreign stack we cannot read should not hide the finding
+            log.info("opdiff: no call stack for %s (%s)", rec.get("name"), exc)
+            return None
+        if not frames:
+            return None
+        f = frames[0]
+        return Location(file=str(f.get("file", "")), line=int(f.get("line") or 0),
+                        code=str(f.get("code") or ""), function=str(f.get("function") or ""))
+
+    def finish(self) -> tuple[StepFinding, list]:
+        skipped = bool(self.scaler and self.scaler["skipped"])
+        origins = [dataclasses.replace(o, skipped_by_loss_scaler=True)
+                   if skipped and o.phase == "backward" else o for o in self.origins]
+        model_origins = [o for o in origins if not o.skipped_by_loss_scaler]
+        if model_origins:
+            status = OVERFLOW
+        elif origins:
+            status = SKIPPED
+        elif self.inherited is not None:
+            status, origins = INHERITED, [self.inherited]
+        else:
+            status = CLEAN
+        # Show the origin that needs fixing first; scaler-skipped ones follow.
+        origins.sort(key=lambda o: o.skipped_by_loss_scaler)
+        finding = StepFinding(path=str(self.dump.path), format=getattr(self.dump, "format", "opdiff"),
+                              step=self.dump.step, rank=self.dump.rank, status=status,
+                              origins=origins, chain=self.chain, counts=self.counts,
+                              loss_scaler=self.scaler, intentional=self.intentional[:50])
+        finding.message = _message(finding)
+        warnings = self.headroom + ([] if self.has_ops else self.module_headroom)
+        return finding, warnings
+
+
+def _forward_form(name: str) -> str:
+    m = _MODULE_BACKWARD.match(name)
+    return f"{m.group(1)}.forward.{m.group(2)}" if m else name
+
+
+def _forward_of(rec: dict) -> str | None:
+    """Name of the forward record a backward record belongs to."""
+    if rec.get("forward"):
+        return rec["forward"]
+    if rec.get("kind") == "aten":
+        return None     # aten backward counters are their own; only the record's link is reliable
+    name = rec["name"]
+    m = _API_BACKWARD.match(name)
+    if m:
+        return f"{m.group(1)}.forward"
+    fwd = _forward_form(name)
+    return fwd if fwd != name else None
+
+
+def _tensor_summary(name: str, desc: dict) -> dict:
+    stats = desc.get("stats") or {}
+    out = {"name": name, "dtype": desc.get("dtype"), "shape": desc.get("shape")}
+    out.update({k: stats.get(k) for k in ("max", "min", "nan", "inf")})
+    if desc.get("key"):
+        out["key"] = desc["key"]
+    return out
+
+
+def _message(f: StepFinding) -> str:
+    where = f"step {f.step}, rank {f.rank}" if f.step is not None else f.path
+    if f.status == CLEAN:
+        extra = f" ({len(f.intentional)} op(s) fed inf on purpose)" if f.intentional else ""
+        return f"{where}: no op created inf/NaN{extra}"
+    o = f.origins[0]
+    loc = f" at {o.location.file}:{o.location.line} `{o.location.code}`" if o.location else ""
+    if f.status == SKIPPED:
+        return (f"{where}: inf/NaN appeared only in gradients (first {o.name}) and the loss scaler "
+                f"skipped the step: expected with loss scaling, not a model bug")
+    if f.status == INHERITED:
+        return f"{where}: {o.name}{loc} received inf/NaN that no recorded op produced"
+    spread = f"; {f.counts['chain']} op(s) passed it on" if f.counts.get("chain") else ""
+    return f"{where}: {o.nonfinite} first created by {o.name} ({o.phase}){loc}{spread}"

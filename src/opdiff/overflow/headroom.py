@@ -1,0 +1,55 @@
+"""Headroom: would this run overflow in fp16? Answered from output statistics.
+
+Before switching a model from fp32 or bf16 to fp16, users ask which ops produce values beyond
+fp16's maximum (65504). An op is flagged when `max|output| * factor >= limit`, where the limit is
+fp16's maximum for wider types and the tensor's own maximum for fp16 and fp8 tensors; `factor=1`
+flags only values that would actually overflow, `factor=2` also those within 2x of the limit.
+"""
+from __future__ import annotations
+
+from ..store.records import iter_tensors
+from .classify import max_abs
+from .result import HeadroomWarning
+
+FP16_MAX = 65504.0
+_OWN_MAX = {"float16": FP16_MAX, "float8_e4m3fn": 448.0, "float8_e4m3fnuz": 240.0,
+            "float8_e5m2": 57344.0, "float8_e5m2fnuz": 57344.0}
+_WIDE = ("float32", "float64", "bfloat16")
+
+
+def limit_for(dtype: str) -> tuple[float, str] | None:
+    """(maximum, its dtype) an output of this dtype is measured against; None for other dtypes."""
+    dtype = dtype.replace("torch.", "")
+    if dtype in _OWN_MAX:
+        return _OWN_MAX[dtype], dtype
+    if dtype in _WIDE:
+        return FP16_MAX, "float16"
+    return None
+
+
+def warnings_for(record: dict, factor: float, location=None, step=None, rank=None) -> list:
+    """HeadroomWarnings for the output tensors of one record (at most one per record: the largest)."""
+    worst = None
+    for tname, role, desc in iter_tensors(record):
+        if role != "output" and record.get("kind") != "param_grad":
+            continue
+        limit = limit_for(str(desc.get("dtype") or ""))
+        m = max_abs(desc)
+        if limit is None or m is None or m * factor < limit[0]:
+            continue
+        if worst is None or m / limit[0] > worst[0]:
+            worst = (m / limit[0], desc, limit, tname)
+    if worst is None:
+        return []
+    _, desc, (lim, lim_dtype), tname = worst
+    dtype = str(desc.get("dtype")).replace("torch.", "")
+    m = max_abs(desc)
+    if lim_dtype == "float16" and dtype != "float16":
+        what = (f"would overflow in fp16: max |output| {m:.4g} > {lim:g}" if m > lim else
+                f"within {factor:g}x of the fp16 maximum: max |output| {m:.4g} (limit {lim:g})")
+    else:
+        what = f"within {factor:g}x of the {lim_dtype} maximum: max |output| {m:.4g} (limit {lim:g})"
+    return [HeadroomWarning(name=record["name"], phase=record.get("phase", "forward"), dtype=dtype,
+                            max_abs=m, limit=lim, limit_dtype=lim_dtype,
+                            tensor=tname, message=what,
+                            location=location, step=step, rank=rank)]
