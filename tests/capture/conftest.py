@@ -1,0 +1,97 @@
+"""Helpers for the capture tests: read a dump back strictly, index its records."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from opdiff.store import decoded_stats, open_dump
+from opdiff.store import layout
+
+
+def _reject_constant(token):
+    raise ValueError(f"bare {token} in strict JSON")
+
+
+def strict_json_lines(path) -> list:
+    """Parse a JSON Lines file, rejecting the NaN/Infinity tokens Python's json accepts by default."""
+    out = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            out.append(json.loads(line, parse_constant=_reject_constant))
+    return out
+
+
+class DumpView:
+    """One step/rank of a dump, read strictly, with records indexed by name."""
+
+    def __init__(self, directory):
+        self.dir = Path(directory)
+        self.dump = open_dump(self.dir)
+        self.records = strict_json_lines(self.dir / layout.RECORDS)
+        assert self.records == list(self.dump.records()), "reader and strict parse disagree"
+        self.meta = json.loads((self.dir / layout.META).read_text(), parse_constant=_reject_constant)
+        self.by_name = {}
+        for r in self.records:
+            assert r["name"] not in self.by_name, f"duplicate record name {r['name']}"
+            self.by_name[r["name"]] = r
+
+    def __getitem__(self, name):
+        return self.by_name[name]
+
+    def names(self, kind=None, phase=None) -> list:
+        return [r["name"] for r in self.records
+                if (kind is None or r["kind"] == kind) and (phase is None or r["phase"] == phase)]
+
+    def ops(self, kind=None, phase=None) -> list:
+        return [r["op"] for r in self.records
+                if (kind is None or r["kind"] == kind) and (phase is None or r["phase"] == phase)]
+
+    def with_op(self, op, phase="forward") -> list:
+        return [r for r in self.records if r["op"] == op and r["phase"] == phase]
+
+    def tensor(self, desc):
+        return self.dump.tensor(desc["key"])
+
+
+@pytest.fixture
+def read_dump():
+    """read_dump(dump_root, step=0, rank=0) -> DumpView."""
+    def read(root, step: int = 0, rank: int = 0) -> DumpView:
+        return DumpView(layout.rank_dir(root, step, rank))
+    return read
+
+
+def expected_stats(t: torch.Tensor) -> dict:
+    """Reference statistics computed by the test itself, in float64 (NaN/Inf excluded nowhere)."""
+    x = t.detach().to(torch.float64)
+    return {"max": x.max().item(), "min": x.min().item(), "mean": x.mean().item(),
+            "norm": torch.linalg.vector_norm(x).item(),
+            "nan": int(torch.isnan(x).sum()) if t.is_floating_point() else 0,
+            "inf": int(torch.isinf(x).sum()) if t.is_floating_point() else 0}
+
+
+def assert_stats(desc: dict, t: torch.Tensor, rel: float = 1e-6, what: str = "") -> None:
+    """A descriptor's statistics equal the tensor's, computed in float64 here."""
+    got = decoded_stats(desc)
+    want = expected_stats(t)
+    assert desc["dtype"] == str(t.dtype).replace("torch.", ""), what
+    assert desc["shape"] == list(t.shape), what
+    for k in ("nan", "inf"):
+        assert got[k] == want[k], f"{what} {k}: {got[k]} != {want[k]}"
+    for k in ("max", "min", "mean", "norm"):
+        a, b = got[k], want[k]
+        if math.isnan(b):
+            assert math.isnan(a), f"{what} {k}: {a} != nan"
+        elif math.isinf(b):
+            assert a == b, f"{what} {k}: {a} != {b}"
+        else:
+            assert a == pytest.approx(b, rel=rel, abs=1e-12), f"{what} {k}: {a} != {b}"
+
+
+@pytest.fixture
+def check_stats():
+    return assert_stats

@@ -1,0 +1,148 @@
+"""Backward records: gradients w.r.t. an op's outputs (record inputs) and its inputs (record outputs).
+
+Every expected gradient is computed here by autograd on an uncaptured copy of the same graph.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+import opdiff
+
+
+def _leaf(*shape, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g).requires_grad_()
+
+
+def _tensors(descs):
+    return [d for d in descs if d.get("type") == "tensor"]
+
+
+def test_backward_of_a_single_node_op_holds_both_gradients(dump_root, read_dump):
+    a, b, g = _leaf(3, 4, seed=1), _leaf(3, 4, seed=2), torch.randn(3, 4)
+    with opdiff.dump(None, dump_root, level="L1", task="tensor"):
+        y = torch.mul(a, b)
+        (y * g).sum().backward()
+    dump = read_dump(dump_root)
+    rec = dump["Torch.mul.0.backward"]
+    assert rec["forward"] == "Torch.mul.0.forward"
+    grad_y = dump.tensor(rec["inputs"][0])
+    grad_a, grad_b = (dump.tensor(d) for d in rec["outputs"])
+    assert torch.equal(grad_y, g)
+    assert torch.equal(grad_a, g * b.detach())
+    assert torch.equal(grad_b, g * a.detach())
+
+
+def test_backward_of_a_composite_op_is_wrt_the_ops_own_inputs(dump_root, read_dump):
+    # F.linear on a 3-D input builds two autograd nodes (addmm, then a view): the record must
+    # still hold the gradients of x, weight and bias, not of the internal addmm result.
+    x, w, b = _leaf(2, 3, 4, seed=3), _leaf(5, 4, seed=4), _leaf(5, seed=5)
+    g = torch.randn(2, 3, 5)
+    with opdiff.dump(None, dump_root, level="L1", task="tensor"):
+        y = F.linear(x, w, b)
+        (y * g).sum().backward()
+    want = torch.autograd.grad((F.linear(x, w, b) * g).sum(), (x, w, b))
+    rec = read_dump(dump_root)["Functional.linear.0.backward"]
+    outs = _tensors(rec["outputs"])
+    assert [d["shape"] for d in outs] == [[2, 3, 4], [5, 4], [5]]
+    dump = read_dump(dump_root)
+    for d, ref in zip(outs, want):
+        assert torch.allclose(dump.tensor(d), ref, rtol=1e-6, atol=1e-6)
+
+
+def test_backward_of_a_multi_output_op_holds_every_output_gradient(dump_root, read_dump):
+    # nn.LSTM runs VF.lstm, which returns (seq, h, c); all three feed the loss.
+    lstm = nn.LSTM(4, 3, batch_first=True)
+    x = _leaf(2, 5, 4, seed=6)
+    with opdiff.dump(None, dump_root, level="L1", task="tensor"):
+        seq, (h, c) = lstm(x)
+        (seq.sum() + 2 * h.sum() + 3 * c.sum()).backward()
+    rec = read_dump(dump_root)["VF.lstm.0.backward"]
+    grads_in = _tensors(rec["inputs"])
+    assert [d["shape"] for d in grads_in] == [[2, 5, 3], [1, 2, 3], [1, 2, 3]]
+    dump = read_dump(dump_root)
+    assert torch.equal(dump.tensor(grads_in[1]), torch.full((1, 2, 3), 2.0))
+    assert torch.equal(dump.tensor(grads_in[2]), torch.full((1, 2, 3), 3.0))
+    # The first gradient w.r.t. the op's inputs is the one for x.
+    assert _tensors(rec["outputs"])[0]["shape"] == [2, 5, 4]
+
+
+def test_split_backward_sees_the_gradient_of_every_output(dump_root, read_dump):
+    x = _leaf(4, 3, seed=7)
+    with opdiff.dump(None, dump_root, level="L1", task="tensor"):
+        p, q = x.split(2)
+        (p.sum() * 2 + q.sum() * 5).backward()
+    dump = read_dump(dump_root)
+    rec = dump["Tensor.split.0.backward"]
+    grads = _tensors(rec["inputs"])
+    assert [dump.tensor(d).unique().tolist() for d in grads] == [[2.0], [5.0]]
+    assert torch.equal(dump.tensor(_tensors(rec["outputs"])[0]), x.grad)
+
+
+def test_module_backward_with_inplace_relu_after_the_module(model_cases, dump_root, read_dump):
+    model, (x,), loss_fn = model_cases["inplace_relu"].build()
+    with opdiff.dump(model, dump_root, level="mix", task="tensor"):
+        loss_fn(model(x)).backward()
+    # Reference: the same computation written out of place, with the pre-ReLU grads retained.
+    z1 = F.linear(x, model.fc1.weight, model.fc1.bias)
+    z1.retain_grad()
+    z2 = F.linear(F.relu(z1), model.fc2.weight, model.fc2.bias)
+    z2.retain_grad()
+    loss_fn(F.linear(F.relu(z2), model.fc3.weight, model.fc3.bias)).backward()
+    dump = read_dump(dump_root)
+    fc1 = dump["Module.fc1.Linear.backward.0"]
+    fc2 = dump["Module.fc2.Linear.backward.0"]
+    # Gradient w.r.t. the module's output is the one for the value before ReLU overwrote it.
+    assert torch.allclose(dump.tensor(fc1["inputs"][0]), z1.grad, atol=1e-7)
+    assert torch.allclose(dump.tensor(fc2["inputs"][0]), z2.grad, atol=1e-7)
+    assert dump["Module.act.ReLU.backward.0"]["forward"] == "Module.act.ReLU.forward.0"
+    relu = dump["Functional.relu.1.forward"]   # F.relu(..., inplace=True)
+    assert relu["kwargs"]["inplace"] == {"type": "bool", "value": True}
+    # Forward input of the in-place ReLU is the value before it ran (it has negatives).
+    assert dump.tensor(relu["inputs"][0]).min() < 0
+    assert dump.tensor(relu["outputs"][0]).min() >= 0
+
+
+class _Checkpointed(nn.Module):
+    def __init__(self, reentrant: bool):
+        super().__init__()
+        self.reentrant = reentrant
+        self.inp = nn.Linear(4, 6)
+        self.seg = nn.Sequential(nn.Linear(6, 6), nn.Tanh(), nn.Linear(6, 6))
+        self.out = nn.Linear(6, 2)
+
+    def forward(self, x):
+        h = self.inp(x)
+        h = checkpoint(self.seg, h, use_reentrant=self.reentrant)
+        return self.out(h)
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non_reentrant", "reentrant"])
+def test_activation_checkpointing_is_captured_sensibly(reentrant, dump_root, read_dump):
+    torch.manual_seed(0)
+    model = _Checkpointed(reentrant)
+    x = torch.randn(3, 4)
+    with opdiff.dump(model, dump_root, level="mix", task="statistics"):
+        model(x).pow(2).sum().backward()
+    got = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model(x).pow(2).sum().backward()
+    assert all(torch.equal(a, p.grad) for a, p in zip(got, model.parameters()))
+    dump = read_dump(dump_root)
+    assert not any("error" in r for r in dump.records), [r["error"] for r in dump.records if "error" in r]
+    # The recomputation inside backward must not be recorded as a second forward.
+    fwd_linear = dump.with_op("Functional.linear")
+    assert len(fwd_linear) == 4
+    assert len(dump.with_op("Module.seg.0.Linear")) == 1
+    assert len(dump.with_op("Module.out.Linear", "backward")) == 1
+    assert len(dump.with_op("Module.inp.Linear", "backward")) == 1
+    grads = {r["op"] for r in dump.records if r["kind"] == "param_grad"}
+    assert grads == {"Module.inp.Linear.parameters_grad", "Module.seg.0.Linear.parameters_grad",
+                     "Module.seg.2.Linear.parameters_grad", "Module.out.Linear.parameters_grad"}
+    if not reentrant:
+        # The original graph is kept: ops inside the segment get their backward records.
+        assert len(dump.with_op("Functional.linear", "backward")) == 4

@@ -1,0 +1,234 @@
+"""Shared fixtures: tiny real models of the families opdiff users debug, and dump helpers.
+
+Every model is small enough that a forward + backward takes a few milliseconds on CPU, and
+each one carries the construct that makes its family hard to capture:
+
+    cnn           ResNet-style block with `out += identity` and ReLU(inplace=True), BatchNorm
+    res3d         3D-conv residual net (the 3D_ResNet of seed 000), `out += residual`
+    lstm          nn.LSTM (VF.lstm, multi-output) followed by a Linear head
+    transformer   nn.MultiheadAttention + LayerNorm + GELU + Dropout (a random op in training)
+    multi_output  forward returns a tuple, a dict, a namedtuple and non-tensor values
+    inplace_relu  F.relu(x, inplace=True) and nn.ReLU(inplace=True) right after modules
+
+Usage in a test:
+
+    def test_something(tiny_model):            # parametrized over every family
+        model, inputs, loss_fn = tiny_model.build()
+        loss_fn(model(*inputs)).backward()
+
+    def test_cnn(model_cases):
+        model, inputs, loss_fn = model_cases["cnn"].build()
+"""
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+from typing import Callable
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class BasicBlock(nn.Module):
+    """torchvision's BasicBlock, shrunk: the in-place `out += identity` is the point."""
+
+    def __init__(self, channels: int, conv=nn.Conv2d, norm=nn.BatchNorm2d):
+        super().__init__()
+        self.conv1 = conv(channels, channels, 3, padding=1, bias=False)
+        self.bn1 = norm(channels)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = conv(channels, channels, 3, padding=1, bias=False)
+        self.bn2 = norm(channels)
+
+    def forward(self, x):
+        identity = x
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        out += identity
+        out = self.relu(out)
+        return out
+
+
+class TinyResNet(nn.Module):
+    def __init__(self, classes: int = 5):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 4, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(4)
+        self.relu = nn.ReLU(inplace=True)
+        self.layer1 = nn.Sequential(BasicBlock(4))
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(4, classes)
+
+    def forward(self, x):
+        x = self.relu(self.bn1(self.conv1(x)))
+        x = self.layer1(x)
+        return self.fc(torch.flatten(self.pool(x), 1))
+
+
+class TinyResNet3D(nn.Module):
+    """3D_ResNet in miniature: Conv3d stem, one residual block, global pool, classifier."""
+
+    def __init__(self, classes: int = 5):
+        super().__init__()
+        self.conv1 = nn.Conv3d(3, 4, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm3d(4)
+        self.relu = nn.ReLU(inplace=True)
+        self.layer1 = nn.Sequential(BasicBlock(4, conv=nn.Conv3d, norm=nn.BatchNorm3d))
+        self.pool = nn.AdaptiveAvgPool3d(1)
+        self.fc = nn.Linear(4, classes)
+
+    def forward(self, x):
+        x = self.relu(self.bn1(self.conv1(x)))
+        x = self.layer1(x)
+        return self.fc(self.pool(x).flatten(1))
+
+
+class TinyLSTM(nn.Module):
+    def __init__(self, features: int = 6, hidden: int = 8, classes: int = 3):
+        super().__init__()
+        self.lstm = nn.LSTM(features, hidden, num_layers=1, batch_first=True)
+        self.head = nn.Linear(hidden, classes)
+
+    def forward(self, x):
+        seq, (h, c) = self.lstm(x)
+        return self.head(seq[:, -1]) + 0.0 * c.sum()
+
+
+class TinyTransformerBlock(nn.Module):
+    """Pre-norm encoder block: attention and MLP residuals, dropout active in training."""
+
+    def __init__(self, dim: int = 8, heads: int = 2, dropout: float = 0.1):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = nn.MultiheadAttention(dim, heads, dropout=dropout, batch_first=True)
+        self.norm2 = nn.LayerNorm(dim)
+        self.fc1 = nn.Linear(dim, 2 * dim)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(2 * dim, dim)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x):
+        h = self.norm1(x)
+        a, _ = self.attn(h, h, h, need_weights=False)
+        x = x + self.drop(a)
+        x = x + self.drop(self.fc2(self.act(self.fc1(self.norm2(x)))))
+        return x
+
+
+Pair = collections.namedtuple("Pair", ["first", "second"])
+
+
+class MultiOutput(nn.Module):
+    """Outputs of every container shape, plus values that are not tensors."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 2)
+        self.pair = PairHead()
+        self.dicthead = DictHead()
+
+    def forward(self, x):
+        h = self.a(x)
+        p = self.pair(h)
+        d = self.dicthead(h)
+        return (p.first, p.second, d["logits"], d["count"], d["tag"], None)
+
+
+class PairHead(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return Pair(y.tanh(), y.sigmoid())
+
+
+class DictHead(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return {"logits": self.lin(x), "count": x.shape[0], "tag": "dict", "scale": 0.5}
+
+
+class InplaceReLUNet(nn.Module):
+    """In-place ReLU right after a module, in both spellings."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(4, 6)
+        self.act = nn.ReLU(inplace=True)
+        self.fc2 = nn.Linear(6, 6)
+        self.fc3 = nn.Linear(6, 2)
+
+    def forward(self, x):
+        x = self.act(self.fc1(x))
+        x = F.relu(self.fc2(x), inplace=True)
+        return self.fc3(x)
+
+
+def _mean_sq(out):
+    return out.float().pow(2).mean()
+
+
+def _multi_loss(out):
+    first, second, logits, _count, _tag, _none = out
+    return first.sum() + second.pow(2).sum() + logits.mean()
+
+
+@dataclass(frozen=True)
+class ModelCase:
+    """A model family: `build()` returns (model, inputs tuple, loss_fn), identical on every call."""
+
+    name: str
+    make_model: Callable[[], nn.Module]
+    make_inputs: Callable[[torch.Generator], tuple]
+    loss_fn: Callable = _mean_sq
+    seed: int = 0
+
+    def build(self):
+        # A private generator for inputs and a fork of the global RNG for the weights, so
+        # building a model never changes the random state a test is measuring.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            model = self.make_model()
+        gen = torch.Generator().manual_seed(self.seed + 1)
+        return model, self.make_inputs(gen), self.loss_fn
+
+
+MODEL_CASES = {
+    "cnn": ModelCase("cnn", TinyResNet, lambda g: (torch.randn(2, 3, 6, 6, generator=g),)),
+    "res3d": ModelCase("res3d", TinyResNet3D, lambda g: (torch.randn(2, 3, 3, 4, 4, generator=g),)),
+    "lstm": ModelCase("lstm", TinyLSTM, lambda g: (torch.randn(2, 5, 6, generator=g),)),
+    "transformer": ModelCase("transformer", TinyTransformerBlock,
+                             lambda g: (torch.randn(2, 4, 8, generator=g),)),
+    "multi_output": ModelCase("multi_output", MultiOutput, lambda g: (torch.randn(3, 4, generator=g),),
+                              loss_fn=_multi_loss),
+    "inplace_relu": ModelCase("inplace_relu", InplaceReLUNet, lambda g: (torch.randn(3, 4, generator=g),)),
+}
+
+# The four families the observer-effect guarantee is stated for.
+TRAINING_FAMILIES = ("cnn", "res3d", "lstm", "transformer")
+
+
+@pytest.fixture
+def model_cases() -> dict:
+    """{name: ModelCase} for every tiny model family."""
+    return MODEL_CASES
+
+
+@pytest.fixture(params=sorted(MODEL_CASES))
+def tiny_model(request) -> ModelCase:
+    """Parametrized over every tiny model family."""
+    return MODEL_CASES[request.param]
+
+
+@pytest.fixture
+def dump_root(tmp_path):
+    """A dump_path that does not exist yet (opdiff creates it)."""
+    return tmp_path / "dump"
