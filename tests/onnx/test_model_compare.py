@@ -186,3 +186,23 @@ def test_second_run_never_appends_to_the_first_dump(models, tmp_path):
     assert a.dumps["golden"] != b.dumps["golden"]
     n = len(list(open_dump(a.dumps["golden"]).records()))
     assert n == len(list(open_dump(b.dumps["golden"]).records()))
+
+
+def test_fp16_model_with_fp16_inputs_gets_cast_inputs(models, image, tmp_path):
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    path = tmp_path / "cnn_fp16_io.onnx"
+    onnx.save(convert_float_to_float16(onnx.load(str(models["cnn"])), keep_io_types=False), str(path))
+    cmp = compare_models(models["cnn"], path, inputs=str(image))
+    assert any("cast from float32 to float16 for the target" in n for n in cmp.input_notes)
+    assert cmp.first_divergence is None
+    rows = rows_by_golden(cmp)
+    assert rows["probs"].target_dtype == "float16" and rows["probs"].result == PASS
+
+
+def test_msit_csv_is_never_overwritten(models, tmp_path):
+    from opdiff.onnx.model_compare import fresh_path
+
+    (tmp_path / "result_x.csv").write_text("user data")
+    assert fresh_path(tmp_path / "result_x.csv").name == "result_x_1.csv"
+    assert (tmp_path / "result_x.csv").read_text() == "user data"

@@ -85,7 +85,7 @@ def compare_models(golden, target, *, inputs=None, output_path=None,
     prepared = prepare_inputs(g_model, inputs, input_shapes=input_shapes, seed=seed)
     clock["load"] = time.perf_counter()
     g_run = run_model(g_model, golden, prepared.feeds, golden_options)
-    t_run = run_model(t_model, target, prepared.feeds, target_options)
+    t_run = run_model(t_model, target, feeds_for(t_model, prepared, "target"), target_options)
     clock["run"] = time.perf_counter()
     g, t = GraphIndex(g_model), GraphIndex(t_model)
     matching = match_graphs(g, t, g_run.tensors, t_run.tensors)
@@ -96,7 +96,7 @@ def compare_models(golden, target, *, inputs=None, output_path=None,
     clock["compare"] = time.perf_counter()
     if output_path is not None:
         stamp = time.strftime("%Y%m%d_%H%M%S")
-        root = _fresh_dir(Path(output_path) / f"onnx_dump_{stamp}")
+        root = fresh_path(Path(output_path) / f"onnx_dump_{stamp}")
         meta = {"tool": TITLE, "inputs": prepared.sources}
         cmp.dumps["golden"] = str(write_onnx_dump(root / "golden", g, g_run.tensors, {
             **meta, "side": "golden", "model": str(golden), "runtime": golden_options.describe(),
@@ -112,6 +112,26 @@ def compare_models(golden, target, *, inputs=None, output_path=None,
     return cmp
 
 
+def feeds_for(model, prepared, side: str) -> dict:
+    """The prepared feeds cast to this model's input dtypes (an fp16 model without fp32 I/O takes
+    fp16 inputs); each cast is added to the notes."""
+    from .deps import OnnxError
+    from .inputs import model_inputs, numpy_dtype
+
+    feeds = {}
+    for info in model_inputs(model):
+        if info.name not in prepared.feeds:
+            raise OnnxError(f"the {side} model has an input '{info.name}' the golden does not have; "
+                            f"both models must take the same inputs")
+        value = prepared.feeds[info.name]
+        dtype = numpy_dtype(info.elem_type)
+        if value.dtype != dtype:
+            prepared.notes.append(f"{info.name}: cast from {value.dtype} to {dtype} for the {side}")
+            value = value.astype(dtype)
+        feeds[info.name] = value
+    return feeds
+
+
 def finish(cmp: ModelComparison, clock: dict) -> None:
     end = time.perf_counter()
     marks = sorted(((k, v) for k, v in clock.items() if k != "start"), key=lambda kv: kv[1])
@@ -122,11 +142,12 @@ def finish(cmp: ModelComparison, clock: dict) -> None:
     cmp.seconds["total"] = round(end - clock["start"], 4)
 
 
-def _fresh_dir(path: Path) -> Path:
-    """A directory that does not exist yet: a dump is append-only and must never mix two runs."""
+def fresh_path(path: Path) -> Path:
+    """A path that does not exist yet: a dump is append-only and must never mix two runs, and an
+    earlier CSV is never overwritten."""
     candidate, n = path, 1
     while candidate.exists():
-        candidate = path.with_name(f"{path.name}_{n}")
+        candidate = path.with_name(f"{path.stem}_{n}{path.suffix}")
         n += 1
     return candidate
 
@@ -233,7 +254,7 @@ def _cos(metrics: dict) -> float:
 def write_outputs(cmp: ModelComparison, out: Path, stamp: str) -> None:
     """msit CSV and onnx_details.json here; summary.json and report.html from the shared writers."""
     out.mkdir(parents=True, exist_ok=True)
-    cmp.files["msit_csv"] = str(write_msit_csv(out / f"result_{stamp}.csv", cmp.msit_rows))
+    cmp.files["msit_csv"] = str(write_msit_csv(fresh_path(out / f"result_{stamp}.csv"), cmp.msit_rows))
     details = out / "onnx_details.json"
     details.write_text(json.dumps(details_of(cmp), indent=2, allow_nan=False, default=str))
     cmp.files["details"] = str(details)

@@ -30,7 +30,7 @@ from .graph import GraphIndex, is_library_file
 from .inputs import prepare_inputs
 from .matching import RULE_BATCHNORM, RULE_NAME, RULE_TORCH, Matching, TensorPair
 from .metrics import MsitThresholds
-from .model_compare import (TITLE, ModelComparison, Side, _fresh_dir, finish, first_failing, score,
+from .model_compare import (TITLE, ModelComparison, Side, fresh_path, finish, first_failing, score,
                             set_divergence, write_outputs)
 from .runner import RuntimeOptions, load_model, run_model
 
@@ -290,7 +290,7 @@ def compare_torch(builder: str, target, *, inputs=None, output_path=None,
     clock["compare"] = time.perf_counter()
     if output_path is not None:
         stamp = time.strftime("%Y%m%d_%H%M%S")
-        root = _fresh_dir(Path(output_path) / f"onnx_dump_{stamp}")
+        root = fresh_path(Path(output_path) / f"onnx_dump_{stamp}")
         meta = {"tool": TITLE, "inputs": prepared.sources}
         dump = OnnxDump(root / "golden", {**meta, "side": "golden", "model": builder,
                                           "runtime": f"PyTorch {torch.__version__}"}, save_tensors)
