@@ -39,172 +39,12 @@ from typing import Iterator
 from ...errors import DumpError
 from .. import layout
 from . import frames as _frames
-from .descriptors import place, short_dtype, tensor_descriptor, value_descriptor
+from .descriptors import short_dtype, tensor_descriptor, value_descriptor
+from .legacy_calls import Calls, TensorName, parse_hooks_name, parse_ptdbg_name
 
 log = logging.getLogger("opdiff")
 
-_API_PREFIXES = {"Functional", "Tensor", "Torch", "VF", "NPU", "Aten", "Distributed"}
-_PTDBG = re.compile(r"^(?P<prefix>[A-Za-z]+)_(?P<api>.+)_(?P<n>\d+)_(?P<phase>pre_forward|forward|backward)"
-                    r"_(?P<role>input|output|stack_info)(?P<path>(?:\.\w+)*)$")
-_HOOKS_V1 = re.compile(r"^(?P<phase>forward|backward)_(?P<cls>.+)_(?P<role>input|output)(?P<path>(?:\.\w+)*)$")
-_HOOKS_V2 = re.compile(r"^(?P<head>.+?)_(?P<phase>forward|backward)_(?P<role>input|output)(?P<path>(?:\.\w+)*)$")
-_DOTTED = re.compile(r"^(?P<record>.+?\.(?:\d+\.(?:forward|backward)|(?:forward|backward)\.\d+))"
-                     r"\.(?P<role>input|output|parameters)\.(?P<path>.+)$")
-_DOTTED_GRAD = re.compile(r"^(?P<record>.+\.parameters_grad\.\d+)\.(?P<path>.+)$")
-_NAME_AT_START = re.compile(rb'^\s*\[\s*"((?:[^"\\]|\\.)*)"')
 _SCALAR_DTYPE = re.compile(r"^<class '(int|float|bool|str)'>$")
-
-
-@dataclass(frozen=True)
-class _Tensorname:
-    """One line's name, split: which call it belongs to and where in that call."""
-    op: str               # "Functional.conv2d", "Module.Conv2d"
-    kind: str             # "api" | "module" | "aten" | "param_grad"
-    phase: str            # "forward" | "backward"
-    counter: int | None   # None: the format has none, one is assigned
-    role: str             # "input" | "output" | "parameters" | "stack_info"
-    path: tuple           # ("0",), ("3", "0"), ("weight",)
-    record: str | None = None   # full record name when the line already gave it (dotted names)
-
-
-def _op_of(head: str) -> tuple[str, str]:
-    """(op, kind) for an underscore head like "Functional_conv2d" or "Module_Conv2d"."""
-    prefix, _, rest = head.partition("_")
-    if prefix == "Module" and rest:
-        return f"Module.{rest}", "module"
-    if prefix in _API_PREFIXES and rest:
-        return f"{prefix}.{rest}", "aten" if prefix == "Aten" else "api"
-    return f"Module.{head}", "module"   # ptdbg module_dump(module, "user_name")
-
-
-def _dotted(name: str) -> _Tensorname | None:
-    m = _DOTTED.match(name)
-    if m:
-        rec = m["record"]
-        mm = re.match(r"^(?P<op>.+)\.(?:(?P<n1>\d+)\.(?P<p1>forward|backward)|(?P<p2>forward|backward)\.(?P<n2>\d+))$", rec)
-        phase = mm["p1"] or mm["p2"]
-        counter = int(mm["n1"] or mm["n2"])
-        op = mm["op"]
-        kind = "module" if mm["p2"] else ("aten" if op.startswith("Aten.") else "api")
-        return _Tensorname(op, kind, phase, counter, m["role"], tuple(m["path"].split(".")), rec)
-    m = _DOTTED_GRAD.match(name)
-    if m:
-        rec = m["record"]
-        op, _, n = rec.rpartition(".")
-        return _Tensorname(op, "param_grad", "backward", int(n), "parameters", tuple(m["path"].split(".")), rec)
-    return None
-
-
-def parse_ptdbg_name(name: str) -> _Tensorname | None:
-    """A ptdbg_ascend tensor or stack name, or None if it is not one."""
-    m = _PTDBG.match(name)
-    if not m:
-        return _dotted(name)
-    op, kind = _op_of(f"{m['prefix']}_{m['api']}")
-    phase = "forward" if m["phase"] == "pre_forward" else m["phase"]
-    path = tuple(p for p in m["path"].split(".") if p)
-    return _Tensorname(op, kind, phase, int(m["n"]), m["role"], path)
-
-
-def parse_hooks_name(name: str) -> _Tensorname | None:
-    """A torch_npu.hooks tensor name (no counter), or None if it is not one."""
-    dotted = _dotted(name)
-    if dotted:
-        return dotted
-    m = _HOOKS_V1.match(name)
-    if m:
-        op, kind = f"Module.{m['cls']}", "module"
-        counter = None
-    else:
-        m = _HOOKS_V2.match(name)
-        if not m:
-            return None
-        head, counter = m["head"], None
-        numbered = re.match(r"^(.+)_(\d+)$", head)
-        if numbered and numbered.group(1).partition("_")[0] in _API_PREFIXES:
-            head, counter = numbered.group(1), int(numbered.group(2))
-        op, kind = _op_of(head)
-    path = tuple(p for p in m["path"].split(".") if p)
-    return _Tensorname(op, kind, m["phase"], counter, m["role"], path)
-
-
-def record_name(op: str, kind: str, phase: str, counter: int) -> str:
-    if kind == "module":
-        return f"{op}.{phase}.{counter}"
-    if kind == "param_grad":
-        return f"{op}.{counter}"
-    return f"{op}.{counter}.{phase}"
-
-
-class _Calls:
-    """Groups consecutive lines into op calls and emits opdiff records."""
-
-    def __init__(self, swap_backward: bool):
-        self.swap = swap_backward
-        self.current: dict | None = None
-        self.seen: set = set()
-        self.last_role = ""
-        self.head: tuple | None = None
-        self.forward_count: dict = {}
-        self.open_forwards: dict = {}   # op -> [counters of forward calls not yet matched]
-        self.backward_count: dict = {}
-        self.seq = 0
-
-    def add(self, tn: _Tensorname, desc: dict | None = None, stack=None) -> dict | None:
-        """Feed one line; returns the previous call's record when this line starts a new call."""
-        head = (tn.record or tn.op, tn.phase, tn.counter)
-        position = (tn.role, tn.path)
-        new_call = (self.current is None or head != self.head
-                    or (tn.role == "input" and self.last_role == "output")
-                    or (tn.role != "stack_info" and position in self.seen))
-        done = None
-        if new_call:
-            done = self.finish()
-            self._start(tn, head)
-        if tn.role == "stack_info":
-            self.current["_stack"] = stack
-        else:
-            self.seen.add(position)
-            self.last_role = tn.role
-            self._put(tn, desc)
-        return done
-
-    def _start(self, tn: _Tensorname, head: tuple) -> None:
-        counter = tn.counter
-        if counter is None:
-            if tn.phase == "forward":
-                counter = self.forward_count.get(tn.op, 0)
-                self.forward_count[tn.op] = counter + 1
-                self.open_forwards.setdefault(tn.op, []).append(counter)
-            elif self.open_forwards.get(tn.op):
-                counter = self.open_forwards[tn.op].pop()
-            else:
-                counter = self.backward_count.get(tn.op, 0)
-            if tn.phase == "backward":
-                self.backward_count[tn.op] = counter + 1
-        name = tn.record or record_name(tn.op, tn.kind, tn.phase, counter)
-        record = {"seq": self.seq, "name": name, "op": tn.op, "kind": tn.kind, "phase": tn.phase,
-                  "module": None, "inputs": [], "outputs": [], "stack": None}
-        if tn.phase == "backward" and tn.kind != "param_grad":
-            record["forward"] = (name.replace(".backward", ".forward", 1) if tn.record
-                                 else record_name(tn.op, tn.kind, "forward", counter))
-        self.seq += 1
-        self.current, self.head = record, head
-        self.seen, self.last_role = set(), ""
-
-    def _put(self, tn: _Tensorname, desc: dict) -> None:
-        role = tn.role
-        if self.swap and tn.phase == "backward" and tn.record is None:
-            role = {"input": "output", "output": "input"}[role]
-        if role == "parameters":
-            self.current.setdefault("parameters", {})[".".join(tn.path)] = desc
-            return
-        target = self.current["inputs" if role == "input" else "outputs"]
-        place(target, list(tn.path) or ["0"], desc)
-
-    def finish(self) -> dict | None:
-        record, self.current = self.current, None
-        return record
 
 
 @dataclass
@@ -217,6 +57,13 @@ class _PklDump:
     rank: int | None = None
     _stacks: dict = field(default_factory=dict, repr=False)      # id -> frames
     _stack_ids: dict = field(default_factory=dict, repr=False)   # frames as JSON -> id
+    _scanned: bool = field(default=False, repr=False)            # records() ran to the end once
+
+    def _scan(self) -> None:
+        """Read the whole file once, for what only a full pass knows (stack ids, tensor keys)."""
+        if not self._scanned:
+            for _ in self.records():
+                pass
 
     def _lines(self) -> Iterator[tuple[int, int, list]]:
         """(line number, byte offset, parsed line); a truncated last line is skipped with a warning."""
@@ -250,14 +97,15 @@ class _PklDump:
         return sid
 
     def stacks(self) -> dict[int, list[dict]]:
-        """{stack id: frames}; ids are handed out while records() runs."""
+        """{stack id: frames}, innermost user frame first."""
+        self._scan()
         return self._stacks
 
     def stack(self, stack_id: int | None) -> list[dict]:
         """Frames of one stack id ([] when unknown)."""
         if stack_id is None:
             return []
-        return self._stacks.get(stack_id, [])
+        return self.stacks().get(stack_id, [])
 
 
 @dataclass
@@ -272,7 +120,7 @@ class PtdbgDump(_PklDump):
         return self.path.with_suffix("")
 
     def records(self) -> Iterator[dict]:
-        calls = _Calls(swap_backward=False)
+        calls = Calls(swap_backward=False)
         files = self._npy_files()
         stacks: dict = {}
         for record in self._records(calls, files):
@@ -282,8 +130,9 @@ class PtdbgDump(_PklDump):
             elif record["phase"] == "forward" and record["stack"] is not None:
                 stacks[record["name"]] = record["stack"]
             yield record
+        self._scanned = True
 
-    def _records(self, calls: "_Calls", files: set) -> Iterator[dict]:
+    def _records(self, calls: "Calls", files: set) -> Iterator[dict]:
         for number, _, item in self._lines():
             tn = parse_ptdbg_name(item[0])
             if tn is None:
@@ -340,11 +189,11 @@ class PtdbgDump(_PklDump):
 class NpuHooksDump(_PklDump):
     """A torch_npu.hooks dump: every tensor's values inline in the `.pkl`."""
 
-    _offsets: dict | None = field(default=None, repr=False)
+    _offsets: dict = field(default_factory=dict, repr=False)   # tensor key -> line offset
     format = "torch_npu_hooks"
 
     def records(self) -> Iterator[dict]:
-        calls = _Calls(swap_backward=True)
+        calls = Calls(swap_backward=True)
         offsets: dict = {}
         for number, offset, item in self._lines():
             tn = parse_hooks_name(item[0])
@@ -361,23 +210,19 @@ class NpuHooksDump(_PklDump):
         last = calls.finish()
         if last:
             yield _with_stack(last)
-        self._offsets = offsets
+        self._offsets, self._scanned = offsets, True
 
     @property
     def has_tensors(self) -> bool:
         return True
 
     def tensor_keys(self) -> list[str]:
-        if self._offsets is None:
-            for _ in self.records():
-                pass
+        self._scan()
         return list(self._offsets)
 
     def tensor(self, key: str):
         """The tensor rebuilt from the values in the `.pkl`, in its recorded dtype."""
-        if self._offsets is None:
-            for _ in self.records():
-                pass
+        self._scan()
         offset = self._offsets.get(key)
         if offset is None:
             return None
@@ -387,7 +232,7 @@ class NpuHooksDump(_PklDump):
         return _inline_tensor(item)
 
 
-def _role_path(calls: _Calls, tn: _Tensorname) -> str:
+def _role_path(calls: Calls, tn: TensorName) -> str:
     role = tn.role
     if calls.swap and tn.phase == "backward" and tn.record is None:
         role = {"input": "output", "output": "input"}[role]
