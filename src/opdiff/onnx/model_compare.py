@@ -92,7 +92,7 @@ def compare_models(golden, target, *, inputs=None, output_path=None,
     golden_side = Side(f"{golden} ({golden_options.describe()})", g_run.tensors, g_run.observer, g)
     target_side = Side(f"{target} ({target_options.describe()})", t_run.tensors, t_run.observer, t)
     cmp = score(golden_side, target_side, matching, thresholds, prepared.notes)
-    cmp.local_check = _locate(cmp, t_model, t, golden_side, target_side, target_options, thresholds)
+    cmp.local_check = locate(cmp, t_model, t, golden_side, target_side, target_options, thresholds)
     clock["compare"] = time.perf_counter()
     if output_path is not None:
         stamp = time.strftime("%Y%m%d_%H%M%S")
@@ -206,9 +206,9 @@ def first_failing(cmp: ModelComparison) -> Optional[int]:
     return None
 
 
-def _locate(cmp: ModelComparison, t_model, t: GraphIndex, golden: Side, target: Side,
+def locate(cmp: ModelComparison, t_model, t: GraphIndex, golden: Side, target: Side,
             options: RuntimeOptions, thresholds: MsitThresholds) -> Optional[LocalCheck]:
-    """Set result.first_divergence, with the local-vs-accumulated check for ONNX targets."""
+    """Set result.first_divergence and run the target node that wrote it on the golden's inputs."""
     i = first_failing(cmp)
     if i is None:
         return None

@@ -30,8 +30,8 @@ from .graph import GraphIndex, is_library_file
 from .inputs import prepare_inputs
 from .matching import RULE_BATCHNORM, RULE_NAME, RULE_TORCH, Matching, TensorPair
 from .metrics import MsitThresholds
-from .model_compare import (TITLE, ModelComparison, Side, fresh_path, finish, first_failing, score,
-                            set_divergence, write_outputs)
+from .model_compare import (TITLE, ModelComparison, Side, finish, fresh_path, locate, score,
+                            write_outputs)
 from .runner import RuntimeOptions, load_model, run_model
 
 log = logging.getLogger("opdiff")
@@ -284,9 +284,7 @@ def compare_torch(builder: str, target, *, inputs=None, output_path=None,
     golden = Side(f"{builder} (PyTorch {torch.__version__}, eval)", golden_tensors, None)
     target_side = Side(f"{target} ({target_options.describe()})", t_run.tensors, t_run.observer, t)
     cmp = score(golden, target_side, matching, thresholds, notes)
-    i = first_failing(cmp)
-    if i is not None:
-        set_divergence(cmp, i, [], None)
+    cmp.local_check = locate(cmp, t_model, t, golden, target_side, target_options, thresholds)
     clock["compare"] = time.perf_counter()
     if output_path is not None:
         stamp = time.strftime("%Y%m%d_%H%M%S")
