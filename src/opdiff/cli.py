@@ -51,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     except OpdiffError as exc:
         print(f"opdiff: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `opdiff ... | head` closed the pipe: not an error
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         print("opdiff: interrupted", file=sys.stderr)
         return 130

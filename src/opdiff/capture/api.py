@@ -58,7 +58,11 @@ class ApiCapture(TorchFunctionMode):
     def _after(self, ctx, args, out):
         s = self.session
         op, record, index = ctx
-        result = args[0] if op in ("Tensor.__setitem__",) and args else out
+        result = out
+        if args and (op == "Tensor.__setitem__" or
+                     (op.startswith("Distributed.") and not isinstance(out, torch.Tensor))):
+            # These write into their first argument and return None (or a Work handle).
+            result = args[0]
         with s.internal():
             record["outputs"] = s.describe_all([result], record["name"], "output") \
                 if not isinstance(result, (tuple, list)) else s.describe_all(result, record["name"], "output")

@@ -21,6 +21,7 @@ class Describer:
         self.writer = writer
         self.save = save
         self._saved: dict = {}   # id(tensor) -> (weakref, version, key)
+        self._stats: dict = {}   # id(tensor) -> (weakref, version, stats handle)
 
     def describe(self, value, name: str, depth: int = 0) -> dict:
         if isinstance(value, torch.Tensor):
@@ -59,7 +60,18 @@ class Describer:
             return desc
         if self.stats is None:      # overflow_check: descriptors only, numbers on demand
             return desc
-        self.stats.add(desc, t)
+        # The same unchanged tensor is often described several times (an op's output is the
+        # next op's input and its module's output): reduce it once.
+        cached = self._stats.get(id(t))
+        version = t._version
+        if cached is not None and cached[0]() is t and cached[1] == version:
+            self.stats.share(desc, cached[2])
+        else:
+            handle = self.stats.add(desc, t)
+            try:
+                self._stats[id(t)] = (weakref.ref(t), version, handle)
+            except TypeError:
+                pass
         if self.save and t.layout == torch.strided:
             desc["key"] = self._save(t, name)
         return desc

@@ -31,6 +31,10 @@ _SKIP = {
     "manual_seed", "seed", "initial_seed", "get_rng_state", "set_rng_state", "grad", "_make_subclass",
     "as_subclass", "share_memory_", "pin_memory", "record_stream", "__getattribute__", "dim_order",
 }
+# Process-group bookkeeping, not collectives.
+_DIST_SKIP = {"get_rank", "get_world_size", "is_initialized", "is_available", "new_group",
+              "get_backend", "barrier", "monitored_barrier", "get_process_group_ranks", "get_group_rank",
+              "get_global_rank", "destroy_process_group", "init_process_group"}
 _RNN = {"lstm", "gru", "rnn_tanh", "rnn_relu", "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell"}
 
 # BINARY_OP argument -> operator dunder (3.11+: dis._nb_ops lists them in argument order).
@@ -98,11 +102,13 @@ def _resolve(func) -> str | None:
         return f"Tensor.{name}"
     if name in _RNN:
         return f"VF.{name}"
+    module = getattr(func, "__module__", "") or ""
+    if module.startswith("torch.distributed"):
+        return f"Distributed.{name}" if name not in _DIST_SKIP else None
     if getattr(F, name, None) is func:
         return f"Functional.{name}"
     if getattr(torch, name, None) is func or getattr(torch._VF, name, None) is func:
         return f"Torch.{name}"
-    module = getattr(func, "__module__", "") or ""
     if module.startswith("torch.linalg") or module == "torch._C._linalg":
         return f"Torch.linalg.{name}"
     if module.startswith("torch.fft") or module == "torch._C._fft":

@@ -79,7 +79,8 @@ class Session:
         prev = getattr(self.local, "busy", False)
         self.local.busy = True
         try:
-            with torch.no_grad():
+            # DisableTorchFunction: opdiff's own reductions skip every torch-function mode.
+            with torch.no_grad(), torch._C.DisableTorchFunction():
                 yield
         finally:
             self.local.busy = prev

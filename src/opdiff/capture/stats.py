@@ -1,8 +1,11 @@
-"""Tensor statistics reduced on the tensor's device and fetched to the host in batches.
+"""Tensor statistics reduced on the tensor's device, fetched to the host in batches.
 
-Each tensor becomes a 6-vector (max, min, mean, L2 norm, nan count, inf count) in float64 on its
-own device; `StatsBatch.resolve()` stacks every pending vector per device and copies it to the host
-in one transfer, so there is no `.item()` (and no device sync) per tensor.
+Each tensor becomes (max, min, mean, L2 norm, nan count, inf count), accumulated in float32 or
+wider. On accelerators all six are reduced on the device into one float64 vector and every
+pending vector is copied to the host in one transfer per device at flush (no `.item()`, no sync
+per tensor). On the CPU there is no transfer to save, so the cheap part (aminmax, sum, norm) is
+read at once and the NaN/inf counts, which need extra passes, are computed only when those
+numbers show the tensor is not finite (NaN propagates through min/max, inf shows in them).
 """
 from __future__ import annotations
 
@@ -10,16 +13,12 @@ import math
 
 import torch
 
-from ..store.records import STAT_KEYS, encode_float
+from ..store.records import encode_float
 
 _FLOATING_WIDE = (torch.float32, torch.float64)
 
 
-def stat_vector(t: torch.Tensor) -> torch.Tensor | None:
-    """The statistics of t as a float64 tensor on t's device, or None for empty/unsupported tensors.
-
-    Must be called under torch.no_grad(). Never changes t and never touches a random generator.
-    """
+def _prepared(t: torch.Tensor) -> torch.Tensor | None:
     if t.numel() == 0 or t.is_meta or t.layout != torch.strided:
         return None
     x = t.detach()
@@ -28,59 +27,88 @@ def stat_vector(t: torch.Tensor) -> torch.Tensor | None:
     if x.dtype not in _FLOATING_WIDE:
         # bf16/fp16/fp8 accumulate in float32; integers and bools in float64 (exact up to 2**53)
         x = x.to(torch.float32 if x.is_floating_point() else torch.float64)
+    return x
+
+
+def _as_stats(mx, mn, mean, norm, nan, inf) -> dict:
+    return {"max": encode_float(mx), "min": encode_float(mn), "mean": encode_float(mean),
+            "norm": encode_float(norm), "nan": int(nan), "inf": int(inf)}
+
+
+def cpu_stats(t: torch.Tensor) -> dict | None:
+    """Statistics of a CPU tensor, computed now (a CPU read needs no device sync)."""
+    x = _prepared(t)
+    if x is None:
+        return None
     mn, mx = torch.aminmax(x)
-    total = x.sum(dtype=torch.float64)
-    norm = torch.linalg.vector_norm(x, dtype=torch.float64)
-    if t.is_floating_point() or t.is_complex():
-        nan = torch.isnan(x).sum()
-        inf = torch.isinf(x).sum()
-        parts = (mx, mn, total / x.numel(), norm, nan, inf)
-    else:
-        zero = torch.zeros((), dtype=torch.float64, device=x.device)
-        parts = (mx, mn, total / x.numel(), norm, zero, zero)
+    mn, mx = mn.item(), mx.item()
+    total = x.sum().item()
+    norm = torch.linalg.vector_norm(x).item()
+    nan = inf = 0
+    if not (math.isfinite(mn) and math.isfinite(mx) and math.isfinite(total)):
+        nan = int(torch.isnan(x).sum())
+        inf = int(torch.isinf(x).sum())
+        if nan and nan < x.numel():   # report the finite part's range, as most tools do
+            finite = x[~torch.isnan(x)]
+            mn, mx = finite.min().item(), finite.max().item()
+    return _as_stats(mx, mn, total / x.numel(), norm, nan, inf)
+
+
+def device_vector(t: torch.Tensor) -> torch.Tensor | None:
+    """The six statistics as a float64 tensor on t's device (resolved later, in a batch)."""
+    x = _prepared(t)
+    if x is None:
+        return None
+    mn, mx = torch.aminmax(x)
+    parts = (mx, mn, x.sum() / x.numel(), torch.linalg.vector_norm(x),
+             torch.isnan(x).sum(), torch.isinf(x).sum())
     return torch.stack([p.to(torch.float64) for p in parts])
 
 
 class StatsBatch:
-    """Pending statistics: descriptors waiting for their numbers, resolved in one copy per device."""
+    """Fills descriptors' "stats": at once for CPU tensors, in one copy per device otherwise."""
 
     def __init__(self):
         self._descs: list[dict] = []
         self._vectors: list[torch.Tensor] = []
 
-    def add(self, desc: dict, t: torch.Tensor) -> None:
-        vec = stat_vector(t)
+    def add(self, desc: dict, t: torch.Tensor):
+        """Describe t's statistics into desc; returns a handle that `share` can reuse."""
+        if t.device.type == "cpu":
+            desc["stats"] = cpu_stats(t)
+            return desc["stats"]
+        vec = device_vector(t)
         if vec is None:
             desc["stats"] = None
-            return
+            return None
         self._descs.append(desc)
         self._vectors.append(vec)
+        return vec
+
+    def share(self, desc: dict, handle) -> None:
+        """Give desc the statistics of a tensor already described (same object, unchanged)."""
+        if handle is None or isinstance(handle, dict):
+            desc["stats"] = handle
+        else:
+            self._descs.append(desc)
+            self._vectors.append(handle)
 
     def __len__(self) -> int:
         return len(self._descs)
 
     def resolve(self) -> None:
-        """Fill every pending descriptor's "stats" (JSON-safe numbers)."""
+        """Fill every pending descriptor (device tensors): one host copy per device."""
         if not self._descs:
             return
         by_device: dict = {}
         for i, v in enumerate(self._vectors):
             by_device.setdefault(v.device, []).append(i)
         rows: list = [None] * len(self._descs)
-        for device, idx in by_device.items():
+        for idx in by_device.values():
             block = torch.stack([self._vectors[i] for i in idx]).cpu().tolist()
             for i, row in zip(idx, block):
                 rows[i] = row
-        for desc, row in zip(self._descs, rows):
-            mx, mn, mean, norm, nan, inf = row
-            desc["stats"] = {
-                "max": encode_float(mx), "min": encode_float(mn),
-                "mean": encode_float(mean), "norm": encode_float(norm),
-                "nan": int(nan) if math.isfinite(nan) else 0,
-                "inf": int(inf) if math.isfinite(inf) else 0,
-            }
+        for desc, (mx, mn, mean, norm, nan, inf) in zip(self._descs, rows):
+            desc["stats"] = _as_stats(mx, mn, mean, norm, nan, inf)
         self._descs.clear()
         self._vectors.clear()
-
-
-assert STAT_KEYS == ("max", "min", "mean", "norm", "nan", "inf")

@@ -1,0 +1,87 @@
+"""Capture overhead: the same training step with and without opdiff, side by side in one process.
+
+    python benchmarks/bench_capture.py [--steps 7] [--models cnn,transformer]
+
+Prints, per model and setting, the median step time and its ratio to the plain run measured
+in the same rounds (plain and captured steps are interleaved, so machine noise hits both).
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import models  # noqa: E402
+
+import opdiff  # noqa: E402
+
+SETTINGS = [("L1", "statistics"), ("mix", "statistics"), ("L1", "tensor"), ("mix", "tensor"),
+            ("mix", "overflow_check")]
+
+
+def run_step(model, batch, loss_fn, opt):
+    opt.zero_grad(set_to_none=True)
+    loss = loss_fn(model, batch)
+    loss.backward()
+    opt.step()
+
+
+def bench(name, workload, steps, settings, warmup=2):
+    model, batch, loss_fn = workload()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(warmup):
+        run_step(model, batch, loss_fn, opt)
+    times = {"plain": []}
+    times.update({s: [] for s in settings})
+    root = Path(tempfile.mkdtemp(prefix="opdiff-bench-"))
+    try:
+        for i in range(steps):
+            t0 = time.perf_counter()
+            run_step(model, batch, loss_fn, opt)
+            times["plain"].append(time.perf_counter() - t0)
+            for level, task in settings:
+                path = root / f"{level}-{task}-{i}"
+                t0 = time.perf_counter()
+                dbg = opdiff.PrecisionDebugger(dump_path=str(path), level=level, task=task)
+                dbg.start(model)
+                run_step(model, batch, loss_fn, opt)
+                dbg.stop()
+                dbg.step()
+                times[(level, task)].append(time.perf_counter() - t0)
+                shutil.rmtree(path, ignore_errors=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    plain = statistics.median(times["plain"])
+    rows = [(name, "plain", "-", plain, 1.0)]
+    for level, task in settings:
+        med = statistics.median(times[(level, task)])
+        rows.append((name, level, task, med, med / plain))
+    return rows
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=7, help="measured steps per setting (median)")
+    parser.add_argument("--models", default="cnn,transformer")
+    parser.add_argument("--settings", default=None, help="e.g. mix:statistics,L1:tensor")
+    args = parser.parse_args(argv)
+    settings = SETTINGS
+    if args.settings:
+        settings = [tuple(s.split(":")) for s in args.settings.split(",")]
+    workloads = {"cnn": models.cnn_workload, "transformer": models.transformer_workload}
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.steps} steps, median")
+    print(f"{'model':<12} {'level':<5} {'task':<15} {'step ms':>9} {'x plain':>8}")
+    for name in args.models.split(","):
+        for row in bench(name, workloads[name], args.steps, settings):
+            print(f"{row[0]:<12} {row[1]:<5} {row[2]:<15} {row[3] * 1000:9.1f} {row[4]:8.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Install everything the test suite needs on a fresh machine, then run the whole suite.
+# Used as-is by the README and by CI (.ci/run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python -m pip install -q torch==2.13.0            # the pinned CPU build first: a bare 'torch' pulls CUDA
+python -m pip install -q -e ".[test]"
+
+# The HTML report is tested in a real browser (Debian's chromium, headless).
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "chromium not found and cannot install it (needs root + apt): browser tests will be skipped" >&2
+  fi
+fi
+
+python -m pytest -q "$@"
