@@ -246,3 +246,20 @@ def test_unreadable_tensor_file_is_a_dump_error(tmp_path):
         dump.tensor("Tensor.__iadd__.0.forward.output.0")
     assert "cannot load tensor" in _one_line(e)
     assert isinstance(dump.tensor("Tensor.__iadd__.0.forward.input.0"), torch.Tensor)
+
+
+def test_older_stack_json_layout_one_stack_per_op(tmp_path):
+    # msprobe before the grouped layout wrote {op name: [frame strings]} (its own loader still
+    # reads both); some versions join the frames into one string.
+    dst = tmp_path / "step0" / "rank0"
+    shutil.copytree(STATS / "step0" / "rank0", dst)
+    grouped = json.loads((dst / "stack.json").read_text())
+    by_name = {name: frames for names, frames in grouped.values() for name in names}
+    by_name["Functional.conv2d.1.forward"] = "".join(f + " \n" for f in by_name["Functional.conv2d.1.forward"])
+    (dst / "stack.json").write_text(json.dumps(by_name))
+    (new,) = discover(tmp_path)
+    (old,) = discover(STATS)
+    new_recs = {r["name"]: r for r in new.records()}
+    for record in old.records():
+        assert new.stack(new_recs[record["name"]]["stack"]) == old.stack(record["stack"]), record["name"]
+    assert new.stack(new_recs["Functional.conv2d.1.forward"]["stack"])[0]["code"] == "out = self.conv1(x)"

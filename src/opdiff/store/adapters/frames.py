@@ -32,6 +32,19 @@ def parse_msprobe_frame(text: str) -> dict | None:
             "code": m["code"].strip()}
 
 
+_FRAME_IN_TEXT = re.compile(r"File (?P<file>.+?), line (?P<line>\d+), in (?P<function>.+?),[ \t]*\n(?P<code>[^\n]*)")
+
+
+def parse_msprobe_frames(entry) -> list[dict]:
+    """msprobe frames given as a list of strings, or as one string holding them all."""
+    if isinstance(entry, str):
+        return [{"file": m["file"], "line": int(m["line"]), "function": m["function"].strip(),
+                 "code": m["code"].strip()} for m in _FRAME_IN_TEXT.finditer(entry)]
+    if isinstance(entry, list):
+        return [f for f in map(parse_msprobe_frame, entry) if f]
+    return []
+
+
 def parse_list_frame(item) -> dict | None:
     """One ptdbg_ascend frame `[path, line, function, code]` as a frame."""
     if not isinstance(item, (list, tuple)) or len(item) < 3:

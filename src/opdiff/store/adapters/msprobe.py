@@ -215,7 +215,7 @@ class MsprobeDump:
                 else:
                     names, lines = [sid], entry     # older: one stack per op name
                     stack_id = position
-                frames = [f for f in map(_frames.parse_msprobe_frame, lines or []) if f]
+                frames = _frames.parse_msprobe_frames(lines)
                 self._stacks[stack_id] = _frames.user_frames(frames)
                 for n in names:
                     self._stack_of[n] = stack_id
