@@ -93,3 +93,10 @@ def test_dynamo_export_maps_through_name_scopes(tmp_path, image):
     assert pairs["stem.bn"].target == "getitem"        # the BN-fused Conv carries the BN's scope
     unmatched = dict(cmp.matching.unmatched_golden)
     assert "stem.bn" in unmatched["Module.stem.conv.Conv2d.forward.0.output.0"]
+    # ONNX vs ONNX on a dynamo export: rows carry the module and source line from the metadata
+    from opdiff.onnx import RuntimeOptions, compare_models
+
+    onnx_cmp = compare_models(path, path, inputs=str(image),
+                              golden_options=RuntimeOptions(optimization="disable_all"))
+    row = next(r for r in onnx_cmp.result.rows if r.golden_name == "linear")
+    assert row.module == "fc1" and row.stack and row.stack[0].line > 0

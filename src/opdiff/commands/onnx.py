@@ -77,7 +77,7 @@ def run(args) -> int:
 
 
 def _print(cmp) -> None:
-    """Console report: the shared printer when it exists, then what only an ONNX compare knows."""
+    """Console report: the shared printer (verdict, notes, worst rows), then ONNX-only file paths."""
     from rich.console import Console
     from rich.markup import escape
 
@@ -88,29 +88,15 @@ def _print(cmp) -> None:
         print_result = None
     if print_result is not None:
         print_result(cmp.result)
-    else:
+    else:  # the shared console reporter is not installed: the essentials, plainly
         c = cmp.result.counts
-        console.print(f"[bold]opdiff onnx[/]  golden: {cmp.result.golden}\n"
-                      f"             target: {cmp.result.target}")
-        console.print(f"{c['pass']} pass, [yellow]{c['warning']} warning[/], [red]{c['error']} error[/], "
-                      f"{c['unmatched']} unmatched")
-        d = cmp.first_divergence
-        if d is None:
-            console.print("[green]no failing node[/]")
-        else:
-            where = f" ({d.location.file}:{d.location.line})" if d.location else ""
-            module = f" module {d.module}" if d.module else ""
-            console.print(f"[red]first failing node:[/] {d.name} [{d.op}]{module}{where}")
-            console.print(f"  {escape(d.reason)}", highlight=False)
-    for side, obs in cmp.observer.items():
-        if obs is not None and obs.changed:
-            console.print(f"[yellow]observer check ({side}):[/] {escape(obs.summary())}", highlight=False)
-    for note in cmp.input_notes:
-        console.print(f"input: {escape(note)}", highlight=False)
-    rules = ", ".join(f"{n} by {r}" for r, n in cmp.matching.rules().items())
-    console.print(f"matched {len(cmp.matching.pairs)} tensors ({rules}); unmatched: "
-                  f"{len(cmp.matching.unmatched_golden)} golden, {len(cmp.matching.unmatched_target)} target",
-                  highlight=False)
-    if cmp.files:
-        console.print("wrote " + ", ".join(sorted(set(cmp.files.values()))), highlight=False)
-    console.print(f"took {cmp.seconds.get('total', 0):.2f} s", highlight=False)
+        console.print(f"[bold]opdiff onnx[/]: {c['pass']} pass, [yellow]{c['warning']} warning[/], "
+                      f"[red]{c['error']} error[/], {c['unmatched']} unmatched")
+        style = "red" if cmp.first_divergence is not None else "green"
+        console.print(f"[{style}]{escape(cmp.result.verdict)}[/]")
+        for note in cmp.result.notes:
+            console.print(f"  {escape(note)}", highlight=False)
+    extra = [cmp.files[k] for k in ("msit_csv", "details") if k in cmp.files]
+    if extra:
+        console.print("also wrote " + ", ".join(extra), highlight=False, style="dim")
+    console.print(f"compare took {cmp.seconds.get('total', 0):.2f} s", highlight=False, style="dim")

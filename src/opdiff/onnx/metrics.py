@@ -32,6 +32,7 @@ class TensorDiff:
     mismatched_nonfinite: int = 0     # positions where exactly one side, or different inf/NaN
     integer_mismatch: Optional[int] = None             # integer tensors: elements that differ
     problem: str = ""                 # a reason no metric can be computed (shape mismatch)
+    error: Optional[float] = None     # relative L2 error |d| / max(|t|, |g|), as the shared compare
 
 
 def compare_arrays(target: np.ndarray, golden: np.ndarray) -> TensorDiff:
@@ -52,11 +53,24 @@ def compare_arrays(target: np.ndarray, golden: np.ndarray) -> TensorDiff:
     if diff.target_nonfinite or diff.golden_nonfinite:
         same = (~fx & ~fy) & ((x == y) | (np.isnan(x) & np.isnan(y)))
         diff.mismatched_nonfinite = int(((~fx | ~fy) & ~same).sum())
+        if diff.mismatched_nonfinite:
+            # as the shared compare does: no metric means anything once inf/NaN positions differ
+            diff.msit = {k: float("nan") for k in MSIT_COLUMNS}
+            diff.metrics = {k: float("nan") for k in _OPDIFF_KEYS}
+            diff.error = float("inf")
+            return diff
         keep = fx & fy
         x, y = x[keep], y[keep]
     diff.msit = _msit(x, y)
     diff.metrics = _opdiff_metrics(x, y, diff.msit)
+    if x.size:
+        scale = max(np.linalg.norm(x), np.linalg.norm(y))
+        diff.error = float(np.linalg.norm(x - y) / scale) if scale > 0 else 0.0
     return diff
+
+
+_OPDIFF_KEYS = ("Cosine", "RMSE", "MAPE", "MaxAbsErr", "MaxRelativeErr", "MeanRelativeErr",
+                "RelEuclideanDistance", "KLD", "One Thousandth Err Ratio", "Five Thousandths Err Ratio")
 
 
 def _msit(x: np.ndarray, y: np.ndarray) -> dict:

@@ -105,11 +105,34 @@ def compare_models(golden, target, *, inputs=None, output_path=None,
             **meta, "side": "target", "model": str(target), "runtime": target_options.describe(),
             "observer": t_run.observer.summary()}, save_tensors))
         clock["dump"] = time.perf_counter()
-        finish(cmp, clock)
+    finish(cmp, clock)
+    annotate(cmp)
+    if output_path is not None:
         write_outputs(cmp, Path(output_path), stamp)
-    else:
-        finish(cmp, clock)
     return cmp
+
+
+def annotate(cmp: ModelComparison) -> None:
+    """The one-line verdict and the notes the shared reports show (observer check, inputs, matching)."""
+    r, d = cmp.result, cmp.result.first_divergence
+    if d is not None:
+        module = f" in module {d.module}" if d.module else ""
+        r.verdict = f"first failing node {d.name} ({d.op}){module}: {d.reason}"
+    elif r.counts.get(ERROR):
+        r.verdict = ("no node output fails msit's thresholds; only weights or constants differ beyond "
+                     "them (expected for converted weights)")
+    else:
+        r.verdict = "no failing node: every matched tensor passes msit's thresholds"
+    notes = []
+    for side, obs in cmp.observer.items():
+        if obs is not None:
+            notes.append(f"observer check ({side}): {obs.summary()}")
+    notes += cmp.input_notes
+    rules = ", ".join(f"{n} by {rule}" for rule, n in cmp.matching.rules().items())
+    notes.append(f"matched {len(cmp.matching.pairs)} tensors ({rules}); unmatched: "
+                 f"{len(cmp.matching.unmatched_golden)} golden, {len(cmp.matching.unmatched_target)} "
+                 f"target, with reasons in onnx_details.json")
+    r.notes = notes
 
 
 def feeds_for(model, prepared, side: str) -> dict:
@@ -174,7 +197,7 @@ def score(golden: Side, target: Side, matching: Matching, thresholds: MsitThresh
             target_dtype=str(tv.dtype), golden_dtype=str(gv.dtype), target_shape=tuple(tv.shape),
             golden_shape=tuple(gv.shape), metrics=diff.metrics, target_stats=stats_of(tv),
             golden_stats=stats_of(gv), result=result, accuracy_reached="No" if result == ERROR else "Yes",
-            reason=explained, module=module, stack=(location,) if location else ()))
+            reason=explained, module=module, stack=(location,) if location else (), error=diff.error))
         out_index = list(t_node.output).index(pair.target) if t_node is not None else 0
         msit_rows.append(MsitRow(
             op_type=pair.golden_op or (t_node.op_type if t_node is not None else ""),

@@ -30,7 +30,7 @@ from .graph import GraphIndex, is_library_file
 from .inputs import prepare_inputs
 from .matching import RULE_BATCHNORM, RULE_NAME, RULE_TORCH, Matching, TensorPair
 from .metrics import MsitThresholds
-from .model_compare import (TITLE, ModelComparison, Side, finish, fresh_path, locate, score,
+from .model_compare import (TITLE, ModelComparison, Side, annotate, finish, fresh_path, locate, score,
                             write_outputs)
 from .runner import RuntimeOptions, load_model, run_model
 
@@ -301,8 +301,8 @@ def compare_torch(builder: str, target, *, inputs=None, output_path=None,
             **meta, "side": "target", "model": str(target), "runtime": target_options.describe(),
             "observer": t_run.observer.summary()}, save_tensors))
         clock["dump"] = time.perf_counter()
-        finish(cmp, clock)
+    finish(cmp, clock)
+    annotate(cmp)
+    if output_path is not None:
         write_outputs(cmp, Path(output_path), stamp)
-    else:
-        finish(cmp, clock)
     return cmp
