@@ -62,7 +62,26 @@ def align(target: list[dict], golden: list[dict], *, shape_flag: bool = False) -
             pairs += [(i1 + k, j1 + k) for k in range(i2 - i1)]
         else:
             pairs += _align_gap(target, golden, i1, i2, j1, j2, shape_flag)
-    return pairs
+    return _prefer_same_names(pairs, target, golden)
+
+
+def _prefer_same_names(pairs: list[Pair], target: list[dict], golden: list[dict]) -> list[Pair]:
+    """Where the diff could have put an unmatched op in several places (relu, relu), put it where
+    the names agree: slide the gap forward while the op after it has the gap op's name."""
+    out = list(pairs)
+    for k in range(len(out) - 1):
+        a, b = out[k], out[k + 1]
+        if a[1] is None and b[0] is not None and b[1] is not None:       # target-only op
+            i, (i2, j) = a[0], b
+            if target[i].get("name") == golden[j].get("name") and \
+                    coarse_key(target[i]) == coarse_key(target[i2]):
+                out[k], out[k + 1] = (i, j), (i2, None)
+        elif a[0] is None and b[0] is not None and b[1] is not None:     # golden-only op
+            j, (i, j2) = a[1], b
+            if golden[j].get("name") == target[i].get("name") and \
+                    coarse_key(golden[j]) == coarse_key(golden[j2]):
+                out[k], out[k + 1] = (i, j), (None, j2)
+    return out
 
 
 def _opcodes(a: list, b: list):

@@ -58,11 +58,23 @@ def _is_float(dtype: Optional[str]) -> bool:
     return canonical_dtype(dtype) not in (None, "int")
 
 
+def _linked(op: OpScore) -> list[str]:
+    """Records whose tensors the op's computation also read (see module docstring)."""
+    if op.kind == "param_grad" and ".parameters_grad." in op.name:
+        # Module.fc.Linear.parameters_grad.0: dW = f(forward input, grad of forward output)
+        prefix, _, call = op.name.rpartition(".parameters_grad.")
+        return [f"{prefix}.forward.{call}", f"{prefix}.backward.{call}"]
+    if op.phase == "backward" and op.forward:
+        return [op.forward]
+    return []
+
+
 def _input_error(op: OpScore, by_name: dict) -> tuple[float, float, Optional[int]]:
     entries = list(op.inputs)
-    if op.phase == "backward" and op.forward and op.forward in by_name:
-        fwd = by_name[op.forward]
-        entries += fwd.inputs + fwd.outputs
+    for name in _linked(op):
+        if name in by_name:
+            other = by_name[name]
+            entries += other.inputs + (other.outputs if other.phase == "forward" else [])
     err, scale, worst = 0.0, 0.0, None
     for row_index, m, _, _ in entries:
         e = math.inf if m.nonfinite_mismatch else m.error
@@ -109,6 +121,14 @@ def _judge_op(op: OpScore, by_name: dict, policy) -> None:
             best = cand
     if best is not None:
         op.local, op.worst_out, op.why = True, best[1], best[2]
+
+
+def _shows_error(op: OpScore, policy) -> bool:
+    """Does any output of the op differ beyond its tolerance?"""
+    for _, m, tdt, gdt in op.outputs:
+        if m.nonfinite_mismatch or m.error > policy.tolerance_for(tdt, gdt) or op.local:
+            return True
+    return False
 
 
 def _ancestors(name: Optional[str], parent: dict) -> list[str]:
@@ -166,39 +186,29 @@ def analyse(ops: list[OpScore], rows: list[TensorRow], policy) -> Optional[Diver
     by_name = {op.name: op for op in ops}
     for op in ops:
         _judge_op(op, by_name, policy)
-        for row_index, m, _, _ in op.outputs:
-            row = rows[row_index]
-            if op.local and row_index == op.worst_out:
-                reason = "local error: " + _describe(op, rows)
-                rows[row_index] = replace(row, result=ERROR, accuracy_reached="No", reason=reason)
-            elif row.result == ERROR:
-                why = f"inherited from the inputs (input rel err {_fmt(op.error_in)})"
-                if op.local:
-                    why = "this op made an error (see its worst output)"
-                rows[row_index] = replace(row, result=WARNING if not op.local else ERROR,
-                                          reason=f"{row.reason}; {why}")
-        for row_index, m, _, _ in op.inputs:
-            row = rows[row_index]
-            if row.result == ERROR:
-                rows[row_index] = replace(row, result=WARNING,
-                                          reason=f"{row.reason}; already differs when it reaches "
-                                                 f"this op (made earlier)")
+        if op.kind == "param_grad" and not any(n in by_name for n in _linked(op)):
+            op.local = False  # nothing recorded to say what its inputs were: cannot judge it
 
+    # Modules contain the ops run inside them. A module is named only when no op inside it
+    # shows the error at all (its own computation was not recorded op by op); if ops inside show
+    # it, the module is explained by them, be they local (named instead) or inherited.
     parent = {op.name: op.module for op in ops if op.module}
-    contained: set[str] = set()
+    inner_diverged: set[str] = set()
     for op in ops:
-        if op.local and op.kind != "module":
-            contained.update(_ancestors(op.name, parent))
-            if op.forward:
-                contained.add(op.forward)
-                contained.update(_ancestors(op.forward, parent))
-    candidates = []
+        if op.kind == "module" or not _shows_error(op, policy):
+            continue
+        inner_diverged.update(_ancestors(op.name, parent))
+        if op.forward:
+            inner_diverged.add(op.forward)
+            inner_diverged.update(_ancestors(op.forward, parent))
     for op in ops:
-        if not op.local:
-            continue
-        if op.kind == "module" and (op.name in contained or (op.forward and op.forward in contained)):
-            continue
-        candidates.append(op)
+        if op.kind == "module" and op.local and (
+                op.name in inner_diverged or (op.forward and op.forward in inner_diverged)):
+            op.local = False
+
+    for op in ops:
+        _revise_rows(op, rows)
+    candidates = [op for op in ops if op.local]
     if not candidates:
         return None
     first = min(candidates, key=lambda o: o.seq)
@@ -209,6 +219,22 @@ def analyse(ops: list[OpScore], rows: list[TensorRow], policy) -> Optional[Diver
         location=first.location, metrics=dict(out.metrics), tensor=out.target_name,
         input_metrics=dict(inp.metrics) if inp is not None else {}, module=first.module,
         context=source_context(first.location))
+
+
+def _revise_rows(op: OpScore, rows: list[TensorRow]) -> None:
+    for row_index, _, _, _ in op.outputs:
+        row = rows[row_index]
+        if op.local and row_index == op.worst_out:
+            rows[row_index] = replace(row, result=ERROR, accuracy_reached="No",
+                                      reason="local error: " + _describe(op, rows))
+        elif row.result == ERROR and not op.local:
+            rows[row_index] = replace(row, result=WARNING, reason=(
+                f"{row.reason}; inherited from the inputs (input rel err {_fmt(op.error_in)})"))
+    for row_index, _, _, _ in op.inputs:
+        row = rows[row_index]
+        if row.result == ERROR:
+            rows[row_index] = replace(row, result=WARNING, reason=(
+                f"{row.reason}; already differs when it reaches this op (made earlier)"))
 
 
 def count(rows: list[TensorRow]) -> dict:

@@ -1,0 +1,173 @@
+"""The engine on hand-built dumps of a small residual CNN (real tensors, real DumpWriter files)."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import opdiff
+from opdiff.compare.engine import compare, compare_pair
+from opdiff.errors import DumpError
+from opdiff.store.adapters import discover
+
+from dumpkit import Recorder, cnn_run
+
+DUMPKIT = str(Path(__file__).with_name("dumpkit.py"))
+
+
+@pytest.fixture(scope="module")
+def golden(tmp_path_factory):
+    path = tmp_path_factory.mktemp("golden") / "step0" / "rank0"
+    cnn_run(path, environment={"torch": "2.13", "device": "cpu", "threads": 2})
+    return path
+
+
+def test_healthy_bf16_run_names_nothing(golden, tmp_path):
+    cnn_run(tmp_path / "t", bf16=True)
+    result = compare(tmp_path / "t", golden)
+    assert result.first_divergence is None
+    assert result.counts["error"] == 0
+    # bf16 differences are there, and explained: warnings, not errors
+    assert result.counts["warning"] > 0
+    assert "no op is to blame" in result.verdict
+
+
+@pytest.mark.parametrize("op,call,bf16,scale", [
+    ("Functional.conv2d", 1, True, 1 + 1e-2),
+    ("Tensor.__iadd__", 0, True, 1 + 1e-2),
+    ("Functional.linear", 0, True, 1 + 1e-2),
+    ("Functional.relu", 1, False, 1 + 1e-4),
+    ("Tensor.__iadd__", 0, False, 1 + 1e-4),
+])
+def test_planted_fault_is_the_first_divergence(golden, tmp_path, op, call, bf16, scale):
+    cnn_run(tmp_path / "t", bf16=bf16, faults=[(op, call, scale)])
+    result = compare(tmp_path / "t", golden)
+    fd = result.first_divergence
+    assert fd is not None and fd.name == f"{op}.{call}.forward"
+    assert fd.phase == "forward" and "local error" in fd.reason
+    assert fd.location.file == DUMPKIT and op.split(".")[-1].strip("_") in fd.location.code
+    assert any(n == fd.location.line for n, _ in fd.context)
+    culprit_rows = [r for r in result.rows if r.result == "error"]
+    assert [r.op_name for r in culprit_rows] == [fd.name]
+
+
+def test_iadd_reason_reads_like_the_seed(golden, tmp_path):
+    cnn_run(tmp_path / "t", faults=[("Tensor.__iadd__", 0, 1.3)])
+    result = compare(tmp_path / "t", golden)
+    assert result.verdict.startswith("Tensor.__iadd__.0.forward")
+    assert "inputs agree (cosine 1.000000" in result.verdict
+    assert "`h = rec.call(\"Tensor.__iadd__\"" in result.verdict and "out += residual" in result.verdict
+
+
+def test_extra_op_mid_sequence_keeps_later_ops_paired(golden, tmp_path):
+    # relu(relu(x)) == relu(x): with correct pairing every paired tensor is bit-identical.
+    cnn_run(tmp_path / "t", extra_relu=True)
+    result = compare(tmp_path / "t", golden)
+    unmatched = [r for r in result.rows if r.result == "unmatched"]
+    assert len(unmatched) == 2 and {r.role for r in unmatched} == {"input", "output"}
+    paired = [r for r in result.rows if r.result != "unmatched"]
+    assert len(paired) == 25
+    assert all(r.error == 0.0 for r in paired)
+    # counters shifted after the extra relu: later relus pair with a differently-numbered twin
+    shifted = [r for r in paired if r.target_name != r.golden_name]
+    assert shifted and all(r.target_name.split(".")[1] == r.golden_name.split(".")[1] == "relu"
+                           for r in shifted)
+    assert result.first_divergence is None
+
+
+def test_extra_op_and_fault_after_it(golden, tmp_path):
+    cnn_run(tmp_path / "t", bf16=True, extra_relu=True, faults=[("Functional.conv2d", 2, 1.01)])
+    fd = compare(tmp_path / "t", golden).first_divergence
+    assert fd is not None and fd.name == "Functional.conv2d.2.forward"
+
+
+def test_statistics_only_dumps_find_the_fault(tmp_path):
+    cnn_run(tmp_path / "g", save_tensors=False)
+    cnn_run(tmp_path / "t", bf16=True, save_tensors=False, faults=[("Functional.conv2d", 2, 1.01)])
+    result = compare(tmp_path / "t", tmp_path / "g")
+    assert {r.mode for r in result.rows if r.result != "unmatched"} == {"statistics"}
+    assert result.first_divergence.name == "Functional.conv2d.2.forward"
+    cnn_run(tmp_path / "h", bf16=True, save_tensors=False)
+    assert compare(tmp_path / "h", tmp_path / "g").first_divergence is None
+
+
+def test_nan_born_in_one_op_is_named(golden, tmp_path):
+    rec_path = tmp_path / "t"
+    cnn_run(rec_path, faults=[("Functional.max_pool2d", 0, float("nan"))])
+    fd = compare(rec_path, golden).first_divergence
+    assert fd.name == "Functional.max_pool2d.0.forward" and "inf/NaN" in fd.reason
+
+
+def test_shape_flag(golden, tmp_path):
+    cnn_run(tmp_path / "t", batch=2)
+    loose = compare(tmp_path / "t", golden)
+    assert any("shapes differ" in r.reason for r in loose.rows)
+    with pytest.raises(DumpError, match="different models"):
+        compare(tmp_path / "t", golden, shape_flag=True)
+
+
+def test_environment_differences_are_listed(golden, tmp_path):
+    cnn_run(tmp_path / "t", environment={"torch": "2.13", "device": "npu", "threads": 2})
+    result = compare(tmp_path / "t", golden)
+    assert result.environment_diff == [{"key": "device", "target": "npu", "golden": "cpu"}]
+
+
+def test_compare_pair_takes_opened_dumps(golden, tmp_path):
+    cnn_run(tmp_path / "t", faults=[("Functional.relu", 2, 1.001)])
+    result = compare_pair(discover(tmp_path / "t")[0], discover(golden)[0])
+    assert result.first_divergence.name == "Functional.relu.2.forward"
+
+
+def test_opdiff_compare_is_the_public_entry(golden, tmp_path):
+    cnn_run(tmp_path / "t")
+    result = opdiff.compare(tmp_path / "t", golden, output_path=tmp_path / "out")
+    assert result.first_divergence is None and result.counts["error"] == 0
+    assert Path(result.files["csv"]).name.startswith("compare_result_")
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["first_divergence"] is None and summary["counts"] == result.counts
+
+
+def test_bad_inputs_raise_dump_errors(golden, tmp_path):
+    with pytest.raises(DumpError, match="no such file"):
+        compare(tmp_path / "missing", golden)
+    empty = tmp_path / "empty" / "step0" / "rank0"
+    empty.mkdir(parents=True)
+    (empty / "records.jsonl").write_text("")
+    with pytest.raises(DumpError, match="no op records"):
+        compare(empty, golden)
+    corrupt = tmp_path / "corrupt" / "step0" / "rank0"
+    corrupt.mkdir(parents=True)
+    (corrupt / "records.jsonl").write_text("{not json\n{\"name\": 1}\n")
+    with pytest.raises(DumpError):
+        compare(corrupt, golden)
+
+
+def test_different_models_are_refused(golden, tmp_path):
+    rec = Recorder(tmp_path / "t")
+    x = torch.randn(3, 5)
+    for _ in range(8):
+        x = rec.call("Torch.tanh", torch.tanh, x)
+    rec.close()
+    with pytest.raises(DumpError, match="different models"):
+        compare(tmp_path / "t", golden)
+
+
+def test_fail_on(golden, tmp_path):
+    cnn_run(tmp_path / "t", faults=[("Functional.relu", 2, 1.001)])
+    assert compare(tmp_path / "t", golden, fail_on="divergence").failed
+    assert not compare(tmp_path / "t", golden).failed
+    cnn_run(tmp_path / "h")
+    assert not compare(tmp_path / "h", golden, fail_on="divergence").failed
+
+
+def test_several_ranks_compare_in_parallel_and_name_the_rank(tmp_path):
+    for rank in (0, 1):
+        cnn_run(tmp_path / "g" / "step0" / f"rank{rank}", seed=rank)
+        faults = [("Functional.conv2d", 2, 1.001)] if rank == 1 else []
+        cnn_run(tmp_path / "t" / "step0" / f"rank{rank}", seed=rank, faults=faults)
+    result = compare(tmp_path / "t", tmp_path / "g")
+    fd = result.first_divergence
+    assert fd.name == "Functional.conv2d.2.forward" and (fd.step, fd.rank) == (0, 1)
+    assert [(p["rank"], p["first_divergence"]) for p in result.pairs] == [
+        (0, None), (1, "Functional.conv2d.2.forward")]
+    assert {r.rank for r in result.rows} == {0, 1}
