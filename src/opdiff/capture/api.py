@@ -5,7 +5,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from . import naming
-from .backward import hook_api_backward, in_backward
+from .backward import hook_api_backward, in_backward, input_edges
 
 _MUTATING_DUNDERS = {"__setitem__"}
 
@@ -28,10 +28,11 @@ class ApiCapture(TorchFunctionMode):
             ctx = self._before(op, args, kwargs)
         except Exception as exc:
             s.failed(op, exc)
+        first_seq = torch._C._autograd._get_sequence_nr()
         out = func(*args, **kwargs)
         if ctx is not None:
             try:
-                self._after(ctx, args, out)
+                self._after(ctx, args, out, first_seq)
             except Exception as exc:
                 s.failed(op, exc, ctx[1])
         return out
@@ -41,6 +42,8 @@ class ApiCapture(TorchFunctionMode):
         op = naming.operator_name(op)
         index = s.next_index(op)
         name = f"{op}.{index}.forward"
+        if naming.is_mutating(op, kwargs):
+            s.describer.forget()
         if not s.selected(name):
             return None
         stack_ = getattr(s.local, "modules", None)
@@ -53,11 +56,13 @@ class ApiCapture(TorchFunctionMode):
             if kwargs:
                 record["kwargs"] = {k: s.describer.describe(v, f"{name}.input.{k}")
                                     for k, v in kwargs.items()}
-        return (op, record, index)
+        # Gradient edges are taken before the call: an in-place op moves its input's edge.
+        edges = input_edges(args, kwargs) if s.want_backward and torch.is_grad_enabled() else []
+        return (op, record, index, edges)
 
-    def _after(self, ctx, args, out):
+    def _after(self, ctx, args, out, first_seq):
         s = self.session
-        op, record, index = ctx
+        op, record, index, edges = ctx
         result = out
         if args and (op == "Tensor.__setitem__" or
                      (op.startswith("Distributed.") and not isinstance(out, torch.Tensor))):
@@ -70,4 +75,5 @@ class ApiCapture(TorchFunctionMode):
             s.emit(record)
         s.check_overflow(record, args, result)
         if s.want_backward and torch.is_grad_enabled():
-            hook_api_backward(s, record["name"], op, index, record["module"], record["stack"], result)
+            hook_api_backward(s, record["name"], op, index, record["module"], record["stack"], result,
+                              edges, first_seq)

@@ -50,6 +50,8 @@ class AtenCapture(TorchDispatchMode):
                     record["autograd_node"] = node.name()
                 with s.internal():
                     record["inputs"] = s.describe_all(args, name, "input")
+                    if func._schema.is_mutable:
+                        s.describer.forget()
                     if kwargs:
                         record["kwargs"] = {k: s.describer.describe(v, f"{name}.input.{k}")
                                             for k, v in kwargs.items()}

@@ -29,32 +29,109 @@ def in_backward() -> bool:
     return torch._C._current_autograd_node() is not None
 
 
-def hook_api_backward(session, fwd_name: str, op: str, index: int, module, stack, outputs) -> None:
-    """Arrange for `{op}.{index}.backward` to be recorded when autograd reaches this op."""
-    nodes = grad_nodes(outputs)
-    if not nodes:
+def input_edges(args, kwargs) -> list:
+    """(index, GradientEdge) of every argument tensor that requires grad, taken before the op runs
+    (an in-place op moves its input's edge onto its own node)."""
+    edges = []
+    for i, t in enumerate(tensors_in((args, kwargs))):
+        if t.requires_grad:
+            edges.append((i, torch.autograd.graph.get_gradient_edge(t)))
+    return edges
+
+
+def op_nodes(outputs, first_seq: int, last_seq: int) -> list:
+    """The autograd nodes one call created: reachable from its outputs, sequence nr in [first, last)."""
+    found, todo = {}, grad_nodes(outputs)
+    while todo:
+        node = todo.pop()
+        if id(node) in found or not first_seq <= node._sequence_nr() < last_seq:
+            continue
+        found[id(node)] = node
+        todo.extend(n for n, _ in node.next_functions if n is not None)
+    return list(found.values())
+
+
+def hook_api_backward(session, fwd_name: str, op: str, index: int, module, stack, outputs,
+                      edges=(), first_seq: int | None = None) -> None:
+    """Arrange for `{op}.{index}.backward` to be recorded when autograd reaches this op.
+
+    Inputs of the record: the gradient w.r.t. every output tensor (None where none flowed).
+    Outputs: the gradient this call sends to each of its tensor arguments, summed over the
+    edges of the nodes it created (a composite op such as F.linear on 3-D input builds several).
+    """
+    out_tensors = [t for t in tensors_in(outputs)]
+    if not any(t.requires_grad for t in out_tensors):
         return
     name = f"{op}.{index}.backward"
     if not session.selected(name):
         return
+    last_seq = torch._C._autograd._get_sequence_nr()
+    nodes = op_nodes(outputs, first_seq if first_seq is not None else last_seq - 1, last_seq)
+    if not nodes:
+        return
+    node_ids = {id(n) for n in nodes}
+    targets = {(id(e.node), e.output_nr): i for i, e in edges}
+    n_inputs = 1 + max((i for i, _ in edges), default=-1)
+    # Boundary edges: from a node of this call to the node that owns one of its arguments' grads.
+    boundary = {}
+    for node in nodes:
+        for k, (nxt, nr) in enumerate(node.next_functions):
+            if nxt is not None and id(nxt) not in node_ids and (id(nxt), nr) in targets:
+                boundary.setdefault(id(node), (node, []))[1].append((k, targets[(id(nxt), nr)]))
+    record = {"name": name, "op": op, "kind": "api", "phase": "backward", "module": module,
+              "forward": fwd_name, "stack": stack,
+              "inputs": [None] * len(out_tensors), "outputs": [None] * n_inputs}
+    state = {"waiting": len(boundary), "grads_out": [None] * len(out_tensors),
+             "grads_in": [None] * n_inputs, "done": False}
 
-    def on_node(grad_inputs, grad_outputs):
-        if session.writer is None:
+    def emit():
+        if state["done"] or session.writer is None:
             return
-        record = {"name": name, "op": op, "kind": "api", "phase": "backward", "module": module,
-                  "forward": fwd_name, "stack": stack}
+        state["done"] = True
         with session.internal():
             try:
-                record["inputs"] = session.describe_all(grad_outputs, name, "input")
-                record["outputs"] = session.describe_all(grad_inputs, name, "output")
+                record["inputs"] = session.describe_all(state["grads_out"], name, "input")
+                record["outputs"] = session.describe_all(state["grads_in"], name, "output")
             except Exception as exc:
                 session.failed(f"{name} (backward)", exc, record)
         session.emit(record)
-        session.check_overflow(record, grad_outputs, grad_inputs)
+        session.check_overflow(record, state["grads_out"], state["grads_in"])
 
-    # One node covers every output that shares it (multi-output ops); with several distinct
-    # nodes, the first one that is reached carries the record.
-    nodes[0].register_hook(on_node)
+    def on_boundary(positions):
+        def hook(grad_inputs, grad_outputs):
+            try:
+                with session.internal():
+                    for k, i in positions:
+                        g = grad_inputs[k]
+                        if g is not None:
+                            prev = state["grads_in"][i]
+                            state["grads_in"][i] = g if prev is None else prev + g
+            except Exception as exc:
+                session.failed(f"{name} (backward)", exc, record)
+            state["waiting"] -= 1
+            if state["waiting"] == 0:
+                emit()
+        return hook
+
+    # Gradients w.r.t. the outputs: what each output's node receives (a node pre-hook sees the
+    # gradient of the value the op produced, even if the tensor was later changed in place).
+    by_node = {}
+    for j, t in enumerate(out_tensors):
+        if t.requires_grad and t.grad_fn is not None and id(t.grad_fn) in node_ids:
+            by_node.setdefault(id(t.grad_fn), (t.grad_fn, []))[1].append((t.output_nr, j))
+
+    def on_output_node(slots):
+        def prehook(grad_outputs):
+            for nr, j in slots:
+                state["grads_out"][j] = grad_outputs[nr]
+        return prehook
+
+    for node, slots in by_node.values():
+        node.register_prehook(on_output_node(slots))
+    for node, positions in boundary.values():
+        node.register_hook(on_boundary(positions))
+    if not boundary:  # no argument needs a gradient (e.g. a factory with requires_grad=True)
+        nodes[0].register_hook(lambda grad_inputs, grad_outputs: emit())
 
 
 def hook_module_backward(session, fwd_name: str, op: str, index: int, parent, stack, inputs, outputs):

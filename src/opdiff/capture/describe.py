@@ -23,6 +23,15 @@ class Describer:
         self._saved: dict = {}   # id(tensor) -> (weakref, version, key)
         self._stats: dict = {}   # id(tensor) -> (weakref, version, stats handle)
 
+    def forget(self) -> None:
+        """Drop what is known about tensors: called before an op that writes into memory.
+
+        Version counters miss writes through `.data` (a separate tensor sharing the storage),
+        so any mutating op invalidates everything described so far, not just its own argument.
+        """
+        self._saved.clear()
+        self._stats.clear()
+
     def describe(self, value, name: str, depth: int = 0) -> dict:
         if isinstance(value, torch.Tensor):
             return self.tensor(value, name)

@@ -161,3 +161,11 @@ def operator_name(name: str) -> str:
     if method in candidates or stripped in candidates or stripped == plain:
         return f"Tensor.{dunder}"
     return name
+
+
+def is_mutating(op: str, kwargs: dict) -> bool:
+    """Whether an API call may write into a tensor it was given (in-place, out=, collectives)."""
+    method = op.rsplit(".", 1)[-1]
+    return (method.endswith("_") and not method.endswith("__")) or method.startswith("__i") \
+        or method == "__setitem__" or op.startswith("Distributed.") \
+        or kwargs.get("out") is not None or kwargs.get("inplace") is True
