@@ -42,9 +42,10 @@ class ApiCapture(TorchFunctionMode):
         op = naming.operator_name(op)
         index = s.next_index(op)
         name = f"{op}.{index}.forward"
-        if naming.is_mutating(op, kwargs):
-            s.describer.forget()
+        mutating = naming.is_mutating(op, kwargs)
         if not s.selected(name):
+            if mutating:
+                s.describer.forget()
             return None
         stack_ = getattr(s.local, "modules", None)
         module = stack_[-1] if stack_ else None
@@ -56,6 +57,8 @@ class ApiCapture(TorchFunctionMode):
             if kwargs:
                 record["kwargs"] = {k: s.describer.describe(v, f"{name}.input.{k}")
                                     for k, v in kwargs.items()}
+        if mutating:  # what was described so far may be overwritten by this op
+            s.describer.forget()
         # Gradient edges are taken before the call: an in-place op moves its input's edge.
         edges = input_edges(args, kwargs) if s.want_backward and torch.is_grad_enabled() else []
         return (op, record, index, edges)
