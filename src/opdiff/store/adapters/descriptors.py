@@ -26,18 +26,21 @@ def short_dtype(dtype: Any) -> str | None:
     """"torch.float32" -> "float32"; None stays None."""
     if dtype is None:
         return None
-    text = str(dtype)
-    return text[len("torch."):] if text.startswith("torch.") else text
+    text = dtype if type(dtype) is str else str(dtype)
+    return text[6:] if text.startswith("torch.") else text
 
 
 def stat_value(value: Any) -> float | int | str | None:
     """One statistic as the store keeps it: a number, "NaN"/"Infinity"/"-Infinity", or None."""
-    if value is None or isinstance(value, (list, dict)):
-        return None
-    if isinstance(value, bool):
+    kind = type(value)
+    if kind is float:                     # the common case first: this runs per statistic
+        return value if math.isfinite(value) else encode_float(value)
+    if kind is int or value is None:
+        return value
+    if kind is bool:
         return float(value)
-    if isinstance(value, (int, float)):
-        return encode_float(value)
+    if isinstance(value, (int, float)):   # numpy scalars and other number types
+        return encode_float(float(value))
     if isinstance(value, str):
         if value in _NOT_COMPUTED:
             return None
@@ -51,7 +54,7 @@ def stat_value(value: Any) -> float | int | str | None:
 
 
 def _finite(v) -> bool:
-    return isinstance(v, (int, float)) and math.isfinite(v)
+    return type(v) in (int, float) and math.isfinite(v)
 
 
 def tensor_descriptor(dtype: Any, shape: Any, *, max=None, min=None, mean=None, norm=None,
@@ -64,14 +67,16 @@ def tensor_descriptor(dtype: Any, shape: Any, *, max=None, min=None, mean=None, 
     inf). Otherwise they stay None (unknown).
     """
     dt = short_dtype(dtype)
-    stats = {"max": stat_value(max), "min": stat_value(min), "mean": stat_value(mean),
-             "norm": stat_value(norm), "nan": nan, "inf": inf}
+    mx, mn = stat_value(max), stat_value(min)
+    stats = {"max": mx, "min": mn, "mean": stat_value(mean), "norm": stat_value(norm),
+             "nan": nan, "inf": inf}
     if nan is None and inf is None:
-        if dt is not None and dt not in _FLOAT_DTYPES and not dt.startswith(("float", "complex")):
+        if dt is not None and not (dt in _FLOAT_DTYPES or dt.startswith(("float", "complex"))):
             stats["nan"] = stats["inf"] = 0
-        elif _finite(stats["max"]) and _finite(stats["min"]):
+        elif _finite(mx) and _finite(mn):
             stats["nan"] = stats["inf"] = 0
-    if all(v is None for v in stats.values()):
+    if mx is None and mn is None and stats["mean"] is None and stats["norm"] is None \
+            and stats["nan"] is None:
         stats = None
     desc = {"type": "tensor", "dtype": dt, "shape": list(shape) if shape is not None else None,
             "stats": stats}
