@@ -1,0 +1,375 @@
+"""report.html: what the file holds, that it is safe against hostile dumps, and (in headless
+Chromium) that it draws the verdict, chart, tree and table without script errors."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from opdiff.compare.result import CompareResult, Location, TensorRow
+from opdiff.errors import OpdiffError
+from opdiff.report.html import build_payload, json_for_script, render_html, write_html
+
+EVIL = "<img src=x onerror=alert(1)></script><script>window.__pwned=1</script>\u2028&amp;"
+
+
+def embedded_data(page: str) -> dict:
+    m = re.search(r'<script type="application/json" id="opdiff-data">(.*?)</script>', page, re.S)
+    assert m, "no data block"
+    return json.loads(m.group(1))
+
+
+# ------------------------------------------------------------------------------ the file itself
+
+def test_payload_holds_every_row_and_names_decode(cnn_result, tmp_path):
+    result = cnn_result()
+    path = write_html(result, tmp_path / "report.html")
+    data = embedded_data(path.read_text(encoding="utf-8"))
+    assert len(data["rows"]) == len(result.rows)
+    S, ops = data["strings"], data["ops"]
+    for packed, row in zip(data["rows"], result.rows):
+        op_name = S[ops[packed[0]][0]]
+        assert op_name == row.op_name
+        t = packed[1]
+        name = None if t is None else t if isinstance(t, str) else f"{op_name}.{t[0]}"
+        assert name == row.target_name
+        assert S[packed[8]] == row.result
+        assert ops[packed[0]][1] == row.index
+    # the culprit's rows are listed, and the tree marks its module
+    culprit = [i for i, r in enumerate(result.rows) if r.op_name == result.first_divergence.name]
+    assert data["divergence"]["rows"] == culprit
+    marked = [n for n in data["tree"] if n[9] == 2]
+    assert len(marked) == 1 and S[marked[0][1]] == "conv2" and S[marked[0][2]] == "Conv2d"
+    # the root's counts add up to every row that sits in a module
+    root = data["tree"][0]
+    in_modules = sum(1 for r in result.rows if r.module or r.kind in ("module", "param_grad"))
+    assert sum(root[4:8]) == in_modules
+
+
+def test_module_tree_rolls_worst_verdict_up_to_ancestors(cnn_result):
+    result = cnn_result()
+    data = build_payload(result)
+    S, tree = data["strings"], data["tree"]
+
+    def module_path(r):   # `Module.layer1.0.conv1.Conv2d.forward.0` -> layer1.0.conv1
+        name = r.op_name if r.kind in ("module", "param_grad") else r.module
+        return ".".join(name.split(".")[1:-3]) if name else None
+
+    paths = {}
+    for i, n in enumerate(tree):
+        parts, p = [], i
+        while tree[p][0] >= 0:
+            parts.insert(0, S[tree[p][1]])
+            p = tree[p][0]
+        paths[".".join(parts)] = n
+    assert {"conv1", "layer1", "layer1.0", "layer2.0.downsample.1", "fc"} <= set(paths)
+    for path, node in paths.items():
+        mine = [r.result for r in result.rows
+                if module_path(r) is not None and (not path or module_path(r) == path
+                                                   or module_path(r).startswith(path + "."))]
+        assert node[4:8] == [mine.count(k) for k in ("pass", "warning", "error", "unmatched")], path
+        worst = 3 if "error" in mine else 2 if "warning" in mine else 1 if "unmatched" in mine else 0
+        assert node[3] == worst, path
+    assert paths["layer2.0.conv2"][9] == 2 and paths["layer2.0"][9] == 1 and paths["layer2"][9] == 1
+    assert paths["layer1"][9] == 0
+    for i, n in enumerate(tree):       # pre-order: a node's subtree ends after its children
+        assert i < n[8] <= len(tree)
+        if n[0] >= 0:
+            assert n[0] < i and n[8] <= tree[n[0]][8]
+
+
+def test_numbers_are_strict_json_and_non_finite_survive(tmp_path):
+    row = TensorRow(target_name="Torch.log.0.forward.output.0", golden_name="Torch.log.0.forward.output.0",
+                    op_name="Torch.log.0.forward", role="output", phase="forward", kind="api", index=0,
+                    metrics={"Cosine": float("nan"), "MaxAbsErr": float("inf"), "RMSE": 0.123456789123},
+                    target_stats={"max": float("-inf"), "nan": 3}, result="error")
+    result = CompareResult(target="a", golden="b", rows=[row], first_divergence=None, counts={"error": 1})
+    page = render_html(result)
+    data = embedded_data(page)          # json.loads with strict defaults: no bare NaN
+    metrics = dict(zip(data["metrics"], data["rows"][0][12]))
+    assert metrics["Cosine"] == "NaN" and metrics["MaxAbsErr"] == "Infinity"
+    assert metrics["RMSE"] == 0.12346
+    assert data["rows"][0][13][:1] == ["-Infinity"]
+
+
+def test_numbers_are_rounded_short_but_close(tmp_path):
+    rng = random.Random(3)
+    values = [rng.uniform(-1, 1) * 10.0 ** rng.randint(-12, 12) for _ in range(600)] + [0.0, 1.0, -2.5]
+    rows = [TensorRow(target_name=f"Torch.exp.{i}.forward.output.0", golden_name=None,
+                      op_name=f"Torch.exp.{i}.forward", role="output", phase="forward", kind="api", index=i,
+                      metrics={"MaxAbsErr": v, "RMSE": None}) for i, v in enumerate(values)]
+    page = render_html(CompareResult(target="a", golden="b", rows=rows, first_divergence=None, counts={}))
+    data = embedded_data(page)
+    assert data["metrics"] == ["MaxAbsErr"]          # RMSE is None everywhere: no column
+    for v, packed in zip(values, data["rows"]):
+        shown = packed[12][0]
+        assert shown == pytest.approx(v, rel=5e-5, abs=0)
+        if abs(v) < 1e6:                             # Python writes big floats in full
+            assert len(json.dumps(shown)) <= 11, shown   # e.g. -1.2346e-07
+
+
+def test_hostile_strings_cannot_leave_the_data_block(cnn_result):
+    result = cnn_result(evil=EVIL)
+    result.environment_diff.append({"key": EVIL, "target": EVIL, "golden": "</SCRIPT >"})
+    page = render_html(result)
+    assert "<img" not in page.lower()
+    assert page.lower().count("<script") == 2       # the data block and the report script
+    assert "\u2028" not in page
+    assert "</script" not in embedded_data_text(page).lower()
+    # ... and the text comes back exactly
+    data = embedded_data(page)
+    assert any(EVIL in s for s in data["strings"])
+    assert data["environment_diff"][-1]["key"] == EVIL
+
+
+def embedded_data_text(page: str) -> str:
+    return re.search(r'id="opdiff-data">(.*?)</script>', page, re.S).group(1)
+
+
+def test_json_for_script_escapes_markup_characters():
+    text = json_for_script({"a": "</script><!-- & \u2028\u2029"})
+    assert not set("<>&\u2028\u2029") & set(text)
+    assert json.loads(text) == {"a": "</script><!-- & \u2028\u2029"}
+
+
+def test_write_html_into_a_directory_replaces_only_the_report(cnn_result, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "report.html").write_text("old report")
+    (out / "notes.txt").write_text("keep me")
+    path = write_html(cnn_result(), out)
+    assert path == out / "report.html"
+    assert path.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+    assert (out / "notes.txt").read_text() == "keep me"
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "report.html"]   # no temp file left
+
+
+def test_write_html_refuses_a_file_as_directory(cnn_result, tmp_path):
+    blocker = tmp_path / "out"
+    blocker.write_text("a user's file")
+    with pytest.raises(OpdiffError, match="is a file"):
+        write_html(cnn_result(), blocker / "report.html")
+    assert blocker.read_text() == "a user's file"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
+def test_write_html_unwritable_directory_is_a_user_error(cnn_result, tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        with pytest.raises(OpdiffError, match="writable|permissions"):
+            write_html(cnn_result(), locked / "report.html")
+    finally:
+        locked.chmod(0o700)
+
+
+def test_file_is_self_contained(cnn_result):
+    page = render_html(cnn_result())
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page, re.I)
+    assert "default-src 'none'" in page          # the page may not fetch anything
+    assert not re.search(r"\bon[a-z]+\s*=", page.split('id="opdiff-data"')[0])   # no inline handlers
+
+
+def test_fifty_thousand_rows_stay_compact(large_result, tmp_path):
+    result = large_result(50_000)
+    start = time.perf_counter()
+    path = write_html(result, tmp_path / "report.html")
+    seconds = time.perf_counter() - start
+    size = path.stat().st_size
+    print(f"50k rows: {size / 1e6:.1f} MB, written in {seconds:.2f} s")
+    assert size < 16e6
+    assert seconds < 20
+
+
+# ------------------------------------------------------------------------------ in the browser
+
+def test_cnn_report_draws_without_errors(browser, cnn_result, tmp_path):
+    result = cnn_result()
+    page = browser.open(write_html(result, tmp_path / "report.html"))
+    try:
+        assert page.errors() == []
+        d = result.first_divergence
+        assert page.eval("document.querySelector('#verdict .culprit').textContent") == d.name
+        assert page.eval("document.querySelector('#verdict .reason').textContent") == d.reason
+        hit = page.eval("document.querySelector('#verdict .source .ln.hit').textContent")
+        assert hit == f"{d.location.line}{dict(d.context)[d.location.line]}"
+        env = page.eval("[...document.querySelectorAll('#verdict table.kv')].pop().textContent")
+        assert "npu:0 (Ascend910B)" in env and "autocast" in env
+        # the chart: two curves (forward solid, backward dashed), the culprit line, a backward band
+        assert page.eval("document.querySelectorAll('#chart-svg path.series.forward').length") == 2
+        assert page.eval("document.querySelectorAll('#chart-svg path.series.backward').length") == 2
+        assert page.eval("document.querySelectorAll('#chart-svg .backward-band').length") >= 1
+        assert page.eval("!!document.getElementById('chart-culprit')")
+        assert d.name in page.eval("document.getElementById('chart-svg').textContent")
+        # the strip shows red after the culprit and green before it
+        assert page.eval("document.querySelectorAll('#chart-svg .strip-error').length") >= 1
+        assert page.eval("document.querySelectorAll('#chart-svg .strip-pass').length") >= 1
+        # the tree shows the culprit's module, expanded
+        assert page.eval("[...document.querySelectorAll('#tree .node')].filter(n => n.querySelector('.tag')).map(n => n.querySelector('.nm').textContent)") == ["conv2"]
+        # the table: every row counted, only a window of them in the DOM
+        assert page.eval("document.getElementById('rows-shown').textContent") == \
+            f"{len(result.rows)} of {len(result.rows)} tensors"
+        rendered = page.eval("document.querySelectorAll('#rows tbody tr.r').length")
+        assert 10 <= rendered < len(result.rows)
+        shot = page.screenshot(tmp_path / "report.png")
+        assert shot.stat().st_size > 20_000
+    finally:
+        page.close()
+
+
+def visible_rows(page) -> list[str]:
+    return page.eval("[...document.querySelectorAll('#rows tbody tr.r')].map(t => t.children[1].textContent)")
+
+
+def test_sorting_and_filtering_in_the_browser(browser, cnn_result, tmp_path):
+    result = cnn_result()
+    page = browser.open(write_html(result, tmp_path / "report.html"))
+    try:
+        header = "[...document.querySelectorAll('#rows thead th')].find(t => t.textContent.startsWith('{}'))"
+        page.eval(header.format("Cosine") + ".click()")                 # worst cosine first
+        by_cos = sorted((r for r in result.rows if r.metrics.get("Cosine") is not None),
+                        key=lambda r: r.metrics["Cosine"])
+        assert visible_rows(page)[0] == by_cos[0].target_name
+        page.eval(header.format("Cosine") + ".click()")                 # then best first
+        assert visible_rows(page)[0] == by_cos[-1].target_name
+        page.eval(header.format("Cosine") + ".click()")                 # then execution order again
+        assert visible_rows(page)[0] == result.rows[0].target_name
+
+        page.eval("var s = document.getElementById('filter-verdict'); s.value = 'error';"
+                  "s.dispatchEvent(new Event('change'))")
+        n_err = sum(r.result == "error" for r in result.rows)
+        assert page.eval("document.getElementById('rows-shown').textContent").startswith(f"{n_err} of")
+        assert page.eval("[...document.querySelectorAll('#rows tbody tr.r')].every(t => t.classList.contains('v-error'))")
+
+        page.eval("var q = document.getElementById('filter-name'); q.value = 'LAYER2.0.conv';"
+                  "q.dispatchEvent(new Event('input'))")
+        expected = [r.target_name for r in result.rows if r.result == "error"
+                    and "layer2.0.conv" in (r.target_name or "").lower()]
+        assert expected and visible_rows(page) == expected[:len(visible_rows(page))]
+        assert page.eval("document.getElementById('rows-shown').textContent").startswith(f"{len(expected)} of")
+
+        page.eval("var s = document.getElementById('filter-verdict'); s.value = 'all';"
+                  "s.dispatchEvent(new Event('change'));"
+                  "var q = document.getElementById('filter-name'); q.value = '';"
+                  "q.dispatchEvent(new Event('input'))")
+        # a module in the tree shows its own tensors and its children's
+        page.eval("[...document.querySelectorAll('#tree .node')].find(n => n.querySelector('.nm').textContent === 'layer1').click()")
+        in_layer1 = [r for r in result.rows
+                     if (r.module or "").startswith("Module.layer1.")
+                     or (r.kind in ("module", "param_grad") and r.op_name.startswith("Module.layer1."))]
+        assert page.eval("document.getElementById('rows-shown').textContent").startswith(f"{len(in_layer1)} of")
+        assert page.errors() == []
+    finally:
+        page.close()
+
+
+def test_rows_link_to_their_stack(browser, cnn_result, tmp_path):
+    result = cnn_result()
+    page = browser.open(write_html(result, tmp_path / "report.html"))
+    try:
+        page.eval("document.querySelector('#rows tbody tr.r button.link').click()")
+        row = result.rows[0]
+        assert not page.eval("document.getElementById('details').hidden")
+        frames = page.eval("[...document.querySelectorAll('#details-stack .frame .loc')].map(e => e.textContent)")
+        assert frames == [f"{loc.file}:{loc.line}  in {loc.function}" for loc in row.stack]
+        assert page.eval("document.querySelector('#details .title').textContent") == row.target_name
+        # "Show in table" brings the culprit's first tensor up and opens it
+        page.eval("document.querySelector('#verdict button.jump').click()")
+        culprit = result.first_divergence.name
+        assert page.eval("document.querySelector('#details .title').textContent").startswith(culprit)
+        assert page.eval("document.querySelector('#rows tbody tr.sel').classList.contains('culprit')")
+        assert page.errors() == []
+    finally:
+        page.close()
+
+
+def test_hostile_dump_cannot_inject_markup(browser, cnn_result, tmp_path):
+    result = cnn_result(evil=EVIL)
+    result.environment_diff.append({"key": EVIL, "target": EVIL, "golden": "x"})
+    page = browser.open(write_html(result, tmp_path / "report.html"))
+    try:
+        assert page.errors() == []
+        assert page.eval("document.querySelectorAll('img').length") == 0
+        assert page.eval("document.querySelectorAll('script').length") == 2
+        assert page.eval("typeof window.__pwned") == "undefined"
+        # the names are shown, as text
+        page.eval("var q = document.getElementById('filter-name'); q.value = 'onerror';"
+                  "q.dispatchEvent(new Event('input'))")
+        names = visible_rows(page)
+        assert names and all(EVIL in n for n in names)
+        assert EVIL in page.eval("document.getElementById('verdict').textContent")
+        page.eval("document.querySelector('#rows tbody tr.r button.link').click()")
+        assert EVIL in page.eval("document.getElementById('details-stack').textContent")
+        assert page.eval("document.querySelectorAll('img').length") == 0
+        assert page.eval("typeof window.__pwned") == "undefined"
+    finally:
+        page.close()
+
+
+def test_no_divergence_and_empty_results_render(browser, tmp_path):
+    rows = [TensorRow(target_name=f"Functional.relu.{i}.forward.output.0",
+                      golden_name=f"Functional.relu.{i}.forward.output.0", op_name=f"Functional.relu.{i}.forward",
+                      role="output", phase="forward", kind="api", index=i, metrics={"Cosine": 1.0, "MaxAbsErr": 0.0},
+                      result="pass", stack=(Location("t.py", 3, "y = relu(x)"),)) for i in range(5)]
+    clean = CompareResult(target="a", golden="b", rows=rows, first_divergence=None, counts={"pass": 5})
+    empty = CompareResult(target="a", golden="b", rows=[], first_divergence=None, counts={})
+    for name, result in (("clean", clean), ("empty", empty)):
+        page = browser.open(write_html(result, tmp_path / f"{name}.html"))
+        try:
+            assert page.errors() == [], name
+            assert page.eval("document.querySelector('#verdict .culprit').textContent") == "No divergence"
+            assert page.eval("document.getElementById('tree-card').hidden")        # no modules
+        finally:
+            page.close()
+
+
+def test_onnx_rows_render(browser, tmp_path):
+    rows = [TensorRow(target_name=f"/layer{i}/Gemm_output_0", golden_name=f"/layer{i}/Gemm_output_0",
+                      op_name=f"/layer{i}/Gemm", role="output", phase="forward", kind="node", index=i,
+                      target_dtype="float16", golden_dtype="float32", target_shape=(1, 16), golden_shape=(1, 16),
+                      metrics={"Cosine": 1 - 10.0 ** (i - 9), "RelEuclideanDistance": 10.0 ** (i - 6)},
+                      result="error" if i > 3 else "pass") for i in range(8)]
+    result = CompareResult(target="model_fp16.onnx", golden="model.onnx", rows=rows, first_divergence=None,
+                           counts={"pass": 4, "error": 4}, title="opdiff onnx")
+    page = browser.open(write_html(result, tmp_path / "report.html"))
+    try:
+        assert page.errors() == []
+        assert page.eval("document.querySelector('#header h1').textContent") == "opdiff onnx"
+        assert page.eval("document.title") == "opdiff onnx: no divergence"
+        assert visible_rows(page)[4] == "/layer4/Gemm_output_0"
+        assert page.eval("document.querySelectorAll('#chart-svg path.series').length") == 2
+    finally:
+        page.close()
+
+
+def test_fifty_thousand_rows_open_fast(browser, large_result, tmp_path):
+    result = large_result(50_000)
+    path = write_html(result, tmp_path / "report.html")
+    page = browser.open(path)
+    try:
+        ready_ms = int(page.eval("document.documentElement.getAttribute('data-opdiff-ready')"))
+        print(f"50k rows: {path.stat().st_size / 1e6:.1f} MB, load {page.load_seconds:.2f} s, "
+              f"script done at {ready_ms} ms")
+        assert page.errors() == []
+        assert page.load_seconds < 10
+        assert page.eval("document.querySelectorAll('#rows tbody tr').length") < 200
+        # scrolling to the end renders the last rows
+        page.eval("var s = document.getElementById('table-scroll'); s.scrollTop = s.scrollHeight;"
+                  "s.dispatchEvent(new Event('scroll'))")
+        page.wait_for("[...document.querySelectorAll('#rows tbody tr.r')].pop().children[1].textContent === "
+                      + json.dumps(result.rows[-1].target_name))
+        # filtering 50k rows is interactive
+        took = page.eval("var t = performance.now(); var s = document.getElementById('filter-verdict');"
+                         "s.value = 'error'; s.dispatchEvent(new Event('change')); performance.now() - t")
+        print(f"filter 50k rows: {took:.0f} ms")
+        assert took < 2000
+        n_err = sum(r.result == "error" for r in result.rows)
+        assert page.eval("document.getElementById('rows-shown').textContent").startswith(f"{n_err:,} of 50,000")
+    finally:
+        page.close()
