@@ -96,7 +96,7 @@ def _print(cmp) -> None:
         console.print(f"[{style}]{escape(cmp.result.verdict)}[/]")
         for note in cmp.result.notes:
             console.print(f"  {escape(note)}", highlight=False)
-    extra = [cmp.files[k] for k in ("msit_csv", "details") if k in cmp.files]
-    if extra:
-        console.print("also wrote " + ", ".join(extra), highlight=False, style="dim")
+    if "details" in cmp.files:
+        console.print(f"also wrote {cmp.files['details']} (observer check, input handling, unmatched "
+                      f"tensors and why)", highlight=False, style="dim")
     console.print(f"compare took {cmp.seconds.get('total', 0):.2f} s", highlight=False, style="dim")

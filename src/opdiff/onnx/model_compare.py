@@ -275,22 +275,40 @@ def _cos(metrics: dict) -> float:
 
 # -- files --------------------------------------------------------------------------------------
 def write_outputs(cmp: ModelComparison, out: Path, stamp: str) -> None:
-    """msit CSV and onnx_details.json here; summary.json and report.html from the shared writers."""
+    """msit's CSV and onnx_details.json here; summary.json and report.html from the shared writers.
+
+    The msit CSV replaces the shared compare_result CSV: same rows, in the columns users of
+    `msit debug compare` read, and without the shared CSV writer's torch import (seconds of
+    start-up, more than the whole ONNX compare).
+    """
     out.mkdir(parents=True, exist_ok=True)
     cmp.files["msit_csv"] = str(write_msit_csv(fresh_path(out / f"result_{stamp}.csv"), cmp.msit_rows))
     details = out / "onnx_details.json"
     details.write_text(json.dumps(details_of(cmp), indent=2, allow_nan=False, default=str))
     cmp.files["details"] = str(details)
+    files = {"csv": cmp.files["msit_csv"], "summary": str(out / "summary.json")}
     try:
-        from ..report import write_outputs as shared_write
+        from ..report.summary import write_summary
     except ImportError:
-        shared_write = None
-    if shared_write is not None:
-        cmp.result.files = dict(shared_write(cmp.result, str(out)) or {})
-    else:  # the shared report writer is not built yet: a minimal summary.json per DESIGN.md
-        summary = out / "summary.json"
-        summary.write_text(json.dumps(_summary(cmp), indent=2, allow_nan=False, default=str))
-        cmp.result.files = {"summary": str(summary)}
+        write_summary = None
+    try:
+        from ..report.html import write_html
+    except ImportError:
+        write_html = None
+    if write_html is not None:
+        files["html"] = str(out / "report.html")
+    cmp.result.files = dict(files)           # the summary and the page list every file written
+    if write_html is not None:
+        try:
+            write_html(cmp.result, out / "report.html")
+        except Exception as exc:  # the CSV and the summary are still worth having
+            log.warning("opdiff: writing report.html failed (%s)", exc)
+            files.pop("html")
+            cmp.result.files = dict(files)
+    if write_summary is not None:
+        write_summary(cmp.result, out / "summary.json")
+    else:  # the shared report writer is not installed: a minimal summary.json per DESIGN.md
+        (out / "summary.json").write_text(json.dumps(_summary(cmp), indent=2, allow_nan=False, default=str))
     cmp.files.update(cmp.result.files)
 
 

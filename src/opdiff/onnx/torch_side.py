@@ -27,7 +27,7 @@ from ..compare.result import Location
 from .deps import OnnxError, require
 from .dumping import OnnxDump, write_onnx_dump
 from .graph import GraphIndex, is_library_file
-from .inputs import prepare_inputs
+from .inputs import PreparedInputs, prepare_inputs
 from .matching import RULE_BATCHNORM, RULE_NAME, RULE_TORCH, Matching, TensorPair
 from .metrics import MsitThresholds
 from .model_compare import (TITLE, ModelComparison, Side, annotate, finish, fresh_path, locate, score,
@@ -267,10 +267,10 @@ def compare_torch(builder: str, target, *, inputs=None, output_path=None,
         if len(example) != len(names):
             raise OnnxError(f"build function returned {len(example)} example input(s) but the ONNX model "
                             f"takes {len(names)} ({', '.join(names)})")
-        feeds = {n: torch.as_tensor(x).detach().cpu().numpy() for n, x in zip(names, example)}
-        prepared = prepare_inputs(t_model, None, input_shapes=None, seed=seed)
-        prepared.feeds, prepared.sources = feeds, {n: "example_inputs" for n in names}
-        prepared.notes = ["inputs: the example inputs returned by the build function"]
+        prepared = PreparedInputs(
+            feeds={n: torch.as_tensor(x).detach().cpu().numpy() for n, x in zip(names, example)},
+            sources={n: "example_inputs" for n in names},
+            notes=["inputs: the example inputs returned by the build function"])
     else:
         prepared = prepare_inputs(t_model, inputs, input_shapes=input_shapes, seed=seed)
     notes += prepared.notes
