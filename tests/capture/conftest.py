@@ -66,9 +66,15 @@ def read_dump():
 
 
 def expected_stats(t: torch.Tensor) -> dict:
-    """Reference statistics computed by the test itself, in float64 (NaN/Inf excluded nowhere)."""
+    """Reference statistics computed by the test itself, in float64.
+
+    max/min are the range of the values that are not NaN (NaN when all are), as opdiff reports
+    them; mean and norm follow IEEE (NaN in, NaN out; inf in, inf out).
+    """
     x = t.detach().to(torch.float64)
-    return {"max": x.max().item(), "min": x.min().item(), "mean": x.mean().item(),
+    finite = x[~torch.isnan(x)]
+    rng = finite if finite.numel() else x
+    return {"max": rng.max().item(), "min": rng.min().item(), "mean": x.mean().item(),
             "norm": torch.linalg.vector_norm(x).item(),
             "nan": int(torch.isnan(x).sum()) if t.is_floating_point() else 0,
             "inf": int(torch.isinf(x).sum()) if t.is_floating_point() else 0}
@@ -78,6 +84,10 @@ def assert_stats(desc: dict, t: torch.Tensor, rel: float = 1e-6, what: str = "")
     """A descriptor's statistics equal the tensor's, computed in float64 here."""
     got = decoded_stats(desc)
     want = expected_stats(t)
+    # The mean of values that cancel (a BatchNorm output) is tiny next to its terms: judge it
+    # against the size of the terms, as float32 accumulation can only be that exact.
+    x = t.detach().to(torch.float64)
+    scale = x[torch.isfinite(x)].abs().mean().item() if x.numel() and torch.isfinite(x).any() else 0.0
     assert desc["dtype"] == str(t.dtype).replace("torch.", ""), what
     assert desc["shape"] == list(t.shape), what
     for k in ("nan", "inf"):
@@ -89,7 +99,8 @@ def assert_stats(desc: dict, t: torch.Tensor, rel: float = 1e-6, what: str = "")
         elif math.isinf(b):
             assert a == b, f"{what} {k}: {a} != {b}"
         else:
-            assert a == pytest.approx(b, rel=rel, abs=1e-12), f"{what} {k}: {a} != {b}"
+            tol = max(1e-12, rel * scale) if k == "mean" else 1e-12
+            assert a == pytest.approx(b, rel=rel, abs=tol), f"{what} {k}: {a} != {b}"
 
 
 @pytest.fixture

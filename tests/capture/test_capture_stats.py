@@ -1,0 +1,205 @@
+"""Statistics of every kind of tensor, and non-tensor arguments recorded as values.
+
+Each expected number is computed here from the real tensor in float64 (see conftest.expected_stats).
+"""
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import opdiff
+from opdiff.store import decoded_stats
+
+
+def _stats_tensors():
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(5, 7, generator=g) * 3
+    with_nan = base.clone()
+    with_nan[1, 2] = float("nan")
+    with_nan[3, 3] = float("nan")
+    with_inf = base.clone()
+    with_inf[0, 0] = float("inf")
+    with_inf[4, 6] = float("-inf")
+    with_inf[2, 2] = float("inf")
+    huge = torch.tensor([6.0e4, -6.5e4, 1.0], dtype=torch.float16)
+    return {
+        "float32": base,
+        "float64": base.double() / 7,
+        "bfloat16": base.to(torch.bfloat16),
+        "float16": base.half(),
+        "float16_near_max": huge,
+        "bfloat16_with_nan": with_nan.to(torch.bfloat16),
+        "float32_with_nan": with_nan,
+        "float16_with_inf": with_inf.half(),
+        "float32_all_nan": torch.full((3,), float("nan")),
+        "int64_large": torch.tensor([2 ** 40, -(2 ** 41), 7, 0]),
+        "int32": torch.arange(-6, 9, dtype=torch.int32),
+        "uint8": torch.tensor([0, 255, 17], dtype=torch.uint8),
+        "bool": torch.tensor([True, False, True, True]),
+        "zero_dim_float": torch.tensor(-2.75),
+        "zero_dim_int": torch.tensor(11),
+        "non_contiguous": base.t()[1:4],
+    }
+
+
+STATS_CASES = _stats_tensors()
+
+
+@pytest.mark.parametrize("case", sorted(STATS_CASES))
+def test_statistics_match_float64_reference(case, dump_root, read_dump, check_stats):
+    t = STATS_CASES[case]
+    original = t.clone()
+    with opdiff.dump(None, dump_root, level="L1", task="statistics"):
+        out = torch.clone(t)
+    assert torch.equal(t.reshape(-1).view(torch.uint8), original.reshape(-1).view(torch.uint8))
+    rec = read_dump(dump_root)["Torch.clone.0.forward"]
+    check_stats(rec["inputs"][0], t, what=f"{case} input")
+    check_stats(rec["outputs"][0], out, what=f"{case} output")
+    stats = rec["inputs"][0]["stats"]
+    assert set(stats) == {"max", "min", "mean", "norm", "nan", "inf"}
+
+
+def test_nan_and_inf_counts_are_exact(dump_root, read_dump):
+    t = torch.zeros(1000)
+    t[::7] = float("nan")
+    t[3::11] = float("inf")
+    t[5::13] = float("-inf")
+    with opdiff.dump(None, dump_root, level="L1"):
+        t.clone()
+    stats = decoded_stats(read_dump(dump_root)["Tensor.clone.0.forward"]["inputs"][0])
+    assert stats["nan"] == int(torch.isnan(t).sum())
+    assert stats["inf"] == int(torch.isinf(t).sum())
+
+
+def test_empty_tensors_are_recorded_without_failing(dump_root, read_dump):
+    empty = torch.empty(0, 3)
+    with opdiff.dump(None, dump_root, level="L1"):
+        out = empty * 2
+    rec = read_dump(dump_root)["Tensor.__mul__.0.forward"]
+    assert "error" not in rec
+    desc = rec["inputs"][0]
+    assert desc["shape"] == [0, 3] and desc["dtype"] == "float32"
+    stats = desc.get("stats")
+    # Nothing to reduce: either no statistics, or zero counts and no invented numbers.
+    if stats is not None:
+        assert stats["nan"] == 0 and stats["inf"] == 0
+    assert rec["outputs"][0]["shape"] == list(out.shape)
+
+
+def test_non_tensor_arguments_are_recorded_as_values(dump_root, read_dump):
+    x = torch.randn(2, 3)
+    with opdiff.dump(None, dump_root, level="L1"):
+        x.to(torch.float64)
+        x.view(torch.Size([3, 2]))
+        F.pad(x, (1, 2), value=0.5)
+        torch.full((2,), float("nan"))
+        torch.clamp(x, min=-math.inf, max=None)
+        x.sum(dim=(0, 1), keepdim=True)
+        F.dropout(x, p=0.0, training=False)
+        x.to("cpu")
+        torch.cat([x, x], dim=1)
+    dump = read_dump(dump_root)
+    to64 = dump["Tensor.to.0.forward"]["inputs"]
+    assert to64[1] == {"type": "dtype", "value": "torch.float64"}
+    assert dump["Tensor.view.0.forward"]["inputs"][1] == {"type": "size", "value": [3, 2]}
+    pad = dump["Functional.pad.0.forward"]
+    assert pad["inputs"][1] == {"type": "tuple", "items": [{"type": "int", "value": 1},
+                                                           {"type": "int", "value": 2}]}
+    assert pad["kwargs"]["value"] == {"type": "float", "value": 0.5}
+    full = dump["Torch.full.0.forward"]
+    assert full["inputs"][1] == {"type": "float", "value": "NaN"}   # strict JSON, decodable
+    clamp = dump["Torch.clamp.0.forward"]["kwargs"]
+    assert clamp["min"] == {"type": "float", "value": "-Infinity"}
+    assert clamp["max"] == {"type": "none"}
+    s = dump["Tensor.sum.0.forward"]["kwargs"]
+    assert s["keepdim"] == {"type": "bool", "value": True}
+    assert s["dim"]["type"] == "tuple"
+    drop = dump["Functional.dropout.0.forward"]
+    assert drop["kwargs"]["training"] == {"type": "bool", "value": False}
+    assert dump["Tensor.to.1.forward"]["inputs"][1] == {"type": "str", "value": "cpu"}
+    cat = dump["Torch.cat.0.forward"]["inputs"][0]
+    assert cat["type"] == "list" and [d["shape"] for d in cat["items"]] == [[2, 3], [2, 3]]
+
+
+def test_inplace_residual_add_records_the_values_before_the_add(model_cases, dump_root, read_dump,
+                                                                 check_stats):
+    model, (x,), loss_fn = model_cases["cnn"].build()
+    block = model.layer1[0]
+    # Reference values of `out += identity` from an uncaptured twin: (bn2 output, identity).
+    twin = copy.deepcopy(model)
+    seen = {}
+
+    def keep(key, value):      # a hook that returns a value would replace the module's output
+        seen[key] = value.detach().clone()
+
+    twin.layer1[0].bn2.register_forward_hook(lambda m, a, out: keep("pre", out))
+    twin.layer1[0].register_forward_pre_hook(lambda m, a: keep("identity", a[0]))
+    twin(x)
+    with opdiff.dump(model, dump_root, level="mix", task="statistics"):
+        loss_fn(model(x)).backward()
+    rec = read_dump(dump_root)["Tensor.__iadd__.0.forward"]
+    assert rec["module"] == "Module.layer1.0.BasicBlock.forward.0"
+    check_stats(rec["inputs"][0], seen["pre"], rel=1e-5, what="iadd self before")
+    check_stats(rec["inputs"][1], seen["identity"], rel=1e-5, what="iadd other")
+    check_stats(rec["outputs"][0], seen["pre"] + seen["identity"], rel=1e-5, what="iadd result")
+    before, after = decoded_stats(rec["inputs"][0]), decoded_stats(rec["outputs"][0])
+    assert before["mean"] != pytest.approx(after["mean"], rel=1e-3)
+    del block
+
+
+def test_inplace_method_records_pre_mutation_input(dump_root, read_dump, check_stats):
+    x = torch.randn(4, 4)
+    before = x.clone()
+    with opdiff.dump(None, dump_root, level="L1", task="statistics"):
+        x.mul_(3).sub_(1)
+        x.clamp_(min=0)
+    dump = read_dump(dump_root)
+    check_stats(dump["Tensor.mul_.0.forward"]["inputs"][0], before, what="mul_ input")
+    check_stats(dump["Tensor.sub_.0.forward"]["inputs"][0], before * 3, what="sub_ input")
+    check_stats(dump["Tensor.clamp_.0.forward"]["inputs"][0], before * 3 - 1, what="clamp_ input")
+    check_stats(dump["Tensor.clamp_.0.forward"]["outputs"][0], x, what="clamp_ output")
+
+
+def test_tensor_changed_through_data_gets_fresh_statistics(dump_root, read_dump, check_stats):
+    # `.data` writes do not bump the version counter (old-style optimizers, weight clipping, EMA).
+    p = torch.randn(6)
+    with opdiff.dump(None, dump_root, level="L1", task="statistics"):
+        p.exp()
+        p.data.mul_(-2)
+        p.exp()
+    dump = read_dump(dump_root)
+    check_stats(dump["Tensor.exp.1.forward"]["inputs"][0], p, what="input after .data write")
+
+
+def test_statistics_do_not_depend_on_autocast(dump_root, read_dump, check_stats):
+    x = torch.randn(8, 8)
+    w = torch.randn(8, 8)
+    with opdiff.dump(None, dump_root, level="L1"):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = torch.mm(x, w)
+    rec = read_dump(dump_root)["Torch.mm.0.forward"]
+    assert y.dtype == torch.bfloat16
+    check_stats(rec["inputs"][0], x, what="fp32 input under autocast")
+    check_stats(rec["outputs"][0], y, what="bf16 output")
+
+
+@pytest.mark.parametrize("case", ["float32_with_nan", "bfloat16_with_nan", "float16_with_inf",
+                                  "float32_all_nan", "float32", "int64_large", "bool"])
+def test_device_and_cpu_statistics_agree(case):
+    # A GPU/NPU dump is compared against a CPU dump: the same tensor must get the same numbers
+    # whichever path reduced it. The device path is exercised here on CPU through its function.
+    stats_mod = pytest.importorskip("opdiff.capture.stats")
+    if not (hasattr(stats_mod, "cpu_stats") and hasattr(stats_mod, "device_vector")):
+        pytest.skip("statistics module has no separate device path")
+    t = STATS_CASES[case]
+    on_cpu = decoded_stats({"stats": stats_mod.cpu_stats(t)})
+    mx, mn, mean, norm, nan, inf = stats_mod.device_vector(t).tolist()
+    on_device = {"max": mx, "min": mn, "mean": mean, "norm": norm, "nan": int(nan), "inf": int(inf)}
+    for key in ("max", "min", "mean", "norm", "nan", "inf"):
+        a, b = on_cpu[key], on_device[key]
+        assert (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, rel=1e-6), \
+            f"{case} {key}: cpu {a} vs device {b}"
