@@ -48,9 +48,6 @@ def cpu_stats(t: torch.Tensor) -> dict | None:
     if not (math.isfinite(mn) and math.isfinite(mx) and math.isfinite(total)):
         nan = int(torch.isnan(x).sum())
         inf = int(torch.isinf(x).sum())
-        if nan and nan < x.numel():   # report the finite part's range, as most tools do
-            finite = x[~torch.isnan(x)]
-            mn, mx = finite.min().item(), finite.max().item()
     return _as_stats(mx, mn, total / x.numel(), norm, nan, inf)
 
 
