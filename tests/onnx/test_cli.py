@@ -57,3 +57,15 @@ def test_cli_without_onnxruntime_says_how_to_install(models, tmp_path, capsys, m
     monkeypatch.setitem(sys.modules, "onnxruntime", None)     # import fails as if not installed
     assert main(["onnx", str(models["cnn"]), str(models["cnn"]), "-o", str(tmp_path / "o")]) == 2
     assert "pip install 'opdiff[onnx]'" in capsys.readouterr().err
+
+
+def test_onnx_compare_does_not_import_torch(models, tmp_path):
+    """ONNX vs ONNX never needs torch: importing it would cost more than the whole compare."""
+    import subprocess
+
+    code = ("import sys; from opdiff.cli import main; "
+            f"rc = main(['onnx', r'{models['cnn']}', r'{models['cnn_fp16']}', '-o', r'{tmp_path / 'o'}']); "
+            "print(rc, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip().splitlines()[-1] == "0 False", out.stderr[-500:]
+    assert (tmp_path / "o" / "report.html").exists()

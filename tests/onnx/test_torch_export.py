@@ -60,6 +60,7 @@ def test_a_broken_export_names_the_module(models, tmp_path):
     d = cmp.first_divergence
     assert d is not None and d.module == "fc2" and d.op == "Linear"
     assert d.location is not None and "self.fc2" in d.location.code
+    assert any(n == d.location.line and "self.fc2" in text for n, text in d.context)
     rows = {r.module: r for r in cmp.result.rows if r.module}
     assert rows["gelu"].result == PASS and rows["fc2"].result == ERROR
     # the ONNX Gemm fed the PyTorch GELU output still disagrees: the export itself is wrong there

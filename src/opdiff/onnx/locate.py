@@ -83,9 +83,10 @@ def check_node_locally(model, t: GraphIndex, tensor: str, golden_inputs: dict, g
     diff = compare_arrays(value, golden_value)
     result, reason = thresholds.verdict(diff)
     cos = diff.msit.get("CosineSimilarity")
-    shown = f"cosine {cos:.6g}" if cos is not None else reason
+    shown = f"cosine {cos:.6g}, RED {diff.msit['RelativeEuclideanDistance']:.3g}" \
+        if cos is not None and not np.isnan(cos) else reason
     if result == ERROR:
-        sentence = (f"run alone on the golden's inputs, {name} still fails ({reason}): "
+        sentence = (f"run alone on the golden's inputs, {name} still fails ({shown}): "
                     f"the error is made by this node itself")
     else:
         sentence = (f"run alone on the golden's inputs, {name} agrees with the golden ({shown}): "

@@ -262,10 +262,22 @@ def set_divergence(cmp: ModelComparison, i: int, input_pairs: list, local: Optio
         reason += f" (its worst input has cosine {_cos(worst_input):.6g})"
     if local is not None:
         reason += f"; {local.sentence}"
+    location = row.stack[0] if row.stack else None
     cmp.result.first_divergence = Divergence(
         name=pair.golden_node or row.op_name, op=pair.golden_op, phase="forward", reason=reason,
-        location=row.stack[0] if row.stack else None, metrics=row.metrics, tensor=pair.target,
-        input_metrics=worst_input, module=row.module)
+        location=location, metrics=row.metrics, tensor=pair.target,
+        input_metrics=worst_input, module=row.module, context=_context(location))
+
+
+def _context(location, around: int = 2) -> tuple:
+    """(line number, text) around the culprit's line, when the source file is on this machine."""
+    if location is None or not location.line or not os.path.isfile(location.file):
+        return ()
+    import linecache
+
+    lines = range(max(1, location.line - around), location.line + around + 1)
+    return tuple((n, linecache.getline(location.file, n).rstrip("\n")) for n in lines
+                 if linecache.getline(location.file, n))
 
 
 def _cos(metrics: dict) -> float:
