@@ -252,3 +252,24 @@ def test_stacks_and_tensors_are_available_before_records_are_read():
     (hooks,) = discover(HOOKS_PKL)
     t = hooks.tensor("Module.Linear.forward.0.output.0")
     assert list(t.shape) == [1, 3]
+
+
+def test_dotted_names_round_trip_through_iter_tensors(tmp_path):
+    # A .pkl written with msprobe names (opdiff's compat writer does this) keeps every name.
+    names = ["Functional.relu.0.forward.input.0", "Functional.relu.0.forward.input.inplace",
+             "Functional.relu.0.forward.output.0", "Module.fc.Linear.forward.0.input.0",
+             "Module.fc.Linear.forward.0.output.0", "Module.fc.Linear.forward.0.parameters.weight",
+             "Module.fc.Linear.parameters_grad.0.weight"]
+    pkl = tmp_path / "compat.pkl"
+    pkl.write_text("".join(json.dumps([n, [float(i), 2.0], "torch.float32", [2]]) + "\n"
+                           for i, n in enumerate(names)))
+    (dump,) = discover(pkl)
+    records = list(dump.records())
+    assert [r["name"] for r in records] == ["Functional.relu.0.forward", "Module.fc.Linear.forward.0",
+                                            "Module.fc.Linear.parameters_grad.0"]
+    assert [r["kind"] for r in records] == ["api", "module", "param_grad"]
+    got = [n for r in records for n, _, _ in iter_tensors(r)]
+    assert got == names
+    for r in records:
+        for n, _, desc in iter_tensors(r):
+            assert dump.tensor(desc["key"]).tolist() == [float(names.index(n)), 2.0]

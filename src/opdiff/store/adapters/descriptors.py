@@ -108,10 +108,10 @@ def place(container: list, path: list[str], leaf: dict) -> None:
     Legacy dumps name tensors by position only (`input.3.0`), and skip arguments they did not
     dump (None, non-tensors); the gaps become {"type": "none"} so positions stay right.
     """
-    index = int(path[0]) if path[0].isdigit() else None
-    if index is None:  # a keyword-like part: keep it as a dict entry at the end
+    if not path[0].isdigit():  # a named part (a dict's key): keep it as a dict entry
         container.append({"type": "dict", "items": {path[0]: leaf}})
         return
+    index = int(path[0])
     while len(container) <= index:
         container.append({"type": "none"})
     if len(path) == 1:

@@ -20,6 +20,8 @@ _HOOKS_V2 = re.compile(r"^(?P<head>.+?)_(?P<phase>forward|backward)_(?P<role>inp
 _DOTTED = re.compile(r"^(?P<record>.+?\.(?:\d+\.(?:forward|backward)|(?:forward|backward)\.\d+))"
                      r"\.(?P<role>input|output|parameters)\.(?P<path>.+)$")
 _DOTTED_GRAD = re.compile(r"^(?P<record>.+\.parameters_grad\.\d+)\.(?P<path>.+)$")
+_DOTTED_RECORD = re.compile(r"^(?P<op>.+)\.(?:(?P<n1>\d+)\.(?P<p1>forward|backward)"
+                            r"|(?P<p2>forward|backward)\.(?P<n2>\d+))$")
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,7 @@ def _dotted(name: str) -> TensorName | None:
     m = _DOTTED.match(name)
     if m:
         rec = m["record"]
-        mm = re.match(r"^(?P<op>.+)\.(?:(?P<n1>\d+)\.(?P<p1>forward|backward)|(?P<p2>forward|backward)\.(?P<n2>\d+))$", rec)
+        mm = _DOTTED_RECORD.match(rec)
         phase = mm["p1"] or mm["p2"]
         counter = int(mm["n1"] or mm["n2"])
         op = mm["op"]
@@ -165,6 +167,9 @@ class Calls:
             role = {"input": "output", "output": "input"}[role]
         if role == "parameters":
             self.current.setdefault("parameters", {})[".".join(tn.path)] = desc
+            return
+        if role == "input" and tn.path and not tn.path[0].isdigit():  # a keyword argument
+            self.current.setdefault("kwargs", {})[".".join(tn.path)] = desc
             return
         target = self.current["inputs" if role == "input" else "outputs"]
         place(target, list(tn.path) or ["0"], desc)
