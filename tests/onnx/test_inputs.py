@@ -31,6 +31,7 @@ def test_npy_and_bin_with_dynamic_batch_taken_from_data(tmp_path):
     assert np.array_equal(p.feeds["x"], x)
     assert np.array_equal(p.feeds["ids"], ids)
     assert p.sources["ids"].endswith("ids.bin")
+    assert any("N=3 taken from" in n for n in p.notes)
 
 
 def test_npz_by_input_name(tmp_path):

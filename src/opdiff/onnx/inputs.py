@@ -212,6 +212,9 @@ def _fit(info: TensorInfo, array: np.ndarray, given_shape, source: str, notes: l
     if not _dims_agree(array.shape[1:], want[1:]):
         raise OnnxError(f"{source} has shape {list(array.shape)} but input '{info.name}' expects "
                         f"{_show(want)} (only the batch dimension may differ)")
+    dynamic = [f"{d}={n}" for d, n in zip(want, array.shape) if not isinstance(d, int) or d <= 0]
+    if dynamic:
+        notes.append(f"{info.name}: dynamic dimension(s) {', '.join(dynamic)} taken from {source}")
     batch = want[0] if want else None
     if isinstance(batch, int) and batch > 0 and array.shape[0] != batch:
         have = array.shape[0]
