@@ -6,6 +6,7 @@ pending vector is copied to the host in one transfer per device at flush (no `.i
 per tensor). On the CPU there is no transfer to save, so the cheap part (aminmax, sum, norm) is
 read at once and the NaN/inf counts, which need extra passes, are computed only when those
 numbers show the tensor is not finite (NaN propagates through min/max, inf shows in them).
+With NaN present, max and min describe the values that are not NaN; mean and norm are NaN.
 """
 from __future__ import annotations
 
@@ -48,6 +49,9 @@ def cpu_stats(t: torch.Tensor) -> dict | None:
     if not (math.isfinite(mn) and math.isfinite(mx) and math.isfinite(total)):
         nan = int(torch.isnan(x).sum())
         inf = int(torch.isinf(x).sum())
+        if nan and nan < x.numel():   # max/min describe the values that are not NaN
+            finite = x[~torch.isnan(x)]
+            mn, mx = finite.min().item(), finite.max().item()
     return _as_stats(mx, mn, total / x.numel(), norm, nan, inf)
 
 
@@ -56,9 +60,14 @@ def device_vector(t: torch.Tensor) -> torch.Tensor | None:
     x = _prepared(t)
     if x is None:
         return None
-    mn, mx = torch.aminmax(x)
-    parts = (mx, mn, x.sum() / x.numel(), torch.linalg.vector_norm(x),
-             torch.isnan(x).sum(), torch.isinf(x).sum())
+    nan = torch.isnan(x).sum()
+    # max/min describe the values that are not NaN (NaN when all are), as on the CPU path.
+    all_nan = nan == x.numel()
+    mx = torch.where(all_nan, torch.nan, torch.nan_to_num(x, nan=-torch.inf, posinf=torch.inf,
+                                                          neginf=-torch.inf).amax())
+    mn = torch.where(all_nan, torch.nan, torch.nan_to_num(x, nan=torch.inf, posinf=torch.inf,
+                                                          neginf=-torch.inf).amin())
+    parts = (mx, mn, x.sum() / x.numel(), torch.linalg.vector_norm(x), nan, torch.isinf(x).sum())
     return torch.stack([p.to(torch.float64) for p in parts])
 
 
