@@ -191,7 +191,8 @@ def _base(dump_path, tag: str) -> Path:
     p = Path(dump_path)
     if p.is_file():
         raise ConfigError(f"dump path {p} is a file; give a directory")
-    return p / f"{tag}_{LEGACY_VERSION}"
+    # Absolute: a script that changes directory later still writes where it said.
+    return Path(os.path.abspath(p)) / f"{tag}_{LEGACY_VERSION}"
 
 
 def _check_fresh(root: Path) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import atexit
 import csv
 import logging
+import os
 import weakref
 from pathlib import Path
 
@@ -115,7 +116,7 @@ def set_dump_path(fpath=None) -> None:
     """The `.pkl` file the next forward/backward of registered models is written to."""
     if fpath is None or not str(fpath):
         raise ConfigError("set_dump_path needs a file path, e.g. set_dump_path('./cpu_module_op.pkl')")
-    p = Path(fpath)
+    p = Path(os.path.abspath(fpath))   # a later chdir must not move the dump
     if p.is_dir():
         raise ConfigError(f"dump path {p} is a directory; torch_npu.hooks writes one .pkl file, "
                           f"e.g. {p / 'cpu_module_op.pkl'}")
