@@ -45,6 +45,8 @@ def _lines(pkl: Path) -> dict:
     ("Functional_conv2d_0_forward_stack_info", "Functional.conv2d", "api", "forward", 0,
      "stack_info", ()),
     ("mymodule_0_forward_input.0", "Module.mymodule", "module", "forward", 0, "input", ("0",)),
+    ("Tensor___iadd___forward_input.0", "Tensor.__iadd__", "api", "forward", None, "input", ("0",)),
+    ("Tensor___iadd___forward_stack_info", "Tensor.__iadd__", "api", "forward", None, "stack_info", ()),
 ])
 def test_ptdbg_names_map_to_dotted_names(raw, op, kind, phase, counter, role, path):
     tn = parse_ptdbg_name(raw)
@@ -273,3 +275,18 @@ def test_dotted_names_round_trip_through_iter_tensors(tmp_path):
     for r in records:
         for n, _, desc in iter_tensors(r):
             assert dump.tensor(desc["key"]).tolist() == [float(names.index(n)), 2.0]
+
+
+def test_ptdbg_lines_without_counters_get_them_in_order(tmp_path):
+    pkl = tmp_path / "dump.pkl"
+    lines = []
+    for value in (1.0, 2.0):
+        lines += [["Tensor___iadd___forward_input.0", 1, [], "torch.float32", [2], [value, value, value, value]],
+                  ["Tensor___iadd___forward_output", 1, [], "torch.float32", [2], [value + 1] * 4],
+                  ["Tensor___iadd___forward_stack_info", [["/u/model.py", "7", "forward", "out += residual"]]]]
+    pkl.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (dump,) = discover(pkl)
+    first, second = dump.records()
+    assert (first["name"], second["name"]) == ("Tensor.__iadd__.0.forward", "Tensor.__iadd__.1.forward")
+    assert decoded_stats(second["inputs"][0])["max"] == 2.0
+    assert dump.stack(second["stack"])[0]["code"] == "out += residual"

@@ -16,7 +16,8 @@ _API_PREFIXES = {"Functional", "Tensor", "Torch", "VF", "NPU", "Aten", "Distribu
 _PTDBG = re.compile(r"^(?P<head>.+?)_(?P<n>\d+)_(?P<phase>pre_forward|forward|backward)"
                     r"_(?P<role>input|output|stack_info)(?P<path>(?:\.\w+)*)$")
 _HOOKS_V1 = re.compile(r"^(?P<phase>forward|backward)_(?P<cls>.+)_(?P<role>input|output)(?P<path>(?:\.\w+)*)$")
-_HOOKS_V2 = re.compile(r"^(?P<head>.+?)_(?P<phase>forward|backward)_(?P<role>input|output)(?P<path>(?:\.\w+)*)$")
+_HOOKS_V2 = re.compile(r"^(?P<head>.+?)_(?P<phase>forward|backward)_(?P<role>input|output|stack_info)"
+                       r"(?P<path>(?:\.\w+)*)$")
 _DOTTED = re.compile(r"^(?P<record>.+?\.(?:\d+\.(?:forward|backward)|(?:forward|backward)\.\d+))"
                      r"\.(?P<role>input|output|parameters)\.(?P<path>.+)$")
 _DOTTED_GRAD = re.compile(r"^(?P<record>.+\.parameters_grad\.\d+)\.(?P<path>.+)$")
@@ -65,10 +66,14 @@ def _dotted(name: str) -> TensorName | None:
 
 
 def parse_ptdbg_name(name: str) -> TensorName | None:
-    """A ptdbg_ascend tensor or stack name, or None if it is not one."""
+    """A ptdbg_ascend tensor or stack name, or None if it is not one.
+
+    Names without a call counter (`Tensor___iadd___forward_input.0`, as in some older scope
+    settings) parse like torch_npu.hooks names: the counter is assigned in execution order.
+    """
     m = _PTDBG.match(name)
     if not m:
-        return _dotted(name)
+        return _dotted(name) or parse_hooks_name(name)
     op, kind = _op_of(m["head"])
     phase = "forward" if m["phase"] == "pre_forward" else m["phase"]
     path = tuple(p for p in m["path"].split(".") if p)
