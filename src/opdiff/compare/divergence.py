@@ -85,7 +85,23 @@ def _input_error(op: OpScore, by_name: dict) -> tuple[float, float, Optional[int
     return err, scale, worst
 
 
-def _judge_op(op: OpScore, by_name: dict, policy) -> None:
+def run_precision(rows: list[TensorRow]) -> Optional[str]:
+    """The coarsest float dtype of the compare: in a bf16 autocast run even fp32 ops handle values
+    that carry bf16 noise, so no op is held to a finer floor than the run's precision."""
+    from .verdicts import lower_precision
+
+    coarsest = None
+    seen = set()
+    for row in rows:
+        for dt in (row.target_dtype, row.golden_dtype):
+            if dt and dt not in seen:
+                seen.add(dt)
+                if _is_float(dt):
+                    coarsest = dt if coarsest is None else lower_precision(coarsest, dt)
+    return coarsest
+
+
+def _judge_op(op: OpScore, by_name: dict, policy, run_dtype: Optional[str] = None) -> None:
     """Set op.local / op.why / op.worst_out from its outputs against its inputs."""
     e_in, s_in, op.worst_in = _input_error(op, by_name)
     op.error_in, op.scale_in = e_in, s_in
@@ -106,13 +122,15 @@ def _judge_op(op: OpScore, by_name: dict, policy) -> None:
             else:
                 continue
         else:
-            tol = policy.tolerance_for(tdt, gdt)
-            stol = policy.scale_tolerance_for(tdt, gdt)
+            tol = max(policy.tolerance_for(tdt, gdt), policy.tolerance_for(run_dtype, run_dtype))
+            stol = max(policy.scale_tolerance_for(tdt, gdt),
+                       policy.scale_tolerance_for(run_dtype, run_dtype))
             s = abs(m.scale_error)
             if m.error > tol and m.error > amp * e_in:
                 why = "random"
-            elif (m.numel >= policy.thresholds.scale_min_numel and s > stol and s > amp * s_in
-                  and s > e_in):
+            elif (m.numel >= policy.thresholds.scale_min_numel
+                  and s > stol + policy.thresholds.scale_amplification * s_in
+                  and s > policy.thresholds.scale_noise_fraction * e_in):
                 why = "scale"
             else:
                 continue
@@ -184,8 +202,9 @@ def _describe(op: OpScore, rows: list) -> str:
 def analyse(ops: list[OpScore], rows: list[TensorRow], policy) -> Optional[Divergence]:
     """Judge every op, rewrite row verdicts in place, and return the first divergence."""
     by_name = {op.name: op for op in ops}
+    run_dtype = run_precision(rows)
     for op in ops:
-        _judge_op(op, by_name, policy)
+        _judge_op(op, by_name, policy, run_dtype)
         if op.kind == "param_grad" and not any(n in by_name for n in _linked(op)):
             op.local = False  # nothing recorded to say what its inputs were: cannot judge it
 

@@ -25,12 +25,17 @@ Local error (the first-divergence rule, applied to the worst output of each op):
 error itself when
 
     error_out > tolerance  and  error_out > amplification * error_in          (random error)
-    or |scale_out| > scale_tolerance  and  |scale_out| > amplification * |scale_in|
-                                      and  |scale_out| > error_in                 (systematic error)
+    or |scale_out| > scale_tolerance + scale_amplification * |scale_in|
+                                      and  |scale_out| > scale_noise_fraction * error_in
+                                                                                  (systematic error)
 
 where error_in / scale_in are the worst over the op's inputs and parameters (and, for backward
-records, over the forward call's tensors too). amplification defaults to 10 (the design's "an
-order of magnitude above what the inputs carry"). The scale test catches faults far below the
+records, over the forward call's tensors too), and the tolerances are those of the output's
+dtype pair but never finer than the coarsest dtype of the whole compare (in a bf16 autocast run
+an fp32 op still handles values carrying bf16 noise). amplification defaults to 10 (the design's "an
+order of magnitude above what the inputs carry"). A systematic error passes through most ops at
+about its own size (x**2 doubles it), hence scale_amplification = 3; random input noise projects onto the output's
+scale only partly, hence scale_noise_fraction = 0.5. The scale test catches faults far below the
 random-noise tolerance, e.g. an output scaled by 1+1e-2 in a bf16 run: rounding noise is
 unbiased and averages out of <t,g>/<g,g>, a wrong scale does not. It needs at least
 `scale_min_numel` elements (a one-element tensor has nothing to average; measured on small CNN,
@@ -96,8 +101,11 @@ class Thresholds:
         "float8": 3e-2, "bfloat16": 4e-3, "float16": 5e-4, "float32": 2e-6,
         "float64": 1e-12, "int": 0.0})
     scale_min_numel: int = 2
+    scale_amplification: float = 3.0
+    scale_noise_fraction: float = 0.5
 
-    _KEYS = ("tolerance", "agree_fraction", "amplification", "scale_tolerance", "scale_min_numel")
+    _KEYS = ("tolerance", "agree_fraction", "amplification", "scale_tolerance", "scale_min_numel",
+             "scale_amplification", "scale_noise_fraction")
 
     @classmethod
     def load(cls, source=None, overrides: dict | None = None) -> "Thresholds":
@@ -138,7 +146,8 @@ class Thresholds:
                 target = tol if key == "tolerance" else stol
                 for dt, v in value.items():
                     target[self._dtype_key(dt)] = self._number(f"{key}.{dt}", v)
-            elif key in ("agree_fraction", "amplification", "scale_min_numel"):
+            elif key in ("agree_fraction", "amplification", "scale_min_numel",
+                         "scale_amplification", "scale_noise_fraction"):
                 changes[key] = self._number(key, value)
             elif canonical_dtype(key) and key.lower().replace("torch.", "") in _DTYPE_ALIASES:
                 tol[self._dtype_key(key)] = self._number(key, value)
