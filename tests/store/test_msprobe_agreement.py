@@ -122,3 +122,13 @@ def test_opdiff_target_against_msprobe_golden(tmp_path):
         assert row.metrics.get("MaxAbsErr") is not None and row.metrics["MaxAbsErr"] < 1e-6, row.target_name
     fd = result.first_divergence
     assert fd is None or fd.phase == "backward"
+
+
+def test_statistics_pair_names_the_fault_and_the_users_line():
+    stats = DATA / "statistics"
+    result = compare(stats / "target", stats / "golden", progress=False)
+    fd = result.first_divergence
+    assert fd is not None and fd.name == "Tensor.__iadd__.0.forward"
+    assert fd.location.code == "out += residual"
+    assert fd.location.file.endswith("make_msprobe_fixtures.py")
+    assert result.counts["unmatched"] == 0
