@@ -5,7 +5,7 @@ import logging
 import pytest
 import torch
 
-from opdiff.compat import ptdbg_ascend
+from opdiff.compat import ptdbg_modes
 from opdiff.compat.ptdbg_ascend import (acc_cmp_dump, compare, register_hook, set_dump_path,
                                         set_dump_switch)
 from opdiff.errors import ConfigError, OpdiffError
@@ -55,7 +55,7 @@ def test_api_stack_mode_records_everything_with_call_sites(workdir):
 
 def test_acl_options_are_accepted_and_explained_once(workdir, caplog):
     caplog.set_level(logging.WARNING, logger="opdiff")
-    ptdbg_ascend._warned.discard("acl")
+    ptdbg_modes._warned.discard("acl")
     model = ResNet3d()
     set_dump_path("./d")
     register_hook(model, acc_cmp_dump, dump_mode="acl", dump_config="./dump.json")

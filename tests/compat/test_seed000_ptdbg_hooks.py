@@ -11,6 +11,7 @@ import glob
 import json
 import logging
 import os
+import shutil
 
 import pytest
 import torch
@@ -115,6 +116,15 @@ def test_seed000_walkthrough_finds_iadd_and_its_source_line(workdir, caplog):
     }
     result = compare(dump_result_param, "./out")
     assert result.first_divergence.name == CULPRIT
+
+    # A dump.pkl alone, as the real ptdbg_ascend leaves it (no opdiff dump beside it), compares too.
+    for side in ("npu", "cpu"):
+        os.makedirs(f"legacy/{side}")
+        shutil.copy(f"dump_data_new/{side}/ptdbg_dump_v4.0/step0/rank0/dump.pkl", f"legacy/{side}/dump.pkl")
+    from_pkl = compare({"npu_pkl_path": "legacy/npu/dump.pkl", "bench_pkl_path": "legacy/cpu/dump.pkl"},
+                       "./out_pkl")
+    assert from_pkl.first_divergence.name == CULPRIT
+    assert from_pkl.first_divergence.location.code.startswith("out += residual")
 
     # 按余弦相似度小于0.99、最大绝对值误差大于0.001进行筛选
     [csv_path] = glob.glob("out/compare_result_*.csv")

@@ -6,7 +6,7 @@ backward of VF.lstm.
 """
 import csv
 import glob
-import os
+import json
 
 import pytest
 import torch
@@ -106,3 +106,22 @@ def test_api_list_mode_records_only_the_named_apis(workdir):
 def test_hook_name_must_be_dump_or_overflow_check(workdir):
     with pytest.raises(ConfigError, match="hook_name"):
         PrecisionDebugger(dump_path="./d", hook_name="acc_cmp")
+
+
+def test_overflow_check_debugger_stops_at_the_origin(workdir):
+    import opdiff
+    torch.manual_seed(0)
+    model = LstmNet()
+    x = torch.randn(2, 4, 6)
+    debugger = PrecisionDebugger(dump_path="./overflow", hook_name="overflow_check")
+    debugger.configure_hook(mode=None, acl_config=None, overflow_nums=1)
+    with opdiff.testing.inject_fault(op="Functional.linear", call=1, scale=float("inf")):
+        debugger.start()
+        with pytest.raises(opdiff.OverflowDetected, match="Functional.linear.1.forward"):
+            model(x).sum().backward()
+        debugger.stop()
+    debugger.step()
+    rank_dir = workdir / "overflow/ptdbg_dump_v4.0/step0/rank0"
+    names = [json.loads(line)[0] for line in (rank_dir / "dump.pkl").open()]
+    assert "Functional_linear_1_forward_output.0" in names
+    assert not any(n.startswith("Functional_linear_0_") for n in names)   # finite ops are not dumped

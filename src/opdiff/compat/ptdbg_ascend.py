@@ -44,21 +44,10 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from . import legacy_files
+from .ptdbg_modes import (LEGACY_VERSION, Run, check_fresh, data_mode, dump_base, selection,
+                          warn_once)
 
 log = logging.getLogger("opdiff")
-
-LEGACY_VERSION = "v4.0"         # the folder name scripts written for ptdbg_ascend 4.0 point at
-MODES = ("all", "list", "range", "stack", "acl", "api_list", "api_stack")
-_WHOLE_NETWORK_MODES = ("all", "api_stack")
-_warned: set = set()
-
-
-def _warn_once(key: str, message: str, *args) -> None:
-    """Say once per process what opdiff does instead of a legacy option."""
-    if key not in _warned:
-        _warned.add(key)
-        log.warning("opdiff: " + message, *args)
-
 
 # -- the two hook kinds register_hook accepts -------------------------------------------------
 def acc_cmp_dump(*args, **kwargs):
@@ -77,134 +66,6 @@ def seed_all(seed: int = 1234, mode: bool = False) -> None:
     native_seed_all(seed, deterministic=bool(mode))
 
 
-# -- what one mode records --------------------------------------------------------------------
-def _selection(mode: str | None, scope, api_list) -> dict:
-    """Native PrecisionDebugger options (scope/list/task) for one ptdbg_ascend mode."""
-    mode = mode or "all"
-    if mode not in MODES:
-        raise ConfigError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
-    scope = _names("scope", scope)
-    api_list = _names("api_list", api_list)
-    if mode == "acl":
-        _warn_once("acl", "mode='acl' (ACL operator dumps) exists only on Ascend; opdiff records "
-                   "the APIs in scope with their full tensors at the torch API level instead "
-                   "(for aten-level records use opdiff.PrecisionDebugger(level='L2'))")
-        return {"list": scope, "task": "tensor"}
-    if mode == "list":
-        return {"list": scope, "task": "tensor"}
-    if mode == "range":
-        if len(scope) != 2:
-            raise ConfigError(f"mode='range' needs scope=[first_api, last_api]; got {scope!r}")
-        return {"scope": scope, "task": "tensor"}
-    if mode == "stack":
-        # Call sites only: two names are ptdbg's range form, any other number a list of APIs.
-        if len(scope) == 2:
-            return {"scope": scope, "task": "statistics"}
-        return {"list": scope, "task": "statistics"}
-    if mode == "api_list":
-        if not api_list:
-            raise ConfigError("mode='api_list' needs api_list=[...], e.g. api_list=['relu']")
-        return {"list": api_list, "task": "tensor"}
-    return {"task": "tensor"}       # all, api_stack: the whole network (opdiff always keeps stacks)
-
-
-def _names(key: str, value) -> list:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [value]
-    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(f"{key} must be a list of API names such as ['Tensor___iadd___forward']; "
-                          f"got {value!r}")
-    return list(value)
-
-
-def _data_mode(value) -> list:
-    """ptdbg's dump_mode / input_output_mode ("all", "forward", "backward", ...) -> data_mode."""
-    if value is None:
-        return ["all"]
-    return [value] if isinstance(value, str) else list(value)
-
-
-class _Run:
-    """One native opdiff debugger writing into ptdbg_ascend's layout, plus its legacy files."""
-
-    def __init__(self, base: Path, mode: str, level: str, native: dict):
-        from ..capture.debugger import PrecisionDebugger as Native
-
-        self.mode = mode
-        self.prefix = "" if mode == "all" else f"{mode}_"
-        self.root = base if mode in _WHOLE_NETWORK_MODES else base / mode
-        self.stack_only = mode == "stack"
-        self.dbg = Native(dump_path=str(self.root), level=level, **native)
-        self.dirs: list[Path] = []
-        self.open_dir = None        # the step being written (overflow_check may close it early)
-
-    def start(self, model=None) -> None:
-        self.dbg.start(model)
-        self.open_dir = self.dbg.dump_dir or self.open_dir
-
-    @property
-    def closed_early(self) -> bool:
-        """overflow_check stopped the run: its dump is complete, the legacy files are due."""
-        return self.open_dir is not None and self.dbg.dump_dir is None
-
-    def stop(self) -> None:
-        self.dbg.stop()
-
-    def step(self) -> None:
-        """Close the step and write its legacy files."""
-        directory = self.dbg.dump_dir or self.open_dir
-        self.dbg.step()
-        self.open_dir = None
-        if directory is None:
-            return
-        try:
-            pkl = legacy_files.write_ptdbg_files(directory, self.prefix, self.stack_only)
-        except Exception as exc:   # the opdiff dump is complete; only the legacy view failed
-            log.warning("opdiff: could not write the ptdbg_ascend files in %s (%s)", directory, exc)
-            return
-        self.dirs.append(Path(directory))
-        if self.stack_only:
-            _log_stacks(Path(directory))
-        log.info("opdiff: wrote %s", pkl)
-
-
-def _log_stacks(directory: Path) -> None:
-    """Say where the matched APIs were called from, one line per call site."""
-    import json
-    sites: dict = {}
-    for name, frames in json.loads((directory / "stack.json").read_text()).items():
-        f = frames[0]
-        op = name.rsplit(".", 2)[0]
-        sites.setdefault((op, f["file"], f["line"], f["code"]), []).append(name)
-    for (op, file, line, code), names in sites.items():
-        log.info("opdiff: %s (%d calls) at %s:%s `%s`", op, len(names), file, line, code)
-    if not sites:
-        log.warning("opdiff: stack mode recorded no call matching the scope; check the API names "
-                    "against the compare CSV (for example Tensor___iadd___forward)")
-
-
-def _base(dump_path, tag: str) -> Path:
-    if dump_path is None or not str(dump_path):
-        raise ConfigError("set a dump path first: set_dump_path('./dump_data/npu')")
-    p = Path(dump_path)
-    if p.is_file():
-        raise ConfigError(f"dump path {p} is a file; give a directory")
-    # Absolute: a script that changes directory later still writes where it said.
-    return Path(os.path.abspath(p)) / f"{tag}_{LEGACY_VERSION}"
-
-
-def _check_fresh(root: Path) -> None:
-    """Refuse early, before training starts, to write into an earlier run's dump."""
-    from ..store import layout
-    from ..capture.session import current_rank
-    directory = layout.rank_dir(root, 0, current_rank())
-    if (directory / layout.RECORDS).exists():
-        raise ConfigError(f"{directory} already holds a dump from an earlier run; remove it or "
-                          f"pass another dump_tag to set_dump_path")
-
-
 # -- hook style --------------------------------------------------------------------------------
 class _HookStyle:
     """State behind set_dump_path / register_hook / set_dump_switch (one per process, as in ptdbg)."""
@@ -215,9 +76,9 @@ class _HookStyle:
         self.model = None           # weakref to the registered model
         self.hook = None
         self.overflow_nums = 1
-        self.runs: dict = {}        # root -> _Run
-        self.region: _Run | None = None
-        self.watch: _Run | None = None    # overflow_check: recording around each forward
+        self.runs: dict = {}        # root -> Run
+        self.region: Run | None = None
+        self.watch: Run | None = None    # overflow_check: recording around each forward
         self.handles: list = []
         self.depth = 0
 
@@ -233,12 +94,12 @@ class _HookStyle:
             h.remove()
         self.handles.clear()
 
-    def run_for(self, mode: str, native: dict) -> _Run:
-        base = _base(self.dump_path, self.tag)
+    def run_for(self, mode: str, native: dict) -> Run:
+        base = dump_base(self.dump_path, self.tag)
         run = self.runs.get((base, mode, native.get("task")))
         if run is None:
-            run = _Run(base, mode, "mix", native)
-            _check_fresh(run.root)
+            run = Run(base, mode, "mix", native)
+            check_fresh(run.root)
             self.runs[(base, mode, native.get("task"))] = run
         return run
 
@@ -273,7 +134,7 @@ def set_dump_path(fpath=None, dump_tag: str = "ptdbg_dump") -> None:
         raise ConfigError("set_dump_path needs a directory, e.g. set_dump_path('./dump_data/npu')")
     if not isinstance(dump_tag, str) or not dump_tag or os.sep in dump_tag:
         raise ConfigError(f"dump_tag must be a folder name such as 'npu_overflow'; got {dump_tag!r}")
-    _base(fpath, dump_tag)
+    dump_base(fpath, dump_tag)
     _hooks.finish()
     _hooks.runs.clear()
     _hooks.dump_path, _hooks.tag = str(fpath), dump_tag
@@ -287,10 +148,10 @@ def register_hook(model, hook, overflow_nums: int = 1, dump_mode=None, dump_conf
         raise ConfigError("register_hook's second argument must be acc_cmp_dump or overflow_check "
                           "(import them from opdiff.compat.ptdbg_ascend)")
     if dump_mode == "acl" or dump_config is not None:
-        _warn_once("acl", "ACL dumps (dump_mode='acl', dump_config) exist only on Ascend; opdiff "
+        warn_once("acl", "ACL dumps (dump_mode='acl', dump_config) exist only on Ascend; opdiff "
                    "records the APIs at the torch level instead")
     for key in kwargs:
-        _warn_once(f"hook:{key}", "register_hook option %r has no effect in opdiff", key)
+        warn_once(f"hook:{key}", "register_hook option %r has no effect in opdiff", key)
     _hooks.finish()
     _hooks.model = weakref.ref(model)
     _hooks.hook = hook
@@ -322,10 +183,10 @@ def set_dump_switch(switch: str, mode: str = "all", scope=None, api_list=None, f
     if filter_switch not in (None, "ON", "OFF"):
         raise ConfigError(f"filter_switch must be 'ON' or 'OFF'; got {filter_switch!r}")
     if filter_switch is not None:
-        _warn_once("filter_switch", "filter_switch is accepted and ignored: opdiff records every "
+        warn_once("filter_switch", "filter_switch is accepted and ignored: opdiff records every "
                    "argument, integers and bools as plain values next to the tensors")
-    native = _selection(mode, scope, api_list)
-    native["data_mode"] = _data_mode(dump_mode)
+    native = selection(mode, scope, api_list)
+    native["data_mode"] = data_mode(dump_mode)
     if _hooks.hook is overflow_check:
         native.update(task="overflow_check", overflow_nums=_hooks.overflow_nums)
     run = _hooks.run_for(mode or "all", native)
@@ -371,18 +232,18 @@ class PrecisionDebugger:
         if hook_name not in ("dump", "overflow_check"):
             raise ConfigError(f"hook_name must be 'dump' or 'overflow_check'; got {hook_name!r}")
         if enable_dataloader:
-            _warn_once("dataloader", "enable_dataloader is not supported: call debugger.start(), "
+            warn_once("dataloader", "enable_dataloader is not supported: call debugger.start(), "
                        "debugger.stop() and debugger.step() around each step instead")
         for key in kwargs:
-            _warn_once(f"dbg:{key}", "PrecisionDebugger option %r has no effect in opdiff", key)
-        self.base = _base(dump_path, "ptdbg_dump")
+            warn_once(f"dbg:{key}", "PrecisionDebugger option %r has no effect in opdiff", key)
+        self.base = dump_base(dump_path, "ptdbg_dump")
         self.hook_name = hook_name
         self.rank = [rank] if isinstance(rank, int) else rank
         self.steps = step
         self.model = model
         self.mode = "api_stack"
-        self.native = {"task": "overflow_check"} if hook_name == "overflow_check" else _selection("api_stack", None, None)
-        self.run: _Run | None = None
+        self.native = {"task": "overflow_check"} if hook_name == "overflow_check" else selection("api_stack", None, None)
+        self.run: Run | None = None
         PrecisionDebugger._current = self
         atexit.register(lambda: _safe_finish(self))
 
@@ -397,18 +258,18 @@ class PrecisionDebugger:
             self.native = {"task": "overflow_check", "overflow_nums": overflow_nums}
         else:
             self.mode = mode or "api_stack"
-            self.native = _selection(self.mode, scope, api_list)
+            self.native = selection(self.mode, scope, api_list)
             if summary_only:
                 self.native["task"] = "statistics"
-            self.native["data_mode"] = _data_mode(input_output_mode)
+            self.native["data_mode"] = data_mode(input_output_mode)
         if acl_config is not None:
-            _warn_once("acl", "acl_config (ACL operator dumps) exists only on Ascend; opdiff "
+            warn_once("acl", "acl_config (ACL operator dumps) exists only on Ascend; opdiff "
                        "records the APIs at the torch level instead")
         if backward_input:
-            _warn_once("backward_input", "backward_input is not needed: opdiff records backward "
+            warn_once("backward_input", "backward_input is not needed: opdiff records backward "
                        "inputs and outputs of every API during the run")
         if need_replicate:
-            _warn_once("replicate", "need_replicate has no effect: opdiff records the overflowing op's "
+            warn_once("replicate", "need_replicate has no effect: opdiff records the overflowing op's "
                        "full tensors so it can be replayed from the dump")
 
     @_EitherCall
@@ -416,9 +277,9 @@ class PrecisionDebugger:
         """Begin or resume recording the current step."""
         model = model if model is not None else self.model
         if self.run is None:
-            self.run = _Run(self.base, self.mode, "mix" if model is not None else "L1",
+            self.run = Run(self.base, self.mode, "mix" if model is not None else "L1",
                             dict(self.native, step=self.steps, rank=self.rank))
-            _check_fresh(self.run.root)
+            check_fresh(self.run.root)
         self.run.start(model)
 
     @_EitherCall
@@ -439,7 +300,6 @@ class PrecisionDebugger:
 
 
 # -- compare -------------------------------------------------------------------------------------
-_PARAM_KEYS = ("npu_pkl_path", "bench_pkl_path")
 
 
 def _side(param: dict, which: str) -> str:
@@ -473,7 +333,7 @@ def compare(input_param: dict, output_path, stack_mode: bool = False, auto_analy
         raise ConfigError("compare's first argument is a dict with npu_pkl_path, bench_pkl_path, "
                           "npu_dump_data_dir and bench_dump_data_dir")
     if fuzzy_match:
-        _warn_once("fuzzy", "fuzzy_match is not needed: opdiff aligns ops by name and order and "
+        warn_once("fuzzy", "fuzzy_match is not needed: opdiff aligns ops by name and order and "
                    "reports unmatched ones")
     target, golden = _side(input_param, "npu"), _side(input_param, "bench")
     from ..compare.engine import compare as engine_compare
