@@ -104,5 +104,11 @@ def assert_stats(desc: dict, t: torch.Tensor, rel: float = 1e-6, what: str = "")
 
 
 @pytest.fixture
+def strict_lines():
+    """strict_lines(path) -> parsed JSON Lines, rejecting bare NaN/Infinity."""
+    return strict_json_lines
+
+
+@pytest.fixture
 def check_stats():
     return assert_stats

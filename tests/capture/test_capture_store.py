@@ -1,0 +1,172 @@
+"""What capture writes: call sites, strict JSON, meta.json, and dumps that survive a crash."""
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+import opdiff
+from opdiff.store import find_dumps, iter_tensors, layout, open_dump
+
+HERE = os.path.abspath(__file__)
+
+
+def _line_of(fn, text: str) -> int:
+    lines, start = inspect.getsourcelines(fn)
+    for i, line in enumerate(lines):
+        if text in line:
+            return start + i
+    raise AssertionError(text)
+
+
+def _user_helper(x):
+    return torch.tanh(x)   # call site inside a helper
+
+
+def _program(x):
+    y = _user_helper(x)
+    for _ in range(3):
+        y = y.exp()        # one line, three calls
+    return y
+
+
+def test_call_sites_are_the_users_frames(dump_root, read_dump):
+    with opdiff.dump(None, dump_root, level="L1"):
+        _program(torch.randn(3))
+    dump = read_dump(dump_root)
+    tanh = dump.dump.stack(dump["Torch.tanh.0.forward"]["stack"])
+    assert tanh[0]["file"] == HERE
+    assert tanh[0]["function"] == "_user_helper"
+    assert tanh[0]["line"] == _line_of(_user_helper, "torch.tanh(x)")
+    assert tanh[0]["code"] == "return torch.tanh(x)   # call site inside a helper"
+    # The caller frames follow, innermost first; no frame is torch's or opdiff's own.
+    assert [f["function"] for f in tanh[:3]] == ["_user_helper", "_program", "test_call_sites_are_the_users_frames"]
+    torch_dir = os.path.dirname(torch.__file__)
+    opdiff_dir = os.path.dirname(opdiff.__file__)
+    for frames in dump.dump.stacks().values():
+        for f in frames:
+            assert not f["file"].startswith((torch_dir, opdiff_dir)), f
+
+
+def test_a_call_site_is_stored_once(dump_root, read_dump, strict_lines):
+    x = torch.randn(3)
+    with opdiff.dump(None, dump_root, level="L1"):
+        _program(x)
+    dump = read_dump(dump_root)
+    exp_ids = {dump[f"Tensor.exp.{i}.forward"]["stack"] for i in range(3)}
+    assert len(exp_ids) == 1
+    entries = strict_lines(dump.dir / layout.STACKS)
+    ids = [e["id"] for e in entries]
+    assert len(ids) == len(set(ids)) == 2           # the tanh line and the exp line
+    frames = [json.dumps(e["frames"], sort_keys=True) for e in entries]
+    assert len(set(frames)) == len(frames)
+
+
+def test_module_call_site_is_where_the_user_called_the_model(dump_root, read_dump):
+    model = nn.Sequential(nn.Linear(2, 2))
+    with opdiff.dump(model, dump_root, level="L0"):
+        out = model(torch.ones(1, 2))  # the model call
+    dump = read_dump(dump_root)
+    frames = dump.dump.stack(dump["Module.0.Linear.forward.0"]["stack"])
+    assert frames[0]["file"] == HERE
+    assert frames[0]["code"] == "out = model(torch.ones(1, 2))  # the model call"
+    del out
+
+
+def test_records_are_strict_json_with_non_finite_numbers(dump_root, read_dump):
+    x = torch.tensor([1.0, float("inf"), float("nan"), -float("inf")])
+    with opdiff.dump(None, dump_root, level="L1"):
+        y = torch.clamp(x, min=float("-inf"), max=float("inf")) * float("nan")
+    dump = read_dump(dump_root)                      # strict parse inside
+    raw = (dump.dir / layout.RECORDS).read_text()
+    assert "NaN," not in raw.replace('"NaN"', "") and "Infinity" not in raw.replace('"Infinity"', "").replace('"-Infinity"', "")
+    stats = dump["Torch.clamp.0.forward"]["inputs"][0]["stats"]
+    assert stats["nan"] == 1 and stats["inf"] == 2
+    del y
+
+
+def test_meta_holds_format_version_config_and_environment(dump_root, read_dump):
+    with opdiff.dump(None, dump_root, level="L1", task="tensor"):
+        torch.ones(2).exp()
+    meta = read_dump(dump_root).meta
+    assert meta["format_version"] == layout.FORMAT_VERSION
+    assert meta["opdiff_version"] == opdiff.__version__
+    assert meta["config"]["level"] == "L1" and meta["config"]["task"] == "tensor"
+    env = meta["environment"]
+    assert env["torch"] == torch.__version__
+    assert env["deterministic_algorithms"] == torch.are_deterministic_algorithms_enabled()
+    assert env["torch_threads"] == torch.get_num_threads()
+
+
+def test_reader_tolerates_a_truncated_last_line(dump_root, tmp_path):
+    x = torch.ones(2)
+    with opdiff.dump(None, dump_root, level="L1"):
+        for _ in range(5):
+            x.exp()
+    src = layout.rank_dir(dump_root, 0, 0)
+    cut = tmp_path / "cut" / "step0" / "rank0"
+    shutil.copytree(src, cut)
+    data = (cut / layout.RECORDS).read_bytes()
+    (cut / layout.RECORDS).write_bytes(data[:-25])    # half of the last line, as a crash leaves it
+    full = list(open_dump(src).records())
+    partial = list(open_dump(cut).records())
+    assert len(full) == 5
+    assert partial == full[:4]
+
+
+_CHILD = textwrap.dedent("""
+    import os, signal, sys
+    import torch, torch.nn as nn, opdiff
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+    dbg = opdiff.PrecisionDebugger(dump_path=sys.argv[1], task="tensor", level="mix")
+    x = torch.randn(4, 8)
+    dbg.start(model)
+    for _ in range(40):
+        model(x).sum().backward()
+    dbg.stop()                        # flushes everything recorded so far
+    print(len(open(os.path.join(dbg.dump_dir, "records.jsonl")).read().splitlines()), flush=True)
+    dbg.start(model)
+    for i in range(10 ** 6):          # keeps recording until the parent kills it
+        model(x).sum().backward()
+        if i == 30:
+            print("running", flush=True)
+""")
+
+
+def test_a_killed_run_leaves_a_readable_dump(dump_root, tmp_path):
+    script = tmp_path / "child.py"
+    script.write_text(_CHILD)
+    proc = subprocess.Popen([sys.executable, str(script), str(dump_root)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        flushed = int(proc.stdout.readline())
+        assert proc.stdout.readline().strip() == "running"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGKILL
+    (directory,) = find_dumps(dump_root)
+    dump = open_dump(directory)
+    records = list(dump.records())
+    assert len(records) >= flushed > 100
+    assert [r["seq"] for r in records] == list(range(len(records)))
+    assert records[0]["name"] == "Functional.linear.0.forward"
+    stacks = dump.stacks()
+    assert all(r["stack"] in stacks for r in records if r.get("stack") is not None)
+    # Tensors: every record flushed before the kill has its tensors on disk too.
+    keys = set(dump.tensor_keys())
+    missing = [name for r in records[:flushed] for name, _role, desc in iter_tensors(r)
+               if desc.get("key") not in keys]
+    assert not missing, f"{len(missing)} tensors of flushed records are not on disk, e.g. {missing[0]}"
