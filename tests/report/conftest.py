@@ -392,11 +392,11 @@ def build_large_result(n_rows: int, seed: int = 1) -> CompareResult:
     return CompareResult(target="./dump/a", golden="./dump/b", rows=rows, first_divergence=div, counts=counts)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def cnn_result():
     return build_cnn_result
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def large_result():
     return build_large_result

@@ -161,10 +161,11 @@
     names.forEach(function (n) {
       var tr = el("tr");
       tr.appendChild(el("td", null, n));
+      var first = columns[0][1] ? fmtMetric(n, columns[0][1][n]) : "";
       columns.forEach(function (c, i) {
-        var v = c[1] ? c[1][n] : null;
-        tr.appendChild(el("td", "num" + (i === columns.length - 1 && c[2] ? " bad" : ""),
-                          v === undefined ? "" : fmtMetric(n, v)));
+        var v = c[1] ? c[1][n] : null, text = v === undefined ? "" : fmtMetric(n, v);
+        // mark the output's metrics that moved away from the input's
+        tr.appendChild(el("td", "num" + (c[2] && text !== first ? " bad" : ""), text));
       });
       t.appendChild(tr);
     });
@@ -213,7 +214,8 @@
   }
 
   function notesBlock(box) {
-    if (D.verdict) box.appendChild(el("p", "summary", D.verdict));
+    // With a culprit, the verdict line only repeats the reason and the source line shown above.
+    if (D.verdict && !D.divergence) box.appendChild(el("p", "summary", D.verdict));
     if (!D.notes || !D.notes.length) return;
     var ul = el("ul", "notes");
     D.notes.forEach(function (n) { ul.appendChild(el("li", null, n)); });
@@ -333,6 +335,12 @@
         if (v > 0 && isFinite(v)) { if (v < vmin) vmin = v; if (v > vmax) vmax = v; }
       }
     }
+    // A series that is zero everywhere (cosine rounded to 1, say) is only a line on the floor.
+    var keep = series.map(function (s, si) { return B.some(function (bk) { return bk && bk.v[si] > 0; }); });
+    if (keep.some(Boolean)) {
+      series = series.filter(function (s, si) { return keep[si]; });
+      B.forEach(function (bk) { if (bk) bk.v = bk.v.filter(function (v, si) { return keep[si]; }); });
+    }
     var y0 = -8, y1 = 0;
     if (vmin <= vmax) {
       y0 = Math.max(-16, Math.floor(Math.log10(vmin)));
@@ -366,7 +374,7 @@
       if ((isFwd || b === nb) && runStart >= 0) {
         var x0 = ml + runStart * pw / nb, x1 = ml + b * pw / nb;
         svg.appendChild(sv("rect", { x: x0, y: mt, width: Math.max(1, x1 - x0), height: ph, fill: "#eef1f5", "class": "backward-band" }));
-        if (x1 - x0 > 60) svg.appendChild(sv("text", { x: x0 + 4, y: mt + 12, fill: "#8b949e" }, "backward"));
+        if (x1 - x0 > 60) svg.appendChild(sv("text", { x: x1 - 4, y: mt + ph - 5, "text-anchor": "end", fill: "#8b949e" }, "backward"));
         runStart = -1;
       }
     }
