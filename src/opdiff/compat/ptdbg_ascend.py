@@ -107,7 +107,10 @@ class _HookStyle:
     def _pre(self, module, args):
         self.depth += 1
         if self.depth == 1 and self.region is None and self.watch is not None:
-            self.watch.start(module)
+            try:
+                self.watch.start(module)
+            except Exception as exc:    # never break the user's forward
+                warn_once("watch", "overflow check did not start (%s)", exc)
 
     def _post(self, module, args, output):
         self.depth = max(self.depth - 1, 0)

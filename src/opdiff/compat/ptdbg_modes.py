@@ -89,7 +89,6 @@ class Run:
         self.root = base if mode in _WHOLE_NETWORK_MODES else base / mode
         self.stack_only = mode == "stack"
         self.dbg = Native(dump_path=str(self.root), level=level, **native)
-        self.dirs: list[Path] = []
         self.open_dir = None        # the step being written (overflow_check may close it early)
 
     def start(self, model=None) -> None:
@@ -116,7 +115,6 @@ class Run:
         except Exception as exc:   # the opdiff dump is complete; only the legacy view failed
             log.warning("opdiff: could not write the ptdbg_ascend files in %s (%s)", directory, exc)
             return
-        self.dirs.append(Path(directory))
         if self.stack_only:
             log_stacks(Path(directory))
         log.info("opdiff: wrote %s", pkl)
