@@ -63,7 +63,7 @@ def hook_api_backward(session, fwd_name: str, op: str, index: int, module, stack
     if not any(t.requires_grad for t in out_tensors):
         return
     name = f"{op}.{index}.backward"
-    if not session.selected(name):
+    if not session.selected(name, forward_selected=True):
         return
     last_seq = torch._C._autograd._get_sequence_nr()
     nodes = op_nodes(outputs, first_seq if first_seq is not None else last_seq - 1, last_seq)
@@ -140,7 +140,7 @@ def hook_module_backward(session, fwd_name: str, op: str, index: int, parent, st
     if not out_tensors:
         return
     name = f"{op}.backward.{index}"
-    if not session.selected(name):
+    if not session.selected(name, forward_selected=True):
         return
     in_tensors = [t for t in tensors_in(inputs) if t.requires_grad]
     record = {"name": name, "op": op, "kind": "module", "phase": "backward", "module": parent,

@@ -98,7 +98,7 @@ class PrecisionDebugger:
             self._aten.__exit__(None, None, None)
         if self._modules is not None:
             self._modules.remove()
-        self.session.flush()
+        self.session.flush(wait_for_tensors=True)   # a crash after stop() loses nothing
         self._running = False
         _active = None
 

@@ -147,10 +147,15 @@ class Session:
         self.counters[op] = n + 1
         return n
 
-    def selected(self, name: str) -> bool:
-        """Apply `scope` and `list` to a record name (counters advance either way)."""
+    def selected(self, name: str, forward_selected: bool = False) -> bool:
+        """Apply `scope` and `list` to a record name (counters advance either way).
+
+        `forward_selected`: the name is the backward of a forward record just selected. It is in
+        scope because its forward is (the scope may have closed at that very forward), and it
+        must not move the scope's state.
+        """
         cfg = self.config
-        if cfg.scope:
+        if cfg.scope and not forward_selected:
             first, last = cfg.scope
             if self._scope_state == "before" and name_matches(first, name):
                 self._scope_state = "inside"
@@ -198,8 +203,10 @@ class Session:
         if len(self.pending) >= 256:
             self.flush()
 
-    def flush(self) -> None:
+    def flush(self, wait_for_tensors: bool = False) -> None:
         if not self.pending and not len(self.stats):
+            if wait_for_tensors and self.writer is not None:
+                self.writer.flush(wait_for_tensors=True)
             return
         with self.internal():
             try:
@@ -212,7 +219,7 @@ class Session:
                 writer.write(record)
         self.pending.clear()
         if writer is not None:
-            writer.flush()
+            writer.flush(wait_for_tensors=wait_for_tensors)
 
     # -- parameter gradients -------------------------------------------------------------------
     def add_param_grad(self, module_name: str, expected: int, pname: str, grad) -> None:

@@ -33,6 +33,7 @@ class Dump:
     rank: int | None = None
     _stacks: dict | None = field(default=None, repr=False)
     _tensor_index: dict | None = field(default=None, repr=False)
+    _handles: dict = field(default_factory=dict, repr=False)
 
     format = "opdiff"
 
@@ -100,10 +101,12 @@ class Dump:
         shard = self._index().get(key)
         if shard is None:
             return None
-        from safetensors import safe_open
+        handle = self._handles.get(shard)
+        if handle is None:  # one open handle per shard: reopening per key costs a header parse
+            from safetensors import safe_open
 
-        with safe_open(str(shard), framework="pt") as f:
-            return f.get_tensor(key)
+            handle = self._handles[shard] = safe_open(str(shard), framework="pt")
+        return handle.get_tensor(key)
 
 
 def open_dump(path: str | os.PathLike) -> Dump:

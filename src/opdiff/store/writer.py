@@ -141,8 +141,16 @@ class DumpWriter:
             self._sink.start()
         self._sink.put(key, tensor)
 
-    def flush(self) -> None:
-        """Append buffered records and stacks to disk (stacks first, so ids always resolve)."""
+    def flush(self, wait_for_tensors: bool = False) -> None:
+        """Append buffered records and stacks to disk (stacks first, so ids always resolve).
+
+        The tensor writer is asked to write a shard of what it holds; with `wait_for_tensors`
+        this returns once it has, so a crash afterwards loses none of the tensors recorded so far.
+        """
+        if self._sink is not None and not self.disabled:
+            self._sink.queue.put("flush")
+            if wait_for_tensors:
+                self._sink.queue.join()
         if not self._buffer or self.disabled:
             return
         stacks = [line for kind, line in self._buffer if kind == "s"]

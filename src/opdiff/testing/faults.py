@@ -5,7 +5,12 @@
 
 `op` uses the names opdiff records (`Functional.conv2d`, `Tensor.__iadd__`, `VF.lstm`, ...).
 `call` counts calls of that op since the block was entered (None: every call). `phase` is
-"forward" (the op's output is scaled) or "backward" (its gradients w.r.t. its inputs are scaled).
+"forward" (the op's output is changed) or "backward" (its gradients w.r.t. its inputs are).
+`scale` multiplies the values; `noise` adds Gaussian noise of that size relative to each value
+(`noise=1e-3`: a kernel that is off by about 0.1% elementwise, which, unlike a pure scale, also
+moves the cosine similarity). The noise comes from a private generator seeded by `seed`, so
+the user's random streams are not advanced. A forward fault changes the output's values in
+place without touching the autograd graph, as a wrong kernel would.
 Enter the block *before* starting a PrecisionDebugger, so the debugger records the faulty
 output as the op's own (the fault sits closer to the op than the recorder).
 """
@@ -21,7 +26,7 @@ class inject_fault(TorchFunctionMode):  # noqa: N801 - used like a function, as 
     """Scale one op's forward output or backward gradient by `scale` (see module docstring)."""
 
     def __init__(self, op: str, call: int | None = 0, phase: str = "forward", scale: float = 1.01,
-                 output: int = 0):
+                 output: int = 0, noise: float = 0.0, seed: int = 0):
         super().__init__()
         if phase not in ("forward", "backward"):
             raise ConfigError(f"inject_fault: phase must be 'forward' or 'backward'; got {phase!r}")
@@ -33,6 +38,8 @@ class inject_fault(TorchFunctionMode):  # noqa: N801 - used like a function, as 
         self.phase = phase
         self.scale = scale
         self.output = output
+        self.noise = noise
+        self.seed = seed
         self.calls = 0
         self.hits = 0     # how many times the fault fired
 
@@ -69,18 +76,19 @@ class inject_fault(TorchFunctionMode):  # noqa: N801 - used like a function, as 
         if self.phase == "backward":
             node = target.grad_fn
             if node is not None:
-                scale = self.scale
                 node.register_hook(lambda grad_inputs, grad_outputs: tuple(
-                    g * scale if g is not None else None for g in grad_inputs))
+                    self._faulty(g) if g is not None else None for g in grad_inputs))
             return out
-        aliased = any(target is a for a in args if isinstance(a, torch.Tensor))
-        if aliased or target is None:
-            # An in-place op must keep returning the tensor it modified.
-            target.mul_(self.scale)
-            return out
-        faulty = target * self.scale
-        if is_tuple:
-            items = list(out)
-            items[self.output] = faulty
-            return type(out)(*items) if hasattr(out, "_fields") else type(out)(items)
-        return faulty
+        # Through .data: the values change, the version counter and the graph do not.
+        with torch.no_grad():
+            target.data.copy_(self._faulty(target.detach()))
+        return out
+
+    def _faulty(self, t: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            bad = t * self.scale
+            if self.noise:
+                gen = torch.Generator(device=t.device).manual_seed(self.seed + self.hits)
+                rnd = torch.randn(t.shape, generator=gen, device=t.device, dtype=torch.float32)
+                bad = bad + (t.float() * rnd * self.noise).to(t.dtype)
+        return bad
