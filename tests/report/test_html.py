@@ -61,6 +61,9 @@ def test_module_tree_rolls_worst_verdict_up_to_ancestors(cnn_result):
         name = r.op_name if r.kind in ("module", "param_grad") else r.module
         return ".".join(name.split(".")[1:-3]) if name else None
 
+    def worst(results):
+        return 3 if "error" in results else 2 if "warning" in results else 1 if "unmatched" in results else 0
+
     paths = {}
     for i, n in enumerate(tree):
         parts, p = [], i
@@ -74,14 +77,31 @@ def test_module_tree_rolls_worst_verdict_up_to_ancestors(cnn_result):
                 if module_path(r) is not None and (not path or module_path(r) == path
                                                    or module_path(r).startswith(path + "."))]
         assert node[4:8] == [mine.count(k) for k in ("pass", "warning", "error", "unmatched")], path
-        worst = 3 if "error" in mine else 2 if "warning" in mine else 1 if "unmatched" in mine else 0
-        assert node[3] == worst, path
+        assert node[3] == worst(mine), path
+        for phase, field in (("forward", 10), ("backward", 11)):
+            of_phase = [r.result for r in result.rows if r.phase == phase and module_path(r) is not None
+                        and (not path or module_path(r) == path or module_path(r).startswith(path + "."))]
+            assert node[field] == (worst(of_phase) if of_phase else -1), (path, phase)
+    # the modules that ran before the culprit agree in forward; their gradients do not
+    assert paths["conv1"][10] == 0 and paths["conv1"][11] == 3
+    assert paths["layer2.0.conv2"][10] == 3
     assert paths["layer2.0.conv2"][9] == 2 and paths["layer2.0"][9] == 1 and paths["layer2"][9] == 1
     assert paths["layer1"][9] == 0
     for i, n in enumerate(tree):       # pre-order: a node's subtree ends after its children
         assert i < n[8] <= len(tree)
         if n[0] >= 0:
             assert n[0] < i and n[8] <= tree[n[0]][8]
+
+
+def test_a_very_deep_module_path_does_not_break_the_tree():
+    deep = "Module." + ".".join(f"m{i}" for i in range(3000)) + ".Linear.forward.0"
+    row = TensorRow(target_name="Functional.linear.0.forward.output.0", golden_name=None,
+                    op_name="Functional.linear.0.forward", role="output", phase="forward", kind="api",
+                    index=0, result="pass", module=deep)
+    data = build_payload(CompareResult(target="a", golden="b", rows=[row], first_divergence=None, counts={}))
+    assert len(data["tree"]) == 3001                 # the root and one node per level
+    assert data["tree"][-1][4] == 1 and data["tree"][0][4] == 1
+    assert data["ops"][0][4] == 3000                 # the row sits in the innermost module
 
 
 def test_numbers_are_strict_json_and_non_finite_survive(tmp_path):
@@ -343,7 +363,7 @@ def test_onnx_rows_render(browser, tmp_path):
                       op_name=f"/layer{i}/Gemm", role="output", phase="forward", kind="node", index=i,
                       target_dtype="float16", golden_dtype="float32", target_shape=(1, 16), golden_shape=(1, 16),
                       metrics={"Cosine": 1 - 10.0 ** (i - 9), "RelEuclideanDistance": 10.0 ** (i - 6)},
-                      result="error" if i > 3 else "pass") for i in range(8)]
+                      result="error" if i > 3 else "pass", module=f"blocks.{i // 2}.fc") for i in range(8)]
     result = CompareResult(target="model_fp16.onnx", golden="model.onnx", rows=rows, first_divergence=None,
                            counts={"pass": 4, "error": 4}, title="opdiff onnx")
     page = browser.open(write_html(result, tmp_path / "report.html"))
@@ -353,6 +373,10 @@ def test_onnx_rows_render(browser, tmp_path):
         assert page.eval("document.title") == "opdiff onnx: no divergence"
         assert visible_rows(page)[4] == "/layer4/Gemm_output_0"
         assert page.eval("document.querySelectorAll('#chart-svg path.series').length") == 2
+        # ONNX rows carry plain module paths ("blocks.2.fc"): the tree is built from them
+        tree = page.eval("[...document.querySelectorAll('#tree .node')].map(n => n.title.split(' ')[0] + ' ' + "
+                         "n.querySelector('.dot').classList[1])")
+        assert "blocks sev-3" in tree and "blocks.0 sev-0" in tree and "blocks.3 sev-3" in tree
     finally:
         page.close()
 

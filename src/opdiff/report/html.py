@@ -40,6 +40,7 @@ _ASSETS = Path(__file__).resolve().parent
 _STAT_KEYS = ("max", "min", "mean", "norm", "nan", "inf")
 # Cosine near 1 carries its information in the far digits (the chart draws 1 - cosine).
 _DIGITS = {"Cosine": 10}
+_SEVERITY = {PASS: 0, UNMATCHED: 1, WARNING: 2, ERROR: 3}
 _REQUIRED_FIELDS = 15      # row fields always present; see build_payload
 # `Module.layer1.0.conv1.Conv2d.forward.0` -> path "layer1.0.conv1", class "Conv2d"; parameter
 # gradients are `Module.layer1.0.conv1.Conv2d.parameters_grad.0`.
@@ -250,7 +251,9 @@ def build_payload(result: CompareResult) -> dict:
 
 def _module_tree(result: CompareResult, strings: _Strings) -> tuple[list, dict]:
     """Nodes in pre-order, `[parent, label, class, severity, pass, warning, error, unmatched, end,
-    culprit]`: the subtree of node i is nodes i..end-1. Also maps module call names to nodes.
+    culprit, forward severity, backward severity]`: the subtree of node i is nodes i..end-1;
+    severity is 0 pass, 1 unmatched, 2 warning, 3 error (-1: no tensor of that phase); culprit is
+    2 on the culprit's module, 1 on its ancestors. Also maps module call names to nodes.
 
     The tree follows module paths (`layer1.0.conv1`), so the forward and backward calls of one
     module, and every call of a reused module, share one node. Each row counts in the node of its
@@ -277,16 +280,19 @@ def _module_tree(result: CompareResult, strings: _Strings) -> tuple[list, dict]:
             children.setdefault(path.rpartition(".")[0], []).append(path)
     order: list[str] = []
     end: dict[str, int] = {}
-
-    def visit(path: str) -> None:               # iterative would be overkill: depth = nesting
+    todo: list[tuple[str, bool]] = [("", False)]
+    while todo:                                 # pre-order walk; no recursion, however deep
+        path, done = todo.pop()
+        if done:
+            end[path] = len(order)
+            continue
         order.append(path)
-        for child in children.get(path, []):    # insertion order = first seen = execution order
-            visit(child)
-        end[path] = len(order)
-
-    visit("")
+        todo.append((path, True))
+        # children in first-seen (execution) order
+        todo.extend((child, False) for child in reversed(children.get(path, [])))
     index = {path: i for i, path in enumerate(order)}
     counts = [[0, 0, 0, 0] for _ in order]
+    by_phase = {"forward": [-1] * len(order), "backward": [-1] * len(order)}
     parent = [index[p.rpartition(".")[0]] if p else -1 for p in order]
     column = {PASS: 0, WARNING: 1, ERROR: 2, UNMATCHED: 3}
     divergence = result.first_divergence
@@ -299,8 +305,14 @@ def _module_tree(result: CompareResult, strings: _Strings) -> tuple[list, dict]:
         if divergence is not None and r.op_name == divergence.name:
             culprit_node = node
         c = column.get(r.result)
-        while c is not None and node >= 0:
+        if c is None:
+            continue
+        severity = _SEVERITY[r.result]
+        phase = by_phase.get(r.phase)
+        while node >= 0:
             counts[node][c] += 1
+            if phase is not None and phase[node] < severity:
+                phase[node] = severity
             node = parent[node]
     if culprit_node < 0 and divergence is not None and divergence.module in calls:
         culprit_node = index[calls[divergence.module][0]]
@@ -316,7 +328,8 @@ def _module_tree(result: CompareResult, strings: _Strings) -> tuple[list, dict]:
         severity = 3 if e else 2 if w else 1 if u else 0
         label = path.rpartition(".")[2] if path else "(model)"
         nodes.append([parent[i], strings(label), strings(classes[path]), severity, p, w, e, u,
-                      end[path], 2 if i == culprit_node else 1 if i in on_culprit_path else 0])
+                      end[path], 2 if i == culprit_node else 1 if i in on_culprit_path else 0,
+                      by_phase["forward"][i], by_phase["backward"][i]])
     return nodes, {name: index[path] for name, (path, _) in calls.items()}
 
 

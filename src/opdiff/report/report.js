@@ -497,8 +497,25 @@
       if (n[7]) c.push(fmtCount(n[7]) + " unmatched");
       c.push(fmtCount(n[4]) + " pass");
       line.appendChild(el("span", "ct", c.join(" \u00b7 ")));
+      [["fwd", n[10], "forward"], ["bwd", n[11], "backward"]].forEach(function (ph) {
+        var tag = el("span", "ph", ph[0]);
+        if (ph[1] >= 0) {
+          tag.appendChild(el("span", "dot sev-" + ph[1]));
+          tag.title = ph[2] + ": worst verdict " + SEV_NAME[ph[1]];
+        } else {
+          tag.className = "ph none";
+          tag.title = "no " + ph[2] + " tensors";
+        }
+        line.appendChild(tag);
+      });
       line.title = nodePath(i) + " \u2014 worst verdict: " + SEV_NAME[n[3]] + " (click to show its tensors)";
       return line;
+    }
+    function depth(i) { var d = 0; for (var p = TREE[i][0]; p >= 0; p = TREE[p][0]) d++; return d; }
+    // Open at first: the top two levels, the way to the culprit, and chains of single children.
+    function startsOpen(i) {
+      var d = depth(i);
+      return d <= 1 || TREE[i][9] > 0 || (kids[i].length === 1 && d < 12);
     }
     function build(i, open) {
       var li = el("li"), line = nodeLine(i);
@@ -509,7 +526,7 @@
         if (!kids[i].length) return;
         if (show && !ul) {
           ul = el("ul");
-          kids[i].forEach(function (k) { ul.appendChild(build(k, TREE[k][9] > 0)); });
+          kids[i].forEach(function (k) { ul.appendChild(build(k, startsOpen(k))); });
           li.appendChild(ul);
         }
         if (ul) ul.hidden = !show;
