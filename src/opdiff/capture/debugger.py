@@ -62,6 +62,8 @@ class PrecisionDebugger:
         level = self.config.level
         if level in ("L0", "mix") and model is None:
             raise ConfigError(f"level '{level}' records modules: pass the model, dbg.start(model)")
+        if _active is not None and _active is not self and _active.stopped_by_overflow:
+            _active.stop()  # OverflowDetected ended the user's loop before it could call stop()
         if _active is not None and _active is not self:
             raise ConfigError("another opdiff debugger is running; stop it first")
         self.session.open_step()
@@ -101,6 +103,8 @@ class PrecisionDebugger:
         self.session.flush(wait_for_tensors=True)   # a crash after stop() loses nothing
         self._running = False
         _active = None
+        if self.session.overflow is not None and not self.session.overflow.stopped:
+            self.session.overflow.settle()   # may raise OverflowDetected for backward origins
 
     def step(self) -> None:
         """End the step: write everything of it to disk and reset the op counters."""
@@ -118,6 +122,12 @@ class PrecisionDebugger:
         """Where the current step is being written (None when this step is not recorded)."""
         w = self.session.writer
         return w.directory if w is not None else None
+
+    @property
+    def stopped_by_overflow(self) -> bool:
+        """True once task="overflow_check" raised OverflowDetected."""
+        mon = self.session.overflow
+        return bool(mon is not None and mon.stopped)
 
     @property
     def overflows(self) -> list:

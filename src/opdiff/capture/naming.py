@@ -95,7 +95,7 @@ def _resolve(func) -> str | None:
     if not name or name in _SKIP:
         return None
     if name.startswith("_") and not (name.startswith("__") and name.endswith("__")) \
-            and not name.startswith("_foreach"):
+            and not name.startswith(("_foreach", "_amp_foreach", "_amp_update")):
         return None
     qual = getattr(func, "__qualname__", "") or ""
     if qual.startswith(("TensorBase.", "Tensor.", "_TensorBase.")):

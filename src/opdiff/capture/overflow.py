@@ -19,29 +19,73 @@ log = logging.getLogger("opdiff")
 
 
 def all_finite(values) -> bool:
-    """True when every floating tensor in values is free of inf/NaN (one transfer for all)."""
-    flags = [torch.isfinite(t).all() for t in tensors_in(values)
-             if (t.is_floating_point() or t.is_complex()) and t.numel() and not t.is_meta]
-    if not flags:
+    """True when every floating tensor in values is free of inf/NaN (one transfer for all).
+
+    A sum is one read pass with no temporary the size of the tensor, and inf/NaN always make it
+    non-finite; only when a sum is not finite (a real inf/NaN, or finite values whose sum
+    overflowed) are the tensors checked element by element.
+    """
+    tensors = [t for t in tensors_in(values)
+               if (t.is_floating_point() or t.is_complex()) and t.numel() and not t.is_meta]
+    if not tensors:
         return True
-    return bool(torch.stack(flags).all().item())
+    sums = [(t.sum(dtype=torch.float32) if t.element_size() < 4 and t.is_floating_point()
+             else t.sum()).abs().to(torch.float64) for t in tensors]
+    if bool(torch.stack(sums).isfinite().all().item()):
+        return True
+    return bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all().item())
+
+
+_SCALER_OPS = ("._amp_foreach_non_finite_check_and_unscale_", "._amp_update_scale_")
+
+
+def _literal_nonfinite(record: dict) -> bool:
+    """The user passed inf/NaN as a number (masked_fill(mask, -inf)): intentional, not an origin."""
+    todo = list(record.get("inputs") or []) + list((record.get("kwargs") or {}).values())
+    while todo:
+        d = todo.pop()
+        if d.get("type") in ("list", "tuple"):
+            todo.extend(d.get("items", []))
+        elif d.get("type") == "float" and isinstance(d.get("value"), str):
+            return True         # encode_float wrote "NaN" / "Infinity" / "-Infinity"
+    return False
 
 
 class OverflowMonitor:
-    """Per-session overflow state: origins found, ops that propagated inf/NaN."""
+    """Per-session overflow state: origins found, ops that propagated inf/NaN.
+
+    Forward origins stop training at once. Backward origins wait for GradScaler's verdict: when
+    `scaler.step()` finds inf/NaN gradients (the step is skipped, expected with loss scaling)
+    they are marked "skipped by loss scaler" and not counted; otherwise they count at `stop()`.
+    """
 
     def __init__(self, session, describer):
         self.session = session
         self.describer = describer      # saves full tensors for the origin records
         self.origins: list[dict] = []
         self.propagated = 0
+        self.skipped_by_scaler = 0
+        self.pending: list[dict] = []   # backward origins waiting for the loss scaler
+        self.tainted: set = set()       # forward ops that saw inf/NaN (their backward inherits it)
+        self.enclosing: set = set()     # module calls that contain an origin
+        self.stopped = False
 
     def check(self, record: dict, inputs, outputs) -> None:
         s = self.session
+        if str(record.get("op")).endswith(_SCALER_OPS):
+            self._scaler(record, inputs)
+            return
         with s.internal():
             if all_finite(outputs):
                 return
-            if not all_finite(inputs):
+            if record["phase"] == "forward":
+                self.tainted.add(record["name"])
+            if record.get("kind") == "module" and record["name"] in self.enclosing:
+                self.enclosing.add(record.get("module"))
+                self.propagated += 1
+                return
+            if record.get("forward") in self.tainted or not all_finite(inputs) \
+                    or _literal_nonfinite(record):
                 self.propagated += 1
                 return
             origin = dict(record)
@@ -55,14 +99,49 @@ class OverflowMonitor:
                 origin["note"] = "in-place op: inputs shown after the op overwrote them"
         s.emit(origin, force=True)
         s.flush()
-        self.origins.append(origin)
+        self.enclosing.add(record.get("module"))
+        origin["_message"] = self.describe(origin)
+        log.warning("opdiff: %s", origin["_message"])
+        if record["phase"] == "backward":
+            self.pending.append(origin)     # GradScaler may still skip this step
+        else:
+            self._count([origin])
+
+    def _count(self, origins: list) -> None:
+        """Origins that are model problems: stop once there are `overflow_nums` of them."""
+        s = self.session
+        self.origins.extend(origins)
         limit = s.config.overflow_nums
-        log.warning("opdiff: %s", self.describe(origin))
-        if limit != -1 and len(self.origins) >= limit:
+        if origins and limit != -1 and len(self.origins) >= limit and not self.stopped:
+            self.stopped = True
             if s.writer is not None:
                 s.writer.close()  # the dump must be complete before training stops
                 s.writer = None
-            raise OverflowDetected(self.describe(origin))
+            raise OverflowDetected(origins[-1]["_message"])
+
+    def _scaler(self, record: dict, inputs) -> None:
+        """GradScaler's unscale: inf/NaN gradients mean it skips this optimizer step."""
+        s = self.session
+        args = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+        if len(args) < 3 or not isinstance(args[1], torch.Tensor):
+            return
+        with s.internal():
+            found = bool(args[1].item()) if "unscale" in record["op"] else bool(args[2].item())
+        if not found or not self.pending:
+            return
+        self.skipped_by_scaler += len(self.pending)
+        mark = dict(record, overflow="skipped_by_loss_scaler",
+                    origins=[o["name"] for o in self.pending])
+        mark.pop("outputs", None)
+        log.info("opdiff: the loss scaler skipped step %d (inf/NaN gradients, first from %s): "
+                 "expected with loss scaling", s.step_index, self.pending[0]["name"])
+        self.pending.clear()
+        s.emit(mark, force=True)
+
+    def settle(self) -> None:
+        """End of the recorded region: backward origins no loss scaler skipped now count."""
+        pending, self.pending = self.pending, []
+        self._count(pending)
 
     def describe(self, origin: dict) -> str:
         s = self.session

@@ -138,6 +138,7 @@ class Session:
         self.describer = None
         self.counters.clear()
         self.seq = 0
+        self.__dict__.pop("_stack_cache", None)   # stack ids belong to the closed step's writer
         self._scope_state = "before" if self.config.scope else "inside"
         self.step_index += 1
 
