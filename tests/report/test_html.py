@@ -16,7 +16,7 @@ from opdiff.compare.result import CompareResult, Location, TensorRow
 from opdiff.errors import OpdiffError
 from opdiff.report.html import build_payload, json_for_script, render_html, write_html
 
-EVIL = "<img src=x onerror=alert(1)></script><script>window.__pwned=1</script>\u2028&amp;"
+EVIL = "<img src=x onerror=alert(1)></script><script>window.__pwned=1</script>\u2028&amp;%%SCRIPT%%"
 
 
 def embedded_data(page: str) -> dict:
@@ -246,6 +246,16 @@ def test_cnn_report_draws_without_errors(browser, cnn_result, tmp_path):
             f"{len(result.rows)} of {len(result.rows)} tensors"
         rendered = page.eval("document.querySelectorAll('#rows tbody tr.r').length")
         assert 10 <= rendered < len(result.rows)
+        # hovering the chart names the op under the pointer; clicking opens it in the table
+        hover = ("var r = document.querySelector('#chart-svg rect[cursor]').getBoundingClientRect();"
+                 "var ev = {clientX: r.left + r.width * 0.75, clientY: r.top + r.height / 2, bubbles: true};"
+                 "document.querySelector('#chart-svg rect[cursor]').dispatchEvent(new MouseEvent('{}', ev));")
+        page.eval(hover.replace("{}", "mousemove"))
+        tip = page.eval("var t = document.querySelector('#chart .tip'); t.hidden ? '' : t.firstChild.textContent")
+        m = re.fullmatch(r"#(\d+)  (\S+)", tip)
+        assert m and any(r.op_name == m.group(2) and r.index == int(m.group(1)) for r in result.rows), tip
+        page.eval(hover.replace("{}", "click"))
+        assert page.eval("document.querySelector('#details .title').textContent").startswith(m.group(2) + ".")
         shot = page.screenshot(tmp_path / "report.png")
         assert shot.stat().st_size > 20_000
     finally:
