@@ -59,6 +59,9 @@ class ApiCapture(TorchFunctionMode):
                                     for k, v in kwargs.items()}
         if mutating:  # what was described so far may be overwritten by this op
             s.describer.forget()
+            if s.overflow is not None:  # an in-place op that creates inf overwrites its finite input
+                from .overflow import all_finite
+                record["_inputs_finite"] = all_finite((args, kwargs))
         # Gradient edges are taken before the call: an in-place op moves its input's edge.
         edges = input_edges(args, kwargs) if s.want_backward and torch.is_grad_enabled() else []
         return (op, record, index, edges)

@@ -84,7 +84,9 @@ class OverflowMonitor:
                 self.enclosing.add(record.get("module"))
                 self.propagated += 1
                 return
-            if record.get("forward") in self.tainted or not all_finite(inputs) \
+            pre = record.pop("_inputs_finite", None)   # in-place ops: checked before they ran
+            inputs_finite = pre if pre is not None else all_finite(inputs)
+            if record.get("forward") in self.tainted or not inputs_finite \
                     or _literal_nonfinite(record):
                 self.propagated += 1
                 return
@@ -95,8 +97,9 @@ class OverflowMonitor:
             outs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
             origin["outputs"] = [self.describer.describe(v, f"{record['name']}.output.{i}")
                                  for i, v in enumerate(outs)]
-            if record.get("op", "").endswith("_") or "__i" in record.get("op", ""):
-                origin["note"] = "in-place op: inputs shown after the op overwrote them"
+            if pre is not None:
+                origin["note"] = ("in-place op: its inputs were finite before it ran; they are "
+                                  "shown after the op overwrote them")
         s.emit(origin, force=True)
         s.flush()
         self.enclosing.add(record.get("module"))
@@ -149,7 +152,7 @@ class OverflowMonitor:
         frames = s_frames(s, origin.get("stack"))
         if frames:
             f = frames[0]
-            where = f" at {f['file']}:{f['line']} `{f['code']}`"
+            where = f" at {f['file']}:{f['line']}" + (f" `{f['code']}`" if f["code"] else "")
         module = f" in {origin['module']}" if origin.get("module") else ""
         return (f"inf/NaN first created by {origin['name']} ({origin['phase']}, step "
                 f"{s.step_index}){module}{where}: its inputs are finite, its outputs are not")
