@@ -1,0 +1,302 @@
+"""The demo's stories, each an honest run of the real pipeline: capture -> store -> compare -> report.
+
+Every scenario trains one of `models.py`'s tiny models on CPU, records it with opdiff, runs the
+analysis a user would run, and checks the answer against the truth it planted:
+
+- `iadd` (seed 000): a 3D-ResNet whose `+=` is slightly wrong in one residual block;
+- `lstm-backward` (seed 001): an LSTM whose backward is wrong while its forward is right;
+- `fp16-overflow` (seed 000's first check): fp16 autocast overflows in a hand-written softmax;
+- `bf16-healthy`: bf16 autocast against fp32: small differences everywhere, no op to blame.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+import opdiff
+from opdiff.testing import inject_fault
+
+from . import models
+from .story import COMPARE_ADVICE, OVERFLOW_ADVICE, Advice, Story
+
+SEED = 1234
+STEPS = 2              # training steps per run; step 0 is recorded
+LEARNING_RATE = 0.05
+FAULT_SIZE = 1e-3      # relative size of the planted faults (fp32 runs; opdiff must find 1e-4)
+# The last residual block: its output reaches the loss without a BatchNorm that would normalise a
+# uniformly scaled activation back to what golden computes, so the fault also moves the loss.
+FAULTY_BLOCK = 2
+
+
+@dataclass
+class DemoResult:
+    """What one demo run did and found.
+
+    compare: the CompareResult of target against golden (None for fp16-overflow).
+    overflow: the offline overflow analysis (fp16-overflow only); online_origin: the message
+        training stopped with under task="overflow_check".
+    expected: the op the scenario planted (None when nothing was planted); found: whether the
+        pipeline's answer is that op (for bf16-healthy: that no op was blamed).
+    """
+    scenario: str
+    output: Path
+    compare: object = None
+    overflow: object = None
+    online_origin: Optional[str] = None
+    expected: Optional[str] = None
+    found: bool = False
+    losses: dict = field(default_factory=dict)     # {"golden": [...], "target": [...]}
+    files: dict = field(default_factory=dict)      # label -> path
+    seconds: float = 0.0
+
+    @property
+    def culprit(self) -> Optional[str]:
+        """The op the pipeline blamed: the first divergence or the overflow origin (None: none)."""
+        if self.compare is not None and self.compare.first_divergence is not None:
+            return self.compare.first_divergence.name
+        if self.overflow is not None and self.overflow.origin is not None:
+            return self.overflow.origin.name
+        return None
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    seed: str              # the seed document the story comes from
+    summary: str           # one line for `opdiff demo --list`
+    play: Callable[[Path, Story], DemoResult]
+    advice: Advice = COMPARE_ADVICE     # "on your own model"
+
+
+# -- runs ----------------------------------------------------------------------------------------
+
+def _resnet_run(softmax_scale: float | None = None):
+    """Seed everything, build the 3D-ResNet and its batch: identical on every call, as two
+    processes of the user's would be after `opdiff.seed_all`."""
+    opdiff.seed_all(SEED)
+    model = models.ResNet3d(softmax_scale=softmax_scale)
+    x = torch.randn(2, 3, 8, 16, 16)
+    labels = torch.randint(0, 4, (2,))
+    return model, (x, labels)
+
+
+def _lstm_run():
+    opdiff.seed_all(SEED)
+    model = models.LstmClassifier()
+    return model, (torch.randn(4, 12, 6), torch.randint(0, 4, (4,)))
+
+
+def _train(model, batch, dump_path=None, *, task="tensor", fault=None, autocast=None,
+           probabilities=False, steps=STEPS) -> list:
+    """Train `steps` SGD steps, recording step 0 into `dump_path`; returns the losses.
+
+    fault: inject_fault arguments, planted afresh in every step (a broken kernel stays broken).
+    autocast: a dtype to run the forward under torch.autocast("cpu", dtype).
+    """
+    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=0.9)
+    dbg = None
+    if dump_path is not None:
+        dbg = opdiff.PrecisionDebugger(dump_path=str(dump_path), task=task, level="mix", step=[0])
+    x, labels = batch
+    losses = []
+    try:
+        for _ in range(steps):
+            planted = inject_fault(**fault) if fault else nullcontext()
+            with planted:  # entered before the debugger starts: the fault sits below the recorder
+                if dbg is not None:
+                    dbg.start(model)
+                optimizer.zero_grad()
+                with torch.autocast("cpu", dtype=autocast) if autocast else nullcontext():
+                    output = model(x)
+                loss = models.classification_loss(output, labels, probabilities)
+                loss.backward()
+                optimizer.step()
+                if dbg is not None:
+                    dbg.stop()
+                    dbg.step()
+            if fault and planted.hits != 1:
+                raise RuntimeError(f"the fault planted on {fault['op']} call {fault['call']} fired "
+                                   f"{planted.hits} times in a training step instead of once")
+            losses.append(loss.item())
+    finally:
+        if dbg is not None:
+            dbg.stop()
+    return losses
+
+
+def _losses(values) -> str:
+    return " → ".join(f"{v:.6f}" for v in values)
+
+
+def _count_params(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def _differing(result) -> tuple[int, int]:
+    """(tensors whose error is above zero, tensors measured)."""
+    measured = [r for r in result.rows if r.error is not None and not math.isnan(r.error)]
+    return sum(1 for r in measured if r.error > 0), len(measured)
+
+
+def _compare(out: Path, story: Story):
+    from ..compare.engine import compare
+    from ..report.console import print_result
+
+    with story.working("comparing the dumps op by op"):
+        result = compare(out / "dump" / "target", out / "dump" / "golden", output_path=out,
+                         progress=False)
+    differ, measured = _differing(result)
+    story.step(f"Compared target with golden: {measured} tensors lined up op by op, {differ} "
+               f"of them differ.")
+    story.verdict(print_result, result)
+    return result
+
+
+def _compare_files(out: Path, result) -> dict:
+    files = {"dumps": out / "dump"}
+    labels = {"csv": "CSV", "summary": "summary.json", "html": "report.html"}
+    files.update({labels.get(k, k): Path(v) for k, v in result.files.items()})
+    return files
+
+
+# -- the stories ---------------------------------------------------------------------------------
+
+def play_iadd(out: Path, story: Story) -> DemoResult:
+    story.title("opdiff demo — a 3D-ResNet whose `+=` kernel is slightly wrong on the new device",
+                "seed 000: the loss drifts after porting a 3D-ResNet; the culprit is `out += residual`")
+    model, batch = _resnet_run()
+    blocks = len(model.layers)
+    story.step(f"Built a 3D-ResNet ({blocks} residual blocks, {_count_params(model):,} parameters) "
+               f"with opdiff.seed_all({SEED}) so both runs start from the same weights and data.")
+    with story.working("training the golden run"):
+        golden = _train(model, batch, out / "dump" / "golden")
+    story.step(f"Golden run: {STEPS} training steps in fp32 on CPU, step 0 recorded (level mix, "
+               f"full tensors).", f"loss {_losses(golden)}")
+    fault = dict(op="Tensor.__iadd__", call=FAULTY_BLOCK, phase="forward", scale=1 + FAULT_SIZE)
+    model, batch = _resnet_run()
+    with story.working("training the target run"):
+        target = _train(model, batch, out / "dump" / "target", fault=fault)
+    story.step(f"Target run: the same steps on a simulated device whose `+=` is off by "
+               f"{FAULT_SIZE:g} (relative) in residual block layers.{FAULTY_BLOCK}, planted with "
+               f"opdiff.testing.inject_fault.", f"loss {_losses(target)}: the runs part ways")
+    result = _compare(out, story)
+    expected = f"Tensor.__iadd__.{FAULTY_BLOCK}.forward"
+    fd = result.first_divergence
+    found = fd is not None and fd.name == expected
+    story.check(found, f"opdiff named the planted fault, {expected}" if found else
+                f"opdiff did not name the planted fault {expected}")
+    return DemoResult("iadd", out, compare=result, expected=expected, found=found,
+                      losses={"golden": golden, "target": target},
+                      files=_compare_files(out, result))
+
+
+def play_lstm_backward(out: Path, story: Story) -> DemoResult:
+    story.title("opdiff demo — an LSTM whose backward is wrong while its forward is right",
+                "seed 001: 'lstm backward: inputs normal, outputs abnormal'")
+    model, batch = _lstm_run()
+    story.step(f"Built an LSTM sequence classifier ({_count_params(model):,} parameters) with "
+               f"opdiff.seed_all({SEED}).")
+    with story.working("training the golden run"):
+        golden = _train(model, batch, out / "dump" / "golden")
+    story.step(f"Golden run: {STEPS} training steps in fp32 on CPU, step 0 recorded (level mix, "
+               f"full tensors, forward and backward).", f"loss {_losses(golden)}")
+    fault = dict(op="VF.lstm", call=0, phase="backward", scale=1 + FAULT_SIZE)
+    model, batch = _lstm_run()
+    with story.working("training the target run"):
+        target = _train(model, batch, out / "dump" / "target", fault=fault)
+    story.step(f"Target run: the same steps on a simulated device whose LSTM backward kernel "
+               f"scales its gradients by 1 + {FAULT_SIZE:g}; its forward is exact.",
+               f"loss {_losses(target)}: identical at step 0, apart from step 1 on")
+    result = _compare(out, story)
+    expected = "VF.lstm.0.backward"
+    fd = result.first_divergence
+    found = fd is not None and fd.name == expected
+    story.check(found, f"opdiff named the planted fault, {expected}: the LSTM's backward, not its "
+                       f"forward" if found else f"opdiff did not name the planted fault {expected}")
+    return DemoResult("lstm-backward", out, compare=result, expected=expected, found=found,
+                      losses={"golden": golden, "target": target},
+                      files=_compare_files(out, result))
+
+
+def play_bf16_healthy(out: Path, story: Story) -> DemoResult:
+    story.title("opdiff demo — bf16 autocast against fp32: different numbers, nothing broken",
+                "a healthy precision change must not be reported as a bug")
+    model, batch = _resnet_run()
+    story.step(f"Built the 3D-ResNet ({_count_params(model):,} parameters) with "
+               f"opdiff.seed_all({SEED}).")
+    with story.working("training the golden run"):
+        golden = _train(model, batch, out / "dump" / "golden")
+    story.step(f"Golden run: {STEPS} training steps in fp32, step 0 recorded.",
+               f"loss {_losses(golden)}")
+    model, batch = _resnet_run()
+    with story.working("training the target run"):
+        target = _train(model, batch, out / "dump" / "target", autocast=torch.bfloat16)
+    story.step('Target run: the same steps under torch.autocast("cpu", dtype=torch.bfloat16); '
+               "no fault planted.", f"loss {_losses(target)}")
+    result = _compare(out, story)
+    found = result.first_divergence is None
+    story.check(found, "opdiff blamed no op: bf16's rounding explains every difference" if found
+                else f"opdiff blamed {result.first_divergence.name} in a healthy run")
+    return DemoResult("bf16-healthy", out, compare=result, expected=None, found=found,
+                      losses={"golden": golden, "target": target},
+                      files=_compare_files(out, result))
+
+
+def play_fp16_overflow(out: Path, story: Story) -> DemoResult:
+    from ..overflow import analyze
+    from ..overflow.console import print_overflow
+
+    story.title("opdiff demo — fp16 autocast overflows: where was the inf born?",
+                "seed 000's first check: is there an overflow, and in which op?")
+    scale = 100.0
+    model, batch = _resnet_run(softmax_scale=scale)
+    story.step(f"Built the 3D-ResNet with a hand-written softmax (logit scale {scale:g}) and "
+               f"opdiff.seed_all({SEED}); fp32 training is fine.")
+    online_dir = out / "dump" / "overflow_check"
+    online = None
+    with story.working("training under overflow_check"):
+        try:
+            _train(copy.deepcopy(model), batch, online_dir, task="overflow_check",
+                   autocast=torch.float16, probabilities=True)
+        except opdiff.OverflowDetected as exc:
+            online = str(exc)
+    story.step('Trained under torch.autocast("cpu", dtype=torch.float16) with '
+               'PrecisionDebugger(task="overflow_check", overflow_nums=1):',
+               f"training stopped: {online}" if online else "training finished without overflow")
+    stats_dir = out / "dump" / "statistics"
+    with story.working("recording statistics and analysing them"):
+        _train(model, batch, stats_dir, task="statistics", autocast=torch.float16,
+               probabilities=True, steps=1)
+        result = analyze(stats_dir)
+        overflow_json = result.write_json(out)
+    story.step("Recorded the same step as statistics and analysed the dump offline "
+               "(opdiff overflow):")
+    story.verdict(print_overflow, result)
+    expected = "Torch.exp.0.forward"
+    origin = result.origin
+    found = origin is not None and origin.name == expected and online is not None \
+        and expected in online
+    story.check(found, f"online check and offline analysis agree: the inf is born in {expected}, "
+                       f"not downstream" if found else
+                f"the overflow origin was not {expected} in both checks")
+    files = {"online dump": online_dir, "statistics dump": stats_dir, "overflow.json": overflow_json}
+    return DemoResult("fp16-overflow", out, overflow=result, online_origin=online,
+                      expected=expected, found=found, files=files)
+
+
+SCENARIOS = {s.name: s for s in (
+    Scenario("iadd", "000", "3D-ResNet, `out += residual` slightly wrong in one block "
+             "(the default)", play_iadd),
+    Scenario("lstm-backward", "001", "LSTM whose backward is wrong while its forward is right",
+             play_lstm_backward),
+    Scenario("fp16-overflow", "000", "fp16 autocast overflow: the op where inf is born, found "
+             "online and offline", play_fp16_overflow, OVERFLOW_ADVICE),
+    Scenario("bf16-healthy", "-", "bf16 autocast vs fp32: differences everywhere, no culprit",
+             play_bf16_healthy),
+)}
