@@ -174,11 +174,12 @@ def build_payload(result: CompareResult) -> dict:
     packed = []
     for i, r in enumerate(rows):
         node = node_of_module.get(_tree_name(r), -1)
-        op_key = (r.op_name, r.index, r.phase, r.kind, node)
+        index = r.index if isinstance(r.index, int) else i     # the chart's x axis needs a number
+        op_key = (r.op_name, index, r.phase, r.kind, node)
         op = op_ids.get(op_key)
         if op is None:
             op = op_ids[op_key] = len(ops)
-            ops.append([strings(r.op_name), r.index, strings(r.phase), strings(r.kind), node])
+            ops.append([strings(r.op_name), index, strings(r.phase), strings(r.kind), node])
         stack = None
         if r.stack:
             key = tuple(r.stack)
