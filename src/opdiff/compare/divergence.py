@@ -130,7 +130,7 @@ def _judge_op(op: OpScore, by_name: dict, policy, run_dtype: Optional[str] = Non
                 why = "random"
             elif (m.numel >= policy.thresholds.scale_min_numel
                   and s > stol + policy.thresholds.scale_amplification * s_in
-                  and s > policy.thresholds.scale_noise_fraction * e_in):
+                  and s > (policy.thresholds.scale_noise_fraction if m.numel > 1 else 1.0) * e_in):
                 why = "scale"
             else:
                 continue

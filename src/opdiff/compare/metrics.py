@@ -43,7 +43,7 @@ from .result import METRICS
 
 EPS = float(np.finfo(np.float64).eps)
 KL_FLOOR = 1e-8
-_CHUNK = 1 << 16
+_CHUNK = 1 << 17
 
 # Statistics-only dumps (no tensors saved): msprobe's statistics-mode columns.
 STAT_METRICS = ("Max diff", "Min diff", "Mean diff", "L2norm diff",
@@ -104,17 +104,17 @@ def measure(target, golden) -> Measurement:
     if t.dtype == g.dtype and torch.equal(t, g):
         return _identical(t, scalar)
 
-    fin_t = t.is_floating_point() and not bool(torch.isfinite(t).all())
-    fin_g = g.is_floating_point() and not bool(torch.isfinite(g).all())
-    if fin_t or fin_g:
-        t, g, mismatch = _neutralise_nonfinite(t, g)
-        if mismatch:
-            m = Measurement(_empty_metrics(math.nan), error=math.inf, scale_error=math.inf, numel=n,
-                            nonfinite_mismatch=mismatch,
-                            message=f"inf/NaN at {mismatch} position(s) where the other side "
-                                    f"differs")
-            return m
-    return _stream(t, g, scalar)
+    # Stream first; only when a sum comes out non-finite look for inf/NaN (saves two passes).
+    m = _stream(t, g, scalar)
+    if m is not None:
+        return m
+    t, g, mismatch = _neutralise_nonfinite(t, g)
+    if mismatch:
+        return Measurement(_empty_metrics(math.nan), error=math.inf, scale_error=math.inf,
+                           numel=n, nonfinite_mismatch=mismatch,
+                           message=f"inf/NaN at {mismatch} position(s) where the other side "
+                                   f"differs")
+    return _stream(t, g, scalar, check=False)
 
 
 def _identical(t: torch.Tensor, scalar: bool) -> Measurement:
@@ -143,7 +143,8 @@ def _neutralise_nonfinite(t: torch.Tensor, g: torch.Tensor):
     return t, g, 0
 
 
-def _stream(t: torch.Tensor, g: torch.Tensor, scalar: bool) -> Measurement:
+def _stream(t: torch.Tensor, g: torch.Tensor, scalar: bool, check: bool = True):
+    """All metrics in one chunked pass; None when check is on and the data hold inf/NaN."""
     n = t.numel()
     tmin, tmax = (float(v) for v in torch.aminmax(t))
     gmin, gmax = (float(v) for v in torch.aminmax(g))
@@ -190,6 +191,8 @@ def _stream(t: torch.Tensor, g: torch.Tensor, scalar: bool) -> Measurement:
         kl_q += float(q.sum())
         kl_s += float(torch.dot(p, torch.log(p / q)))
 
+    if check and not (math.isfinite(stt) and math.isfinite(sgg) and math.isfinite(sd2)):
+        return None
     norm_t, norm_g = math.sqrt(stt), math.sqrt(sgg)
     if scalar or n == 1:
         cosine = None
