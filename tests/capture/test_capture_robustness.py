@@ -1,0 +1,242 @@
+"""Never break the user's run: capture failures are logged once and recorded, odd models work."""
+from __future__ import annotations
+
+import copy
+import errno
+import logging
+
+import pytest
+import torch
+import torch.nn as nn
+
+import opdiff
+from opdiff.capture import stats as capture_stats
+
+
+class _Unprintable:
+    def __repr__(self):
+        raise RuntimeError("repr exploded")
+
+
+class _ExplodingList(list):
+    """A list argument whose iteration raises (a lazily-evaluated container gone wrong)."""
+
+    def __iter__(self):
+        raise RuntimeError("iteration exploded")
+
+
+class _TakesExtras(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x, extra=None, more=None):
+        return self.lin(x).relu()
+
+
+def _opdiff_warnings(caplog):
+    return [r for r in caplog.records if r.name == "opdiff" and r.levelno >= logging.WARNING]
+
+
+class _Outer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = _TakesExtras()
+
+    def forward(self, x, extra):
+        return self.inner(x, extra)
+
+
+def test_an_argument_whose_repr_raises_is_recorded_safely(dump_root, read_dump):
+    model = _Outer()
+    x = torch.randn(2, 3)
+    with opdiff.dump(model, dump_root, level="mix"):
+        y = model(x, _Unprintable())
+        y.sum().backward()
+    dump = read_dump(dump_root)
+    rec = dump["Module.inner._TakesExtras.forward.0"]
+    assert rec["inputs"][0]["type"] == "tensor"
+    assert rec["inputs"][1]["type"] == "object"
+    assert "repr" not in rec.get("error", "")
+    assert torch.equal(y, model(x, None))
+
+
+def test_a_failure_inside_capture_is_logged_once_recorded_and_the_step_completes(dump_root, read_dump,
+                                                                                caplog):
+    model = _TakesExtras()
+    x = torch.randn(2, 3)
+    caplog.set_level(logging.WARNING, logger="opdiff")
+    want = model(x)
+    with opdiff.dump(None, dump_root, level="L1"):
+        for _ in range(3):
+            a = torch.cat(_ExplodingListWrapper.make(x))   # capture cannot walk this argument
+        y = model(x)
+        y.sum().backward()
+    assert torch.equal(y, want)
+    assert torch.equal(a, torch.cat([x, x]))
+    warnings = _opdiff_warnings(caplog)
+    assert len(warnings) == 1, [w.getMessage() for w in warnings]
+    dump = read_dump(dump_root)
+    # The step's other ops are all there, and the failure is on the record where it happened.
+    assert "Functional.linear.0.forward" in dump.by_name
+    errors = [r for r in dump.records if "error" in r]
+    assert errors and "exploded" in errors[0]["error"]
+
+
+class _ExplodingListWrapper:
+    @staticmethod
+    def make(x):
+        # torch.cat accepts any sequence it can index; opdiff's describer iterates it.
+        class Seq(_ExplodingList):
+            def __getitem__(self, i):
+                return list.__getitem__(self, i)
+        s = Seq()
+        list.append(s, x)
+        list.append(s, x)
+        return s
+
+
+def test_a_broken_statistics_kernel_does_not_break_training(dump_root, read_dump, caplog, monkeypatch,
+                                                            model_cases):
+    case = model_cases["cnn"]
+    ref_model, (x,), loss_fn = case.build()
+    loss_fn(ref_model(x)).backward()
+
+    def broken(*args, **kwargs):
+        raise FloatingPointError("statistics kernel failed")
+
+    for name in ("cpu_stats", "stat_vector", "device_vector"):
+        if hasattr(capture_stats, name):
+            monkeypatch.setattr(capture_stats, name, broken)
+    caplog.set_level(logging.WARNING, logger="opdiff")
+    model, (x,), loss_fn = case.build()
+    with opdiff.dump(model, dump_root, level="mix"):
+        loss = loss_fn(model(x))
+        loss.backward()
+    for p, q in zip(model.parameters(), ref_model.parameters()):
+        assert torch.equal(p.grad, q.grad)
+    assert len(_opdiff_warnings(caplog)) == 1
+    dump = read_dump(dump_root)
+    assert dump.records, "records of the step are kept even without statistics"
+    assert any("statistics kernel failed" in r.get("error", "") for r in dump.records)
+
+
+def test_disk_full_stops_dumping_and_training_goes_on(dump_root, caplog, model_cases):
+    model, (x,), loss_fn = model_cases["cnn"].build()
+    caplog.set_level(logging.WARNING, logger="opdiff")
+
+    class FullDisk:
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def flush(self):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def close(self):
+            pass
+
+    dbg = opdiff.PrecisionDebugger(dump_path=str(dump_root), level="mix", task="tensor")
+    for step in range(2):
+        dbg.start(model)
+        if step == 0:
+            dbg.session.writer._records = FullDisk()
+        loss_fn(model(x)).backward()
+        dbg.stop()
+        dbg.step()
+    assert any("dump" in w.getMessage() for w in _opdiff_warnings(caplog))
+
+
+def test_user_exceptions_pass_through_unchanged_and_the_dump_closes(dump_root, read_dump):
+    a, b = torch.randn(2, 3), torch.randn(2, 3)
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        with opdiff.dump(None, dump_root, level="L1"):
+            a.exp()
+            torch.mm(a, b)
+    dump = read_dump(dump_root)
+    assert dump.names()[0] == "Tensor.exp.0.forward"
+    # The debugger is not left running: a new one can start.
+    with opdiff.dump(None, dump_root / "again", level="L1"):
+        a.sin()
+
+
+def test_tuple_dict_namedtuple_and_non_tensor_outputs(model_cases, dump_root, read_dump):
+    model, (x,), loss_fn = model_cases["multi_output"].build()
+    ref = copy.deepcopy(model)
+    with opdiff.dump(model, dump_root, level="mix", task="tensor"):
+        out = model(x)
+        loss_fn(out).backward()
+    assert out[3] == 3 and out[4] == "dict" and out[5] is None
+    assert type(model.pair(model.a(x))).__name__ == "Pair"   # outputs untouched
+    dump = read_dump(dump_root)
+    pair = dump["Module.pair.PairHead.forward.0"]["outputs"]
+    assert [d["type"] for d in pair] == ["tensor", "tensor"]
+    head = dump["Module.dicthead.DictHead.forward.0"]["outputs"][0]
+    assert head["type"] == "dict"
+    assert head["items"]["count"] == {"type": "int", "value": 3}
+    assert head["items"]["tag"] == {"type": "str", "value": "dict"}
+    assert head["items"]["scale"] == {"type": "float", "value": 0.5}
+    assert head["items"]["logits"]["shape"] == [3, 3]
+    # Backward reaches modules with container outputs.
+    assert "Module.pair.PairHead.backward.0" in dump.by_name
+    assert "Module.dicthead.DictHead.backward.0" in dump.by_name
+    loss_fn(ref(x)).backward()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert (p.grad is None and q.grad is None) or torch.equal(p.grad, q.grad)
+
+
+@pytest.mark.parametrize("context", ["no_grad", "inference_mode"])
+@pytest.mark.parametrize("level", ["mix", "L2"])
+def test_inference_without_autograd(context, level, model_cases, dump_root, read_dump, check_stats):
+    model, (x,), _ = model_cases["cnn"].build()
+    model.eval()
+    with torch.no_grad():
+        want = model(x)
+    ctx = torch.no_grad() if context == "no_grad" else torch.inference_mode()
+    with opdiff.dump(model, dump_root, level=level, task="tensor"):
+        with ctx:
+            out = model(x)
+    assert torch.equal(out, want)
+    dump = read_dump(dump_root)
+    assert not [r["error"] for r in dump.records if "error" in r]
+    assert {r["phase"] for r in dump.records} == {"forward"}
+    # Under inference_mode aten sees the composite conv2d, under no_grad its decomposition.
+    conv = [r for r in dump.records
+            if r["op"] in ("Functional.conv2d", "Aten.convolution", "Aten.conv2d")]
+    assert len(conv) == 3
+    check_stats(conv[0]["inputs"][0], x, what="first conv input")
+    assert torch.equal(dump.tensor(conv[0]["inputs"][0]), x)
+
+
+def test_autocast_bf16_training(model_cases, dump_root, read_dump):
+    model, (x,), loss_fn = model_cases["transformer"].build()
+    ref = copy.deepcopy(model)
+    torch.manual_seed(5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = loss_fn(ref(x))
+    want.backward()
+    torch.manual_seed(5)
+    with opdiff.dump(model, dump_root, level="mix"):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = loss_fn(model(x))
+        loss.backward()
+    assert torch.equal(loss, want)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert torch.equal(p.grad, q.grad)
+    dump = read_dump(dump_root)
+    assert not [r["error"] for r in dump.records if "error" in r]
+    lin = dump["Functional.linear.0.forward"]
+    assert lin["inputs"][0]["dtype"] == "float32" and lin["outputs"][0]["dtype"] == "bfloat16"
+    assert dump.with_op("Functional.linear", "backward")
+
+
+def test_inplace_relu_model_trains_identically(model_cases, dump_root, read_dump):
+    model, (x,), loss_fn = model_cases["inplace_relu"].build()
+    ref = copy.deepcopy(model)
+    loss_fn(ref(x)).backward()
+    with opdiff.dump(model, dump_root, level="mix", task="tensor"):
+        loss_fn(model(x)).backward()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert torch.equal(p.grad, q.grad)
+    dump = read_dump(dump_root)
+    act = dump["Module.act.ReLU.forward.0"]
+    assert dump.tensor(act["inputs"][0]).min() < 0 <= dump.tensor(act["outputs"][0]).min()
