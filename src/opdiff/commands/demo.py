@@ -39,10 +39,10 @@ def run(args) -> int:
 
     console = Console(highlight=False)
     if args.list:
-        table = Table(box=None, show_header=False)
+        table = Table(box=None, show_header=False, pad_edge=False)
         table.add_column(style="bold")
         table.add_column()
-        for name, summary in demo.scenarios().items():
+        for name, summary in demo.list_scenarios().items():
             table.add_row(name, summary)
         console.print(table)
         return 0

@@ -11,7 +11,7 @@ overflow.json), then checks the answer against the fault it planted.
     result.compare.first_divergence.location    # demo/models.py, the `out += residual` line
     result.found                                # the pipeline named the planted fault
 
-Scenarios: see `scenarios()` (`opdiff demo --list`).
+Scenarios: see `list_scenarios()` (`opdiff demo --list`).
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ DEFAULT_OUTPUT = "./opdiff-demo"
 DEFAULT_SCENARIO = "iadd"
 
 
-def scenarios() -> dict:
+def list_scenarios() -> dict:
     """{name: one-line description} of every scenario, the default first."""
     from .scenarios import SCENARIOS
 
@@ -101,4 +101,4 @@ def __getattr__(name):
     raise AttributeError(f"module 'opdiff.demo' has no attribute {name!r}")
 
 
-__all__ = ["run", "scenarios", "DemoResult", "DEFAULT_OUTPUT", "DEFAULT_SCENARIO"]
+__all__ = ["run", "list_scenarios", "DemoResult", "DEFAULT_OUTPUT", "DEFAULT_SCENARIO"]

@@ -76,7 +76,7 @@ class Scenario:
 
 # -- runs ----------------------------------------------------------------------------------------
 
-def _resnet_run(softmax_scale: float | None = None):
+def seeded_resnet(softmax_scale: float | None = None):
     """Seed everything, build the 3D-ResNet and its batch: identical on every call, as two
     processes of the user's would be after `opdiff.seed_all`."""
     opdiff.seed_all(SEED)
@@ -86,13 +86,13 @@ def _resnet_run(softmax_scale: float | None = None):
     return model, (x, labels)
 
 
-def _lstm_run():
+def seeded_lstm():
     opdiff.seed_all(SEED)
     model = models.LstmClassifier()
     return model, (torch.randn(4, 12, 6), torch.randint(0, 4, (4,)))
 
 
-def _train(model, batch, dump_path=None, *, task="tensor", fault=None, autocast=None,
+def train(model, batch, dump_path=None, *, task="tensor", fault=None, autocast=None,
            probabilities=False, steps=STEPS) -> list:
     """Train `steps` SGD steps, recording step 0 into `dump_path`; returns the losses.
 
@@ -170,18 +170,18 @@ def _compare_files(out: Path, result) -> dict:
 def play_iadd(out: Path, story: Story) -> DemoResult:
     story.title("opdiff demo — a 3D-ResNet whose `+=` kernel is slightly wrong on the new device",
                 "seed 000: the loss drifts after porting a 3D-ResNet; the culprit is `out += residual`")
-    model, batch = _resnet_run()
+    model, batch = seeded_resnet()
     blocks = len(model.layers)
     story.step(f"Built a 3D-ResNet ({blocks} residual blocks, {_count_params(model):,} parameters) "
                f"with opdiff.seed_all({SEED}) so both runs start from the same weights and data.")
     with story.working("training the golden run"):
-        golden = _train(model, batch, out / "dump" / "golden")
+        golden = train(model, batch, out / "dump" / "golden")
     story.step(f"Golden run: {STEPS} training steps in fp32 on CPU, step 0 recorded (level mix, "
                f"full tensors).", f"loss {_losses(golden)}")
     fault = dict(op="Tensor.__iadd__", call=FAULTY_BLOCK, phase="forward", scale=1 + FAULT_SIZE)
-    model, batch = _resnet_run()
+    model, batch = seeded_resnet()
     with story.working("training the target run"):
-        target = _train(model, batch, out / "dump" / "target", fault=fault)
+        target = train(model, batch, out / "dump" / "target", fault=fault)
     story.step(f"Target run: the same steps on a simulated device whose `+=` is off by "
                f"{FAULT_SIZE:g} (relative) in residual block layers.{FAULTY_BLOCK}, planted with "
                f"opdiff.testing.inject_fault.", f"loss {_losses(target)}: the runs part ways")
@@ -199,17 +199,17 @@ def play_iadd(out: Path, story: Story) -> DemoResult:
 def play_lstm_backward(out: Path, story: Story) -> DemoResult:
     story.title("opdiff demo — an LSTM whose backward is wrong while its forward is right",
                 "seed 001: 'lstm backward: inputs normal, outputs abnormal'")
-    model, batch = _lstm_run()
+    model, batch = seeded_lstm()
     story.step(f"Built an LSTM sequence classifier ({_count_params(model):,} parameters) with "
                f"opdiff.seed_all({SEED}).")
     with story.working("training the golden run"):
-        golden = _train(model, batch, out / "dump" / "golden")
+        golden = train(model, batch, out / "dump" / "golden")
     story.step(f"Golden run: {STEPS} training steps in fp32 on CPU, step 0 recorded (level mix, "
                f"full tensors, forward and backward).", f"loss {_losses(golden)}")
     fault = dict(op="VF.lstm", call=0, phase="backward", scale=1 + FAULT_SIZE)
-    model, batch = _lstm_run()
+    model, batch = seeded_lstm()
     with story.working("training the target run"):
-        target = _train(model, batch, out / "dump" / "target", fault=fault)
+        target = train(model, batch, out / "dump" / "target", fault=fault)
     story.step(f"Target run: the same steps on a simulated device whose LSTM backward kernel "
                f"scales its gradients by 1 + {FAULT_SIZE:g}; its forward is exact.",
                f"loss {_losses(target)}: identical at step 0, apart from step 1 on")
@@ -227,16 +227,16 @@ def play_lstm_backward(out: Path, story: Story) -> DemoResult:
 def play_bf16_healthy(out: Path, story: Story) -> DemoResult:
     story.title("opdiff demo — bf16 autocast against fp32: different numbers, nothing broken",
                 "a healthy precision change must not be reported as a bug")
-    model, batch = _resnet_run()
+    model, batch = seeded_resnet()
     story.step(f"Built the 3D-ResNet ({_count_params(model):,} parameters) with "
                f"opdiff.seed_all({SEED}).")
     with story.working("training the golden run"):
-        golden = _train(model, batch, out / "dump" / "golden")
+        golden = train(model, batch, out / "dump" / "golden")
     story.step(f"Golden run: {STEPS} training steps in fp32, step 0 recorded.",
                f"loss {_losses(golden)}")
-    model, batch = _resnet_run()
+    model, batch = seeded_resnet()
     with story.working("training the target run"):
-        target = _train(model, batch, out / "dump" / "target", autocast=torch.bfloat16)
+        target = train(model, batch, out / "dump" / "target", autocast=torch.bfloat16)
     story.step('Target run: the same steps under torch.autocast("cpu", dtype=torch.bfloat16); '
                "no fault planted.", f"loss {_losses(target)}")
     result = _compare(out, story)
@@ -255,14 +255,14 @@ def play_fp16_overflow(out: Path, story: Story) -> DemoResult:
     story.title("opdiff demo — fp16 autocast overflows: where was the inf born?",
                 "seed 000's first check: is there an overflow, and in which op?")
     scale = 100.0
-    model, batch = _resnet_run(softmax_scale=scale)
+    model, batch = seeded_resnet(softmax_scale=scale)
     story.step(f"Built the 3D-ResNet with a hand-written softmax (logit scale {scale:g}) and "
                f"opdiff.seed_all({SEED}); fp32 training is fine.")
     online_dir = out / "dump" / "overflow_check"
     online = None
     with story.working("training under overflow_check"):
         try:
-            _train(copy.deepcopy(model), batch, online_dir, task="overflow_check",
+            train(copy.deepcopy(model), batch, online_dir, task="overflow_check",
                    autocast=torch.float16, probabilities=True)
         except opdiff.OverflowDetected as exc:
             online = str(exc)
@@ -271,7 +271,7 @@ def play_fp16_overflow(out: Path, story: Story) -> DemoResult:
                f"training stopped: {online}" if online else "training finished without overflow")
     stats_dir = out / "dump" / "statistics"
     with story.working("recording statistics and analysing them"):
-        _train(model, batch, stats_dir, task="statistics", autocast=torch.float16,
+        train(model, batch, stats_dir, task="statistics", autocast=torch.float16,
                probabilities=True, steps=1)
         result = analyze(stats_dir)
         overflow_json = result.write_json(out)
@@ -291,12 +291,12 @@ def play_fp16_overflow(out: Path, story: Story) -> DemoResult:
 
 
 SCENARIOS = {s.name: s for s in (
-    Scenario("iadd", "000", "3D-ResNet, `out += residual` slightly wrong in one block "
-             "(the default)", play_iadd),
+    Scenario("iadd", "000", "3D-ResNet whose `+=` is slightly wrong in one block (default)",
+             play_iadd),
     Scenario("lstm-backward", "001", "LSTM whose backward is wrong while its forward is right",
              play_lstm_backward),
-    Scenario("fp16-overflow", "000", "fp16 autocast overflow: the op where inf is born, found "
-             "online and offline", play_fp16_overflow, OVERFLOW_ADVICE),
+    Scenario("fp16-overflow", "000", "fp16 autocast overflow: where inf is born, online and offline",
+             play_fp16_overflow, OVERFLOW_ADVICE),
     Scenario("bf16-healthy", "-", "bf16 autocast vs fp32: differences everywhere, no culprit",
              play_bf16_healthy),
 )}

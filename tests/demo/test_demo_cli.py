@@ -1,0 +1,96 @@
+"""`opdiff demo` arguments and its output directory: --list, unknown scenarios, and never
+touching a directory the demo did not write."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from opdiff.cli import main
+from opdiff.demo import workspace
+from opdiff.errors import ConfigError
+
+SCENARIOS = ("iadd", "lstm-backward", "fp16-overflow", "bf16-healthy")
+
+
+def test_list_names_every_scenario_default_first(capsys):
+    assert main(["demo", "--list"]) == 0
+    names = [line.split()[0] for line in capsys.readouterr().out.splitlines()
+             if line.strip() and not line[0].isspace()]
+    assert names == list(SCENARIOS)
+
+
+def test_help_has_an_example(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["demo", "--help"])
+    assert exc.value.code == 0
+    assert "opdiff demo --scenario lstm-backward" in capsys.readouterr().out
+
+
+def test_unknown_scenario_is_bad_input_on_one_line(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["demo", "--scenario", "resnet9000", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown demo scenario 'resnet9000'" in err
+    assert "iadd" in err and not out.exists()
+
+
+def test_refuses_a_non_empty_directory_it_did_not_write(tmp_path, capsys):
+    out = tmp_path / "results"
+    out.mkdir()
+    mine = out / "experiment.csv"
+    mine.write_text("epoch,loss\n1,0.5\n")
+    assert main(["demo", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not written by 'opdiff demo'" in err
+    assert "Traceback" not in err
+    assert sorted(p.name for p in out.iterdir()) == ["experiment.csv"]
+    assert mine.read_text() == "epoch,loss\n1,0.5\n"
+
+
+def test_refuses_a_file(tmp_path, capsys):
+    target = tmp_path / "report.txt"
+    target.write_text("keep me")
+    assert main(["demo", "-o", str(target)]) == 2
+    assert "is a file" in capsys.readouterr().err
+    assert target.read_text() == "keep me"
+
+
+def test_empty_directory_is_accepted_and_marked(tmp_path):
+    out = tmp_path / "empty"
+    out.mkdir()
+    assert workspace.prepare(out) == out
+    assert json.loads((out / workspace.MARKER).read_text())["written_by"] == "opdiff demo"
+
+
+def test_previous_demo_files_are_replaced_and_nothing_else(tmp_path):
+    out = workspace.prepare(tmp_path / "demo")
+    before = {p.name for p in out.iterdir()}
+    (out / "dump" / "golden").mkdir(parents=True)
+    (out / "dump" / "golden" / "records.jsonl").write_text("{}\n")
+    (out / "summary.json").write_text("{}")
+    assert workspace.record_created(out, before) == ["dump", "summary.json"]
+    (out / "notes.md").write_text("my notes")                 # added by the user afterwards
+    workspace.prepare(out)
+    assert sorted(p.name for p in out.iterdir()) == [workspace.MARKER, "notes.md"]
+    assert (out / "notes.md").read_text() == "my notes"
+
+
+def test_a_tampered_marker_cannot_delete_outside_the_directory(tmp_path):
+    outside = tmp_path / "precious"
+    outside.mkdir()
+    (outside / "data.bin").write_bytes(b"\x00")
+    out = tmp_path / "demo"
+    out.mkdir()
+    (out / workspace.MARKER).write_text(json.dumps(
+        {"created": ["../precious", str(outside), "..", "."]}))
+    workspace.prepare(out)
+    assert (outside / "data.bin").read_bytes() == b"\x00"
+
+
+def test_library_raises_config_error_for_bad_output(tmp_path):
+    import opdiff.demo
+
+    (tmp_path / "x").write_text("")
+    with pytest.raises(ConfigError):
+        opdiff.demo.run("iadd", output=tmp_path / "x")
