@@ -43,7 +43,7 @@ from .result import METRICS
 
 EPS = float(np.finfo(np.float64).eps)
 KL_FLOOR = 1e-8
-_CHUNK = 1 << 17
+_CHUNK = 1 << 16
 
 # Statistics-only dumps (no tensors saved): msprobe's statistics-mode columns.
 STAT_METRICS = ("Max diff", "Min diff", "Mean diff", "L2norm diff",
