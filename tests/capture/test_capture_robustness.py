@@ -240,3 +240,34 @@ def test_inplace_relu_model_trains_identically(model_cases, dump_root, read_dump
     dump = read_dump(dump_root)
     act = dump["Module.act.ReLU.forward.0"]
     assert dump.tensor(act["inputs"][0]).min() < 0 <= dump.tensor(act["outputs"][0]).min()
+
+
+class _FailsOnce(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        y = self.lin(x)
+        if self.calls == 1:
+            raise ValueError("first call fails")   # e.g. an OOM the user catches and retries
+        return y
+
+
+def test_a_module_forward_that_raises_does_not_corrupt_module_attribution(dump_root, read_dump):
+    model = nn.Sequential(_FailsOnce(), nn.Linear(3, 2))
+    x = torch.randn(2, 3)
+    with opdiff.dump(model, dump_root, level="mix"):
+        with pytest.raises(ValueError):
+            model(x)
+        model(x).sum().backward()
+        x.exp()
+    dump = read_dump(dump_root)
+    # Ops after the failed call run outside it.
+    assert dump["Tensor.sum.0.forward"]["module"] is None
+    assert dump["Tensor.exp.0.forward"]["module"] is None
+    assert dump["Module.1.Linear.forward.0"]["module"] is None
+    assert dump["Module.0._FailsOnce.forward.1"]["module"] is None
+    assert dump["Module.0.lin.Linear.forward.1"]["module"] == "Module.0._FailsOnce.forward.1"
