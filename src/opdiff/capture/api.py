@@ -51,25 +51,34 @@ class ApiCapture(TorchFunctionMode):
         module = stack_[-1] if stack_ else None
         record = {"name": name, "op": op, "kind": "api", "phase": "forward", "module": module,
                   "stack": s.stack_id(skip=3)}
-        # Inputs are described now, before an in-place op can overwrite them.
-        with s.internal():
-            record["inputs"] = s.describe_all(args, name, "input")
-            if kwargs:
-                record["kwargs"] = {k: s.describer.describe(v, f"{name}.input.{k}")
-                                    for k, v in kwargs.items()}
-        if mutating:  # what was described so far may be overwritten by this op
-            s.describer.forget()
-            if s.overflow is not None:  # an in-place op that creates inf overwrites its finite input
-                from .overflow import all_finite
-                record["_inputs_finite"] = all_finite((args, kwargs))
-        # Gradient edges are taken before the call: an in-place op moves its input's edge.
-        edges = input_edges(args, kwargs) if s.want_backward and torch.is_grad_enabled() else []
+        edges = []
+        try:
+            # Inputs are described now, before an in-place op can overwrite them.
+            with s.internal():
+                record["inputs"] = s.describe_all(args, name, "input")
+                if kwargs:
+                    record["kwargs"] = {k: s.describer.describe(v, f"{name}.input.{k}")
+                                        for k, v in kwargs.items()}
+            if mutating:  # what was described so far may be overwritten by this op
+                s.describer.forget()
+                if s.overflow is not None:  # an in-place op creating inf overwrites its finite input
+                    from .overflow import all_finite
+                    record["_inputs_finite"] = all_finite((args, kwargs))
+            # Gradient edges are taken before the call: an in-place op moves its input's edge.
+            if s.want_backward and torch.is_grad_enabled():
+                edges = input_edges(args, kwargs)
+        except Exception as exc:  # keep the record, with what went wrong on it
+            s.failed(name, exc, record)
         return (op, record, index, edges)
 
     def _after(self, ctx, args, out, first_seq):
         s = self.session
         op, record, index, edges = ctx
         result = out
+        if op.startswith("Distributed.") and hasattr(out, "wait") and hasattr(out, "is_completed"):
+            # async_op=True: the buffers are only meaningful once the collective is done. Waiting
+            # here costs overlap while dumping, never numerics; the user's own wait() is a no-op.
+            out.wait()
         if args and (op == "Tensor.__setitem__" or
                      (op.startswith("Distributed.") and not isinstance(out, torch.Tensor))):
             # These write into their first argument and return None (or a Work handle).

@@ -71,33 +71,43 @@ class Describer:
             return desc
         # The same unchanged tensor is often described several times (an op's output is the
         # next op's input and its module's output): reduce it once.
-        cached = self._stats.get(id(t))
-        version = t._version
+        version = _version(t)
+        cached = self._stats.get(id(t)) if version is not None else None
         if cached is not None and cached[0]() is t and cached[1] == version:
             self.stats.share(desc, cached[2])
         else:
             handle = self.stats.add(desc, t)
-            try:
-                self._stats[id(t)] = (weakref.ref(t), version, handle)
-            except TypeError:
-                pass
+            if version is not None:
+                try:
+                    self._stats[id(t)] = (weakref.ref(t), version, handle)
+                except TypeError:
+                    pass
         if self.save and t.layout == torch.strided:
             desc["key"] = self._save(t, name)
         return desc
 
     def _save(self, t: torch.Tensor, name: str) -> str:
-        entry = self._saved.get(id(t))
-        version = t._version
+        version = _version(t)
+        entry = self._saved.get(id(t)) if version is not None else None
         if entry is not None:
             ref, saved_version, key = entry
             if ref() is t and saved_version == version:
                 return key
         self.writer.save_tensor(name, t.detach().clone())
-        try:
-            self._saved[id(t)] = (weakref.ref(t), version, name)
-        except TypeError:
-            pass
+        if version is not None:
+            try:
+                self._saved[id(t)] = (weakref.ref(t), version, name)
+            except TypeError:
+                pass
         return name
+
+
+def _version(t: torch.Tensor):
+    """The version counter, or None where there is none (inference tensors): then never cache."""
+    try:
+        return None if t.is_inference() else t._version
+    except RuntimeError:
+        return None
 
 
 def _short_repr(value) -> str:

@@ -30,6 +30,8 @@ _SKIP = {
     "is_nonzero", "equal", "__reversed__", "result_type", "can_cast", "promote_types", "_C",
     "manual_seed", "seed", "initial_seed", "get_rng_state", "set_rng_state", "grad", "_make_subclass",
     "as_subclass", "share_memory_", "pin_memory", "record_stream", "__getattribute__", "dim_order",
+    "device", "Size", "dtype", "finfo", "iinfo", "Generator", "get_autocast_dtype", "get_device_module",
+    "is_autocast_available", "get_autocast_gpu_dtype", "get_autocast_cpu_dtype", "set_grad_enabled",
 }
 # Process-group bookkeeping, not collectives.
 _DIST_SKIP = {"get_rank", "get_world_size", "is_initialized", "is_available", "new_group",
