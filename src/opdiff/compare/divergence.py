@@ -11,7 +11,9 @@ whose output error is of the order of its input error only inherits it (accumula
   since the backward formula reads them.
 - In-place ops are judged on their inputs as they were before the op ran (capture records them so).
 - Module records contain the API ops run inside them: a module whose output diverges because an
-  op inside it did is not named; the op is. A module is named only when nothing inside it is.
+  op inside it did is not named; the op is. A module is named only when no op inside it shows
+  the error. Likewise a module's parameter gradients (`parameters_grad`), which the backward of
+  the ops inside it computed, are named only when none of those backward records shows it.
 - Integer and bool outputs (argmax, masks) are blamed only when the inputs agree exactly, since
   any input noise may legitimately flip them. Ops returning uninitialised memory are never blamed.
 
@@ -101,6 +103,12 @@ def run_precision(rows: list[TensorRow]) -> Optional[str]:
     return coarsest
 
 
+def _noise_fraction(policy, numel: int) -> float:
+    """How much of the input's random error may show up as a scale error of the output: little
+    for big tensors (it averages out), all of it for a handful of elements."""
+    return min(1.0, max(policy.thresholds.scale_noise_fraction, 4.0 / math.sqrt(max(numel, 1))))
+
+
 def _judge_op(op: OpScore, by_name: dict, policy, run_dtype: Optional[str] = None) -> None:
     """Set op.local / op.why / op.worst_out from its outputs against its inputs."""
     e_in, s_in, op.worst_in = _input_error(op, by_name)
@@ -130,7 +138,7 @@ def _judge_op(op: OpScore, by_name: dict, policy, run_dtype: Optional[str] = Non
                 why = "random"
             elif (m.numel >= policy.thresholds.scale_min_numel
                   and s > stol + policy.thresholds.scale_amplification * s_in
-                  and s > (policy.thresholds.scale_noise_fraction if m.numel > 1 else 1.0) * e_in):
+                  and s > _noise_fraction(policy, m.numel) * e_in):
                 why = "scale"
             else:
                 continue
@@ -223,6 +231,11 @@ def analyse(ops: list[OpScore], rows: list[TensorRow], policy) -> Optional[Diver
     for op in ops:
         if op.kind == "module" and op.local and (
                 op.name in inner_diverged or (op.forward and op.forward in inner_diverged)):
+            op.local = False
+        # A module's parameter gradients are computed by the backward of the ops inside it, and
+        # may be recorded before those ops' backward records: name the op, not the gradient.
+        if op.kind == "param_grad" and op.local and any(
+                n in inner_diverged for n in _linked(op)[:1]):
             op.local = False
 
     for op in ops:

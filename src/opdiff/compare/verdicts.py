@@ -26,7 +26,7 @@ error itself when
 
     error_out > tolerance  and  error_out > amplification * error_in          (random error)
     or |scale_out| > scale_tolerance + scale_amplification * |scale_in|
-                                      and  |scale_out| > scale_noise_fraction * error_in
+                                      and  |scale_out| > f(n) * error_in
                                                                                   (systematic error)
 
 where error_in / scale_in are the worst over the op's inputs and parameters (and, for backward
@@ -35,7 +35,9 @@ dtype pair but never finer than the coarsest dtype of the whole compare (in a bf
 an fp32 op still handles values carrying bf16 noise). amplification defaults to 10 (the design's "an
 order of magnitude above what the inputs carry"). A systematic error passes through most ops at
 about its own size (x**2 doubles it), hence scale_amplification = 3; random input noise projects onto the output's
-scale only partly, hence scale_noise_fraction = 0.5. The scale test catches faults far below the
+scale only partly for big tensors, fully for tiny ones, hence f(n) = min(1, max(0.5, 4/sqrt(n)))
+(0.5 is `scale_noise_fraction`; a healthy bf16 BatchNorm weight gradient of 16 elements showed a
+scale error of half its input error). The scale test catches faults far below the
 random-noise tolerance, e.g. an output scaled by 1+1e-2 in a bf16 run: rounding noise is
 unbiased and averages out of <t,g>/<g,g>, a wrong scale does not. For a one-element
 output (a loss) nothing averages out, so there the scale error must exceed the whole input error
