@@ -15,7 +15,8 @@ from opdiff.demo import models
 CAPTURE_SEES_DEMO = not is_internal(models.__file__)
 needs_demo_as_user_code = pytest.mark.xfail(
     not CAPTURE_SEES_DEMO, strict=True,
-    reason="capture skips src/opdiff/demo/ frames as opdiff internals (see the demo report)")
+    reason="capture skips src/opdiff/demo/ frames as opdiff internals: stacks.is_internal and "
+           "naming.operator_name must treat the demo's models as user code")
 
 
 def model_line(cls, text: str) -> int:

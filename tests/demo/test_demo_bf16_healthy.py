@@ -29,9 +29,6 @@ def test_target_really_ran_in_bf16_and_differs_almost_everywhere(demo):
     assert result.expected is None                       # nothing was planted
 
 
-@pytest.mark.xfail(strict=True, reason="compare engine blames Functional.batch_norm.4.backward: "
-                   "its 16-element weight gradient's scale error (+0.046) passes the scale rule "
-                   "against an input error of 0.087; see the demo report")
 def test_no_culprit_is_named(demo):
     result, text = demo
     assert result.compare.first_divergence is None

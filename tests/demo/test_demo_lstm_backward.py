@@ -31,9 +31,6 @@ def test_forward_is_exact_and_the_fault_shows_from_the_lstm_backward_on(demo):
     assert incoming and all(r.metrics.get("MaxAbsErr") == 0.0 for r in incoming)
 
 
-@pytest.mark.xfail(strict=True, reason="compare engine names Module.lstm.LSTM.parameters_grad.0 "
-                   "(recorded just before VF.lstm.0.backward, which computed those gradients); "
-                   "see the demo report")
 def test_first_divergence_is_the_lstm_backward(demo):
     result, text = demo
     fd = result.compare.first_divergence
