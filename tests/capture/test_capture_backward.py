@@ -146,3 +146,33 @@ def test_activation_checkpointing_is_captured_sensibly(reentrant, dump_root, rea
     if not reentrant:
         # The original graph is kept: ops inside the segment get their backward records.
         assert len(dump.with_op("Functional.linear", "backward")) == 4
+
+
+def test_backward_outputs_are_this_ops_contribution_to_a_shared_input(dump_root, read_dump):
+    # x feeds exp and sin: exp's record holds exp's share of x's gradient, not x.grad.
+    x = _leaf(5, seed=8)
+    with opdiff.dump(None, dump_root, level="L1", task="tensor"):
+        (x.exp().sum() + (3 * x.sin()).sum()).backward()
+    dump = read_dump(dump_root)
+    exp_share = dump.tensor(_tensors(dump["Tensor.exp.0.backward"]["outputs"])[0])
+    sin_share = dump.tensor(_tensors(dump["Tensor.sin.0.backward"]["outputs"])[0])
+    assert torch.allclose(exp_share, x.detach().exp())
+    assert torch.allclose(sin_share, 3 * x.detach().cos())
+    assert torch.allclose(exp_share + sin_share, x.grad)
+
+
+def test_backward_of_an_inplace_op(dump_root, read_dump):
+    a, b = _leaf(4, seed=9), _leaf(4, seed=10)
+    g = torch.randn(4)
+    with opdiff.dump(None, dump_root, level="L1", task="tensor"):
+        y = a * 2
+        y.mul_(b)                      # y = 2a * b, in place
+        (y * g).sum().backward()
+    dump = read_dump(dump_root)
+    rec = dump["Tensor.mul_.0.backward"]
+    assert torch.equal(dump.tensor(rec["inputs"][0]), g)
+    grad_y_before, grad_b = (dump.tensor(d) for d in _tensors(rec["outputs"]))
+    assert torch.allclose(grad_y_before, g * b.detach())
+    assert torch.allclose(grad_b, g * 2 * a.detach())
+    # The forward record shows y before the multiplication.
+    assert torch.equal(dump.tensor(dump["Tensor.mul_.0.forward"]["inputs"][0]), 2 * a.detach())
