@@ -12,19 +12,7 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 
 import tiny_models  # noqa: E402
-
-FP16_MAX = 65504.0
-
-
-def export_ts(model, path, batch_dynamic=True):
-    import torch
-
-    x = torch.randn(1, 3, 16, 16)
-    torch.onnx.export(model, (x,), str(path), dynamo=False, opset_version=17, input_names=["input"],
-                      output_names=["probs"],
-                      dynamic_axes={"input": {0: "batch"}} if batch_dynamic else None)
-    return path
-
+from tiny_models import FP16_MAX, export_ts  # noqa: E402,F401
 
 @pytest.fixture(scope="session")
 def models(tmp_path_factory):

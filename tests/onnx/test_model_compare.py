@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 import pytest
 
-from conftest import FP16_MAX
+from tiny_models import FP16_MAX
 from opdiff.compare.result import ERROR, PASS, UNMATCHED
 from opdiff.onnx import RuntimeOptions, compare_models
 from opdiff.onnx.matching import RULE_DEQUANTIZED, RULE_FOLDED_ACTIVATION

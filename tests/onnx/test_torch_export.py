@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import tiny_models
-from conftest import export_ts
+from tiny_models import export_ts
 from opdiff.compare.result import ERROR, PASS
 from opdiff.errors import OpdiffError
 from opdiff.onnx import compare_torch

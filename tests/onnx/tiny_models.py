@@ -44,3 +44,16 @@ def build_model():
 def build_with_example():
     torch.manual_seed(1)
     return build_model(), (torch.randn(2, 3, 16, 16),)
+
+
+FP16_MAX = 65504.0
+
+
+def export_ts(model, path, batch_dynamic=True):
+    import torch
+
+    x = torch.randn(1, 3, 16, 16)
+    torch.onnx.export(model, (x,), str(path), dynamo=False, opset_version=17, input_names=["input"],
+                      output_names=["probs"],
+                      dynamic_axes={"input": {0: "batch"}} if batch_dynamic else None)
+    return path
