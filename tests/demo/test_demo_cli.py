@@ -94,3 +94,21 @@ def test_library_raises_config_error_for_bad_output(tmp_path):
     (tmp_path / "x").write_text("")
     with pytest.raises(ConfigError):
         opdiff.demo.run("iadd", output=tmp_path / "x")
+
+
+def test_every_listed_scenario_has_a_player():
+    from opdiff.demo.catalog import SCENARIOS as catalog
+
+    assert tuple(catalog) == SCENARIOS
+    assert all(callable(s.player()) for s in catalog.values())
+
+
+def test_list_answers_without_importing_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom opdiff.cli import main\nassert main(['demo', '--list']) == 0\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "bf16-healthy" in proc.stdout

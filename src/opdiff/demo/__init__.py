@@ -30,7 +30,7 @@ DEFAULT_SCENARIO = "iadd"
 
 def list_scenarios() -> dict:
     """{name: one-line description} of every scenario, the default first."""
-    from .scenarios import SCENARIOS
+    from .catalog import SCENARIOS
 
     return {name: s.summary for name, s in SCENARIOS.items()}
 
@@ -43,7 +43,7 @@ def run(scenario: str = DEFAULT_SCENARIO, output=DEFAULT_OUTPUT, console=None):
     is left untouched.
     """
     from . import workspace
-    from .scenarios import SCENARIOS
+    from .catalog import SCENARIOS
     from .story import Story
 
     chosen = SCENARIOS.get(scenario)
@@ -56,7 +56,7 @@ def run(scenario: str = DEFAULT_SCENARIO, output=DEFAULT_OUTPUT, console=None):
     start = time.perf_counter()
     try:
         with _demo_process_state():
-            result = chosen.play(out, story)
+            result = chosen.player()(out, story)
     finally:
         workspace.record_created(out, before)
     result.seconds = time.perf_counter() - start
@@ -95,9 +95,9 @@ def _demo_process_state():
 
 
 def __getattr__(name):
-    if name in ("DemoResult", "SCENARIOS"):
-        from . import scenarios as _scenarios
-        return getattr(_scenarios, name)
+    if name == "DemoResult":
+        from .scenarios import DemoResult
+        return DemoResult
     raise AttributeError(f"module 'opdiff.demo' has no attribute {name!r}")
 
 

@@ -15,7 +15,7 @@ import math
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
@@ -23,7 +23,7 @@ import opdiff
 from opdiff.testing import inject_fault
 
 from . import models
-from .story import COMPARE_ADVICE, OVERFLOW_ADVICE, Advice, Story
+from .story import Story
 
 SEED = 1234
 STEPS = 2              # training steps per run; step 0 is recorded
@@ -63,15 +63,6 @@ class DemoResult:
         if self.overflow is not None and self.overflow.origin is not None:
             return self.overflow.origin.name
         return None
-
-
-@dataclass(frozen=True)
-class Scenario:
-    name: str
-    seed: str              # the seed document the story comes from
-    summary: str           # one line for `opdiff demo --list`
-    play: Callable[[Path, Story], DemoResult]
-    advice: Advice = COMPARE_ADVICE     # "on your own model"
 
 
 # -- runs ----------------------------------------------------------------------------------------
@@ -288,15 +279,3 @@ def play_fp16_overflow(out: Path, story: Story) -> DemoResult:
     files = {"online dump": online_dir, "statistics dump": stats_dir, "overflow.json": overflow_json}
     return DemoResult("fp16-overflow", out, overflow=result, online_origin=online,
                       expected=expected, found=found, files=files)
-
-
-SCENARIOS = {s.name: s for s in (
-    Scenario("iadd", "000", "3D-ResNet whose `+=` is slightly wrong in one block (default)",
-             play_iadd),
-    Scenario("lstm-backward", "001", "LSTM whose backward is wrong while its forward is right",
-             play_lstm_backward),
-    Scenario("fp16-overflow", "000", "fp16 autocast overflow: where inf is born, online and offline",
-             play_fp16_overflow, OVERFLOW_ADVICE),
-    Scenario("bf16-healthy", "-", "bf16 autocast vs fp32: differences everywhere, no culprit",
-             play_bf16_healthy),
-)}
