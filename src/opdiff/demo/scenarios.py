@@ -19,6 +19,7 @@ from typing import Optional
 
 import torch
 
+# The stories use opdiff's public API the way a user's training script does.
 import opdiff
 from opdiff.testing import inject_fault
 
@@ -84,7 +85,7 @@ def seeded_lstm():
 
 
 def train(model, batch, dump_path=None, *, task="tensor", fault=None, autocast=None,
-           probabilities=False, steps=STEPS) -> list:
+          probabilities=False, steps=STEPS) -> list:
     """Train `steps` SGD steps, recording step 0 into `dump_path`; returns the losses.
 
     fault: inject_fault arguments, planted afresh in every step (a broken kernel stays broken).
@@ -203,7 +204,7 @@ def play_lstm_backward(out: Path, story: Story) -> DemoResult:
         target = train(model, batch, out / "dump" / "target", fault=fault)
     story.step(f"Target run: the same steps on a simulated device whose LSTM backward kernel "
                f"scales its gradients by 1 + {FAULT_SIZE:g}; its forward is exact.",
-               f"loss {_losses(target)}: identical at step 0, apart from step 1 on")
+               f"loss {_losses(target)}: step 0 agrees (the forward is right), step 1 does not")
     result = _compare(out, story)
     expected = "VF.lstm.0.backward"
     fd = result.first_divergence
@@ -254,7 +255,7 @@ def play_fp16_overflow(out: Path, story: Story) -> DemoResult:
     with story.working("training under overflow_check"):
         try:
             train(copy.deepcopy(model), batch, online_dir, task="overflow_check",
-                   autocast=torch.float16, probabilities=True)
+                  autocast=torch.float16, probabilities=True)
         except opdiff.OverflowDetected as exc:
             online = str(exc)
     story.step('Trained under torch.autocast("cpu", dtype=torch.float16) with '
@@ -263,7 +264,7 @@ def play_fp16_overflow(out: Path, story: Story) -> DemoResult:
     stats_dir = out / "dump" / "statistics"
     with story.working("recording statistics and analysing them"):
         train(model, batch, stats_dir, task="statistics", autocast=torch.float16,
-               probabilities=True, steps=1)
+              probabilities=True, steps=1)
         result = analyze(stats_dir)
         overflow_json = result.write_json(out)
     story.step("Recorded the same step as statistics and analysed the dump offline "
