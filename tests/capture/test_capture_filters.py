@@ -219,3 +219,20 @@ def test_module_levels_need_a_model(dump_root):
     with pytest.raises(ConfigError, match="model"):
         dbg.start()
 
+
+
+def test_scope_ending_at_a_module_includes_that_modules_ops(dump_root, read_dump, model_cases):
+    # msprobe: a scope of module names runs from the start of the first to the end of the last.
+    model, inputs, loss_fn = model_cases["cnn"].build()
+    dbg = opdiff.PrecisionDebugger(dump_path=str(dump_root), level="mix", data_mode=["forward"],
+                                   scope=["Module.layer1.0.conv2.Conv2d.forward.0",
+                                          "Module.pool.AdaptiveAvgPool2d.forward.0"])
+    dbg.start(model)
+    loss_fn(model(*inputs)).backward()
+    dbg.stop()
+    dbg.step()
+    names = read_dump(dump_root).names()
+    assert names[0] == "Functional.conv2d.2.forward"            # first module's own op
+    assert "Functional.adaptive_avg_pool2d.0.forward" in names  # last module's own op
+    assert names[-1] == "Module.pool.AdaptiveAvgPool2d.forward.0"
+    assert not any(n.startswith(("Module.fc", "Functional.linear", "Tensor.pow")) for n in names)
