@@ -170,3 +170,20 @@ def test_a_killed_run_leaves_a_readable_dump(dump_root, tmp_path):
     missing = [name for r in records[:flushed] for name, _role, desc in iter_tensors(r)
                if desc.get("key") not in keys]
     assert not missing, f"{len(missing)} tensors of flushed records are not on disk, e.g. {missing[0]}"
+
+
+def test_model_code_installed_in_site_packages_is_a_user_frame(dump_root, read_dump):
+    # Model libraries (transformers, timm, a user's own installed package) live in
+    # site-packages, which sits inside the stdlib directory on most installs: their lines are
+    # the call sites users need ("modeling_bert.py:412 attn = torch.matmul(q, k)").
+    import sysconfig
+    fake = os.path.join(sysconfig.get_paths()["purelib"], "fakemodels", "modeling_fake.py")
+    namespace = {"torch": torch}
+    exec(compile("def attention(q, k):\n    return torch.matmul(q, k)\n", fake, "exec"), namespace)
+    q, k = torch.randn(2, 3), torch.randn(3, 2)
+    with opdiff.dump(None, dump_root, level="L1"):
+        namespace["attention"](q, k)  # called from the test
+    dump = read_dump(dump_root)
+    frames = dump.dump.stack(dump["Torch.matmul.0.forward"]["stack"])
+    assert (frames[0]["file"], frames[0]["line"], frames[0]["function"]) == (fake, 2, "attention")
+    assert frames[1]["file"] == HERE
