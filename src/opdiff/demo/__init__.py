@@ -18,9 +18,14 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import contextmanager
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from .scenarios import DemoResult
 
 log = logging.getLogger("opdiff")
 
@@ -35,7 +40,8 @@ def list_scenarios() -> dict:
     return {name: s.summary for name, s in SCENARIOS.items()}
 
 
-def run(scenario: str = DEFAULT_SCENARIO, output=DEFAULT_OUTPUT, console=None):
+def run(scenario: str = DEFAULT_SCENARIO, output=DEFAULT_OUTPUT,
+        console: "Console | None" = None) -> "DemoResult":
     """Play one scenario into the directory `output` and return its `DemoResult`.
 
     console: a rich Console for the story (None: stdout). `output` must be new, empty, or a

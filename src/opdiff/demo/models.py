@@ -23,8 +23,8 @@ class BasicBlock3d(nn.Module):
         self.bn2 = nn.BatchNorm3d(planes)
         self.downsample = None
         if stride != 1 or in_planes != planes:
-            self.downsample = nn.Sequential(nn.Conv3d(in_planes, planes, 1, stride=stride, bias=False),
-                                            nn.BatchNorm3d(planes))
+            self.downsample = nn.Sequential(
+                nn.Conv3d(in_planes, planes, 1, stride=stride, bias=False), nn.BatchNorm3d(planes))
 
     def forward(self, x):
         residual = x

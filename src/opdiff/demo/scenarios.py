@@ -15,7 +15,7 @@ import math
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
@@ -25,6 +25,10 @@ from opdiff.testing import inject_fault
 
 from . import models
 from .story import Story
+
+if TYPE_CHECKING:
+    from ..compare.result import CompareResult
+    from ..overflow.result import OverflowResult
 
 SEED = 1234
 STEPS = 2              # training steps per run; step 0 is recorded
@@ -47,8 +51,8 @@ class DemoResult:
     """
     scenario: str
     output: Path
-    compare: object = None
-    overflow: object = None
+    compare: Optional["CompareResult"] = None
+    overflow: Optional["OverflowResult"] = None
     online_origin: Optional[str] = None
     expected: Optional[str] = None
     found: bool = False
@@ -161,7 +165,8 @@ def _compare_files(out: Path, result) -> dict:
 
 def play_iadd(out: Path, story: Story) -> DemoResult:
     story.title("opdiff demo — a 3D-ResNet whose `+=` kernel is slightly wrong on the new device",
-                "seed 000: the loss drifts after porting a 3D-ResNet; the culprit is `out += residual`")
+                "seed 000: the loss drifts after porting a 3D-ResNet; the culprit is "
+                "`out += residual`")
     model, batch = seeded_resnet()
     blocks = len(model.layers)
     story.step(f"Built a 3D-ResNet ({blocks} residual blocks, {_count_params(model):,} parameters) "
@@ -277,6 +282,7 @@ def play_fp16_overflow(out: Path, story: Story) -> DemoResult:
     story.check(found, f"online check and offline analysis agree: the inf is born in {expected}, "
                        f"not downstream" if found else
                 f"the overflow origin was not {expected} in both checks")
-    files = {"online dump": online_dir, "statistics dump": stats_dir, "overflow.json": overflow_json}
+    files = {"online dump": online_dir, "statistics dump": stats_dir,
+             "overflow.json": overflow_json}
     return DemoResult("fp16-overflow", out, overflow=result, online_origin=online,
                       expected=expected, found=found, files=files)
