@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+from opdiff.demo import scenarios
+
 from .helpers import play
 
 CULPRIT = "VF.lstm.0.backward"
@@ -39,6 +41,16 @@ def test_first_divergence_is_the_lstm_backward(demo):
     summary = json.loads((result.output / "summary.json").read_text())
     assert summary["first_divergence"]["name"] == CULPRIT
     assert result.found and f"✔ opdiff named the planted fault, {CULPRIT}" in text
+
+
+def test_recording_did_not_change_the_training(demo):
+    """The losses the story prints are the ones the runs give without opdiff recording them."""
+    result, _ = demo
+    fault = dict(op="VF.lstm", call=0, phase="backward", scale=1 + scenarios.FAULT_SIZE)
+    model, batch = scenarios.seeded_lstm()
+    assert scenarios.train(model, batch) == result.losses["golden"]
+    model, batch = scenarios.seeded_lstm()
+    assert scenarios.train(model, batch, fault=fault) == result.losses["target"]
 
 
 def test_reports_are_written(demo):
