@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from opdiff.demo import scenarios
+from opdiff.demo import _demo_process_state, scenarios
 
 from .helpers import play
 
@@ -47,10 +47,11 @@ def test_recording_did_not_change_the_training(demo):
     """The losses the story prints are the ones the runs give without opdiff recording them."""
     result, _ = demo
     fault = dict(op="VF.lstm", call=0, phase="backward", scale=1 + scenarios.FAULT_SIZE)
-    model, batch = scenarios.seeded_lstm()
-    assert scenarios.train(model, batch) == result.losses["golden"]
-    model, batch = scenarios.seeded_lstm()
-    assert scenarios.train(model, batch, fault=fault) == result.losses["target"]
+    with _demo_process_state():      # the same threads and determinism as the demo ran with
+        model, batch = scenarios.seeded_lstm()
+        assert scenarios.train(model, batch) == result.losses["golden"]
+        model, batch = scenarios.seeded_lstm()
+        assert scenarios.train(model, batch, fault=fault) == result.losses["target"]
 
 
 def test_reports_are_written(demo):
