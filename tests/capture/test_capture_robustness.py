@@ -271,3 +271,30 @@ def test_a_module_forward_that_raises_does_not_corrupt_module_attribution(dump_r
     assert dump["Module.1.Linear.forward.0"]["module"] is None
     assert dump["Module.0._FailsOnce.forward.1"]["module"] is None
     assert dump["Module.0.lin.Linear.forward.1"]["module"] == "Module.0._FailsOnce.forward.1"
+
+
+@pytest.mark.parametrize("level", ["L1", "L2"])
+def test_torch_func_transforms_are_captured(level, dump_root, read_dump, caplog, check_stats):
+    # torch.func (vmap for per-sample work, grad for functional training) wraps tensors; capture
+    # must read the values underneath instead of failing on them.
+    caplog.set_level(logging.WARNING, logger="opdiff")
+    x = torch.randn(4, 3)
+    w = torch.randn(3, 2)
+
+    def per_sample(xi):
+        return torch.tanh(xi @ w).sum()
+
+    want_v = torch.func.vmap(per_sample)(x)
+    want_g = torch.func.grad(lambda w_: torch.tanh(x @ w_).sum())(w)
+    with opdiff.dump(None, dump_root, level=level):
+        v = torch.func.vmap(per_sample)(x)
+        g = torch.func.grad(lambda w_: torch.tanh(x @ w_).sum())(w)
+    assert torch.equal(v, want_v) and torch.equal(g, want_g)
+    assert not _opdiff_warnings(caplog), [w.getMessage() for w in _opdiff_warnings(caplog)]
+    dump = read_dump(dump_root)
+    assert not [r["error"] for r in dump.records if "error" in r]
+    if level == "L1":
+        # Inside vmap the matmul sees one sample at a time; its record describes the whole batch.
+        first = dump["Tensor.__matmul__.0.forward"]
+        assert first["inputs"][1]["shape"] == [3, 2]
+        check_stats(first["inputs"][1], w, what="weight inside vmap")
