@@ -82,3 +82,15 @@ def test_a_second_demo_replaces_the_first_and_keeps_user_files(demo):
     marker = json.loads((out / ".opdiff-demo.json").read_text())
     assert sorted(marker["created"]) == ["dump", "overflow.json"]
     assert opdiff.overflow.analyze(out / "dump" / "statistics").origin.name == ORIGIN
+
+
+def test_the_callers_threads_generators_and_determinism_are_put_back(tmp_path):
+    torch.set_num_threads(2)
+    torch.use_deterministic_algorithms(False)
+    torch.manual_seed(7)
+    expected_next = torch.rand(3)
+    torch.manual_seed(7)
+    play("fp16-overflow", tmp_path / "out")
+    assert torch.get_num_threads() == 2
+    assert not torch.are_deterministic_algorithms_enabled()
+    assert torch.equal(torch.rand(3), expected_next)
