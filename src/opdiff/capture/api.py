@@ -45,7 +45,7 @@ class ApiCapture(TorchFunctionMode):
         mutating = naming.is_mutating(op, kwargs)
         if not s.selected(name):
             if mutating:
-                s.describer.forget()
+                s.describer.forget((args, kwargs))
             return None
         stack_ = getattr(s.local, "modules", None)
         module = stack_[-1] if stack_ else None
@@ -59,8 +59,8 @@ class ApiCapture(TorchFunctionMode):
                 if kwargs:
                     record["kwargs"] = {k: s.describer.describe(v, f"{name}.input.{k}")
                                         for k, v in kwargs.items()}
-            if mutating:  # what was described so far may be overwritten by this op
-                s.describer.forget()
+            if mutating:  # what was described of its arguments may be overwritten by this op
+                s.describer.forget((args, kwargs))
                 if s.overflow is not None:  # an in-place op creating inf overwrites its finite input
                     from .overflow import all_finite
                     record["_inputs_finite"] = all_finite((args, kwargs))

@@ -49,12 +49,16 @@ class AtenCapture(TorchDispatchMode):
                     record["forward"] = self.forward_names.get(node._sequence_nr())
                     record["autograd_node"] = node.name()
                 with s.internal():
-                    record["inputs"] = s.describe_all(args, name, "input")
+                    try:
+                        record["inputs"] = s.describe_all(args, name, "input")
+                        if kwargs:
+                            record["kwargs"] = {k: s.describer.describe(v, f"{name}.input.{k}")
+                                                for k, v in kwargs.items()}
+                    except Exception as exc:  # keep the record and say what failed
+                        record.setdefault("inputs", [])
+                        s.failed(op, exc, record)
                     if func._schema.is_mutable:
-                        s.describer.forget()
-                    if kwargs:
-                        record["kwargs"] = {k: s.describer.describe(v, f"{name}.input.{k}")
-                                            for k, v in kwargs.items()}
+                        s.describer.forget((args, kwargs))
         except Exception as exc:
             s.failed(op, exc)
             record = None

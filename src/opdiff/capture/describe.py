@@ -22,15 +22,26 @@ class Describer:
         self.save = save
         self._saved: dict = {}   # id(tensor) -> (weakref, version, key)
         self._stats: dict = {}   # id(tensor) -> (weakref, version, stats handle)
+        self._by_storage: dict = {}   # storage address -> ids of cached tensors viewing it
 
-    def forget(self) -> None:
-        """Drop what is known about tensors: called before an op that writes into memory.
+    def forget(self, values) -> None:
+        """Drop what is known about tensors sharing memory with `values`: called once an op
+        that writes into them has been described.
 
-        Version counters miss writes through `.data` (a separate tensor sharing the storage),
-        so any mutating op invalidates everything described so far, not just its own argument.
+        Version counters miss writes through `.data` (a separate tensor object sharing the
+        storage), so entries are found by storage address, not by tensor identity.
         """
-        self._saved.clear()
-        self._stats.clear()
+        for t in tensors_in(values):
+            for tid in self._by_storage.pop(_storage(t), ()):
+                self._saved.pop(tid, None)
+                self._stats.pop(tid, None)
+
+    def _remember(self, table: dict, t: torch.Tensor, entry: tuple) -> None:
+        try:
+            table[id(t)] = (weakref.ref(t),) + entry
+        except TypeError:
+            return
+        self._by_storage.setdefault(_storage(t), set()).add(id(t))
 
     def describe(self, value, name: str, depth: int = 0) -> dict:
         if isinstance(value, torch.Tensor):
@@ -78,10 +89,7 @@ class Describer:
         else:
             handle = self.stats.add(desc, t)
             if version is not None:
-                try:
-                    self._stats[id(t)] = (weakref.ref(t), version, handle)
-                except TypeError:
-                    pass
+                self._remember(self._stats, t, (version, handle))
         if self.save and t.layout == torch.strided:
             desc["key"] = self._save(t, name)
         return desc
@@ -95,10 +103,7 @@ class Describer:
                 return key
         self.writer.save_tensor(name, t.detach().clone())
         if version is not None:
-            try:
-                self._saved[id(t)] = (weakref.ref(t), version, name)
-            except TypeError:
-                pass
+            self._remember(self._saved, t, (version, name))
         return name
 
 
@@ -108,6 +113,13 @@ def _version(t: torch.Tensor):
         return None if t.is_inference() else t._version
     except RuntimeError:
         return None
+
+
+def _storage(t: torch.Tensor) -> int:
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # sparse and other storage-less layouts
+        return -1
 
 
 def _short_repr(value) -> str:

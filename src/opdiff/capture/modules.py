@@ -47,7 +47,9 @@ class ModuleCapture:
 
     def install(self, param_grads: bool = True) -> None:
         self.handles.append(nn_module.register_module_forward_pre_hook(self._pre))
-        self.handles.append(nn_module.register_module_forward_hook(self._post))
+        # always_call: a forward that raises must still pop its call, or every later op is
+        # attributed to the dead call.
+        self.handles.append(nn_module.register_module_forward_hook(self._post, always_call=True))
         if param_grads and self.session.want_backward and not self.param_handles:
             self._hook_params()
 
@@ -107,8 +109,11 @@ class ModuleCapture:
                 with s.internal():
                     record["inputs"] = s.describe_all(args, name, "input")
         except Exception as exc:
-            s.failed(label, exc)
-            name = label
+            if record is not None:   # inputs could not be described: keep the call, say why
+                record.setdefault("inputs", [])
+            else:
+                name = label
+            s.failed(label, exc, record)
         calls.append((module, record, args))
         s.local.modules.append(name)
         return None
@@ -122,6 +127,7 @@ class ModuleCapture:
         s.local.modules.pop()
         if record is None or s.writer is None:
             return None
+        s.module_returned(record["name"])
         try:
             index = record.pop("_index")
             with s.internal():

@@ -60,6 +60,7 @@ class Session:
         self.lock = threading.RLock()
         self.errors = 0
         self._scope_state = "before" if config.scope else "inside"
+        self._scope_closing = None      # the module call whose return ends the scope
         self.overflow = None            # set by the overflow_check task (see overflow.py)
         self.param_grads: dict = {}     # module name -> {"params": {...}, "expected": n}
         modes = set(config.data_mode)
@@ -140,6 +141,7 @@ class Session:
         self.seq = 0
         self.__dict__.pop("_stack_cache", None)   # stack ids belong to the closed step's writer
         self._scope_state = "before" if self.config.scope else "inside"
+        self._scope_closing = None
         self.step_index += 1
 
     # -- names and filters ---------------------------------------------------------------------
@@ -163,11 +165,21 @@ class Session:
             if self._scope_state != "inside":
                 return False
             if name_matches(last, name):
-                self._scope_state = "after"
+                if name.startswith("Module.") and ".forward." in name:
+                    # A module closes the scope when it returns: its own ops are in the range.
+                    self._scope_closing = name
+                else:
+                    self._scope_state = "after"
                 return True
         if cfg.list:
             return any(name_matches(p, name) for p in cfg.list)
         return True
+
+    def module_returned(self, name: str) -> None:
+        """A module call ended: if it is the scope's last entry, the scope closes now."""
+        if self._scope_closing == name:
+            self._scope_state = "after"
+            self._scope_closing = None
 
     def stack_id(self, skip: int = 2) -> int | None:
         if not self.config.stack or self.writer is None:

@@ -12,10 +12,15 @@ _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _OPDIFF_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _STDLIB_DIR = sysconfig.get_paths()["stdlib"] + os.sep
 _SKIP_PREFIXES = (_TORCH_DIR, _OPDIFF_DIR, _STDLIB_DIR)
+# site-packages usually sits inside the stdlib directory, but installed model code
+# (transformers, timm, the user's own packages) is where the ops are written: keep it.
+_SITE_DIRS = tuple({sysconfig.get_paths()[k] + os.sep for k in ("purelib", "platlib")})
 MAX_FRAMES = 12
 
 
 def is_internal(filename: str) -> bool:
+    if filename.startswith(_SITE_DIRS) and not filename.startswith((_TORCH_DIR, _OPDIFF_DIR)):
+        return False
     return filename.startswith(_SKIP_PREFIXES) or filename.startswith("<frozen")
 
 
