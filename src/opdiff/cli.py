@@ -41,8 +41,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # Messages already say "opdiff: ..."; a terminal that cannot show "—" gets "?" instead of
+    # an encoding error.
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="replace")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(name)s: %(message)s")
+                        format="%(message)s")
     if not getattr(args, "run", None):
         parser.print_help()
         return 2

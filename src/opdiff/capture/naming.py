@@ -74,6 +74,7 @@ _PLUMBING = (os.path.join(os.path.dirname(torch.__file__), "_tensor.py"),
              os.path.join(os.path.dirname(torch.__file__), "_tensor_docs.py"))
 
 _OPDIFF_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_DEMO_DIR = os.path.join(_OPDIFF_DIR, "demo") + os.sep   # the demo's models are "user" code
 
 _cache: dict = {}
 
@@ -130,7 +131,8 @@ def operator_name(name: str) -> str:
         return name
     f = sys._getframe(1)
     while f is not None and (f.f_code.co_filename in _PLUMBING
-                             or f.f_code.co_filename.startswith(_OPDIFF_DIR)):
+                             or (f.f_code.co_filename.startswith(_OPDIFF_DIR)
+                                 and not f.f_code.co_filename.startswith(_DEMO_DIR))):
         f = f.f_back
     if f is None or f.f_lasti < 0:
         return name

@@ -18,7 +18,13 @@ _SITE_DIRS = tuple({sysconfig.get_paths()[k] + os.sep for k in ("purelib", "plat
 MAX_FRAMES = 12
 
 
+# The demo's models stand in for the user's model: their frames are user code.
+_DEMO_DIR = os.path.join(_OPDIFF_DIR, "demo") + os.sep
+
+
 def is_internal(filename: str) -> bool:
+    if filename.startswith(_DEMO_DIR):
+        return False
     if filename.startswith(_SITE_DIRS) and not filename.startswith((_TORCH_DIR, _OPDIFF_DIR)):
         return False
     return filename.startswith(_SKIP_PREFIXES) or filename.startswith("<frozen")

@@ -88,7 +88,7 @@ def write_html(result: CompareResult, path) -> Path:
     except BaseException:
         _remove_quietly(tmp)
         raise
-    log.info("wrote %s (%d rows, %.1f MB)", path, len(result.rows), len(page) / 1e6)
+    log.info("opdiff: wrote %s (%d rows, %.1f MB)", path, len(result.rows), len(page) / 1e6)
     return path
 
 
