@@ -181,3 +181,41 @@ def test_module_names_follow_msprobe_for_nested_models(dump_root, read_dump):
     fwd = dump.names(kind="module", phase="forward")
     assert fwd == ["Module.0.0.Linear.forward.0", "Module.0.1.Tanh.forward.0", "Module.0.Sequential.forward.0",
                    "Module.1.Linear.forward.0"]
+
+
+class _MaskedInner(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x, mask=None):
+        return self.lin(x) * mask
+
+
+class _CallsByKeyword(nn.Module):
+    """Hugging Face style: submodules called with keyword arguments only."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = _MaskedInner()
+
+    def forward(self, x, mask):
+        return self.inner(x=x, mask=mask)
+
+
+def test_module_inputs_passed_by_keyword_are_recorded(dump_root, read_dump, check_stats):
+    model = _CallsByKeyword()
+    x = torch.randn(2, 3, requires_grad=True)
+    mask = (torch.rand(2, 3) > 0.3).float()
+    with opdiff.dump(model, dump_root, level="L0", task="tensor"):
+        model(x, mask).sum().backward()
+    dump = read_dump(dump_root)
+    rec = dump["Module.inner._MaskedInner.forward.0"]
+    kwargs = rec.get("kwargs") or {}
+    assert set(kwargs) == {"x", "mask"}, "keyword inputs of the module call are missing"
+    check_stats(kwargs["x"], x, what="x by keyword")
+    check_stats(kwargs["mask"], mask, what="mask by keyword")
+    # Its backward holds the gradient w.r.t. x, passed by keyword.
+    back = dump["Module.inner._MaskedInner.backward.0"]
+    grads = [d for d in back["outputs"] if d.get("type") == "tensor"]
+    assert len(grads) == 1 and torch.equal(dump.tensor(grads[0]), x.grad)
