@@ -122,12 +122,17 @@ def test_single_rank_group_records_collectives_and_rank(tmp_path, dump_root):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         x = torch.arange(4.0)
+        gathered = [torch.zeros(4)]
+        scattered = torch.zeros(4)
         with opdiff.dump(None, dump_root, level="L1"):
             dist.all_reduce(x)
             dist.broadcast(x, src=0)
+            dist.all_gather(gathered, x)
+            dist.reduce_scatter(scattered, [x])
             dist.barrier()
         names = [r["name"] for r in open_dump(find_dumps(dump_root)[0]).records()]
     finally:
         dist.destroy_process_group()
-    assert names == ["Distributed.all_reduce.0.forward", "Distributed.broadcast.0.forward"]
+    assert names == ["Distributed.all_reduce.0.forward", "Distributed.broadcast.0.forward",
+                     "Distributed.all_gather.0.forward", "Distributed.reduce_scatter.0.forward"]
     assert find_dumps(dump_root)[0].name == "rank0"

@@ -187,3 +187,20 @@ def test_model_code_installed_in_site_packages_is_a_user_frame(dump_root, read_d
     frames = dump.dump.stack(dump["Torch.matmul.0.forward"]["stack"])
     assert (frames[0]["file"], frames[0]["line"], frames[0]["function"]) == (fake, 2, "attention")
     assert frames[1]["file"] == HERE
+
+
+def test_every_steps_stack_ids_resolve_in_its_own_directory(dump_root):
+    x = torch.randn(3)
+    dbg = opdiff.PrecisionDebugger(dump_path=str(dump_root), level="L1")
+    for step in range(3):
+        dbg.start()
+        x.exp()
+        if step != 1:
+            x.sin()   # a call site step 1 does not have
+        dbg.stop()
+        dbg.step()
+    for directory in find_dumps(dump_root):
+        dump = open_dump(directory)
+        for record in dump.records():
+            frames = dump.stack(record["stack"])
+            assert frames and frames[0]["file"] == HERE, (directory, record["name"])
