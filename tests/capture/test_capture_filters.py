@@ -236,3 +236,13 @@ def test_scope_ending_at_a_module_includes_that_modules_ops(dump_root, read_dump
     assert "Functional.adaptive_avg_pool2d.0.forward" in names  # last module's own op
     assert names[-1] == "Module.pool.AdaptiveAvgPool2d.forward.0"
     assert not any(n.startswith(("Module.fc", "Functional.linear", "Tensor.pow")) for n in names)
+
+
+def test_a_dump_path_that_cannot_be_created_is_a_config_error(tmp_path):
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("user data")
+    with pytest.raises(ConfigError) as err:
+        with opdiff.dump(None, blocker / "dump", level="L1"):
+            torch.ones(2).exp()
+    assert "dump_path" in str(err.value) and "\n" not in str(err.value)
+    assert blocker.read_text() == "user data"
