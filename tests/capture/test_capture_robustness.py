@@ -298,3 +298,36 @@ def test_torch_func_transforms_are_captured(level, dump_root, read_dump, caplog,
         first = dump["Tensor.__matmul__.0.forward"]
         assert first["inputs"][1]["shape"] == [3, 2]
         check_stats(first["inputs"][1], w, what="weight inside vmap")
+
+
+@pytest.mark.parametrize("level", ["L0", "L1", "mix", "L2"])
+def test_backward_after_the_dump_closed(level, model_cases, dump_root, read_dump):
+    # Forward recorded, backward run after the block: the hooks left on the graph stay silent.
+    model, (x,), loss_fn = model_cases["transformer"].build()
+    ref = copy.deepcopy(model)
+    torch.manual_seed(3)
+    loss_fn(ref(x)).backward()
+    torch.manual_seed(3)
+    with opdiff.dump(model, dump_root, level=level):
+        loss = loss_fn(model(x))
+    loss.backward()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert torch.equal(p.grad, q.grad)
+    dump = read_dump(dump_root)
+    assert {r["phase"] for r in dump.records} == {"forward"}
+
+
+@pytest.mark.parametrize("level", ["L0", "L1", "mix", "L2"])
+def test_autocast_training_is_bitwise_unchanged(level, model_cases, dump_root):
+    model, (x,), loss_fn = model_cases["cnn"].build()
+    ref = copy.deepcopy(model)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = loss_fn(ref(x))
+    want.backward()
+    with opdiff.dump(model, dump_root, level=level, task="tensor"):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = loss_fn(model(x))
+        loss.backward()
+    assert torch.equal(loss, want)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert torch.equal(p.grad, q.grad)
