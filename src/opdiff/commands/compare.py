@@ -34,6 +34,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--threshold", metavar="KEY=VALUE", action="append", default=[],
                    help="override one threshold: a dtype's tolerance (bf16=0.02), amplification, "
                         "agree_fraction or scale_min_numel; repeatable")
+    p.add_argument("--replay", choices=("auto", "all", "off"), default="auto",
+                   help="re-run target ops in float64 on their own saved tensors to tell an op's "
+                        "own error from inherited error (tensor dumps): auto = the suspects and "
+                        "the backward ops before them (default), all = every op, off = none")
     p.add_argument("--fail-on-divergence", action="store_true",
                    help="exit 1 when a first divergence is found (for CI)")
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
@@ -61,6 +65,6 @@ def run(args) -> int:
     result = compare(args.target, args.golden, args.output, thresholds=thresholds,
                      shape_flag=args.shape_flag,
                      fail_on="divergence" if args.fail_on_divergence else None,
-                     progress=False if args.no_progress else None)
+                     progress=False if args.no_progress else None, replay=args.replay)
     print_result(result)
     return 1 if result.failed else 0

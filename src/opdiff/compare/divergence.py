@@ -27,7 +27,7 @@ import linecache
 import math
 import os
 from dataclasses import dataclass, field, replace
-from typing import Optional
+from typing import Any, Optional
 
 from .result import ERROR, PASS, UNMATCHED, WARNING, Divergence, Location, TensorRow
 
@@ -53,6 +53,8 @@ class OpScore:
     worst_in: Optional[int] = None
     error_in: float = 0.0
     scale_in: float = 0.0
+    replay: Any = None          # opdiff.replay.LocalError once the op was replayed
+    paired: bool = True         # False: only the target has this op (judged by replay alone)
 
 
 def _is_float(dtype: Optional[str]) -> bool:
@@ -188,13 +190,22 @@ def _fmt(x) -> str:
 
 
 def _describe(op: OpScore, rows: list) -> str:
-    out = rows[op.worst_out]
+    out = rows[op.worst_out] if op.worst_out is not None else None
     inp = rows[op.worst_in] if op.worst_in is not None else None
     if inp is None:
         inputs = "no inputs to compare"
     else:
         inputs = (f"inputs agree (cosine {_fmt(inp.metrics.get('Cosine'))}, "
                   f"rel err {_fmt(op.error_in)})")
+    if op.why == "replay" and not op.paired:
+        return (f"the golden run has no such op to compare with, but {op.replay.describe()} "
+                f"— local error in this op")
+    if op.why == "replay":
+        # Found by replay alone: golden cannot tell this op's error from what it inherited.
+        seen = f", output rel err {_fmt(out.error)}" if out is not None else ""
+        return (f"compared with golden its error is not distinguishable from what its inputs "
+                f"carry (input rel err {_fmt(op.error_in)}{seen}), but {op.replay.describe()} "
+                f"— local error in this op")
     if op.why == "scale":
         output = (f"output does not: it is scaled by {1 + out.scale_error:.6g} relative to golden "
                   f"(inputs {1 + op.scale_in:.6g}; cosine {_fmt(out.metrics.get('Cosine'))}, "
@@ -204,21 +215,56 @@ def _describe(op: OpScore, rows: list) -> str:
                   f"{_fmt(out.metrics.get('MaxAbsErr'))}, rel err {_fmt(out.error)})")
     else:
         output = f"output does not: {op.why}"
-    return f"{inputs}, {output} — local error in this op"
+    confirmed = f"; {op.replay.describe()}" if op.replay is not None and op.replay.culprit else ""
+    return f"{inputs}, {output} — local error in this op{confirmed}"
 
 
-def analyse(ops: list[OpScore], rows: list[TensorRow], policy) -> Optional[Divergence]:
-    """Judge every op, rewrite row verdicts in place, and return the first divergence."""
+def analyse(ops: list[OpScore], rows: list[TensorRow], policy, replay=None,
+            replay_all: bool = False) -> Optional[Divergence]:
+    """Judge every op, rewrite row verdicts in place, and return the first divergence.
+
+    replay: an `opdiff.replay.Replayer` over the target dump (needs its tensors), or None.
+    It gives a second opinion (see `_second_opinion`); replay_all replays every op it can.
+    """
     by_name = {op.name: op for op in ops}
     run_dtype = run_precision(rows)
     for op in ops:
         _judge_op(op, by_name, policy, run_dtype)
         if op.kind == "param_grad" and not any(n in by_name for n in _linked(op)):
             op.local = False  # nothing recorded to say what its inputs were: cannot judge it
+    if replay is not None:
+        _second_opinion(ops, rows, policy, replay, replay_all)
+    explained = _explained(ops, policy)
+    for op in ops:
+        if op.name in explained:
+            op.local = False
 
-    # Modules contain the ops run inside them. A module is named only when no op inside it
-    # shows the error at all (its own computation was not recorded op by op); if ops inside show
-    # it, the module is explained by them, be they local (named instead) or inherited.
+    for op in ops:
+        _revise_rows(op, rows)
+    candidates = [op for op in ops if op.local]
+    if not candidates:
+        return None
+    first = min(candidates, key=lambda o: o.seq)
+    out = rows[first.worst_out] if first.worst_out is not None else None
+    inp = rows[first.worst_in] if first.worst_in is not None else None
+    tensor = out.target_name if out is not None else (
+        first.replay.worst.name if first.replay is not None and first.replay.worst else None)
+    return Divergence(
+        name=first.name, op=first.op, phase=first.phase, reason=_describe(first, rows),
+        location=first.location, metrics=dict(out.metrics) if out is not None else {},
+        tensor=tensor, input_metrics=dict(inp.metrics) if inp is not None else {},
+        module=first.module, context=source_context(first.location))
+
+
+def _explained(ops: list[OpScore], policy) -> set:
+    """Names of local ops that other ops explain (the op is not named; see module docstring).
+
+    Modules contain the ops run inside them. A module is named only when no op inside it
+    shows the error at all (its own computation was not recorded op by op); if ops inside show
+    it, the module is explained by them, be they local (named instead) or inherited. A module's
+    parameter gradients are computed by the backward of the ops inside it, and may be recorded
+    before those ops' backward records: name the op, not the gradient.
+    """
     parent = {op.name: op.module for op in ops if op.module}
     inner_diverged: set[str] = set()
     for op in ops:
@@ -228,29 +274,71 @@ def analyse(ops: list[OpScore], rows: list[TensorRow], policy) -> Optional[Diver
         if op.forward:
             inner_diverged.add(op.forward)
             inner_diverged.update(_ancestors(op.forward, parent))
+    out = set()
     for op in ops:
         if op.kind == "module" and op.local and (
                 op.name in inner_diverged or (op.forward and op.forward in inner_diverged)):
-            op.local = False
-        # A module's parameter gradients are computed by the backward of the ops inside it, and
-        # may be recorded before those ops' backward records: name the op, not the gradient.
+            out.add(op.name)
         if op.kind == "param_grad" and op.local and any(
                 n in inner_diverged for n in _linked(op)[:1]):
-            op.local = False
+            out.add(op.name)
+    return out
 
-    for op in ops:
-        _revise_rows(op, rows)
-    candidates = [op for op in ops if op.local]
-    if not candidates:
-        return None
-    first = min(candidates, key=lambda o: o.seq)
-    out = rows[first.worst_out]
-    inp = rows[first.worst_in] if first.worst_in is not None else None
-    return Divergence(
-        name=first.name, op=first.op, phase=first.phase, reason=_describe(first, rows),
-        location=first.location, metrics=dict(out.metrics), tensor=out.target_name,
-        input_metrics=dict(inp.metrics) if inp is not None else {}, module=first.module,
-        context=source_context(first.location))
+
+def _second_opinion(ops: list[OpScore], rows: list, policy, replay, replay_all: bool) -> None:
+    """Let replay (the op re-run in float64 on the target's own inputs) confirm, clear or add
+    culprits, replaying only what can change the answer:
+
+    - the first candidate of the comparison is replayed: confirmed, it stays; cleared (its own
+      error is what a CPU kernel of its dtype makes), the next candidate is looked at;
+      not replayable (a module, a random op...), the comparison's verdict stands;
+    - when the first candidate is a backward op, or there is none, every backward op before it
+      is replayed too: that is where accumulated error hides a wrong kernel from golden (a
+      healthy bf16 gradient may differ from fp32 by 10%, a broken kernel by 1%). Forward
+      faults stand out against golden already.
+    replay_all replays every op (the slow, thorough mode).
+    """
+    order = sorted(ops, key=lambda o: o.seq)
+    if replay_all:
+        for op in order:
+            if replay.can_replay(op.name):
+                _take(op, replay.judge(op.name), rows)
+        return
+    window = iter([op for op in order if op.phase == "backward" and replay.can_replay(op.name)])
+    pending = next(window, None)
+    while True:
+        explained = _explained(ops, policy)
+        first = next((op for op in order if op.local and op.name not in explained), None)
+        if first is None or first.phase == "backward":
+            limit = first.seq if first is not None else math.inf
+            found = False
+            while pending is not None and pending.seq < limit and not found:
+                op, pending = pending, next(window, None)
+                found = _take(op, replay.judge(op.name), rows)
+            if found:
+                continue
+        if first is None or first.replay is not None or not replay.can_replay(first.name):
+            return
+        _take(first, replay.judge(first.name), rows)
+        if first.local:
+            return
+
+
+def _take(op: OpScore, local, rows: list) -> bool:
+    """Apply one replay verdict to an op; True when it makes the op a new culprit."""
+    op.replay = local
+    if not local.replayed:
+        return False
+    if not local.culprit:
+        op.local = False            # its own error is the dtype's: the difference is inherited
+        return False
+    if op.local:
+        return False                # confirmed
+    worst = local.worst.name
+    op.local, op.why = True, "replay"
+    op.worst_out = next((i for i, *_ in op.outputs if rows[i].target_name == worst),
+                        op.outputs[0][0] if op.outputs else None)
+    return True
 
 
 def _revise_rows(op: OpScore, rows: list[TensorRow]) -> None:
@@ -260,8 +348,11 @@ def _revise_rows(op: OpScore, rows: list[TensorRow]) -> None:
             rows[row_index] = replace(row, result=ERROR, accuracy_reached="No",
                                       reason="local error: " + _describe(op, rows))
         elif row.result == ERROR and not op.local:
+            replayed = (f"; {op.replay.describe()}" if op.replay is not None and op.replay.replayed
+                        else "")
             rows[row_index] = replace(row, result=WARNING, reason=(
-                f"{row.reason}; inherited from the inputs (input rel err {_fmt(op.error_in)})"))
+                f"{row.reason}; inherited from the inputs (input rel err {_fmt(op.error_in)})"
+                f"{replayed}"))
     for row_index, _, _, _ in op.inputs:
         row = rows[row_index]
         if row.result == ERROR:

@@ -73,9 +73,9 @@ class _PairCompare:
     """Compares one target dump with one golden dump; see `compare_pair`."""
 
     def __init__(self, target_dump, golden_dump, policy: Policy, shape_flag: bool,
-                 tick: Optional[Callable[[int], None]] = None):
+                 tick: Optional[Callable[[int], None]] = None, replay: str = "auto"):
         self.t, self.g = target_dump, golden_dump
-        self.policy, self.shape_flag = policy, shape_flag
+        self.policy, self.shape_flag, self.replay = policy, shape_flag, replay
         self.tick = tick or (lambda n: None)
         self.rows: list[TensorRow] = []
         self.ops: list[OpScore] = []
@@ -98,14 +98,33 @@ class _PairCompare:
             g_rec = g_records[gi] if gi is not None else None
             self._record(position, t_rec, g_rec)
             self.tick(1)
-        divergence = analyse(self.ops, self.rows, self.policy)
+        replayer = self._replayer(t_records)
+        divergence = analyse(self.ops, self.rows, self.policy, replay=replayer,
+                             replay_all=self.replay == "all")
         if divergence is not None:
             divergence = replace(divergence, step=self.t.step, rank=self.t.rank)
+        notes = []
+        if replayer is not None and replayer.done:
+            log.info("opdiff: %s", replayer.summary())
+            notes.append(replayer.summary())
         return CompareResult(
             target=str(self.t.path), golden=str(self.g.path), rows=self.rows,
             first_divergence=divergence, counts=count(self.rows),
             environment_diff=environment_diff(self.t.meta, self.g.meta),
-            step=self.t.step, rank=self.t.rank)
+            step=self.t.step, rank=self.t.rank, notes=notes)
+
+    def _replayer(self, t_records: list):
+        """Replay needs the target's own tensors, as only opdiff tensor dumps hold them
+        (statistics dumps, msprobe and ONNX compares keep the comparison alone)."""
+        if self.replay == "off" or getattr(self.t, "format", None) != "opdiff":
+            return None
+        if not any(r.get("kind", "api") in ("api", "aten") for r in t_records):
+            return None
+        if not getattr(self.t, "has_tensors", False):
+            return None
+        from ..replay import Replayer
+
+        return Replayer(self.t, t_records, self.policy)
 
     # -- one op call --------------------------------------------------------------------------
     def _record(self, position: int, t_rec: Optional[dict], g_rec: Optional[dict]) -> None:
@@ -119,15 +138,18 @@ class _PairCompare:
         base = dict(op_name=name, phase=rec.get("phase", "forward"), kind=rec.get("kind", "api"),
                     index=position, module=rec.get("module"), stack=stack)
         op = None
-        if t_rec is not None and g_rec is not None:
+        # Target-only ops get an OpScore too, with no measured tensors: the comparison cannot
+        # judge them, replay can (a cast that only the bf16 run makes, say).
+        if t_rec is not None:
             op = OpScore(name=name, op=rec.get("op", ""), phase=base["phase"], kind=base["kind"],
                          module=rec.get("module"), forward=rec.get("forward"), seq=position,
-                         location=stack[0] if stack else None)
+                         location=stack[0] if stack else None, paired=g_rec is not None)
             self.ops.append(op)
         for suffix in list(t_tensors) + [s for s in g_tensors if s not in t_tensors]:
             t_item, g_item = t_tensors.get(suffix), g_tensors.get(suffix)
             if t_item is None or g_item is None:
-                self.rows.append(self._unmatched(base, t_item, g_item, paired_op=op is not None))
+                self.rows.append(self._unmatched(base, t_item, g_item,
+                                                 paired_op=t_rec is not None and g_rec is not None))
                 continue
             row, m = self._tensor_row(base, t_item, g_item)
             row_index = len(self.rows)
@@ -195,16 +217,27 @@ class _PairCompare:
 
 
 def compare_pair(target_dump, golden_dump, *, policy: Policy | None = None,
-                 shape_flag: bool = False, tick: Optional[Callable[[int], None]] = None
-                 ) -> CompareResult:
+                 shape_flag: bool = False, tick: Optional[Callable[[int], None]] = None,
+                 replay: str = "auto") -> CompareResult:
     """Compare two opened Dump-like objects (one step/rank each) and return the result.
 
     policy: a `opdiff.compare.verdicts.Policy` (default thresholds when None).
     shape_flag: pair ops only when every tensor shape matches (seed 003's `shape_flag`).
     tick: called with the number of op calls done, for progress bars.
+    replay: "auto", "all" or "off" (see `compare`).
     """
+    _check_replay(replay)
     with one_thread():
-        return _PairCompare(target_dump, golden_dump, policy or Policy(), shape_flag, tick).run()
+        return _PairCompare(target_dump, golden_dump, policy or Policy(), shape_flag, tick,
+                            replay).run()
+
+
+REPLAY_MODES = ("auto", "all", "off")
+
+
+def _check_replay(replay) -> None:
+    if replay not in REPLAY_MODES:
+        raise OpdiffError(f"replay must be 'auto', 'all' or 'off', not {replay!r}")
 
 
 @contextmanager
@@ -260,14 +293,15 @@ def _count_records(dump) -> int:
         return 0
 
 
-def _worker(target_path: str, golden_path: str, thresholds: Thresholds, shape_flag: bool):
+def _worker(target_path: str, golden_path: str, thresholds: Thresholds, shape_flag: bool,
+            replay: str = "auto"):
     import torch
 
     torch.set_num_threads(1)  # the processes already use every core
     from ..store.adapters import discover
 
     t, g = discover(target_path)[0], discover(golden_path)[0]
-    return compare_pair(t, g, policy=Policy(thresholds), shape_flag=shape_flag)
+    return compare_pair(t, g, policy=Policy(thresholds), shape_flag=shape_flag, replay=replay)
 
 
 def _merge(target: str, golden: str, results: list[CompareResult], notes: list) -> CompareResult:
@@ -286,7 +320,8 @@ def _merge(target: str, golden: str, results: list[CompareResult], notes: list) 
     env = results[0].environment_diff if results else []
     return CompareResult(
         target=target, golden=golden, rows=rows, first_divergence=first, counts=count(rows),
-        environment_diff=env, pairs=[_pair_summary(r) for r in results], notes=list(notes))
+        environment_diff=env, pairs=[_pair_summary(r) for r in results],
+        notes=list(notes) + [f"step {r.step} rank {r.rank}: {n}" for r in results for n in r.notes])
 
 
 def _first_index(r: CompareResult) -> int:
@@ -303,7 +338,8 @@ def _pair_summary(r: CompareResult) -> dict:
 
 
 def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bool = False,
-            fail_on: str | None = None, progress: bool | None = None) -> CompareResult:
+            fail_on: str | None = None, progress: bool | None = None,
+            replay: str = "auto") -> CompareResult:
     """Compare the target dump (the run under suspicion) with the golden (trusted) dump.
 
     target, golden: a step/rank directory or a dump root of any format opdiff reads; with roots
@@ -316,6 +352,10 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
         "warning" (any warning or error row): sets `result.failed` when it holds.
     progress: show a progress bar on stderr: None = when stderr is a terminal and the compare
         takes more than a second or so; True / False to force.
+    replay: how much of the target to re-run in float64 on its own saved tensors to measure
+        each op's own error (`opdiff.replay`; opdiff tensor dumps only): "auto" (default) the
+        ops the comparison suspects and, when that is a backward op or nothing, the backward
+        ops before it; "all" every op; "off" none (the comparison with golden alone).
 
     Raises `DumpError` (an `OpdiffError`) for missing, empty or corrupt dumps and for dumps of
     different models.
@@ -324,6 +364,7 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
 
     if fail_on not in (None, "divergence", "error", "warning"):
         raise OpdiffError(f"fail_on must be None, 'divergence', 'error' or 'warning', not {fail_on!r}")
+    _check_replay(replay)
     policy = Policy(thresholds)
     targets, goldens = discover(target), discover(golden)
     pairs, notes = pair_dumps(targets, goldens)
@@ -331,9 +372,10 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
     with _Progress(total, progress) as bar:
         if len(pairs) == 1:
             t, g = pairs[0]
-            results = [compare_pair(t, g, policy=policy, shape_flag=shape_flag, tick=bar.advance)]
+            results = [compare_pair(t, g, policy=policy, shape_flag=shape_flag, tick=bar.advance,
+                                    replay=replay)]
         else:
-            results = _run_parallel(pairs, policy, shape_flag, bar)
+            results = _run_parallel(pairs, policy, shape_flag, bar, replay)
     result = _merge(str(target), str(golden), results, notes)
     for note in notes:
         log.warning("opdiff: %s", note)
@@ -346,14 +388,16 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
     return result
 
 
-def _run_parallel(pairs, policy: Policy, shape_flag: bool, bar) -> list[CompareResult]:
+def _run_parallel(pairs, policy: Policy, shape_flag: bool, bar, replay: str = "auto"
+                  ) -> list[CompareResult]:
     import multiprocessing
 
     workers = max(1, min(len(pairs), os.cpu_count() or 1))
     ctx = multiprocessing.get_context("spawn")  # fork after torch starts threads can deadlock
     results: list = [None] * len(pairs)
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futures = {pool.submit(_worker, str(t.path), str(g.path), policy.thresholds, shape_flag): i
+        futures = {pool.submit(_worker, str(t.path), str(g.path), policy.thresholds, shape_flag,
+                               replay): i
                    for i, (t, g) in enumerate(pairs)}
         for fut in futures:
             i = futures[fut]

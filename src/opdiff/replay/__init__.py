@@ -1,0 +1,86 @@
+"""Replay: re-run dumped ops in float64 on the target's own data to measure each op's own error.
+
+Comparing with golden shows the error a tensor has accumulated; an op's *local* error, free of
+anything its inputs inherited, shows only when the op is re-run on exactly the inputs the target
+gave it. A healthy bf16 run's gradients may differ from fp32 golden by 10% or more after a few
+BatchNorm backwards, hiding a kernel that is off by 1%; replayed, that kernel stands out.
+
+    from opdiff.replay import Replayer
+    from opdiff.store.reader import open_dump
+    dump = open_dump("./dump/bf16/step0/rank0")          # needs task="tensor"
+    replayer = Replayer(dump)
+    local = replayer.judge("Functional.batch_norm.1.backward")
+    local.culprit, local.describe()
+
+The compare engine calls this for the ops it needs (see `opdiff.compare.divergence`); the rules
+are in `opdiff.replay.local`, the call rebuilding in `opdiff.replay.calls`.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Optional
+
+from .calls import NotReplayable, rebuild_call, resolve
+from .local import LocalError, TensorLocalError, replay_record
+
+log = logging.getLogger("opdiff")
+
+REPLAYABLE_KINDS = ("api", "aten")
+
+
+class Replayer:
+    """Replays records of one opened dump on demand and remembers the verdicts.
+
+    records: the dump's records when already read (saves reading records.jsonl again).
+    policy: an `opdiff.compare.verdicts.Policy` for the dtype tolerances (default thresholds).
+    """
+
+    def __init__(self, dump, records: Optional[list] = None, policy=None):
+        if policy is None:
+            from ..compare.verdicts import Policy
+            policy = Policy()
+        self.dump, self.policy = dump, policy
+        self.records = {r["name"]: r for r in (records if records is not None else dump.records())}
+        self.done: dict[str, LocalError] = {}
+        self.seconds = 0.0
+
+    def can_replay(self, name: str) -> bool:
+        """Cheap pre-check: a record of a kind that replay handles (modules and parameter
+        gradients are made of other ops and are never replayed as a unit)."""
+        rec = self.records.get(name)
+        return rec is not None and rec.get("kind", "api") in REPLAYABLE_KINDS
+
+    def judge(self, name: str) -> LocalError:
+        """The LocalError of one record (replayed once, then cached)."""
+        if name in self.done:
+            return self.done[name]
+        rec = self.records.get(name)
+        if rec is None:
+            local = LocalError(name, False, reason="not in the target dump")
+        elif rec.get("kind", "api") not in REPLAYABLE_KINDS:
+            local = LocalError(name, False, reason=f"a {rec.get('kind')} record is made of other "
+                                                   f"ops and is not replayed as a unit")
+        else:
+            start = time.perf_counter()
+            fwd = self.records.get(rec.get("forward")) if rec.get("forward") else None
+            local = replay_record(rec, self.dump.tensor, self.policy, forward_record=fwd)
+            self.seconds += time.perf_counter() - start
+            log.debug("opdiff: replayed %s: %s", name,
+                      local.describe() if local.replayed else local.reason)
+        self.done[name] = local
+        return local
+
+    def summary(self) -> str:
+        """One line: how many ops were replayed, in how long, and how many could not be."""
+        ok = [v for v in self.done.values() if v.replayed]
+        skipped = [v for v in self.done.values() if not v.replayed]
+        text = f"replayed {len(ok)} op(s) in float64 in {self.seconds:.2f} s"
+        if skipped:
+            text += (f"; {len(skipped)} not replayed (e.g. {skipped[0].name}: "
+                     f"{skipped[0].reason})")
+        return text
+
+
+__all__ = ["Replayer", "LocalError", "TensorLocalError", "NotReplayable", "replay_record",
+           "rebuild_call", "resolve"]

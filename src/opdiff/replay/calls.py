@@ -1,0 +1,205 @@
+"""Rebuild one recorded op call from a dump: the function from its name, the arguments from the
+descriptors and saved tensors.
+
+    from opdiff.replay.calls import rebuild_call
+    call = rebuild_call(record, dump.tensor, cast=torch.float64)
+    out = call.run()
+
+Names follow the capture's scheme: `Functional.X` is `torch.nn.functional.X`, `Torch.X` is
+`torch.X` (also `Torch.linalg.X`, `Torch.fft.X`, `Torch.special.X`), `Tensor.X` is the Tensor
+method or operator (`Tensor.__iadd__`), `VF.X` is `torch._VF.X` and `Aten.X` is
+`torch.ops.aten.X`. Anything that cannot be rebuilt faithfully raises `NotReplayable` with the
+reason; nothing is guessed.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+from ..store.records import decode_float
+
+
+class NotReplayable(Exception):
+    """The op cannot be rebuilt from the dump; the message says why (shown to the user)."""
+
+
+_NAMESPACES = {
+    "Torch.linalg.": lambda: torch.linalg,
+    "Torch.fft.": lambda: torch.fft,
+    "Torch.special.": lambda: torch.special,
+    "Functional.": lambda: torch.nn.functional,
+    "VF.": lambda: torch._VF,
+    "Tensor.": lambda: torch.Tensor,
+}
+# Ops whose result is memory content, not a computation.
+_UNINITIALISED = {"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided"}
+_SLICE = re.compile(r"^slice\((-?\d+|None), (-?\d+|None), (-?\d+|None)\)$")
+
+
+def resolve(op: str) -> Callable:
+    """The torch function an op name stands for. Raises NotReplayable when there is none."""
+    if op.startswith("Distributed."):
+        raise NotReplayable("a collective: its result depends on the other ranks")
+    attr = op.rsplit(".", 1)[-1]
+    if attr in _UNINITIALISED:
+        raise NotReplayable("returns uninitialised memory")
+    func = None
+    if op.startswith("Aten."):
+        func = getattr(torch.ops.aten, op[len("Aten."):], None)
+    else:
+        for prefix, namespace in _NAMESPACES.items():
+            if op.startswith(prefix):
+                name = op[len(prefix):]
+                func = getattr(namespace(), name, None) if "." not in name else None
+                break
+        else:
+            if op.startswith("Torch."):
+                name = op[len("Torch."):]
+                for namespace in (torch, torch._VF, torch._C._nn, torch._C._VariableFunctions):
+                    func = getattr(namespace, name, None) if "." not in name else None
+                    if func is not None:
+                        break
+    if not callable(func):
+        raise NotReplayable(f"no torch function named {op} in this torch")
+    return func
+
+
+@dataclass
+class Call:
+    """A rebuilt call: `func(*args, **kwargs)`; `tensors` lists every argument tensor in the
+    order the capture indexes them (args, then kwargs, nested lists flattened), with its key."""
+    func: Callable
+    args: list
+    kwargs: dict
+    tensors: list = field(default_factory=list)      # [(key, tensor)] in capture order
+
+    def run(self):
+        return self.func(*self.args, **self.kwargs)
+
+
+class _Builder:
+    def __init__(self, load: Callable, cast: Optional[torch.dtype], name: str,
+                 wrap: Optional[Callable] = None):
+        self.load, self.cast, self.name, self.wrap = load, cast, name, wrap
+        self.tensors: list = []
+        self._by_key: dict = {}
+
+    def value(self, desc, where: str):
+        if desc is None:
+            return None
+        kind = desc.get("type")
+        if kind == "tensor":
+            return self.tensor(desc, where)
+        if kind in ("int", "bool", "str"):
+            return desc.get("value")
+        if kind == "float":
+            return float(decode_float(desc.get("value")))
+        if kind == "none":
+            return None
+        if kind == "dtype":
+            dtype = getattr(torch, str(desc.get("value", "")).replace("torch.", ""), None)
+            if not isinstance(dtype, torch.dtype):
+                raise NotReplayable(f"{where}: unknown dtype {desc.get('value')!r}")
+            return dtype
+        if kind == "device":
+            return torch.device("cpu")      # the replay runs on CPU, whatever the target ran on
+        if kind == "size":
+            return torch.Size(desc.get("value") or [])
+        if kind in ("list", "tuple"):
+            items = [self.value(d, f"{where}.{i}") for i, d in enumerate(desc.get("items", []))]
+            return items if kind == "list" else tuple(items)
+        if kind == "dict":
+            return {k: self.value(d, f"{where}.{k}") for k, d in desc.get("items", {}).items()}
+        if kind == "object":
+            return _literal(str(desc.get("value", "")), where)
+        raise NotReplayable(f"{where}: argument of unknown kind {kind!r}")
+
+    def tensor(self, desc: dict, where: str) -> torch.Tensor:
+        key = desc.get("key")
+        if key in self._by_key:     # the same tensor passed twice stays one tensor (aliasing)
+            t = self._by_key[key]
+            self.tensors.append((key, t))
+            return t
+        t = self.load(key) if key else None
+        if t is None:
+            raise NotReplayable(f"tensor {where} was not saved (dump with task='tensor')")
+        # Always a private copy: the reader may hand out shared memory, and the call may write.
+        if self.cast is not None and t.is_floating_point():
+            t = t.to(self.cast, copy=True)
+        elif self.cast is not None and t.is_complex() and self.cast == torch.float64:
+            t = t.to(torch.complex128, copy=True)
+        else:
+            t = t.clone()
+        if self.wrap is not None:
+            t = self.wrap(key, t)
+        self._by_key[key] = t
+        self.tensors.append((key, t))
+        return t
+
+
+def _literal(text: str, where: str):
+    """The few argument objects that a repr describes exactly: slices and Ellipsis."""
+    if text == "Ellipsis":
+        return Ellipsis
+    m = _SLICE.match(text)
+    if m:
+        return slice(*(None if g == "None" else int(g) for g in m.groups()))
+    raise NotReplayable(f"{where}: argument recorded only as {text[:60]!r}")
+
+
+def rebuild_call(record: dict, load: Callable, cast: Optional[torch.dtype] = None,
+                 wrap: Optional[Callable] = None) -> Call:
+    """Rebuild a record's call.
+
+    load: key -> saved tensor (e.g. `dump.tensor`). cast: a float dtype to cast floating tensors
+    to (integer and bool tensors keep theirs), or None to keep the recorded dtypes.
+    wrap: optional (key, tensor) -> tensor applied once per distinct tensor (e.g. to make it a
+    leaf that requires grad); tensors with the same key stay the same object.
+    """
+    if record.get("error"):
+        raise NotReplayable(f"capture failed partly for this op ({str(record['error'])[:80]})")
+    func = resolve(record.get("op", ""))
+    b = _Builder(load, cast, record["name"], wrap)
+    args = [b.value(d, f"input.{i}") for i, d in enumerate(record.get("inputs") or [])]
+    kwargs = {k: b.value(d, f"input.{k}") for k, d in (record.get("kwargs") or {}).items()}
+    return Call(func=func, args=args, kwargs=kwargs, tensors=b.tensors)
+
+
+def flat_tensors(value, depth: int = 0) -> list:
+    """Every tensor in a (nested) result, in the order the capture describes them; None stays
+    a placeholder only at the top level (the capture keeps positions of None outputs)."""
+    out = []
+    if isinstance(value, torch.Tensor):
+        out.append(value)
+    elif isinstance(value, (list, tuple)) and depth < 4:
+        for v in value:
+            out += flat_tensors(v, depth + 1)
+    elif isinstance(value, dict) and depth < 4:
+        for v in value.values():
+            out += flat_tensors(v, depth + 1)
+    return out
+
+
+def flat_descriptors(descs) -> list:
+    """Tensor descriptors of a record's outputs (or inputs), nested lists flattened, in order."""
+    out = []
+
+    def walk(d, depth):
+        if not isinstance(d, dict):
+            return
+        kind = d.get("type")
+        if kind == "tensor":
+            out.append(d)
+        elif kind in ("list", "tuple") and depth < 4:
+            for item in d.get("items", []):
+                walk(item, depth + 1)
+        elif kind == "dict" and depth < 4:
+            for item in d.get("items", {}).values():
+                walk(item, depth + 1)
+
+    for d in descs or []:
+        walk(d, 1)
+    return out

@@ -1,0 +1,321 @@
+"""An op's own (local) error, measured by re-running it on the target's own data.
+
+    from opdiff.replay.local import replay_record
+    local = replay_record(record, dump.tensor, forward_record=None)
+    local.culprit, local.describe()
+
+Forward: the op runs in float64 on the target's recorded inputs; the target's recorded outputs
+are compared with that. Nothing the inputs inherited enters: this is the op's own error.
+Backward (a record with a `forward` link): the forward call runs in float64 with the inputs
+that received gradients as leaves, and `torch.autograd.grad` with the backward record's inputs
+(gradients w.r.t. the forward outputs) gives the expected gradients, compared with the backward
+record's outputs (one per tensor argument of the forward call).
+
+How much error the op's dtype explains is measured, not assumed (the "dual benchmark"): the same
+call also runs on CPU in the target's dtypes (under CPU autocast when that is what reproduces
+the recorded output dtypes), and the target's kernel is blamed only when its error against
+float64 is well above that reference kernel's:
+
+    random:  err_t > ratio * err_ref + tolerance(dtype) / 10
+    scale:   |s_t| > |s_ref| + max(scale_tolerance(dtype), sigmas * err_ref / sqrt(n))
+
+err is the relative L2 error and s the scale error <t,e>/<e,e> - 1 against the float64 result
+(see `opdiff.compare.metrics`). ratio = 3 follows `torch._dynamo.utils.same` for reduced
+precision (RMSE within 3x the reference's, plus tol/10). A wrong scale (a broken kernel off by
+1%) shows fully in s_t while rounding noise averages out of it, by about err / sqrt(n): hence
+the second rule, which finds a 1e-2 scale fault in a bf16 op whose rounding error alone is
+larger than 1e-2 (BatchNorm backward).
+
+Ops that consume random numbers (the CPU generator advances while replaying them) are not
+replayed, nor are ops whose recorded dtypes or shapes the replay cannot reproduce.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from ..store.records import iter_tensors
+from .calls import NotReplayable, flat_descriptors, flat_tensors, rebuild_call
+
+RATIO = 3.0
+SIGMAS = 4.0
+
+_LOW = (torch.bfloat16, torch.float16)
+_WRITES_FIRST_ARGUMENT = {"Tensor.__setitem__"}
+
+
+@dataclass(frozen=True)
+class TensorLocalError:
+    """One output tensor of a replayed op: the target's and the reference kernel's error."""
+    name: str                   # the target tensor's name in the dump (the compare row's name)
+    dtype: str
+    numel: int
+    error: float                # target vs float64 replay, relative L2
+    scale_error: float          # target vs float64 replay, <t,e>/<e,e> - 1
+    reference_error: float      # CPU kernel in the target's dtype vs float64 replay
+    reference_scale_error: float
+    culprit: str = ""           # "" | "random" | "scale" | "nonfinite" | "integer"
+
+
+@dataclass(frozen=True)
+class LocalError:
+    """The replay verdict for one record (see module docstring)."""
+    name: str
+    replayed: bool
+    reason: str = ""                        # why it was not replayed
+    reference: str = ""                     # e.g. "bfloat16 CPU kernel (autocast)"
+    tensors: tuple = ()                     # TensorLocalError per compared output
+    seconds: float = 0.0
+
+    @property
+    def culprit(self) -> bool:
+        return self.replayed and any(t.culprit for t in self.tensors)
+
+    @property
+    def worst(self) -> Optional[TensorLocalError]:
+        """The culprit tensor with the largest excess, else the one with the largest error."""
+        if not self.tensors:
+            return None
+        bad = [t for t in self.tensors if t.culprit]
+        pool = bad or list(self.tensors)
+        return max(pool, key=lambda t: (_excess(t), t.error))
+
+    def describe(self) -> str:
+        """One clause for a Divergence reason or a row."""
+        w = self.worst
+        if not self.replayed or w is None:
+            return f"not replayed: {self.reason}"
+        what = "gradient" if ".backward." in w.name else "output"
+        if w.culprit == "nonfinite":
+            also = ("a CPU kernel of its dtype overflows too" if math.isinf(w.reference_error)
+                    or math.isnan(w.reference_error) else
+                    f"a {self.reference} stays finite")
+            return (f"replayed in float64 on the target's own inputs the {what} is finite, the "
+                    f"target's has inf/NaN ({also})")
+        scale = ""
+        if w.culprit == "scale" or abs(w.scale_error) > abs(w.reference_scale_error) * 2:
+            scale = (f", scaled by {1 + w.scale_error:.6g} against "
+                     f"{1 + w.reference_scale_error:.6g}")
+        return (f"replayed in float64 on the target's own inputs, the op's own {what} error is "
+                f"{_fmt(w.error)}, a {self.reference}'s is {_fmt(w.reference_error)}{scale}")
+
+
+def _excess(t: TensorLocalError) -> float:
+    if t.culprit in ("nonfinite", "integer"):
+        return math.inf
+    ratio = t.error / max(t.reference_error, 1e-30)
+    return max(ratio, abs(t.scale_error) / max(abs(t.reference_scale_error), 1e-30))
+
+
+def _fmt(x: float) -> str:
+    return "inf" if math.isinf(x) else f"{x:.3g}"
+
+
+def judge_tensor(name: str, target: torch.Tensor, exact: torch.Tensor, reference: torch.Tensor,
+                 policy) -> TensorLocalError:
+    """Compare one target tensor and the reference kernel's with the float64 result."""
+    from ..compare.metrics import measure
+
+    dtype = str(target.dtype).replace("torch.", "")
+    n = target.numel()
+    if not (target.is_floating_point() or target.is_complex()):
+        wrong = not torch.equal(target, exact.to(target.dtype)) and \
+            torch.equal(reference, exact.to(reference.dtype))
+        err = 0.0 if torch.equal(target, exact.to(target.dtype)) else 1.0
+        return TensorLocalError(name, dtype, n, err, 0.0, 0.0, 0.0, "integer" if wrong else "")
+    m_t, m_r = measure(target, exact), measure(reference, exact)
+    culprit = ""
+    if m_t.nonfinite_mismatch:
+        # inf/NaN made here from inputs the float64 replay handles finitely: the op is the
+        # origin, whether or not its dtype's range explains it (the reference then says so).
+        return TensorLocalError(name, dtype, n, m_t.error, m_t.scale_error, m_r.error,
+                                m_r.scale_error, "nonfinite")
+    if m_r.nonfinite_mismatch:          # the dtype itself overflows here: nothing to calibrate
+        return TensorLocalError(name, dtype, n, m_t.error, m_t.scale_error, m_r.error,
+                                m_r.scale_error, "")
+    tol = policy.tolerance_for(dtype, dtype)
+    stol = policy.scale_tolerance_for(dtype, dtype)
+    if m_t.error > RATIO * m_r.error + tol / 10:
+        culprit = "random"
+    elif abs(m_t.scale_error) > abs(m_r.scale_error) + max(
+            stol, SIGMAS * m_r.error / math.sqrt(max(n, 1))):
+        culprit = "scale"
+    return TensorLocalError(name, dtype, n, m_t.error, m_t.scale_error, m_r.error,
+                            m_r.scale_error, culprit)
+
+
+# -- running a call -------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _rng_guard():
+    """Detect (and undo) any draw from the CPU generator: such an op cannot be replayed."""
+    before = torch.get_rng_state()
+    state = {"consumed": False}
+    try:
+        yield state
+    finally:
+        after = torch.get_rng_state()
+        if not torch.equal(before, after):
+            state["consumed"] = True
+            torch.set_rng_state(before)
+
+
+def _autocast(dtype: Optional[torch.dtype]):
+    if dtype is None:
+        return torch.autocast("cpu", enabled=False)
+    return torch.autocast("cpu", dtype=dtype)
+
+
+def _run(record: dict, load: Callable, cast, autocast, leaves_for=None, grads=None):
+    """Run a record's call and return its output tensors; with `leaves_for` (indices of the
+    argument tensors that get gradients) and `grads` ({output index: gradient}), return the
+    gradient of each of those arguments instead."""
+    leaf_by_key: dict = {}
+    wrap = None
+    if leaves_for is not None:
+        keys = [d.get("key") for d in flat_descriptors(
+            list(record.get("inputs") or []) + list((record.get("kwargs") or {}).values()))]
+        want = {keys[i] for i in leaves_for if i < len(keys) and keys[i]}
+
+        def wrap(key, t):
+            # Leaves get gradients; the call gets a copy, so an in-place op may write into it.
+            if key in want and (t.is_floating_point() or t.is_complex()):
+                leaf_by_key[key] = t.detach().requires_grad_(True)
+                return leaf_by_key[key].clone()
+            return t
+
+    call = rebuild_call(record, load, cast, wrap=wrap)
+    with _rng_guard() as rng, _autocast(autocast), torch.set_grad_enabled(leaves_for is not None):
+        out = call.run()
+    if rng["consumed"]:
+        raise NotReplayable("it draws random numbers (a new draw would not match the target's)")
+    if out is None and record.get("op") in _WRITES_FIRST_ARGUMENT and call.args:
+        out = call.args[0]      # as the capture records it
+    outs = flat_tensors([out] if not isinstance(out, (tuple, list)) else out)
+    if leaves_for is None:
+        return outs
+    pairs = [(outs[j], g) for j, g in grads.items() if j < len(outs) and outs[j].requires_grad]
+    if not pairs:
+        raise NotReplayable("no recorded output gradient reaches the replayed outputs")
+    keys = list(leaf_by_key)
+    got = torch.autograd.grad([o for o, _ in pairs], [leaf_by_key[k] for k in keys],
+                              [g.to(o.dtype) for o, g in pairs], allow_unused=True)
+    by_key = {k: (g if g is not None else torch.zeros_like(leaf_by_key[k]))
+              for k, g in zip(keys, got)}
+    return [by_key.get(call.tensors[i][0]) if i < len(call.tensors) else None for i in leaves_for]
+
+
+def _reference(record: dict, load: Callable, recorded: list):
+    """Run the call on CPU in the target's dtypes: as recorded, or under CPU autocast when that
+    is what reproduces the recorded output dtypes (the target ran under autocast).
+    Returns (autocast dtype or None, output tensors)."""
+    low = sorted({d for d in recorded if d in _LOW}, key=str)
+    for autocast in [None] + low:
+        try:
+            outs = _run(record, load, None, autocast)
+        except NotReplayable:
+            raise
+        except Exception as exc:
+            if autocast is None and low:
+                continue
+            raise NotReplayable(f"the CPU kernel in the target's dtypes fails ({_short(exc)})")
+        if [o.dtype for o in outs] == recorded:
+            return autocast, outs
+    raise NotReplayable("the CPU kernel does not reproduce the target's output dtypes")
+
+
+def _short(exc: Exception) -> str:
+    text = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
+def _dtype(desc: dict) -> torch.dtype:
+    return getattr(torch, str(desc.get("dtype", "")).replace("torch.", ""), None)
+
+
+def _load_target(load: Callable, desc: dict, where: str) -> torch.Tensor:
+    t = load(desc["key"]) if desc.get("key") else None
+    if t is None:
+        raise NotReplayable(f"{where} was not saved")
+    return t
+
+
+def replay_record(record: dict, load: Callable, policy, forward_record: Optional[dict] = None
+                  ) -> LocalError:
+    """The local error of one record (see module docstring). Never raises for a record that
+    cannot be replayed: the LocalError says why (`replayed` False)."""
+    start = time.perf_counter()
+    try:
+        if record.get("phase") == "backward" and record.get("kind") != "aten":
+            if forward_record is None:
+                raise NotReplayable("its forward call is not in the dump")
+            ref, tensors = _backward(record, forward_record, load, policy)
+        else:
+            ref, tensors = _forward(record, load, policy)
+    except NotReplayable as exc:
+        return LocalError(record["name"], False, reason=str(exc),
+                          seconds=time.perf_counter() - start)
+    except Exception as exc:  # a call torch refuses: say so, never guess
+        return LocalError(record["name"], False, reason=f"replay failed ({_short(exc)})",
+                          seconds=time.perf_counter() - start)
+    return LocalError(record["name"], True, reference=ref, tensors=tuple(tensors),
+                      seconds=time.perf_counter() - start)
+
+
+def _reference_name(dtypes: list, autocast) -> str:
+    if autocast is not None:
+        return f"{str(autocast).replace('torch.', '')} CPU kernel (autocast)"
+    floats = [d for d in dtypes if d is not None and d.is_floating_point]
+    low = min(floats, key=lambda d: torch.finfo(d).bits) if floats else None
+    return f"{str(low).replace('torch.', '')} CPU kernel" if low else "CPU kernel"
+
+
+def _forward(record: dict, load: Callable, policy):
+    outputs = [(name, d) for name, role, d in iter_tensors(record) if role == "output"]
+    if not outputs:
+        raise NotReplayable("it has no output tensor to compare")
+    recorded = [_dtype(d) for _, d in outputs]
+    exact = _run(record, load, torch.float64, None)
+    autocast, reference = _reference(record, load, recorded)
+    if len(exact) != len(outputs):
+        raise NotReplayable(f"the replay returns {len(exact)} tensors, the dump {len(outputs)}")
+    out = []
+    for (name, d), e, r in zip(outputs, exact, reference):
+        t = _load_target(load, d, name)
+        if tuple(t.shape) != tuple(e.shape):
+            raise NotReplayable(f"{name}: replayed shape {list(e.shape)}, dump {list(t.shape)}")
+        out.append(judge_tensor(name, t, e, r, policy))
+    return _reference_name(recorded, autocast), out
+
+
+def _backward(record: dict, fwd: dict, load: Callable, policy):
+    grads_in = record.get("outputs") or []
+    leaves = [i for i, d in enumerate(grads_in) if isinstance(d, dict) and d.get("type") == "tensor"]
+    if not leaves:
+        raise NotReplayable("it has no gradient tensor to compare")
+    grad_out = {j: d for j, d in enumerate(record.get("inputs") or [])
+                if isinstance(d, dict) and d.get("type") == "tensor"}
+    if not grad_out:
+        raise NotReplayable("no gradient w.r.t. its outputs was recorded")
+    g_plain = {j: _load_target(load, d, f"input {j}") for j, d in grad_out.items()}
+    g_exact = {j: g.to(torch.float64) for j, g in g_plain.items()}
+    exact = _run(fwd, load, torch.float64, None, leaves, g_exact)
+    recorded = [_dtype(grads_in[i]) for i in leaves]
+    autocast, _ = _reference(fwd, load, [_dtype(d) for _, r, d in iter_tensors(fwd) if r == "output"])
+    reference = _run(fwd, load, None, autocast, leaves, g_plain)
+    out = []
+    for i, e, r in zip(leaves, exact, reference):
+        name = f"{record['name']}.output.{i}"
+        if e is None or r is None:
+            raise NotReplayable(f"{name}: the forward call has no such tensor argument")
+        t = _load_target(load, grads_in[i], name)
+        if tuple(t.shape) != tuple(e.shape) or t.dtype != r.dtype:
+            raise NotReplayable(f"{name}: replayed {r.dtype} {list(e.shape)}, "
+                                f"dump {t.dtype} {list(t.shape)}")
+        out.append(judge_tensor(name, t, e, r, policy))
+    return _reference_name(recorded, autocast), out
