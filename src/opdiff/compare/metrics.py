@@ -33,6 +33,9 @@ compare reads a dump at a few hundred MB/s per side and holds at most one pair o
 from __future__ import annotations
 
 import math
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +47,7 @@ from .result import METRICS
 EPS = float(np.finfo(np.float64).eps)
 KL_FLOOR = 1e-8
 _CHUNK = 1 << 16
+_PARALLEL_MIN = 4 * _CHUNK         # smaller pairs are not worth a thread hand-off
 
 # Statistics-only dumps (no tensors saved): msprobe's statistics-mode columns.
 STAT_METRICS = ("Max diff", "Min diff", "Mean diff", "L2norm diff",
@@ -143,57 +147,159 @@ def _neutralise_nonfinite(t: torch.Tensor, g: torch.Tensor):
     return t, g, 0
 
 
+class _Sums:
+    """Running sums and maxima of one tensor pair (or one slice of it, merged with `add`)."""
+
+    __slots__ = ("sd2", "stt", "sgg", "stg", "max_abs", "max_rel", "sum_rel", "sum_ape", "n_ape",
+                 "c1", "c5", "kl_s", "kl_p", "kl_q")
+
+    def __init__(self):
+        for name in self.__slots__:
+            setattr(self, name, 0)
+
+    def add(self, other: "_Sums") -> None:
+        for name in self.__slots__:
+            if name.startswith("max_"):
+                setattr(self, name, max(getattr(self, name), getattr(other, name)))
+            else:
+                setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+class _Scratch(threading.local):
+    """Per-thread float64 work buffers of one chunk, allocated once: no page faults per tensor.
+
+    Reductions write into slots of `out` (out=...), so a chunk costs one host transfer
+    instead of one `.item()` per sum.
+    """
+
+    def __init__(self):
+        self.buffers = [torch.empty(_CHUNK, dtype=torch.float64) for _ in range(4)]
+        self.out = torch.zeros(len(_SLOTS), dtype=torch.float64)
+        self.slot = {name: self.out[i] for i, name in enumerate(_SLOTS)}
+
+
+_SLOTS = ("sd2", "stt", "sgg", "stg", "dmin", "dmax", "gmin_abs", "sum", "max_rel", "c5", "c1",
+          "kl_p", "kl_q", "kl_s")
+_scratch = _Scratch()
+
+
+def _chunks(t: torch.Tensor, g: torch.Tensor, start: int, stop: int, kl: tuple) -> _Sums:
+    """Every sum of elements [start, stop) in one sweep over cache-sized chunks.
+
+    Per chunk: widen both sides into float64 buffers once, then run each reduction on them in
+    place, reusing a buffer as soon as its quantity is no longer needed (|g| becomes the
+    relative error, d the threshold flags and then log(p/q), t and g become p and q).
+    """
+    s = _Sums()
+    scratch = _scratch
+    buf, out, o = scratch.buffers, scratch.out, scratch.slot
+    tmin, t_scale, gmin, g_scale = kl
+    for i in range(start, stop, _CHUNK):
+        m = min(_CHUNK, stop - i)
+        a, b, d, rel = (x[:m] for x in buf)
+        a.copy_(t[i:i + m])
+        b.copy_(g[i:i + m])
+        torch.sub(a, b, out=d)
+        torch.dot(d, d, out=o["sd2"])
+        torch.dot(a, a, out=o["stt"])
+        torch.dot(b, b, out=o["sgg"])
+        torch.dot(a, b, out=o["stg"])
+        torch.aminmax(d, out=(o["dmin"], o["dmax"]))
+        torch.abs(b, out=rel)
+        if float(torch.amin(rel, out=o["gmin_abs"])) > EPS:
+            torch.div(d, rel, out=rel).abs_()           # |d| / |g|, bit for bit
+            torch.sum(rel, 0, out=o["sum"])
+            zeros = None
+        else:
+            zeros = _golden_zeros(a, b, d, rel)
+        torch.amax(rel, out=o["max_rel"])
+        # Threshold flags as 0.0/1.0 in a float64 buffer: cheaper to write and sum than bools.
+        torch.sum(torch.lt(rel, 0.005, out=d), 0, out=o["c5"])
+        torch.sum(torch.lt(rel, 0.001, out=d), 0, out=o["c1"])
+        p = a.sub_(tmin).mul_(t_scale).clamp_(min=KL_FLOOR)
+        q = b.sub_(gmin).mul_(g_scale).clamp_(min=KL_FLOOR)
+        torch.sum(p, 0, out=o["kl_p"])
+        torch.sum(q, 0, out=o["kl_q"])
+        torch.dot(p, torch.div(p, q, out=d).log_(), out=o["kl_s"])
+        (sd2, stt, sgg, stg, dmin, dmax, _, total, max_rel, c5, c1, kl_p, kl_q, kl_s) = out.tolist()
+        s.sd2 += sd2
+        s.stt += stt
+        s.sgg += sgg
+        s.stg += stg
+        s.max_abs = max(s.max_abs, dmax, -dmin)
+        s.max_rel = max(s.max_rel, max_rel)
+        if zeros is None:
+            s.sum_rel += total
+            s.sum_ape += total
+            s.n_ape += m
+        else:
+            s.sum_rel += zeros[0]
+            s.sum_ape += zeros[1]
+            s.n_ape += zeros[2]
+        s.c5 += int(c5)
+        s.c1 += int(c1)
+        s.kl_p += kl_p
+        s.kl_q += kl_q
+        s.kl_s += kl_s
+    return s
+
+
+def _golden_zeros(a, b, d, rel) -> tuple[float, float, int]:
+    """Relative errors of a chunk whose golden holds values with |g| <= EPS (rel holds |g|).
+
+    msprobe adds EPS to both sides where golden is exactly 0; MeanRelativeErr counts 0 wherever
+    |g| <= EPS; MAPE skips the golden zeros. Positions where both sides are 0 (ReLU outputs:
+    common) come out of |d| / |g| as NaN and mean 0; only target-nonzero positions over a
+    golden zero need msprobe's formula, and they are few.
+    Returns (MeanRelativeErr sum, MAPE sum, MAPE count); rel ends up holding msprobe's values.
+    """
+    tiny = rel <= EPS
+    zero = b == 0
+    n_zero = int(torch.count_nonzero(zero))
+    n_tiny = int(torch.count_nonzero(tiny))
+    torch.div(d, rel, out=rel).abs_()
+    torch.nan_to_num_(rel, nan=0.0, posinf=math.inf)
+    fixed = None
+    if n_zero and math.isinf(float(rel.max())):
+        where = (zero & torch.isinf(rel)).nonzero().squeeze(1)
+        if where.numel():
+            fixed = ((a[where] + EPS) - EPS).abs_().div_(EPS)
+            rel[where] = 0.0
+    ape = float(rel.sum())                        # golden zeros all hold 0 here
+    mre = ape if n_tiny == n_zero else float(rel.masked_fill(tiny, 0.0).sum())
+    if fixed is not None:
+        rel[where] = fixed
+    return mre, ape, rel.numel() - n_zero
+
+
 def _stream(t: torch.Tensor, g: torch.Tensor, scalar: bool, check: bool = True):
-    """All metrics in one chunked pass; None when check is on and the data hold inf/NaN."""
+    """All metrics from one sweep; None when check is on and the data hold inf/NaN."""
     n = t.numel()
     tmin, tmax = (float(v) for v in torch.aminmax(t))
     gmin, gmax = (float(v) for v in torch.aminmax(g))
-    t_span = (tmax - tmin) or 1.0
-    g_span = (gmax - gmin) or 1.0
-    sd2 = stt = sgg = stg = 0.0
-    max_abs = max_rel = 0.0
-    sum_rel = sum_ape = 0.0
-    n_ape = c1 = c5 = 0
-    kl_s = kl_p = kl_q = 0.0
-    for i in range(0, n, _CHUNK):
-        a = t[i:i + _CHUNK].double()
-        b = g[i:i + _CHUNK].double()
-        d = a - b
-        sd2 += float(torch.dot(d, d))
-        stt += float(torch.dot(a, a))
-        sgg += float(torch.dot(b, b))
-        stg += float(torch.dot(a, b))
-        ad = d.abs()
-        max_abs = max(max_abs, float(ad.max()))
-        gz = b == 0
-        if bool(gz.any()):
-            # msprobe: where golden is 0, add eps to both sides before dividing.
-            b_rel = torch.where(gz, EPS, b)
-            a_rel = torch.where(gz, a + EPS, a)
-            rel = (a_rel - b_rel).abs_().div_(b_rel.abs())
-            nz = ~gz
-            ape = ad[nz].div(b[nz].abs())
-            sum_ape += float(ape.sum())
-            n_ape += int(nz.sum())
-            sum_rel += float(rel.masked_fill(b.abs() <= EPS, 0.0).sum())
-        else:
-            rel = ad.div_(b.abs())
-            s = float(rel.sum())
-            sum_ape += s
-            n_ape += rel.numel()
-            sum_rel += s
-        max_rel = max(max_rel, float(rel.max()))
-        c1 += int(torch.count_nonzero(rel < 0.001))
-        c5 += int(torch.count_nonzero(rel < 0.005))
-        p = (a - tmin).mul_(1.0 / t_span).clamp_(min=KL_FLOOR)
-        q = (b - gmin).mul_(1.0 / g_span).clamp_(min=KL_FLOOR)
-        kl_p += float(p.sum())
-        kl_q += float(q.sum())
-        kl_s += float(torch.dot(p, torch.log(p / q)))
-
-    if check and not (math.isfinite(stt) and math.isfinite(sgg) and math.isfinite(sd2)):
+    kl = (tmin, 1.0 / ((tmax - tmin) or 1.0), gmin, 1.0 / ((gmax - gmin) or 1.0))
+    s = _sweep(t, g, n, kl)
+    if check and not (math.isfinite(s.stt) and math.isfinite(s.sgg) and math.isfinite(s.sd2)):
         return None
-    norm_t, norm_g = math.sqrt(stt), math.sqrt(sgg)
+    return _finish(s, n, scalar)
+
+
+def _sweep(t, g, n: int, kl: tuple) -> _Sums:
+    """Split large pairs across threads (torch kernels release the GIL); else one sweep."""
+    workers = _threads()
+    if workers < 2 or n < _PARALLEL_MIN:
+        return _chunks(t, g, 0, n, kl)
+    per = -(-n // (workers * _CHUNK)) * _CHUNK    # whole chunks per worker
+    parts = [(i, min(n, i + per)) for i in range(0, n, per)]
+    futures = [_pool().submit(_chunks, t, g, lo, hi, kl) for lo, hi in parts[1:]]
+    s = _chunks(t, g, *parts[0], kl)
+    for f in futures:
+        s.add(f.result())
+    return s
+
+
+def _finish(s: _Sums, n: int, scalar: bool) -> Measurement:
+    norm_t, norm_g = math.sqrt(s.stt), math.sqrt(s.sgg)
     if scalar or n == 1:
         cosine = None
     elif norm_t <= EPS and norm_g <= EPS:
@@ -201,29 +307,52 @@ def _stream(t: torch.Tensor, g: torch.Tensor, scalar: bool, check: bool = True):
     elif norm_t <= EPS or norm_g <= EPS:
         cosine = math.nan
     else:
-        cosine = min(1.0, max(-1.0, stg / (norm_t * norm_g)))
+        cosine = min(1.0, max(-1.0, s.stg / (norm_t * norm_g)))
         if cosine > 0.9999:
             cosine = round(cosine, 6)
-    kld = kl_s / kl_p + math.log(kl_q / kl_p)
+    kld = s.kl_s / s.kl_p + math.log(s.kl_q / s.kl_p)
     metrics = {
         "Cosine": cosine,
-        "RMSE": math.sqrt(sd2 / n),
-        "MAPE": 100.0 * sum_ape / n_ape if n_ape else 0.0,
-        "MaxAbsErr": max_abs,
-        "MaxRelativeErr": max_rel,
-        "MeanRelativeErr": sum_rel / n,
-        "RelEuclideanDistance": math.sqrt(sd2 / sgg) if norm_g > EPS else 0.0,
+        "RMSE": math.sqrt(s.sd2 / n),
+        "MAPE": 100.0 * s.sum_ape / s.n_ape if s.n_ape else 0.0,
+        "MaxAbsErr": s.max_abs,
+        "MaxRelativeErr": s.max_rel,
+        "MeanRelativeErr": s.sum_rel / n,
+        "RelEuclideanDistance": math.sqrt(s.sd2 / s.sgg) if norm_g > EPS else 0.0,
         "KLD": max(kld, 0.0),
-        "One Thousandth Err Ratio": None if scalar else c1 / n,
-        "Five Thousandths Err Ratio": None if scalar else c5 / n,
+        "One Thousandth Err Ratio": None if scalar else s.c1 / n,
+        "Five Thousandths Err Ratio": None if scalar else s.c5 / n,
     }
     denom = max(norm_t, norm_g)
-    error = math.sqrt(sd2) / denom if denom > 0 else 0.0
-    if sgg > 0:
-        scale = (stg - sgg) / sgg
+    error = math.sqrt(s.sd2) / denom if denom > 0 else 0.0
+    if s.sgg > 0:
+        scale = (s.stg - s.sgg) / s.sgg
     else:
-        scale = 0.0 if stt == 0 else 1.0
+        scale = 0.0 if s.stt == 0 else 1.0
     return Measurement(metrics, error=error, scale_error=scale, numel=n)
+
+
+# -- threads -------------------------------------------------------------------------------------
+
+_pool_lock = threading.Lock()
+_executor: ThreadPoolExecutor | None = None
+
+
+def _threads() -> int:
+    """Sweep threads: OPDIFF_COMPARE_THREADS, else 1 (see the module docstring)."""
+    try:
+        return max(1, int(os.environ.get("OPDIFF_COMPARE_THREADS", "1")))
+    except ValueError:
+        return 1
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _executor
+    with _pool_lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(max_workers=max(1, _threads() - 1),
+                                           thread_name_prefix="opdiff-metrics")
+        return _executor
 
 
 def _f(x) -> float | None:

@@ -7,15 +7,23 @@
 
 `find_dumps(root)` lists every step/rank directory under a dump root. Opening a dump never
 executes code: the index is JSON and tensors are safetensors.
+
+Tensors are mapped, not read: `tensor(key)` maps just that tensor's bytes of its shard
+(copy-on-write, so the caller may modify it and the file never changes) and the mapping goes away
+with the tensor. A compare that holds one pair at a time therefore keeps one pair's pages in
+memory, however large the dump; keeping a shard open instead would keep every page read so far.
 """
 from __future__ import annotations
 
 import json
 import logging
+import math
+import mmap
 import os
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 from ..errors import DumpError
 from . import layout
@@ -33,7 +41,6 @@ class Dump:
     rank: int | None = None
     _stacks: dict | None = field(default=None, repr=False)
     _tensor_index: dict | None = field(default=None, repr=False)
-    _handles: dict = field(default_factory=dict, repr=False)
 
     format = "opdiff"
 
@@ -80,33 +87,112 @@ class Dump:
     def tensor_keys(self) -> list[str]:
         return list(self._index())
 
-    def _index(self) -> dict[str, Path]:
+    def _index(self) -> dict[str, "_Entry"]:
         if self._tensor_index is None:
             self._tensor_index = {}
             tdir = self.path / layout.TENSORS
             if tdir.is_dir():
-                from safetensors import safe_open
-
                 for shard in sorted(tdir.glob("*.safetensors")):
                     try:
-                        with safe_open(str(shard), framework="pt") as f:
-                            for key in f.keys():
-                                self._tensor_index[key] = shard
-                    except Exception as exc:  # a shard cut short by a crash
+                        self._tensor_index.update(_shard_entries(shard))
+                    except (OSError, ValueError) as exc:  # a shard cut short by a crash
                         log.warning("opdiff: skipping unreadable tensor shard %s (%s)", shard, exc)
         return self._tensor_index
 
     def tensor(self, key: str):
-        """The saved tensor for a descriptor's key (a CPU torch.Tensor), or None if not saved."""
-        shard = self._index().get(key)
-        if shard is None:
-            return None
-        handle = self._handles.get(shard)
-        if handle is None:  # one open handle per shard: reopening per key costs a header parse
-            from safetensors import safe_open
+        """The saved tensor for a descriptor's key (a CPU torch.Tensor), or None if not saved.
 
-            handle = self._handles[shard] = safe_open(str(shard), framework="pt")
-        return handle.get_tensor(key)
+        Raises OSError or ValueError when the shard changed or broke since the dump was opened.
+        """
+        entry = self._index().get(key)
+        if entry is None:
+            return None
+        return _load(entry)
+
+
+class _Entry(NamedTuple):
+    """Where one tensor lies in a safetensors shard."""
+    key: str
+    shard: Path
+    dtype: str          # safetensors' name: "F32", "BF16", ...
+    shape: tuple
+    offset: int         # from the start of the file
+    nbytes: int
+
+
+def _torch_dtypes() -> dict:
+    import torch
+
+    names = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+             "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
+             "U16": "uint16", "U32": "uint32", "U64": "uint64", "BOOL": "bool",
+             "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+             "C64": "complex64", "C128": "complex128"}
+    return {k: getattr(torch, v) for k, v in names.items() if hasattr(torch, v)}
+
+
+_DTYPES: dict | None = None
+_MAX_HEADER = 100 << 20     # safetensors' own limit on the JSON header
+
+
+def _shard_entries(shard: Path) -> dict[str, _Entry]:
+    """Parse a shard's header (8-byte little-endian length, then JSON) without mapping its data."""
+    size = shard.stat().st_size
+    with open(shard, "rb") as f:
+        raw = f.read(8)
+        if len(raw) < 8:
+            raise ValueError("file too short for a safetensors header")
+        (length,) = struct.unpack("<Q", raw)
+        if length > min(_MAX_HEADER, size - 8):
+            raise ValueError(f"header length {length} does not fit in the file")
+        header = json.loads(f.read(length))
+    if not isinstance(header, dict):
+        raise ValueError("header is not a JSON object")
+    start, entries = 8 + length, {}
+    for key, info in header.items():
+        if key == "__metadata__":
+            continue
+        begin, end = info["data_offsets"]
+        if not 0 <= begin <= end <= size - start:
+            raise ValueError(f"{key}: data offsets {begin}..{end} lie outside the file")
+        entries[key] = _Entry(key, shard, info["dtype"], tuple(info["shape"]), start + begin, end - begin)
+    return entries
+
+
+def _load(entry: _Entry):
+    import torch
+
+    global _DTYPES
+    if _DTYPES is None:
+        _DTYPES = _torch_dtypes()
+    dtype = _DTYPES.get(entry.dtype)
+    if dtype is None:               # a dtype this torch build lacks a name for: ask safetensors
+        from safetensors import safe_open
+
+        with safe_open(str(entry.shard), framework="pt") as f:
+            return f.get_tensor(entry.key)
+    numel = math.prod(entry.shape)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if numel * itemsize != entry.nbytes:
+        raise ValueError(f"{entry.shard}: {entry.nbytes} bytes cannot hold a {entry.dtype} "
+                         f"tensor of shape {list(entry.shape)}")
+    if numel == 0:
+        return torch.empty(entry.shape, dtype=dtype)
+    base = entry.offset - entry.offset % mmap.ALLOCATIONGRANULARITY
+    skip = entry.offset - base
+    fd = os.open(entry.shard, os.O_RDONLY)
+    try:
+        if skip % itemsize:         # misaligned data (not written by safetensors): copy it
+            data = torch.empty(entry.nbytes, dtype=torch.uint8)
+            if os.preadv(fd, [data.numpy()], entry.offset) != entry.nbytes:
+                raise ValueError(f"{entry.shard}: file is shorter than its header says")
+            return data.view(dtype).reshape(entry.shape)
+        # ACCESS_COPY: private pages; writes stay in this process. The tensor keeps the map
+        # alive and unmapping happens when the tensor is freed.
+        mapped = mmap.mmap(fd, skip + entry.nbytes, access=mmap.ACCESS_COPY, offset=base)
+    finally:
+        os.close(fd)
+    return torch.frombuffer(mapped, dtype=dtype, count=numel, offset=skip).reshape(entry.shape)
 
 
 def open_dump(path: str | os.PathLike) -> Dump:
