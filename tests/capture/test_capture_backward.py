@@ -176,3 +176,24 @@ def test_backward_of_an_inplace_op(dump_root, read_dump):
     assert torch.allclose(grad_b, g * 2 * a.detach())
     # The forward record shows y before the multiplication.
     assert torch.equal(dump.tensor(dump["Tensor.mul_.0.forward"]["inputs"][0]), 2 * a.detach())
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non_reentrant", "reentrant"])
+def test_l2_does_not_record_checkpoint_recomputation_as_backward_ops(reentrant, tmp_path, read_dump):
+    # A run with activation checkpointing must line up with one without: the forward re-run
+    # inside backward is not a set of backward ops.
+    def run(root, use_checkpoint):
+        torch.manual_seed(0)
+        model = _Checkpointed(reentrant)
+        x = torch.randn(3, 4)
+        if not use_checkpoint:
+            model.forward = lambda x_: model.out(model.seg(model.inp(x_)))
+        with opdiff.dump(model, root, level="L2"):
+            model(x).pow(2).sum().backward()
+        dump = read_dump(root)
+        return dump.ops(phase="forward"), sorted(dump.ops(phase="backward"))
+
+    plain_fwd, plain_bwd = run(tmp_path / "plain", False)
+    ckpt_fwd, ckpt_bwd = run(tmp_path / "ckpt", True)
+    assert ckpt_fwd == plain_fwd
+    assert ckpt_bwd == plain_bwd
