@@ -16,8 +16,8 @@ call also runs on CPU in the target's dtypes (under CPU autocast when that is wh
 the recorded output dtypes), and the target's kernel is blamed only when its error against
 float64 is well above that reference kernel's:
 
-    random:  err_t > ratio * err_ref + tolerance(dtype) / 10
     scale:   |s_t| > |s_ref| + max(scale_tolerance(dtype), sigmas * err_ref / sqrt(n))
+    random:  err_t > ratio * err_ref + tolerance(dtype) / 10
 
 err is the relative L2 error and s the scale error <t,e>/<e,e> - 1 against the float64 result
 (see `opdiff.compare.metrics`). ratio = 3 follows `torch._dynamo.utils.same` for reduced
@@ -140,11 +140,11 @@ def judge_tensor(name: str, target: torch.Tensor, exact: torch.Tensor, reference
                                 m_r.scale_error, "")
     tol = policy.tolerance_for(dtype, dtype)
     stol = policy.scale_tolerance_for(dtype, dtype)
-    if m_t.error > RATIO * m_r.error + tol / 10:
-        culprit = "random"
-    elif abs(m_t.scale_error) > abs(m_r.scale_error) + max(
+    if abs(m_t.scale_error) > abs(m_r.scale_error) + max(
             stol, SIGMAS * m_r.error / math.sqrt(max(n, 1))):
         culprit = "scale"
+    elif m_t.error > RATIO * m_r.error + tol / 10:
+        culprit = "random"
     return TensorLocalError(name, dtype, n, m_t.error, m_t.scale_error, m_r.error,
                             m_r.scale_error, culprit)
 
