@@ -58,3 +58,26 @@ def test_l2_with_aot_eager_backend(dump_root, read_dump):
     dump = read_dump(dump_root)
     assert dump.records and not [r for r in dump.records if "error" in r]
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("level", ["L1", "mix"])
+def test_api_and_module_levels_do_not_split_torch_compile_graphs(level, dump_root):
+    # Dynamo traces torch-function modes and module hooks: capture must not be traced into the
+    # user's graph (dozens of graph breaks and recompilations, compile effectively off).
+    torch._dynamo.reset()
+    graphs = []
+
+    def counting_backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    model = _model()
+    x = torch.randn(3, 4)
+    want = model(x)
+    compiled = torch.compile(model, backend=counting_backend)
+    with opdiff.dump(model, dump_root, level=level):
+        out = compiled(x)
+        out.sum().backward()
+    torch._dynamo.reset()
+    assert torch.equal(out, want)
+    assert len(graphs) == 1, f"{len(graphs)} graphs compiled instead of 1"
