@@ -17,6 +17,14 @@ whose output error is of the order of its input error only inherits it (accumula
 - Integer and bool outputs (argmax, masks) are blamed only when the inputs agree exactly, since
   any input noise may legitimately flip them. Ops returning uninitialised memory are never blamed.
 
+When the target dump holds its tensors, replay (`opdiff.replay`) is a second, independent
+opinion: the op re-run in float64 on the target's own inputs gives its own error, free of
+anything inherited, and a CPU kernel of the target's dtype on the same inputs says how much of
+that error the dtype explains. Replay confirms the comparison's culprit, clears it (its own
+error is the dtype's: the difference was inherited after all), or names an op the comparison
+cannot see: in backward, accumulated bf16 error (10% and more behind BatchNorm) hides a kernel
+that is off by 1%. See `_second_opinion` for which ops get replayed.
+
 Besides picking the culprit, the analysis rewrites each row's verdict: an output beyond its
 tolerance is an `error` only when its op made the error, and a `warning` ("inherited from the
 inputs") otherwise; an input beyond its tolerance is a `warning` (it is some earlier op's output).
