@@ -19,6 +19,10 @@ class ApiCapture(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if torch.compiler.is_compiling():
+            # Dynamo traces modes: without this it would trace (and graph-break on) opdiff's own
+            # Python for every op. Compiled regions run uncaptured at L1 (use L2 for them).
+            return func(*args, **kwargs)
         s = self.session
         op = naming.api_name(func)
         if op is None or s.busy or s.writer is None or in_backward():
@@ -84,8 +88,12 @@ class ApiCapture(TorchFunctionMode):
             # These write into their first argument and return None (or a Work handle).
             result = args[0]
         with s.internal():
-            record["outputs"] = s.describe_all([result], record["name"], "output") \
-                if not isinstance(result, (tuple, list)) else s.describe_all(result, record["name"], "output")
+            try:
+                record["outputs"] = s.describe_all([result], record["name"], "output") \
+                    if not isinstance(result, (tuple, list)) else s.describe_all(result, record["name"], "output")
+            except Exception as exc:  # keep the record and say what failed
+                record.setdefault("outputs", [])
+                s.failed(op, exc, record)
         if s.want_forward:
             s.emit(record)
         s.check_overflow(record, args, result)

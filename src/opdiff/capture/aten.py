@@ -5,6 +5,9 @@ op that created that node through its sequence number (as the profiler does).
 """
 from __future__ import annotations
 
+import os
+import sys
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -12,6 +15,20 @@ from torch.utils._python_dispatch import TorchDispatchMode
 _SKIP = {"detach", "alias", "lift_fresh", "lift_fresh_copy", "_to_copy_meta", "empty", "empty_like",
          "empty_strided", "set_", "_local_scalar_dense", "is_same_size", "_has_compatible_shallow_copy_type",
          "result_type", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "_version"}
+
+
+_CHECKPOINT_FILE = os.path.join(os.path.dirname(torch.__file__), "utils", "checkpoint.py")
+
+
+def _recomputing() -> bool:
+    """True inside torch.utils.checkpoint's recomputation (backward ops run without grad mode,
+    so this frame walk happens only for the rare grad-enabled op inside backward)."""
+    f = sys._getframe(2)
+    while f is not None:
+        if f.f_code.co_filename == _CHECKPOINT_FILE:
+            return True
+        f = f.f_back
+    return False
 
 
 class AtenCapture(TorchDispatchMode):
@@ -34,6 +51,9 @@ class AtenCapture(TorchDispatchMode):
         if s.busy or s.writer is None or packet in _SKIP or func.is_view:
             return func(*args, **kwargs)
         node = torch._C._current_autograd_node()
+        if node is not None and torch.is_grad_enabled() and _recomputing():
+            # Activation checkpointing re-runs the forward inside backward: already recorded.
+            return func(*args, **kwargs)
         phase = "backward" if node is not None else "forward"
         op = f"Aten.{packet}"
         record = None

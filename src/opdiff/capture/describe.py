@@ -73,6 +73,7 @@ class Describer:
         return {"type": "object", "value": _short_repr(value)}
 
     def tensor(self, t: torch.Tensor, name: str) -> dict:
+        t = _unwrapped(t)
         desc = {"type": "tensor", "dtype": str(t.dtype).replace("torch.", ""),
                 "shape": list(t.shape), "device": str(t.device), "requires_grad": t.requires_grad}
         if t.is_meta or getattr(t, "_is_fake", False):
@@ -120,6 +121,16 @@ def _storage(t: torch.Tensor) -> int:
         return t.untyped_storage().data_ptr()
     except (RuntimeError, NotImplementedError):  # sparse and other storage-less layouts
         return -1
+
+
+def _unwrapped(t: torch.Tensor) -> torch.Tensor:
+    """The plain tensor under torch.func's wrappers (vmap's batched, grad's tracking tensors):
+    their values cannot be read (.item() raises inside a transform); the whole batch can."""
+    functorch = torch._C._functorch
+    while functorch.is_batchedtensor(t) or functorch.is_gradtrackingtensor(t) \
+            or functorch.is_functionaltensor(t):
+        t = functorch.get_unwrapped(t)
+    return t
 
 
 def _short_repr(value) -> str:

@@ -49,7 +49,10 @@ class ModuleCapture:
         self.handles.append(nn_module.register_module_forward_pre_hook(self._pre))
         # always_call: a forward that raises must still pop its call, or every later op is
         # attributed to the dead call.
-        self.handles.append(nn_module.register_module_forward_hook(self._post, always_call=True))
+        # with_kwargs: `model(input_ids=..., attention_mask=...)` passes its tensors by keyword
+        # (the global pre-hook cannot see them; they are described when the call returns).
+        self.handles.append(nn_module.register_module_forward_hook(self._post, always_call=True,
+                                                                   with_kwargs=True))
         if param_grads and self.session.want_backward and not self.param_handles:
             self._hook_params()
 
@@ -93,6 +96,8 @@ class ModuleCapture:
         return st
 
     def _pre(self, module, args):
+        if torch.compiler.is_compiling():
+            return None   # dynamo would trace opdiff's hooks into the user's graph (see api.py)
         s = self.session
         label = self._label(module)
         if label is None or s.busy or s.writer is None or in_backward():
@@ -118,7 +123,12 @@ class ModuleCapture:
         s.local.modules.append(name)
         return None
 
-    def _post(self, module, args, output):
+    def _post(self, module, args, *rest):
+        # (kwargs, output) normally; torch calls an always_call hook with (args, output) alone
+        # when the forward raised.
+        kwargs, output = rest if len(rest) == 2 else ({}, rest[0])
+        if torch.compiler.is_compiling():
+            return None   # dynamo would trace opdiff's hooks into the user's graph (see api.py)
         s = self.session
         calls = getattr(s.local, "module_calls", None)
         if not calls or calls[-1][0] is not module:
@@ -131,6 +141,9 @@ class ModuleCapture:
         try:
             index = record.pop("_index")
             with s.internal():
+                if kwargs:
+                    record["kwargs"] = {k: s.describer.describe(v, f"{record['name']}.input.{k}")
+                                        for k, v in kwargs.items()}
                 record["outputs"] = s.describe_all(
                     output if isinstance(output, (tuple, list)) else [output], record["name"], "output")
                 record["parameters"] = {
@@ -141,7 +154,7 @@ class ModuleCapture:
             s.check_overflow(record, pre_args, output)
             if s.want_backward and torch.is_grad_enabled():
                 hook_module_backward(s, record["name"], record["op"], index, record["module"],
-                                     record["stack"], pre_args, output)
+                                     record["stack"], (pre_args, kwargs), output)
         except Exception as exc:
             s.failed(record.get("name", "module"), exc, record)
         return None

@@ -122,7 +122,12 @@ class Session:
             raise ConfigError(f"{directory} already holds a dump; choose another dump_path or remove it")
         meta = {"opdiff_version": __version__, "config": cfg.as_dict(), "step": self.step_index,
                 "rank": rank, "environment": fingerprint()}
-        self.writer = DumpWriter(directory, meta)
+        try:
+            self.writer = DumpWriter(directory, meta)
+        except OSError as exc:  # a parent is a file, read-only or missing mount: the user's to fix
+            from ..errors import ConfigError
+            raise ConfigError(f"cannot write a dump into {directory} ({exc.strerror or exc}); "
+                              f"choose a writable dump_path") from None
         light = cfg.task == "overflow_check"
         self.describer = Describer(None if light else self.stats, self.writer, save=cfg.task == "tensor")
         if light:
