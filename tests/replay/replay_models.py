@@ -5,6 +5,7 @@ import contextlib
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 import opdiff
 import opdiff.testing
@@ -81,3 +82,18 @@ def run(name, path, bf16=False, fault=None, task="tensor"):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16 and not cast):
             out = model(x)
         out.float().pow(2).mean().backward()
+
+
+class Fp32AccumulatingKernels(TorchFunctionMode):
+    """Another device's healthy bf16 kernels: under autocast, conv2d and linear compute in fp32
+    and round the output to bf16 (CPU's bf16 kernels give slightly different numbers).
+    Enter it before the dump so the recorder sees these kernels as the ops' own."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in (F.conv2d, F.linear) and torch.is_autocast_enabled("cpu"):
+            with torch.autocast("cpu", enabled=False):
+                up = [a.float() if isinstance(a, torch.Tensor) else a for a in args]
+                kw = {k: v.float() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+                return func(*up, **kw).bfloat16()
+        return func(*args, **kwargs)

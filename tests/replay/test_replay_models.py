@@ -6,7 +6,7 @@ import re
 import pytest
 
 import opdiff
-from replay_models import run
+from replay_models import Fp32AccumulatingKernels, run
 
 MODELS = ("cnn", "lstm", "transformer")
 
@@ -33,6 +33,23 @@ def test_healthy_bf16_names_nothing_after_replaying_the_backward(goldens, tmp_pa
     assert any(n.startswith("replayed ") for n in result.notes), result.notes
     everything = opdiff.compare(tmp_path / "t", goldens / name, replay="all")
     assert everything.first_divergence is None, everything.verdict
+
+
+def test_target_kernels_that_differ_from_cpus_but_are_correct_are_not_blamed(goldens, tmp_path):
+    with Fp32AccumulatingKernels():
+        run("cnn", tmp_path / "t", bf16=True)
+    result = opdiff.compare(tmp_path / "t", goldens / "cnn", replay="all")
+    assert result.first_divergence is None, result.verdict
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("op,call", [("Functional.conv2d", 2), ("Functional.batch_norm", 1)])
+def test_backward_fault_is_named_when_the_target_kernels_differ_from_cpus(goldens, tmp_path, op,
+                                                                          call):
+    with Fp32AccumulatingKernels():
+        run("cnn", tmp_path / "t", bf16=True, fault=dict(op=op, call=call, phase="backward",
+                                                         scale=1.01))
+    _check_backward(opdiff.compare(tmp_path / "t", goldens / "cnn"), op, call)
 
 
 # One per model runs by default; the rest are in the slow set below.

@@ -101,8 +101,10 @@ class LocalError:
         if w.culprit == "scale" or abs(w.scale_error) > abs(w.reference_scale_error) * 2:
             scale = (f", scaled by {1 + w.scale_error:.6g} against "
                      f"{1 + w.reference_scale_error:.6g}")
+        which = w.name[len(self.name) + 1:] if w.name.startswith(self.name + ".") else w.name
         return (f"replayed in float64 on the target's own inputs, the op's own {what} error is "
-                f"{_fmt(w.error)}, a {self.reference}'s is {_fmt(w.reference_error)}{scale}")
+                f"{_fmt(w.error)} ({which}, {w.dtype}), a {self.reference}'s is "
+                f"{_fmt(w.reference_error)}{scale}")
 
 
 def _excess(t: TensorLocalError) -> float:
