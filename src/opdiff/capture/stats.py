@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from ..store.records import encode_float
 
 _FLOATING_WIDE = (torch.float32, torch.float64)
+_NUMPY_MIN = 1 << 14   # below this, torch's per-call cost is lower than NumPy's
 
 
 def _prepared(t: torch.Tensor) -> torch.Tensor | None:
@@ -36,15 +38,41 @@ def _as_stats(mx, mn, mean, norm, nan, inf) -> dict:
             "norm": encode_float(norm), "nan": int(nan), "inf": int(inf)}
 
 
+_ones = np.ones(0, dtype=np.float32)
+
+
+def _numpy_reductions(x: torch.Tensor) -> tuple[float, float, float, float]:
+    """min, max, sum, L2 norm of a large contiguous float32 CPU tensor.
+
+    NumPy's min/max and BLAS dot products are single passes that do not wait on torch's
+    intra-op thread pool; on a busy machine each torch reduction can stall for milliseconds
+    waiting for a pool thread, and capture runs hundreds of them per step.
+    """
+    global _ones
+    a = x.numpy().reshape(-1)
+    if _ones.size < a.size:
+        _ones = np.ones(a.size, dtype=np.float32)
+    with np.errstate(all="ignore"):   # overflow and NaN are the caller's to handle
+        total = float(np.dot(a, _ones[:a.size]))
+        return float(a.min()), float(a.max()), total, math.sqrt(max(float(np.dot(a, a)), 0.0))
+
+
 def cpu_stats(t: torch.Tensor) -> dict | None:
     """Statistics of a CPU tensor, computed now (a CPU read needs no device sync)."""
     x = _prepared(t)
     if x is None:
         return None
-    mn, mx = torch.aminmax(x)
-    mn, mx = mn.item(), mx.item()
-    total = x.sum().item()
-    norm = torch.linalg.vector_norm(x).item()
+    if x.dtype == torch.float32 and x.numel() >= _NUMPY_MIN and x.is_contiguous():
+        mn, mx, total, norm = _numpy_reductions(x)
+        if math.isfinite(mn) and math.isfinite(mx) and not (math.isfinite(norm) and math.isfinite(total)):
+            # finite values whose float32 sums overflowed: redo them wider
+            total = x.sum(dtype=torch.float64).item()
+            norm = torch.linalg.vector_norm(x, dtype=torch.float64).item()
+    else:
+        mn, mx = torch.aminmax(x)
+        mn, mx = mn.item(), mx.item()
+        total = x.sum().item()
+        norm = torch.linalg.vector_norm(x).item()
     nan = inf = 0
     if not (math.isfinite(mn) and math.isfinite(mx) and math.isfinite(total)):
         nan = int(torch.isnan(x).sum())
