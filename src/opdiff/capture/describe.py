@@ -5,6 +5,8 @@ import weakref
 
 import torch
 
+from ..store.records import scalar_descriptor
+
 _MAX_REPR = 120
 
 
@@ -46,17 +48,9 @@ class Describer:
     def describe(self, value, name: str, depth: int = 0) -> dict:
         if isinstance(value, torch.Tensor):
             return self.tensor(value, name)
-        if value is None:
-            return {"type": "none"}
-        if isinstance(value, bool):
-            return {"type": "bool", "value": value}
-        if isinstance(value, int):
-            return {"type": "int", "value": value}
-        if isinstance(value, float):
-            from ..store.records import encode_float
-            return {"type": "float", "value": encode_float(value)}
-        if isinstance(value, str):
-            return {"type": "str", "value": value[:_MAX_REPR]}
+        scalar = scalar_descriptor(value, _MAX_REPR)
+        if scalar is not None:
+            return scalar
         if isinstance(value, torch.dtype):
             return {"type": "dtype", "value": str(value)}
         if isinstance(value, torch.device):

@@ -59,6 +59,21 @@ def decode_float(x: Any) -> Any:
     return x
 
 
+def scalar_descriptor(value: Any, max_len: int = 120) -> dict | None:
+    """The descriptor of a plain Python scalar (None, bool, int, float, str); None otherwise."""
+    if value is None:
+        return {"type": "none"}
+    if isinstance(value, bool):
+        return {"type": "bool", "value": value}
+    if isinstance(value, int):
+        return {"type": "int", "value": value}
+    if isinstance(value, float):
+        return {"type": "float", "value": encode_float(value)}
+    if isinstance(value, str):
+        return {"type": "str", "value": value[:max_len]}
+    return None
+
+
 def dumps(obj: Any) -> str:
     """Serialize to one line of strict JSON (raises on bare NaN/Infinity rather than writing it)."""
     return json.dumps(obj, separators=(",", ":"), allow_nan=False, ensure_ascii=False)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..records import encode_float
+from ..records import encode_float, scalar_descriptor
 
 # Names foreign tools give the same thing: "torch.float32" and "float32" are both "float32".
 _FLOAT_DTYPES = {"float64", "float32", "float16", "bfloat16", "double", "float", "half",
@@ -89,17 +89,8 @@ def tensor_descriptor(dtype: Any, shape: Any, *, max=None, min=None, mean=None, 
 
 def value_descriptor(value: Any) -> dict:
     """A plain Python value (from a foreign dump) as a descriptor."""
-    if value is None:
-        return {"type": "none"}
-    if isinstance(value, bool):
-        return {"type": "bool", "value": value}
-    if isinstance(value, int):
-        return {"type": "int", "value": value}
-    if isinstance(value, float):
-        return {"type": "float", "value": encode_float(value)}
-    if isinstance(value, str):
-        return {"type": "str", "value": value}
-    return {"type": "object", "value": repr(value)[:120]}
+    scalar = scalar_descriptor(value, max_len=1 << 16)
+    return scalar if scalar is not None else {"type": "object", "value": repr(value)[:120]}
 
 
 def place(container: list, path: list[str], leaf: dict) -> None:
