@@ -112,3 +112,24 @@ def strict_lines():
 @pytest.fixture
 def check_stats():
     return assert_stats
+
+
+@pytest.fixture(autouse=True)
+def capture_leaves_nothing_behind():
+    """After every capture test: no global module hook, no torch-function or dispatch mode and no
+    running debugger left over (opdiff must always clean up, even after errors)."""
+    import torch.nn.modules.module as nn_module
+
+    from opdiff.capture import debugger
+
+    def state():
+        return (len(nn_module._global_forward_hooks), len(nn_module._global_forward_pre_hooks),
+                torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack())
+
+    before = state()
+    yield
+    after = state()
+    active = debugger._active
+    debugger._active = None   # do not let one leak fail every later test
+    assert after == before, f"left behind (fwd hooks, pre hooks, function modes, dispatch modes): {after}"
+    assert active is None, "a debugger is still marked running"

@@ -331,3 +331,23 @@ def test_autocast_training_is_bitwise_unchanged(level, model_cases, dump_root):
     assert torch.equal(loss, want)
     for p, q in zip(model.parameters(), ref.parameters()):
         assert torch.equal(p.grad, q.grad)
+
+
+@pytest.mark.parametrize("level", ["L0", "mix"])
+def test_no_global_module_hook_survives_the_dump(level, dump_root):
+    # Left-over global hook state makes every later torch.compile(module) in the process warn
+    # "Using torch.compile(module) when there are global hooks on modules".
+    from torch.nn.modules import module as nn_module
+    registries = ("_global_backward_pre_hooks", "_global_backward_hooks", "_global_forward_pre_hooks",
+                  "_global_forward_hooks", "_global_forward_hooks_always_called",
+                  "_global_forward_hooks_with_kwargs")
+
+    def global_hooks():
+        return {name: set(getattr(nn_module, name)) for name in registries}
+
+    before = global_hooks()
+    model = nn.Sequential(nn.Linear(2, 2))
+    with opdiff.dump(model, dump_root, level=level):
+        model(torch.ones(1, 2)).sum().backward()
+    after = global_hooks()
+    assert after == before, {k: after[k] - before[k] for k in registries if after[k] != before[k]}
