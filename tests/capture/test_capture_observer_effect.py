@@ -104,3 +104,42 @@ def test_training_is_bitwise_unchanged(family, task, level, tmp_path, model_case
     if task != "overflow_check":      # overflow_check writes only where inf/NaN is born
         assert [d.parent.name for d in dumps] == [f"step{i}" for i in range(STEPS)]
         assert all((d / "records.jsonl").stat().st_size > 0 for d in dumps)
+
+
+class _TiedLM(torch.nn.Module):
+    """Tied input/output embedding, a branch reused twice: gradients accumulate from many uses."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(11, 6)
+        self.mix = torch.nn.Linear(6, 6)
+
+    def forward(self, ids):
+        h = self.emb(ids)
+        h = h + torch.tanh(self.mix(h)) + torch.sigmoid(self.mix(h))   # mix used twice
+        return h @ self.emb.weight.t()                                  # weight tying
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_shared_weights_and_micro_batches_are_bitwise_unchanged(level, tmp_path):
+    def run(debugger=None):
+        torch.manual_seed(0)
+        model = _TiedLM()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        ids = torch.randint(0, 11, (4, 5), generator=torch.Generator().manual_seed(1))
+        for step in range(2):
+            if debugger is not None:
+                debugger.start(model)
+            for micro in range(2):                      # gradient accumulation
+                logits = model(ids[2 * micro:2 * micro + 2])
+                torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids[2 * micro:2 * micro + 2].flatten()).backward()
+            opt.step()
+            opt.zero_grad()
+            if debugger is not None:
+                debugger.stop()
+                debugger.step()
+        return [_bits(p) for p in model.parameters()]
+
+    want = run()
+    got = run(opdiff.PrecisionDebugger(dump_path=str(tmp_path / "d"), level=level, task="statistics"))
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
