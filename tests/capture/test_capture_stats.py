@@ -203,3 +203,15 @@ def test_device_and_cpu_statistics_agree(case):
         a, b = on_cpu[key], on_device[key]
         assert (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, rel=1e-6), \
             f"{case} {key}: cpu {a} vs device {b}"
+
+
+def test_setitem_records_the_tensor_before_and_after(dump_root, read_dump, check_stats):
+    x = torch.zeros(3, 4)
+    idx = torch.tensor([0, 2])
+    with opdiff.dump(None, dump_root, level="L1"):
+        x[idx] = 5.0
+    rec = read_dump(dump_root)["Tensor.__setitem__.0.forward"]
+    check_stats(rec["inputs"][0], torch.zeros(3, 4), what="before")
+    check_stats(rec["inputs"][1], idx, what="index")
+    assert rec["inputs"][2] == {"type": "float", "value": 5.0}
+    check_stats(rec["outputs"][0], x, what="after")
