@@ -1,17 +1,31 @@
-"""Compare throughput: build a tensor dump pair of a few hundred MB, time `opdiff.compare`.
+"""Compare throughput: time `opdiff.compare` on tensor dump pairs of a few hundred MB per side.
 
-    python benchmarks/bench_compare.py [--mb 300] [--dir /tmp/opdiff-bench] [--keep]
+    python benchmarks/bench_compare.py [--mb 300] [--models] [--runs 5] [--against SRC ...]
+                                       [--dir DIR] [--keep]
 
-Prints MB/s per side (bytes of tensors read from each dump divided by compare wall time) and
-the peak RSS of the process, which must stay near a few tensors' worth, not the dump's size.
-The target differs from the golden by bf16-sized noise, so no metric takes a shortcut.
+Pairs:
+  synthetic   tanh ops on 4 MB float32 tensors; the target is the golden rounded through bf16,
+              so no metric takes a shortcut (no identical tensors, no zeros)
+  cnn, tf     with --models: the ResNet-style CNN and the transformer of benchmarks/models.py,
+              one forward+backward captured with opdiff.dump(level="mix", task="tensor"); the
+              target carries a planted 1e-4 fault (opdiff.testing.inject_fault). Real dumps
+              save each tensor once and reference it from every record that saw it.
+
+Every compare runs in a child process (so its peak RSS is its own) with replay="off", i.e. the
+measuring path alone. MB/s per side = bytes of saved tensors in one side's dump / compare wall
+time, median of --runs. `--against SRC` (repeatable) also times the opdiff package found under
+SRC (the `src` directory of another checkout, e.g. `git archive <commit> src | tar -x -C
+/tmp/old`), run for run interleaved with this one, so all see the same machine load; the load
+average is printed, because on a shared machine it moves every number.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import resource
+import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -22,15 +36,39 @@ import torch
 
 from opdiff.store import DumpWriter
 
+HERE = Path(__file__).resolve().parent
+THIS_SRC = HERE.parent / "src"
 
-def build(root: Path, total_mb: int, tensor_mb: float = 4.0) -> int:
-    """Write golden and target dumps of ~total_mb of float32 tensors each; returns bytes per side."""
+# The child: import opdiff from the given src directory, compare, report wall time and peak RSS.
+_CHILD = r"""
+import inspect, json, resource, sys, time
+sys.path.insert(0, sys.argv[1])
+import opdiff
+from opdiff.compare.engine import compare
+assert opdiff.__file__.startswith(sys.argv[1]), opdiff.__file__
+kwargs = {"progress": False}
+if "replay" in inspect.signature(compare).parameters:
+    kwargs["replay"] = "off"
+start = time.perf_counter()
+result = compare(sys.argv[2], sys.argv[3], **kwargs)
+wall = time.perf_counter() - start
+fd = result.first_divergence
+try:  # VmHWM: this process's own peak. ru_maxrss would start at the parent's RSS (kept over exec)
+    with open("/proc/self/status") as f:
+        peak = next(int(l.split()[1]) for l in f if l.startswith("VmHWM:")) / 1024
+except OSError:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({"wall": wall, "rows": len(result.rows), "first": fd and fd.name, "rss_mb": peak}))
+"""
+
+
+def build_synthetic(root: Path, total_mb: int, tensor_mb: float = 4.0) -> None:
+    """Golden and target dumps of ~total_mb of float32 tensors each."""
     numel = int(tensor_mb * (1 << 20) / 4)
     n_ops = max(1, int(total_mb / (2 * tensor_mb)))     # two tensors (input, output) per op
     g = torch.Generator().manual_seed(0)
     writers = {side: DumpWriter(root / side / "step0" / "rank0", {"environment": {}})
                for side in ("golden", "target")}
-    nbytes = 0
     for i in range(n_ops):
         x = torch.randn(numel, generator=g)
         y = torch.tanh(x)
@@ -46,10 +84,8 @@ def build(root: Path, total_mb: int, tensor_mb: float = 4.0) -> int:
             w.write(rec)
             w.save_tensor(f"{name}.input.0", xi.clone())
             w.save_tensor(f"{name}.output.0", yi.clone())
-        nbytes += 2 * numel * 4
     for w in writers.values():
         w.close()
-    return nbytes
 
 
 def _desc(t: torch.Tensor, key: str) -> dict:
@@ -58,35 +94,95 @@ def _desc(t: torch.Tensor, key: str) -> dict:
                       "norm": float(t.norm()), "nan": 0, "inf": 0}}
 
 
+def build_model(root: Path, name: str) -> None:
+    """One training step of a benchmark model, golden and with a planted 1e-4 forward fault."""
+    import opdiff
+    import opdiff.testing
+
+    sys.path.insert(0, str(HERE))
+    import models
+
+    if name == "cnn":     # batch 24: ~450 MB of tensors per side
+        workload = lambda: models.cnn_workload(batch=24)
+        fault = dict(op="Tensor.__iadd__", call=3, scale=1 + 1e-4)
+    else:                 # batch 16 x 64 tokens: ~170 MB per side
+        workload = lambda: models.transformer_workload(batch=16, seq=64)
+        fault = dict(op="Functional.linear", call=5, scale=1 + 1e-4)
+    for side in ("golden", "target"):
+        model, batch, loss_fn = workload()
+        planted = opdiff.testing.inject_fault(**fault) if side == "target" else contextlib.nullcontext()
+        with planted, opdiff.dump(model, str(root / side), level="mix", task="tensor"):
+            loss_fn(model, batch).backward()
+
+
+def tensor_bytes(dump_root: Path) -> int:
+    return sum(p.stat().st_size for p in dump_root.rglob("*.safetensors"))
+
+
+def time_compare(src: Path, target: Path, golden: Path) -> dict:
+    proc = subprocess.run([sys.executable, "-c", _CHILD, str(src), str(target), str(golden)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"compare with {src} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mb", type=int, default=300, help="MB of tensors per side (default 300)")
-    ap.add_argument("--dir", default=None, help="where to build the dumps (default: a temp dir)")
-    ap.add_argument("--keep", action="store_true", help="keep the dumps afterwards")
+    ap.add_argument("--mb", type=int, default=300, help="MB of tensors per side, synthetic pair")
+    ap.add_argument("--models", action="store_true", help="also dump and compare the CNN and transformer")
+    ap.add_argument("--runs", type=int, default=3, help="compares per pair and implementation (median)")
+    ap.add_argument("--against", type=Path, action="append", default=[],
+                    help="src directory of another opdiff to time side by side (repeatable)")
+    ap.add_argument("--dir", default=None,
+                    help="where to build the dumps, or find them from an earlier run (kept)")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary dumps afterwards")
     args = ap.parse_args(argv)
     root = Path(args.dir or tempfile.mkdtemp(prefix="opdiff-bench-"))
+    impls = {}
+    for src in args.against:
+        if not (src / "opdiff" / "__init__.py").exists():
+            raise SystemExit(f"--against {src}: no opdiff package there (give its src directory)")
+        src = src.resolve()
+        impls[src.name if src.name != "src" else src.parent.name] = src
+    impls["this"] = THIS_SRC
     try:
-        t0 = time.perf_counter()
-        nbytes = build(root, args.mb)
-        built = time.perf_counter() - t0
-        # Compare in a child process so its peak RSS is its own, not the build's.
-        code = ("import sys, time, json; from opdiff.compare.engine import compare; "
-                "t = time.perf_counter(); r = compare(sys.argv[1], sys.argv[2], progress=False); "
-                "print(json.dumps({'wall': time.perf_counter() - t, 'rows': len(r.rows), "
-                "'first': r.first_divergence and r.first_divergence.name}))")
-        proc = subprocess.run([sys.executable, "-c", code, str(root / "target"),
-                               str(root / "golden")], capture_output=True, text=True, check=True)
-        out = json.loads(proc.stdout.strip().splitlines()[-1])
-        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-        mb = nbytes / 1e6
-        print(f"{'tensors per side':<28}{mb:10.1f} MB  ({out['rows']} tensors)")
-        print(f"{'build time':<28}{built:10.2f} s")
-        print(f"{'compare time':<28}{out['wall']:10.2f} s")
-        print(f"{'throughput per side':<28}{mb / out['wall']:10.1f} MB/s   (goal >= 200)")
-        print(f"{'compare peak RSS':<28}{peak:10.1f} MB   (import torch alone: ~300 MB)")
-        print(f"{'first divergence':<28}{out['first']}")
+        pairs = {"synthetic": root / "synthetic"}
+        if not (root / "synthetic" / "golden").exists():
+            build_synthetic(root / "synthetic", args.mb)
+        if args.models:
+            for name in ("cnn", "tf"):
+                pairs[name] = root / name
+                if not (root / name / "golden").exists():
+                    build_model(root / name, name)
+        print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
+              f"on {os.cpu_count()} cores")
+        runs: dict = {(p, i): [] for p in pairs for i in impls}
+        for _ in range(args.runs):
+            for pair, path in pairs.items():
+                for impl, src in impls.items():
+                    runs[(pair, impl)].append(time_compare(src, path / "target", path / "golden"))
+        print(f"load average after:  {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        print()
+        width = max(len(i) for i in impls) + 2
+        header = (f"{'pair':<10}{'impl':<{width}}{'MB/side':>8}{'rows':>6}{'wall s':>8}"
+                  f"{'MB/s per side':>15}{'(min-max)':>14}{'peak RSS MB':>13}  first divergence")
+        print(header)
+        print("-" * len(header))
+        for (pair, impl), results in runs.items():
+            mb = tensor_bytes(pairs[pair] / "golden") / 1e6
+            walls = [r["wall"] for r in results]
+            wall = statistics.median(walls)
+            rss = max(r["rss_mb"] for r in results)
+            print(f"{pair:<10}{impl:<{width}}{mb:8.0f}{results[0]['rows']:6d}{wall:8.2f}"
+                  f"{mb / wall:15.0f}{f'({mb / max(walls):.0f}-{mb / min(walls):.0f})':>14}"
+                  f"{rss:13.0f}  {results[0]['first']}")
+        for impl, src in impls.items():
+            print(f"{impl}: {src}")
+        print("\ngoal: >= 200 MB/s per side; peak RSS near a few tensors' worth "
+              "(import torch alone: ~250 MB)")
     finally:
-        if not args.keep:
+        if not args.keep and args.dir is None:
             shutil.rmtree(root, ignore_errors=True)
     return 0
 
