@@ -32,8 +32,8 @@ def test_l1_records_torch_functional_tensor_methods_and_operators(dump_root, rea
         g = relu(f)                    # Torch.relu, imported by value
         h = imported_gelu(g)           # Functional.gelu, imported by value
         d[0] = 0.0                     # Tensor.__setitem__
-        k = -h                         # Tensor.__neg__
-        m = d * 2                      # Tensor.__mul__
+        _ = -h                         # Tensor.__neg__
+        _ = d * 2                      # Tensor.__mul__
     dump = read_dump(dump_root)
     ops = dump.ops(phase="forward")
     assert ops == ["Torch.tanh", "Functional.softplus", "Tensor.mul", "Tensor.__add__",
@@ -43,7 +43,6 @@ def test_l1_records_torch_functional_tensor_methods_and_operators(dump_root, rea
     for name in dump.names():
         assert _API_NAME.match(name), name
     assert all(r["kind"] == "api" for r in dump.records)
-    del k, m
 
 
 def test_l1_skips_attribute_reads_and_metadata(dump_root, read_dump):
@@ -52,10 +51,9 @@ def test_l1_skips_attribute_reads_and_metadata(dump_root, read_dump):
     with opdiff.dump(None, dump_root, level="L1"):
         _ = p.grad, p.shape, p.data, p.requires_grad, p.dtype, p.device, p.is_leaf, p.grad_fn
         _ = p.size(), p.dim(), p.numel(), p.is_contiguous()
-        q = p.detach().exp()
+        p.detach().exp()
     dump = read_dump(dump_root)
     assert dump.ops() == ["Tensor.detach", "Tensor.exp"]
-    del q
 
 
 def test_l1_records_only_the_outermost_call(dump_root, read_dump):
@@ -64,7 +62,7 @@ def test_l1_records_only_the_outermost_call(dump_root, read_dump):
     attn = nn.MultiheadAttention(8, 2, batch_first=True)
     with opdiff.dump(None, dump_root, level="L1"):
         y = F.layer_norm(x, (8,), norm.weight, norm.bias)     # calls torch.layer_norm inside
-        z, _ = attn(y, y, y, need_weights=False)              # dozens of nested torch calls
+        attn(y, y, y, need_weights=False)                     # dozens of nested torch calls
     dump = read_dump(dump_root)
     ops = dump.ops(phase="forward")
     assert ops[0] == "Functional.layer_norm"
@@ -72,7 +70,6 @@ def test_l1_records_only_the_outermost_call(dump_root, read_dump):
     assert "Functional.multi_head_attention_forward" in ops
     # Nothing called from inside multi_head_attention_forward may appear on its own.
     assert "Functional.linear" not in ops and "Functional.scaled_dot_product_attention" not in ops
-    del z
 
 
 def test_l0_records_every_module_call_with_parameters_and_gradients(model_cases, dump_root, read_dump,
@@ -84,7 +81,6 @@ def test_l0_records_every_module_call_with_parameters_and_gradients(model_cases,
     dump = read_dump(dump_root)
     assert {r["kind"] for r in dump.records} == {"module", "param_grad"}
     expected = {f"Module.{path}.{type(m).__name__}" for path, m in model.named_modules() if path}
-    fwd = dump.with_op
     assert {r["op"] for r in dump.records if r["phase"] == "forward"} == expected
     # relu is one module object called twice at top level; its counter says so.
     assert "Module.relu.ReLU.forward.0" in dump.by_name
@@ -108,7 +104,6 @@ def test_l0_records_every_module_call_with_parameters_and_gradients(model_cases,
         assert set(rec["parameters"]) == set(own)
         for pname, p in own.items():
             check_stats(rec["parameters"][pname], p.grad, what=f"{path}.{pname}.grad")
-    del fwd
 
 
 def test_mix_links_each_api_call_to_the_module_it_ran_in(model_cases, dump_root, read_dump):

@@ -128,7 +128,6 @@ def test_non_tensor_arguments_are_recorded_as_values(dump_root, read_dump):
 def test_inplace_residual_add_records_the_values_before_the_add(model_cases, dump_root, read_dump,
                                                                  check_stats):
     model, (x,), loss_fn = model_cases["cnn"].build()
-    block = model.layer1[0]
     # Reference values of `out += identity` from an uncaptured twin: (bn2 output, identity).
     twin = copy.deepcopy(model)
     seen = {}
@@ -148,7 +147,6 @@ def test_inplace_residual_add_records_the_values_before_the_add(model_cases, dum
     check_stats(rec["outputs"][0], seen["pre"] + seen["identity"], rel=1e-5, what="iadd result")
     before, after = decoded_stats(rec["inputs"][0]), decoded_stats(rec["outputs"][0])
     assert before["mean"] != pytest.approx(after["mean"], rel=1e-3)
-    del block
 
 
 def test_inplace_method_records_pre_mutation_input(dump_root, read_dump, check_stats):

@@ -79,7 +79,6 @@ def test_module_call_site_is_where_the_user_called_the_model(dump_root, read_dum
     frames = dump.dump.stack(dump["Module.0.Linear.forward.0"]["stack"])
     assert frames[0]["file"] == HERE
     assert frames[0]["code"] == "out = model(torch.ones(1, 2))  # the model call"
-    del out
 
 
 def test_records_are_strict_json_with_non_finite_numbers(dump_root, read_dump):
@@ -91,7 +90,6 @@ def test_records_are_strict_json_with_non_finite_numbers(dump_root, read_dump):
     assert "NaN," not in raw.replace('"NaN"', "") and "Infinity" not in raw.replace('"Infinity"', "").replace('"-Infinity"', "")
     stats = dump["Torch.clamp.0.forward"]["inputs"][0]["stats"]
     assert stats["nan"] == 1 and stats["inf"] == 2
-    del y
 
 
 def test_meta_holds_format_version_config_and_environment(dump_root, read_dump):
