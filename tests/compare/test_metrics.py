@@ -298,3 +298,39 @@ def test_a_shard_cut_short_after_opening_raises_a_plain_error(tmp_path):
     # The engine turns OSError/ValueError into "compare the statistics instead" with a warning.
     with pytest.raises((OSError, ValueError)):
         dump.tensor("a")
+
+
+def _hand_written_shard(path, header: dict, data: bytes):
+    import json
+    import struct
+
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
+
+
+def test_unaligned_tensor_data_from_other_writers_reads_exactly(tmp_path):
+    dump = _write_dump(tmp_path / "d", {"a": torch.ones(2)})
+    values = torch.tensor([1.5, -2.25, 3.0e-20])
+    header = {"u8": {"dtype": "U8", "shape": [3], "data_offsets": [0, 3]},          # floats
+              "f32": {"dtype": "F32", "shape": [3], "data_offsets": [3, 15]}}      # at byte 3
+    _hand_written_shard(tmp_path / "d" / "tensors" / "zz_other.safetensors", header,
+                        bytes([7, 8, 9]) + values.numpy().tobytes())
+    from opdiff.store import open_dump
+
+    dump = open_dump(tmp_path / "d")
+    assert torch.equal(dump.tensor("f32"), values)
+    assert dump.tensor("u8").tolist() == [7, 8, 9]
+    assert torch.equal(dump.tensor("a"), torch.ones(2))
+
+
+def test_a_shard_with_a_malformed_header_is_skipped_with_a_warning(tmp_path, caplog):
+    _write_dump(tmp_path / "d", {"a": torch.ones(2)})
+    _hand_written_shard(tmp_path / "d" / "tensors" / "zz_bad.safetensors",
+                        {"b": {"dtype": "F32", "shape": [1]}}, b"\0" * 4)   # no data_offsets
+    from opdiff.store import open_dump
+
+    dump = open_dump(tmp_path / "d")
+    with caplog.at_level("WARNING", logger="opdiff"):
+        assert dump.tensor("b") is None
+    assert "zz_bad" in caplog.text
+    assert torch.equal(dump.tensor("a"), torch.ones(2))

@@ -152,10 +152,15 @@ def _shard_entries(shard: Path) -> dict[str, _Entry]:
     for key, info in header.items():
         if key == "__metadata__":
             continue
-        begin, end = info["data_offsets"]
+        try:
+            begin, end = (int(x) for x in info["data_offsets"])
+            entry = _Entry(key, shard, str(info["dtype"]), tuple(int(x) for x in info["shape"]),
+                           start + begin, end - begin)
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"{key}: malformed header entry {info!r}") from None
         if not 0 <= begin <= end <= size - start:
             raise ValueError(f"{key}: data offsets {begin}..{end} lie outside the file")
-        entries[key] = _Entry(key, shard, info["dtype"], tuple(info["shape"]), start + begin, end - begin)
+        entries[key] = entry
     return entries
 
 
@@ -172,26 +177,23 @@ def _load(entry: _Entry):
         with safe_open(str(entry.shard), framework="pt") as f:
             return f.get_tensor(entry.key)
     numel = math.prod(entry.shape)
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    if numel * itemsize != entry.nbytes:
+    if numel * dtype.itemsize != entry.nbytes:
         raise ValueError(f"{entry.shard}: {entry.nbytes} bytes cannot hold a {entry.dtype} "
                          f"tensor of shape {list(entry.shape)}")
     if numel == 0:
         return torch.empty(entry.shape, dtype=dtype)
     base = entry.offset - entry.offset % mmap.ALLOCATIONGRANULARITY
     skip = entry.offset - base
-    fd = os.open(entry.shard, os.O_RDONLY)
-    try:
-        if skip % itemsize:         # misaligned data (not written by safetensors): copy it
+    with open(entry.shard, "rb") as f:
+        if skip % dtype.itemsize:   # misaligned data (safetensors aligns; others may not): copy
             data = torch.empty(entry.nbytes, dtype=torch.uint8)
-            if os.preadv(fd, [data.numpy()], entry.offset) != entry.nbytes:
+            f.seek(entry.offset)
+            if f.readinto(memoryview(data.numpy())) != entry.nbytes:
                 raise ValueError(f"{entry.shard}: file is shorter than its header says")
             return data.view(dtype).reshape(entry.shape)
-        # ACCESS_COPY: private pages; writes stay in this process. The tensor keeps the map
-        # alive and unmapping happens when the tensor is freed.
-        mapped = mmap.mmap(fd, skip + entry.nbytes, access=mmap.ACCESS_COPY, offset=base)
-    finally:
-        os.close(fd)
+        # ACCESS_COPY: private pages, so writes stay in this process. The tensor keeps the map
+        # alive; it is unmapped when the tensor is freed.
+        mapped = mmap.mmap(f.fileno(), skip + entry.nbytes, access=mmap.ACCESS_COPY, offset=base)
     return torch.frombuffer(mapped, dtype=dtype, count=numel, offset=skip).reshape(entry.shape)
 
 
