@@ -143,8 +143,10 @@ def run_torch(module, args: list) -> list:
 
 
 def _user_frame() -> Optional[Location]:
+    from ..capture.stacks import is_internal   # one notion of "the user's code" for all of opdiff
+
     for frame in reversed(traceback.extract_stack()[:-2]):
-        if not is_library_file(frame.filename) and "/opdiff/" not in frame.filename.replace("\\", "/"):
+        if not is_internal(frame.filename):
             return Location(frame.filename, frame.lineno or 0, (frame.line or "").strip(), frame.name)
     return None
 
