@@ -119,6 +119,12 @@ def _noise_fraction(policy, numel: int) -> float:
     return min(1.0, max(policy.thresholds.scale_noise_fraction, 4.0 / math.sqrt(max(numel, 1))))
 
 
+def _statistics_floor(policy, tdt, gdt, run_dtype, phase: str, numel: int) -> float:
+    """The least error statistics alone may blame an op for (see `opdiff.compare.verdicts`)."""
+    return max(policy.statistics_tolerance_for(tdt, gdt, phase, numel),
+               policy.statistics_tolerance_for(run_dtype, run_dtype, phase, numel))
+
+
 def _judge_op(op: OpScore, by_name: dict, policy, run_dtype: Optional[str] = None) -> None:
     """Set op.local / op.why / op.worst_out from its outputs against its inputs."""
     e_in, s_in, op.worst_in = _input_error(op, by_name)
@@ -143,6 +149,9 @@ def _judge_op(op: OpScore, by_name: dict, policy, run_dtype: Optional[str] = Non
             tol = max(policy.tolerance_for(tdt, gdt), policy.tolerance_for(run_dtype, run_dtype))
             stol = max(policy.scale_tolerance_for(tdt, gdt),
                        policy.scale_tolerance_for(run_dtype, run_dtype))
+            if m.mode == "statistics":
+                floor = _statistics_floor(policy, tdt, gdt, run_dtype, op.phase, m.numel)
+                tol, stol = max(tol, floor), max(stol, floor)
             s = abs(m.scale_error)
             if m.error > tol and m.error > amp * e_in:
                 why = "random"
@@ -197,9 +206,29 @@ def _fmt(x) -> str:
     return f"{x:.6f}" if isinstance(x, float) and abs(x) <= 1 and abs(x) > 0.99 else f"{x:.3g}"
 
 
+def _stat_pair(row: TensorRow, key: str) -> str:
+    return f"{_fmt(row.target_stats.get(key))} vs {_fmt(row.golden_stats.get(key))}"
+
+
+def _describe_statistics(op: OpScore, out: TensorRow, inp: Optional[TensorRow]) -> str:
+    """The reason when only statistics were compared: no cosine or max abs err to quote."""
+    inputs = ("no inputs to compare" if inp is None else
+              f"the inputs' statistics agree (worst differs by {_fmt(op.error_in)} of its size)")
+    if op.why == "scale":
+        moved = (f"its L2 norm is {1 + out.scale_error:.6g} times golden's "
+                 f"(inputs {1 + op.scale_in:.6g})")
+    else:
+        moved = f"its statistics differ by {_fmt(out.error)} of its size"
+    return (f"{inputs}, the output's do not: {moved}; max {_stat_pair(out, 'max')}, "
+            f"min {_stat_pair(out, 'min')}, mean {_stat_pair(out, 'mean')} — local error in this "
+            f"op (judged from statistics only)")
+
+
 def _describe(op: OpScore, rows: list) -> str:
     out = rows[op.worst_out] if op.worst_out is not None else None
     inp = rows[op.worst_in] if op.worst_in is not None else None
+    if out is not None and out.mode == "statistics" and op.why in ("scale", "random"):
+        return _describe_statistics(op, out, inp)
     if inp is None:
         inputs = "no inputs to compare"
     else:
@@ -366,6 +395,31 @@ def _revise_rows(op: OpScore, rows: list[TensorRow]) -> None:
         if row.result == ERROR:
             rows[row_index] = replace(row, result=WARNING, reason=(
                 f"{row.reason}; already differs when it reaches this op (made earlier)"))
+
+
+def statistics_limits(rows: list[TensorRow], policy, replayed: bool = False) -> Optional[str]:
+    """A note on what a compare of statistics alone cannot see, or None when whole tensors
+    were compared. Statistics hide most of an input's error (random rounding noise averages out
+    of a norm or a mean), so an op is blamed only for errors above the floors of
+    `opdiff.compare.verdicts` (`statistics_tolerance`); smaller ones stay unnamed."""
+    paired = [r for r in rows if r.result != UNMATCHED]
+    stats = [r for r in paired if r.mode == "statistics"]
+    if not stats:
+        return None
+    from .verdicts import canonical_dtype
+
+    dtype = canonical_dtype(run_precision(rows)) or "float32"
+    phases = [p for p in ("forward", "backward") if any(r.phase == p for r in stats)]
+    limits = ", ".join(
+        f"{100 * policy.statistics_tolerance_for(dtype, dtype, phase):.2g}% in {phase}"
+        for phase in phases)
+    how = ("dump both runs with task='tensor' to compare whole tensors" if replayed else
+           "dump with task='tensor' to compare whole tensors and replay ops in float64")
+    which = "" if len(stats) == len(paired) else f" for {len(stats)} of {len(paired)} tensors"
+    return (f"statistics only{which}: an op is named only when its output's max, min, mean or "
+            f"norm moves by more than {limits} (relative to the tensor's magnitude; more for "
+            f"tensors of under {policy.thresholds.statistics_small_numel} elements); smaller "
+            f"errors cannot be told apart from {dtype} rounding here; {how}")
 
 
 def count(rows: list[TensorRow]) -> dict:

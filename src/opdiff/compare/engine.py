@@ -24,7 +24,7 @@ from typing import Callable, Optional
 from ..errors import DumpError, OpdiffError
 from ..store.records import decoded_stats, iter_tensors
 from .align import align
-from .divergence import OpScore, analyse, count
+from .divergence import OpScore, analyse, count, statistics_limits
 from .envdiff import environment_diff
 from .metrics import Measurement, measure, stats_measure
 from .result import ERROR, UNMATCHED, WARNING, CompareResult, Location, TensorRow
@@ -107,6 +107,9 @@ class _PairCompare:
         if replayer is not None and replayer.done:
             log.info("opdiff: %s", replayer.summary())
             notes.append(replayer.summary())
+        limits = statistics_limits(self.rows, self.policy, replayed=replayer is not None)
+        if limits:
+            notes.append(limits)
         return CompareResult(
             target=str(self.t.path), golden=str(self.g.path), rows=self.rows,
             first_divergence=divergence, counts=count(self.rows),
@@ -321,7 +324,17 @@ def _merge(target: str, golden: str, results: list[CompareResult], notes: list) 
     return CompareResult(
         target=target, golden=golden, rows=rows, first_divergence=first, counts=count(rows),
         environment_diff=env, pairs=[_pair_summary(r) for r in results],
-        notes=list(notes) + [f"step {r.step} rank {r.rank}: {n}" for r in results for n in r.notes])
+        notes=list(notes) + _pair_notes(results))
+
+
+def _pair_notes(results: list[CompareResult]) -> list[str]:
+    """Each pair's notes, prefixed with where they hold; a note every pair has is said once."""
+    where: dict = {}
+    for r in results:
+        for n in r.notes:
+            where.setdefault(n, []).append(f"step {r.step} rank {r.rank}")
+    return [n if len(places) == len(results) > 1 else f"{', '.join(places)}: {n}"
+            for n, places in where.items()]
 
 
 def _first_index(r: CompareResult) -> int:
@@ -420,10 +433,13 @@ def verdict_line(result: CompareResult) -> str:
     """One sentence on what the compare found."""
     fd = result.first_divergence
     if fd is None:
+        # Statistics cannot show small errors: say so rather than claim the run is clean.
+        caveat = (" — as far as statistics can tell (see the note on their limits)"
+                  if any(r.mode == "statistics" for r in result.rows) else "")
         if result.counts.get(ERROR, 0) or result.counts.get(WARNING, 0):
             return ("no op is to blame: every difference is explained by the op's inputs and the "
-                    "precision of its dtype (error grows gradually)")
-        return "no divergence: every compared tensor agrees with golden"
+                    "precision of its dtype (error grows gradually)" + caveat)
+        return "no divergence: every compared tensor agrees with golden" + caveat
     where = ""
     if fd.location is not None:
         where = f" — {os.path.basename(fd.location.file)}:{fd.location.line}"

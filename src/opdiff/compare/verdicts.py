@@ -44,6 +44,32 @@ output (a loss) nothing averages out, so there the scale error must exceed the w
 (measured on small CNN, LSTM and transformer runs: healthy 20-element logits keep a scale error
 near 1e-4, healthy losses stay below their input error).
 
+Statistics-only dumps (task="statistics": max, min, mean and L2 norm per tensor, no tensors).
+The error measured from statistics is a lower bound of the real one, and a loose one for inputs:
+random rounding noise averages out of a norm or a mean, so an input whose statistics agree may
+still carry several units of roundoff that an op's output then shows (most of all a small
+output, or a gradient behind BatchNorm). Without tensors nothing can rule that out, and replay
+needs tensors. So an op is blamed from statistics only when its output's error, random or
+scale, also exceeds a floor:
+
+    dtype      forward   backward   measured on healthy runs (CNN, LSTM, transformer, 3D-ResNet;
+                                    3 seeds, training steps 0 and 2), largest error an op seemed
+                                    to make while its inputs' statistics agreed
+    bfloat16   1.6e-2    0.5        bf16 autocast vs fp32: forward 3.7e-3 (1.05e-2 for outputs
+                                    of 8-10 elements), backward 0.15 (BatchNorm, conv)
+    float16    2e-3      6e-2       bf16's scaled by the ratio of unit roundoffs (1/8)
+    float32    1e-5      4e-5       fp32 vs fp64 golden: forward 5e-7, backward 5.1e-6
+                                    (BatchNorm backward); fp32 vs fp32 on one machine: 0
+
+For outputs of n < 32 elements (`statistics_small_numel`) the floor grows by sqrt(32 / n): four
+statistics of a handful of values average nothing out. Planted faults (inject_fault, step 0 of
+the same runs) against these floors: fp32 forward and backward 1e-4 and bf16 forward 5e-2 are
+named at every site tried, bf16 forward 1e-2 and bf16 backward 5e-2 at none (rounding shows
+as much), bf16 backward x2 at every site. A sign flip of a tensor whose values are symmetric
+around 0 keeps its statistics, and is seen only where it changes a later tensor's.
+The compare adds a note with these limits whenever statistics were compared
+(`opdiff.compare.divergence.statistics_limits`).
+
 Subclass `Policy` to change how tensors are judged (the ONNX compare applies msit's thresholds).
 """
 from __future__ import annotations
@@ -106,9 +132,19 @@ class Thresholds:
     scale_min_numel: int = 1
     scale_amplification: float = 3.0
     scale_noise_fraction: float = 0.5
+    statistics_tolerance: dict = field(default_factory=lambda: {
+        "float8": 2.5e-1, "bfloat16": 2e-2, "float16": 2.5e-3, "float32": 1e-5,
+        "float64": 1e-10, "int": 0.0})
+    statistics_backward_tolerance: dict = field(default_factory=lambda: {
+        "float8": 1.0, "bfloat16": 5e-1, "float16": 6e-2, "float32": 4e-5,
+        "float64": 4e-10, "int": 0.0})
+    statistics_small_numel: int = 32
 
     _KEYS = ("tolerance", "agree_fraction", "amplification", "scale_tolerance", "scale_min_numel",
-             "scale_amplification", "scale_noise_fraction")
+             "scale_amplification", "scale_noise_fraction", "statistics_tolerance",
+             "statistics_backward_tolerance", "statistics_small_numel")
+    _DTYPE_TABLES = ("tolerance", "scale_tolerance", "statistics_tolerance",
+                     "statistics_backward_tolerance")
 
     @classmethod
     def load(cls, source=None, overrides: dict | None = None) -> "Thresholds":
@@ -139,27 +175,26 @@ class Thresholds:
         return base._with(data)
 
     def _with(self, data: dict) -> "Thresholds":
-        tol, stol = dict(self.tolerance), dict(self.scale_tolerance)
+        tables = {key: dict(getattr(self, key)) for key in self._DTYPE_TABLES}
         changes: dict = {}
         for key, value in data.items():
-            if key in ("tolerance", "scale_tolerance"):
+            if key in tables:
                 if not isinstance(value, dict):
                     raise ConfigError(f"threshold '{key}' must map dtypes to numbers, e.g. "
                                       f'{{"bfloat16": 0.02}}')
-                target = tol if key == "tolerance" else stol
                 for dt, v in value.items():
-                    target[self._dtype_key(dt)] = self._number(f"{key}.{dt}", v)
-            elif key in ("agree_fraction", "amplification", "scale_min_numel",
-                         "scale_amplification", "scale_noise_fraction"):
+                    tables[key][self._dtype_key(dt)] = self._number(f"{key}.{dt}", v)
+            elif key in self._KEYS:
                 changes[key] = self._number(key, value)
             elif canonical_dtype(key) and key.lower().replace("torch.", "") in _DTYPE_ALIASES:
-                tol[self._dtype_key(key)] = self._number(key, value)
+                tables["tolerance"][self._dtype_key(key)] = self._number(key, value)
             else:
                 raise ConfigError(f"unknown threshold '{key}'; use one of {', '.join(self._KEYS)} "
                                   f"or a dtype name such as bf16")
-        if "scale_min_numel" in changes:
-            changes["scale_min_numel"] = int(changes["scale_min_numel"])
-        return replace(self, tolerance=tol, scale_tolerance=stol, **changes)
+        for key in ("scale_min_numel", "statistics_small_numel"):
+            if key in changes:
+                changes[key] = int(changes[key])
+        return replace(self, **tables, **changes)
 
     @staticmethod
     def _dtype_key(name: str) -> str:
@@ -210,6 +245,19 @@ class Policy:
     def scale_tolerance_for(self, target_dtype: str | None, golden_dtype: str | None) -> float:
         dt = lower_precision(target_dtype, golden_dtype)
         return self.thresholds.scale_tolerance.get(dt, self.thresholds.scale_tolerance["float32"])
+
+    def statistics_tolerance_for(self, target_dtype: str | None, golden_dtype: str | None,
+                                 phase: str = "forward", numel: int = 0) -> float:
+        """The smallest error an op may be blamed for when only statistics were compared
+        (max, min, mean, norm of each side; see the module docstring): larger in backward,
+        and larger for tensors of fewer than `statistics_small_numel` elements."""
+        t = self.thresholds
+        table = t.statistics_backward_tolerance if phase == "backward" else t.statistics_tolerance
+        dt = lower_precision(target_dtype, golden_dtype)
+        floor = table.get(dt, table["float32"])
+        if 0 < numel < t.statistics_small_numel:
+            floor *= t.statistics_small_numel / numel
+        return floor
 
     def agrees(self, measurement, target_dtype: str | None, golden_dtype: str | None) -> bool:
         """True when the tensor is within the tolerance of the pair's lower precision."""
