@@ -25,6 +25,12 @@ error is the dtype's: the difference was inherited after all), or names an op th
 cannot see: in backward, accumulated bf16 error (10% and more behind BatchNorm) hides a kernel
 that is off by 1%. See `_second_opinion` for which ops get replayed.
 
+With statistics alone (task="statistics": max, min, mean, norm, and no replay), every error
+measured is a lower bound, the inputs' most of all: rounding noise averages out of their norms
+and means, so "the inputs agree" cannot be established. An op is then blamed only for an error
+above the statistics floors of `opdiff.compare.verdicts` (what a healthy bf16 run showed, with
+margin), and `statistics_limits` writes the note that says what that leaves unseen.
+
 Besides picking the culprit, the analysis rewrites each row's verdict: an output beyond its
 tolerance is an `error` only when its op made the error, and a `warning` ("inherited from the
 inputs") otherwise; an input beyond its tolerance is a `warning` (it is some earlier op's output).
@@ -119,10 +125,11 @@ def _noise_fraction(policy, numel: int) -> float:
     return min(1.0, max(policy.thresholds.scale_noise_fraction, 4.0 / math.sqrt(max(numel, 1))))
 
 
-def _statistics_floor(policy, tdt, gdt, run_dtype, phase: str, numel: int) -> float:
+def _statistics_floor(policy, tdt, gdt, run_dtype, phase: str, numel: int,
+                      scale: bool = False) -> float:
     """The least error statistics alone may blame an op for (see `opdiff.compare.verdicts`)."""
-    return max(policy.statistics_tolerance_for(tdt, gdt, phase, numel),
-               policy.statistics_tolerance_for(run_dtype, run_dtype, phase, numel))
+    return max(policy.statistics_tolerance_for(tdt, gdt, phase, numel, scale=scale),
+               policy.statistics_tolerance_for(run_dtype, run_dtype, phase, numel, scale=scale))
 
 
 def _judge_op(op: OpScore, by_name: dict, policy, run_dtype: Optional[str] = None) -> None:
@@ -150,8 +157,9 @@ def _judge_op(op: OpScore, by_name: dict, policy, run_dtype: Optional[str] = Non
             stol = max(policy.scale_tolerance_for(tdt, gdt),
                        policy.scale_tolerance_for(run_dtype, run_dtype))
             if m.mode == "statistics":
-                floor = _statistics_floor(policy, tdt, gdt, run_dtype, op.phase, m.numel)
-                tol, stol = max(tol, floor), max(stol, floor)
+                tol = max(tol, _statistics_floor(policy, tdt, gdt, run_dtype, op.phase, m.numel))
+                stol = max(stol, _statistics_floor(policy, tdt, gdt, run_dtype, op.phase,
+                                                   m.numel, scale=True))
             s = abs(m.scale_error)
             if m.error > tol and m.error > amp * e_in:
                 why = "random"
@@ -409,15 +417,21 @@ def statistics_limits(rows: list[TensorRow], policy, replayed: bool = False) -> 
     from .verdicts import canonical_dtype
 
     dtype = canonical_dtype(run_precision(rows)) or "float32"
-    phases = [p for p in ("forward", "backward") if any(r.phase == p for r in stats)]
-    limits = ", ".join(
-        f"{100 * policy.statistics_tolerance_for(dtype, dtype, phase):.2g}% in {phase}"
-        for phase in phases)
+    def pct(phase, scale=False):
+        return f"{100 * policy.statistics_tolerance_for(dtype, dtype, phase, scale=scale):.2g}%"
+
+    limits = []
+    if any(r.phase != "backward" for r in stats):
+        limits.append(f"{pct('forward', True)} (its norm) or {pct('forward')} (its max, min or "
+                      f"mean) in forward")
+    if any(r.phase == "backward" for r in stats):
+        limits.append(f"{pct('backward')} in backward")
+    limits = ", ".join(limits)
     how = ("dump both runs with task='tensor' to compare whole tensors" if replayed else
            "dump with task='tensor' to compare whole tensors and replay ops in float64")
     which = "" if len(stats) == len(paired) else f" for {len(stats)} of {len(paired)} tensors"
-    return (f"statistics only{which}: an op is named only when its output's max, min, mean or "
-            f"norm moves by more than {limits} (relative to the tensor's magnitude; more for "
+    return (f"statistics only{which}: an op is named only when its output's statistics move by "
+            f"more than {limits}, relative to the tensor's magnitude (more for "
             f"tensors of under {policy.thresholds.statistics_small_numel} elements); smaller "
             f"errors cannot be told apart from {dtype} rounding here; {how}")
 
