@@ -333,8 +333,6 @@ def test_autocast_training_is_bitwise_unchanged(level, model_cases, dump_root):
         assert torch.equal(p.grad, q.grad)
 
 
-@pytest.mark.xfail(reason="capture bug 18 (/tmp/capture_bugs.md): torch's handle leaves the with_kwargs "
-                          "registry entry behind", strict=True)
 @pytest.mark.parametrize("level", ["L0", "mix"])
 def test_no_global_module_hook_survives_the_dump(level, dump_root):
     # Left-over global hook state makes every later torch.compile(module) in the process warn

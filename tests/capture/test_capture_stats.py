@@ -226,13 +226,7 @@ def _large_cases():
     }
 
 
-_BUG19 = pytest.mark.xfail(reason="capture bug 19 (/tmp/capture_bugs.md): float32 BLAS dot for the norm "
-                                  "of large CPU tensors", strict=True)
-
-
-@pytest.mark.parametrize("case", [
-    pytest.param(c, marks=_BUG19) if c in ("large_bfloat16", "large_float32_offset") else c
-    for c in sorted(_large_cases())])
+@pytest.mark.parametrize("case", sorted(_large_cases()))
 def test_statistics_of_large_tensors_are_accurate(case, dump_root, read_dump, check_stats):
     # Large tensors take a different reduction path than small ones; the numbers must not get
     # worse (a relative error of 1e-5 in a norm is the size of a real fp32 divergence).

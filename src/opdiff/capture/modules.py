@@ -59,6 +59,9 @@ class ModuleCapture:
     def remove(self) -> None:
         for h in self.handles:
             h.remove()
+            # torch's handle forgets the with_kwargs registry of global hooks (torch 2.13):
+            # left there, every later torch.compile(module) warns about global hooks.
+            getattr(nn_module, "_global_forward_hooks_with_kwargs", {}).pop(h.id, None)
         self.handles.clear()
 
     def remove_param_hooks(self) -> None:
