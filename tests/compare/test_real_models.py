@@ -3,88 +3,20 @@
 Models are tiny (a residual CNN with BatchNorm, an LSTM, a 2-layer transformer encoder) and run
 one forward+backward step on CPU.
 """
-import contextlib
+import sys
+from pathlib import Path
 
 import pytest
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
 import opdiff
-import opdiff.testing
 
 pytestmark = pytest.mark.slow
 
 
-class Block(nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        self.conv1 = nn.Conv2d(c, c, 3, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(c)
-        self.conv2 = nn.Conv2d(c, c, 3, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(c)
-
-    def forward(self, x):
-        residual = x
-        out = F.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        out += residual
-        return F.relu(out)
-
-
-class CNN(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.stem = nn.Conv2d(3, 8, 3, padding=1)
-        self.b1, self.b2 = Block(8), Block(8)
-        self.fc = nn.Linear(8, 10)
-
-    def forward(self, x):
-        return self.fc(self.b2(self.b1(F.relu(self.stem(x)))).mean((2, 3)))
-
-
-class LSTMNet(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lstm = nn.LSTM(8, 16, batch_first=True)
-        self.fc = nn.Linear(16, 4)
-
-    def forward(self, x):
-        out, _ = self.lstm(x)
-        return self.fc(out[:, -1])
-
-
-class Transformer(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.emb = nn.Linear(16, 32)
-        self.layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
-        self.layer2 = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
-        self.head = nn.Linear(32, 5)
-
-    def forward(self, x):
-        return self.head(self.layer2(self.layer(self.emb(x))).mean(1))
-
-
-def make(name):
-    torch.manual_seed(0)
-    if name == "cnn":
-        return CNN(), torch.randn(2, 3, 12, 12)
-    if name == "lstm":
-        return LSTMNet(), torch.randn(2, 6, 8)
-    return Transformer(), torch.randn(2, 6, 16)
-
-
-def run(name, path, bf16=False, fault=None):
-    model, x = make(name)
-    cast = bf16 and name == "lstm"   # CPU autocast has no bf16 LSTM kernel: run the model in bf16
-    if cast:
-        model, x = model.bfloat16(), x.bfloat16()
-    ctx = opdiff.testing.inject_fault(**fault) if fault else contextlib.nullcontext()
-    with ctx, opdiff.dump(model, path, level="mix", task="tensor"):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16 and not cast):
-            out = model(x)
-        out.float().pow(2).mean().backward()
+# The models and the dump step are shared with the replay tests.
+sys.path.insert(0, str(Path(__file__).parents[1] / "replay"))
+import replay_models  # noqa: E402
+from replay_models import run  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +59,7 @@ def test_iadd_culprit_points_at_out_plus_residual(goldens, tmp_path):
                                           scale=1 + 1e-4))
     fd = opdiff.compare(tmp_path / "t", goldens / "cnn").first_divergence
     assert fd.name == "Tensor.__iadd__.1.forward"
-    assert fd.location.code.strip() == "out += residual" and fd.location.file == __file__
+    assert fd.location.code.strip() == "out += residual" and fd.location.file == replay_models.__file__
 
 
 @pytest.mark.parametrize("op,call", [("Functional.conv2d", 2), ("Functional.relu", 3),
