@@ -184,11 +184,17 @@ def play_iadd(out: Path, story: Story) -> DemoResult:
                f"opdiff.testing.inject_fault.", f"loss {_losses(target)}: the runs part ways")
     result = _compare(out, story)
     expected = f"Tensor.__iadd__.{FAULTY_BLOCK}.forward"
+    return _planted_fault_result("iadd", out, story, result, expected, golden, target)
+
+
+def _planted_fault_result(name: str, out: Path, story: Story, result, expected: str, golden,
+                          target, why: str = "") -> DemoResult:
+    """Check that the compare named the planted op, say so, and package the scenario's result."""
     fd = result.first_divergence
     found = fd is not None and fd.name == expected
-    story.check(found, f"opdiff named the planted fault, {expected}" if found else
+    story.check(found, f"opdiff named the planted fault, {expected}{why}" if found else
                 f"opdiff did not name the planted fault {expected}")
-    return DemoResult("iadd", out, compare=result, expected=expected, found=found,
+    return DemoResult(name, out, compare=result, expected=expected, found=found,
                       losses={"golden": golden, "target": target},
                       files=_compare_files(out, result))
 
@@ -212,13 +218,8 @@ def play_lstm_backward(out: Path, story: Story) -> DemoResult:
                f"loss {_losses(target)}: step 0 agrees (the forward is right), step 1 does not")
     result = _compare(out, story)
     expected = "VF.lstm.0.backward"
-    fd = result.first_divergence
-    found = fd is not None and fd.name == expected
-    story.check(found, f"opdiff named the planted fault, {expected}: the LSTM's backward, not its "
-                       f"forward" if found else f"opdiff did not name the planted fault {expected}")
-    return DemoResult("lstm-backward", out, compare=result, expected=expected, found=found,
-                      losses={"golden": golden, "target": target},
-                      files=_compare_files(out, result))
+    return _planted_fault_result("lstm-backward", out, story, result, expected, golden, target,
+                                 ": the LSTM's backward, not its forward")
 
 
 def play_bf16_healthy(out: Path, story: Story) -> DemoResult:
