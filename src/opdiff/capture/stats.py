@@ -48,12 +48,18 @@ def _sum_and_norm(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """
     flat = x.reshape(-1)
     rows = flat.numel() // _ROW
-    if rows < 16:
-        return flat.sum(dtype=torch.float64), torch.linalg.vector_norm(flat, dtype=torch.float64)
-    body, tail = flat[:rows * _ROW].view(rows, _ROW), flat[rows * _ROW:].double()
-    total = body.sum(1).double().sum() + tail.sum()
-    squares = torch.linalg.vector_norm(body, dim=1).double().square().sum() + tail.square().sum()
-    return total, squares.sqrt()
+    if rows < 16 or flat.numel() % _ROW:
+        if rows < 16:
+            return flat.sum(dtype=torch.float64), torch.linalg.vector_norm(flat, dtype=torch.float64)
+        body, tail = flat[:rows * _ROW].view(rows, _ROW), flat[rows * _ROW:].double()
+        extra = torch.stack([tail.sum(), tail.square().sum()])
+    else:
+        body, extra = flat.view(rows, _ROW), None
+    # one small stack for both: row sums, and squared row norms, added up in float64
+    parts = torch.stack([body.sum(1), torch.linalg.vector_norm(body, dim=1).square()]).double().sum(1)
+    if extra is not None:
+        parts = parts + extra
+    return parts[0], parts[1].sqrt()
 
 
 def cpu_stats(t: torch.Tensor) -> dict | None:
