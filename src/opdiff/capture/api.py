@@ -7,9 +7,6 @@ from torch.overrides import TorchFunctionMode
 from . import naming
 from .backward import hook_api_backward, in_backward, input_edges
 
-_MUTATING_DUNDERS = {"__setitem__"}
-
-
 class ApiCapture(TorchFunctionMode):
     """Records the outermost torch API call: inputs before it runs, outputs after."""
 

@@ -149,7 +149,6 @@ def _read_npz(path: str, infos: list[TensorInfo]) -> dict:
             data = {k: z[k] for k in z.files}
     except (ValueError, OSError) as exc:
         raise OnnxError(f"{path} is not a readable .npz archive ({exc})") from None
-    out = {}
     names = [i.name for i in infos]
     if all(n in data for n in names):
         return {n: (f"{path}[{n}]", data[n]) for n in names}

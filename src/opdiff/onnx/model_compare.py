@@ -17,11 +17,10 @@ import logging
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-import numpy as np
 
 from ..compare.result import ERROR, PASS, UNMATCHED, WARNING, CompareResult, Divergence, TensorRow
 from .deps import require
@@ -235,7 +234,7 @@ def locate(cmp: ModelComparison, t_model, t: GraphIndex, golden: Side, target: S
     i = first_failing(cmp)
     if i is None:
         return None
-    pair, row = cmp.matching.pairs[i], cmp.result.rows[i]
+    pair = cmp.matching.pairs[i]
     by_target = {p.target: p for p in cmp.matching.pairs}
     node = t.producer.get(pair.target)
     inputs = [x for x in (node.input if node is not None else []) if x and x not in t.initializers]

@@ -184,12 +184,13 @@ def _run(record: dict, load: Callable, cast, autocast, leaves_for=None, grads=No
             list(record.get("inputs") or []) + list((record.get("kwargs") or {}).values()))]
         want = {keys[i] for i in leaves_for if i < len(keys) and keys[i]}
 
-        def wrap(key, t):
+        def leaf_wrap(key, t):
             # Leaves get gradients; the call gets a copy, so an in-place op may write into it.
             if key in want and (t.is_floating_point() or t.is_complex()):
                 leaf_by_key[key] = t.detach().requires_grad_(True)
                 return leaf_by_key[key].clone()
             return t
+        wrap = leaf_wrap
 
     call = rebuild_call(record, load, cast, wrap=wrap)
     with _rng_guard() as rng, _autocast(autocast), torch.set_grad_enabled(leaves_for is not None):
