@@ -97,18 +97,23 @@ def compare_models(golden, target, *, inputs=None, output_path=None,
         stamp = time.strftime("%Y%m%d_%H%M%S")
         root = fresh_path(Path(output_path) / f"onnx_dump_{stamp}")
         meta = {"tool": TITLE, "inputs": prepared.sources}
-        cmp.dumps["golden"] = str(write_onnx_dump(root / "golden", g, g_run.tensors, {
-            **meta, "side": "golden", "model": str(golden), "runtime": golden_options.describe(),
-            "observer": g_run.observer.summary()}, save_tensors))
-        cmp.dumps["target"] = str(write_onnx_dump(root / "target", t, t_run.tensors, {
-            **meta, "side": "target", "model": str(target), "runtime": target_options.describe(),
-            "observer": t_run.observer.summary()}, save_tensors))
+        cmp.dumps["golden"] = dump_side(root, "golden", g, g_run, golden, golden_options, meta,
+                                        save_tensors)
+        cmp.dumps["target"] = dump_side(root, "target", t, t_run, target, target_options, meta,
+                                        save_tensors)
         clock["dump"] = time.perf_counter()
     finish(cmp, clock)
     annotate(cmp)
     if output_path is not None:
         write_outputs(cmp, Path(output_path), stamp)
     return cmp
+
+
+def dump_side(root: Path, side: str, graph, run, model, options, meta: dict, save_tensors) -> str:
+    """Write one ONNX Runtime side's tensors as an opdiff dump under root/side; its path."""
+    return str(write_onnx_dump(root / side, graph, run.tensors, {
+        **meta, "side": side, "model": str(model), "runtime": options.describe(),
+        "observer": run.observer.summary()}, save_tensors))
 
 
 def annotate(cmp: ModelComparison) -> None:

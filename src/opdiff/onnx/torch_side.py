@@ -25,13 +25,13 @@ import numpy as np
 
 from ..compare.result import Location
 from .deps import OnnxError, require
-from .dumping import OnnxDump, write_onnx_dump
+from .dumping import OnnxDump
 from .graph import GraphIndex, is_library_file
 from .inputs import PreparedInputs, prepare_inputs
 from .matching import RULE_BATCHNORM, RULE_NAME, RULE_TORCH, Matching, TensorPair
 from .metrics import MsitThresholds
-from .model_compare import (TITLE, ModelComparison, Side, annotate, finish, fresh_path, locate, score,
-                            write_outputs)
+from .model_compare import (TITLE, ModelComparison, Side, annotate, dump_side, finish, fresh_path,
+                            locate, score, write_outputs)
 from .runner import RuntimeOptions, load_model, run_model
 
 log = logging.getLogger("opdiff")
@@ -299,9 +299,8 @@ def compare_torch(builder: str, target, *, inputs=None, output_path=None,
                 dump.record(c.record_name, f"Module.{c.cls}", [], [c.tensor_name], golden_tensors,
                             module=c.path or None, location=c.location, kind="module")
         cmp.dumps["golden"] = str(dump.close())
-        cmp.dumps["target"] = str(write_onnx_dump(root / "target", t, t_run.tensors, {
-            **meta, "side": "target", "model": str(target), "runtime": target_options.describe(),
-            "observer": t_run.observer.summary()}, save_tensors))
+        cmp.dumps["target"] = dump_side(root, "target", t, t_run, target, target_options, meta,
+                                        save_tensors)
         clock["dump"] = time.perf_counter()
     finish(cmp, clock)
     annotate(cmp)
