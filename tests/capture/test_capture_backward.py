@@ -197,3 +197,67 @@ def test_l2_does_not_record_checkpoint_recomputation_as_backward_ops(reentrant, 
     ckpt_fwd, ckpt_bwd = run(tmp_path / "ckpt", True)
     assert ckpt_fwd == plain_fwd
     assert ckpt_bwd == plain_bwd
+
+
+class _TwoOut(nn.Module):
+    """Two output tensors and two inputs: module gradient groups that need the engine's nodes."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x, y):
+        return self.a(x).relu(), self.b(y) * 2
+
+
+def _activation_refs(model, x, y, backward: bool):
+    import weakref
+    refs = []
+    handle = model.register_forward_hook(lambda m, a, out: refs.extend(weakref.ref(t) for t in out))
+    try:
+        p, q = model(x, y)
+        if backward:
+            (p.sum() + q.sum()).backward()
+    finally:
+        handle.remove()
+    return refs
+
+
+@pytest.mark.parametrize("level", ["L0", "mix", "L1"])
+@pytest.mark.parametrize("backward", [True, False])
+def test_captured_graphs_and_activations_are_freed_after_the_step(dump_root, level, backward):
+    """Backward hooks must not keep their own graph alive (a C++ reference cycle leaked every
+    hooked graph, 250 MB a step on the benchmark CNN)."""
+    import gc
+    model = _TwoOut()
+    x, y = torch.randn(4, 8, requires_grad=True), torch.randn(4, 8, requires_grad=True)
+    refs = []
+    for step in range(2):
+        dbg = opdiff.PrecisionDebugger(dump_path=str(dump_root / f"s{step}"), level=level)
+        dbg.start(model)
+        refs += _activation_refs(model, x, y, backward)
+        dbg.stop()
+        dbg.step()
+    gc.collect()
+    assert refs and all(r() is None for r in refs)
+
+
+def test_hooks_on_leaf_module_inputs_do_not_pile_up_across_steps(dump_root, read_dump):
+    """A module fed a leaf that requires grad (a learned query, a parameter passed in): the hook
+    on it lives on the tensor, so it must go when its step closes."""
+    model = _TwoOut()
+    x, y = torch.randn(4, 8, requires_grad=True), torch.randn(4, 8, requires_grad=True)
+    dbg = opdiff.PrecisionDebugger(dump_path=str(dump_root), level="L0")
+    for step in range(3):
+        dbg.start(model)
+        p, q = model(x, y)
+        (p.sum() + q.sum()).backward()
+        dbg.stop()
+        dbg.step()
+        assert not x._backward_hooks and not y._backward_hooks
+    dump = read_dump(dump_root, step=2)
+    backward = sorted(r["name"] for r in dump.records if r["phase"] == "backward" and r["kind"] == "module")
+    assert backward == ["Module.a.Linear.backward.0", "Module.b.Linear.backward.0"]
+    assert not any("error" in r for r in dump.records)
+    for name in backward:
+        assert dump[name]["outputs"][0]["type"] == "tensor"

@@ -63,6 +63,7 @@ class Session:
         self._scope_closing = None      # the module call whose return ends the scope
         self.overflow = None            # set by the overflow_check task (see overflow.py)
         self.param_grads: dict = {}     # module name -> {"params": {...}, "expected": n}
+        self.at_close: list = []        # undo at step close: hooks on leaves, nodes held (backward.py)
         modes = set(config.data_mode)
         self.want_forward = "all" in modes or "forward" in modes or not ({"forward", "backward"} & modes)
         self.want_backward = "all" in modes or "backward" in modes or not ({"forward", "backward"} & modes)
@@ -142,6 +143,9 @@ class Session:
             self.writer.close()
         self.writer = None
         self.describer = None
+        for undo in self.at_close:   # let this step's graphs go; leaves forget its hooks
+            undo()
+        self.at_close.clear()
         self.counters.clear()
         self.seq = 0
         self.__dict__.pop("_stack_cache", None)   # stack ids belong to the closed step's writer
