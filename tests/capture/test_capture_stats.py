@@ -234,3 +234,20 @@ def test_statistics_of_large_tensors_are_accurate(case, dump_root, read_dump, ch
     with opdiff.dump(None, dump_root, level="L1"):
         t.clone()
     check_stats(read_dump(dump_root)["Tensor.clone.0.forward"]["inputs"][0], t, rel=1e-6, what=case)
+
+
+@pytest.mark.parametrize("case", sorted(STATS_CASES))
+@pytest.mark.parametrize("size", ["small", "large"])
+def test_both_cpu_reduction_paths_match_float64(case, size, check_stats):
+    """Small CPU tensors are reduced through NumPy, large ones through torch: both must give the
+    reference numbers for every dtype and special value."""
+    from opdiff.capture import stats as stats_mod
+    t = STATS_CASES[case].reshape(-1)
+    if size == "large":
+        t = t.repeat(stats_mod._SMALL // max(t.numel(), 1) + 1)
+        assert t.numel() > stats_mod._SMALL
+    else:
+        assert t.numel() <= stats_mod._SMALL
+    desc = {"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape),
+            "stats": stats_mod.cpu_stats(t)}
+    check_stats(desc, t, what=f"{case} {size}")
