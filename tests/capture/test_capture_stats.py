@@ -223,6 +223,11 @@ def _large_cases():
         "large_float32_with_nan_inf": torch.randn(1 << 16, generator=g).index_fill_(
             0, torch.tensor([5, 77]), float("nan")).index_fill_(0, torch.tensor([9]), float("inf")),
         "large_float32_huge_values": torch.randn(1 << 15, generator=g) * 1e25,
+        # several passes through the scratch buffer, the special values in a later one
+        "several_chunks_bf16_with_nan_inf": (5 + torch.randn(3 << 20, generator=g)).bfloat16()
+        .index_fill_(0, torch.tensor([(1 << 20) + 3]), float("nan"))
+        .index_fill_(0, torch.tensor([(5 << 19) + 1]), float("-inf")),
+        "several_chunks_int64": torch.randint(-2**40, 2**40, ((5 << 19) + 7,), generator=g),
     }
 
 

@@ -67,10 +67,13 @@ class Describer:
         return {"type": "object", "value": _short_repr(value)}
 
     def tensor(self, t: torch.Tensor, name: str) -> dict:
-        t = _unwrapped(t)
-        desc = {"type": "tensor", "dtype": str(t.dtype).replace("torch.", ""),
-                "shape": list(t.shape), "device": str(t.device), "requires_grad": t.requires_grad}
-        if t.is_meta or getattr(t, "_is_fake", False):
+        if _is_wrapped(t):
+            t = _unwrapped(t)
+        dtype = t.dtype
+        desc = {"type": "tensor", "dtype": _DTYPE_NAMES.get(dtype) or _dtype_name(dtype),
+                "shape": list(t.shape), "device": "cpu" if t.is_cpu else str(t.device),
+                "requires_grad": t.requires_grad}
+        if t.is_meta or (type(t) not in _PLAIN_TYPES and getattr(t, "_is_fake", False)):
             desc["stats"] = None
             return desc
         if self.stats is None:      # overflow_check: descriptors only, numbers on demand
@@ -111,10 +114,24 @@ def _version(t: torch.Tensor):
 
 
 def _storage(t: torch.Tensor) -> int:
+    """The address of t's storage (what views of one buffer share), without building a
+    storage object."""
     try:
-        return t.untyped_storage().data_ptr()
+        return t.data_ptr() - t.storage_offset() * t.element_size()
     except (RuntimeError, NotImplementedError):  # sparse and other storage-less layouts
         return -1
+
+
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)   # never fake tensors
+_DTYPE_NAMES: dict = {}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    name = _DTYPE_NAMES[dtype] = str(dtype).replace("torch.", "")
+    return name
+
+
+_is_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None) or (lambda t: True)
 
 
 def _unwrapped(t: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from contextlib import contextmanager
 
 import torch
 
@@ -44,6 +43,33 @@ def name_matches(pattern: str, name: str) -> bool:
     return _COUNTER.sub(r".\1", name) == pattern
 
 
+class _Internal:
+    """`with session.internal():` no grad, no torch-function modes (opdiff's own reductions must
+    not be recorded or traced), and the thread marked busy. A plain class: this is entered
+    about four times per recorded op, where a generator-based context manager costs more than
+    the work it guards."""
+
+    __slots__ = ("local", "busy", "grad", "no_modes")
+
+    def __init__(self, local):
+        self.local = local
+
+    def __enter__(self):
+        self.busy = getattr(self.local, "busy", False)
+        self.local.busy = True
+        self.grad = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)
+        self.no_modes = torch._C.DisableTorchFunction()
+        self.no_modes.__enter__()
+        return self
+
+    def __exit__(self, *exc_info):
+        self.no_modes.__exit__(None, None, None)
+        torch._C._set_grad_enabled(self.grad)
+        self.local.busy = self.busy
+        return False
+
+
 class Session:
     """State of one debugger: current step, counters, open writer, pending records."""
 
@@ -75,17 +101,9 @@ class Session:
     def busy(self) -> bool:
         return getattr(self.local, "busy", False)
 
-    @contextmanager
-    def internal(self):
+    def internal(self) -> "_Internal":
         """Mark opdiff's own tensor work so the interception layers do not record it."""
-        prev = getattr(self.local, "busy", False)
-        self.local.busy = True
-        try:
-            # DisableTorchFunction: opdiff's own reductions skip every torch-function mode.
-            with torch.no_grad(), torch._C.DisableTorchFunction():
-                yield
-        finally:
-            self.local.busy = prev
+        return _Internal(self.local)
 
     def failed(self, where: str, exc: BaseException, record: dict | None = None) -> None:
         """Capture failed: log the first time, note it on the record, let the user's run go on."""

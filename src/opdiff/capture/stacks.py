@@ -22,7 +22,18 @@ MAX_FRAMES = 12
 _DEMO_DIR = os.path.join(_OPDIFF_DIR, "demo") + os.sep
 
 
+_internal_cache: dict = {}
+
+
 def is_internal(filename: str) -> bool:
+    """True for frames of torch, opdiff and the standard library (cached per file name)."""
+    known = _internal_cache.get(filename)
+    if known is None:
+        known = _internal_cache[filename] = _classify(filename)
+    return known
+
+
+def _classify(filename: str) -> bool:
     if filename.startswith(_DEMO_DIR):
         return False
     if filename.startswith(_SITE_DIRS) and not filename.startswith((_TORCH_DIR, _OPDIFF_DIR)):
@@ -34,9 +45,13 @@ def user_frames(skip: int = 1, limit: int = MAX_FRAMES) -> tuple:
     """(file, line, function) of up to `limit` user frames, innermost first; cheap, no source read."""
     f = sys._getframe(skip)
     out = []
+    cache = _internal_cache
     while f is not None and len(out) < limit:
         code = f.f_code
-        if not is_internal(code.co_filename):
+        internal = cache.get(code.co_filename)
+        if internal is None:
+            internal = is_internal(code.co_filename)
+        if not internal:
             out.append((code.co_filename, f.f_lineno, code.co_name))
         f = f.f_back
     return tuple(out)

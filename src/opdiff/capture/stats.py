@@ -11,6 +11,7 @@ With NaN present, max and min describe the values that are not NaN; mean and nor
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 import torch
@@ -69,15 +70,47 @@ def cpu_stats(t: torch.Tensor) -> dict | None:
         small = _numpy_stats(t)
         if small is not None:
             return small
-    x = _prepared(t)
-    if x is None:
+    if t.numel() == 0 or t.is_meta or t.layout != torch.strided:
         return None
+    x = t.detach()
+    if x.is_complex():
+        x = x.abs()
     flat = x.reshape(-1)
-    mn, mx = torch.aminmax(flat)
-    # torch's CPU sum is a cascade sum: float32 sums of millions of squares stay within 1e-7
-    # (vector_norm does not: 3e-3 off on 4M values near 1000). One host read for all four.
-    mn, mx, total, squares = torch.stack([mn, mx, flat.sum(), flat.square().sum()]).tolist()
+    wide = flat.dtype in _FLOATING_WIDE
+    # bf16/fp16/fp8 accumulate in float32; integers and bools in float64 (exact up to 2**53)
+    acc = flat.dtype if wide else torch.float32 if flat.is_floating_point() else torch.float64
+    scratch = _scratch(acc, min(flat.numel(), _CHUNK))
+    parts = []
+    for chunk in flat.split(_CHUNK):
+        work = scratch[:chunk.numel()]
+        if not wide:
+            chunk = work.copy_(chunk)
+        mn, mx = torch.aminmax(chunk)
+        # torch's CPU sum is a cascade sum: float32 sums of millions of squares stay within 1e-7
+        # (vector_norm does not: 3e-3 off on 4M values near 1000). Squares go into the scratch
+        # buffer: a fresh 2 MB temporary per tensor made the allocator fault in new pages.
+        total = chunk.sum()
+        parts += [mn, mx, total, torch.square(chunk, out=work).sum()]
+    if len(parts) == 4:
+        mn, mx, total, squares = torch.stack(parts).tolist()
+    else:
+        table = torch.stack(parts).view(-1, 4)
+        mn, mx = table[:, 0].min().item(), table[:, 1].max().item()
+        total, squares = table[:, 2:].double().sum(0).tolist()
     return _finish(x, flat.numel(), mn, mx, total, squares)
+
+
+_CHUNK = 1 << 20     # elements reduced per pass through the scratch buffer
+_scratch_local = threading.local()
+
+
+def _scratch(dtype: torch.dtype, numel: int) -> torch.Tensor:
+    """A reusable work buffer of at least `numel` elements (at most 8 MB, one per thread and dtype)."""
+    buffers = _scratch_local.__dict__.setdefault("buffers", {})
+    buf = buffers.get(dtype)
+    if buf is None or buf.numel() < numel:
+        buf = buffers[dtype] = torch.empty(numel, dtype=dtype)
+    return buf
 
 
 def _finish(x, n: int, mn: float, mx: float, total: float, squares: float) -> dict:
