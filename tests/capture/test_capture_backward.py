@@ -90,7 +90,9 @@ def test_module_backward_with_inplace_relu_after_the_module(model_cases, dump_ro
     # Reference: the same computation written out of place, with the pre-ReLU grads retained.
     z1 = F.linear(x, model.fc1.weight, model.fc1.bias)
     z1.retain_grad()
-    z2 = F.linear(F.relu(z1), model.fc2.weight, model.fc2.bias)
+    a1 = F.relu(z1)
+    a1.retain_grad()
+    z2 = F.linear(a1, model.fc2.weight, model.fc2.bias)
     z2.retain_grad()
     loss_fn(F.linear(F.relu(z2), model.fc3.weight, model.fc3.bias)).backward()
     dump = read_dump(dump_root)
@@ -99,7 +101,12 @@ def test_module_backward_with_inplace_relu_after_the_module(model_cases, dump_ro
     # Gradient w.r.t. the module's output is the one for the value before ReLU overwrote it.
     assert torch.allclose(dump.tensor(fc1["inputs"][0]), z1.grad, atol=1e-7)
     assert torch.allclose(dump.tensor(fc2["inputs"][0]), z2.grad, atol=1e-7)
-    assert dump["Module.act.ReLU.backward.0"]["forward"] == "Module.act.ReLU.forward.0"
+    act = dump["Module.act.ReLU.backward.0"]
+    assert act["forward"] == "Module.act.ReLU.forward.0"
+    # The in-place module's own gradients: w.r.t. what it wrote, and w.r.t. what it was given.
+    assert torch.allclose(dump.tensor(act["inputs"][0]), a1.grad, atol=1e-7)
+    assert torch.allclose(dump.tensor(act["outputs"][0]), z1.grad, atol=1e-7)
+    assert not torch.allclose(a1.grad, z1.grad)
     relu = dump["Functional.relu.1.forward"]   # F.relu(..., inplace=True)
     assert relu["kwargs"]["inplace"] == {"type": "bool", "value": True}
     # Forward input of the in-place ReLU is the value before it ran (it has negatives).

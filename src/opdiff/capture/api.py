@@ -67,7 +67,7 @@ class ApiCapture(TorchFunctionMode):
                     record["_inputs_finite"] = all_finite((args, kwargs))
             # Gradient edges are taken before the call: an in-place op moves its input's edge.
             if s.want_backward and torch.is_grad_enabled():
-                edges = input_edges(args, kwargs)
+                edges = input_edges((args, kwargs))
         except Exception as exc:  # keep the record, with what went wrong on it
             s.failed(name, exc, record)
         return (op, record, index, edges)

@@ -3,9 +3,10 @@
 For an op whose outputs require grad, the autograd node that produced them gets a hook
 `node.register_hook(fn(grad_inputs, grad_outputs))`: grad_outputs are the gradients w.r.t. the
 op's outputs (the backward record's inputs), grad_inputs the gradients w.r.t. its inputs (the
-backward record's outputs). For an API that builds several autograd nodes (a composite op), the
-hook sits on the last node, as msprobe's does. Modules use gradient groups (`on_all_grads`) on
-their outputs and on their inputs, which give the total gradient of each.
+backward record's outputs). An API that builds several autograd nodes (a composite op) is
+hooked where its nodes hand gradients to its arguments' nodes (the boundary edges). Modules use
+gradient groups (`on_all_grads`) on their outputs and on their inputs, which give the total
+gradient of each.
 
 No hook may hold the node it is registered on: that is a reference cycle through C++ that
 Python's collector cannot see, and it keeps the whole graph (saved activations included) alive.
@@ -34,26 +35,38 @@ def in_backward() -> bool:
     return torch._C._current_autograd_node() is not None
 
 
-def input_edges(args, kwargs) -> list:
-    """(index, GradientEdge) of every argument tensor that requires grad, taken before the op runs
-    (an in-place op moves its input's edge onto its own node)."""
+def input_edges(values) -> list:
+    """Where the gradient of each argument tensor that requires grad goes, taken before the op
+    runs (an in-place op moves its input's edge onto its own node): (index, key, tensor).
+
+    The key is (id(node), output_nr) for a tensor made by an op, or the tensor itself for a leaf,
+    whose gradient goes to an AccumulateGrad node (not created here: that would take an op).
+    """
     edges = []
-    for i, t in enumerate(tensors_in((args, kwargs))):
+    for i, t in enumerate(tensors_in(values)):
         if t.requires_grad:
-            edges.append((i, torch.autograd.graph.get_gradient_edge(t)))
+            fn = t.grad_fn
+            edges.append((i, (id(fn), t.output_nr) if fn is not None else None, t))
     return edges
 
 
-def op_nodes(outputs, first_seq: int, last_seq: int) -> list:
-    """The autograd nodes one call created: reachable from its outputs, sequence nr in [first, last)."""
-    found, todo = {}, grad_nodes(outputs)
+def op_nodes(roots: list, first_seq: int, last_seq: int) -> tuple[list, list]:
+    """The autograd nodes one call created (reachable from its outputs' nodes `roots`, sequence
+    nr in [first, last)), and the edges leaving them: (node, k, next node, its input nr)."""
+    found, leaving, todo = {}, [], list(roots)
     while todo:
         node = todo.pop()
-        if id(node) in found or not first_seq <= node._sequence_nr() < last_seq:
+        if id(node) in found:
             continue
         found[id(node)] = node
-        todo.extend(n for n, _ in node.next_functions if n is not None)
-    return list(found.values())
+        for k, (nxt, nr) in enumerate(node.next_functions):
+            if nxt is None:
+                continue
+            if first_seq <= nxt._sequence_nr() < last_seq:
+                todo.append(nxt)
+            else:   # AccumulateGrad nodes have the largest sequence number: always outside
+                leaving.append((node, k, nxt, nr))
+    return list(found.values()), leaving
 
 
 def hook_api_backward(session, fwd_name: str, op: str, index: int, module, stack, outputs,
@@ -71,18 +84,23 @@ def hook_api_backward(session, fwd_name: str, op: str, index: int, module, stack
     if not session.selected(name, forward_selected=True):
         return
     last_seq = torch._C._autograd._get_sequence_nr()
-    nodes = op_nodes(outputs, first_seq if first_seq is not None else last_seq - 1, last_seq)
-    if not nodes:
+    first = first_seq if first_seq is not None else last_seq - 1
+    roots = [fn for fn in grad_nodes(outputs) if first <= fn._sequence_nr() < last_seq]
+    if not roots:
         return
+    nodes, leaving = op_nodes(roots, first, last_seq)
     node_ids = {id(n) for n in nodes}
-    targets = {(id(e.node), e.output_nr): i for i, e in edges}
-    n_inputs = 1 + max((i for i, _ in edges), default=-1)
+    targets = {key: i for i, key, _ in edges if key is not None}
+    leaves = {id(t): i for i, key, t in edges if key is None}
+    n_inputs = 1 + max((i for i, _, _ in edges), default=-1)
     # Boundary edges: from a node of this call to the node that owns one of its arguments' grads.
     boundary = {}
-    for node in nodes:
-        for k, (nxt, nr) in enumerate(node.next_functions):
-            if nxt is not None and id(nxt) not in node_ids and (id(nxt), nr) in targets:
-                boundary.setdefault(id(node), (node, []))[1].append((k, targets[(id(nxt), nr)]))
+    for node, k, nxt, nr in leaving:
+        i = targets.get((id(nxt), nr))
+        if i is None and leaves and type(nxt).__name__ == "AccumulateGrad":
+            i = leaves.get(id(nxt.variable))
+        if i is not None:
+            boundary.setdefault(id(node), (node, []))[1].append((k, i))
     record = {"name": name, "op": op, "kind": "api", "phase": "backward", "module": module,
               "forward": fwd_name, "stack": stack,
               "inputs": [None] * len(out_tensors), "outputs": [None] * n_inputs}
@@ -144,28 +162,41 @@ def hook_api_backward(session, fwd_name: str, op: str, index: int, module, stack
         nodes[0].register_hook(lambda grad_inputs, grad_outputs: emit())
 
 
-def on_all_grads(session, tensors: list, fn) -> None:
-    """Call `fn(grads)` once every tensor in `tensors` has its gradient, in each backward pass.
+def grad_targets(values) -> list:
+    """Where the gradients of the tensors in `values` that require grad arrive: (node, output_nr)
+    for a tensor made by an op, the tensor itself for a leaf. Taken before an in-place module
+    runs, this names the gradient of its input, not of what it wrote over it."""
+    return [(t.grad_fn, t.output_nr) if t.grad_fn is not None else t
+            for t in tensors_in(values) if t.requires_grad]
+
+
+def on_all_grads(session, targets: list, fn) -> None:
+    """Call `fn(grads)` once every target (see `grad_targets`) has its gradient, in each backward.
 
     What `torch.autograd.graph.register_multi_grad_hook(mode="all")` does, without its leak: its
     hooks hold the nodes they sit on, so every hooked graph stayed alive after the step (250 MB a
-    step on the benchmark CNN). A one-tensor group needs no node at all. A larger one must ask the
-    engine which of its nodes will run; it holds them until the session's step closes, which
+    step on the benchmark CNN). A one-target group needs no node at all. A larger one must ask
+    the engine which of its nodes will run; it holds them until the session's step closes, which
     breaks the cycle. Hooks on leaf tensors live on the tensor, not on a graph: they are removed
     when the step closes, or every step would add one more.
     """
-    def register(t, hook):
-        handle = t.register_hook(hook)
-        if t.grad_fn is None:
-            session.at_close.append(handle.remove)
+    def register(target, hook):
+        if isinstance(target, torch.Tensor):
+            session.at_close.append(target.register_hook(hook).remove)
+        else:
+            node, nr = target
 
-    if len(tensors) == 1:
+            def prehook(grad_outputs):
+                hook(grad_outputs[nr])
+            node.register_prehook(prehook)
+
+    if len(targets) == 1:
         def single(grad):
             fn([grad])
-        register(tensors[0], single)
+        register(targets[0], single)
         return
-    group = {"nodes": [torch.autograd.graph._get_grad_fn_or_grad_acc(t) for t in tensors],
-             "tasks": {}}
+    group = {"nodes": [torch.autograd.graph._get_grad_fn_or_grad_acc(t) if isinstance(t, torch.Tensor)
+                       else t[0] for t in targets], "tasks": {}}
     session.at_close.append(lambda: group.update(nodes=None))
     lock = threading.Lock()
 
@@ -179,7 +210,7 @@ def on_all_grads(session, tensors: list, fn) -> None:
                     if nodes is None:  # the step that made this graph is closed
                         return
                     expected = sum(map(torch._C._will_engine_execute_node, nodes))
-                    entry = group["tasks"][task] = [expected, [None] * len(tensors)]
+                    entry = group["tasks"][task] = [expected, [None] * len(targets)]
                 entry[1][i] = grad
                 entry[0] -= 1
                 if entry[0] > 0:
@@ -188,20 +219,21 @@ def on_all_grads(session, tensors: list, fn) -> None:
             fn(entry[1])
         return hook
 
-    for i, t in enumerate(tensors):
-        register(t, member(i))
+    for i, target in enumerate(targets):
+        register(target, member(i))
 
 
-def hook_module_backward(session, fwd_name: str, op: str, index: int, parent, stack, inputs, outputs):
-    """Record `{module}.backward.{index}`: grads w.r.t. its outputs, then w.r.t. its inputs."""
-    out_tensors = [t for t in tensors_in(outputs) if t.requires_grad]
-    if not out_tensors:
+def hook_module_backward(session, fwd_name: str, op: str, index: int, parent, stack, in_targets: list,
+                         outputs):
+    """Record `{module}.backward.{index}`: grads w.r.t. its outputs, then w.r.t. its inputs
+    (`in_targets`: `grad_targets` of its inputs, taken when the call began)."""
+    out_targets = grad_targets(outputs)
+    if not out_targets:
         return
     name = f"{op}.backward.{index}"
     if not session.selected(name, forward_selected=True):
         return
-    in_tensors = [t for t in tensors_in(inputs) if t.requires_grad]
-    has_inputs = bool(in_tensors)   # the hooks must not hold the tensors (see on_all_grads)
+    has_inputs = bool(in_targets)
     record = {"name": name, "op": op, "kind": "module", "phase": "backward", "module": parent,
               "forward": fwd_name, "stack": stack, "inputs": [], "outputs": []}
     state = {"emitted": False}
@@ -228,6 +260,6 @@ def hook_module_backward(session, fwd_name: str, op: str, index: int, parent, st
                 session.failed(f"{name}", exc, record)
         emit()
 
-    on_all_grads(session, out_tensors, on_outputs)
-    if in_tensors:
-        on_all_grads(session, in_tensors, on_inputs)
+    on_all_grads(session, out_targets, on_outputs)
+    if in_targets:
+        on_all_grads(session, in_targets, on_inputs)

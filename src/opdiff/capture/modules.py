@@ -11,7 +11,7 @@ import weakref
 import torch
 from torch.nn.modules import module as nn_module
 
-from .backward import hook_module_backward, in_backward
+from .backward import grad_targets, hook_module_backward, in_backward
 
 
 def module_names(models) -> dict:
@@ -107,6 +107,7 @@ class ModuleCapture:
             return None
         calls = self._stack()
         record = None
+        targets = None
         try:
             index = s.next_index(f"{label}.forward")
             name = f"{label}.forward.{index}"
@@ -114,15 +115,19 @@ class ModuleCapture:
             if s.selected(name):
                 record = {"name": name, "op": label, "kind": "module", "phase": "forward",
                           "module": parent, "stack": s.stack_id(skip=3), "_index": index}
+                backward = s.want_backward and torch.is_grad_enabled()
                 with s.internal():
                     record["inputs"] = s.describe_all(args, name, "input")
+                    if backward:
+                        # before the call: an in-place module moves its input onto its own node
+                        targets = grad_targets(args)
         except Exception as exc:
             if record is not None:   # inputs could not be described: keep the call, say why
                 record.setdefault("inputs", [])
             else:
                 name = label
             s.failed(label, exc, record)
-        calls.append((module, record, args))
+        calls.append((module, record, args, targets))
         s.local.modules.append(name)
         return None
 
@@ -136,7 +141,7 @@ class ModuleCapture:
         calls = getattr(s.local, "module_calls", None)
         if not calls or calls[-1][0] is not module:
             return None
-        _, record, pre_args = calls.pop()
+        _, record, pre_args, in_targets = calls.pop()
         s.local.modules.pop()
         if record is None or s.writer is None:
             return None
@@ -151,13 +156,16 @@ class ModuleCapture:
                     output if isinstance(output, (tuple, list)) else [output], record["name"], "output")
                 record["parameters"] = {
                     n: s.describer.describe(p, f"{record['name']}.parameters.{n}")
-                    for n, p in module.named_parameters(recurse=False)}
+                    for n, p in module._parameters.items() if p is not None}
             if s.want_forward:
                 s.emit(record)
             s.check_overflow(record, pre_args, output)
-            if s.want_backward and torch.is_grad_enabled():
-                hook_module_backward(s, record["name"], record["op"], index, record["module"],
-                                     record["stack"], (pre_args, kwargs), output)
+            if in_targets is not None and torch.is_grad_enabled():
+                with s.internal():
+                    if kwargs:
+                        in_targets = in_targets + grad_targets(kwargs)
+                    hook_module_backward(s, record["name"], record["op"], index, record["module"],
+                                         record["stack"], in_targets, output)
         except Exception as exc:
             s.failed(record.get("name", "module"), exc, record)
         return None
