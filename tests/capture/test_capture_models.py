@@ -7,6 +7,10 @@ import torch
 import opdiff
 from opdiff.store import decoded_stats, iter_tensors
 
+# In-place ops that overwrite every element: at L2 their input is often torch.empty's
+# uninitialised memory (dropout's mask is empty_like(x).bernoulli_(p)), which may hold anything.
+_OVERWRITES = ("bernoulli_", "uniform_", "normal_", "random_", "exponential_", "fill_", "zero_")
+
 
 @pytest.mark.parametrize("level", ["L0", "L1", "mix", "L2"])
 def test_dump_of_a_training_step_is_complete_and_consistent(tiny_model, level, dump_root, read_dump):
@@ -27,11 +31,13 @@ def test_dump_of_a_training_step_is_complete_and_consistent(tiny_model, level, d
             assert r["module"] in names, f"{r['name']} sits in a missing module call"
         if r.get("stack") is not None:
             assert dump.dump.stack(r["stack"]), f"{r['name']} has an unknown stack id"
-        for tname, _role, desc in iter_tensors(r):
+        for tname, role, desc in iter_tensors(r):
             stats = decoded_stats(desc)
             if 0 in desc["shape"]:
                 continue
             assert set(stats) == {"max", "min", "mean", "norm", "nan", "inf"}, tname
+            if role == "input" and r["op"].rsplit(".", 1)[-1] in _OVERWRITES:
+                continue
             assert stats["min"] <= stats["max"], tname
             assert stats["nan"] == 0 and stats["inf"] == 0, tname
     # Every parameter's gradient is recorded somewhere at module levels.
