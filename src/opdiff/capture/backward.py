@@ -37,17 +37,14 @@ def in_backward() -> bool:
 
 def input_edges(values) -> list:
     """Where the gradient of each argument tensor that requires grad goes, taken before the op
-    runs (an in-place op moves its input's edge onto its own node): (index, key, tensor).
+    runs (an in-place op moves its input's edge onto its own node): (index, node, output_nr,
+    tensor).
 
-    The key is (id(node), output_nr) for a tensor made by an op, or the tensor itself for a leaf,
-    whose gradient goes to an AccumulateGrad node (not created here: that would take an op).
+    For a leaf the node is None: its AccumulateGrad node is matched later through the tensor
+    (creating it here would take an op). The list must be kept while the nodes are matched by
+    id(): it holds their Python objects, which autograd would otherwise build anew, under new ids.
     """
-    edges = []
-    for i, t in enumerate(tensors_in(values)):
-        if t.requires_grad:
-            fn = t.grad_fn
-            edges.append((i, (id(fn), t.output_nr) if fn is not None else None, t))
-    return edges
+    return [(i, t.grad_fn, t.output_nr, t) for i, t in enumerate(tensors_in(values)) if t.requires_grad]
 
 
 def op_nodes(roots: list, first_seq: int, last_seq: int) -> tuple[list, list]:
@@ -90,9 +87,9 @@ def hook_api_backward(session, fwd_name: str, op: str, index: int, module, stack
         return
     nodes, leaving = op_nodes(roots, first, last_seq)
     node_ids = {id(n) for n in nodes}
-    targets = {key: i for i, key, _ in edges if key is not None}
-    leaves = {id(t): i for i, key, t in edges if key is None}
-    n_inputs = 1 + max((i for i, _, _ in edges), default=-1)
+    targets = {(id(fn), nr): i for i, fn, nr, _ in edges if fn is not None}
+    leaves = {id(t): i for i, fn, _, t in edges if fn is None}
+    n_inputs = 1 + max((i for i, _, _, _ in edges), default=-1)
     # Boundary edges: from a node of this call to the node that owns one of its arguments' grads.
     boundary = {}
     for node, k, nxt, nr in leaving:
