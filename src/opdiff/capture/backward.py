@@ -118,10 +118,12 @@ def hook_api_backward(session, fwd_name: str, op: str, index: int, module, stack
         session.check_overflow(record, state["grads_out"], state["grads_in"])
         state["grads_out"] = state["grads_in"] = None   # the node may outlive this backward
 
-    def on_boundary(positions):
+    def on_boundary(positions, slots=()):
         def hook(grad_inputs, grad_outputs):
             if state["done"]:   # a second backward through a retained graph: recorded once
                 return
+            for nr, j in slots:     # this node also made some of the op's outputs
+                state["grads_out"][j] = grad_outputs[nr]
             try:
                 with session.internal():
                     for k, i in positions:
@@ -151,10 +153,11 @@ def hook_api_backward(session, fwd_name: str, op: str, index: int, module, stack
                 state["grads_out"][j] = grad_outputs[nr]
         return prehook
 
+    # A node with a post hook anyway sees the same gradients there (usually the op's only node).
+    for key, (node, positions) in boundary.items():
+        node.register_hook(on_boundary(positions, by_node.pop(key, (None, ()))[1]))
     for node, slots in by_node.values():
         node.register_prehook(on_output_node(slots))
-    for node, positions in boundary.values():
-        node.register_hook(on_boundary(positions))
     if not boundary:  # no argument needs a gradient (e.g. a factory with requires_grad=True)
         nodes[0].register_hook(lambda grad_inputs, grad_outputs: emit())
 

@@ -72,16 +72,17 @@ def cpu_stats(t: torch.Tensor) -> dict | None:
             return small
     if t.numel() == 0 or t.is_meta or t.layout != torch.strided:
         return None
-    x = t.detach()
+    x = t.detach() if t.requires_grad else t   # (reductions below run under no_grad)
     if x.is_complex():
         x = x.abs()
     flat = x.reshape(-1)
+    n = flat.numel()
     wide = flat.dtype in _FLOATING_WIDE
     # bf16/fp16/fp8 accumulate in float32; integers and bools in float64 (exact up to 2**53)
     acc = flat.dtype if wide else torch.float32 if flat.is_floating_point() else torch.float64
-    scratch = _scratch(acc, min(flat.numel(), _CHUNK))
+    scratch = _scratch(acc, min(n, _CHUNK))
     parts = []
-    for chunk in flat.split(_CHUNK):
+    for chunk in (flat,) if n <= _CHUNK else flat.split(_CHUNK):
         work = scratch[:chunk.numel()]
         if not wide:
             chunk = work.copy_(chunk)
@@ -97,7 +98,7 @@ def cpu_stats(t: torch.Tensor) -> dict | None:
         table = torch.stack(parts).view(-1, 4)
         mn, mx = table[:, 0].min().item(), table[:, 1].max().item()
         total, squares = table[:, 2:].double().sum(0).tolist()
-    return _finish(x, flat.numel(), mn, mx, total, squares)
+    return _finish(x, n, mn, mx, total, squares)
 
 
 _CHUNK = 1 << 20     # elements reduced per pass through the scratch buffer
