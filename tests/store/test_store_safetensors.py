@@ -57,3 +57,39 @@ def test_dump_reader_reads_the_shards(tmp_path):
     rec = next(r for r in dump.records() if r["name"] == "Torch.tanh.0.forward")
     assert torch.equal(dump.tensor(rec["inputs"][0]["key"]), x)
     assert torch.equal(dump.tensor(rec["outputs"][0]["key"]), y)
+
+
+def test_queued_tensors_and_inline_tensors_land_in_the_same_shards(tmp_path):
+    """Device tensors go through the background thread, CPU tensors are written inline; there is
+    no device here, so the queue is fed directly, as put() does for a device tensor."""
+    from opdiff.store.writer import _TensorSink
+    sink = _TensorSink(tmp_path / "tensors")
+    inline = torch.randn(4, 4)
+    sink.put("inline", inline)
+    sink.started = True
+    sink.start()
+    queued = torch.arange(6, dtype=torch.int32)
+    sink.queue.put(("queued", queued, queued.numel() * queued.element_size()))
+    sink.flush(wait=True)
+    sink.put("after", torch.ones(2))
+    sink.close()
+    assert sink.error is None
+    got = {}
+    for shard in sorted((tmp_path / "tensors").glob("*.safetensors")):
+        got.update(load_file(str(shard)))
+    assert torch.equal(got["inline"], inline) and torch.equal(got["queued"], queued)
+    assert torch.equal(got["after"], torch.ones(2))
+    assert not list((tmp_path / "tensors").glob("*.tmp"))
+
+
+def test_a_failing_tensor_write_is_logged_once_and_never_raised(tmp_path, caplog):
+    from opdiff.store.writer import _TensorSink
+    blocker = tmp_path / "tensors"
+    blocker.write_text("a file where the shard directory should be")
+    sink = _TensorSink(blocker)
+    sink.put("a", torch.randn(3))
+    sink.flush(wait=True)
+    sink.put("b", torch.randn(3))
+    sink.close()
+    assert sink.error is not None
+    assert sum("writing tensors failed" in r.message for r in caplog.records) == 1
