@@ -105,7 +105,7 @@ def test_a_broken_statistics_kernel_does_not_break_training(dump_root, read_dump
     def broken(*args, **kwargs):
         raise FloatingPointError("statistics kernel failed")
 
-    for name in ("cpu_stats", "stat_vector", "device_vector"):
+    for name in ("cpu_stats", "stat_vector", "device_vector", "_reduce_small"):
         if hasattr(capture_stats, name):
             monkeypatch.setattr(capture_stats, name, broken)
     caplog.set_level(logging.WARNING, logger="opdiff")

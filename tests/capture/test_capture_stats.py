@@ -256,3 +256,26 @@ def test_both_cpu_reduction_paths_match_float64(case, size, check_stats):
     desc = {"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape),
             "stats": stats_mod.cpu_stats(t)}
     check_stats(desc, t, what=f"{case} {size}")
+
+
+def test_small_cpu_tensors_are_snapshotted_and_reduced_together(check_stats):
+    """Small CPU tensors are copied when described and reduced at flush: numbers are those of
+    the moment of description, and every descriptor sharing them gets them, before or after."""
+    from opdiff.capture.stats import StatsBatch
+    batch = StatsBatch()
+    a, b = torch.randn(5, 3), torch.tensor([1.0, float("nan"), float("inf"), -2.0])
+    before = a.clone()
+    d1, d2, d3 = {}, {}, {}
+    handle = batch.add(d1, a)
+    batch.add(d2, b)
+    batch.share(d3, handle)
+    a.mul_(100)                      # written over after it was described
+    assert len(batch) == 2 and "stats" not in d1
+    batch.resolve()
+    assert len(batch) == 0
+    for desc in (d1, d3):
+        check_stats({"dtype": "float32", "shape": [5, 3], "stats": desc["stats"]}, before)
+    check_stats({"dtype": "float32", "shape": [4], "stats": d2["stats"]}, b)
+    d4 = {}
+    batch.share(d4, handle)          # after the flush: filled at once
+    assert d4["stats"] == d1["stats"]

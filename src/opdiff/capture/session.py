@@ -253,6 +253,8 @@ class Session:
                 self.stats.resolve()
             except Exception as exc:
                 self.failed("statistics", exc)
+                for record in self.pending:
+                    record.setdefault("error", f"statistics: {type(exc).__name__}: {exc}"[:300])
         writer = self.writer
         for record in self.pending:
             if writer is not None:

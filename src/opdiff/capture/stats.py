@@ -172,16 +172,59 @@ def device_vector(t: torch.Tensor) -> torch.Tensor | None:
     return torch.stack([p.to(torch.float64) for p in parts])
 
 
+def _small_snapshot(t: torch.Tensor):
+    """A float64 NumPy copy of a small CPU tensor (its values now), or None."""
+    if t.numel() > _SMALL or t.dtype not in _NUMPY_EXACT or t.layout != torch.strided or t.numel() == 0:
+        return None
+    try:
+        return t.detach().numpy().astype(np.float64).reshape(-1)   # astype copies
+    except (RuntimeError, TypeError):   # conjugate/negative views, tensor subclasses
+        return None
+
+
+class _Small:
+    """A small CPU tensor waiting to be reduced with the others of its flush."""
+
+    __slots__ = ("values", "stats", "descs")
+
+    def __init__(self, values, desc: dict):
+        self.values, self.stats, self.descs = values, None, [desc]
+
+
+def _reduce_small(pending: list) -> None:
+    """All pending small tensors at once: four NumPy calls for the lot instead of four each."""
+    flat = np.concatenate([p.values for p in pending])
+    starts = np.zeros(len(pending), dtype=np.intp)
+    np.cumsum([p.values.size for p in pending[:-1]], out=starts[1:])
+    with np.errstate(all="ignore"):
+        columns = (np.minimum.reduceat(flat, starts), np.maximum.reduceat(flat, starts),
+                   np.add.reduceat(flat, starts), np.add.reduceat(flat * flat, starts))
+    for p, mn, mx, total, squares in zip(pending, *(c.tolist() for c in columns)):
+        p.stats = _finish(p.values, p.values.size, mn, mx, total, squares)
+        for desc in p.descs:
+            desc["stats"] = p.stats
+        p.values = None
+        p.descs = []
+
+
 class StatsBatch:
-    """Fills descriptors' "stats": at once for CPU tensors, in one copy per device otherwise."""
+    """Fills descriptors' "stats". Large CPU tensors are reduced at once; small CPU tensors are
+    copied and reduced together at flush (per-call overhead, not arithmetic, is their cost);
+    device tensors are reduced on the device and fetched in one copy per device at flush."""
 
     def __init__(self):
         self._descs: list[dict] = []
         self._vectors: list[torch.Tensor] = []
+        self._small: list[_Small] = []
 
     def add(self, desc: dict, t: torch.Tensor):
         """Describe t's statistics into desc; returns a handle that `share` can reuse."""
         if t.device.type == "cpu":
+            values = _small_snapshot(t)
+            if values is not None:
+                pending = _Small(values, desc)
+                self._small.append(pending)
+                return pending
             desc["stats"] = cpu_stats(t)
             return desc["stats"]
         vec = device_vector(t)
@@ -196,15 +239,31 @@ class StatsBatch:
         """Give desc the statistics of a tensor already described (same object, unchanged)."""
         if handle is None or isinstance(handle, dict):
             desc["stats"] = handle
+        elif isinstance(handle, _Small):
+            if handle.values is None:      # reduced already (or failed: None)
+                desc["stats"] = handle.stats
+            else:
+                handle.descs.append(desc)
         else:
             self._descs.append(desc)
             self._vectors.append(handle)
 
     def __len__(self) -> int:
-        return len(self._descs)
+        return len(self._descs) + len(self._small)
 
     def resolve(self) -> None:
-        """Fill every pending descriptor (device tensors): one host copy per device."""
+        """Fill every pending descriptor: small CPU tensors together, device tensors with one
+        host copy per device."""
+        if self._small:
+            pending, self._small = self._small, []
+            try:
+                _reduce_small(pending)
+            except Exception:
+                for p in pending:   # the records keep their descriptors, without numbers
+                    for desc in p.descs:
+                        desc["stats"] = None
+                    p.values, p.descs = None, []
+                raise
         if not self._descs:
             return
         by_device: dict = {}
