@@ -66,10 +66,11 @@ def _sum_and_norm(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def cpu_stats(t: torch.Tensor) -> dict | None:
     """Statistics of a CPU tensor, computed now (a CPU read needs no device sync)."""
-    if t.numel() <= _SMALL:
-        small = _numpy_stats(t)
-        if small is not None:
-            return small
+    values = _small_snapshot(t)
+    if values is not None:      # the batched path, with a batch of one
+        small = _Small(values, {})
+        _reduce_small([small])
+        return small.stats
     if t.numel() == 0 or t.is_meta or t.layout != torch.strided:
         return None
     x = t.detach() if t.requires_grad else t   # (reductions below run under no_grad)
@@ -135,24 +136,11 @@ def _finish(x, n: int, mn: float, mx: float, total: float, squares: float) -> di
 
 
 # Below this many elements a tensor's statistics cost more in per-call overhead than in
-# arithmetic: NumPy's reductions cost about 1 us a call, torch's about 5. (Only reductions:
-# NumPy's BLAS calls, such as dot, start threads that fight torch's and are never used here.)
+# arithmetic: such tensors are copied and reduced together through NumPy (see StatsBatch).
+# Only reductions: NumPy's BLAS calls, such as dot, start threads that fight torch's.
 _SMALL = 1 << 14
 _NUMPY_EXACT = {torch.float32, torch.float64, torch.float16, torch.int8, torch.uint8, torch.int16,
                 torch.int32, torch.int64, torch.bool}
-
-
-def _numpy_stats(t: torch.Tensor) -> dict | None:
-    """Statistics of a small CPU tensor through NumPy, in float64; None if NumPy cannot read it."""
-    if t.dtype not in _NUMPY_EXACT or t.layout != torch.strided or t.numel() == 0:
-        return None
-    try:
-        a = t.detach().numpy()
-    except (RuntimeError, TypeError):   # conjugate/negative views, tensor subclasses
-        return None
-    a = a.astype(np.float64)        # integers are exact up to 2**53
-    with np.errstate(all="ignore"):
-        return _finish(a, a.size, float(a.min()), float(a.max()), float(a.sum()), float(np.square(a).sum()))
 
 
 def device_vector(t: torch.Tensor) -> torch.Tensor | None:
