@@ -78,28 +78,37 @@ def cpu_stats(t: torch.Tensor) -> dict | None:
         x = x.abs()
     flat = x.reshape(-1)
     n = flat.numel()
-    wide = flat.dtype in _FLOATING_WIDE
-    # bf16/fp16/fp8 accumulate in float32; integers and bools in float64 (exact up to 2**53)
-    acc = flat.dtype if wide else torch.float32 if flat.is_floating_point() else torch.float64
+    if flat.dtype in _FLOATING_WIDE:   # reduced where it lies: no copy, no chunks
+        mn, mx, total, squares = _reduce(flat)
+        return _finish(x, n, mn.item(), mx.item(), total.item(), squares.item())
+    # bf16/fp16/fp8 accumulate in float32, integers and bools in float64 (exact up to 2**53):
+    # converted one chunk at a time into a reusable buffer (a fresh temporary per tensor made
+    # the allocator fault in new pages).
+    acc = torch.float32 if flat.is_floating_point() else torch.float64
     scratch = _scratch(acc, min(n, _CHUNK))
     parts = []
-    for chunk in (flat,) if n <= _CHUNK else flat.split(_CHUNK):
-        work = scratch[:chunk.numel()]
-        if not wide:
-            chunk = work.copy_(chunk)
-        mn, mx = torch.aminmax(chunk)
-        # torch's CPU sum is a cascade sum: float32 sums of millions of squares stay within 1e-7
-        # (vector_norm does not: 3e-3 off on 4M values near 1000). Squares go into the scratch
-        # buffer: a fresh 2 MB temporary per tensor made the allocator fault in new pages.
-        total = chunk.sum()
-        parts += [mn, mx, total, torch.square(chunk, out=work).sum()]
-    if len(parts) == 4:
-        mn, mx, total, squares = torch.stack(parts).tolist()
-    else:
-        table = torch.stack(parts).view(-1, 4)
-        mn, mx = table[:, 0].min().item(), table[:, 1].max().item()
-        total, squares = table[:, 2:].double().sum(0).tolist()
+    for chunk in flat.split(_CHUNK):
+        parts += _reduce(scratch[:chunk.numel()].copy_(chunk))
+    table = torch.stack(parts).view(-1, 4)
+    mn, mx = table[:, 0].min().item(), table[:, 1].max().item()
+    total, squares = table[:, 2:].double().sum(0).tolist()
     return _finish(x, n, mn, mx, total, squares)
+
+
+def _reduce(flat: torch.Tensor) -> list:
+    """min, max, sum and sum of squares of a 1-D tensor, as 0-d tensors: three passes.
+
+    The sum is torch's cascade sum: float32 sums of millions of values stay within 1e-7. The
+    squares come from norms of rows of _ROW elements (short float32 accumulations), whose
+    squares are then summed the same way; one float32 pass over millions of squares is 3e-3
+    off on 4M values near 1000, and squaring into a buffer first costs a pass of writes.
+    """
+    mn, mx = torch.aminmax(flat)
+    rows = flat.numel() // _ROW
+    squares = torch.linalg.vector_norm(flat[:rows * _ROW].view(rows, _ROW), dim=1).square_().sum()
+    if flat.numel() % _ROW:
+        squares += flat[rows * _ROW:].square().sum()
+    return [mn, mx, flat.sum(), squares]
 
 
 _CHUNK = 1 << 20     # elements reduced per pass through the scratch buffer
