@@ -92,6 +92,19 @@ def test_records_are_strict_json_with_non_finite_numbers(dump_root, read_dump):
     assert stats["nan"] == 1 and stats["inf"] == 2
 
 
+def test_record_encoder_agrees_with_the_standard_library(monkeypatch):
+    from opdiff.store import records
+    record = {"name": "Tensor.add.0.forward", "seq": 3, "module": None, "flag": True,
+              "inputs": [{"type": "float", "value": 1e-05}, {"type": "float", "value": -0.1},
+                         {"type": "str", "value": "é ünïcode \"quoted\"\n"},
+                         {"type": "float", "value": records.encode_float(float("nan"))}],
+              "big": 2 ** 70}                        # beyond 64 bits: orjson refuses it
+    line = records.dumps(record)
+    assert "\n" not in line and json.loads(line) == record
+    monkeypatch.setattr(records, "_orjson", None)   # installed without dependencies
+    assert json.loads(records.dumps(record)) == record
+
+
 def test_meta_holds_format_version_config_and_environment(dump_root, read_dump):
     with opdiff.dump(None, dump_root, level="L1", task="tensor"):
         torch.ones(2).exp()

@@ -38,6 +38,11 @@ import json
 import math
 from typing import Any, Iterator
 
+try:
+    import orjson as _orjson
+except ImportError:   # installed without dependencies: the standard library's encoder
+    _orjson = None
+
 STAT_KEYS = ("max", "min", "mean", "norm", "nan", "inf")
 
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
@@ -75,7 +80,19 @@ def scalar_descriptor(value: Any, max_len: int = 120) -> dict | None:
 
 
 def dumps(obj: Any) -> str:
-    """Serialize to one line of strict JSON (raises on bare NaN/Infinity rather than writing it)."""
+    """Serialize to one line of strict JSON.
+
+    Through orjson where it is installed: the standard library's encoder spends about 30 us on a
+    typical record, mostly formatting floats, orjson about 2 (a tenth of the transformer's step
+    time went here). Record floats are already strict (`encode_float`); a bare NaN that slipped
+    past it becomes null with orjson, an error without. What orjson refuses (integers beyond
+    64 bits, say) goes through the standard library.
+    """
+    if _orjson is not None:
+        try:
+            return _orjson.dumps(obj).decode()
+        except TypeError:   # orjson.JSONEncodeError included
+            pass
     if _ENCODE is None:
         return json.dumps(obj, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
     return "".join(_ENCODE(obj, 0))
