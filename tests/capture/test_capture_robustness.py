@@ -351,3 +351,41 @@ def test_no_global_module_hook_survives_the_dump(level, dump_root):
         model(torch.ones(1, 2)).sum().backward()
     after = global_hooks()
     assert after == before, {k: after[k] - before[k] for k in registries if after[k] != before[k]}
+
+
+class _Cycle:
+    def __init__(self):
+        self.me = self
+
+
+def test_objects_frozen_during_a_step_are_collectable_after_it(dump_root):
+    import gc
+    import weakref
+    assert gc.get_freeze_count() == 0
+    cycle = _Cycle()                       # garbage only the cycle collector can free
+    ref = weakref.ref(cycle)
+    dbg = opdiff.PrecisionDebugger(dump_path=str(dump_root), level="L1")
+    dbg.start()
+    assert gc.get_freeze_count() > 0        # older objects kept out of full collections
+    del cycle
+    gc.collect()
+    assert ref() is not None                # frozen: not collected during the step
+    torch.ones(3).exp()
+    dbg.stop()
+    dbg.step()
+    assert gc.get_freeze_count() == 0
+    gc.collect()
+    assert ref() is None                    # the step is over: collected as usual
+
+
+def test_a_program_that_froze_objects_itself_keeps_them_frozen(dump_root):
+    import gc
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with opdiff.dump(None, str(dump_root), level="L1"):
+            torch.ones(3).exp()
+        # still frozen (unfreezing would make it 0); a few frozen objects died meanwhile
+        assert frozen - 1000 < gc.get_freeze_count() <= frozen
+    finally:
+        gc.unfreeze()

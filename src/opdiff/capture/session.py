@@ -6,6 +6,7 @@ logged once, recorded on the op, and never raised into the user's code.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import re
 import threading
@@ -90,6 +91,7 @@ class Session:
         self.overflow = None            # set by the overflow_check task (see overflow.py)
         self.param_grads: dict = {}     # module name -> {"params": {...}, "expected": n}
         self.at_close: list = []        # undo at step close: hooks on leaves, nodes held (backward.py)
+        self._frozen = False            # objects older than the step kept out of full GCs
         modes = set(config.data_mode)
         self.want_forward = "all" in modes or "forward" in modes or not ({"forward", "backward"} & modes)
         self.want_backward = "all" in modes or "backward" in modes or not ({"forward", "backward"} & modes)
@@ -147,6 +149,7 @@ class Session:
             from ..errors import ConfigError
             raise ConfigError(f"cannot write a dump into {directory} ({exc.strerror or exc}); "
                               f"choose a writable dump_path") from None
+        self._frozen = _freeze_older_objects()
         light = cfg.task == "overflow_check"
         self.describer = Describer(None if light else self.stats, self.writer, save=cfg.task == "tensor")
         if light:
@@ -161,6 +164,9 @@ class Session:
             self.writer.close()
         self.writer = None
         self.describer = None
+        if self._frozen:
+            gc.unfreeze()
+            self._frozen = False
         for undo in self.at_close:   # let this step's graphs go; leaves forget its hooks
             undo()
         self.at_close.clear()
@@ -292,6 +298,21 @@ class Session:
     def flush_param_grads(self) -> None:
         for module_name in list(self.param_grads):
             self._emit_param_grads(module_name)
+
+
+def _freeze_older_objects() -> bool:
+    """Keep every object that exists now out of Python's full collections until the step closes.
+
+    A recorded step allocates thousands of small dicts, which push the collector into a full
+    collection about every 20 steps; with a framework loaded that scans some 300k objects
+    (170 ms on the benchmark CNN, 8 ms a step on average). Frozen objects are still freed by
+    reference counting; a cycle among them is collected after `gc.unfreeze()` at step close.
+    Left alone if the program froze objects itself (a pre-fork server, say) or disabled the GC.
+    """
+    if not hasattr(gc, "freeze") or not gc.isenabled() or gc.get_freeze_count():
+        return False
+    gc.freeze()
+    return True
 
 
 def current_rank() -> int:
