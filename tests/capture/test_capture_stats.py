@@ -173,6 +173,42 @@ def test_tensor_changed_through_data_gets_fresh_statistics(dump_root, read_dump,
     check_stats(dump["Tensor.exp.1.forward"]["inputs"][0], p, what="input after .data write")
 
 
+def test_views_over_the_same_elements_share_statistics(dump_root, read_dump, check_stats, monkeypatch):
+    from opdiff.capture import stats as stats_mod
+    reduced = []
+    add = stats_mod.StatsBatch.add
+    monkeypatch.setattr(stats_mod.StatsBatch, "add",
+                        lambda self, desc, t: reduced.append(tuple(t.shape)) or add(self, desc, t))
+    x = torch.randn(64, 8, 128)
+    with opdiff.dump(None, dump_root, level="L1", task="statistics"):
+        x.exp()                                   # reduces x
+        x.transpose(0, 1).exp()                   # the transpose is x's elements: shared
+        x.reshape(8, 64, 128).sin()               # a reshape too
+        x[:32].exp()                              # half of them: its own statistics
+        x.mul_(2)                                 # a write through x: every view changed
+        x.transpose(0, 1).cos()
+    dump = read_dump(dump_root)
+    before = x / 2
+    check_stats(dump["Tensor.transpose.0.forward"]["outputs"][0], before.transpose(0, 1), what="transpose")
+    check_stats(dump["Tensor.reshape.0.forward"]["outputs"][0], before.reshape(8, 64, 128), what="reshape")
+    check_stats(dump["Tensor.__getitem__.0.forward"]["outputs"][0], before[:32], what="slice")
+    check_stats(dump["Tensor.transpose.1.forward"]["outputs"][0], x.transpose(0, 1), what="after the write")
+    big = [shape for shape in reduced if len(shape) == 3]
+    # x before and after mul_, exp's output; the outputs of exp, sin and cos, never the views
+    assert big.count((64, 8, 128)) == 3 and big.count((8, 64, 128)) == 3, big
+
+
+def test_memory_reused_by_a_new_tensor_is_not_taken_for_the_old_one(dump_root, read_dump, check_stats):
+    with opdiff.dump(None, dump_root, level="L1", task="statistics"):
+        for i in range(4):                        # same size: the allocator hands back the block
+            y = torch.full((256, 256), float(i)).exp()
+            del y
+    dump = read_dump(dump_root)
+    for i in range(4):
+        check_stats(dump[f"Tensor.exp.{i}.forward"]["outputs"][0],
+                    torch.full((256, 256), float(i)).exp(), what=f"step {i}")
+
+
 def test_statistics_do_not_depend_on_autocast(dump_root, read_dump, check_stats):
     x = torch.randn(8, 8)
     w = torch.randn(8, 8)

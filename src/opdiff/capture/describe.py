@@ -24,6 +24,7 @@ class Describer:
         self.save = save
         self._saved: dict = {}   # id(tensor) -> (weakref, version, key)
         self._stats: dict = {}   # id(tensor) -> (weakref, version, stats handle)
+        self._blocks: dict = {}  # (address, numel, dtype) of a dense tensor -> same as _stats
         self._by_storage: dict = {}   # storage address -> ids of cached tensors viewing it
 
     def forget(self, values) -> None:
@@ -34,16 +35,18 @@ class Describer:
         storage), so entries are found by storage address, not by tensor identity.
         """
         for t in tensors_in(values):
-            for tid in self._by_storage.pop(_storage(t), ()):
-                self._saved.pop(tid, None)
-                self._stats.pop(tid, None)
+            for key in self._by_storage.pop(_storage(t), ()):
+                self._saved.pop(key, None)
+                self._stats.pop(key, None)
+                self._blocks.pop(key, None)
 
-    def _remember(self, table: dict, t: torch.Tensor, entry: tuple) -> None:
+    def _remember(self, table: dict, t: torch.Tensor, entry: tuple, key=None) -> None:
+        key = id(t) if key is None else key
         try:
-            table[id(t)] = (weakref.ref(t),) + entry
+            table[key] = (weakref.ref(t),) + entry
         except TypeError:
             return
-        self._by_storage.setdefault(_storage(t), set()).add(id(t))
+        self._by_storage.setdefault(_storage(t), set()).add(key)
 
     def describe(self, value, name: str, depth: int = 0) -> dict:
         if isinstance(value, torch.Tensor):
@@ -84,13 +87,34 @@ class Describer:
         cached = self._stats.get(id(t)) if version is not None else None
         if cached is not None and cached[0]() is t and cached[1] == version:
             self.stats.share(desc, cached[2])
+        elif version is not None:
+            # A view over exactly the same elements (a transpose, a reshape) holds the same
+            # values, and statistics do not depend on their order.
+            block = _block(t)
+            handle = self._same_block(block, version) if block is not None else None
+            if handle is not None:
+                self.stats.share(desc, handle)
+            else:
+                handle = self.stats.add(desc, t)
+                if block is not None:
+                    self._remember(self._blocks, t, (version, handle), block)
+            self._remember(self._stats, t, (version, handle))
         else:
-            handle = self.stats.add(desc, t)
-            if version is not None:
-                self._remember(self._stats, t, (version, handle))
+            self.stats.add(desc, t)
         if self.save and t.layout == torch.strided:
             desc["key"] = self._save(t, name)
         return desc
+
+    def _same_block(self, block: tuple, version: int):
+        """The statistics handle of a live tensor over the same memory block, unchanged since."""
+        entry = self._blocks.get(block)
+        if entry is None or entry[1] != version:
+            return None
+        other = entry[0]()
+        # alive (so the memory was not reused), still there, not written since
+        if other is None or other._version != version or other.data_ptr() != block[0]:
+            return None
+        return entry[2]
 
     def _save(self, t: torch.Tensor, name: str) -> str:
         version = _version(t)
@@ -120,6 +144,23 @@ def _storage(t: torch.Tensor) -> int:
         return t.data_ptr() - t.storage_offset() * t.element_size()
     except (RuntimeError, NotImplementedError):  # sparse and other storage-less layouts
         return -1
+
+
+def _block(t: torch.Tensor):
+    """(address, numel, dtype) when t's elements fill one memory block exactly (contiguous in
+    some order of its dimensions), else None."""
+    if t.layout != torch.strided or t.is_meta:
+        return None
+    if not t.is_contiguous():
+        expected = 1
+        for stride, size in sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz != 1):
+            if stride != expected:
+                return None
+            expected *= size
+    try:
+        return (t.data_ptr(), t.numel(), t.dtype)
+    except (RuntimeError, NotImplementedError):
+        return None
 
 
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)   # never fake tensors
