@@ -40,13 +40,28 @@ class Describer:
                 self._stats.pop(key, None)
                 self._blocks.pop(key, None)
 
-    def _remember(self, table: dict, t: torch.Tensor, entry: tuple, key=None) -> None:
-        key = id(t) if key is None else key
+    def _remember(self, table: dict, t: torch.Tensor, entry: tuple) -> None:
         try:
-            table[key] = (weakref.ref(t),) + entry
+            table[id(t)] = (weakref.ref(t),) + entry
         except TypeError:
             return
-        self._by_storage.setdefault(_storage(t), set()).add(key)
+        self._by_storage.setdefault(_storage(t), set()).add(id(t))
+
+    def _remember_stats(self, t: torch.Tensor, version: int, handle, block) -> None:
+        """One entry for t, under its id and, when it is new, under its memory block."""
+        try:
+            entry = (weakref.ref(t), version, handle)
+        except TypeError:
+            return
+        self._stats[id(t)] = entry
+        address = _storage(t)
+        keys = self._by_storage.get(address)
+        if keys is None:
+            keys = self._by_storage[address] = set()
+        keys.add(id(t))
+        if block is not None:
+            self._blocks[block] = entry
+            keys.add(block)
 
     def describe(self, value, name: str, depth: int = 0) -> dict:
         if isinstance(value, torch.Tensor):
@@ -94,11 +109,10 @@ class Describer:
             handle = self._same_block(block, version) if block is not None else None
             if handle is not None:
                 self.stats.share(desc, handle)
+                block = None     # the block's entry stays its first tensor's
             else:
                 handle = self.stats.add(desc, t)
-                if block is not None:
-                    self._remember(self._blocks, t, (version, handle), block)
-            self._remember(self._stats, t, (version, handle))
+            self._remember_stats(t, version, handle, block)
         else:
             self.stats.add(desc, t)
         if self.save and t.layout == torch.strided:
@@ -132,7 +146,7 @@ class Describer:
 def _version(t: torch.Tensor):
     """The version counter, or None where there is none (inference tensors): then never cache."""
     try:
-        return None if t.is_inference() else t._version
+        return t._version      # inference tensors raise
     except RuntimeError:
         return None
 
