@@ -148,6 +148,7 @@ class ModuleCapture:
         s.module_returned(record["name"])
         try:
             index = record.pop("_index")
+            backward = in_targets is not None and torch.is_grad_enabled()   # (internal() disables grad)
             with s.internal():
                 if kwargs:
                     record["kwargs"] = {k: s.describer.describe(v, f"{record['name']}.input.{k}")
@@ -157,11 +158,10 @@ class ModuleCapture:
                 record["parameters"] = {
                     n: s.describer.describe(p, f"{record['name']}.parameters.{n}")
                     for n, p in module._parameters.items() if p is not None}
-            if s.want_forward:
-                s.emit(record)
-            s.check_overflow(record, pre_args, output)
-            if in_targets is not None and torch.is_grad_enabled():
-                with s.internal():
+                if s.want_forward:
+                    s.emit(record)
+                s.check_overflow(record, pre_args, output)
+                if backward:
                     if kwargs:
                         in_targets = in_targets + grad_targets(kwargs)
                     hook_module_backward(s, record["name"], record["op"], index, record["module"],

@@ -59,14 +59,15 @@ class _Internal:
         self.busy = getattr(self.local, "busy", False)
         self.local.busy = True
         self.grad = torch.is_grad_enabled()
-        torch._C._set_grad_enabled(False)
+        # Modes off first: _set_grad_enabled itself goes through torch-function modes.
         self.no_modes = torch._C.DisableTorchFunction()
         self.no_modes.__enter__()
+        torch._C._set_grad_enabled(False)
         return self
 
     def __exit__(self, *exc_info):
-        self.no_modes.__exit__(None, None, None)
         torch._C._set_grad_enabled(self.grad)
+        self.no_modes.__exit__(None, None, None)
         self.local.busy = self.busy
         return False
 
