@@ -209,6 +209,38 @@ def test_memory_reused_by_a_new_tensor_is_not_taken_for_the_old_one(dump_root, r
                     torch.full((256, 256), float(i)).exp(), what=f"step {i}")
 
 
+def test_values_an_op_never_reads_are_described_without_statistics(tmp_path, read_dump):
+    def run(root):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5))
+        with opdiff.dump(model, root / "l2", level="L2"):
+            model(torch.randn(4, 8)).sum().backward()      # mask = empty_like(x).bernoulli_(p)
+        with opdiff.dump(None, root / "l1", level="L1"):
+            torch.empty(3).uniform_()
+            out = torch.full((3,), float("nan"))
+            torch.add(torch.ones(3), 1, out=out)
+        return read_dump(root / "l1"), read_dump(root / "l2")
+
+    l1, l2 = run(tmp_path / "a")
+    unread = {"type": "tensor", "dtype": "float32", "shape": [3], "device": "cpu",
+              "requires_grad": False, "stats": None}
+    assert l1["Torch.empty.0.forward"]["outputs"][0] == {**unread, "uninitialized": True}
+    assert l1["Tensor.uniform_.0.forward"]["inputs"][0] == {**unread, "overwritten": True}
+    assert l1["Torch.add.0.forward"]["kwargs"]["out"] == {**unread, "overwritten": True}
+    assert l1["Torch.add.0.forward"]["outputs"][0]["stats"]["max"] == 2.0
+    bern = l2["Aten.bernoulli_.0.forward"]
+    assert bern["inputs"][0]["overwritten"] and bern["inputs"][0]["stats"] is None
+    assert bern["outputs"][0]["stats"]["nan"] == 0
+    # and compare leaves them out instead of reporting noise
+    run(tmp_path / "b")
+    for level in ("l1", "l2"):
+        rows = opdiff.compare(tmp_path / "a" / level, tmp_path / "b" / level).rows
+        skipped = [r for r in rows if "not compared" in (r.reason or "")]
+        assert skipped and all(r.result == "pass" for r in skipped), level
+        assert all(r.result == "pass" for r in rows), [(r.target_name, r.reason) for r in rows
+                                                       if r.result != "pass"]
+
+
 def test_statistics_do_not_depend_on_autocast(dump_root, read_dump, check_stats):
     x = torch.randn(8, 8)
     w = torch.randn(8, 8)

@@ -56,10 +56,9 @@ class ApiCapture(TorchFunctionMode):
         try:
             # Inputs are described now, before an in-place op can overwrite them.
             with s.internal():
-                record["inputs"] = s.describe_all(args, name, "input")
-                if kwargs:
-                    record["kwargs"] = {k: s.describer.describe(v, f"{name}.input.{k}")
-                                        for k, v in kwargs.items()}
+                record["inputs"], described_kwargs = s.describe_inputs(op, args, kwargs, name)
+                if described_kwargs is not None:
+                    record["kwargs"] = described_kwargs
             if mutating:  # what was described of its arguments may be overwritten by this op
                 s.describer.forget((args, kwargs))
                 if s.overflow is not None:  # an in-place op creating inf overwrites its finite input
@@ -86,8 +85,12 @@ class ApiCapture(TorchFunctionMode):
             result = args[0]
         with s.internal():
             try:
-                record["outputs"] = s.describe_all([result], record["name"], "output") \
-                    if not isinstance(result, (tuple, list)) else s.describe_all(result, record["name"], "output")
+                if naming.makes_uninitialized(op):
+                    record["outputs"] = [s.describer.unread(result, f"{record['name']}.output.0",
+                                                            "uninitialized")]
+                else:
+                    record["outputs"] = s.describe_all([result], record["name"], "output") \
+                        if not isinstance(result, (tuple, list)) else s.describe_all(result, record["name"], "output")
             except Exception as exc:  # keep the record and say what failed
                 record.setdefault("outputs", [])
                 s.failed(op, exc, record)

@@ -70,10 +70,9 @@ class AtenCapture(TorchDispatchMode):
                     record["autograd_node"] = node.name()
                 with s.internal():
                     try:
-                        record["inputs"] = s.describe_all(args, name, "input")
-                        if kwargs:
-                            record["kwargs"] = {k: s.describer.describe(v, f"{name}.input.{k}")
-                                                for k, v in kwargs.items()}
+                        record["inputs"], described_kwargs = s.describe_inputs(packet, args, kwargs, name)
+                        if described_kwargs is not None:
+                            record["kwargs"] = described_kwargs
                     except Exception as exc:  # keep the record and say what failed
                         record.setdefault("inputs", [])
                         s.failed(op, exc, record)

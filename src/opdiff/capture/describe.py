@@ -84,6 +84,17 @@ class Describer:
                                               for k, v in value.items()}}
         return {"type": "object", "value": _short_repr(value)}
 
+    def unread(self, value, name: str, why: str = "overwritten") -> dict:
+        """The descriptor of a tensor whose values mean nothing: an argument the op overwrites
+        without reading it (an `out=` tensor, the target of a fill; why="overwritten") or the
+        output of `torch.empty` (why="uninitialized"). Dtype and shape only: no statistics,
+        not saved, and `desc[why] = True` so that compare leaves it out."""
+        if not isinstance(value, torch.Tensor):
+            return self.describe(value, name)
+        return {"type": "tensor", "dtype": _DTYPE_NAMES.get(value.dtype) or _dtype_name(value.dtype),
+                "shape": list(value.shape), "device": "cpu" if value.is_cpu else str(value.device),
+                "requires_grad": value.requires_grad, "stats": None, why: True}
+
     def tensor(self, t: torch.Tensor, name: str) -> dict:
         if _is_wrapped(t):
             t = _unwrapped(t)

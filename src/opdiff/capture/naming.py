@@ -173,3 +173,24 @@ def is_mutating(op: str, kwargs: dict) -> bool:
     return (method.endswith("_") and not method.endswith("__")) or method.startswith("__i") \
         or method == "__setitem__" or op.startswith("Distributed.") \
         or kwargs.get("out") is not None or kwargs.get("inplace") is True
+
+
+# In-place ops whose result does not depend on what their first argument held: random and
+# constant fills, and copy_. That argument is often fresh, uninitialised memory (dropout's mask
+# is `empty_like(x).bernoulli_(p)`; `.to()` copies into an empty tensor at L2): its values
+# before the op are noise that would differ between any two runs.
+_OVERWRITES = frozenset({"bernoulli_", "uniform_", "normal_", "random_", "exponential_",
+                         "geometric_", "cauchy_", "log_normal_", "fill_", "zero_", "copy_"})
+
+
+def overwrites_first(op: str) -> bool:
+    """Whether `op` (an API name or an aten packet name) overwrites its first argument entirely."""
+    return op.rsplit(".", 1)[-1] in _OVERWRITES
+
+
+_UNINITIALIZED = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
+
+
+def makes_uninitialized(op: str) -> bool:
+    """Whether `op` returns uninitialised memory (`torch.empty` and its kin)."""
+    return op.rsplit(".", 1)[-1] in _UNINITIALIZED

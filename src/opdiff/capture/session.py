@@ -17,7 +17,7 @@ from .. import __version__
 from ..config import DumpConfig
 from ..store import layout
 from ..store.writer import DumpWriter
-from . import stacks
+from . import naming, stacks
 from .describe import Describer
 from .stats import StatsBatch
 
@@ -229,6 +229,20 @@ class Session:
     # -- records -------------------------------------------------------------------------------
     def describe_all(self, values, name: str, role: str) -> list:
         return [self.describer.describe(v, f"{name}.{role}.{i}") for i, v in enumerate(values)]
+
+    def describe_inputs(self, op: str, args, kwargs, name: str) -> tuple[list, dict | None]:
+        """An op's arguments before it runs; those it overwrites without reading (the target
+        of a fill or copy_, an `out=` tensor) by dtype and shape only (see naming.overwrites_first)."""
+        d = self.describer
+        if args and naming.overwrites_first(op):
+            inputs = [d.unread(args[0], f"{name}.input.0")] + \
+                [d.describe(v, f"{name}.input.{i}") for i, v in enumerate(args[1:], 1)]
+        else:
+            inputs = [d.describe(v, f"{name}.input.{i}") for i, v in enumerate(args)]
+        if not kwargs:
+            return inputs, None
+        return inputs, {k: (d.unread if k == "out" else d.describe)(v, f"{name}.input.{k}")
+                        for k, v in kwargs.items()}
 
     def check_overflow(self, record: dict, inputs, outputs) -> None:
         """task="overflow_check": find ops that create inf/NaN (see overflow.py)."""

@@ -27,10 +27,14 @@ from .align import align
 from .divergence import OpScore, analyse, count, statistics_limits
 from .envdiff import environment_diff
 from .metrics import Measurement, measure, stats_measure
-from .result import ERROR, UNMATCHED, WARNING, CompareResult, Location, TensorRow
+from .result import ERROR, PASS, UNMATCHED, WARNING, CompareResult, Location, TensorRow
 from .verdicts import Policy, Thresholds
 
 log = logging.getLogger("opdiff")
+
+# Descriptor flags of tensors whose values mean nothing (capture's Describer.unread).
+_UNREAD = {"overwritten": "overwritten by the op without being read: not compared",
+           "uninitialized": "uninitialised memory (torch.empty): not compared"}
 
 # Below this fraction of paired ops, two dumps are taken to be of different models.
 MIN_PAIRED_FRACTION = 0.3
@@ -194,6 +198,9 @@ class _PairCompare:
             return TensorRow(result=ERROR, accuracy_reached="No",
                              reason=f"shapes differ: {list(t_shape)} vs {list(g_shape)}",
                              **common), None
+        for why, reason in _UNREAD.items():
+            if td.get(why) or gd.get(why):   # values that mean nothing (see Describer.unread)
+                return TensorRow(result=PASS, accuracy_reached="", reason=reason, **common), None
         pair = (td.get("key"), gd.get("key"))
         m = self._measured.get(pair)
         if m is not None:

@@ -21,6 +21,9 @@ A descriptor describes one argument::
     {"type": "tensor", "dtype": "float32", "shape": [2, 3], "device": "cpu",
      "requires_grad": true, "stats": {"max":, "min":, "mean":, "norm":, "nan":, "inf":},
      "key": "Functional.conv2d.0.forward.input.0"}       # key only when the tensor was saved
+    {"type": "tensor", ..., "stats": null, "overwritten": true}   # written by the op, never read
+        (the target of a fill or copy_, an `out=` argument); "uninitialized": true for
+        torch.empty's output. Compare leaves both out: their values are noise.
     {"type": "int" | "float" | "bool" | "str", "value": ...}
     {"type": "none"}
     {"type": "dtype" | "device", "value": "torch.float32"}
