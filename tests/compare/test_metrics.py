@@ -118,6 +118,18 @@ def test_statistics_only_mean_near_zero_is_not_an_alarm():
     assert bad.nonfinite_mismatch
 
 
+def test_statistics_only_the_same_nan_on_both_sides_is_no_difference():
+    nan = float("nan")
+    same = {"max": 2.0, "min": -1.0, "mean": nan, "norm": nan, "nan": 3, "inf": 0}
+    m = stats_measure(dict(same), dict(same), numel=8)
+    assert not m.nonfinite_mismatch and m.error == 0.0 and m.scale_error == 0.0
+    assert m.metrics["Mean diff"] == 0.0 and m.metrics["MeanRelativeErr"] == 0.0
+    all_nan = {"max": nan, "min": nan, "mean": nan, "norm": nan, "nan": 8, "inf": 0}
+    assert stats_measure(dict(all_nan), dict(all_nan), numel=8).error == 0.0
+    assert stats_measure({**same, "max": 3.0}, same, numel=8).error > 0.1     # finite part differs
+    assert stats_measure({**same, "nan": 2}, same, numel=8).nonfinite_mismatch  # counts differ
+
+
 # -- every metric against a whole-tensor numpy reference, on pairs that take every path ---------
 
 def full_reference(t: np.ndarray, g: np.ndarray) -> dict:

@@ -391,7 +391,8 @@ def stats_measure(target_stats: dict, golden_stats: dict, numel: int) -> Measure
             metrics[f"{label} diff"] = None
             metrics[f"{label.replace('L2norm', 'Norm')}RelativeErr"] = None
             continue
-        diff = a - b if not (math.isinf(a) and a == b) else 0.0
+        # the same inf, or NaN on both sides (their counts are compared below), is no difference
+        diff = 0.0 if a == b or (math.isnan(a) and math.isnan(b)) else a - b
         diffs[key] = diff
         metrics[f"{label} diff"] = diff
         rel = abs(diff / b) if b not in (0.0,) and math.isfinite(b) else (0.0 if diff == 0 else math.inf)
@@ -418,5 +419,7 @@ def stats_measure(target_stats: dict, golden_stats: dict, numel: int) -> Measure
         if "mean" in diffs and rms > 0:
             errors.append(abs(diffs["mean"]) / rms)
     scale = (t_norm - g_norm) / g_norm if t_norm is not None and g_norm else 0.0
+    if not math.isfinite(scale):   # NaN norms on both sides
+        scale = 0.0
     return Measurement(metrics, error=max(errors, default=0.0), scale_error=scale, numel=numel,
                        mode="statistics")
