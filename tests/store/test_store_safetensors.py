@@ -93,3 +93,47 @@ def test_a_failing_tensor_write_is_logged_once_and_never_raised(tmp_path, caplog
     sink.close()
     assert sink.error is not None
     assert sum("writing tensors failed" in r.message for r in caplog.records) == 1
+
+
+def test_cpu_tensors_are_written_when_saved_not_copied(tmp_path, monkeypatch):
+    """A CPU tensor's bytes are in the shard when put() returns: changing it afterwards (the
+    next, in-place op) changes nothing saved, and no private copy is made."""
+    from opdiff.store.reader import _shard_entries
+    from opdiff.store.writer import _StreamingShard, _TensorSink
+    monkeypatch.setattr(_StreamingShard, "HEADER_BYTES", 1024)     # a few entries per shard
+    sink = _TensorSink(tmp_path / "tensors")
+    originals = {}
+    x = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    for i in range(40):
+        key = f"Tensor.add_.{i}.forward.input.0" + "_long_name" * 3
+        originals[key] = x.clone()
+        sink.put(key, x if i % 3 else x.t())            # non-contiguous views too
+        originals[key] = originals[key] if i % 3 else originals[key].t()
+        x.add_(1)                                         # the in-place op that follows
+    sink.put("c64", torch.randn(3, dtype=torch.complex64))   # a dtype kept for its own shard
+    sink.close()
+    assert sink.error is None
+    shards = sorted((tmp_path / "tensors").glob("*.safetensors"))
+    assert len(shards) > 3 and not list((tmp_path / "tensors").glob("*.tmp"))
+    got, ours = {}, {}
+    for shard in shards:
+        got.update(load_file(str(shard)))                 # safetensors' own reader
+        ours.update(_shard_entries(shard))                # and opdiff's
+    assert set(got) == set(ours) == set(originals) | {"c64"}
+    for key, t in originals.items():
+        assert torch.equal(got[key], t), key
+
+
+def test_tensor_task_keeps_inputs_of_in_place_ops_as_they_were(tmp_path):
+    import opdiff
+    from opdiff.store.reader import open_dump
+    x = torch.randn(64, 64)
+    before = x.clone()
+    with opdiff.dump(None, tmp_path / "d", level="L1", task="tensor"):
+        x.mul_(2)
+        x.add_(1)
+    dump = open_dump(tmp_path / "d" / "step0" / "rank0")
+    recs = {r["name"]: r for r in dump.records()}
+    assert torch.equal(dump.tensor(recs["Tensor.mul_.0.forward"]["inputs"][0]["key"]), before)
+    assert torch.equal(dump.tensor(recs["Tensor.add_.0.forward"]["inputs"][0]["key"]), before * 2)
+    assert torch.equal(dump.tensor(recs["Tensor.add_.0.forward"]["outputs"][0]["key"]), x)

@@ -148,7 +148,8 @@ class Describer:
             ref, saved_version, key = entry
             if ref() is t and saved_version == version:
                 return key
-        self.writer.save_tensor(name, t.detach().clone())
+        # CPU tensors are written at once; a device tensor is written later, from a copy.
+        self.writer.save_tensor(name, t.detach() if t.is_cpu else t.detach().clone())
         if version is not None:
             self._remember(self._saved, t, (version, name))
         return name

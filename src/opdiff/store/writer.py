@@ -2,9 +2,10 @@
 
 Records are buffered and appended to records.jsonl every `flush_every` records and on
 `flush()`/`close()`, each time followed by an OS-level flush, so a killed process leaves every
-record up to the last flush readable. Tensors are written as safetensors shards atomically (temp
-file + rename): a shard is either whole or absent. CPU tensors are written by the calling thread,
-device tensors through a bounded queue by a background thread (see _TensorSink).
+record up to the last flush readable. Tensors go into safetensors shards, each written under a
+temporary name as tensors arrive and renamed once its header is in place: a shard is either whole
+or absent. CPU tensors are written by the calling thread when they are saved, device tensors
+through a bounded queue by a background thread (see _TensorSink).
 """
 from __future__ import annotations
 
@@ -28,11 +29,13 @@ _QUEUE_BYTES = 256 << 20     # capture blocks when this much is waiting to be wr
 class _TensorSink(threading.Thread):
     """Collects tensors into safetensors shards.
 
-    CPU tensors are added and written in the calling thread. A background writer fighting the
-    training thread for the GIL and the cores cost far more than the writes themselves (on the
-    benchmark transformer, 100 MB a step: about 230 ms added to the step by the thread, about
-    30 ms written inline). Device tensors go through a queue to this thread, which copies them to
-    the host while the device computes; it is started by the first one.
+    CPU tensors are written in the calling thread, at once: their bytes are in the shard before
+    the op can change them, so the caller need not copy them (a private copy of every saved
+    activation made the CNN's step fault in about 120 MB of fresh pages). A background writer
+    fighting the training thread for the GIL and the cores cost far more than the writes
+    themselves (on the benchmark transformer, 100 MB a step: about 230 ms added to the step by
+    the thread, about 30 ms written inline). Device tensors go through a queue to this thread,
+    which copies them to the host while the device computes; it is started by the first one.
     """
 
     def __init__(self, directory: Path):
@@ -45,10 +48,12 @@ class _TensorSink(threading.Thread):
         self.started = False
         self.shard_index = 0
         self.error: BaseException | None = None
-        self._batch: dict[str, Any] = {}
-        self._batch_bytes = 0
+        self._shard: _StreamingShard | None = None
+        self._batch: dict[str, Any] = {}     # dtypes the streaming writer does not know (complex)
 
     def put(self, key: str, tensor) -> None:
+        """Save `tensor` under `key`: a CPU tensor is written now (the caller may change it right
+        after), a device tensor must be a private copy (it is written later)."""
         if self.error is not None:
             return
         nbytes = tensor.numel() * tensor.element_size()
@@ -115,24 +120,43 @@ class _TensorSink(threading.Thread):
             log.warning("opdiff: writing tensors failed (%s); tensors are no longer saved", exc)
         self.error = exc
         self._batch.clear()
+        if self._shard is not None:
+            self._shard.abandon()
+            self._shard = None
 
     def _add(self, key: str, tensor, nbytes: int) -> None:
-        self._batch[key] = tensor
-        self._batch_bytes += nbytes
-        if self._batch_bytes >= _SHARD_BYTES:
-            self._write_shard()
+        if _dtype_name(tensor) is None:      # kept (a copy) for a shard of its own at flush
+            self._batch[key] = tensor.clone()
+            return
+        if self._shard is None or not self._shard.add(key, tensor):   # none open, or header full
+            self._finish_shard()
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._shard = _StreamingShard(self._next_path().with_suffix(".tmp"))
+            if not self._shard.add(key, tensor):
+                raise ValueError(f"tensor name too long for a shard header: {key[:80]}...")
+        if self._shard.data_bytes >= _SHARD_BYTES:
+            self._finish_shard()
+
+    def _next_path(self) -> Path:
+        path = self.directory / f"shard_{self.shard_index:05d}.safetensors"
+        self.shard_index += 1
+        return path
+
+    def _finish_shard(self) -> None:
+        shard, self._shard = self._shard, None
+        if shard is not None:
+            shard.finish()
 
     def _write_shard(self) -> None:
-        if not self._batch:
-            return
-        self.directory.mkdir(parents=True, exist_ok=True)
-        final = self.directory / f"shard_{self.shard_index:05d}.safetensors"
-        tmp = final.with_suffix(".tmp")
-        write_safetensors(self._batch, tmp)
-        os.replace(tmp, final)
-        self.shard_index += 1
-        self._batch = {}
-        self._batch_bytes = 0
+        """Close the shard being written (and write the odd-dtype ones): a flush point."""
+        self._finish_shard()
+        if self._batch:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            final = self._next_path()
+            tmp = final.with_suffix(".tmp")
+            write_safetensors(self._batch, tmp)
+            os.replace(tmp, final)
+            self._batch = {}
 
 
 _SAFETENSORS_DTYPES = {
@@ -140,6 +164,63 @@ _SAFETENSORS_DTYPES = {
     "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "uint16": "U16", "uint32": "U32",
     "uint64": "U64", "bool": "BOOL", "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2",
 }
+
+
+def _dtype_name(t) -> str | None:
+    return _SAFETENSORS_DTYPES.get(str(t.dtype).replace("torch.", ""))
+
+
+class _StreamingShard:
+    """A safetensors file written as tensors arrive, under a temporary name.
+
+    The header goes first in the format, but is only known at the end: a fixed region is kept
+    for it at the front, filled at `finish()` with the JSON padded with spaces (which the format
+    allows), and the file is then renamed to its final name. A shard whose header would outgrow
+    the region is finished early.
+    """
+
+    HEADER_BYTES = 128 << 10     # 8-byte length + JSON; about 1000 entries
+
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.file = open(tmp, "wb")
+        self.file.seek(self.HEADER_BYTES)
+        self.header: dict = {}
+        self.header_len = 2          # "{}"
+        self.data_bytes = 0
+
+    def add(self, key: str, t) -> bool:
+        """Write t's bytes and note its entry; False (nothing written) when the header is full."""
+        import torch
+
+        nbytes = t.numel() * t.element_size()
+        entry = {"dtype": _dtype_name(t), "shape": list(t.shape),
+                 "data_offsets": [self.data_bytes, self.data_bytes + nbytes]}
+        size = len(json.dumps({key: entry}, separators=(",", ":"))) - 1    # '"key":{...},'
+        if self.header_len + size > self.HEADER_BYTES - 8:
+            return False
+        t = t.contiguous()
+        if t.numel():
+            self.file.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+        self.header[key] = entry
+        self.header_len += size
+        self.data_bytes += nbytes
+        return True
+
+    def finish(self) -> None:
+        text = json.dumps(self.header, separators=(",", ":")).encode()
+        text += b" " * (self.HEADER_BYTES - 8 - len(text))
+        self.file.seek(0)
+        self.file.write((self.HEADER_BYTES - 8).to_bytes(8, "little"))
+        self.file.write(text)
+        self.file.close()
+        os.replace(self.tmp, self.tmp.with_suffix(".safetensors"))
+
+    def abandon(self) -> None:
+        try:
+            self.file.close()
+        except OSError:
+            pass
 
 
 def write_safetensors(tensors: dict, path: Path) -> None:
@@ -219,7 +300,8 @@ class DumpWriter:
             self.flush()
 
     def save_tensor(self, key: str, tensor) -> None:
-        """Queue a tensor for the background writer. The caller passes a private copy."""
+        """Save a tensor: a CPU tensor is written at once; a device tensor is queued for the
+        background writer and must be a private copy (see _TensorSink.put)."""
         if self.disabled:
             return
         if self._sink is None:
