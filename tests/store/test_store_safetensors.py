@@ -6,8 +6,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from opdiff.store.writer import write_safetensors
-
 
 def _tensors():
     g = torch.Generator().manual_seed(3)
@@ -31,20 +29,34 @@ def _bits(t):
     return t.contiguous().reshape(-1).view(torch.uint8)
 
 
+def _read_shards(directory):
+    from opdiff.store.reader import _shard_entries
+    got, ours = {}, {}
+    for shard in sorted(directory.glob("*.safetensors")):
+        got.update(load_file(str(shard)))                 # safetensors' own reader
+        ours.update(_shard_entries(shard))                # and opdiff's
+        header_len = int.from_bytes(shard.read_bytes()[:8], "little")
+        assert (8 + header_len) % 8 == 0                  # data starts 8-byte aligned
+    assert set(got) == set(ours)
+    assert not list(directory.glob("*.tmp"))
+    return got
+
+
 @pytest.mark.parametrize("complex_too", [False, True])
 def test_written_shard_reads_back_exactly(tmp_path, complex_too):
+    from opdiff.store.writer import _TensorSink
     tensors = _tensors()
-    if complex_too:   # a dtype the direct writer leaves to safetensors
+    if complex_too:   # a dtype the streaming writer leaves to safetensors
         tensors["c64"] = torch.randn(3, dtype=torch.complex64)
-    path = tmp_path / "shard.safetensors"
-    write_safetensors(tensors, path)
-    back = load_file(str(path))
+    sink = _TensorSink(tmp_path / "tensors")
+    for key, t in tensors.items():
+        sink.put(key, t)
+    sink.close()
+    back = _read_shards(tmp_path / "tensors")
     assert set(back) == set(tensors)
     for key, t in tensors.items():
         assert back[key].dtype == t.dtype and back[key].shape == t.shape, key
         assert torch.equal(_bits(back[key]), _bits(t)), key
-    header_len = int.from_bytes(path.read_bytes()[:8], "little")
-    assert (8 + header_len) % 8 == 0
 
 
 def test_dump_reader_reads_the_shards(tmp_path):
@@ -74,12 +86,9 @@ def test_queued_tensors_and_inline_tensors_land_in_the_same_shards(tmp_path):
     sink.put("after", torch.ones(2))
     sink.close()
     assert sink.error is None
-    got = {}
-    for shard in sorted((tmp_path / "tensors").glob("*.safetensors")):
-        got.update(load_file(str(shard)))
+    got = _read_shards(tmp_path / "tensors")
     assert torch.equal(got["inline"], inline) and torch.equal(got["queued"], queued)
     assert torch.equal(got["after"], torch.ones(2))
-    assert not list((tmp_path / "tensors").glob("*.tmp"))
 
 
 def test_a_failing_tensor_write_is_logged_once_and_never_raised(tmp_path, caplog):
@@ -98,7 +107,6 @@ def test_a_failing_tensor_write_is_logged_once_and_never_raised(tmp_path, caplog
 def test_cpu_tensors_are_written_when_saved_not_copied(tmp_path, monkeypatch):
     """A CPU tensor's bytes are in the shard when put() returns: changing it afterwards (the
     next, in-place op) changes nothing saved, and no private copy is made."""
-    from opdiff.store.reader import _shard_entries
     from opdiff.store.writer import _StreamingShard, _TensorSink
     monkeypatch.setattr(_StreamingShard, "HEADER_BYTES", 1024)     # a few entries per shard
     sink = _TensorSink(tmp_path / "tensors")
@@ -113,13 +121,9 @@ def test_cpu_tensors_are_written_when_saved_not_copied(tmp_path, monkeypatch):
     sink.put("c64", torch.randn(3, dtype=torch.complex64))   # a dtype kept for its own shard
     sink.close()
     assert sink.error is None
-    shards = sorted((tmp_path / "tensors").glob("*.safetensors"))
-    assert len(shards) > 3 and not list((tmp_path / "tensors").glob("*.tmp"))
-    got, ours = {}, {}
-    for shard in shards:
-        got.update(load_file(str(shard)))                 # safetensors' own reader
-        ours.update(_shard_entries(shard))                # and opdiff's
-    assert set(got) == set(ours) == set(originals) | {"c64"}
+    assert len(list((tmp_path / "tensors").glob("*.safetensors"))) > 3
+    got = _read_shards(tmp_path / "tensors")
+    assert set(got) == set(originals) | {"c64"}
     for key, t in originals.items():
         assert torch.equal(got[key], t), key
 

@@ -224,35 +224,9 @@ class _StreamingShard:
 
 
 def write_safetensors(tensors: dict, path: Path) -> None:
-    """Write CPU tensors as one safetensors file, straight from their memory.
-
-    safetensors.torch.save_file first builds the whole file as one bytes object while holding
-    the GIL: the training thread stood still for every 64 MB shard. Here each tensor's bytes
-    go to the file directly (file writes release the GIL). Dtypes this writer does not know
-    (complex) still go through safetensors.
-    """
-    import torch
-
-    names = {k: _SAFETENSORS_DTYPES.get(str(t.dtype).replace("torch.", "")) for k, t in tensors.items()}
-    if None in names.values():
-        from safetensors.torch import save_file
-        save_file({k: t.contiguous() for k, t in tensors.items()}, str(path))
-        return
-    header, offset, chunks = {}, 0, []
-    for key, t in tensors.items():
-        t = t.contiguous()
-        nbytes = t.numel() * t.element_size()
-        header[key] = {"dtype": names[key], "shape": list(t.shape), "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
-        if nbytes:
-            chunks.append(t.reshape(-1).view(torch.uint8).numpy())
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-(len(text) + 8) % 8)      # data starts 8-byte aligned, as safetensors does
-    with open(path, "wb") as f:
-        f.write(len(text).to_bytes(8, "little"))
-        f.write(text)
-        for chunk in chunks:
-            f.write(memoryview(chunk))
+    """Write tensors of dtypes the streaming writer does not know (complex) through safetensors."""
+    from safetensors.torch import save_file
+    save_file({k: t.contiguous() for k, t in tensors.items()}, str(path))
 
 
 class DumpWriter:
