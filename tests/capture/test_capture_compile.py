@@ -13,7 +13,9 @@ def _model():
     return nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 2))
 
 
-def test_l2_keeps_torch_compile_compiling(dump_root, read_dump):
+def _compiled_step(dump_root, level):
+    """One compiled forward and backward under capture: (its output, the eager output, the
+    graphs the compiler was handed)."""
     torch._dynamo.reset()
     graphs = []
 
@@ -25,9 +27,14 @@ def test_l2_keeps_torch_compile_compiling(dump_root, read_dump):
     x = torch.randn(3, 4)
     want = model(x)
     compiled = torch.compile(model, backend=counting_backend)
-    with opdiff.dump(model, dump_root, level="L2"):
+    with opdiff.dump(model, dump_root, level=level):
         out = compiled(x)
         out.sum().backward()
+    return out, want, graphs
+
+
+def test_l2_keeps_torch_compile_compiling(dump_root, read_dump):
+    out, want, graphs = _compiled_step(dump_root, "L2")
     assert len(graphs) == 1, "compilation was skipped or split while L2 capture was on"
     assert torch.equal(out, want)
     dump = read_dump(dump_root)
@@ -64,20 +71,7 @@ def test_l2_with_aot_eager_backend(dump_root, read_dump):
 def test_api_and_module_levels_do_not_split_torch_compile_graphs(level, dump_root):
     # Dynamo traces torch-function modes and module hooks: capture must not be traced into the
     # user's graph (dozens of graph breaks and recompilations, compile effectively off).
-    torch._dynamo.reset()
-    graphs = []
-
-    def counting_backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    model = _model()
-    x = torch.randn(3, 4)
-    want = model(x)
-    compiled = torch.compile(model, backend=counting_backend)
-    with opdiff.dump(model, dump_root, level=level):
-        out = compiled(x)
-        out.sum().backward()
+    out, want, graphs = _compiled_step(dump_root, level)
     torch._dynamo.reset()
     assert torch.equal(out, want)
     assert len(graphs) == 1, f"{len(graphs)} graphs compiled instead of 1"

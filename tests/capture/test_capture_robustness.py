@@ -207,21 +207,26 @@ def test_inference_without_autograd(context, level, model_cases, dump_root, read
     assert torch.equal(dump.tensor(conv[0]["inputs"][0]), x)
 
 
-def test_autocast_bf16_training(model_cases, dump_root, read_dump):
-    model, (x,), loss_fn = model_cases["transformer"].build()
+def _bf16_step_matches_plain(case, dump_root, **options):
+    """One autocast-bf16 training step with and without capture: loss and gradients bitwise equal."""
+    model, (x,), loss_fn = case.build()
     ref = copy.deepcopy(model)
     torch.manual_seed(5)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         want = loss_fn(ref(x))
     want.backward()
     torch.manual_seed(5)
-    with opdiff.dump(model, dump_root, level="mix"):
+    with opdiff.dump(model, dump_root, **options):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss = loss_fn(model(x))
         loss.backward()
     assert torch.equal(loss, want)
     for p, q in zip(model.parameters(), ref.parameters()):
         assert torch.equal(p.grad, q.grad)
+
+
+def test_autocast_bf16_training(model_cases, dump_root, read_dump):
+    _bf16_step_matches_plain(model_cases["transformer"], dump_root, level="mix")
     dump = read_dump(dump_root)
     assert not [r["error"] for r in dump.records if "error" in r]
     lin = dump["Functional.linear.0.forward"]
@@ -319,18 +324,7 @@ def test_backward_after_the_dump_closed(level, model_cases, dump_root, read_dump
 
 @pytest.mark.parametrize("level", ["L0", "L1", "mix", "L2"])
 def test_autocast_training_is_bitwise_unchanged(level, model_cases, dump_root):
-    model, (x,), loss_fn = model_cases["cnn"].build()
-    ref = copy.deepcopy(model)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        want = loss_fn(ref(x))
-    want.backward()
-    with opdiff.dump(model, dump_root, level=level, task="tensor"):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = loss_fn(model(x))
-        loss.backward()
-    assert torch.equal(loss, want)
-    for p, q in zip(model.parameters(), ref.parameters()):
-        assert torch.equal(p.grad, q.grad)
+    _bf16_step_matches_plain(model_cases["cnn"], dump_root, level=level, task="tensor")
 
 
 @pytest.mark.parametrize("level", ["L0", "mix"])
