@@ -91,17 +91,15 @@ class Describer:
         not saved, and `desc[why] = True` so that compare leaves it out."""
         if not isinstance(value, torch.Tensor):
             return self.describe(value, name)
-        return {"type": "tensor", "dtype": _DTYPE_NAMES.get(value.dtype) or _dtype_name(value.dtype),
-                "shape": list(value.shape), "device": "cpu" if value.is_cpu else str(value.device),
-                "requires_grad": value.requires_grad, "stats": None, why: True}
+        desc = _head(value)
+        desc["stats"] = None
+        desc[why] = True
+        return desc
 
     def tensor(self, t: torch.Tensor, name: str) -> dict:
         if _is_wrapped(t):
             t = _unwrapped(t)
-        dtype = t.dtype
-        desc = {"type": "tensor", "dtype": _DTYPE_NAMES.get(dtype) or _dtype_name(dtype),
-                "shape": list(t.shape), "device": "cpu" if t.is_cpu else str(t.device),
-                "requires_grad": t.requires_grad}
+        desc = _head(t)
         if t.is_meta or (type(t) not in _PLAIN_TYPES and getattr(t, "_is_fake", False)):
             desc["stats"] = None
             return desc
@@ -153,6 +151,14 @@ class Describer:
         if version is not None:
             self._remember(self._saved, t, (version, name))
         return name
+
+
+def _head(t: torch.Tensor) -> dict:
+    """What every tensor descriptor starts with: type, dtype, shape, device, requires_grad."""
+    dtype = t.dtype
+    return {"type": "tensor", "dtype": _DTYPE_NAMES.get(dtype) or _dtype_name(dtype),
+            "shape": list(t.shape), "device": "cpu" if t.is_cpu else str(t.device),
+            "requires_grad": t.requires_grad}
 
 
 def _version(t: torch.Tensor):
