@@ -171,3 +171,32 @@ def test_several_ranks_compare_in_parallel_and_name_the_rank(tmp_path):
     assert [(p["rank"], p["first_divergence"]) for p in result.pairs] == [
         (0, None), (1, "Functional.conv2d.2.forward")]
     assert {r.rank for r in result.rows} == {0, 1}
+
+
+def _setitem_run(path, value: float, task: str):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(8, 8)
+    x = torch.randn(4, 8)
+    with opdiff.dump(lin, path, level="L1", task=task):
+        h = lin(x).clone()
+        h[0] = value            # the only difference between the two runs
+        torch.relu(h).sum().backward()
+
+
+@pytest.mark.parametrize("task", ["statistics", "tensor"])
+def test_differing_number_argument_is_named_as_the_cause(tmp_path, task):
+    # Replay re-runs __setitem__ on the target's own arguments and finds no error of its own:
+    # that must not clear the op, whose inputs differ through a Python number.
+    _setitem_run(tmp_path / "t", 2.0, task)
+    _setitem_run(tmp_path / "g", 1.0, task)
+    fd = compare(tmp_path / "t", tmp_path / "g").first_divergence
+    assert fd is not None and fd.name == "Tensor.__setitem__.0.forward"
+    assert "number arguments differ (input.2: 2 vs 1)" in fd.reason
+    assert "local error in this op" not in fd.reason
+
+
+def test_equal_number_arguments_say_nothing(tmp_path):
+    _setitem_run(tmp_path / "t", 1.0, "tensor")
+    _setitem_run(tmp_path / "g", 1.0, "tensor")
+    result = compare(tmp_path / "t", tmp_path / "g")
+    assert result.first_divergence is None and result.counts["error"] == 0

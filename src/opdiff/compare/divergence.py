@@ -16,6 +16,9 @@ whose output error is of the order of its input error only inherits it (accumula
   the ops inside it computed, are named only when none of those backward records shows it.
 - Integer and bool outputs (argmax, masks) are blamed only when the inputs agree exactly, since
   any input noise may legitimately flip them. Ops returning uninitialised memory are never blamed.
+- Python number arguments (`x[0] = 2.0`, `x * scale`) are inputs too: an op named whose number
+  arguments differ between the runs is said to take the difference in through them, and replay
+  (which re-runs it on the target's own arguments) does not clear it.
 
 When the target dump holds its tensors, replay (`opdiff.replay`) is a second, independent
 opinion: the op re-run in float64 on the target's own inputs gives its own error, free of
@@ -43,6 +46,7 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
+from ..store.records import input_numbers
 from .result import ERROR, PASS, UNMATCHED, WARNING, Divergence, Location, TensorRow
 
 _UNINITIALISED = {"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided"}
@@ -69,6 +73,27 @@ class OpScore:
     scale_in: float = 0.0
     replay: Any = None          # opdiff.replay.LocalError once the op was replayed
     paired: bool = True         # False: only the target has this op (judged by replay alone)
+    arg_diffs: list = field(default_factory=list)   # number arguments that differ, as text
+
+
+def differing_numbers(t_rec: dict, g_rec: dict) -> list[str]:
+    """The Python number arguments of a paired call that differ (`x[0] = 2.0` against
+    `x[0] = 1.0`), as "input.1: 2 vs 1". Floats are equal within 1e-9 of their size (a value
+    that went through float32 may round differently); ints and bools must be equal."""
+    golden = input_numbers(g_rec)
+    out = []
+    for path, t in input_numbers(t_rec).items():
+        if path not in golden:
+            continue
+        g = golden[path]
+        if isinstance(t, str) or isinstance(g, str) or t == g:   # (str: an unknown encoding)
+            continue
+        if isinstance(t, float) or isinstance(g, float):
+            if math.isnan(t) and math.isnan(g) or abs(t - g) <= 1e-9 * max(abs(t), abs(g)):
+                continue
+        shown = [f"{v:.6g}" if isinstance(v, float) else str(v) for v in (t, g)]
+        out.append(f"{path[len(t_rec['name']) + 1:]}: {shown[0]} vs {shown[1]}")
+    return out
 
 
 def _is_float(dtype: Optional[str]) -> bool:
@@ -218,7 +243,7 @@ def _stat_pair(row: TensorRow, key: str) -> str:
     return f"{_fmt(row.target_stats.get(key))} vs {_fmt(row.golden_stats.get(key))}"
 
 
-def _describe_statistics(op: OpScore, out: TensorRow, inp: Optional[TensorRow]) -> str:
+def _describe_statistics(op: OpScore, out: TensorRow, inp: Optional[TensorRow], verdict: str) -> str:
     """The reason when only statistics were compared: no cosine or max abs err to quote."""
     inputs = ("no inputs to compare" if inp is None else
               f"the inputs' statistics agree (worst differs by {_fmt(op.error_in)} of its size)")
@@ -228,15 +253,23 @@ def _describe_statistics(op: OpScore, out: TensorRow, inp: Optional[TensorRow]) 
     else:
         moved = f"its statistics differ by {_fmt(out.error)} of its size"
     return (f"{inputs}, the output's do not: {moved}; max {_stat_pair(out, 'max')}, "
-            f"min {_stat_pair(out, 'min')}, mean {_stat_pair(out, 'mean')} — local error in this "
-            f"op (judged from statistics only)")
+            f"min {_stat_pair(out, 'min')}, mean {_stat_pair(out, 'mean')} — {verdict} (judged "
+            f"from statistics only)")
 
 
 def _describe(op: OpScore, rows: list) -> str:
+    if op.arg_diffs and op.why in ("random", "scale"):
+        return _describe_error(op, rows, (
+            f"its number arguments differ ({', '.join(op.arg_diffs[:3])}): the difference enters "
+            f"the computation here, through them"))
+    return _describe_error(op, rows)
+
+
+def _describe_error(op: OpScore, rows: list, verdict: str = "local error in this op") -> str:
     out = rows[op.worst_out] if op.worst_out is not None else None
     inp = rows[op.worst_in] if op.worst_in is not None else None
     if out is not None and out.mode == "statistics" and op.why in ("scale", "random"):
-        return _describe_statistics(op, out, inp)
+        return _describe_statistics(op, out, inp, verdict)
     if inp is None:
         inputs = "no inputs to compare"
     else:
@@ -261,7 +294,7 @@ def _describe(op: OpScore, rows: list) -> str:
     else:
         output = f"output does not: {op.why}"
     confirmed = f"; {op.replay.describe()}" if op.replay is not None and op.replay.culprit else ""
-    return f"{inputs}, {output} — local error in this op{confirmed}"
+    return f"{inputs}, {output} — {verdict}{confirmed}"
 
 
 def analyse(ops: list[OpScore], rows: list[TensorRow], policy, replay=None,
@@ -375,7 +408,9 @@ def _take(op: OpScore, local, rows: list) -> bool:
     if not local.replayed:
         return False
     if not local.culprit:
-        op.local = False            # its own error is the dtype's: the difference is inherited
+        # Its own error is the dtype's: the difference is inherited. Unless its number
+        # arguments differ: replay ran on the target's, and cannot see that.
+        op.local = op.local and bool(op.arg_diffs)
         return False
     if op.local:
         return False                # confirmed

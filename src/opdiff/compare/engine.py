@@ -24,7 +24,7 @@ from typing import Callable, Optional
 from ..errors import DumpError, OpdiffError
 from ..store.records import decoded_stats, iter_tensors
 from .align import align
-from .divergence import OpScore, analyse, count, statistics_limits
+from .divergence import OpScore, analyse, count, differing_numbers, statistics_limits
 from .envdiff import environment_diff
 from .metrics import Measurement, measure, stats_measure
 from .result import ERROR, PASS, UNMATCHED, WARNING, CompareResult, Location, TensorRow
@@ -153,7 +153,8 @@ class _PairCompare:
         if t_rec is not None:
             op = OpScore(name=name, op=rec.get("op", ""), phase=base["phase"], kind=base["kind"],
                          module=rec.get("module"), forward=rec.get("forward"), seq=position,
-                         location=stack[0] if stack else None, paired=g_rec is not None)
+                         location=stack[0] if stack else None, paired=g_rec is not None,
+                         arg_diffs=differing_numbers(t_rec, g_rec) if g_rec is not None else [])
             self.ops.append(op)
         for suffix in list(t_tensors) + [s for s in g_tensors if s not in t_tensors]:
             t_item, g_item = t_tensors.get(suffix), g_tensors.get(suffix)

@@ -135,28 +135,40 @@ def iter_descriptors(desc: dict, path: str) -> Iterator[tuple[str, dict]]:
         yield path, desc
 
 
-def iter_tensors(record: dict) -> Iterator[tuple[str, str, dict]]:
-    """Yield (tensor_name, role, descriptor) for every tensor of a record, in a stable order.
-
-    role is "input", "output" or "parameters". Names follow msprobe:
+def iter_leaves(record: dict) -> Iterator[tuple[str, str, dict]]:
+    """Yield (name, role, descriptor) for every leaf value of a record (tensors, scalars, None,
+    ...), in a stable order. role is "input", "output" or "parameters". Names follow msprobe:
     `Functional.conv2d.0.forward.input.0`, `...forward.input.bias` (a kwarg),
     `Module.fc.Linear.forward.0.parameters.weight`, `Module.fc.Linear.parameters_grad.0.weight`.
     """
     name = record["name"]
     for i, d in enumerate(record.get("inputs") or []):
-        for path, leaf in iter_descriptors(d, f"{name}.input.{i}"):
-            if leaf.get("type") == "tensor":
-                yield path, "input", leaf
+        yield from _with_role(iter_descriptors(d, f"{name}.input.{i}"), "input")
     for k, d in (record.get("kwargs") or {}).items():
-        for path, leaf in iter_descriptors(d, f"{name}.input.{k}"):
-            if leaf.get("type") == "tensor":
-                yield path, "input", leaf
+        yield from _with_role(iter_descriptors(d, f"{name}.input.{k}"), "input")
     for i, d in enumerate(record.get("outputs") or []):
-        for path, leaf in iter_descriptors(d, f"{name}.output.{i}"):
-            if leaf.get("type") == "tensor":
-                yield path, "output", leaf
+        yield from _with_role(iter_descriptors(d, f"{name}.output.{i}"), "output")
     prefix = name if record.get("kind") == "param_grad" else f"{name}.parameters"
     for k, d in (record.get("parameters") or {}).items():
-        for path, leaf in iter_descriptors(d, f"{prefix}.{k}"):
-            if leaf.get("type") == "tensor":
-                yield path, "parameters", leaf
+        yield from _with_role(iter_descriptors(d, f"{prefix}.{k}"), "parameters")
+
+
+def _with_role(leaves, role: str):
+    for path, leaf in leaves:
+        yield path, role, leaf
+
+
+def iter_tensors(record: dict) -> Iterator[tuple[str, str, dict]]:
+    """Yield (tensor_name, role, descriptor) for every tensor of a record (see iter_leaves)."""
+    for path, role, leaf in iter_leaves(record):
+        if leaf.get("type") == "tensor":
+            yield path, role, leaf
+
+
+_NUMBERS = ("int", "float", "bool")
+
+
+def input_numbers(record: dict) -> dict:
+    """{name: value} of the record's Python number arguments (`x[0] = 2.0`, `x * 0.5`)."""
+    return {path: decode_float(leaf.get("value")) for path, role, leaf in iter_leaves(record)
+            if role == "input" and leaf.get("type") in _NUMBERS}
