@@ -1,11 +1,16 @@
 """Tensor statistics reduced on the tensor's device, fetched to the host in batches.
 
 Each tensor becomes (max, min, mean, L2 norm, nan count, inf count), accumulated in float32 or
-wider. On accelerators all six are reduced on the device into one float64 vector and every
-pending vector is copied to the host in one transfer per device at flush (no `.item()`, no sync
-per tensor). On the CPU there is no transfer to save, so the cheap part (aminmax, sum, sum of
-squares) is read at once, and the NaN/inf counts, which need extra passes, are computed only when
-those numbers show the tensor is not finite (NaN propagates through min/max, inf shows in them).
+wider. On accelerators a large tensor's six are reduced on the device into one float64 vector,
+and every pending vector is copied to the host in one transfer per device at flush (no `.item()`,
+no sync per tensor). A small device tensor (biases, norms' weights, scalars: most of what a step
+describes) is instead copied, in stream order, into a staging buffer on its device: one kernel
+where its own reduction would launch some twenty. The buffers reach the host in one copy each
+at flush and are reduced there with the small CPU tensors.
+
+On the CPU there is no transfer to save, so the cheap part (aminmax, sum, sum of squares) is
+read at once, and the NaN/inf counts, which need extra passes, are computed only when those
+numbers show the tensor is not finite (NaN propagates through min/max, inf shows in them).
 With NaN present, max and min describe the values that are not NaN; mean and norm are NaN.
 """
 from __future__ import annotations
@@ -21,14 +26,19 @@ from ..store.records import encode_float
 _FLOATING_WIDE = (torch.float32, torch.float64)
 
 
+_NATIVE = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
 def _prepared(t: torch.Tensor) -> torch.Tensor | None:
+    """t as the device path reads it: float32/64 and bf16/fp16 as they are (the reductions
+    accumulate in float32 or wider), complex as magnitudes, fp8 as float32, integers and bools
+    as float64 (exact up to 2**53)."""
     if t.numel() == 0 or t.is_meta or t.layout != torch.strided:
         return None
     x = t.detach()
     if x.is_complex():
         x = x.abs()
-    if x.dtype not in _FLOATING_WIDE:
-        # bf16/fp16/fp8 accumulate in float32; integers and bools in float64 (exact up to 2**53)
+    if x.dtype not in _NATIVE:
         x = x.to(torch.float32 if x.is_floating_point() else torch.float64)
     return x
 
@@ -42,26 +52,25 @@ _ROW = 1024
 
 
 def _sum_and_norm(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sum and L2 norm of x as float64 scalars on x's device.
+    """Sum and L2 norm of x as float64 scalars on x's device, in four kernels.
 
     One float32 pass over millions of elements loses accuracy (torch's norm of 4M values near
-    1000 is off by 3e-3). Rows of 1024 elements are reduced in float32 and the row results
-    added in float64: relative error about 1e-8, at the cost of one pass each, as before.
+    1000 is off by 3e-3 on the CPU). Rows of 1024 elements are reduced in float32 (float64 for
+    float64 input) and the row sums and row norms combined in float64: relative error about 1e-8.
     """
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     flat = x.reshape(-1)
-    rows = flat.numel() // _ROW
-    if rows < 16 or flat.numel() % _ROW:
-        if rows < 16:
-            return flat.sum(dtype=torch.float64), torch.linalg.vector_norm(flat, dtype=torch.float64)
-        body, tail = flat[:rows * _ROW].view(rows, _ROW), flat[rows * _ROW:].double()
-        extra = torch.stack([tail.sum(), tail.square().sum()])
-    else:
-        body, extra = flat.view(rows, _ROW), None
-    # one small stack for both: row sums, and squared row norms, added up in float64
-    parts = torch.stack([body.sum(1), torch.linalg.vector_norm(body, dim=1).square()]).double().sum(1)
-    if extra is not None:
-        parts = parts + extra
-    return parts[0], parts[1].sqrt()
+    n = flat.numel()
+    rows = n // _ROW
+    if rows < 16:
+        return flat.sum(dtype=torch.float64), torch.linalg.vector_norm(flat, dtype=torch.float64)
+    body = flat[:rows * _ROW].view(rows, _ROW)
+    sums = body.sum(1, dtype=acc)
+    norms = torch.linalg.vector_norm(body, dim=1, dtype=acc)
+    if n % _ROW:     # the last elements count as rows of one
+        tail = flat[rows * _ROW:].to(acc)
+        sums, norms = torch.cat([sums, tail]), torch.cat([norms, tail])
+    return sums.sum(dtype=torch.float64), torch.linalg.vector_norm(norms, dtype=torch.float64)
 
 
 def cpu_stats(t: torch.Tensor) -> dict | None:
@@ -153,20 +162,41 @@ _NUMPY_EXACT = {torch.float32, torch.float64, torch.float16, torch.int8, torch.u
 
 
 def device_vector(t: torch.Tensor) -> torch.Tensor | None:
-    """The six statistics as a float64 tensor on t's device (resolved later, in a batch)."""
+    """(max, min, sum, L2 norm, nan count, inf count) as one float64 tensor on t's device,
+    resolved later in a batch (`vector_stats` turns it into statistics). Thirteen kernels, and
+    bf16/fp16 tensors are read as they are, not copied to float32 first."""
     x = _prepared(t)
     if x is None:
         return None
-    nan = torch.isnan(x).sum()
-    # max/min describe the values that are not NaN (NaN when all are), as on the CPU path.
-    all_nan = nan == x.numel()
-    mx = torch.where(all_nan, torch.nan, torch.nan_to_num(x, nan=-torch.inf, posinf=torch.inf,
-                                                          neginf=-torch.inf).amax())
-    mn = torch.where(all_nan, torch.nan, torch.nan_to_num(x, nan=torch.inf, posinf=torch.inf,
-                                                          neginf=-torch.inf).amin())
+    isnan = torch.isnan(x)
+    # max/min of the values that are not NaN (-inf/inf when all are: vector_stats fixes that)
+    mx = x.masked_fill(isnan, -math.inf).amax()
+    mn = x.masked_fill(isnan, math.inf).amin()
     total, norm = _sum_and_norm(x)
-    parts = (mx, mn, total / x.numel(), norm, nan, torch.isinf(x).sum())
+    return _stack64([mx, mn, total, norm, isnan.sum(), torch.isinf(x).sum()])
+
+
+_promoting_stack = True
+
+
+def _stack64(parts: list) -> torch.Tensor:
+    """One float64 vector of 0-d tensors of mixed dtypes: a single stack where the device's
+    stack promotes dtypes, a cast each where it does not."""
+    global _promoting_stack
+    if _promoting_stack:
+        try:
+            return torch.stack(parts).to(torch.float64)
+        except (RuntimeError, TypeError):
+            _promoting_stack = False
     return torch.stack([p.to(torch.float64) for p in parts])
+
+
+def vector_stats(row, numel: int) -> dict:
+    """The statistics of a resolved `device_vector`."""
+    mx, mn, total, norm, nan, inf = row
+    if nan >= numel:
+        mx = mn = math.nan
+    return _as_stats(mx, mn, total / numel, norm, nan, inf)
 
 
 def _small_snapshot(t: torch.Tensor):
@@ -180,12 +210,49 @@ def _small_snapshot(t: torch.Tensor):
 
 
 class _Small:
-    """A small CPU tensor waiting to be reduced with the others of its flush."""
+    """A small tensor waiting to be reduced with the others of its flush: its values (a float64
+    NumPy copy), or _STAGED while they wait in a device staging buffer."""
 
     __slots__ = ("values", "stats", "descs")
 
     def __init__(self, values, desc: dict):
         self.values, self.stats, self.descs = values, None, [desc]
+
+
+_STAGED = object()
+_STAGE_CHUNK = 1 << 18      # elements per staging buffer (1 MB of float32)
+
+
+class _Staging:
+    """Small tensors of one device copied into buffers there, of one width: float32 for
+    floating dtypes up to 32 bits, float64 for float64, integers and bools (exact to 2**53).
+    Copies are queued on the current stream like any op, so they see the values of the moment."""
+
+    def __init__(self, device, dtype: torch.dtype):
+        self.device, self.dtype = device, dtype
+        self.chunks: list = []     # [buffer tensor, elements used]
+        self.waiting: list = []    # (_Small, chunk index, offset, numel)
+
+    def put(self, pending: _Small, t: torch.Tensor) -> None:
+        n = t.numel()
+        if not self.chunks or self.chunks[-1][1] + n > self.chunks[-1][0].numel():
+            self.chunks.append([torch.empty(max(_STAGE_CHUNK, n), dtype=self.dtype,
+                                            device=self.device), 0])
+        chunk = self.chunks[-1]
+        start = chunk[1]
+        chunk[0][start:start + n].view(t.shape).copy_(t)
+        chunk[1] = start + n
+        self.waiting.append((pending, len(self.chunks) - 1, start, n))
+
+    def fetch(self) -> None:
+        """Copy the buffers to the host (one transfer each) and hand each tensor its values."""
+        hosts = [buf[:used].cpu().numpy().astype(np.float64, copy=False) for buf, used in self.chunks]
+        for pending, i, start, n in self.waiting:
+            pending.values = hosts[i][start:start + n]
+        self.waiting.clear()
+        del self.chunks[1:]        # keep one buffer for the next flush
+        if self.chunks:
+            self.chunks[0][1] = 0
 
 
 def _reduce_small(pending: list) -> None:
@@ -209,14 +276,16 @@ class StatsBatch:
     copied and reduced together at flush (per-call overhead, not arithmetic, is their cost);
     device tensors are reduced on the device and fetched in one copy per device at flush."""
 
-    def __init__(self):
+    def __init__(self, cpu_as_device: bool = False):
         self._descs: list[dict] = []
-        self._vectors: list[torch.Tensor] = []
+        self._vectors: list[tuple] = []     # (device_vector, numel)
         self._small: list[_Small] = []
+        self._staging: dict = {}          # (device, staging dtype) -> _Staging, or None: unusable
+        self._cpu_as_device = cpu_as_device   # tests: take the device path with CPU tensors
 
     def add(self, desc: dict, t: torch.Tensor):
         """Describe t's statistics into desc; returns a handle that `share` can reuse."""
-        if t.device.type == "cpu":
+        if t.device.type == "cpu" and not self._cpu_as_device:
             values = _small_snapshot(t)
             if values is not None:
                 pending = _Small(values, desc)
@@ -224,13 +293,39 @@ class StatsBatch:
                 return pending
             desc["stats"] = cpu_stats(t)
             return desc["stats"]
+        if 0 < t.numel() <= _SMALL and t.layout == torch.strided and not t.is_meta:
+            pending = self._stage(desc, t)
+            if pending is not None:
+                return pending
         vec = device_vector(t)
         if vec is None:
             desc["stats"] = None
             return None
+        handle = (vec, t.numel())
         self._descs.append(desc)
-        self._vectors.append(vec)
-        return vec
+        self._vectors.append(handle)
+        return handle
+
+    def _stage(self, desc: dict, t: torch.Tensor) -> _Small | None:
+        """Queue a small device tensor's copy into its staging buffer; None where it cannot be
+        staged (complex, or a device that refuses the copy: it is then reduced on its own)."""
+        if t.is_complex():
+            return None
+        wide = torch.float32 if t.is_floating_point() and t.element_size() <= 4 else torch.float64
+        key = (t.device, wide)
+        stage = self._staging.get(key, False)
+        if stage is None:
+            return None
+        pending = _Small(_STAGED, desc)
+        try:
+            if stage is False:
+                stage = self._staging[key] = _Staging(t.device, wide)
+            stage.put(pending, t.detach())
+        except (RuntimeError, TypeError, NotImplementedError):
+            self._staging[key] = None      # e.g. no float64 on this device: vectors instead
+            return None
+        self._small.append(pending)
+        return pending
 
     def share(self, desc: dict, handle) -> None:
         """Give desc the statistics of a tensor already described (same object, unchanged)."""
@@ -254,24 +349,28 @@ class StatsBatch:
         if self._small:
             pending, self._small = self._small, []
             try:
+                for stage in self._staging.values():
+                    if stage is not None and stage.waiting:
+                        stage.fetch()
                 _reduce_small(pending)
             except Exception:
                 for p in pending:   # the records keep their descriptors, without numbers
                     for desc in p.descs:
                         desc["stats"] = None
                     p.values, p.descs = None, []
+                self._staging.clear()
                 raise
         if not self._descs:
             return
         by_device: dict = {}
-        for i, v in enumerate(self._vectors):
+        for i, (v, _) in enumerate(self._vectors):
             by_device.setdefault(v.device, []).append(i)
         rows: list = [None] * len(self._descs)
         for idx in by_device.values():
-            block = torch.stack([self._vectors[i] for i in idx]).cpu().tolist()
+            block = torch.stack([self._vectors[i][0] for i in idx]).cpu().tolist()
             for i, row in zip(idx, block):
                 rows[i] = row
-        for desc, (mx, mn, mean, norm, nan, inf) in zip(self._descs, rows):
-            desc["stats"] = _as_stats(mx, mn, mean, norm, nan, inf)
+        for desc, row, (_, numel) in zip(self._descs, rows, self._vectors):
+            desc["stats"] = vector_stats(row, numel)
         self._descs.clear()
         self._vectors.clear()
