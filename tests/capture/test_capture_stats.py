@@ -419,3 +419,26 @@ def test_staging_overflows_into_more_buffers():
     batch.resolve()
     assert [d["stats"]["max"] for d in descs] == [float(i) for i in range(40)]
     assert [d["stats"]["mean"] for d in descs] == [float(i) for i in range(40)]
+
+
+def test_a_dtype_the_device_cannot_stage_is_reduced_on_its_own(monkeypatch, check_stats):
+    # Some devices refuse some copies (float64 on a few NPUs, fp8): that dtype falls back to
+    # the device reduction, the others stay staged.
+    from opdiff.capture import stats as stats_mod
+    put = stats_mod._Staging.put
+
+    def refuse_half(self, pending, t):
+        if t.dtype == torch.float16:
+            raise RuntimeError("copy not supported")
+        put(self, pending, t)
+
+    monkeypatch.setattr(stats_mod._Staging, "put", refuse_half)
+    batch = stats_mod.StatsBatch(cpu_as_device=True)
+    half, single = torch.randn(10).half(), torch.randn(10)
+    d_half, d_half2, d_single = {}, {}, {}
+    assert isinstance(batch.add(d_half, half), tuple)            # a device vector
+    assert isinstance(batch.add(d_half2, half * 2), tuple)       # no second try
+    assert isinstance(batch.add(d_single, single), stats_mod._Small)
+    batch.resolve()
+    check_stats({"dtype": "float16", "shape": [10], "stats": d_half["stats"]}, half)
+    check_stats({"dtype": "float32", "shape": [10], "stats": d_single["stats"]}, single)

@@ -280,7 +280,8 @@ class StatsBatch:
         self._descs: list[dict] = []
         self._vectors: list[tuple] = []     # (device_vector, numel)
         self._small: list[_Small] = []
-        self._staging: dict = {}          # (device, staging dtype) -> _Staging, or None: unusable
+        self._staging: dict = {}          # (device, staging dtype) -> _Staging
+        self._unstageable: set = set()    # (device, dtype) whose copy into staging failed
         self._cpu_as_device = cpu_as_device   # tests: take the device path with CPU tensors
 
     def add(self, desc: dict, t: torch.Tensor):
@@ -311,18 +312,18 @@ class StatsBatch:
         staged (complex, or a device that refuses the copy: it is then reduced on its own)."""
         if t.is_complex():
             return None
-        wide = torch.float32 if t.is_floating_point() and t.element_size() <= 4 else torch.float64
-        key = (t.device, wide)
-        stage = self._staging.get(key, False)
-        if stage is None:
+        if (t.device, t.dtype) in self._unstageable:
             return None
+        wide = torch.float32 if t.is_floating_point() and t.element_size() <= 4 else torch.float64
         pending = _Small(_STAGED, desc)
         try:
-            if stage is False:
-                stage = self._staging[key] = _Staging(t.device, wide)
+            stage = self._staging.get((t.device, wide))
+            if stage is None:
+                stage = self._staging[(t.device, wide)] = _Staging(t.device, wide)
             stage.put(pending, t.detach())
         except (RuntimeError, TypeError, NotImplementedError):
-            self._staging[key] = None      # e.g. no float64 on this device: vectors instead
+            # e.g. no float64 or no copy from fp8 on this device: reduced on its own instead
+            self._unstageable.add((t.device, t.dtype))
             return None
         self._small.append(pending)
         return pending
@@ -350,7 +351,7 @@ class StatsBatch:
             pending, self._small = self._small, []
             try:
                 for stage in self._staging.values():
-                    if stage is not None and stage.waiting:
+                    if stage.waiting:
                         stage.fetch()
                 _reduce_small(pending)
             except Exception:
