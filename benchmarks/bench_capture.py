@@ -1,6 +1,6 @@
 """Capture overhead: the same training step with and without opdiff, side by side in one process.
 
-    python benchmarks/bench_capture.py [--steps 7] [--models cnn,transformer]
+    python benchmarks/bench_capture.py [--steps 7] [--models cnn,transformer] [--autocast bf16]
 
 Prints, per model and setting, the median step time and its ratio to the plain step measured
 in the same rounds (plain and captured steps alternate, so machine noise hits both).
@@ -27,14 +27,15 @@ SETTINGS = [("L1", "statistics"), ("mix", "statistics"), ("L1", "tensor"), ("mix
             ("mix", "overflow_check")]
 
 
-def run_step(model, batch, loss_fn, opt):
+def run_step(model, batch, loss_fn, opt, autocast=None):
     opt.zero_grad(set_to_none=True)
-    loss = loss_fn(model, batch)
+    with torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
+        loss = loss_fn(model, batch)
     loss.backward()
     opt.step()
 
 
-def bench(name, workload, steps, settings, warmup=2):
+def bench(name, workload, steps, settings, warmup=2, autocast=None):
     """Per setting, `steps` rounds of (plain step, captured step); ratio of the two medians.
 
     Each setting gets its own plain steps, taken right beside its captured ones. Dirty pages
@@ -44,7 +45,7 @@ def bench(name, workload, steps, settings, warmup=2):
     model, batch, loss_fn = workload()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for _ in range(warmup):
-        run_step(model, batch, loss_fn, opt)
+        run_step(model, batch, loss_fn, opt, autocast)
     rows = []
     root = Path(tempfile.mkdtemp(prefix="opdiff-bench-"))
     try:
@@ -52,13 +53,13 @@ def bench(name, workload, steps, settings, warmup=2):
             plain, captured = [], []
             for i in range(steps):
                 t0 = time.perf_counter()
-                run_step(model, batch, loss_fn, opt)
+                run_step(model, batch, loss_fn, opt, autocast)
                 plain.append(time.perf_counter() - t0)
                 path = root / f"{level}-{task}-{i}"
                 t0 = time.perf_counter()
                 dbg = opdiff.PrecisionDebugger(dump_path=str(path), level=level, task=task)
                 dbg.start(model)
-                run_step(model, batch, loss_fn, opt)
+                run_step(model, batch, loss_fn, opt, autocast)
                 dbg.stop()
                 dbg.step()
                 captured.append(time.perf_counter() - t0)
@@ -77,15 +78,19 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=7, help="measured steps per setting (median)")
     parser.add_argument("--models", default="cnn,transformer")
     parser.add_argument("--settings", default=None, help="e.g. mix:statistics,L1:tensor")
+    parser.add_argument("--autocast", choices=["bf16"], default=None,
+                        help="run every step (plain and captured) under CPU bf16 autocast")
     args = parser.parse_args(argv)
+    autocast = torch.bfloat16 if args.autocast == "bf16" else None
     settings = SETTINGS
     if args.settings:
         settings = [tuple(s.split(":")) for s in args.settings.split(",")]
     workloads = {"cnn": models.cnn_workload, "transformer": models.transformer_workload}
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.steps} steps, median")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.steps} steps, median"
+          + (", bf16 autocast" if autocast else ""))
     print(f"{'model':<12} {'level':<5} {'task':<15} {'plain ms':>9} {'step ms':>9} {'x plain':>8}")
     for name in args.models.split(","):
-        for row in bench(name, workloads[name], args.steps, settings):
+        for row in bench(name, workloads[name], args.steps, settings, autocast=autocast):
             print(f"{row[0]:<12} {row[1]:<5} {row[2]:<15} {row[3] * 1000:9.1f} {row[4] * 1000:9.1f} "
                   f"{row[5]:8.2f}")
 

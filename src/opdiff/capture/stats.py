@@ -286,15 +286,20 @@ class StatsBatch:
 
     def add(self, desc: dict, t: torch.Tensor):
         """Describe t's statistics into desc; returns a handle that `share` can reuse."""
+        small = 0 < t.numel() <= _SMALL and t.layout == torch.strided and not t.is_meta
         if t.device.type == "cpu" and not self._cpu_as_device:
             values = _small_snapshot(t)
             if values is not None:
                 pending = _Small(values, desc)
                 self._small.append(pending)
                 return pending
+            # small bf16 (NumPy has no bfloat16): staged like a device tensor's, not reduced alone
+            pending = self._stage(desc, t) if small else None
+            if pending is not None:
+                return pending
             desc["stats"] = cpu_stats(t)
             return desc["stats"]
-        if 0 < t.numel() <= _SMALL and t.layout == torch.strided and not t.is_meta:
+        if small:
             pending = self._stage(desc, t)
             if pending is not None:
                 return pending
