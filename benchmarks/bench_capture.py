@@ -73,6 +73,57 @@ def bench(name, workload, steps, settings, warmup=2, autocast=None):
     return rows
 
 
+_CONSTANT = {"max": 0.0, "min": 0.0, "mean": 0.0, "norm": 0.0, "nan": 0, "inf": 0}
+
+
+def _skipping(which):
+    """StatsBatch.add giving constant statistics to small tensors, large ones, or all."""
+    from opdiff.capture import stats
+    real = stats.StatsBatch.add
+
+    def add(self, desc, t):
+        small = t.numel() <= stats._SMALL
+        if which == "all" or (which == "small") == small:
+            desc["stats"] = _CONSTANT
+            return _CONSTANT
+        return real(self, desc, t)
+    return add
+
+
+def parts(name, workload, steps, warmup=2):
+    """Where mix statistics' time goes: each round times a plain step and captured steps with
+    real statistics, without those of small tensors (<= 16k elements), without those of large
+    ones, and without any (constants instead); medians of the per-round ratios to plain."""
+    from opdiff.capture import stats
+    model, batch, loss_fn = workload()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(warmup):
+        run_step(model, batch, loss_fn, opt)
+    real = stats.StatsBatch.add
+    variants = {"all statistics": real, "no small-tensor statistics": _skipping("small"),
+                "no large-tensor statistics": _skipping("large"), "no statistics": _skipping("all")}
+    ratios = {v: [] for v in variants}
+    try:
+        with tempfile.TemporaryDirectory(prefix="opdiff-bench-") as root:
+            for i in range(steps):
+                t0 = time.perf_counter()
+                run_step(model, batch, loss_fn, opt)
+                plain = time.perf_counter() - t0
+                for v, add in variants.items():
+                    stats.StatsBatch.add = add
+                    t0 = time.perf_counter()
+                    dbg = opdiff.PrecisionDebugger(dump_path=f"{root}/{i}-{len(ratios[v])}-{v}",
+                                                   level="mix", task="statistics")
+                    dbg.start(model)
+                    run_step(model, batch, loss_fn, opt)
+                    dbg.stop()
+                    dbg.step()
+                    ratios[v].append((time.perf_counter() - t0) / plain)
+    finally:
+        stats.StatsBatch.add = real
+    return [(name, v, statistics.median(r)) for v, r in ratios.items()]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=7, help="measured steps per setting (median)")
@@ -80,12 +131,21 @@ def main(argv=None):
     parser.add_argument("--settings", default=None, help="e.g. mix:statistics,L1:tensor")
     parser.add_argument("--autocast", choices=["bf16"], default=None,
                         help="run every step (plain and captured) under CPU bf16 autocast")
+    parser.add_argument("--parts", action="store_true",
+                        help="instead: where mix statistics' time goes (statistics of small "
+                             "tensors, of large ones, the rest)")
     args = parser.parse_args(argv)
     autocast = torch.bfloat16 if args.autocast == "bf16" else None
+    workloads = {"cnn": models.cnn_workload, "transformer": models.transformer_workload}
+    if args.parts:
+        print(f"mix statistics, {args.steps} rounds, median of per-round ratios to the plain step")
+        for name in args.models.split(","):
+            for model_name, variant, ratio in parts(name, workloads[name], args.steps):
+                print(f"{model_name:<12} {variant:<28} {ratio:6.2f}")
+        return
     settings = SETTINGS
     if args.settings:
         settings = [tuple(s.split(":")) for s in args.settings.split(",")]
-    workloads = {"cnn": models.cnn_workload, "transformer": models.transformer_workload}
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.steps} steps, median"
           + (", bf16 autocast" if autocast else ""))
     print(f"{'model':<12} {'level':<5} {'task':<15} {'plain ms':>9} {'step ms':>9} {'x plain':>8}")
