@@ -74,7 +74,7 @@ def hook_api_backward(session, fwd_name: str, op: str, index: int, module, stack
     Outputs: the gradient this call sends to each of its tensor arguments, summed over the
     edges of the nodes it created (a composite op such as F.linear on 3-D input builds several).
     """
-    out_tensors = [t for t in tensors_in(outputs)]
+    out_tensors = [outputs] if isinstance(outputs, torch.Tensor) else list(tensors_in(outputs))
     if not any(t.requires_grad for t in out_tensors):
         return
     name = f"{op}.{index}.backward"
@@ -82,7 +82,7 @@ def hook_api_backward(session, fwd_name: str, op: str, index: int, module, stack
         return
     last_seq = torch._C._autograd._get_sequence_nr()
     first = first_seq if first_seq is not None else last_seq - 1
-    roots = [fn for fn in grad_nodes(outputs) if first <= fn._sequence_nr() < last_seq]
+    roots = [fn for fn in grad_nodes(out_tensors) if first <= fn._sequence_nr() < last_seq]
     if not roots:
         return
     nodes, leaving = op_nodes(roots, first, last_seq)
