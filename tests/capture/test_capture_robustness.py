@@ -383,3 +383,31 @@ def test_a_program_that_froze_objects_itself_keeps_them_frozen(dump_root):
         assert frozen - 1000 < gc.get_freeze_count() <= frozen
     finally:
         gc.unfreeze()
+
+
+@pytest.mark.parametrize("level", ["mix", "L2"])
+def test_ops_captured_into_a_cuda_graph_are_left_alone(level, dump_root, read_dump, monkeypatch):
+    # Ops captured into a CUDA graph run on each replay, not when Python calls them: recording
+    # them would capture statistics kernels into the user's graph, and fetching the statistics
+    # (a host sync) would invalidate the capture. No CUDA here: the capture state is simulated.
+    capturing = {"on": False}
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing["on"])
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    x = torch.randn(2, 4)
+    with opdiff.dump(model, dump_root, level=level):
+        model(x).sum()
+        capturing["on"] = True          # torch.cuda.graph(g) entered: a graph is captured
+        model(x * 2).sum()
+        capturing["on"] = False
+        model(x).tanh()
+    names = [r["name"] for r in read_dump(dump_root).records]
+    if level == "mix":
+        assert [n for n in names if n.startswith("Module.0.Linear.forward")] == \
+            ["Module.0.Linear.forward.0", "Module.0.Linear.forward.1"]
+        assert "Tensor.__mul__.0.forward" not in names and "Tensor.tanh.0.forward" in names
+        assert [n for n in names if n.startswith("Tensor.sum")] == ["Tensor.sum.0.forward"]
+    else:
+        assert "Aten.mul.0.forward" not in names and "Aten.tanh.0.forward" in names
+        assert [n for n in names if n.startswith("Aten.sum")] == ["Aten.sum.0.forward"]

@@ -6,6 +6,7 @@ from torch.overrides import TorchFunctionMode
 
 from . import naming
 from .backward import hook_api_backward, in_backward, input_edges
+from .guards import capturing_graph
 
 class ApiCapture(TorchFunctionMode):
     """Records the outermost torch API call: inputs before it runs, outputs after."""
@@ -22,7 +23,8 @@ class ApiCapture(TorchFunctionMode):
             return func(*args, **kwargs)
         s = self.session
         op = naming.api_name(func)
-        if op is None or s.busy or s.writer is None or in_backward():
+        if op is None or s.busy or s.writer is None or in_backward() or capturing_graph():
+            # (ops captured into a CUDA graph run on replay, not now: see guards.py)
             return func(*args, **kwargs)
         ctx = None
         try:

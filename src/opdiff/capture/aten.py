@@ -11,6 +11,8 @@ import sys
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .guards import capturing_graph
+
 # Bookkeeping ops: no numerics of their own.
 _SKIP = {"detach", "alias", "lift_fresh", "lift_fresh_copy", "_to_copy_meta", "empty", "empty_like",
          "empty_strided", "set_", "_local_scalar_dense", "is_same_size", "_has_compatible_shallow_copy_type",
@@ -48,7 +50,7 @@ class AtenCapture(TorchDispatchMode):
         kwargs = kwargs or {}
         s = self.session
         packet = func.overloadpacket.__name__
-        if s.busy or s.writer is None or packet in _SKIP or func.is_view:
+        if s.busy or s.writer is None or packet in _SKIP or func.is_view or capturing_graph():
             return func(*args, **kwargs)
         node = torch._C._current_autograd_node()
         if node is not None and torch.is_grad_enabled() and _recomputing():

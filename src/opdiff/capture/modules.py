@@ -12,6 +12,7 @@ import torch
 from torch.nn.modules import module as nn_module
 
 from .backward import grad_targets, hook_module_backward, in_backward
+from .guards import tracing_or_capturing
 
 
 def module_names(models) -> dict:
@@ -99,8 +100,8 @@ class ModuleCapture:
         return st
 
     def _pre(self, module, args):
-        if torch.compiler.is_compiling():
-            return None   # dynamo would trace opdiff's hooks into the user's graph (see api.py)
+        if tracing_or_capturing():
+            return None   # see api.py
         s = self.session
         label = self._label(module)
         if label is None or s.busy or s.writer is None or in_backward():
@@ -135,8 +136,8 @@ class ModuleCapture:
         # (kwargs, output) normally; torch calls an always_call hook with (args, output) alone
         # when the forward raised.
         kwargs, output = rest if len(rest) == 2 else ({}, rest[0])
-        if torch.compiler.is_compiling():
-            return None   # dynamo would trace opdiff's hooks into the user's graph (see api.py)
+        if tracing_or_capturing():
+            return None   # see api.py
         s = self.session
         calls = getattr(s.local, "module_calls", None)
         if not calls or calls[-1][0] is not module:
