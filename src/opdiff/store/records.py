@@ -169,6 +169,9 @@ _NUMBERS = ("int", "float", "bool")
 
 
 def input_numbers(record: dict) -> dict:
-    """{name: value} of the record's Python number arguments (`x[0] = 2.0`, `x * 0.5`)."""
-    return {path: decode_float(leaf.get("value")) for path, role, leaf in iter_leaves(record)
+    """{"input.2": value} of the record's Python number arguments (`x[0] = 2.0`, `x * 0.5`),
+    named within the record, so that the calls of two runs can be matched whatever their
+    counters."""
+    cut = len(record["name"]) + 1
+    return {path[cut:]: decode_float(leaf.get("value")) for path, role, leaf in iter_leaves(record)
             if role == "input" and leaf.get("type") in _NUMBERS}
