@@ -399,15 +399,22 @@ def test_ops_captured_into_a_cuda_graph_are_left_alone(level, dump_root, read_du
     with opdiff.dump(model, dump_root, level=level):
         model(x).sum()
         capturing["on"] = True          # torch.cuda.graph(g) entered: a graph is captured
-        model(x * 2).sum()
+        model(x * 2).sum().backward()   # (whole-network capture: backward too)
         capturing["on"] = False
-        model(x).tanh()
+        y = model(x).tanh()
+        loss = y.sum()
+        capturing["on"] = True          # a backward captured on its own: its hooks fire now
+        loss.backward()
+        capturing["on"] = False
     names = [r["name"] for r in read_dump(dump_root).records]
+    assert not [n for n in names if "backward" in n or "parameters_grad" in n], names
     if level == "mix":
         assert [n for n in names if n.startswith("Module.0.Linear.forward")] == \
             ["Module.0.Linear.forward.0", "Module.0.Linear.forward.1"]
         assert "Tensor.__mul__.0.forward" not in names and "Tensor.tanh.0.forward" in names
-        assert [n for n in names if n.startswith("Tensor.sum")] == ["Tensor.sum.0.forward"]
+        assert [n for n in names if n.startswith("Tensor.sum")] == \
+            ["Tensor.sum.0.forward", "Tensor.sum.1.forward"]
     else:
         assert "Aten.mul.0.forward" not in names and "Aten.tanh.0.forward" in names
-        assert [n for n in names if n.startswith("Aten.sum")] == ["Aten.sum.0.forward"]
+        assert [n for n in names if n.startswith("Aten.sum")] == ["Aten.sum.0.forward",
+                                                                  "Aten.sum.1.forward"]

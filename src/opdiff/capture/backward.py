@@ -18,6 +18,7 @@ import threading
 import torch
 
 from .describe import tensors_in
+from .guards import capturing_graph
 
 
 def grad_nodes(outputs) -> list:
@@ -108,6 +109,8 @@ def hook_api_backward(session, fwd_name: str, op: str, index: int, module, stack
         if state["done"] or session.writer is None:
             return
         state["done"] = True
+        if capturing_graph():    # a backward captured into a CUDA graph: see guards.py
+            return
         with session.internal():
             try:
                 record["inputs"] = session.describe_all(state["grads_out"], name, "input")
@@ -244,6 +247,9 @@ def hook_module_backward(session, fwd_name: str, op: str, index: int, parent, st
             session.emit(record)
 
     def on_outputs(grads):
+        if capturing_graph():    # a backward captured into a CUDA graph: see guards.py
+            state["emitted"] = True
+            return
         with session.internal():
             try:
                 record["inputs"] = session.describe_all(grads, name, "input")
@@ -253,6 +259,9 @@ def hook_module_backward(session, fwd_name: str, op: str, index: int, parent, st
             emit()
 
     def on_inputs(grads):
+        if capturing_graph():
+            state["emitted"] = True
+            return
         with session.internal():
             try:
                 record["outputs"] = session.describe_all(grads, name, "output")

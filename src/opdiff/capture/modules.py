@@ -12,7 +12,7 @@ import torch
 from torch.nn.modules import module as nn_module
 
 from .backward import grad_targets, hook_module_backward, in_backward
-from .guards import tracing_or_capturing
+from .guards import capturing_graph, tracing_or_capturing
 
 
 def module_names(models) -> dict:
@@ -85,7 +85,7 @@ class ModuleCapture:
             params = [(n, p) for n, p in mod.named_parameters(recurse=False) if p.requires_grad]
             for pname, p in params:
                 def on_grad(param, label=label, pname=pname, expected=len(params)):
-                    if s.writer is not None and param.grad is not None:
+                    if s.writer is not None and param.grad is not None and not capturing_graph():
                         try:
                             s.add_param_grad(label, expected, pname, param.grad)
                         except Exception as exc:
