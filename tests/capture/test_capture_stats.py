@@ -255,13 +255,17 @@ def test_statistics_do_not_depend_on_autocast(dump_root, read_dump, check_stats)
 
 @pytest.mark.parametrize("case", ["float32_with_nan", "bfloat16_with_nan", "float16_with_inf",
                                   "float32_all_nan", "float32", "float64", "int64_large", "bool",
-                                  "non_contiguous", "zero_dim_float", "large"])
+                                  "non_contiguous", "zero_dim_float", "large",
+                                  "large_near_float32_max", "large_1e20"])
 def test_device_and_cpu_statistics_agree(case):
     # A GPU/NPU dump is compared against a CPU dump: the same tensor must get the same numbers
     # whichever path reduced it. The device path is exercised here on CPU through its function.
     from opdiff.capture import stats as stats_mod
     large = {"large": (1000 + torch.randn(1 << 20, generator=torch.Generator().manual_seed(3)))
-             .bfloat16()[:-5].index_fill_(0, torch.tensor([7, 2000]), float("nan"))}
+             .bfloat16()[:-5].index_fill_(0, torch.tensor([7, 2000]), float("nan")),
+             # finite values whose float32 sums would overflow (cpu_stats redoes them in float64)
+             "large_near_float32_max": torch.full((20000,), 3e38).index_fill_(0, torch.tensor([5]), -1e38),
+             "large_1e20": torch.full((20000,), 1e20)}
     t = large[case] if case in large else STATS_CASES[case]
     on_cpu = decoded_stats({"stats": stats_mod.cpu_stats(t)})
     on_device = decoded_stats({"stats": stats_mod.vector_stats(stats_mod.device_vector(t).tolist(),
@@ -457,3 +461,20 @@ def test_small_bf16_cpu_tensors_are_staged(check_stats):
     t.fill_(7)
     batch.resolve()
     check_stats({"dtype": "bfloat16", "shape": [16, 8], "stats": desc["stats"]}, before)
+
+
+def test_staging_made_in_inference_mode_serves_training_after_it(check_stats):
+    # Validation under inference_mode first, then training: the staging buffer made during the
+    # first must take the second's tensors (an inference tensor cannot be written outside it).
+    from opdiff.capture import stats as stats_mod
+    batch = stats_mod.StatsBatch(cpu_as_device=True)
+    with torch.inference_mode():
+        d0 = {}
+        batch.add(d0, torch.arange(4.0))
+        batch.resolve()
+    t = torch.randn(7)
+    d1 = {}
+    assert isinstance(batch.add(d1, t), stats_mod._Small)
+    batch.resolve()
+    check_stats({"dtype": "float32", "shape": [4], "stats": d0["stats"]}, torch.arange(4.0))
+    check_stats({"dtype": "float32", "shape": [7], "stats": d1["stats"]}, t)

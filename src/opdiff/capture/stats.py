@@ -51,14 +51,22 @@ def _as_stats(mx, mn, mean, norm, nan, inf) -> dict:
 _ROW = 1024
 
 
+# Devices whose reductions accumulate in float64 at no real cost (reading float32 or bf16 is
+# what takes the time). Elsewhere (Ascend NPU, MPS: float64 is slow or missing) rows of values
+# beyond about 1e19 overflow float32 in the sum of squares, as a float32 norm would.
+_WIDE_DEVICES = ("cuda", "cpu")
+
+
 def _sum_and_norm(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Sum and L2 norm of x as float64 scalars on x's device, in four kernels.
 
     One float32 pass over millions of elements loses accuracy (torch's norm of 4M values near
-    1000 is off by 3e-3 on the CPU). Rows of 1024 elements are reduced in float32 (float64 for
-    float64 input) and the row sums and row norms combined in float64: relative error about 1e-8.
+    1000 is off by 3e-3 on the CPU). Rows of 1024 elements are reduced on their own, in float64
+    on CUDA (float32 on devices without cheap float64), and the row sums and row norms combined
+    in float64: relative error about 1e-8, and finite values give finite sums.
     """
-    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    acc = torch.float64 if x.dtype == torch.float64 or x.device.type in _WIDE_DEVICES \
+        else torch.float32
     flat = x.reshape(-1)
     n = flat.numel()
     rows = n // _ROW
@@ -236,8 +244,10 @@ class _Staging:
     def put(self, pending: _Small, t: torch.Tensor) -> None:
         n = t.numel()
         if not self.chunks or self.chunks[-1][1] + n > self.chunks[-1][0].numel():
-            self.chunks.append([torch.empty(max(_STAGE_CHUNK, n), dtype=self.dtype,
-                                            device=self.device), 0])
+            # a normal tensor even when made in inference mode: later flushes write it outside
+            with torch.inference_mode(False):
+                buf = torch.empty(max(_STAGE_CHUNK, n), dtype=self.dtype, device=self.device)
+            self.chunks.append([buf, 0])
         chunk = self.chunks[-1]
         start = chunk[1]
         chunk[0][start:start + n].view(t.shape).copy_(t)
@@ -326,8 +336,10 @@ class StatsBatch:
             if stage is None:
                 stage = self._staging[(t.device, wide)] = _Staging(t.device, wide)
             stage.put(pending, t.detach())
+        except torch.OutOfMemoryError:
+            return None     # this once: reduced on its own
         except (RuntimeError, TypeError, NotImplementedError):
-            # e.g. no float64 or no copy from fp8 on this device: reduced on its own instead
+            # e.g. no float64 or no copy from fp8 on this device: reduced on its own from now on
             self._unstageable.add((t.device, t.dtype))
             return None
         self._small.append(pending)
