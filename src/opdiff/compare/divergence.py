@@ -18,7 +18,9 @@ whose output error is of the order of its input error only inherits it (accumula
   any input noise may legitimately flip them. Ops returning uninitialised memory are never blamed.
 - Python number arguments (`x[0] = 2.0`, `x * scale`) are inputs too: an op named whose number
   arguments differ between the runs is said to take the difference in through them, and replay
-  (which re-runs it on the target's own arguments) does not clear it.
+  (which re-runs it on the target's own arguments) does not clear it. Dtype constants are the
+  exception: `masked_fill(mask, torch.finfo(dtype).min)` writes -65504 in fp16 and -3.4e38 in
+  fp32 on purpose, and an op whose arguments differ only so is not named for its output.
 
 When the target dump holds its tensors, replay (`opdiff.replay`) is a second, independent
 opinion: the op re-run in float64 on the target's own inputs gives its own error, free of
@@ -75,34 +77,35 @@ class OpScore:
     replay: Any = None          # opdiff.replay.LocalError once the op was replayed
     paired: bool = True         # False: only the target has this op (judged by replay alone)
     arg_diffs: list = field(default_factory=list)   # number arguments that differ, as text
+    const_diffs: list = field(default_factory=list)  # ... that are dtype constants (finfo.min)
 
 
-def differing_numbers(t_rec: dict, g_rec: dict) -> list[str]:
+def differing_numbers(t_rec: dict, g_rec: dict) -> tuple[list[str], list[str]]:
     """The Python number arguments of a paired call that differ (`x[0] = 2.0` against
-    `x[0] = 1.0`), as "input.2: 2 vs 1".
+    `x[0] = 1.0`), as "input.2: 2 vs 1": (those that differ, those that are dtype constants).
 
     Floats within 1e-6 of their size are equal (a value read from a float32 tensor differs by
-    its rounding); ints and bools must be equal. Dtype constants are left out: a run in fp16
-    passes `torch.finfo(torch.float16).min` where the fp32 run passes float32's (the usual
-    attention mask), on purpose and with the same effect.
+    its rounding); ints and bools must be equal. Dtype constants differ on purpose: a run in
+    fp16 passes `torch.finfo(torch.float16).min` where the fp32 run passes float32's (the usual
+    attention mask), with the same effect, but an output that holds them differs by 1e38.
     """
     golden = input_numbers(g_rec)
-    out = []
+    differ, constants = [], []
     for path, t in input_numbers(t_rec).items():
         g = golden.get(path, t)
         if isinstance(t, str) or isinstance(g, str) or t == g:   # (str: an unknown encoding)
             continue
+        kind = differ
         if isinstance(t, float) or isinstance(g, float):
             if math.isnan(t) and math.isnan(g):
                 continue
             if math.isfinite(t) and math.isfinite(g) and abs(t - g) <= 1e-6 * max(abs(t), abs(g)):
                 continue
-            constants = _dtype_constants()
-            if t in constants and g in constants:
-                continue
+            if t in _dtype_constants() and g in _dtype_constants():
+                kind = constants
         shown = [f"{v:.8g}" if isinstance(v, float) else str(v) for v in (t, g)]
-        out.append(f"{path}: {shown[0]} vs {shown[1]}")
-    return out
+        kind.append(f"{path}: {shown[0]} vs {shown[1]}")
+    return differ, constants
 
 
 @functools.lru_cache(maxsize=None)
@@ -218,7 +221,8 @@ def _judge_op(op: OpScore, by_name: dict, policy, run_dtype: Optional[str] = Non
             cand = (m.error, row_index, why)
         if best is None or cand[0] > best[0]:
             best = cand
-    if best is not None:
+    if best is not None and not (op.const_diffs and not op.arg_diffs):
+        # (an output that differs only through the dtype constants given is not this op's fault)
         op.local, op.worst_out, op.why = True, best[1], best[2]
 
 
@@ -451,9 +455,10 @@ def _revise_rows(op: OpScore, rows: list[TensorRow]) -> None:
         elif row.result == ERROR and not op.local:
             replayed = (f"; {op.replay.describe()}" if op.replay is not None and op.replay.replayed
                         else "")
-            rows[row_index] = replace(row, result=WARNING, reason=(
-                f"{row.reason}; inherited from the inputs (input rel err {_fmt(op.error_in)})"
-                f"{replayed}"))
+            cause = (f"through the dtype constants it was given ({', '.join(op.const_diffs[:3])}), "
+                     f"as intended" if op.const_diffs and not op.arg_diffs else
+                     f"inherited from the inputs (input rel err {_fmt(op.error_in)})")
+            rows[row_index] = replace(row, result=WARNING, reason=f"{row.reason}; {cause}{replayed}")
     for row_index, _, _, _ in op.inputs:
         row = rows[row_index]
         if row.result == ERROR:

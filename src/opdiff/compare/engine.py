@@ -153,8 +153,9 @@ class _PairCompare:
         if t_rec is not None:
             op = OpScore(name=name, op=rec.get("op", ""), phase=base["phase"], kind=base["kind"],
                          module=rec.get("module"), forward=rec.get("forward"), seq=position,
-                         location=stack[0] if stack else None, paired=g_rec is not None,
-                         arg_diffs=differing_numbers(t_rec, g_rec) if g_rec is not None else [])
+                         location=stack[0] if stack else None, paired=g_rec is not None)
+            if g_rec is not None:
+                op.arg_diffs, op.const_diffs = differing_numbers(t_rec, g_rec)
             self.ops.append(op)
         for suffix in list(t_tensors) + [s for s in g_tensors if s not in t_tensors]:
             t_item, g_item = t_tensors.get(suffix), g_tensors.get(suffix)
