@@ -208,7 +208,7 @@ def test_number_arguments_are_matched_when_the_call_counters_differ(tmp_path):
 
 
 @pytest.mark.parametrize("task", ["tensor", "statistics"])
-def test_dtype_constants_as_arguments_are_no_difference(tmp_path, task):
+def test_dtype_limits_as_arguments_are_no_difference(tmp_path, task):
     # The attention mask fills with torch.finfo(dtype).min: -65504 in fp16, -3.4e38 in fp32, on
     # purpose and with the same effect after softmax. masked_fill's output differs by 1e38 where
     # it wrote them: it is not named, with or without replay.
@@ -236,7 +236,22 @@ def test_dtype_constants_as_arguments_are_no_difference(tmp_path, task):
     if task == "tensor":    # (statistics alone cannot clear the fp16 noise of tiny gradients)
         assert fd is None, fd.reason
     fill = next(r for r in result.rows if r.target_name == "Tensor.masked_fill.0.forward.output.0")
-    assert "dtype constants it was given (input.2: -65504 vs -3.4028235e+38)" in fill.reason
+    assert "dtype limits it was given (input.2: -65504 vs -3.4028235e+38)" in fill.reason
+
+
+def test_differing_epsilons_are_reported_and_dtype_limits_set_apart():
+    from opdiff.compare.divergence import differing_numbers
+
+    def rec(*values, **kwargs):
+        return {"name": "Torch.op.0.forward", "inputs": [{"type": "float", "value": v} for v in values],
+                "kwargs": {k: {"type": "float", "value": v} for k, v in kwargs.items()}}
+    f16, f32 = torch.finfo(torch.float16), torch.finfo(torch.float32)
+    differ, limits = differing_numbers(rec(f16.eps, f16.min, 0.5, eps=f16.eps),
+                                       rec(f32.eps, f32.min, 0.5 + 1e-8, eps=f32.eps))
+    assert differ == ["input.0: 0.0009765625 vs 1.1920929e-07",
+                      "input.eps: 0.0009765625 vs 1.1920929e-07"]
+    assert limits == ["input.1: -65504 vs -3.4028235e+38"]
+    assert differing_numbers(rec(float("inf")), rec(float("-inf")))[0] == ["input.0: inf vs -inf"]
 
 
 def test_equal_number_arguments_say_nothing(tmp_path):

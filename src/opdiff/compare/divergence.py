@@ -18,7 +18,7 @@ whose output error is of the order of its input error only inherits it (accumula
   any input noise may legitimately flip them. Ops returning uninitialised memory are never blamed.
 - Python number arguments (`x[0] = 2.0`, `x * scale`) are inputs too: an op named whose number
   arguments differ between the runs is said to take the difference in through them, and replay
-  (which re-runs it on the target's own arguments) does not clear it. Dtype constants are the
+  (which re-runs it on the target's own arguments) does not clear it. Dtype limits are the
   exception: `masked_fill(mask, torch.finfo(dtype).min)` writes -65504 in fp16 and -3.4e38 in
   fp32 on purpose, and an op whose arguments differ only so is not named for its output.
 
@@ -77,16 +77,16 @@ class OpScore:
     replay: Any = None          # opdiff.replay.LocalError once the op was replayed
     paired: bool = True         # False: only the target has this op (judged by replay alone)
     arg_diffs: list = field(default_factory=list)   # number arguments that differ, as text
-    const_diffs: list = field(default_factory=list)  # ... that are dtype constants (finfo.min)
+    const_diffs: list = field(default_factory=list)  # ... that are dtype limits (finfo.min)
 
 
 def differing_numbers(t_rec: dict, g_rec: dict) -> tuple[list[str], list[str]]:
     """The Python number arguments of a paired call that differ (`x[0] = 2.0` against
-    `x[0] = 1.0`), as "input.2: 2 vs 1": (those that differ, those that are dtype constants).
+    `x[0] = 1.0`), as "input.2: 2 vs 1": (those that differ, those that are dtype limits).
 
     Floats within 1e-6 of their size are equal (a value read from a float32 tensor differs by
-    its rounding); ints and bools must be equal. Dtype constants differ on purpose: a run in
-    fp16 passes `torch.finfo(torch.float16).min` where the fp32 run passes float32's (the usual
+    its rounding); ints and bools must be equal. Dtype limits differ on purpose: a run in fp16
+    passes `torch.finfo(torch.float16).min` where the fp32 run passes float32's (the usual
     attention mask), with the same effect, but an output that holds them differs by 1e38.
     """
     golden = input_numbers(g_rec)
@@ -110,13 +110,14 @@ def differing_numbers(t_rec: dict, g_rec: dict) -> tuple[list[str], list[str]]:
 
 @functools.lru_cache(maxsize=None)
 def _dtype_constants() -> frozenset:
-    """The limits and epsilons of the float dtypes, both signs."""
+    """The largest values of the float dtypes, both signs: what code writes where it means
+    -inf or +inf. (Epsilons are left out: `var + finfo(dtype).eps` with fp16's 1e-3 against
+    fp32's 1e-7 can be the very difference the user is looking for.)"""
     import torch
     values = set()
     for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
         info = torch.finfo(dtype)
-        for v in (info.min, info.max, info.eps, info.tiny):
-            values.update((float(v), -float(v)))
+        values.update((float(info.max), float(info.min)))
     return frozenset(values)
 
 
@@ -222,7 +223,7 @@ def _judge_op(op: OpScore, by_name: dict, policy, run_dtype: Optional[str] = Non
         if best is None or cand[0] > best[0]:
             best = cand
     if best is not None and not (op.const_diffs and not op.arg_diffs):
-        # (an output that differs only through the dtype constants given is not this op's fault)
+        # (an output that differs only through the dtype limits given is not this op's fault)
         op.local, op.worst_out, op.why = True, best[1], best[2]
 
 
@@ -455,7 +456,7 @@ def _revise_rows(op: OpScore, rows: list[TensorRow]) -> None:
         elif row.result == ERROR and not op.local:
             replayed = (f"; {op.replay.describe()}" if op.replay is not None and op.replay.replayed
                         else "")
-            cause = (f"through the dtype constants it was given ({', '.join(op.const_diffs[:3])}), "
+            cause = (f"through the dtype limits it was given ({', '.join(op.const_diffs[:3])}), "
                      f"as intended" if op.const_diffs and not op.arg_diffs else
                      f"inherited from the inputs (input rel err {_fmt(op.error_in)})")
             rows[row_index] = replace(row, result=WARNING, reason=f"{row.reason}; {cause}{replayed}")
