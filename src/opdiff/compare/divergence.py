@@ -90,7 +90,7 @@ def differing_numbers(t_rec: dict, g_rec: dict) -> tuple[list[str], list[str]]:
     attention mask), with the same effect, but an output that holds them differs by 1e38.
     """
     golden = input_numbers(g_rec)
-    differ, constants = [], []
+    differ, limits = [], []
     for path, t in input_numbers(t_rec).items():
         g = golden.get(path, t)
         if isinstance(t, str) or isinstance(g, str) or t == g:   # (str: an unknown encoding)
@@ -101,15 +101,15 @@ def differing_numbers(t_rec: dict, g_rec: dict) -> tuple[list[str], list[str]]:
                 continue
             if math.isfinite(t) and math.isfinite(g) and abs(t - g) <= 1e-6 * max(abs(t), abs(g)):
                 continue
-            if t in _dtype_constants() and g in _dtype_constants():
-                kind = constants
+            if t in _dtype_limits() and g in _dtype_limits():
+                kind = limits
         shown = [f"{v:.8g}" if isinstance(v, float) else str(v) for v in (t, g)]
         kind.append(f"{path}: {shown[0]} vs {shown[1]}")
-    return differ, constants
+    return differ, limits
 
 
 @functools.lru_cache(maxsize=None)
-def _dtype_constants() -> frozenset:
+def _dtype_limits() -> frozenset:
     """The largest values of the float dtypes, both signs: what code writes where it means
     -inf or +inf. (Epsilons are left out: `var + finfo(dtype).eps` with fp16's 1e-3 against
     fp32's 1e-7 can be the very difference the user is looking for.)"""
