@@ -281,10 +281,15 @@ def _reduce_small(pending: list) -> None:
         p.descs = []
 
 
+def _small(t: torch.Tensor) -> bool:
+    return 0 < t.numel() <= _SMALL and t.layout == torch.strided and not t.is_meta
+
+
 class StatsBatch:
-    """Fills descriptors' "stats". Large CPU tensors are reduced at once; small CPU tensors are
-    copied and reduced together at flush (per-call overhead, not arithmetic, is their cost);
-    device tensors are reduced on the device and fetched in one copy per device at flush."""
+    """Fills descriptors' "stats". Large CPU tensors are reduced at once; small tensors are
+    copied (CPU ones to NumPy, device ones into a staging buffer on their device) and reduced
+    together at flush: per-call overhead, not arithmetic, is their cost. Large device tensors
+    are reduced on the device and fetched in one copy per device at flush."""
 
     def __init__(self, cpu_as_device: bool = False):
         self._descs: list[dict] = []
@@ -296,7 +301,6 @@ class StatsBatch:
 
     def add(self, desc: dict, t: torch.Tensor):
         """Describe t's statistics into desc; returns a handle that `share` can reuse."""
-        small = 0 < t.numel() <= _SMALL and t.layout == torch.strided and not t.is_meta
         if t.device.type == "cpu" and not self._cpu_as_device:
             values = _small_snapshot(t)
             if values is not None:
@@ -304,12 +308,12 @@ class StatsBatch:
                 self._small.append(pending)
                 return pending
             # small bf16 (NumPy has no bfloat16): staged like a device tensor's, not reduced alone
-            pending = self._stage(desc, t) if small else None
+            pending = self._stage(desc, t) if t.dtype not in _NUMPY_EXACT and _small(t) else None
             if pending is not None:
                 return pending
             desc["stats"] = cpu_stats(t)
             return desc["stats"]
-        if small:
+        if _small(t):
             pending = self._stage(desc, t)
             if pending is not None:
                 return pending
