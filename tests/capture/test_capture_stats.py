@@ -478,3 +478,15 @@ def test_staging_made_in_inference_mode_serves_training_after_it(check_stats):
     batch.resolve()
     check_stats({"dtype": "float32", "shape": [4], "stats": d0["stats"]}, torch.arange(4.0))
     check_stats({"dtype": "float32", "shape": [7], "stats": d1["stats"]}, t)
+
+
+def test_an_accelerator_is_settled_before_its_statistics_are_read(monkeypatch):
+    # Copies and kernels were queued on whatever stream was current at each description; the
+    # flush reads on the current stream, so every stream of the device is waited for first.
+    # (No GPU here: the call is what is checked.)
+    from opdiff.capture import stats as stats_mod
+    waited = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waited.append(device))
+    stats_mod._settle(torch.device("cuda", 1))
+    stats_mod._settle(torch.device("cpu"))
+    assert waited == [torch.device("cuda", 1)]

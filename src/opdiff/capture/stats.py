@@ -227,6 +227,17 @@ class _Small:
         self.values, self.stats, self.descs = values, None, [desc]
 
 
+def _settle(device: torch.device) -> None:
+    """Wait for every stream of an accelerator before reading what capture queued on it: the
+    staging copies and statistics kernels ran on whichever stream was current when each tensor
+    was described, the host copy at flush runs on the current one."""
+    if device.type == "cpu":
+        return
+    synchronize = getattr(getattr(torch, device.type, None), "synchronize", None)
+    if synchronize is not None:
+        synchronize(device)
+
+
 _STAGED = object()
 _STAGE_CHUNK = 1 << 18      # elements per staging buffer (1 MB of float32)
 
@@ -256,6 +267,7 @@ class _Staging:
 
     def fetch(self) -> None:
         """Copy the buffers to the host (one transfer each) and hand each tensor its values."""
+        _settle(self.device)
         hosts = [buf[:used].cpu().numpy().astype(np.float64, copy=False) for buf, used in self.chunks]
         for pending, i, start, n in self.waiting:
             pending.values = hosts[i][start:start + n]
@@ -388,7 +400,8 @@ class StatsBatch:
         for i, (v, _) in enumerate(self._vectors):
             by_device.setdefault(v.device, []).append(i)
         rows: list = [None] * len(self._descs)
-        for idx in by_device.values():
+        for device, idx in by_device.items():
+            _settle(device)
             block = torch.stack([self._vectors[i][0] for i in idx]).cpu().tolist()
             for i, row in zip(idx, block):
                 rows[i] = row
