@@ -1,0 +1,78 @@
+"""Host time opdiff spends per recorded op, on a model whose kernels take next to nothing.
+
+    python benchmarks/bench_per_op.py [--steps 31] [--level mix]
+
+A deep MLP of tiny layers (width 16, batch 4): the plain step is almost all Python and
+dispatch, so (captured step - plain step) / records per step is opdiff's own cost per record,
+free of the memory traffic that makes ratios on real models noisy here. On a GPU, where kernels
+run asynchronously, this host time is what capture adds to a step. Plain and captured steps
+alternate; medians.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+import opdiff
+from opdiff.store import open_dump
+
+
+def tiny_mlp(depth: int = 32, width: int = 16) -> nn.Module:
+    layers = []
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*layers)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=31)
+    parser.add_argument("--level", default="mix")
+    parser.add_argument("--task", default="statistics")
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    model = tiny_mlp()
+    x = torch.randn(4, 16)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        model(x).square().mean().backward()
+        opt.step()
+
+    for _ in range(3):
+        step()
+    root = Path(tempfile.mkdtemp(prefix="opdiff-bench-"))
+    plain, captured, records = [], [], 0
+    try:
+        for i in range(args.steps):
+            t0 = time.perf_counter()
+            step()
+            plain.append(time.perf_counter() - t0)
+            path = root / str(i)
+            t0 = time.perf_counter()
+            dbg = opdiff.PrecisionDebugger(dump_path=str(path), level=args.level, task=args.task)
+            dbg.start(model)
+            step()
+            dbg.stop()
+            dbg.step()
+            captured.append(time.perf_counter() - t0)
+            if i == 0:
+                records = sum(1 for _ in open_dump(path / "step0" / "rank0").records())
+            shutil.rmtree(path, ignore_errors=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    p, c = statistics.median(plain), statistics.median(captured)
+    print(f"level {args.level}, task {args.task}: plain step {p * 1e3:.2f} ms, captured "
+          f"{c * 1e3:.2f} ms, {records} records: {(c - p) / records * 1e6:.1f} us per record")
+
+
+if __name__ == "__main__":
+    main()
