@@ -13,6 +13,7 @@ import logging
 import torch
 
 from ..errors import OverflowDetected
+from ..store.records import has_nonfinite_number
 from .describe import tensors_in
 
 log = logging.getLogger("opdiff")
@@ -37,18 +38,6 @@ def all_finite(values) -> bool:
 
 
 _SCALER_OPS = ("._amp_foreach_non_finite_check_and_unscale_", "._amp_update_scale_")
-
-
-def _literal_nonfinite(record: dict) -> bool:
-    """The user passed inf/NaN as a number (masked_fill(mask, -inf)): intentional, not an origin."""
-    todo = list(record.get("inputs") or []) + list((record.get("kwargs") or {}).values())
-    while todo:
-        d = todo.pop()
-        if d.get("type") in ("list", "tuple"):
-            todo.extend(d.get("items", []))
-        elif d.get("type") == "float" and isinstance(d.get("value"), str):
-            return True         # encode_float wrote "NaN" / "Infinity" / "-Infinity"
-    return False
 
 
 class OverflowMonitor:
@@ -87,7 +76,7 @@ class OverflowMonitor:
             pre = record.pop("_inputs_finite", None)   # in-place ops: checked before they ran
             inputs_finite = pre if pre is not None else all_finite(inputs)
             if record.get("forward") in self.tainted or not inputs_finite \
-                    or _literal_nonfinite(record):
+                    or has_nonfinite_number(record):
                 self.propagated += 1
                 return
             origin = dict(record)

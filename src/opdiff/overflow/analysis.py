@@ -19,9 +19,9 @@ import logging
 import re
 
 from ..compare.result import Location
-from ..store.records import iter_tensors
+from ..store.records import has_nonfinite_number, iter_tensors
 from . import headroom as _headroom
-from .classify import health, has_nonfinite_literal, sides
+from .classify import health, sides
 from .result import (CLEAN, INHERITED, OVERFLOW, SKIPPED, ChainLink, Origin, OverflowResult,
                      StepFinding)
 from .scaler import is_scaler_op, scaler_found_inf
@@ -117,7 +117,7 @@ class _Walk:
             # Parameter gradients are accumulated from the backward ops already seen.
             self._link(rec, "propagates")
         elif hin.finite and (not hin.unknown or not self.origins):
-            if has_nonfinite_literal(rec):
+            if has_nonfinite_number(rec):
                 self.intentional.append(name)
             else:
                 why = ("its inputs are finite, its outputs are not" if not hin.unknown else

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..store.records import decode_float, decoded_stats, iter_descriptors, iter_tensors
+from ..store.records import decoded_stats, has_nonfinite_number, iter_tensors
 
 _EXACT = ("int", "bool", "uint")      # dtypes that cannot hold inf/NaN
 
@@ -83,21 +83,6 @@ def health(descs: list[dict], dump=None) -> Health:
     for d in descs:
         h = h | tensor_health(d, dump)
     return h
-
-
-def has_nonfinite_literal(record: dict) -> bool:
-    """True when the user passed inf/NaN as a plain number (masked_fill(mask, -inf), full(.., inf)).
-
-    Such an op creates inf on purpose (attention masks), so it is not an overflow origin.
-    """
-    values = list(record.get("inputs") or []) + list((record.get("kwargs") or {}).values())
-    for i, d in enumerate(values):
-        for _, leaf in iter_descriptors(d, str(i)):
-            if leaf.get("type") == "float":
-                x = decode_float(leaf.get("value"))
-                if isinstance(x, float) and not math.isfinite(x):
-                    return True
-    return False
 
 
 def max_abs(desc: dict) -> float | None:

@@ -175,3 +175,9 @@ def input_numbers(record: dict) -> dict:
     cut = len(record["name"]) + 1
     return {path[cut:]: decode_float(leaf.get("value")) for path, role, leaf in iter_leaves(record)
             if role == "input" and leaf.get("type") in _NUMBERS}
+
+
+def has_nonfinite_number(record: dict) -> bool:
+    """True when the op was given inf or NaN as a plain number (masked_fill(mask, -inf),
+    full(..., inf)): it makes inf/NaN on purpose, it is not where an overflow is born."""
+    return any(isinstance(x, float) and not math.isfinite(x) for x in input_numbers(record).values())
