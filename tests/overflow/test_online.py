@@ -2,6 +2,7 @@
 with the offline analysis of a statistics dump of the same run."""
 from __future__ import annotations
 
+import gc
 import json
 
 import pytest
@@ -176,6 +177,9 @@ def test_overflow_does_not_leave_a_debugger_running(tmp_path):
     dbg.start(model)
     with pytest.raises(opdiff.OverflowDetected):
         models.step(model, inputs)
+    # The step is never closed: the objects frozen out of full collections at its start must
+    # not stay frozen for the rest of the process.
+    assert gc.get_freeze_count() == 0
     if not PATCHED:
         dbg.stop()        # without the patch the caller has to clean up
     model, inputs = models.build("exp_clean")

@@ -106,9 +106,7 @@ class OverflowMonitor:
         limit = s.config.overflow_nums
         if origins and limit != -1 and len(self.origins) >= limit and not self.stopped:
             self.stopped = True
-            if s.writer is not None:
-                s.writer.close()  # the dump must be complete before training stops
-                s.writer = None
+            s.close_writer()  # the dump must be complete before training stops
             raise OverflowDetected(origins[-1]["_message"])
 
     def _scaler(self, record: dict, inputs) -> None:

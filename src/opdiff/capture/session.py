@@ -161,13 +161,8 @@ class Session:
         """Flush and close this step's dump; counters restart for the next step."""
         self.flush_param_grads()
         self.flush()
-        if self.writer is not None:
-            self.writer.close()
-        self.writer = None
+        self.close_writer()
         self.describer = None
-        if self._frozen:
-            gc.unfreeze()
-            self._frozen = False
         for undo in self.at_close:   # let this step's graphs go; leaves forget its hooks
             undo()
         self.at_close.clear()
@@ -177,6 +172,16 @@ class Session:
         self._scope_state = "before" if self.config.scope else "inside"
         self._scope_closing = None
         self.step_index += 1
+
+    def close_writer(self) -> None:
+        """Close this step's dump, and give the objects frozen at its start back to the garbage
+        collector (also when overflow_check stops training mid-step, never to close it)."""
+        if self.writer is not None:
+            self.writer.close()
+        self.writer = None
+        if self._frozen:
+            gc.unfreeze()
+            self._frozen = False
 
     # -- names and filters ---------------------------------------------------------------------
     def next_index(self, op: str) -> int:
