@@ -43,7 +43,7 @@ _CHILD = r"""
 import inspect, json, resource, sys, time
 sys.path.insert(0, sys.argv[1])
 import opdiff
-from opdiff.compare.engine import compare
+from opdiff.api import compare
 assert opdiff.__file__.startswith(sys.argv[1]), opdiff.__file__
 kwargs = {"progress": False}
 if "replay" in inspect.signature(compare).parameters:

@@ -16,13 +16,10 @@ __all__ = ["__version__", "OpdiffError", "ConfigError", "DumpError", "OverflowDe
 
 def __getattr__(name):
     # Heavy pieces (torch-importing capture, compare) load on first use, so `opdiff --help` is fast.
-    if name in ("PrecisionDebugger", "dump"):
-        from .capture import debugger
-        return getattr(debugger, name)
+    if name in ("PrecisionDebugger", "dump", "compare"):
+        from . import api
+        return getattr(api, name)
     if name == "seed_all":
         from .seeding import seed_all
         return seed_all
-    if name == "compare":
-        from .compare.engine import compare
-        return compare
     raise AttributeError(f"module 'opdiff' has no attribute {name!r}")

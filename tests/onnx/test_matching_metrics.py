@@ -6,7 +6,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from opdiff.compare.result import ERROR, PASS, WARNING
+from opdiff.comparison.result import ERROR, PASS, WARNING
 from opdiff.onnx import compare_models
 from opdiff.onnx.matching import RULE_BATCHNORM
 from opdiff.onnx.metrics import MsitThresholds, compare_arrays
@@ -85,7 +85,7 @@ def test_inf_and_nan_are_hard_failures():
 
 
 def test_the_shared_engine_reads_onnx_dumps_and_agrees(models, tmp_path):
-    from opdiff.compare.engine import compare_pair
+    from opdiff.comparison.pair import compare_pair
     from opdiff.onnx.policy import MsitPolicy
     from opdiff.store import open_dump
 

@@ -8,7 +8,7 @@ import onnx
 import pytest
 
 from tiny_models import FP16_MAX
-from opdiff.compare.result import ERROR, PASS, UNMATCHED
+from opdiff.comparison.result import ERROR, PASS, UNMATCHED
 from opdiff.onnx import RuntimeOptions, compare_models
 from opdiff.onnx.matching import RULE_DEQUANTIZED, RULE_FOLDED_ACTIVATION
 from opdiff.store import open_dump

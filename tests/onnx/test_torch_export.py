@@ -8,7 +8,7 @@ import torch
 
 import tiny_models
 from tiny_models import export_ts
-from opdiff.compare.result import ERROR, PASS
+from opdiff.comparison.result import ERROR, PASS
 from opdiff.errors import OpdiffError
 from opdiff.onnx import compare_torch
 from opdiff.onnx.matching import RULE_BATCHNORM

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from opdiff.compare.result import (ERROR, PASS, UNMATCHED, WARNING, CompareResult, Divergence,
+from opdiff.comparison.result import (ERROR, PASS, UNMATCHED, WARNING, CompareResult, Divergence,
                                    Location, TensorRow)
 
 CHROMIUM = next((p for p in (shutil.which("chromium"), shutil.which("chromium-browser"),

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "compare"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "comparison"))
 from dumpkit import cnn_run  # noqa: E402
 
-from opdiff.compare.engine import compare  # noqa: E402
-from opdiff.compare.result import METRICS  # noqa: E402
+from opdiff.api import compare  # noqa: E402
+from opdiff.comparison.result import METRICS  # noqa: E402
 from opdiff.report import write_outputs  # noqa: E402
 from opdiff.report.console import print_result  # noqa: E402
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from opdiff.compare.result import CompareResult, Location, TensorRow
+from opdiff.comparison.result import CompareResult, Location, TensorRow
 from opdiff.errors import OpdiffError
 from opdiff.report.html import build_payload, json_for_script, render_html, write_html
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from opdiff.compare.engine import compare
-from opdiff.compare.metrics import tensor_metrics
+from opdiff.api import compare
+from opdiff.comparison.metrics import tensor_metrics
 from opdiff.store.adapters import discover
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "msprobe"

@@ -57,8 +57,8 @@ def _overrides(pairs: list[str]) -> dict:
 
 
 def run(args) -> int:
-    from ..compare.engine import compare
-    from ..compare.verdicts import Thresholds
+    from ..api import compare
+    from ..comparison.verdicts import Thresholds
     from ..report.console import print_result
 
     thresholds = Thresholds.load(args.thresholds, _overrides(args.threshold))

@@ -339,5 +339,5 @@ def compare(input_param: dict, output_path, stack_mode: bool = False, auto_analy
         warn_once("fuzzy", "fuzzy_match is not needed: opdiff aligns ops by name and order and "
                    "reports unmatched ones")
     target, golden = _side(input_param, "npu"), _side(input_param, "bench")
-    from ..compare.engine import compare as engine_compare
+    from ..api import compare as engine_compare
     return engine_compare(target, golden, output_path=str(output_path))

@@ -190,7 +190,7 @@ def compare(pkl_path1, pkl_path2, output_path, shape_flag: bool = False):
     _check_output(out)
     _recorder.finish()     # the script may compare right after its last backward
     target, golden = _side(pkl_path1), _side(pkl_path2)
-    from ..compare.engine import compare as engine_compare
+    from ..api import compare as engine_compare
     result = engine_compare(target, golden, shape_flag=bool(shape_flag))
     rows = [r for r in result.rows if r.target_name and r.golden_name]
     tmp = out.with_name(out.name + ".partial")

@@ -27,7 +27,7 @@ from . import models
 from .story import Story
 
 if TYPE_CHECKING:
-    from ..compare.result import CompareResult
+    from ..comparison.result import CompareResult
     from ..overflow.result import OverflowResult
 
 SEED = 1234
@@ -141,7 +141,7 @@ def _differing(result) -> tuple[int, int]:
 
 
 def _compare(out: Path, story: Story):
-    from ..compare.engine import compare
+    from ..api import compare
     from ..report.console import print_result
 
     with story.working("comparing the dumps op by op"):

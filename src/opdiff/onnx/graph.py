@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from ..compare.result import Location
+from ..comparison.result import Location
 
 # Frames inside these directories are library code, not the user's line.
 _LIBRARY_PATH = re.compile(r"[/\\](site-packages|dist-packages)[/\\]|[/\\]lib[/\\]python3\.\d+[/\\]")

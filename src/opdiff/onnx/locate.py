@@ -21,7 +21,7 @@ from .deps import OnnxError, require
 from .graph import GraphIndex
 from .metrics import MsitThresholds, compare_arrays
 from .runner import RuntimeOptions, make_session, run_session
-from ..compare.result import ERROR
+from ..comparison.result import ERROR
 
 log = logging.getLogger("opdiff")
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..compare.result import Location
+from ..comparison.result import Location
 from .graph import GraphIndex
 
 ACTIVATIONS = ("Relu", "Clip")

@@ -15,7 +15,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..compare.result import ERROR, PASS, WARNING
+from ..comparison.result import ERROR, PASS, WARNING
 
 EPS = 1e-10
 MSIT_COLUMNS = ("CosineSimilarity", "RelativeEuclideanDistance", "KullbackLeiblerDivergence",

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Optional
 
 
-from ..compare.result import ERROR, PASS, UNMATCHED, WARNING, CompareResult, Divergence, TensorRow
+from ..comparison.result import ERROR, PASS, UNMATCHED, WARNING, CompareResult, Divergence, TensorRow
 from .deps import require
 from .dumping import stats_of, write_onnx_dump
 from .graph import GraphIndex

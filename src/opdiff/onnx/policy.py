@@ -3,15 +3,15 @@
     from opdiff.onnx.policy import MsitPolicy
     result = compare_pair(target_dump, golden_dump, policy=MsitPolicy())
 
-It judges the engine's Measurement (metric names from `opdiff.compare.result.METRICS`) by the
+It judges the engine's Measurement (metric names from `opdiff.comparison.result.METRICS`) by the
 same rule as `MsitThresholds` judges opdiff onnx's own rows.
 """
 from __future__ import annotations
 
 import math
 
-from ..compare.result import ERROR, PASS
-from ..compare.verdicts import Policy, Verdict
+from ..comparison.result import ERROR, PASS
+from ..comparison.verdicts import Policy, Verdict
 from .metrics import MsitThresholds
 
 

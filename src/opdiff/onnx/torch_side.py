@@ -23,7 +23,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..compare.result import Location
+from ..comparison.result import Location
 from .deps import OnnxError, require
 from .dumping import OnnxDump
 from .graph import GraphIndex, is_library_file

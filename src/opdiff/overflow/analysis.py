@@ -18,7 +18,7 @@ import dataclasses
 import logging
 import re
 
-from ..compare.result import Location
+from ..comparison.result import Location
 from ..store.records import has_nonfinite_number, iter_tensors
 from . import headroom as _headroom
 from .classify import health, sides

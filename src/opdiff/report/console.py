@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import math
 import os
+import sys
+import time
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+
+from ..comparison.result import ERROR, WARNING
 
 _STYLE = {"pass": "green", "warning": "yellow", "error": "bold red", "unmatched": "dim"}
 
@@ -80,3 +84,68 @@ def print_result(result, console: Console | None = None, *, worst: int = 5) -> N
     if result.files:
         con.print(Text("Wrote " + ", ".join(os.path.basename(p) for p in result.files.values())
                        + f" to {os.path.dirname(next(iter(result.files.values())))}", style="dim"))
+
+
+def verdict_line(result: CompareResult) -> str:
+    """One sentence on what the compare found."""
+    fd = result.first_divergence
+    if fd is None:
+        # Statistics cannot show small errors: say so rather than claim the run is clean.
+        caveat = (" — as far as statistics can tell (see the note on their limits)"
+                  if any(r.mode == "statistics" for r in result.rows) else "")
+        if result.counts.get(ERROR, 0) or result.counts.get(WARNING, 0):
+            return ("no op is to blame: every difference is explained by the op's inputs and the "
+                    "precision of its dtype (error grows gradually)" + caveat)
+        return "no divergence: every compared tensor agrees with golden" + caveat
+    where = ""
+    if fd.location is not None:
+        where = f" — {os.path.basename(fd.location.file)}:{fd.location.line}"
+        if fd.location.code:
+            where += f" `{fd.location.code.strip()}`"
+    scope = ""
+    if fd.step is not None or fd.rank is not None:
+        scope = f" (step {fd.step}, rank {fd.rank})"
+    return f"{fd.name}{scope}: {fd.reason}{where}"
+
+
+class Progress:
+    """A rich progress bar on stderr that appears only when the compare is slow enough to need one."""
+
+    DELAY_S = 1.5
+
+    def __init__(self, total: int, mode: bool | None):
+        self.total, self.mode = total, mode
+        self.done = 0
+        self.start = time.monotonic()
+        self.bar = None
+        self.task = None
+
+    def __enter__(self):
+        if self.mode is True:
+            self._open()
+        return self
+
+    def _open(self):
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+        self.bar = Progress("[progress.description]{task.description}", BarColumn(),
+                            MofNCompleteColumn(), TimeRemainingColumn(),
+                            console=Console(stderr=True), transient=True)
+        self.bar.start()
+        self.task = self.bar.add_task("comparing ops", total=self.total or None,
+                                      completed=self.done)
+
+    def advance(self, n: int = 1) -> None:
+        self.done += n
+        if self.bar is None:
+            if (self.mode is None and sys.stderr.isatty()
+                    and time.monotonic() - self.start > self.DELAY_S):
+                self._open()
+            return
+        self.bar.update(self.task, completed=self.done)
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.stop()
+        return False

@@ -14,8 +14,8 @@ import math
 import os
 from pathlib import Path
 
-from ..compare.metrics import STAT_METRICS
-from ..compare.result import METRICS
+from ..comparison.metrics import STAT_METRICS
+from ..comparison.result import METRICS
 
 STAT_COLUMNS = [("max", "max"), ("min", "min"), ("mean", "mean"), ("norm", "l2norm")]
 

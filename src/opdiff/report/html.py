@@ -31,7 +31,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..compare.result import ERROR, METRICS, PASS, UNMATCHED, WARNING, CompareResult
+from ..comparison.result import ERROR, METRICS, PASS, UNMATCHED, WARNING, CompareResult
 from ..errors import OpdiffError
 
 log = logging.getLogger("opdiff")

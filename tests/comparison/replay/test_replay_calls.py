@@ -5,8 +5,8 @@ import torch
 import torch.nn.functional as F
 
 import opdiff
-from opdiff.replay.calls import NotReplayable, rebuild_call, resolve
-from opdiff.replay.local import replay_record
+from opdiff.comparison.replay.calls import NotReplayable, rebuild_call, resolve
+from opdiff.comparison.replay.local import replay_record
 from opdiff.store.reader import find_dumps, open_dump
 
 
@@ -108,7 +108,7 @@ def test_missing_tensor_is_not_replayed(dumped):
 
 
 def _policy():
-    from opdiff.compare.verdicts import Policy
+    from opdiff.comparison.verdicts import Policy
     return Policy()
 
 

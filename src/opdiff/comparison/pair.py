@@ -1,22 +1,16 @@
-"""The compare engine: two dumps in, one CompareResult out.
+"""One step/rank pair: two opened dumps in, one CompareResult out.
 
-    import opdiff
-    result = opdiff.compare("./dump/npu", "./dump/cpu", output_path="./out")
-    result.first_divergence      # None, or the op to blame with its source line
+    from opdiff.comparison.pair import compare_pair
+    from opdiff.store.adapters import discover
+    result = compare_pair(discover("./dump/npu/step0/rank0")[0], discover("./dump/cpu/step0/rank0")[0])
 
-Steps: open both sides through `opdiff.store.adapters.discover` (opdiff, msprobe and legacy
-dumps alike), pair step/rank directories, align each pair's op sequences
-(`opdiff.compare.align`), measure every paired tensor (`opdiff.compare.metrics`, one pair of
-tensors in memory at a time), give verdicts (`opdiff.compare.verdicts`) and find the first
-divergence (`opdiff.compare.divergence`). Several step/rank pairs run in parallel processes.
+Aligns the two op sequences (`align`), measures every paired tensor (`metrics`, one pair of
+tensors in memory at a time), gives verdicts (`verdicts`) and finds the first divergence
+(`divergence`), replaying target ops where the target holds its own tensors (`replay`).
 """
 from __future__ import annotations
 
 import logging
-import os
-import sys
-import time
-from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Callable, Optional
@@ -28,7 +22,7 @@ from .divergence import OpScore, analyse, count, differing_numbers, statistics_l
 from .envdiff import environment_diff
 from .metrics import Measurement, measure, stats_measure
 from .result import ERROR, PASS, UNMATCHED, WARNING, CompareResult, Location, TensorRow
-from .verdicts import Policy, Thresholds
+from .verdicts import Policy
 
 log = logging.getLogger("opdiff")
 
@@ -132,7 +126,7 @@ class _PairCompare:
             return None
         if not getattr(self.t, "has_tensors", False):
             return None
-        from ..replay import Replayer
+        from .replay import Replayer
 
         return Replayer(self.t, t_records, self.policy)
 
@@ -242,12 +236,12 @@ def compare_pair(target_dump, golden_dump, *, policy: Policy | None = None,
                  replay: str = "auto") -> CompareResult:
     """Compare two opened Dump-like objects (one step/rank each) and return the result.
 
-    policy: a `opdiff.compare.verdicts.Policy` (default thresholds when None).
+    policy: a `opdiff.comparison.verdicts.Policy` (default thresholds when None).
     shape_flag: pair ops only when every tensor shape matches (seed 003's `shape_flag`).
     tick: called with the number of op calls done, for progress bars.
     replay: "auto", "all" or "off" (see `compare`).
     """
-    _check_replay(replay)
+    check_replay(replay)
     with one_thread():
         return _PairCompare(target_dump, golden_dump, policy or Policy(), shape_flag, tick,
                             replay).run()
@@ -256,7 +250,7 @@ def compare_pair(target_dump, golden_dump, *, policy: Policy | None = None,
 REPLAY_MODES = ("auto", "all", "off")
 
 
-def _check_replay(replay) -> None:
+def check_replay(replay) -> None:
     if replay not in REPLAY_MODES:
         raise OpdiffError(f"replay must be 'auto', 'all' or 'off', not {replay!r}")
 
@@ -280,236 +274,5 @@ def one_thread():
         torch.set_num_threads(before)
 
 
-# -- whole dumps: step/rank pairing, processes, merging ------------------------------------------
 
-def _key(d) -> tuple:
-    return (d.step if d.step is not None else -1, d.rank if d.rank is not None else -1)
-
-
-def pair_dumps(targets: list, goldens: list) -> tuple[list, list]:
-    """[(target, golden)] by (step, rank), and notes about the ones without a partner."""
-    if len(targets) == 1 and len(goldens) == 1:
-        return [(targets[0], goldens[0])], []
-    g_by_key = {_key(d): d for d in goldens}
-    pairs, notes = [], []
-    for t in targets:
-        g = g_by_key.pop(_key(t), None)
-        if g is None:
-            notes.append(f"target step {t.step} rank {t.rank} has no golden counterpart; skipped")
-        else:
-            pairs.append((t, g))
-    for g in g_by_key.values():
-        notes.append(f"golden step {g.step} rank {g.rank} has no target counterpart; skipped")
-    if not pairs:
-        raise DumpError("no step/rank of the target dump has a counterpart in the golden dump; "
-                        "point both paths at dumps of the same steps and ranks")
-    return pairs, notes
-
-
-def _count_records(dump) -> int:
-    try:
-        with open(os.path.join(dump.path, "records.jsonl"), "rb") as f:
-            return sum(1 for line in f if line.strip())
-    except OSError:
-        return 0
-
-
-def _worker(target_path: str, golden_path: str, thresholds: Thresholds, shape_flag: bool,
-            replay: str = "auto"):
-    import torch
-
-    torch.set_num_threads(1)  # the processes already use every core
-    from ..store.adapters import discover
-
-    t, g = discover(target_path)[0], discover(golden_path)[0]
-    return compare_pair(t, g, policy=Policy(thresholds), shape_flag=shape_flag, replay=replay)
-
-
-def _merge(target: str, golden: str, results: list[CompareResult], notes: list) -> CompareResult:
-    if len(results) == 1 and not notes:
-        return results[0]
-    rows = []
-    for r in results:
-        rows += [replace(row, step=r.step, rank=r.rank) for row in r.rows]
-    divergent = [r for r in results if r.first_divergence is not None]
-    first = None
-    if divergent:
-        # No clock is shared between ranks: earliest step first, then earliest op, then rank.
-        best = min(divergent, key=lambda r: (r.step if r.step is not None else -1,
-                                             _first_index(r), r.rank if r.rank is not None else -1))
-        first = best.first_divergence
-    env = results[0].environment_diff if results else []
-    return CompareResult(
-        target=target, golden=golden, rows=rows, first_divergence=first, counts=count(rows),
-        environment_diff=env, pairs=[_pair_summary(r) for r in results],
-        notes=list(notes) + _pair_notes(results))
-
-
-def _pair_notes(results: list[CompareResult]) -> list[str]:
-    """Each pair's notes, prefixed with where they hold; a note every pair has is said once."""
-    where: dict = {}
-    for r in results:
-        for n in r.notes:
-            where.setdefault(n, []).append(f"step {r.step} rank {r.rank}")
-    return [n if len(places) == len(results) > 1 else f"{', '.join(places)}: {n}"
-            for n, places in where.items()]
-
-
-def _first_index(r: CompareResult) -> int:
-    for row in r.rows:
-        if row.op_name == r.first_divergence.name:
-            return row.index
-    return 0
-
-
-def _pair_summary(r: CompareResult) -> dict:
-    fd = r.first_divergence
-    return {"step": r.step, "rank": r.rank, "target": r.target, "golden": r.golden,
-            "counts": dict(r.counts), "first_divergence": fd.name if fd else None}
-
-
-def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bool = False,
-            fail_on: str | None = None, progress: bool | None = None,
-            replay: str = "auto") -> CompareResult:
-    """Compare the target dump (the run under suspicion) with the golden (trusted) dump.
-
-    target, golden: a step/rank directory or a dump root of any format opdiff reads; with roots
-        holding several steps/ranks every (step, rank) pair is compared, ranks in parallel.
-    output_path: a directory; when given, writes compare_result_{timestamp}.csv, summary.json
-        and report.html there and lists them in `result.files`.
-    thresholds: None, a dict, a JSON file path or a `Thresholds` (see `opdiff.compare.verdicts`).
-    shape_flag: pair ops only when their tensor shapes are equal.
-    fail_on: None, "divergence" (a first divergence was found), "error" (any error row) or
-        "warning" (any warning or error row): sets `result.failed` when it holds.
-    progress: show a progress bar on stderr: None = when stderr is a terminal and the compare
-        takes more than a second or so; True / False to force.
-    replay: how much of the target to re-run in float64 on its own saved tensors to measure
-        each op's own error (`opdiff.replay`; opdiff tensor dumps only): "auto" (default) the
-        ops the comparison suspects and, when that is a backward op or nothing, the backward
-        ops before it; "all" every op; "off" none (the comparison with golden alone).
-
-    Raises `DumpError` (an `OpdiffError`) for missing, empty or corrupt dumps and for dumps of
-    different models.
-    """
-    from ..store.adapters import discover
-
-    if fail_on not in (None, "divergence", "error", "warning"):
-        raise OpdiffError(f"fail_on must be None, 'divergence', 'error' or 'warning', not {fail_on!r}")
-    _check_replay(replay)
-    policy = Policy(thresholds)
-    targets, goldens = discover(target), discover(golden)
-    pairs, notes = pair_dumps(targets, goldens)
-    total = sum(_count_records(t) for t, _ in pairs)
-    with _Progress(total, progress) as bar:
-        if len(pairs) == 1:
-            t, g = pairs[0]
-            results = [compare_pair(t, g, policy=policy, shape_flag=shape_flag, tick=bar.advance,
-                                    replay=replay)]
-        else:
-            results = _run_parallel(pairs, policy, shape_flag, bar, replay)
-    result = _merge(str(target), str(golden), results, notes)
-    for note in notes:
-        log.warning("opdiff: %s", note)
-    result.verdict = verdict_line(result)
-    result.failed = _failed(result, fail_on)
-    if output_path is not None:
-        from ..report import write_outputs
-
-        result.files = write_outputs(result, output_path)
-    return result
-
-
-def _run_parallel(pairs, policy: Policy, shape_flag: bool, bar, replay: str = "auto"
-                  ) -> list[CompareResult]:
-    import multiprocessing
-
-    workers = max(1, min(len(pairs), os.cpu_count() or 1))
-    ctx = multiprocessing.get_context("spawn")  # fork after torch starts threads can deadlock
-    results: list = [None] * len(pairs)
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futures = {pool.submit(_worker, str(t.path), str(g.path), policy.thresholds, shape_flag,
-                               replay): i
-                   for i, (t, g) in enumerate(pairs)}
-        for fut in futures:
-            i = futures[fut]
-            results[i] = fut.result()
-            bar.advance(_count_records(pairs[i][0]))
-    return results
-
-
-def _failed(result: CompareResult, fail_on: str | None) -> bool:
-    if fail_on == "divergence":
-        return result.first_divergence is not None
-    if fail_on == "error":
-        return result.counts.get(ERROR, 0) > 0
-    if fail_on == "warning":
-        return result.counts.get(ERROR, 0) + result.counts.get(WARNING, 0) > 0
-    return False
-
-
-def verdict_line(result: CompareResult) -> str:
-    """One sentence on what the compare found."""
-    fd = result.first_divergence
-    if fd is None:
-        # Statistics cannot show small errors: say so rather than claim the run is clean.
-        caveat = (" — as far as statistics can tell (see the note on their limits)"
-                  if any(r.mode == "statistics" for r in result.rows) else "")
-        if result.counts.get(ERROR, 0) or result.counts.get(WARNING, 0):
-            return ("no op is to blame: every difference is explained by the op's inputs and the "
-                    "precision of its dtype (error grows gradually)" + caveat)
-        return "no divergence: every compared tensor agrees with golden" + caveat
-    where = ""
-    if fd.location is not None:
-        where = f" — {os.path.basename(fd.location.file)}:{fd.location.line}"
-        if fd.location.code:
-            where += f" `{fd.location.code.strip()}`"
-    scope = ""
-    if fd.step is not None or fd.rank is not None:
-        scope = f" (step {fd.step}, rank {fd.rank})"
-    return f"{fd.name}{scope}: {fd.reason}{where}"
-
-
-class _Progress:
-    """A rich progress bar on stderr that appears only when the compare is slow enough to need one."""
-
-    DELAY_S = 1.5
-
-    def __init__(self, total: int, mode: bool | None):
-        self.total, self.mode = total, mode
-        self.done = 0
-        self.start = time.monotonic()
-        self.bar = None
-        self.task = None
-
-    def __enter__(self):
-        if self.mode is True:
-            self._open()
-        return self
-
-    def _open(self):
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
-
-        self.bar = Progress("[progress.description]{task.description}", BarColumn(),
-                            MofNCompleteColumn(), TimeRemainingColumn(),
-                            console=Console(stderr=True), transient=True)
-        self.bar.start()
-        self.task = self.bar.add_task("comparing ops", total=self.total or None,
-                                      completed=self.done)
-
-    def advance(self, n: int = 1) -> None:
-        self.done += n
-        if self.bar is None:
-            if (self.mode is None and sys.stderr.isatty()
-                    and time.monotonic() - self.start > self.DELAY_S):
-                self._open()
-            return
-        self.bar.update(self.task, completed=self.done)
-
-    def __exit__(self, *exc):
-        if self.bar is not None:
-            self.bar.stop()
-        return False
-
-
-__all__ = ["compare", "compare_pair", "pair_dumps", "verdict_line", "MIN_PAIRED_FRACTION"]
+__all__ = ["compare_pair", "one_thread", "check_replay", "REPLAY_MODES", "MIN_PAIRED_FRACTION"]

@@ -1,6 +1,6 @@
 """An op's own (local) error, measured by re-running it on the target's own data.
 
-    from opdiff.replay.local import replay_record
+    from opdiff.comparison.replay.local import replay_record
     local = replay_record(record, dump.tensor, forward_record=None)
     local.culprit, local.describe()
 
@@ -20,7 +20,7 @@ float64 is well above that reference kernel's:
     random:  err_t > ratio * err_ref + tolerance(dtype) / 10
 
 err is the relative L2 error and s the scale error <t,e>/<e,e> - 1 against the float64 result
-(see `opdiff.compare.metrics`). ratio = 3 follows `torch._dynamo.utils.same` for reduced
+(see `opdiff.comparison.metrics`). ratio = 3 follows `torch._dynamo.utils.same` for reduced
 precision (RMSE within 3x the reference's, plus tol/10). A wrong scale (a broken kernel off by
 1%) shows fully in s_t while rounding noise averages out of it, by about err / sqrt(n): hence
 the second rule, which finds a 1e-2 scale fault in a bf16 op whose rounding error alone is
@@ -39,7 +39,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..store.records import iter_tensors
+from ...store.records import iter_tensors
 from .calls import NotReplayable, flat_descriptors, flat_tensors, rebuild_call
 
 RATIO = 3.0
@@ -121,7 +121,7 @@ def _fmt(x: float) -> str:
 def judge_tensor(name: str, target: torch.Tensor, exact: torch.Tensor, reference: torch.Tensor,
                  policy) -> TensorLocalError:
     """Compare one target tensor and the reference kernel's with the float64 result."""
-    from ..compare.metrics import measure
+    from ..metrics import measure
 
     dtype = str(target.dtype).replace("torch.", "")
     n = target.numel()

@@ -5,15 +5,15 @@ anything its inputs inherited, shows only when the op is re-run on exactly the i
 gave it. A healthy bf16 run's gradients may differ from fp32 golden by 10% or more after a few
 BatchNorm backwards, hiding a kernel that is off by 1%; replayed, that kernel stands out.
 
-    from opdiff.replay import Replayer
+    from opdiff.comparison.replay import Replayer
     from opdiff.store.reader import open_dump
     dump = open_dump("./dump/bf16/step0/rank0")          # needs task="tensor"
     replayer = Replayer(dump)
     local = replayer.judge("Functional.batch_norm.1.backward")
     local.culprit, local.describe()
 
-The compare engine calls this for the ops it needs (see `opdiff.compare.divergence`); the rules
-are in `opdiff.replay.local`, the call rebuilding in `opdiff.replay.calls`.
+The compare engine calls this for the ops it needs (see `opdiff.comparison.divergence`); the rules
+are in `opdiff.comparison.replay.local`, the call rebuilding in `opdiff.comparison.replay.calls`.
 """
 from __future__ import annotations
 
@@ -33,12 +33,12 @@ class Replayer:
     """Replays records of one opened dump on demand and remembers the verdicts.
 
     records: the dump's records when already read (saves reading records.jsonl again).
-    policy: an `opdiff.compare.verdicts.Policy` for the dtype tolerances (default thresholds).
+    policy: an `opdiff.comparison.verdicts.Policy` for the dtype tolerances (default thresholds).
     """
 
     def __init__(self, dump, records: Optional[list] = None, policy=None):
         if policy is None:
-            from ..compare.verdicts import Policy
+            from ..verdicts import Policy
             policy = Policy()
         self.dump, self.policy = dump, policy
         self.records = {r["name"]: r for r in (records if records is not None else dump.records())}

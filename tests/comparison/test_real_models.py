@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 
 
 # The models and the dump step are shared with the replay tests.
-sys.path.insert(0, str(Path(__file__).parents[1] / "replay"))
+sys.path.insert(0, str(Path(__file__).parent / "replay"))
 import replay_models  # noqa: E402
 from replay_models import run  # noqa: E402
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from opdiff.compare.metrics import measure, stats_measure, tensor_metrics
-from opdiff.compare.result import METRICS
+from opdiff.comparison.metrics import measure, stats_measure, tensor_metrics
+from opdiff.comparison.result import METRICS
 
 
 def msprobe_reference(n: np.ndarray, b: np.ndarray) -> dict:

@@ -1,6 +1,6 @@
 """How far a target tensor is from its golden: msprobe's metrics, computed in float64, streamed.
 
-    from opdiff.compare.metrics import tensor_metrics
+    from opdiff.comparison.metrics import tensor_metrics
     tensor_metrics(torch.randn(4, 4), torch.randn(4, 4))["Cosine"]
 
 Definitions (t = target, g = golden, d = t - g, all flattened and widened to float64):

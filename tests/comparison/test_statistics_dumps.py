@@ -15,10 +15,10 @@ import torch
 
 import opdiff
 import opdiff.testing
-from opdiff.compare.verdicts import Policy, Thresholds
+from opdiff.comparison.verdicts import Policy, Thresholds
 from opdiff.errors import ConfigError
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "replay"))
+sys.path.insert(0, str(Path(__file__).parent / "replay"))
 from replay_models import make  # noqa: E402  (the models the replay tests use)
 
 MODELS = ("cnn", "lstm", "transformer")

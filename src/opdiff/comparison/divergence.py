@@ -2,7 +2,7 @@
 
 The first divergence is, in execution order, the first op whose inputs agree with golden but
 whose outputs do not. "Agree" is judged relative to the error the output shows (rules and numbers
-in `opdiff.compare.verdicts`): an op whose output error is an order of magnitude above what its
+in `opdiff.comparison.verdicts`): an op whose output error is an order of magnitude above what its
 inputs carry, and beyond what its dtype can explain, made that error itself (local error); an op
 whose output error is of the order of its input error only inherits it (accumulated error).
 
@@ -22,7 +22,7 @@ whose output error is of the order of its input error only inherits it (accumula
   exception: `masked_fill(mask, torch.finfo(dtype).min)` writes -65504 in fp16 and -3.4e38 in
   fp32 on purpose, and an op whose arguments differ only so is not named for its output.
 
-When the target dump holds its tensors, replay (`opdiff.replay`) is a second, independent
+When the target dump holds its tensors, replay (`opdiff.comparison.replay`) is a second, independent
 opinion: the op re-run in float64 on the target's own inputs gives its own error, free of
 anything inherited, and a CPU kernel of the target's dtype on the same inputs says how much of
 that error the dtype explains. Replay confirms the comparison's culprit, clears it (its own
@@ -33,7 +33,7 @@ that is off by 1%. See `_second_opinion` for which ops get replayed.
 With statistics alone (task="statistics": max, min, mean, norm, and no replay), every error
 measured is a lower bound, the inputs' most of all: rounding noise averages out of their norms
 and means, so "the inputs agree" cannot be established. An op is then blamed only for an error
-above the statistics floors of `opdiff.compare.verdicts` (what a healthy bf16 run showed, with
+above the statistics floors of `opdiff.comparison.verdicts` (what a healthy bf16 run showed, with
 margin), and `statistics_limits` writes the note that says what that leaves unseen.
 
 Besides picking the culprit, the analysis rewrites each row's verdict: an output beyond its
@@ -74,7 +74,7 @@ class OpScore:
     worst_in: Optional[int] = None
     error_in: float = 0.0
     scale_in: float = 0.0
-    replay: Any = None          # opdiff.replay.LocalError once the op was replayed
+    replay: Any = None          # opdiff.comparison.replay.LocalError once the op was replayed
     paired: bool = True         # False: only the target has this op (judged by replay alone)
     arg_diffs: list = field(default_factory=list)   # number arguments that differ, as text
     const_diffs: list = field(default_factory=list)  # ... that are dtype limits (finfo.min)
@@ -177,7 +177,7 @@ def _noise_fraction(policy, numel: int) -> float:
 
 def _statistics_floor(policy, tdt, gdt, run_dtype, phase: str, numel: int,
                       scale: bool = False) -> float:
-    """The least error statistics alone may blame an op for (see `opdiff.compare.verdicts`)."""
+    """The least error statistics alone may blame an op for (see `opdiff.comparison.verdicts`)."""
     return max(policy.statistics_tolerance_for(tdt, gdt, phase, numel, scale=scale),
                policy.statistics_tolerance_for(run_dtype, run_dtype, phase, numel, scale=scale))
 
@@ -327,7 +327,7 @@ def analyse(ops: list[OpScore], rows: list[TensorRow], policy, replay=None,
             replay_all: bool = False) -> Optional[Divergence]:
     """Judge every op, rewrite row verdicts in place, and return the first divergence.
 
-    replay: an `opdiff.replay.Replayer` over the target dump (needs its tensors), or None.
+    replay: an `opdiff.comparison.replay.Replayer` over the target dump (needs its tensors), or None.
     It gives a second opinion (see `_second_opinion`); replay_all replays every op it can.
     """
     by_name = {op.name: op for op in ops}
@@ -471,7 +471,7 @@ def statistics_limits(rows: list[TensorRow], policy, replayed: bool = False) -> 
     """A note on what a compare of statistics alone cannot see, or None when whole tensors
     were compared. Statistics hide most of an input's error (random rounding noise averages out
     of a norm or a mean), so an op is blamed only for errors above the floors of
-    `opdiff.compare.verdicts` (`statistics_tolerance`); smaller ones stay unnamed."""
+    `opdiff.comparison.verdicts` (`statistics_tolerance`); smaller ones stay unnamed."""
     paired = [r for r in rows if r.result != UNMATCHED]
     stats = [r for r in paired if r.mode == "statistics"]
     if not stats:

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from opdiff.compare.verdicts import Policy
-from opdiff.replay.local import judge_tensor
+from opdiff.comparison.verdicts import Policy
+from opdiff.comparison.replay.local import judge_tensor
 
 
 def _bf16_operands(k=4096, seed=0):

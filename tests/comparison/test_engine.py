@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import opdiff
-from opdiff.compare.engine import compare, compare_pair
+from opdiff.api import compare
+from opdiff.comparison.pair import compare_pair
 from opdiff.errors import DumpError
 from opdiff.store.adapters import discover
 
@@ -240,7 +241,7 @@ def test_dtype_limits_as_arguments_are_no_difference(tmp_path, task):
 
 
 def test_differing_epsilons_are_reported_and_dtype_limits_set_apart():
-    from opdiff.compare.divergence import differing_numbers
+    from opdiff.comparison.divergence import differing_numbers
 
     def rec(*values, **kwargs):
         return {"name": "Torch.op.0.forward", "inputs": [{"type": "float", "value": v} for v in values],

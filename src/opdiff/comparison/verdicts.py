@@ -3,7 +3,7 @@
 Errors are judged against what the *lower* precision of the pair can represent: a bf16 tensor
 compared with an fp32 golden is judged by bf16's resolution, never flagged for the dtype change.
 
-Default tolerances (relative L2 error |t - g| / |g|, see `opdiff.compare.metrics`):
+Default tolerances (relative L2 error |t - g| / |g|, see `opdiff.comparison.metrics`):
 
     dtype      agree (pass)   tolerance (error)   why
     bfloat16   8e-3           1.6e-2              unit roundoff u = 2^-8 = 3.9e-3; one rounding
@@ -17,7 +17,7 @@ Default tolerances (relative L2 error |t - g| / |g|, see `opdiff.compare.metrics
     integer    0              0                   integers and bools must be equal
 
 A tensor passes below "agree", is a warning up to "tolerance" and beyond it the verdict depends
-on where the error comes from (see `opdiff.compare.divergence`): error made by this op is an
+on where the error comes from (see `opdiff.comparison.divergence`): error made by this op is an
 `error`, error carried in by the op's inputs is a `warning`. `Accuracy Reached or Not` is `No`
 exactly when the tensor is beyond the tolerance (or its inf/NaN positions or shapes differ).
 
@@ -75,7 +75,7 @@ step 0): fp32 1e-4 faults forward and backward at every site; bf16 forward 5e-2 
 (a flipped BatchNorm output keeps its statistics: the next op is named); bf16 backward x2 at
 every site, a backward sign flip at 5, 5e-2 and 1e-2 nowhere (healthy bf16 gradients move as
 much). The compare adds a note with these limits whenever it compared statistics
-(`opdiff.compare.divergence.statistics_limits`).
+(`opdiff.comparison.divergence.statistics_limits`).
 
 Subclass `Policy` to change how tensors are judged (the ONNX compare applies msit's thresholds).
 """

@@ -1,7 +1,7 @@
 """Rebuild one recorded op call from a dump: the function from its name, the arguments from the
 descriptors and saved tensors.
 
-    from opdiff.replay.calls import rebuild_call
+    from opdiff.comparison.replay.calls import rebuild_call
     call = rebuild_call(record, dump.tensor, cast=torch.float64)
     out = call.run()
 
@@ -19,7 +19,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..store.records import decode_float
+from ...store.records import decode_float
 
 
 class NotReplayable(Exception):

@@ -1,0 +1,86 @@
+"""The public facade: what `import opdiff` users call, wired from the pipeline's stages.
+
+    import opdiff
+    with opdiff.dump(model, "./dump/cpu", level="mix", task="tensor"):
+        loss_fn(model(x), y).backward()
+    result = opdiff.compare("./dump/npu", "./dump/cpu", output_path="./out")
+    result.first_divergence      # None, or the op to blame with its source line
+
+`compare` discovers the dumps on both sides (`opdiff.store.adapters`), runs the comparison
+(`opdiff.comparison`) and writes the reports (`opdiff.report`); the stages never call each
+other backwards.
+"""
+from __future__ import annotations
+
+import logging
+
+from .capture.debugger import PrecisionDebugger, dump
+from .comparison.pair import check_replay, compare_pair
+from .comparison.result import ERROR, WARNING, CompareResult
+from .comparison.runs import count_records, merge, pair_dumps, run_pairs
+from .comparison.verdicts import Policy
+from .errors import OpdiffError
+from .report import write_outputs
+from .report.console import Progress, verdict_line
+from .store.adapters import discover
+
+log = logging.getLogger("opdiff")
+
+
+def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bool = False,
+            fail_on: str | None = None, progress: bool | None = None,
+            replay: str = "auto") -> CompareResult:
+    """Compare the target dump (the run under suspicion) with the golden (trusted) dump.
+
+    target, golden: a step/rank directory or a dump root of any format opdiff reads; with roots
+        holding several steps/ranks every (step, rank) pair is compared, ranks in parallel.
+    output_path: a directory; when given, writes compare_result_{timestamp}.csv, summary.json
+        and report.html there and lists them in `result.files`.
+    thresholds: None, a dict, a JSON file path or a `Thresholds` (see `opdiff.comparison.verdicts`).
+    shape_flag: pair ops only when their tensor shapes are equal.
+    fail_on: None, "divergence" (a first divergence was found), "error" (any error row) or
+        "warning" (any warning or error row): sets `result.failed` when it holds.
+    progress: show a progress bar on stderr: None = when stderr is a terminal and the compare
+        takes more than a second or so; True / False to force.
+    replay: how much of the target to re-run in float64 on its own saved tensors to measure
+        each op's own error (`opdiff.comparison.replay`; opdiff tensor dumps only): "auto" (default) the
+        ops the comparison suspects and, when that is a backward op or nothing, the backward
+        ops before it; "all" every op; "off" none (the comparison with golden alone).
+
+    Raises `DumpError` (an `OpdiffError`) for missing, empty or corrupt dumps and for dumps of
+    different models.
+    """
+    if fail_on not in (None, "divergence", "error", "warning"):
+        raise OpdiffError(f"fail_on must be None, 'divergence', 'error' or 'warning', not {fail_on!r}")
+    check_replay(replay)
+    policy = Policy(thresholds)
+    targets, goldens = discover(target), discover(golden)
+    pairs, notes = pair_dumps(targets, goldens)
+    total = sum(count_records(t) for t, _ in pairs)
+    with Progress(total, progress) as bar:
+        results = run_pairs(pairs, policy, shape_flag=shape_flag, replay=replay, tick=bar.advance)
+    result = merge(str(target), str(golden), results, notes)
+    for note in notes:
+        log.warning("opdiff: %s", note)
+    result.verdict = verdict_line(result)
+    result.failed = _failed(result, fail_on)
+    if output_path is not None:
+        result.files = write_outputs(result, output_path)
+    return result
+
+
+
+
+def _failed(result: CompareResult, fail_on: str | None) -> bool:
+    if fail_on == "divergence":
+        return result.first_divergence is not None
+    if fail_on == "error":
+        return result.counts.get(ERROR, 0) > 0
+    if fail_on == "warning":
+        return result.counts.get(ERROR, 0) + result.counts.get(WARNING, 0) > 0
+    return False
+
+
+
+
+__all__ = ["compare", "compare_pair", "dump", "PrecisionDebugger"]
