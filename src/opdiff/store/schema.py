@@ -1,0 +1,229 @@
+"""The record schema: kinds, phases, the record's fields, and the grammar of record names.
+
+Every stage speaks this: capture builds names with `RecordName(...).text`, the adapters turn
+foreign names into it, the comparison, overflow and report parse names with `RecordName.parse`.
+Nothing else builds a name with an f-string or takes one apart with a regex.
+
+Name forms (msprobe's scheme, which Ascend users read fluently)::
+
+    Functional.conv2d.0.forward               api / aten: {op}.{index}.{phase}
+    Module.layer1.0.conv1.Conv2d.forward.0    module:     {op}.{phase}.{index}, op = Module.{path}.{Class}
+    Module.fc.Linear.parameters_grad.0        param_grad: {op}.parameters_grad.{index}
+    Tensor___iadd___0_forward                 ptdbg_ascend's legacy form (parsed, never written)
+
+Tensor names add a role and a slot: `Functional.conv2d.0.forward.input.0`,
+`Module.fc.Linear.forward.0.parameters.weight`, `Module.fc.Linear.parameters_grad.0.weight`.
+
+    >>> RecordName.parse("Module.fc.Linear.forward.0")
+    RecordName(op='Module.fc.Linear', phase='forward', index=0, kind='module')
+    >>> RecordName("Tensor.__iadd__", "forward", 3).text
+    'Tensor.__iadd__.3.forward'
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, List, Optional, TypedDict
+
+
+class Kind:
+    """What a record is a call of."""
+    API = "api"                 # a torch API call (L1)
+    MODULE = "module"           # an nn.Module call (L0)
+    ATEN = "aten"               # an aten op (L2)
+    PARAM_GRAD = "param_grad"   # a module's parameter gradients
+    NODE = "node"               # an ONNX graph node
+
+    ALL = (API, MODULE, ATEN, PARAM_GRAD, NODE)
+    REPLAYABLE = (API, ATEN)    # modules and parameter gradients are made of other ops
+
+
+class Phase:
+    FORWARD = "forward"
+    BACKWARD = "backward"
+
+    ALL = (FORWARD, BACKWARD)
+
+
+class Role:
+    """Where a tensor sits in its record (the middle word of a tensor name)."""
+    INPUT = "input"
+    OUTPUT = "output"
+    PARAMETERS = "parameters"
+
+
+class Record(TypedDict, total=False):
+    """One line of records.jsonl (a plain dict at run time: no cost on capture's hot path).
+
+    Descriptors are documented in `opdiff.store.records`.
+    """
+    seq: int                    # execution order within this step/rank
+    name: str                   # RecordName text, unique within the step
+    op: str                     # the name without counter and phase
+    kind: str                   # Kind
+    phase: str                  # Phase
+    module: Optional[str]       # the enclosing module call's name
+    inputs: List[dict]          # backward: gradients w.r.t. the forward outputs
+    kwargs: dict
+    outputs: List[dict]         # backward: gradients w.r.t. the forward inputs
+    parameters: dict            # module calls and param_grad records
+    stack: Optional[int]        # id into stacks.jsonl
+    forward: str                # backward records: their forward record's name
+    error: str                  # capture failed partly for this op
+
+
+PARAM_GRAD_WORD = "parameters_grad"
+_PHASES = "|".join(Phase.ALL)
+_API = re.compile(rf"^(?P<op>.+)\.(?P<index>\d+)\.(?P<phase>{_PHASES})$")
+_MODULE = re.compile(rf"^(?P<op>Module\..+)\.(?P<phase>{_PHASES})\.(?P<index>\d+)$")
+_PARAM_GRAD = re.compile(rf"^(?P<op>.+)\.{PARAM_GRAD_WORD}\.(?P<index>\d+)$")
+_LEGACY = re.compile(r"^(?P<prefix>Tensor|Torch|Functional|VF|NPU|Distributed|Aten)_(?P<api>.+?)_"
+                     rf"(?:(?P<index>\d+)_)?(?P<phase>{_PHASES})$")
+_PARAM_GRAD_TENSOR = re.compile(rf"^(?P<record>.+\.{PARAM_GRAD_WORD}\.\d+)\.(?P<slot>.+)$")
+_TENSOR = re.compile(r"^(?P<record>.+?)\.(?P<role>input|output|parameters)\.(?P<slot>.+)$")
+
+
+@dataclass(frozen=True)
+class RecordName:
+    """A record name taken apart: op, phase, per-name call index and kind."""
+    op: str
+    phase: str = Phase.FORWARD
+    index: int = 0
+    kind: str = Kind.API
+
+    @property
+    def text(self) -> str:
+        """The name as dumps spell it."""
+        if self.kind == Kind.PARAM_GRAD:
+            return f"{self.op}.{PARAM_GRAD_WORD}.{self.index}"
+        if self.kind == Kind.MODULE:
+            return f"{self.op}.{self.phase}.{self.index}"
+        return f"{self.op}.{self.index}.{self.phase}"
+
+    def __str__(self) -> str:
+        return self.text
+
+    @classmethod
+    def parse(cls, name: str) -> Optional["RecordName"]:
+        """The parts of any name form above, or None for a name of no known form."""
+        m = _PARAM_GRAD.match(name)
+        if m:
+            return cls(m["op"], Phase.BACKWARD, int(m["index"]), Kind.PARAM_GRAD)
+        m = _MODULE.match(name)
+        if m:
+            return cls(m["op"], m["phase"], int(m["index"]), Kind.MODULE)
+        m = _API.match(name)
+        if m:
+            kind = Kind.ATEN if m["op"].startswith("Aten.") else Kind.API
+            return cls(m["op"], m["phase"], int(m["index"]), kind)
+        m = _LEGACY.match(name)
+        if m:
+            return cls(f"{m['prefix']}.{m['api']}", m["phase"], int(m["index"] or 0), Kind.API)
+        return None
+
+    def with_phase(self, phase: str) -> "RecordName":
+        """The same call in the other phase (a backward record's forward, say)."""
+        kind = Kind.MODULE if self.kind == Kind.PARAM_GRAD else self.kind
+        return RecordName(self.op, phase, self.index, kind)
+
+    @property
+    def without_index(self) -> str:
+        """The name with its call counter dropped (`Functional.relu.forward`): what a `list`
+        entry written without a counter matches."""
+        if self.kind == Kind.PARAM_GRAD:
+            return f"{self.op}.{PARAM_GRAD_WORD}"
+        return f"{self.op}.{self.phase}"
+
+
+def record_name(op: str, phase: str, index: int, kind: str = Kind.API) -> str:
+    """`RecordName(op, phase, index, kind).text`, for the hot path."""
+    if kind == Kind.MODULE:
+        return f"{op}.{phase}.{index}"
+    if kind == Kind.PARAM_GRAD:
+        return f"{op}.{PARAM_GRAD_WORD}.{index}"
+    return f"{op}.{index}.{phase}"
+
+
+def legacy_to_dotted(name: str) -> str:
+    """ptdbg_ascend's `Tensor___iadd___0_forward` -> `Tensor.__iadd__.0.forward`; other names
+    unchanged (a legacy name without a counter keeps none: `Tensor.__iadd__.forward`)."""
+    m = _LEGACY.match(name)
+    if not m:
+        return name
+    if m["index"] is None:
+        return f"{m['prefix']}.{m['api']}.{m['phase']}"
+    return f"{m['prefix']}.{m['api']}.{m['index']}.{m['phase']}"
+
+
+def tensor_name(record: str, role: str, slot: Any) -> str:
+    """`Functional.conv2d.0.forward.input.0`; a param_grad record's tensors take no role word
+    (`Module.fc.Linear.parameters_grad.0.weight`)."""
+    if role == Role.PARAMETERS and _PARAM_GRAD.match(record):
+        return f"{record}.{slot}"
+    return f"{record}.{role}.{slot}"
+
+
+def split_tensor_name(name: str) -> tuple[str, Optional[str], Optional[str]]:
+    """(record name, role, slot) of a tensor name; role and slot None when the name has none."""
+    m = _PARAM_GRAD_TENSOR.match(name)
+    if m:
+        return m["record"], Role.PARAMETERS, m["slot"]
+    m = _TENSOR.match(name)
+    if not m:
+        return name, None, None
+    return m["record"], m["role"], m["slot"]
+
+
+def module_path(op: str) -> str:
+    """`Module.layer1.0.conv1.Conv2d` -> `layer1.0.conv1` (the FQN `named_modules()` gives;
+    "" for the root module)."""
+    parts = op.split(".")
+    if parts[:1] != ["Module"]:
+        return ""
+    return ".".join(parts[1:-1])
+
+
+def module_class(op: str) -> str:
+    """`Module.layer1.0.conv1.Conv2d` -> `Conv2d`."""
+    return op.rsplit(".", 1)[-1] if op.startswith("Module.") else ""
+
+
+def module_op(path: str, cls: str) -> str:
+    """The op of a module call: `Module.{path}.{Class}` (`Module.{Class}` for the root)."""
+    return f"Module.{path}.{cls}" if path else f"Module.{cls}"
+
+
+def param_grad_links(name: str) -> list[str]:
+    """The module calls a `...parameters_grad.N` record was computed from: its forward and
+    backward call (dW = f(forward input, grad of forward output)); [] for other names."""
+    parsed = RecordName.parse(name)
+    if parsed is None or parsed.kind != Kind.PARAM_GRAD:
+        return []
+    return [parsed.with_phase(Phase.FORWARD).text, parsed.with_phase(Phase.BACKWARD).text]
+
+
+@dataclass(frozen=True)
+class Location:
+    """The user's source line for an op (innermost frame outside torch and opdiff)."""
+    file: str
+    line: int
+    code: str = ""
+    function: str = ""
+
+
+def locations_from_frames(frames) -> tuple:
+    """Location tuple from stored frames ({"file", "line", "code", "function"}), innermost first;
+    malformed frames are skipped."""
+    out = []
+    for f in frames or ():
+        try:
+            out.append(Location(file=str(f.get("file", "")), line=int(f.get("line") or 0),
+                                code=str(f.get("code") or ""), function=str(f.get("function") or "")))
+        except (TypeError, ValueError, AttributeError):
+            continue
+    return tuple(out)
+
+
+__all__ = ["Kind", "Phase", "Role", "Record", "RecordName", "record_name", "legacy_to_dotted",
+           "tensor_name", "split_tensor_name", "module_path", "module_class", "module_op",
+           "param_grad_links", "Location", "locations_from_frames", "PARAM_GRAD_WORD"]
