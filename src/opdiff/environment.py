@@ -58,17 +58,35 @@ def _safe(fn):
         return None
 
 
-# Keys that differ between any two runs and say nothing about numerics.
+# Keys that differ between any two runs and say nothing about numerics (the dump paths are
+# on the command line, so argv always differs).
 _NOISE = {"argv"}
+_MISSING = "(absent)"
 
 
-def diff(target: dict, golden: dict) -> list[dict]:
-    """[{"key", "target", "golden"}] for every fingerprint entry that differs, sorted by key."""
+def _flatten(value, prefix: str = "") -> dict:
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: value}
+
+
+def diff(target: dict | None, golden: dict | None) -> list[dict]:
+    """[{"key", "target", "golden"}] for every fingerprint entry that differs, keys dotted
+    (`devices.0`), sorted by key; noise (argv) left out; "(absent)" where one side lacks it."""
+    t, g = _flatten(target or {}), _flatten(golden or {})
     out = []
-    for key in sorted(set(target) | set(golden)):
-        if key in _NOISE:
+    for key in sorted(set(t) | set(g)):
+        if key.split(".", 1)[0] in _NOISE:
             continue
-        a, b = target.get(key), golden.get(key)
+        a, b = t.get(key, _MISSING), g.get(key, _MISSING)
         if a != b:
             out.append({"key": key, "target": a, "golden": b})
     return out
+
+
+def diff_meta(target_meta: dict | None, golden_meta: dict | None) -> list[dict]:
+    """`diff` of the fingerprints two dumps' meta.json hold ([] when neither has one)."""
+    return diff((target_meta or {}).get("environment"), (golden_meta or {}).get("environment"))

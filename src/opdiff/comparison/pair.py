@@ -19,7 +19,7 @@ from ..errors import DumpError, OpdiffError
 from ..store.records import decoded_stats, iter_tensors
 from .align import align
 from .divergence import OpScore, analyse, count, differing_numbers, statistics_limits
-from .envdiff import environment_diff
+from ..environment import diff_meta
 from .metrics import Measurement, measure, stats_measure
 from .result import ERROR, PASS, UNMATCHED, WARNING, CompareResult, Location, TensorRow
 from .verdicts import Policy
@@ -114,7 +114,7 @@ class _PairCompare:
         return CompareResult(
             target=str(self.t.path), golden=str(self.g.path), rows=self.rows,
             first_divergence=divergence, counts=count(self.rows),
-            environment_diff=environment_diff(self.t.meta, self.g.meta),
+            environment_diff=diff_meta(self.t.meta, self.g.meta),
             step=self.t.step, rank=self.t.rank, notes=notes)
 
     def _replayer(self, t_records: list):
