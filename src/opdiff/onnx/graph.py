@@ -14,10 +14,9 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from ..comparison.result import Location
+from ..store.frames import is_internal
+from ..store.schema import Location
 
-# Frames inside these directories are library code, not the user's line.
-_LIBRARY_PATH = re.compile(r"[/\\](site-packages|dist-packages)[/\\]|[/\\]lib[/\\]python3\.\d+[/\\]")
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)(?:, in (?P<func>\S+))?\n?(?P<code>[^\n]*)')
 
 
@@ -83,7 +82,7 @@ class GraphIndex:
         return scope_from_node_name(node.name)
 
     def location_of(self, node) -> Optional[Location]:
-        """Source line from the dynamo exporter's stack trace: the innermost frame outside libraries."""
+        """Source line from the dynamo exporter's stack trace: the innermost frame of user code."""
         return location_from_stack_trace(self.metadata(node).get("pkg.torch.onnx.stack_trace", ""))
 
 
@@ -108,14 +107,11 @@ def location_from_stack_trace(text: str) -> Optional[Location]:
     frames = [m for m in _FRAME.finditer(text or "")]
     if not frames:
         return None
-    user = [m for m in frames if not _LIBRARY_PATH.search(m.group("file"))]
+    # the one "user code" predicate of opdiff: torch, the tools and the standard library are not
+    user = [m for m in frames if not is_internal(m.group("file"))]
     m = (user or frames)[-1]
     return Location(file=m.group("file"), line=int(m.group("line")), code=m.group("code").strip(),
                     function=m.group("func") or "")
-
-
-def is_library_file(path: str) -> bool:
-    return bool(_LIBRARY_PATH.search(path))
 
 
 def _unique_names(nodes) -> dict:

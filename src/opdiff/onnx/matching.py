@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..comparison.result import Location
+from ..store.schema import Location
 from .graph import GraphIndex
 
 ACTIVATIONS = ("Relu", "Clip")

@@ -23,10 +23,11 @@ from typing import Optional
 
 import numpy as np
 
-from ..comparison.result import Location
+from ..store.frames import is_internal
+from ..store.schema import Location
 from .deps import OnnxError, require
 from .dumping import OnnxDump
-from .graph import GraphIndex, is_library_file
+from .graph import GraphIndex
 from .inputs import PreparedInputs, prepare_inputs
 from .matching import RULE_BATCHNORM, RULE_NAME, RULE_TORCH, Matching, TensorPair
 from .metrics import MsitThresholds
@@ -143,8 +144,6 @@ def run_torch(module, args: list) -> list:
 
 
 def _user_frame() -> Optional[Location]:
-    from ..capture.stacks import is_internal   # one notion of "the user's code" for all of opdiff
-
     for frame in reversed(traceback.extract_stack()[:-2]):
         if not is_internal(frame.filename):
             return Location(frame.filename, frame.lineno or 0, (frame.line or "").strip(), frame.name)
@@ -209,7 +208,7 @@ def match_modules(t: GraphIndex, available, calls: list, module_paths: set) -> M
     for pos, _, c, tensor, rule in sorted(candidates, key=lambda x: (x[0], x[1])):
         used.add(tensor)
         location = t.location_of(t.producer[tensor]) if tensor in t.producer else None
-        if location is None or is_library_file(location.file):
+        if location is None or is_internal(location.file):
             location = c.location
         matching.pairs.append(TensorPair(c.tensor_name, tensor, rule, "output", pos, c.record_name,
                                          c.cls, c.path or "(model)", location))
