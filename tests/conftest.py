@@ -22,6 +22,7 @@ Usage in a test:
 from __future__ import annotations
 
 import collections
+import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -232,3 +233,16 @@ def tiny_model(request) -> ModelCase:
 def dump_root(tmp_path):
     """A dump_path that does not exist yet (opdiff creates it)."""
     return tmp_path / "dump"
+
+
+# CI sets OPDIFF_REQUIRE_BROWSER=1: there a browser test that skips because chromium is missing
+# is a failure, so a broken install step cannot hide behind a skip.
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and os.environ.get("OPDIFF_REQUIRE_BROWSER") == "1":
+        reason = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        if "chromium" in reason.lower():
+            report.outcome = "failed"
+            report.longrepr = f"OPDIFF_REQUIRE_BROWSER=1 but the browser test was skipped: {reason}"
