@@ -73,14 +73,24 @@ class Record(TypedDict, total=False):
 
 
 PARAM_GRAD_WORD = "parameters_grad"
+# The namespaces of API names (`Functional.conv2d`); ptdbg_ascend's underscore form starts with one.
+API_PREFIXES = ("Tensor", "Torch", "Functional", "VF", "NPU", "Distributed", "Aten")
+# Module calls: `Module.` (PyTorch); msprobe names MindSpore's modules `Cell.`.
+MODULE_PREFIXES = ("Module", "Cell")
 _PHASES = "|".join(Phase.ALL)
+_ROLES = "input|output|parameters"
 _API = re.compile(rf"^(?P<op>.+)\.(?P<index>\d+)\.(?P<phase>{_PHASES})$")
-_MODULE = re.compile(rf"^(?P<op>Module\..+)\.(?P<phase>{_PHASES})\.(?P<index>\d+)$")
+_MODULE = re.compile(rf"^(?P<op>(?:{'|'.join(MODULE_PREFIXES)})\..+)\.(?P<phase>{_PHASES})\.(?P<index>\d+)$")
 _PARAM_GRAD = re.compile(rf"^(?P<op>.+)\.{PARAM_GRAD_WORD}\.(?P<index>\d+)$")
-_LEGACY = re.compile(r"^(?P<prefix>Tensor|Torch|Functional|VF|NPU|Distributed|Aten)_(?P<api>.+?)_"
+_LEGACY = re.compile(rf"^(?P<prefix>{'|'.join(API_PREFIXES)})_(?P<api>.+?)_"
                      rf"(?:(?P<index>\d+)_)?(?P<phase>{_PHASES})$")
 _PARAM_GRAD_TENSOR = re.compile(rf"^(?P<record>.+\.{PARAM_GRAD_WORD}\.\d+)\.(?P<slot>.+)$")
-_TENSOR = re.compile(r"^(?P<record>.+?)\.(?P<role>input|output|parameters)\.(?P<slot>.+)$")
+# A tensor of a named call: the record part ends in its counter and phase, so a module path
+# with a part named like a role (BERT's `layer.0.output.dense`) stays in the record.
+_CALL_TENSOR = re.compile(rf"^(?P<record>.+?\.(?:\d+\.(?:{_PHASES})|(?:{_PHASES})\.\d+))"
+                          rf"\.(?P<role>{_ROLES})\.(?P<slot>.+)$")
+# Any other record (an ONNX node `/conv1/Conv`): the first role word splits.
+_TENSOR = re.compile(rf"^(?P<record>.+?)\.(?P<role>{_ROLES})\.(?P<slot>.+)$")
 
 
 @dataclass(frozen=True)
@@ -102,6 +112,14 @@ class RecordName:
 
     def __str__(self) -> str:
         return self.text
+
+    @property
+    def record_op(self) -> str:
+        """The record's `op` field: the op, except that a parameter-gradient record's op keeps
+        the word (`Module.fc.Linear.parameters_grad`, as capture and msprobe write it)."""
+        if self.kind == Kind.PARAM_GRAD:
+            return f"{self.op}.{PARAM_GRAD_WORD}"
+        return self.op
 
     @classmethod
     def parse(cls, name: str) -> Optional["RecordName"]:
@@ -168,7 +186,7 @@ def split_tensor_name(name: str) -> tuple[str, Optional[str], Optional[str]]:
     m = _PARAM_GRAD_TENSOR.match(name)
     if m:
         return m["record"], Role.PARAMETERS, m["slot"]
-    m = _TENSOR.match(name)
+    m = _CALL_TENSOR.match(name) or _TENSOR.match(name)
     if not m:
         return name, None, None
     return m["record"], m["role"], m["slot"]
@@ -226,4 +244,5 @@ def locations_from_frames(frames) -> tuple:
 
 __all__ = ["Kind", "Phase", "Role", "Record", "RecordName", "record_name", "legacy_to_dotted",
            "tensor_name", "split_tensor_name", "module_path", "module_class", "module_op",
-           "param_grad_links", "Location", "locations_from_frames", "PARAM_GRAD_WORD"]
+           "param_grad_links", "Location", "locations_from_frames", "PARAM_GRAD_WORD",
+           "API_PREFIXES", "MODULE_PREFIXES"]
