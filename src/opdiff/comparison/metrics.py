@@ -3,29 +3,11 @@
     from opdiff.comparison.metrics import tensor_metrics
     tensor_metrics(torch.randn(4, 4), torch.randn(4, 4))["Cosine"]
 
-Definitions (t = target, g = golden, d = t - g, all flattened and widened to float64):
-
-- Cosine: <t,g> / (|t| |g|). Both norms <= eps: 1.0; one of them <= eps: NaN. Rounded to 6
-  decimals above 0.9999. Not defined for 0-d or one-element tensors (None). (msprobe)
-- RMSE: sqrt(mean(d^2)).
-- MAPE: 100 * mean(|d| / |g|) over the elements where g != 0 (percent).
-- MaxAbsErr: max |d|. (msprobe)
-- MaxRelativeErr: max |d| / |g|, where positions with g == 0 get eps added to both t and g
-  first, exactly as msprobe's `get_relative_err` does. (msprobe)
-- MeanRelativeErr: mean over all elements of |d| / |g|, counting 0 where |g| <= eps (msaccucmp MRE).
-- RelEuclideanDistance: sqrt(sum d^2 / sum g^2); 0 when |g| <= eps (msaccucmp RED).
-- KLD: both tensors min-max scaled to [0, 1], clamped to >= 1e-8, normalised to sum 1;
-  sum p log(p / q) with p = target, q = golden (msaccucmp's definition: shift- and scale-invariant).
-- One / Five Thousandth(s) Err Ratio: fraction of elements whose relative error (as in
-  MaxRelativeErr) is below 0.001 / 0.005; 1.0 means identical. Not defined for 0-d tensors. (msprobe)
+The metrics and their definitions are `opdiff.comparison.metric_table`'s; this module computes
+their partial sums on torch. `opdiff.comparison.metrics_numpy` is the same on numpy arrays.
 
 NaN and Inf at identical positions (same kind, same sign) are set to 0 on both sides before
 measuring; if they sit at different positions every metric is NaN and the message says so.
-
-Besides the CSV metrics, `measure` returns the two numbers verdicts use, both immune to
-near-zero elements: `error` = |d| / max(|t|, |g|) (relative L2 error; 0 for two zero tensors,
-1 when only one side is zero) and `scale_error` = <t,g>/<g,g> - 1 (the systematic part of the
-error: a wrong scale shows here fully while independent rounding noise averages out).
 
 Throughput: each pair is swept once in chunks of 128K elements (a few MB of float64 buffers,
 allocated once per thread). A chunk is widened to float64 once and every sum, maximum and count is
@@ -44,43 +26,26 @@ import math
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from .result import METRICS
+from .metric_table import (CLOSE_COARSE, CLOSE_FINE, EPS, KL_FLOOR, PARTIAL_NAMES, STAT_METRICS,
+                           Measurement, empty, finish, fold, identical, nonfinite_mismatch)
 
 log = logging.getLogger("opdiff")
 
-EPS = float(np.finfo(np.float64).eps)
-KL_FLOOR = 1e-8
 _CHUNK = 1 << 17
 _PARALLEL_MIN = 4 * _CHUNK         # smaller pairs are not worth a thread hand-off
-
-# Statistics-only dumps (no tensors saved): msprobe's statistics-mode columns.
-STAT_METRICS = ("Max diff", "Min diff", "Mean diff", "L2norm diff",
-                "MaxRelativeErr", "MinRelativeErr", "MeanRelativeErr", "NormRelativeErr")
-
-
-@dataclass
-class Measurement:
-    """Metrics of one tensor pair plus the two error measures verdicts use."""
-    metrics: dict
-    error: float = 0.0                  # relative L2 error, see module docstring
-    scale_error: float = 0.0            # <t,g>/<g,g> - 1
-    numel: int = 0
-    mode: str = "tensor"                # "tensor" | "statistics"
-    nonfinite_mismatch: int = 0         # positions where inf/NaN differ
-    message: str = ""
-    extra: dict = field(default_factory=dict)
 
 
 def _as_torch(x: Any) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
         return x.detach().cpu()
-    return torch.from_numpy(np.ascontiguousarray(x))
+    x = np.asarray(x)
+    # (np.ascontiguousarray would turn a 0-d array into a 1-d one)
+    return torch.from_numpy(x if x.flags.c_contiguous else np.ascontiguousarray(x))
 
 
 def _widen(x: torch.Tensor) -> torch.Tensor:
@@ -94,19 +59,15 @@ def tensor_metrics(target, golden) -> dict:
     return measure(target, golden).metrics
 
 
-def _empty_metrics(value=None) -> dict:
-    return {k: value for k in METRICS}
-
-
 def measure(target, golden) -> Measurement:
-    """Compare two tensors of the same shape. See the module docstring for every definition."""
+    """Compare two tensors of the same shape (definitions: `opdiff.comparison.metric_table`)."""
     t, g = _as_torch(target), _as_torch(golden)
     if tuple(t.shape) != tuple(g.shape):
         raise ValueError(f"shapes differ: {tuple(t.shape)} vs {tuple(g.shape)}")
     scalar = t.dim() == 0
     n = t.numel()
     if n == 0:
-        return Measurement(_empty_metrics(), numel=0, message="empty tensor")
+        return empty()
     t, g = _widen(t), _widen(g)
     if t.dtype == torch.bool:
         t = t.to(torch.uint8)
@@ -116,7 +77,7 @@ def measure(target, golden) -> Measurement:
     # Fast path: bitwise-equal tensors (common in fp32-vs-fp32 runs). NaN != NaN, so a tensor
     # holding NaN never takes it.
     if t.dtype == g.dtype and torch.equal(t, g):
-        return _identical(t, scalar)
+        return identical(n, scalar)
 
     # Stream first; only when a sum comes out non-finite look for inf/NaN (saves two passes).
     m = _stream(t, g, scalar)
@@ -124,21 +85,8 @@ def measure(target, golden) -> Measurement:
         return m
     t, g, mismatch = _neutralise_nonfinite(t, g)
     if mismatch:
-        return Measurement(_empty_metrics(math.nan), error=math.inf, scale_error=math.inf,
-                           numel=n, nonfinite_mismatch=mismatch,
-                           message=f"inf/NaN at {mismatch} position(s) where the other side "
-                                   f"differs")
+        return nonfinite_mismatch(n, mismatch)
     return _stream(t, g, scalar, check=False)
-
-
-def _identical(t: torch.Tensor, scalar: bool) -> Measurement:
-    n = t.numel()
-    cos = None if scalar or n == 1 else 1.0
-    metrics = {"Cosine": cos, "RMSE": 0.0, "MAPE": 0.0, "MaxAbsErr": 0.0, "MaxRelativeErr": 0.0,
-               "MeanRelativeErr": 0.0, "RelEuclideanDistance": 0.0, "KLD": 0.0,
-               "One Thousandth Err Ratio": None if scalar else 1.0,
-               "Five Thousandths Err Ratio": None if scalar else 1.0}
-    return Measurement(metrics, numel=n)
 
 
 def _neutralise_nonfinite(t: torch.Tensor, g: torch.Tensor):
@@ -157,25 +105,6 @@ def _neutralise_nonfinite(t: torch.Tensor, g: torch.Tensor):
     return t, g, 0
 
 
-class _Sums:
-    """Sums and maxima of one tensor pair, folded chunk by chunk in chunk order."""
-
-    __slots__ = ("sd2", "stt", "sgg", "stg", "max_abs", "max_rel", "sum_rel", "sum_ape", "n_ape",
-                 "c1", "c5", "kl_s", "kl_p", "kl_q")
-
-    def __init__(self):
-        for name in self.__slots__:
-            setattr(self, name, 0)
-
-    def fold(self, chunk: tuple) -> None:
-        """Add one chunk's values (a tuple in `__slots__` order)."""
-        for name, value in zip(self.__slots__, chunk):
-            if name.startswith("max_"):
-                setattr(self, name, max(getattr(self, name), value))
-            else:
-                setattr(self, name, getattr(self, name) + value)
-
-
 class _Scratch(threading.local):
     """Per-thread float64 work buffers of one chunk, allocated once: no page faults per tensor.
 
@@ -192,10 +121,13 @@ class _Scratch(threading.local):
 _SLOTS = ("sd2", "stt", "sgg", "stg", "dmin", "dmax", "gmin_abs", "sum", "max_rel", "c5", "c1",
           "kl_p", "kl_q", "kl_s")
 _scratch = _Scratch()
+# Partials whose overflow to inf/NaN says the data hold inf/NaN (then they are looked for).
+_FINITE_CHECK = tuple(PARTIAL_NAMES.index(k) for k in ("sd2", "stt", "sgg"))
 
 
 def _chunks(t: torch.Tensor, g: torch.Tensor, starts, kl: tuple) -> list[tuple[int, tuple]]:
-    """[(start, values)] for every chunk start taken from the (shared) iterator `starts`.
+    """[(start, partials)] for every chunk start taken from the (shared) iterator `starts`;
+    partials in `metric_table.PARTIAL_NAMES` order.
 
     Per chunk: widen both sides into float64 buffers once, then run each reduction on them in
     place, reusing a buffer as soon as its quantity is no longer needed (|g| becomes the
@@ -226,8 +158,8 @@ def _chunks(t: torch.Tensor, g: torch.Tensor, starts, kl: tuple) -> list[tuple[i
             zeros = _golden_zeros(a, b, d, rel)
         torch.amax(rel, out=o["max_rel"])
         # Threshold flags as 0.0/1.0 in a float64 buffer: cheaper to write and sum than bools.
-        torch.sum(torch.lt(rel, 0.005, out=d), 0, out=o["c5"])
-        torch.sum(torch.lt(rel, 0.001, out=d), 0, out=o["c1"])
+        torch.sum(torch.lt(rel, CLOSE_COARSE, out=d), 0, out=o["c5"])
+        torch.sum(torch.lt(rel, CLOSE_FINE, out=d), 0, out=o["c1"])
         p = a.sub_(tmin).mul_(t_scale).clamp_(min=KL_FLOOR)
         q = b.sub_(gmin).mul_(g_scale).clamp_(min=KL_FLOOR)
         torch.sum(p, 0, out=o["kl_p"])
@@ -275,12 +207,12 @@ def _stream(t: torch.Tensor, g: torch.Tensor, scalar: bool, check: bool = True):
     gmin, gmax = (float(v) for v in torch.aminmax(g))
     kl = (tmin, 1.0 / ((tmax - tmin) or 1.0), gmin, 1.0 / ((gmax - gmin) or 1.0))
     s = _sweep(t, g, n, kl)
-    if check and not (math.isfinite(s.stt) and math.isfinite(s.sgg) and math.isfinite(s.sd2)):
+    if check and not all(math.isfinite(s[i]) for i in _FINITE_CHECK):
         return None
-    return _finish(s, n, scalar)
+    return finish(s, n, scalar)
 
 
-def _sweep(t, g, n: int, kl: tuple) -> _Sums:
+def _sweep(t, g, n: int, kl: tuple) -> list:
     """Run the chunks on this thread and, for large pairs, on helper threads too.
 
     Torch kernels release the GIL, so threads overlap their kernels. Each thread takes the next
@@ -293,44 +225,10 @@ def _sweep(t, g, n: int, kl: tuple) -> _Sums:
     done = _chunks(t, g, starts, kl)
     for f in futures:
         done += f.result()
-    s = _Sums()
+    s = None
     for _, values in sorted(done, key=lambda item: item[0]):
-        s.fold(values)
+        s = fold(s, values)
     return s
-
-
-def _finish(s: _Sums, n: int, scalar: bool) -> Measurement:
-    norm_t, norm_g = math.sqrt(s.stt), math.sqrt(s.sgg)
-    if scalar or n == 1:
-        cosine = None
-    elif norm_t <= EPS and norm_g <= EPS:
-        cosine = 1.0
-    elif norm_t <= EPS or norm_g <= EPS:
-        cosine = math.nan
-    else:
-        cosine = min(1.0, max(-1.0, s.stg / (norm_t * norm_g)))
-        if cosine > 0.9999:
-            cosine = round(cosine, 6)
-    kld = s.kl_s / s.kl_p + math.log(s.kl_q / s.kl_p)
-    metrics = {
-        "Cosine": cosine,
-        "RMSE": math.sqrt(s.sd2 / n),
-        "MAPE": 100.0 * s.sum_ape / s.n_ape if s.n_ape else 0.0,
-        "MaxAbsErr": s.max_abs,
-        "MaxRelativeErr": s.max_rel,
-        "MeanRelativeErr": s.sum_rel / n,
-        "RelEuclideanDistance": math.sqrt(s.sd2 / s.sgg) if norm_g > EPS else 0.0,
-        "KLD": max(kld, 0.0),
-        "One Thousandth Err Ratio": None if scalar else s.c1 / n,
-        "Five Thousandths Err Ratio": None if scalar else s.c5 / n,
-    }
-    denom = max(norm_t, norm_g)
-    error = math.sqrt(s.sd2) / denom if denom > 0 else 0.0
-    if s.sgg > 0:
-        scale = (s.stg - s.sgg) / s.sgg
-    else:
-        scale = 0.0 if s.stt == 0 else 1.0
-    return Measurement(metrics, error=error, scale_error=scale, numel=n)
 
 
 # -- threads -------------------------------------------------------------------------------------
@@ -423,3 +321,6 @@ def stats_measure(target_stats: dict, golden_stats: dict, numel: int) -> Measure
         scale = 0.0
     return Measurement(metrics, error=max(errors, default=0.0), scale_error=scale, numel=numel,
                        mode="statistics")
+
+
+__all__ = ["measure", "tensor_metrics", "stats_measure", "Measurement", "STAT_METRICS"]
