@@ -3,24 +3,17 @@
 msprobe writes each frame as one string, `File /a/b.py, line 12, in forward, \\n out = f(x)`;
 ptdbg_ascend writes `[path, "12", function, code]`. Both list the innermost frame first.
 opdiff shows the user's code, so frames inside torch, the dumping tool and the Python standard
-library are dropped (when nothing is left, the stack is kept whole rather than lost).
+library are dropped (when nothing is left, the stack is kept whole rather than lost); which
+frames those are is `opdiff.store.frames.is_internal`'s answer, the same as for live frames.
 """
 from __future__ import annotations
 
 import re
 
+from ..frames import is_internal
+
 _MSPROBE_FRAME = re.compile(r"^File (?P<file>.*?), line (?P<line>\d+), in (?P<function>.*?),?\s*\n(?P<code>.*)$",
                             re.DOTALL)
-
-# Tool and framework code, wherever it was installed on the machine that made the dump.
-_INTERNAL = re.compile(
-    r"[\\/](?:site|dist)-packages[\\/](?:torch|torch_npu|msprobe|ptdbg_ascend|opdiff)[\\/]"
-    r"|[\\/]lib[\\/]python3(?:\.\d+)?[\\/](?!site-packages|dist-packages)[^\\/]+\.py$"
-    r"|^<frozen ")
-
-
-def is_internal(path: str) -> bool:
-    return bool(_INTERNAL.search(path or ""))
 
 
 def parse_msprobe_frame(text: str) -> dict | None:
