@@ -166,6 +166,8 @@ register_method("dropout", "dropout_", "alpha_dropout", "feature_alpha_dropout",
                 random=True)
 register_prefix("Distributed.", collective=True, mutates=True)
 register("Tensor.__setitem__", returns_first_argument=True)
+# writes into its first argument (an assignment, not a method ending in "_")
+register("Tensor.__setitem__", mutates=True)
 register_method("_amp_foreach_non_finite_check_and_unscale_", "_amp_update_scale_",
                 loss_scaler=True)
 
