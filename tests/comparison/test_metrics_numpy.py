@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from opdiff.comparison.metric_table import DIGITS, METRIC_TABLE, METRICS, STAT_METRICS
+from opdiff.comparison.metric_table import (ALL_METRICS, DIGITS, METRIC_TABLE, METRICS,
+                                           STAT_METRICS)
 from opdiff.comparison.metrics import measure
 from opdiff.comparison.metrics_numpy import numpy_measure, numpy_metrics
 
@@ -37,9 +38,13 @@ def assert_agree(t, g):
     for key in METRICS:
         assert _same(got.metrics[key], want.metrics[key], key), (key, got.metrics[key],
                                                                   want.metrics[key])
+    assert list(got.extra) == [k for k in ALL_METRICS if k not in METRICS] == list(want.extra)
+    for key in got.extra:
+        assert _same(got.extra[key], want.extra[key], key), key
     for key in ("error", "scale_error"):
         assert _same(getattr(got, key), getattr(want, key), key), key
     assert got.nonfinite_mismatch == want.nonfinite_mismatch
+    assert got.nonfinite_shared == want.nonfinite_shared
     assert got.numel == want.numel and got.message == want.message
 
 
@@ -110,16 +115,17 @@ def test_shapes_must_match():
 
 def test_identical_values_are_the_tables():
     x = np.linspace(-1, 1, 33)
-    got = numpy_metrics(x, x.copy())
-    assert got == {m.name: m.identical for m in METRIC_TABLE}
+    m = numpy_measure(x, x.copy())
+    assert {**m.metrics, **m.extra} == {m.name: m.identical for m in METRIC_TABLE}
     # ... and what the formulas give for two equal tensors of different dtypes
-    formula = numpy_metrics(x.astype(np.float32), x.astype(np.float32).astype(np.float64))
-    for m in METRIC_TABLE:
-        assert formula[m.name] == pytest.approx(m.identical, abs=1e-12), m.name
+    f = numpy_measure(x.astype(np.float32), x.astype(np.float32).astype(np.float64))
+    formula = {**f.metrics, **f.extra}
+    for metric in METRIC_TABLE:
+        assert formula[metric.name] == pytest.approx(metric.identical, abs=1e-12), metric.name
 
 
 def test_table_names_and_digits():
-    assert METRICS == tuple(m.name for m in METRIC_TABLE)
+    assert METRICS == tuple(m.name for m in METRIC_TABLE if m.column)
     assert len(set(METRICS)) == len(METRICS)
     assert all(DIGITS[name] > 0 for name in METRICS + STAT_METRICS)
     assert DIGITS["Cosine"] > DIGITS["RMSE"]     # a cosine near 1 carries its news far out
@@ -135,3 +141,15 @@ def test_the_table_and_the_numpy_path_do_not_import_torch():
 def test_a_0d_numpy_array_stays_a_scalar_in_the_torch_path():
     m = measure(np.array(2.0), np.array(2.5)).metrics
     assert m["Cosine"] is None and m["One Thousandth Err Ratio"] is None
+
+
+def test_mean_abs_err_and_shared_nonfinite_counts():
+    t = np.array([1.0, np.inf, np.nan, 4.0])
+    g = np.array([1.5, np.inf, np.nan, 3.0])
+    for m in (numpy_measure(t, g), measure(torch.from_numpy(t), torch.from_numpy(g))):
+        assert m.extra["MeanAbsErr"] == pytest.approx((0.5 + 1.0) / 4)
+        assert m.nonfinite_shared == 2 and not m.nonfinite_mismatch
+        assert "MeanAbsErr" not in m.metrics           # not a column of the compare CSV
+    same = np.array([1.0, np.inf, -np.inf])
+    assert numpy_measure(same, same.copy()).nonfinite_shared == 2
+    assert measure(torch.from_numpy(same), torch.from_numpy(same.copy())).nonfinite_shared == 2

@@ -22,9 +22,15 @@ Definitions (t = target, g = golden, d = t - g, flattened and widened to float64
 - One / Five Thousandth(s) Err Ratio: fraction of elements whose relative error (as in
   MaxRelativeErr) is below 0.001 / 0.005; 1.0 means identical. Not defined for 0-d tensors. (msprobe)
 
+- MeanAbsErr: mean |d| (msit's MeanAbsoluteError; not a column of the compare CSV: it is in
+  `Measurement.extra`).
+
 Besides the metrics, two measures for the verdicts, both immune to near-zero elements:
 `error` = |d| / max(|t|, |g|) (relative L2 error; 0 for two zero tensors, 1 when only one side is
 zero) and `scale_error` = <t,g>/<g,g> - 1 (the systematic part of the error).
+
+`Measurement.nonfinite_shared` counts the positions holding the same inf/NaN on both sides
+(they are set to 0 on both before measuring).
 
 Adding a metric: one `Metric` entry in `METRIC_TABLE` when the partial sums it needs exist; a new
 partial sum is one `Partial` entry plus its per-chunk kernel in both implementations (their
@@ -58,6 +64,7 @@ PARTIALS = (
     Partial("sgg", SUM, "<g,g>"),
     Partial("stg", SUM, "<t,g>"),
     Partial("max_abs", MAX, "max |d|"),
+    Partial("sum_abs", SUM, "sum |d|"),
     Partial("max_rel", MAX, "max rel"),
     Partial("sum_rel", SUM, "sum rel, counting 0 where |g| <= eps"),
     Partial("sum_ape", SUM, "sum rel over g != 0"),
@@ -84,6 +91,7 @@ class Metric:
     defined: str = ANY             # ANY | NOT_SCALAR | MANY; elsewhere the metric is None
     digits: int = 5                # significant digits a report shows
     doc: str = ""
+    column: bool = True            # a column of the compare CSV; False: in Measurement.extra
 
     def applies(self, numel: int, scalar: bool) -> bool:
         """Whether the metric has a value for a tensor of `numel` elements (0-d: scalar)."""
@@ -124,10 +132,12 @@ METRIC_TABLE = (
            doc=f"fraction with rel < {CLOSE_FINE}"),
     Metric("Five Thousandths Err Ratio", lambda s, n: s["c5"] / n, 1.0, NOT_SCALAR,
            doc=f"fraction with rel < {CLOSE_COARSE}"),
+    # Not a column of the dump compare's CSV (msprobe has none); msit's MeanAbsoluteError.
+    Metric("MeanAbsErr", lambda s, n: s["sum_abs"] / n, 0.0, doc="mean |d|", column=False),
 )
 
 # Metric column names, in CSV order. Values are float, or None where a metric does not apply.
-METRICS = tuple(m.name for m in METRIC_TABLE)
+METRICS = tuple(m.name for m in METRIC_TABLE if m.column)
 
 # Statistics-only dumps (no tensors saved): msprobe's statistics-mode columns
 # (`X diff = X(target) - X(golden)`, `XRelativeErr = |X diff / X(golden)|`).
@@ -136,6 +146,8 @@ STAT_METRICS = ("Max diff", "Min diff", "Mean diff", "L2norm diff",
 
 # Significant digits a report shows per metric (cosine near 1 carries its information far out).
 DIGITS = {**{name: 5 for name in STAT_METRICS}, **{m.name: m.digits for m in METRIC_TABLE}}
+# Every metric name, CSV columns and the others (Measurement.extra).
+ALL_METRICS = tuple(m.name for m in METRIC_TABLE)
 
 
 @dataclass
@@ -147,8 +159,9 @@ class Measurement:
     numel: int = 0
     mode: str = "tensor"                # "tensor" | "statistics"
     nonfinite_mismatch: int = 0         # positions where inf/NaN differ
+    nonfinite_shared: int = 0           # positions holding the same inf/NaN on both sides
     message: str = ""
-    extra: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)   # the metrics that are not CSV columns
 
 
 def fold(acc: Optional[list], chunk) -> list:
@@ -160,11 +173,20 @@ def fold(acc: Optional[list], chunk) -> list:
     return acc
 
 
-def finish(partials, numel: int, scalar: bool) -> Measurement:
+def _split(values: dict) -> tuple[dict, dict]:
+    """(CSV column metrics, the others) of one name -> value dict."""
+    return ({k: v for k, v in values.items() if k in _COLUMNS},
+            {k: v for k, v in values.items() if k not in _COLUMNS})
+
+
+_COLUMNS = frozenset(METRICS)
+
+
+def finish(partials, numel: int, scalar: bool, nonfinite_shared: int = 0) -> Measurement:
     """The Measurement from folded partials (`PARTIAL_NAMES` order) of `numel` >= 1 elements."""
     s = dict(zip(PARTIAL_NAMES, partials))
-    metrics = {m.name: m.formula(s, numel) if m.applies(numel, scalar) else None
-               for m in METRIC_TABLE}
+    metrics, extra = _split({m.name: m.formula(s, numel) if m.applies(numel, scalar) else None
+                             for m in METRIC_TABLE})
     norm_t, norm_g = math.sqrt(s["stt"]), math.sqrt(s["sgg"])
     denom = max(norm_t, norm_g)
     error = math.sqrt(s["sd2"]) / denom if denom > 0 else 0.0
@@ -172,33 +194,39 @@ def finish(partials, numel: int, scalar: bool) -> Measurement:
         scale = (s["stg"] - s["sgg"]) / s["sgg"]
     else:
         scale = 0.0 if s["stt"] == 0 else 1.0
-    return Measurement(metrics, error=error, scale_error=scale, numel=numel)
+    return Measurement(metrics, error=error, scale_error=scale, numel=numel,
+                       nonfinite_shared=nonfinite_shared, extra=extra)
 
 
-def identical(numel: int, scalar: bool) -> Measurement:
+def identical(numel: int, scalar: bool, nonfinite_shared: int = 0) -> Measurement:
     """The Measurement of two identical tensors, without looking at them."""
-    return Measurement({m.name: m.identical if m.applies(numel, scalar) else None
-                        for m in METRIC_TABLE}, numel=numel)
+    metrics, extra = _split({m.name: m.identical if m.applies(numel, scalar) else None
+                             for m in METRIC_TABLE})
+    return Measurement(metrics, numel=numel, nonfinite_shared=nonfinite_shared, extra=extra)
 
 
 def empty_metrics(value=None) -> dict:
-    """Every metric set to one value (None: nothing to compare; NaN: nothing means anything)."""
+    """Every CSV metric set to one value (None: nothing to compare; NaN: nothing means anything)."""
     return {name: value for name in METRICS}
+
+
+def _extra(value=None) -> dict:
+    return {m.name: value for m in METRIC_TABLE if not m.column}
 
 
 def nonfinite_mismatch(numel: int, mismatch: int) -> Measurement:
     """The Measurement of a pair whose inf/NaN sit at different positions: no metric means
     anything, and the verdict's error is infinite."""
     return Measurement(empty_metrics(math.nan), error=math.inf, scale_error=math.inf,
-                       numel=numel, nonfinite_mismatch=mismatch,
+                       numel=numel, nonfinite_mismatch=mismatch, extra=_extra(math.nan),
                        message=f"inf/NaN at {mismatch} position(s) where the other side differs")
 
 
 def empty(numel: int = 0) -> Measurement:
     """The Measurement of two empty tensors: nothing to compare."""
-    return Measurement(empty_metrics(), numel=numel, message="empty tensor")
+    return Measurement(empty_metrics(), numel=numel, message="empty tensor", extra=_extra())
 
 
-__all__ = ["METRICS", "STAT_METRICS", "DIGITS", "METRIC_TABLE", "PARTIALS", "PARTIAL_NAMES",
+__all__ = ["METRICS", "ALL_METRICS", "STAT_METRICS", "DIGITS", "METRIC_TABLE", "PARTIALS", "PARTIAL_NAMES",
            "Metric", "Partial", "Measurement", "fold", "finish", "identical", "empty",
            "empty_metrics", "nonfinite_mismatch", "EPS", "KL_FLOOR", "CLOSE_FINE", "CLOSE_COARSE"]

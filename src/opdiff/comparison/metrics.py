@@ -77,20 +77,22 @@ def measure(target, golden) -> Measurement:
     # Fast path: bitwise-equal tensors (common in fp32-vs-fp32 runs). NaN != NaN, so a tensor
     # holding NaN never takes it.
     if t.dtype == g.dtype and torch.equal(t, g):
-        return identical(n, scalar)
+        shared = int((~torch.isfinite(t)).sum()) if t.is_floating_point() else 0
+        return identical(n, scalar, shared)
 
     # Stream first; only when a sum comes out non-finite look for inf/NaN (saves two passes).
     m = _stream(t, g, scalar)
     if m is not None:
         return m
-    t, g, mismatch = _neutralise_nonfinite(t, g)
+    t, g, mismatch, shared = _neutralise_nonfinite(t, g)
     if mismatch:
         return nonfinite_mismatch(n, mismatch)
-    return _stream(t, g, scalar, check=False)
+    return _stream(t, g, scalar, check=False, nonfinite_shared=shared)
 
 
 def _neutralise_nonfinite(t: torch.Tensor, g: torch.Tensor):
-    """Zero inf/NaN that sit at the same positions on both sides; count the ones that do not."""
+    """Zero inf/NaN that sit at the same positions on both sides; count the ones that do not
+    and the ones that do: (t, g, mismatched, shared)."""
     t = t.double().clone()
     g = g.double().clone()
     tn, gn = torch.isnan(t), torch.isnan(g)
@@ -98,11 +100,11 @@ def _neutralise_nonfinite(t: torch.Tensor, g: torch.Tensor):
     tm, gm = torch.isneginf(t), torch.isneginf(g)
     mismatch = int(((tn != gn) | (tp != gp) | (tm != gm)).sum())
     if mismatch:
-        return t, g, mismatch
+        return t, g, mismatch, 0
     bad = tn | tp | tm
     t[bad] = 0.0
     g[bad] = 0.0
-    return t, g, 0
+    return t, g, 0, int(bad.sum())
 
 
 class _Scratch(threading.local):
@@ -118,8 +120,8 @@ class _Scratch(threading.local):
         self.slot = {name: self.out[i] for i, name in enumerate(_SLOTS)}
 
 
-_SLOTS = ("sd2", "stt", "sgg", "stg", "dmin", "dmax", "gmin_abs", "sum", "max_rel", "c5", "c1",
-          "kl_p", "kl_q", "kl_s")
+_SLOTS = ("sd2", "stt", "sgg", "stg", "max_abs", "sum_abs", "gmin_abs", "sum", "max_rel", "c5",
+          "c1", "kl_p", "kl_q", "kl_s")
 _scratch = _Scratch()
 # Partials whose overflow to inf/NaN says the data hold inf/NaN (then they are looked for).
 _FINITE_CHECK = tuple(PARTIAL_NAMES.index(k) for k in ("sd2", "stt", "sgg"))
@@ -130,8 +132,9 @@ def _chunks(t: torch.Tensor, g: torch.Tensor, starts, kl: tuple) -> list[tuple[i
     partials in `metric_table.PARTIAL_NAMES` order.
 
     Per chunk: widen both sides into float64 buffers once, then run each reduction on them in
-    place, reusing a buffer as soon as its quantity is no longer needed (|g| becomes the
-    relative error, d the threshold flags and then log(p/q), t and g become p and q).
+    place, reusing a buffer as soon as its quantity is no longer needed (|d| becomes the
+    relative error, d becomes |g|, then the threshold flags and then log(p/q), t and g become
+    p and q).
     """
     done = []
     scratch = _scratch
@@ -148,10 +151,12 @@ def _chunks(t: torch.Tensor, g: torch.Tensor, starts, kl: tuple) -> list[tuple[i
         torch.dot(a, a, out=o["stt"])
         torch.dot(b, b, out=o["sgg"])
         torch.dot(a, b, out=o["stg"])
-        torch.aminmax(d, out=(o["dmin"], o["dmax"]))
-        torch.abs(b, out=rel)
-        if float(torch.amin(rel, out=o["gmin_abs"])) > EPS:
-            torch.div(d, rel, out=rel).abs_()           # |d| / |g|, bit for bit
+        torch.abs(d, out=rel)
+        torch.sum(rel, 0, out=o["sum_abs"])
+        torch.amax(rel, out=o["max_abs"])
+        torch.abs(b, out=d)                             # d is not needed any more: |g|
+        if float(torch.amin(d, out=o["gmin_abs"])) > EPS:
+            rel.div_(d)                                 # |d| / |g|, bit for bit
             torch.sum(rel, 0, out=o["sum"])
             zeros = None
         else:
@@ -165,15 +170,16 @@ def _chunks(t: torch.Tensor, g: torch.Tensor, starts, kl: tuple) -> list[tuple[i
         torch.sum(p, 0, out=o["kl_p"])
         torch.sum(q, 0, out=o["kl_q"])
         torch.dot(p, torch.div(p, q, out=d).log_(), out=o["kl_s"])
-        (sd2, stt, sgg, stg, dmin, dmax, _, total, max_rel, c5, c1, kl_p, kl_q, kl_s) = out.tolist()
+        (sd2, stt, sgg, stg, max_abs, sum_abs, _, total, max_rel, c5, c1, kl_p, kl_q,
+         kl_s) = out.tolist()
         mre, ape, n_ape = (total, total, m) if zeros is None else zeros
-        done.append((i, (sd2, stt, sgg, stg, max(dmax, -dmin), max_rel, mre, ape, n_ape,
+        done.append((i, (sd2, stt, sgg, stg, max_abs, sum_abs, max_rel, mre, ape, n_ape,
                          int(c1), int(c5), kl_s, kl_p, kl_q)))
     return done
 
 
-def _golden_zeros(a, b, d, rel) -> tuple[float, float, int]:
-    """Relative errors of a chunk whose golden holds values with |g| <= EPS (rel holds |g|).
+def _golden_zeros(a, b, absg, rel) -> tuple[float, float, int]:
+    """Relative errors of a chunk whose golden holds values with |g| <= EPS (rel holds |d|).
 
     msprobe adds EPS to both sides where golden is exactly 0; MeanRelativeErr counts 0 wherever
     |g| <= EPS; MAPE skips the golden zeros. Positions where both sides are 0 (ReLU outputs:
@@ -181,11 +187,11 @@ def _golden_zeros(a, b, d, rel) -> tuple[float, float, int]:
     golden zero need msprobe's formula, and they are few.
     Returns (MeanRelativeErr sum, MAPE sum, MAPE count); rel ends up holding msprobe's values.
     """
-    tiny = rel <= EPS
+    tiny = absg <= EPS
     zero = b == 0
     n_zero = int(torch.count_nonzero(zero))
     n_tiny = int(torch.count_nonzero(tiny))
-    torch.div(d, rel, out=rel).abs_()
+    rel.div_(absg)
     torch.nan_to_num_(rel, nan=0.0, posinf=math.inf)
     fixed = None
     if n_zero and math.isinf(float(rel.max())):
@@ -200,7 +206,8 @@ def _golden_zeros(a, b, d, rel) -> tuple[float, float, int]:
     return mre, ape, rel.numel() - n_zero
 
 
-def _stream(t: torch.Tensor, g: torch.Tensor, scalar: bool, check: bool = True):
+def _stream(t: torch.Tensor, g: torch.Tensor, scalar: bool, check: bool = True,
+            nonfinite_shared: int = 0):
     """All metrics from one sweep; None when check is on and the data hold inf/NaN."""
     n = t.numel()
     tmin, tmax = (float(v) for v in torch.aminmax(t))
@@ -209,7 +216,7 @@ def _stream(t: torch.Tensor, g: torch.Tensor, scalar: bool, check: bool = True):
     s = _sweep(t, g, n, kl)
     if check and not all(math.isfinite(s[i]) for i in _FINITE_CHECK):
         return None
-    return finish(s, n, scalar)
+    return finish(s, n, scalar, nonfinite_shared)
 
 
 def _sweep(t, g, n: int, kl: tuple) -> list:

@@ -33,16 +33,19 @@ def numpy_measure(target, golden) -> Measurement:
         return empty()
     t, g = _widen(t), _widen(g)
     if t.dtype == g.dtype and np.array_equal(t, g):      # NaN != NaN: never taken with NaN
-        return identical(n, scalar)
+        shared = int((~np.isfinite(t)).sum()) if t.dtype.kind == "f" else 0
+        return identical(n, scalar, shared)
     t, g = t.astype(np.float64), g.astype(np.float64)
     tf, gf = np.isfinite(t), np.isfinite(g)
+    shared = 0
     if not (tf.all() and gf.all()):
         mismatch = int(((np.isnan(t) != np.isnan(g)) | (np.isposinf(t) != np.isposinf(g))
                         | (np.isneginf(t) != np.isneginf(g))).sum())
         if mismatch:
             return nonfinite_mismatch(n, mismatch)
+        shared = int((~tf).sum())
         t, g = np.where(tf, t, 0.0), np.where(gf, g, 0.0)
-    return finish(_partials(t, g), n, scalar)
+    return finish(_partials(t, g), n, scalar, shared)
 
 
 def _widen(x: np.ndarray) -> np.ndarray:
@@ -74,11 +77,12 @@ def _partials(t: np.ndarray, g: np.ndarray) -> tuple:
         sum_rel = sum_ape = float(rel.sum())
         n_ape = n
     kl_p, kl_q = _scaled(t), _scaled(g)
+    ad = np.abs(d)
     with np.errstate(over="ignore", invalid="ignore"):    # huge values: inf, as torch says
-        return (float(d @ d), float(t @ t), float(g @ g), float(t @ g), float(np.abs(d).max()),
-                float(rel.max()), sum_rel, sum_ape, n_ape, int((rel < CLOSE_FINE).sum()),
-                int((rel < CLOSE_COARSE).sum()), float(kl_p @ np.log(kl_p / kl_q)),
-                float(kl_p.sum()), float(kl_q.sum()))
+        return (float(d @ d), float(t @ t), float(g @ g), float(t @ g), float(ad.max()),
+                float(ad.sum()), float(rel.max()), sum_rel, sum_ape, n_ape,
+                int((rel < CLOSE_FINE).sum()), int((rel < CLOSE_COARSE).sum()),
+                float(kl_p @ np.log(kl_p / kl_q)), float(kl_p.sum()), float(kl_q.sum()))
 
 
 def _scaled(x: np.ndarray) -> np.ndarray:
