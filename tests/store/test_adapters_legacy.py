@@ -77,8 +77,10 @@ def test_unrecognised_names_are_none():
 def test_ptdbg_v4_dump_records_statistics_and_tensors():
     (dump,) = discover(LEGACY / "ptdbg_v4")
     assert dump.format == "ptdbg_ascend" and (dump.step, dump.rank) == (0, 0)
-    assert dump.has_tensors
+    assert dump.tensor_keys() and dump.holds_tensors is False   # bf16 was saved as fp32
+    count = dump.record_count()
     records = list(dump.records())
+    assert count == len(records)
     assert [r["name"] for r in records] == [
         "Functional.conv2d.0.forward", "Functional.relu.0.forward", "Functional.conv2d.1.forward",
         "Tensor.__iadd__.0.forward", "Tensor.to.0.forward", "Functional.relu.1.forward",
@@ -136,7 +138,7 @@ def test_seed_000_layout_without_step_directory(tmp_path):
     (rank / "dump.pkl").write_bytes(PTDBG_PKL.read_bytes())
     (dump,) = discover(tmp_path / "npu")
     assert (dump.step, dump.rank) == (None, 0)
-    assert not dump.has_tensors                                    # no dump/ directory here
+    assert dump.tensor_keys() == []                                # no dump/ directory here
     first = next(dump.records())
     assert "key" not in first["inputs"][0] and dump.tensor("anything") is None
 
@@ -160,7 +162,9 @@ def test_ptdbg_three_statistics_without_norm(tmp_path):
 def test_torch_npu_hooks_calls_get_counters_and_backward_pairs():
     (dump,) = discover(LEGACY / "npu_hooks")
     assert dump.format == "torch_npu_hooks" and (dump.step, dump.rank) == (None, None)
+    count = dump.record_count()
     records = list(dump.records())
+    assert count == len(records) and dump.holds_tensors is False
     assert [r["name"] for r in records] == [
         "Module.Conv2d.forward.0", "Module.ReLU.forward.0", "Module.Conv2d.forward.1",
         "Module.ReLU.forward.1", "Module.Flatten.forward.0", "Module.Linear.forward.0",

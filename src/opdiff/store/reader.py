@@ -6,7 +6,8 @@
             t = dump.tensor(desc["key"]) if "key" in desc else None
 
 `find_dumps(root)` lists every step/rank directory under a dump root. Opening a dump never
-executes code: the index is JSON and tensors are safetensors.
+executes code: the index is JSON and tensors are safetensors. `Dump` is the native
+`opdiff.store.source.DumpSource`; `FORMAT` is how discovery finds it.
 
 Tensors are mapped, not read: `tensor(key)` maps just that tensor's bytes of its shard
 (copy-on-write, so the caller may modify it and the file never changes) and the mapping goes away
@@ -27,6 +28,7 @@ from typing import Iterator, NamedTuple
 
 from ..errors import DumpError
 from . import layout
+from .source import DumpFormat
 
 log = logging.getLogger("opdiff")
 
@@ -81,10 +83,25 @@ class Dump:
         return self.stacks().get(stack_id, [])
 
     @property
-    def has_tensors(self) -> bool:
+    def holds_tensors(self) -> bool:
+        """True for a tensor dump (task="tensor"): every recorded tensor was saved as it was."""
         return bool(self._index())
 
+    @property
+    def has_tensors(self) -> bool:
+        """Old name of `holds_tensors`, kept until every caller has moved."""
+        return self.holds_tensors
+
+    def record_count(self) -> int:
+        """Lines of records.jsonl (0 when it cannot be read)."""
+        try:
+            with open(self.path / layout.RECORDS, "rb") as f:
+                return sum(1 for line in f if line.strip())
+        except OSError:
+            return 0
+
     def tensor_keys(self) -> list[str]:
+        """Keys of every saved tensor."""
         return list(self._index())
 
     def _index(self) -> dict[str, "_Entry"]:
@@ -233,3 +250,10 @@ def find_dumps(root: str | os.PathLike) -> list[Path]:
         return (s if s is not None else -1, r if r is not None else -1, str(d))
 
     return sorted(found, key=order)
+
+
+FORMAT = DumpFormat(
+    name="opdiff", describe="an opdiff dump (step*/rank*/records.jsonl)",
+    detect=lambda file: file.name == layout.RECORDS,
+    open=lambda file: open_dump(file.parent),
+    data_dirs=lambda hits: (layout.TENSORS,))

@@ -1,19 +1,20 @@
-"""Open any dump opdiff understands and present it through the `Dump` interface.
+"""Open any dump opdiff understands, each as an `opdiff.store.source.DumpSource`.
 
-`discover(path)` returns one dump object per step/rank found under `path`. Every object has
-`path`, `meta`, `step`, `rank`, `format`, `records()`, `stack(id)`, `tensor(key)` and
-`has_tensors`, exactly like `opdiff.store.Dump`, so compare never cares where a dump came from.
+`discover(path)` returns one dump object per step/rank found under `path`, whatever tool wrote
+it; nothing after discovery asks which tool that was.
 
-Formats, told apart by the files they leave:
+Formats, tried in this order, told apart by the files they leave:
 
-- opdiff (`format == "opdiff"`): `records.jsonl` in `step{S}/rank{R}/`.
-- msprobe / mindstudio-probe (`"msprobe"`): `dump.json` in `step{S}/rank{R}/` or `proc{pid}/`.
-- ptdbg_ascend (`"ptdbg_ascend"`): a JSON-lines `.pkl` (e.g. `ptdbg_dump_v4.0/step0/rank0/
-  api_stack_dump.pkl`) with `.npy` tensors in the directory named like the `.pkl`.
-- torch_npu.hooks (`"torch_npu_hooks"`): a JSON-lines `.pkl` whose lines carry the tensor data.
+- opdiff (`opdiff.store.reader`): `records.jsonl` in `step{S}/rank{R}/`.
+- msprobe / mindstudio-probe (`.msprobe`): `dump.json` in `step{S}/rank{R}/` or `proc{pid}/`.
+- ptdbg_ascend and torch_npu.hooks (`.legacy`): a JSON-lines `.pkl` (e.g.
+  `ptdbg_dump_v4.0/step0/rank0/api_stack_dump.pkl`, `.npy` tensors in the directory named like
+  it; torch_npu.hooks' lines carry the tensor data).
+
+Adding a format is one adapter module and one `register_format` line below.
 
     for dump in discover("./dump/npu"):
-        print(dump.format, dump.step, dump.rank, sum(1 for _ in dump.records()))
+        print(dump.format, dump.step, dump.rank, dump.record_count())
 """
 from __future__ import annotations
 
@@ -22,34 +23,37 @@ import os
 from pathlib import Path
 
 from ...errors import DumpError
-from .. import layout
-from ..reader import open_dump
-from .legacy import open_pkl
-from .msprobe import DUMP_JSON, open_msprobe
+from .. import reader
+from ..source import DumpFormat, DumpSource, formats, register_format
+from . import legacy, msprobe
 
 log = logging.getLogger("opdiff")
 
-_EXPECTED = ("expected an opdiff dump (step*/rank*/records.jsonl), an msprobe dump "
-             "(step*/rank*/dump.json) or a ptdbg_ascend / torch_npu.hooks .pkl")
+register_format(reader.FORMAT)
+register_format(msprobe.FORMAT)
+register_format(legacy.FORMAT)
 
 
-def discover(path: str | os.PathLike) -> list:
-    """All step/rank dumps under path, of any supported format, sorted by (step, rank).
+def discover(path: str | os.PathLike) -> list[DumpSource]:
+    """All step/rank dumps under path, of any registered format, sorted by (step, rank).
 
-    `path` may be a dump root, one step/rank directory, or one file (`records.jsonl`,
+    `path` may be a dump root, one step/rank directory, or one index file (`records.jsonl`,
     `dump.json`, a `.pkl`). Raises DumpError when nothing readable is there.
     """
     p = Path(path)
     if not p.exists():
         raise DumpError(f"{p}: no such file or directory")
     if p.is_file():
-        return [_open_file(p)]
+        fmt = next((f for f in formats() if f.detect(p)), None)
+        if fmt is None:
+            raise DumpError(f"{p}: not a dump file ({_expected()})")
+        return [fmt.open(p)]
     dumps, skipped = [], []
-    for f in _candidates(p):
+    for fmt, f in _candidates(p):
         try:
-            dumps.append(_open_dir_entry(f))
+            dumps.append(fmt.open(f))
         except DumpError as exc:
-            if f.suffix != ".pkl":
+            if not fmt.shared_name:
                 raise
             # Any other .pkl lying around (a real pickle, some other tool's file) is not ours.
             log.debug("opdiff: skipping %s (%s)", f, exc)
@@ -57,50 +61,42 @@ def discover(path: str | os.PathLike) -> list:
     if not dumps:
         if skipped:
             raise skipped[0]
-        raise DumpError(f"{p}: no dump found here ({_EXPECTED})")
+        raise DumpError(f"{p}: no dump found here ({_expected()})")
     return sorted(dumps, key=_order)
 
 
-def _open_file(p: Path):
-    if p.name == layout.RECORDS:
-        return open_dump(p.parent)
-    if p.name == DUMP_JSON:
-        return open_msprobe(p.parent)
-    if p.suffix == ".pkl":
-        return open_pkl(p)
-    raise DumpError(f"{p}: not a dump file ({_EXPECTED})")
+def _expected() -> str:
+    described = [f.describe for f in formats()]
+    if len(described) == 1:
+        return f"expected {described[0]}"
+    return f"expected {', '.join(described[:-1])} or {described[-1]}"
 
 
-def _open_dir_entry(f: Path):
-    if f.name == layout.RECORDS:
-        return open_dump(f.parent)
-    if f.name == DUMP_JSON:
-        return open_msprobe(f.parent)
-    return open_pkl(f)
-
-
-def _candidates(root: Path) -> list[Path]:
-    """Index files under root, skipping directories that only hold tensors."""
+def _candidates(root: Path) -> list[tuple[DumpFormat, Path]]:
+    """(format, index file) under root, skipping directories that only hold tensors."""
     found = []
+    # A directory with a step/rank index (opdiff's, msprobe's) is that dump and nothing else.
+    known = sorted(formats(), key=lambda f: not f.leaf)
     for dirpath, dirnames, filenames in os.walk(root):
-        names = set(filenames)
-        if layout.RECORDS in names:
-            found.append(Path(dirpath) / layout.RECORDS)
-            dirnames[:] = []            # an opdiff step/rank directory: nothing more below
-            continue
-        if DUMP_JSON in names:
-            found.append(Path(dirpath) / DUMP_JSON)
-            dirnames[:] = []
-            continue
-        pkls = sorted(n for n in names if n.endswith(".pkl"))
-        found.extend(Path(dirpath) / n for n in pkls)
-        # Tensor directories can hold thousands of files and never an index: skip them
-        # (ptdbg_ascend keeps a .pkl's tensors in the directory named like it).
-        skip = {layout.TENSORS, "dump_tensor_data", *(n[:-4] for n in pkls)}
-        dirnames[:] = sorted(d for d in dirnames if d not in skip)
+        here = Path(dirpath)
+        skip: set = set()
+        for fmt in known:
+            hits = sorted(n for n in filenames if fmt.detect(here / n))
+            skip.update(fmt.data_dirs(hits))
+            if hits and fmt.leaf:
+                found.append((fmt, here / hits[0]))
+                dirnames[:] = []
+                break
+            found.extend((fmt, here / n) for n in hits)
+        else:
+            # Tensor directories can hold thousands of files and never an index: skip them.
+            dirnames[:] = sorted(d for d in dirnames if d not in skip)
     return found
 
 
 def _order(dump) -> tuple:
     s, r = dump.step, dump.rank
     return (s if s is not None else -1, r if r is not None else -1, str(dump.path))
+
+
+__all__ = ["discover", "register_format", "DumpFormat", "DumpSource"]

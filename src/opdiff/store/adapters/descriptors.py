@@ -9,25 +9,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ...dtypes import is_exact, short_dtype
 from ..records import encode_float, scalar_descriptor
-
-# Names foreign tools give the same thing: "torch.float32" and "float32" are both "float32".
-_FLOAT_DTYPES = {"float64", "float32", "float16", "bfloat16", "double", "float", "half",
-                 "float8_e4m3fn", "float8_e5m2", "complex64", "complex128"}
 
 # ptdbg_ascend writes the string "Nan" for "not computed" (e.g. the norm of an int tensor); it is
 # not a measured NaN, so it becomes "unknown".
 _NOT_COMPUTED = {"Nan", "N/A", "None", ""}
 _NONFINITE_TEXT = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "infinity": math.inf,
                    "-infinity": -math.inf}
-
-
-def short_dtype(dtype: Any) -> str | None:
-    """"torch.float32" -> "float32"; None stays None."""
-    if dtype is None:
-        return None
-    text = dtype if type(dtype) is str else str(dtype)
-    return text[6:] if text.startswith("torch.") else text
 
 
 def stat_value(value: Any) -> float | int | str | None:
@@ -71,7 +60,7 @@ def tensor_descriptor(dtype: Any, shape: Any, *, max=None, min=None, mean=None, 
     stats = {"max": mx, "min": mn, "mean": stat_value(mean), "norm": stat_value(norm),
              "nan": nan, "inf": inf}
     if nan is None and inf is None:
-        if dt is not None and not (dt in _FLOAT_DTYPES or dt.startswith(("float", "complex"))):
+        if dt is not None and is_exact(dt):
             stats["nan"] = stats["inf"] = 0
         elif _finite(mx) and _finite(mn):
             stats["nan"] = stats["inf"] = 0

@@ -25,6 +25,11 @@ msprobe names (`Functional.conv2d.0.forward.input.0`) are kept as they are.
 Legacy underscore names map onto dotted ones: `Functional_conv2d_0_forward` ->
 `Functional.conv2d.0.forward`, `Tensor___iadd___0_forward` -> `Tensor.__iadd__.0.forward`,
 `Module_Conv2d_forward` (k-th call) -> `Module.Conv2d.forward.k`.
+
+Their tensors load by key, but neither format offers replay (`holds_tensors` is False):
+ptdbg_ascend saved bf16 tensors as fp32, so a replay would judge bf16 ops as fp32 ones; and
+torch_npu.hooks records module calls, which replay never re-runs, with backward gradients from
+`register_backward_hook`.
 """
 from __future__ import annotations
 
@@ -36,15 +41,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from ...dtypes import short_dtype
 from ...errors import DumpError
 from .. import layout
+from ..schema import Phase, tensor_name
+from ..source import DumpFormat
 from . import frames as _frames
-from .descriptors import short_dtype, tensor_descriptor, value_descriptor
-from .legacy_calls import Calls, TensorName, parse_hooks_name, parse_ptdbg_name
+from .descriptors import tensor_descriptor, value_descriptor
+from .legacy_calls import Calls, parse_hooks_name, parse_ptdbg_name
 
 log = logging.getLogger("opdiff")
 
 _SCALAR_DTYPE = re.compile(r"^<class '(int|float|bool|str)'>$")
+# The name at the start of a line (`["Functional_conv2d_0_forward_input.0", ...`), read without
+# parsing the rest: counting calls must not decode every tensor's values.
+_LINE_NAME = re.compile(rb'^\s*\[\s*"((?:[^"\\]|\\.)*)"')
 
 
 @dataclass
@@ -58,6 +69,40 @@ class _PklDump:
     _stacks: dict = field(default_factory=dict, repr=False)      # id -> frames
     _stack_ids: dict = field(default_factory=dict, repr=False)   # frames as JSON -> id
     _scanned: bool = field(default=False, repr=False)            # records() ran to the end once
+    _count: int | None = field(default=None, repr=False)         # records, once known
+
+    swap_backward = False       # torch_npu.hooks' backward lines name the other side
+    format = ""
+
+    def parse(self, name: str):
+        """The format's line-name parser."""
+        raise NotImplementedError
+
+    @property
+    def holds_tensors(self) -> bool:
+        """False: see the module's notes."""
+        return False
+
+    @property
+    def has_tensors(self) -> bool:
+        """Old name of `holds_tensors`, kept until every caller has moved."""
+        return self.holds_tensors
+
+    def record_count(self) -> int:
+        """The calls the lines make up, grouped from their names alone (values left unread)."""
+        if self._count is None:
+            calls, count = Calls(swap_backward=self.swap_backward), 0
+            try:
+                with open(self.path, "rb") as f:
+                    for raw in f:
+                        m = _LINE_NAME.match(raw)
+                        tn = self.parse(json.loads(b'"' + m.group(1) + b'"')) if m else None
+                        if tn is not None:
+                            count += calls.add(tn, desc={}) is not None
+            except (OSError, ValueError):
+                return 0
+            self._count = count + (calls.finish() is not None)
+        return self._count
 
     def _scan(self) -> None:
         """Read the whole file once, for what only a full pass knows (stack ids, tensor keys)."""
@@ -115,6 +160,9 @@ class PtdbgDump(_PklDump):
     _files: set | None = field(default=None, repr=False)
     format = "ptdbg_ascend"
 
+    def parse(self, name: str):
+        return parse_ptdbg_name(name)
+
     @property
     def data_dir(self) -> Path:
         return self.path.with_suffix("")
@@ -123,22 +171,24 @@ class PtdbgDump(_PklDump):
         calls = Calls(swap_backward=False)
         files = self._npy_files()
         stacks: dict = {}
+        count = 0
         for record in self._records(calls, files):
             # A backward call without its own stack gets its forward call's (the user's line).
             if record["stack"] is None and record.get("forward") in stacks:
                 record["stack"] = stacks[record["forward"]]
-            elif record["phase"] == "forward" and record["stack"] is not None:
+            elif record["phase"] == Phase.FORWARD and record["stack"] is not None:
                 stacks[record["name"]] = record["stack"]
+            count += 1
             yield record
-        self._scanned = True
+        self._scanned, self._count = True, count
 
     def _records(self, calls: "Calls", files: set) -> Iterator[dict]:
         for number, _, item in self._lines():
-            tn = parse_ptdbg_name(item[0])
+            tn = self.parse(item[0])
             if tn is None:
                 log.debug("opdiff: %s line %d: unrecognised name %r skipped", self.path, number, item[0])
                 continue
-            if tn.role == "stack_info":
+            if tn.role == "stack_info":     # the call's stack, not a tensor
                 frames = [f for f in map(_frames.parse_list_frame, item[1] if len(item) > 1 else []) if f]
                 done = calls.add(tn, stack=self._stack_id(_frames.user_frames(frames)))
             else:
@@ -169,11 +219,8 @@ class PtdbgDump(_PklDump):
                     self._files = {e.name[:-4] for e in it if e.name.endswith(".npy")}
         return self._files
 
-    @property
-    def has_tensors(self) -> bool:
-        return bool(self._npy_files())
-
     def tensor_keys(self) -> list[str]:
+        """Keys of every `.npy` tensor in the data directory."""
         return sorted(self._npy_files())
 
     def tensor(self, key: str):
@@ -191,32 +238,37 @@ class NpuHooksDump(_PklDump):
 
     _offsets: dict = field(default_factory=dict, repr=False)   # tensor key -> line offset
     format = "torch_npu_hooks"
+    swap_backward = True
+
+    def parse(self, name: str):
+        return parse_hooks_name(name)
 
     def records(self) -> Iterator[dict]:
         calls = Calls(swap_backward=True)
         offsets: dict = {}
+        count = 0
         for number, offset, item in self._lines():
-            tn = parse_hooks_name(item[0])
+            tn = self.parse(item[0])
             if tn is None or len(item) < 4:
                 log.debug("opdiff: %s line %d: unrecognised entry %r skipped", self.path, number, item[0])
                 continue
             desc = _inline_descriptor(item)
             done = calls.add(tn, desc=desc)
             if done:
+                count += 1
                 yield _with_stack(done)
             # the key is the record's tensor name, known once the call is started
-            desc["key"] = f"{calls.current['name']}.{_role_path(calls, tn)}"
+            desc["key"] = tensor_name(calls.current["name"], calls.role_of(tn),
+                                      ".".join(tn.path or ("0",)))
             offsets[desc["key"]] = offset
         last = calls.finish()
         if last:
+            count += 1
             yield _with_stack(last)
-        self._offsets, self._scanned = offsets, True
-
-    @property
-    def has_tensors(self) -> bool:
-        return True
+        self._offsets, self._scanned, self._count = offsets, True, count
 
     def tensor_keys(self) -> list[str]:
+        """Keys of every tensor in the `.pkl` (one pass over it, the first time)."""
         self._scan()
         return list(self._offsets)
 
@@ -230,13 +282,6 @@ class NpuHooksDump(_PklDump):
             f.seek(offset)
             item = json.loads(f.readline())
         return _inline_tensor(item)
-
-
-def _role_path(calls: Calls, tn: TensorName) -> str:
-    role = tn.role
-    if calls.swap and tn.phase == "backward" and tn.record is None:
-        role = {"input": "output", "output": "input"}[role]
-    return ".".join((role, *(tn.path or ("0",))))
 
 
 def _with_stack(record: dict) -> dict:
@@ -304,3 +349,12 @@ def open_pkl(path: Path) -> PtdbgDump | NpuHooksDump:
         return PtdbgDump(path=path, meta={"tool": "ptdbg_ascend"}, step=step, rank=rank)
     raise DumpError(f"{path}: unknown .pkl layout; expected ptdbg_ascend lines [name, step, [], dtype, "
                     "shape, stats] or torch_npu.hooks lines [name, values, dtype, shape]")
+
+
+FORMAT = DumpFormat(
+    name="legacy_pkl", describe="a ptdbg_ascend / torch_npu.hooks .pkl",
+    detect=lambda file: file.suffix == ".pkl",
+    open=open_pkl, leaf=False,
+    # ptdbg_ascend keeps a .pkl's tensors in the directory named like it
+    data_dirs=lambda hits: {Path(h).stem for h in hits},
+    shared_name=True)

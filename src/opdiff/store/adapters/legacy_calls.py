@@ -4,25 +4,27 @@ ptdbg_ascend and torch_npu.hooks write one line per tensor, named with underscor
 (`Functional_conv2d_0_forward_input.0`, `Module_Conv2d_forward_output`). `parse_ptdbg_name` and
 `parse_hooks_name` split such a name into op, phase, call counter and position; `Calls` gathers
 consecutive lines of one call into one record and gives calls a counter where the format has none.
+
+The line grammar (a role suffix `_input.0`, `_stack_info` lines, `pre_forward`, counter-less
+module names) is these formats' own and stays here; dotted msprobe names, the names of the
+records built and the forward name of a backward call come from `opdiff.store.schema`.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 
+from ..schema import (API_PREFIXES, Kind, Phase, RecordName, Role, module_op, record_name,
+                      split_tensor_name)
 from .descriptors import place
 
-_API_PREFIXES = {"Functional", "Tensor", "Torch", "VF", "NPU", "Aten", "Distributed"}
+_STACK_INFO = "stack_info"
+_SWAPPED = {Role.INPUT: Role.OUTPUT, Role.OUTPUT: Role.INPUT}
 _PTDBG = re.compile(r"^(?P<head>.+?)_(?P<n>\d+)_(?P<phase>pre_forward|forward|backward)"
                     r"_(?P<role>input|output|stack_info)(?P<path>(?:\.\w+)*)$")
 _HOOKS_V1 = re.compile(r"^(?P<phase>forward|backward)_(?P<cls>.+)_(?P<role>input|output)(?P<path>(?:\.\w+)*)$")
 _HOOKS_V2 = re.compile(r"^(?P<head>.+?)_(?P<phase>forward|backward)_(?P<role>input|output|stack_info)"
                        r"(?P<path>(?:\.\w+)*)$")
-_DOTTED = re.compile(r"^(?P<record>.+?\.(?:\d+\.(?:forward|backward)|(?:forward|backward)\.\d+))"
-                     r"\.(?P<role>input|output|parameters)\.(?P<path>.+)$")
-_DOTTED_GRAD = re.compile(r"^(?P<record>.+\.parameters_grad\.\d+)\.(?P<path>.+)$")
-_DOTTED_RECORD = re.compile(r"^(?P<op>.+)\.(?:(?P<n1>\d+)\.(?P<p1>forward|backward)"
-                            r"|(?P<p2>forward|backward)\.(?P<n2>\d+))$")
 
 
 @dataclass(frozen=True)
@@ -41,28 +43,20 @@ def _op_of(head: str) -> tuple[str, str]:
     """(op, kind) for an underscore head like "Functional_conv2d" or "Module_Conv2d"."""
     prefix, _, rest = head.partition("_")
     if prefix == "Module" and rest:
-        return f"Module.{rest}", "module"
-    if prefix in _API_PREFIXES and rest:
-        return f"{prefix}.{rest}", "aten" if prefix == "Aten" else "api"
-    return f"Module.{head}", "module"   # ptdbg module_dump(module, "user_name")
+        return module_op("", rest), Kind.MODULE
+    if prefix in API_PREFIXES and rest:     # the legacy form's `_` after the namespace is a `.`
+        return f"{prefix}.{rest}", Kind.ATEN if prefix == "Aten" else Kind.API
+    return module_op("", head), Kind.MODULE   # ptdbg module_dump(module, "user_name")
 
 
 def _dotted(name: str) -> TensorName | None:
-    m = _DOTTED.match(name)
-    if m:
-        rec = m["record"]
-        mm = _DOTTED_RECORD.match(rec)
-        phase = mm["p1"] or mm["p2"]
-        counter = int(mm["n1"] or mm["n2"])
-        op = mm["op"]
-        kind = "module" if mm["p2"] else ("aten" if op.startswith("Aten.") else "api")
-        return TensorName(op, kind, phase, counter, m["role"], tuple(m["path"].split(".")), rec)
-    m = _DOTTED_GRAD.match(name)
-    if m:
-        rec = m["record"]
-        op, _, n = rec.rpartition(".")
-        return TensorName(op, "param_grad", "backward", int(n), "parameters", tuple(m["path"].split(".")), rec)
-    return None
+    """A tensor name already in msprobe's dotted form, or None."""
+    record, role, slot = split_tensor_name(name)
+    parsed = RecordName.parse(record) if role is not None else None
+    if parsed is None or parsed.text != record:     # not a dotted record name
+        return None
+    return TensorName(parsed.record_op, parsed.kind, parsed.phase, parsed.index, role,
+                      tuple(slot.split(".")), record)
 
 
 def parse_ptdbg_name(name: str) -> TensorName | None:
@@ -75,7 +69,7 @@ def parse_ptdbg_name(name: str) -> TensorName | None:
     if not m:
         return _dotted(name) or parse_hooks_name(name)
     op, kind = _op_of(m["head"])
-    phase = "forward" if m["phase"] == "pre_forward" else m["phase"]
+    phase = Phase.FORWARD if m["phase"] == "pre_forward" else m["phase"]
     path = tuple(p for p in m["path"].split(".") if p)
     return TensorName(op, kind, phase, int(m["n"]), m["role"], path)
 
@@ -87,7 +81,7 @@ def parse_hooks_name(name: str) -> TensorName | None:
         return dotted
     m = _HOOKS_V1.match(name)
     if m:
-        op, kind = f"Module.{m['cls']}", "module"
+        op, kind = module_op("", m["cls"]), Kind.MODULE
         counter = None
     else:
         m = _HOOKS_V2.match(name)
@@ -95,19 +89,11 @@ def parse_hooks_name(name: str) -> TensorName | None:
             return None
         head, counter = m["head"], None
         numbered = re.match(r"^(.+)_(\d+)$", head)
-        if numbered and numbered.group(1).partition("_")[0] in _API_PREFIXES:
+        if numbered and numbered.group(1).partition("_")[0] in API_PREFIXES:
             head, counter = numbered.group(1), int(numbered.group(2))
         op, kind = _op_of(head)
     path = tuple(p for p in m["path"].split(".") if p)
     return TensorName(op, kind, m["phase"], counter, m["role"], path)
-
-
-def record_name(op: str, kind: str, phase: str, counter: int) -> str:
-    if kind == "module":
-        return f"{op}.{phase}.{counter}"
-    if kind == "param_grad":
-        return f"{op}.{counter}"
-    return f"{op}.{counter}.{phase}"
 
 
 class Calls:
@@ -129,13 +115,13 @@ class Calls:
         head = (tn.record or tn.op, tn.phase, tn.counter)
         position = (tn.role, tn.path)
         new_call = (self.current is None or head != self.head
-                    or (tn.role == "input" and self.last_role == "output")
-                    or (tn.role != "stack_info" and position in self.seen))
+                    or (tn.role == Role.INPUT and self.last_role == Role.OUTPUT)
+                    or (tn.role != _STACK_INFO and position in self.seen))
         done = None
         if new_call:
             done = self.finish()
             self._start(tn, head)
-        if tn.role == "stack_info":
+        if tn.role == _STACK_INFO:
             self.current["_stack"] = stack
         else:
             self.seen.add(position)
@@ -146,7 +132,7 @@ class Calls:
     def _start(self, tn: TensorName, head: tuple) -> None:
         counter = tn.counter
         if counter is None:
-            if tn.phase == "forward":
+            if tn.phase == Phase.FORWARD:
                 counter = self.forward_count.get(tn.op, 0)
                 self.forward_count[tn.op] = counter + 1
                 self.open_forwards.setdefault(tn.op, []).append(counter)
@@ -154,31 +140,37 @@ class Calls:
                 counter = self.open_forwards[tn.op].pop()
             else:
                 counter = self.backward_count.get(tn.op, 0)
-            if tn.phase == "backward":
+            if tn.phase == Phase.BACKWARD:
                 self.backward_count[tn.op] = counter + 1
-        name = tn.record or record_name(tn.op, tn.kind, tn.phase, counter)
+        # Only dotted names are parameter-gradient records, and they carry their own name.
+        name = tn.record or record_name(tn.op, tn.phase, counter, tn.kind)
         record = {"seq": self.seq, "name": name, "op": tn.op, "kind": tn.kind, "phase": tn.phase,
                   "module": None, "inputs": [], "outputs": [], "stack": None}
-        if tn.phase == "backward" and tn.kind != "param_grad":
-            record["forward"] = (name.replace(".backward", ".forward", 1) if tn.record
-                                 else record_name(tn.op, tn.kind, "forward", counter))
+        if tn.phase == Phase.BACKWARD and tn.kind != Kind.PARAM_GRAD:
+            record["forward"] = RecordName(tn.op, Phase.FORWARD, counter, tn.kind).text
         self.seq += 1
         self.current, self.head = record, head
         self.seen, self.last_role = set(), ""
 
     def _put(self, tn: TensorName, desc: dict) -> None:
-        role = tn.role
-        if self.swap and tn.phase == "backward" and tn.record is None:
-            role = {"input": "output", "output": "input"}[role]
-        if role == "parameters":
+        role = self.role_of(tn)
+        if role == Role.PARAMETERS:
             self.current.setdefault("parameters", {})[".".join(tn.path)] = desc
             return
-        if role == "input" and tn.path and not tn.path[0].isdigit():  # a keyword argument
+        if role == Role.INPUT and tn.path and not tn.path[0].isdigit():  # a keyword argument
             self.current.setdefault("kwargs", {})[".".join(tn.path)] = desc
             return
-        target = self.current["inputs" if role == "input" else "outputs"]
+        target = self.current["inputs" if role == Role.INPUT else "outputs"]
         place(target, list(tn.path) or ["0"], desc)
 
+    def role_of(self, tn: TensorName) -> str:
+        """The line's role in opdiff's sense: torch_npu.hooks' backward lines are swapped
+        (its `backward_input` holds the gradients w.r.t. the forward inputs: outputs)."""
+        if self.swap and tn.phase == Phase.BACKWARD and tn.record is None:
+            return _SWAPPED[tn.role]
+        return tn.role
+
     def finish(self) -> dict | None:
+        """The call in progress as a record (None when there is none)."""
         record, self.current = self.current, None
         return record

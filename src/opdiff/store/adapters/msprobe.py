@@ -19,21 +19,30 @@ forward and backward entries where they happened. Entries translate to opdiff re
 Tensor entries carry Max/Min/Mean/Norm (msprobe writes bare NaN/Infinity into dump.json, which
 Python's json module reads), dtype, shape, requires_grad and, in tensor mode, data_name.
 Tensor keys are the data file's name without extension, which is also the tensor's name.
+
+A tensor dump's files load by key, but replay is not offered on them (`holds_tensors` is False):
+msprobe 26.2's forward tensors replay faithfully, its backward records do not hold what replay
+needs (a Linear backward's gradients in another order; a healthy fp32 cross_entropy backward
+replays 58% off), so replay would blame healthy ops.
 """
 from __future__ import annotations
 
 import json
 import logging
+import mmap
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from ...dtypes import short_dtype
 from ...errors import DumpError
 from ..records import encode_float
+from ..schema import Kind, Phase, RecordName
+from ..source import DumpFormat
 from . import frames as _frames
-from .descriptors import short_dtype, tensor_descriptor
+from .descriptors import tensor_descriptor
 
 log = logging.getLogger("opdiff")
 
@@ -42,9 +51,9 @@ STACK_JSON = "stack.json"
 CONSTRUCT_JSON = "construct.json"
 TENSOR_DIR = "dump_tensor_data"
 
-_PARAM_GRAD = re.compile(r"^(?P<owner>.+)\.parameters_grad\.(?P<n>\d+)$")
-_MODULE = re.compile(r"^(?P<op>(?:Module|Cell)\..+)\.(?P<phase>forward|backward)\.(?P<n>\d+)$")
-_API = re.compile(r"^(?P<op>.+)\.(?P<n>\d+)\.(?P<phase>forward|backward)$")
+# dump.json's entries, found without parsing it (for a cheap record count): keys that end in a
+# phase, a module call's counter or a parameter-gradient counter, whose value is an object.
+_ENTRY = re.compile(rb'"[^"\n]*\.(?:forward|backward|parameters_grad)(?:\.\d+)?"\s*:\s*\{')
 _STEP = re.compile(r"^step(\d+)$")
 _RANK = re.compile(r"^(?:rank|proc)(\d+)$")
 
@@ -55,23 +64,14 @@ _TYPED_VALUES = {"torch.dtype": "dtype", "torch.device": "device", "torch.Size":
 
 def parse_name(name: str) -> dict:
     """kind, op, phase and the forward record's name for one msprobe entry name."""
-    m = _PARAM_GRAD.match(name)
-    if m:
-        return {"kind": "param_grad", "op": f"{m['owner']}.parameters_grad", "phase": "backward"}
-    m = _MODULE.match(name)
-    if m:
-        out = {"kind": "module", "op": m["op"], "phase": m["phase"]}
-        if m["phase"] == "backward":
-            out["forward"] = f"{m['op']}.forward.{m['n']}"
-        return out
-    m = _API.match(name)
-    if m:
-        kind = "aten" if m["op"].startswith("Aten.") else "api"
-        out = {"kind": kind, "op": m["op"], "phase": m["phase"]}
-        if m["phase"] == "backward":
-            out["forward"] = f"{m['op']}.{m['n']}.forward"
-        return out
-    return {"kind": "api", "op": name, "phase": "backward" if "backward" in name else "forward"}
+    parsed = RecordName.parse(name)
+    if parsed is None:
+        return {"kind": Kind.API, "op": name,
+                "phase": Phase.BACKWARD if Phase.BACKWARD in name else Phase.FORWARD}
+    out = {"kind": parsed.kind, "op": parsed.record_op, "phase": parsed.phase}
+    if parsed.phase == Phase.BACKWARD and parsed.kind != Kind.PARAM_GRAD:
+        out["forward"] = parsed.with_phase(Phase.FORWARD).text
+    return out
 
 
 def step_rank(directory: Path) -> tuple[int | None, int | None]:
@@ -82,10 +82,6 @@ def step_rank(directory: Path) -> tuple[int | None, int | None]:
         m = _RANK.match(directory.name)
         rank = int(m.group(1)) if m else None
     return (int(step_m.group(1)) if step_m else None, rank)
-
-
-def looks_like_msprobe(directory: Path) -> bool:
-    return (directory / DUMP_JSON).is_file()
 
 
 @dataclass
@@ -125,7 +121,7 @@ class MsprobeDump:
                   "phase": info["phase"], "module": parent, "stack": stack}
         if "forward" in info:
             record["forward"] = info["forward"]
-        if info["kind"] == "param_grad":
+        if info["kind"] == Kind.PARAM_GRAD:
             # msprobe wraps each parameter's gradient in a one-element list.
             record["parameters"] = {p: self._arg(v[0] if isinstance(v, list) and len(v) == 1 else v)
                                     for p, v in entry.items()}
@@ -240,10 +236,28 @@ class MsprobeDump:
         return self._files
 
     @property
+    def holds_tensors(self) -> bool:
+        """False: its backward tensors do not replay faithfully (see the module's notes)."""
+        return False
+
+    @property
     def has_tensors(self) -> bool:
-        return bool(self._tensor_files())
+        """Old name of `holds_tensors`, kept until every caller has moved."""
+        return self.holds_tensors
+
+    def record_count(self) -> int:
+        """dump.json's entries, counted by their names without parsing the file."""
+        try:
+            with open(self.path / DUMP_JSON, "rb") as f:
+                if os.fstat(f.fileno()).st_size == 0:
+                    return 0
+                with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                    return sum(1 for _ in _ENTRY.finditer(data))
+        except (OSError, ValueError):
+            return 0
 
     def tensor_keys(self) -> list[str]:
+        """Keys of every tensor file in dump_tensor_data/."""
         return list(self._tensor_files())
 
     def tensor(self, key: str):
@@ -319,3 +333,10 @@ def open_msprobe(directory: Path) -> MsprobeDump:
             meta["config"][key] = m.group(1).decode(errors="replace")
     step, rank = step_rank(directory)
     return MsprobeDump(path=directory, meta=meta, step=step, rank=rank)
+
+
+FORMAT = DumpFormat(
+    name="msprobe", describe="an msprobe dump (step*/rank*/dump.json)",
+    detect=lambda file: file.name == DUMP_JSON,
+    open=lambda file: open_msprobe(file.parent),
+    data_dirs=lambda hits: (TENSOR_DIR,))
