@@ -9,7 +9,18 @@ from onnx import TensorProto, helper
 from opdiff.comparison.result import ERROR, PASS, WARNING
 from opdiff.onnx import compare_models
 from opdiff.onnx.matching import RULE_BATCHNORM
-from opdiff.onnx.metrics import MsitThresholds, compare_arrays
+from opdiff.onnx.msit_csv import msit_values
+from opdiff.onnx.policy import MsitPolicy
+
+
+def msit(t, g) -> dict:
+    """msit's columns of one pair, as the msit CSV shows them (the shared metrics' values)."""
+    m, _ = MsitPolicy().judge_arrays(t, g)
+    return msit_values({**m.metrics, **m.extra})
+
+
+def verdict(t, g):
+    return MsitPolicy().judge_arrays(t, g)[1]
 
 
 def conv_bn_relu(tmp_path):
@@ -55,33 +66,32 @@ def test_batchnorm_folded_into_conv_is_compared_after_the_batchnorm(tmp_path):
 def test_msit_formulas_on_known_values():
     g = np.array([1.0, 2.0, 3.0, 4.0])
     t = np.array([1.0, 2.0, 3.0, 5.0])
-    m = compare_arrays(t, g).msit
+    m = msit(t, g)
     assert m["CosineSimilarity"] == pytest.approx(np.dot(t, g) / np.linalg.norm(t) / np.linalg.norm(g))
     assert m["RelativeEuclideanDistance"] == pytest.approx(1 / math.sqrt(30))
     assert m["RootMeanSquareError"] == pytest.approx(0.5)
     assert m["MeanRelativeError"] == pytest.approx(0.25 / 4)
     assert m["MaxAbsoluteError"] == 1.0 and m["MeanAbsoluteError"] == 0.25
     # KL is shift- and scale-invariant (min-max scaled), as in msaccucmp
-    assert compare_arrays(g * 3 + 7, g).msit["KullbackLeiblerDivergence"] == pytest.approx(0, abs=1e-12)
-    assert MsitThresholds().verdict(compare_arrays(t, g))[0] == ERROR     # RED 0.18 >= 0.05
+    assert msit(g * 3 + 7, g)["KullbackLeiblerDivergence"] == pytest.approx(0, abs=1e-12)
+    assert verdict(t, g).result == ERROR     # RED 0.18 >= 0.05
 
 
 def test_inf_and_nan_are_hard_failures():
     g = np.linspace(1, 2, 100, dtype=np.float32)
     t = g.copy()
     t[7] = np.nan
-    result, reason = MsitThresholds().verdict(compare_arrays(t, g))
-    assert result == ERROR and "inf/NaN" in reason
+    v = verdict(t, g)
+    assert v.result == ERROR and "inf/NaN" in v.reason
     # msit would call this "not an error": cosine NaN because one side is all zeros
-    result, reason = MsitThresholds().verdict(compare_arrays(np.zeros(10), np.ones(10)))
-    assert result == ERROR
+    assert verdict(np.zeros(10), np.ones(10)).result == ERROR
     # the same inf at the same place on both sides: inherited, a warning
     both = g.copy()
     both[3] = np.inf
-    assert MsitThresholds().verdict(compare_arrays(both, both))[0] == WARNING
+    assert verdict(both, both).result == WARNING
     # integers must be equal
-    assert MsitThresholds().verdict(compare_arrays(np.array([1, 2, 3]), np.array([1, 2, 4])))[0] == ERROR
-    assert MsitThresholds().verdict(compare_arrays(np.array([1, 2, 3]), np.array([1, 2, 3])))[0] == PASS
+    assert verdict(np.array([1, 2, 3]), np.array([1, 2, 4])).result == ERROR
+    assert verdict(np.array([1, 2, 3]), np.array([1, 2, 3])).result == PASS
 
 
 def test_the_shared_engine_reads_onnx_dumps_and_agrees(models, tmp_path):

@@ -5,7 +5,6 @@ import time
 
 import numpy as np
 import onnx
-import pytest
 
 from tiny_models import FP16_MAX
 from opdiff.comparison.result import ERROR, PASS, UNMATCHED
@@ -76,7 +75,7 @@ def test_local_check_tells_inherited_error_apart(models, tmp_path):
     assert cmp.local_check.local_error is True
     from opdiff.onnx.graph import GraphIndex
     from opdiff.onnx.locate import check_node_locally
-    from opdiff.onnx.metrics import MsitThresholds
+    from opdiff.onnx.policy import MsitPolicy
     from opdiff.onnx.runner import run_model, load_model
 
     feeds = {"input": np.random.default_rng(0).uniform(-1, 1, (1, 3, 16, 16)).astype(np.float32)}
@@ -88,7 +87,7 @@ def test_local_check_tells_inherited_error_apart(models, tmp_path):
     check = check_node_locally(target_model, t, "/gelu/Div_output_0",
                                {"/fc1/Gemm_output_0": golden.tensors["/fc1/Gemm_output_0"]},
                                golden.tensors["/gelu/Div_output_0"], target.tensors, RuntimeOptions(),
-                               MsitThresholds())
+                               MsitPolicy())
     assert check.local_error is False and "inherits" in check.sentence
     assert not target.tensors["/gelu/Div_output_0"].tolist() == golden.tensors["/gelu/Div_output_0"].tolist()
 
@@ -108,14 +107,15 @@ def test_qdq_tensors_match_across_quantizer_renames(models, image):
     assert "pre-activation" in unmatched_target["/stem/act/Relu_output_0"]
     assert "/stem/conv/Conv_output_0" in dict(cmp.matching.unmatched_golden)
     # the same-name tensor really is different: pairing by name alone would be a false failure
-    from opdiff.onnx.metrics import MsitThresholds, compare_arrays
+    from opdiff.onnx.policy import MsitPolicy
     from opdiff.onnx.runner import load_model, run_model
 
     feeds = {"input": np.load(image)}
     g = run_model(load_model(models["cnn"]), models["cnn"], feeds, RuntimeOptions())
     t = run_model(load_model(models["cnn_qdq"]), models["cnn_qdq"], feeds, RuntimeOptions())
-    naive = compare_arrays(t.tensors["/stem/act/Relu_output_0"], g.tensors["/stem/act/Relu_output_0"])
-    assert MsitThresholds().verdict(naive)[0] == ERROR
+    _, naive = MsitPolicy().judge_arrays(t.tensors["/stem/act/Relu_output_0"],
+                                         g.tensors["/stem/act/Relu_output_0"])
+    assert naive.result == ERROR
     rows = rows_by_golden(cmp)
     assert rows["/stem/act/Relu_output_0"].metrics["Cosine"] > 0.99
 

@@ -1,13 +1,11 @@
 """A PyTorch module against its own ONNX export, layer by layer."""
 from pathlib import Path
 
-import numpy as np
 import onnx
 import pytest
 import torch
 
 import tiny_models
-from tiny_models import export_ts
 from opdiff.comparison.result import ERROR, PASS
 from opdiff.errors import OpdiffError
 from opdiff.onnx import compare_torch

@@ -79,23 +79,11 @@ def run(args) -> int:
 def _print(cmp) -> None:
     """Console report: the shared printer (verdict, notes, worst rows), then ONNX-only file paths."""
     from rich.console import Console
-    from rich.markup import escape
 
+    from ..report.console import print_result
+
+    print_result(cmp.result)
     console = Console()
-    try:
-        from ..report.console import print_result
-    except ImportError:
-        print_result = None
-    if print_result is not None:
-        print_result(cmp.result)
-    else:  # the shared console reporter is not installed: the essentials, plainly
-        c = cmp.result.counts
-        console.print(f"[bold]opdiff onnx[/]: {c['pass']} pass, [yellow]{c['warning']} warning[/], "
-                      f"[red]{c['error']} error[/], {c['unmatched']} unmatched")
-        style = "red" if cmp.first_divergence is not None else "green"
-        console.print(f"[{style}]{escape(cmp.result.verdict)}[/]")
-        for note in cmp.result.notes:
-            console.print(f"  {escape(note)}", highlight=False)
     if "details" in cmp.files:
         console.print(f"also wrote {cmp.files['details']} (observer check, input handling, unmatched "
                       f"tensors and why)", highlight=False, style="dim")

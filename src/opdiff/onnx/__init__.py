@@ -10,10 +10,11 @@ Needs the `onnx` extra (`pip install 'opdiff[onnx]'`); without it every entry po
 OpdiffError that says so.
 """
 from .deps import OnnxError
-from .metrics import MsitThresholds
+from .policy import MsitPolicy, MsitThresholds
 from .runner import RuntimeOptions
 
-__all__ = ["compare_models", "compare_torch", "RuntimeOptions", "MsitThresholds", "OnnxError"]
+__all__ = ["compare_models", "compare_torch", "RuntimeOptions", "MsitPolicy", "MsitThresholds",
+           "OnnxError"]
 
 
 def __getattr__(name):

@@ -1,7 +1,7 @@
 """Is the first failing node wrong itself, or does it only inherit error? Run it alone and see.
 
     check = check_node_locally(target_model, t_index, "/fc1/Gemm_output_0", feeds_from_golden,
-                               golden_value, options)
+                               golden_value, target_tensors, options, MsitPolicy())
     check.local_error      # True: the node is wrong on the golden's own inputs
     check.sentence         # what to tell the user
 
@@ -19,7 +19,8 @@ import numpy as np
 
 from .deps import OnnxError, require
 from .graph import GraphIndex
-from .metrics import MsitThresholds, compare_arrays
+from .msit_csv import msit_values
+from .policy import MsitPolicy
 from .runner import RuntimeOptions, make_session, run_session
 from ..comparison.result import ERROR
 
@@ -31,13 +32,13 @@ class LocalCheck:
     node: str
     local_error: Optional[bool]        # None when the node could not be run alone
     sentence: str
-    metrics: dict = field(default_factory=dict)
+    metrics: dict = field(default_factory=dict)            # msit's column names (onnx_details.json)
     fed_from_target: list = field(default_factory=list)   # inputs with no golden value
 
 
 def check_node_locally(model, t: GraphIndex, tensor: str, golden_inputs: dict, golden_value: np.ndarray,
                        target_tensors: dict, options: RuntimeOptions,
-                       thresholds: MsitThresholds) -> LocalCheck:
+                       policy: MsitPolicy) -> LocalCheck:
     """Run the target node that writes `tensor` on golden inputs; compare with `golden_value`.
 
     golden_inputs: {target tensor name: golden array} for the node's inputs that have a golden
@@ -48,7 +49,10 @@ def check_node_locally(model, t: GraphIndex, tensor: str, golden_inputs: dict, g
     if node is None:
         return LocalCheck(tensor, None, f"'{tensor}' is not written by a node; nothing to run alone")
     name = t.display_name(node)
-    feeds, inputs, inits, fed_from_target = {}, [], [], []
+    feeds: dict = {}
+    inputs: list = []
+    inits: list = []
+    fed_from_target: list = []
     for x in node.input:
         if not x or x in feeds or any(i.name == x for i in inits):
             continue
@@ -80,12 +84,12 @@ def check_node_locally(model, t: GraphIndex, tensor: str, golden_inputs: dict, g
     except OnnxError as exc:
         log.info("opdiff: running %s alone failed: %s", name, exc)
         return LocalCheck(name, None, f"{name} could not be run alone ({exc})", fed_from_target=fed_from_target)
-    diff = compare_arrays(value, golden_value)
-    result, reason = thresholds.verdict(diff)
-    cos = diff.msit.get("CosineSimilarity")
-    shown = f"cosine {cos:.6g}, RED {diff.msit['RelativeEuclideanDistance']:.3g}" \
-        if cos is not None and not np.isnan(cos) else reason
-    if result == ERROR:
+    m, verdict = policy.judge_arrays(value, golden_value)
+    metrics = {**m.metrics, **m.extra} if m is not None else {}
+    cos, red = metrics.get("Cosine"), metrics.get("RelEuclideanDistance")
+    shown = f"cosine {cos:.6g}, RED {red:.3g}" \
+        if cos is not None and not np.isnan(cos) and red is not None else verdict.reason
+    if verdict.result == ERROR:
         sentence = (f"run alone on the golden's inputs, {name} still fails ({shown}): "
                     f"the error is made by this node itself")
     else:
@@ -93,4 +97,4 @@ def check_node_locally(model, t: GraphIndex, tensor: str, golden_inputs: dict, g
                     f"it only inherits error from its inputs (accumulated error)")
     if fed_from_target:
         sentence += f"; input(s) {', '.join(fed_from_target)} had no golden value and kept the target's"
-    return LocalCheck(name, result == ERROR, sentence, diff.msit, fed_from_target)
+    return LocalCheck(name, verdict.result == ERROR, sentence, msit_values(metrics), fed_from_target)

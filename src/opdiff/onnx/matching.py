@@ -91,10 +91,11 @@ def match_graphs(g: GraphIndex, t: GraphIndex, golden_available, target_availabl
         module = g.module_of(node) if node is not None else None
         location = g.location_of(node) if node is not None else None
 
+        # called at once, in this iteration: the loop's names are the ones meant
         def pair(target: str, rule: str):
             used.add(target)
-            matching.pairs.append(TensorPair(name, target, rule, role, order, node_name, op, module,
-                                              location))
+            matching.pairs.append(TensorPair(name, target, rule, role, order, node_name, op,  # noqa: B023
+                                              module, location))  # noqa: B023
 
         if name in redirect:
             pair(redirect[name], RULE_BATCHNORM)

@@ -30,10 +30,10 @@ from .dumping import OnnxDump
 from .graph import GraphIndex
 from .inputs import PreparedInputs, prepare_inputs
 from .matching import RULE_BATCHNORM, RULE_NAME, RULE_TORCH, Matching, TensorPair
-from .metrics import MsitThresholds
-from .model_compare import (TITLE, ModelComparison, Side, annotate, dump_side, finish, fresh_path,
-                            locate, score, write_outputs)
+from .model_compare import annotate, dump_side, finish, fresh_path, write_outputs
+from .policy import MsitPolicy, MsitThresholds
 from .runner import RuntimeOptions, load_model, run_model
+from .scoring import TITLE, ModelComparison, Side, locate, score
 
 log = logging.getLogger("opdiff")
 
@@ -53,6 +53,8 @@ def load_builder(spec: str):
         raise OnnxError(f"--torch: {file} does not exist")
     name = f"opdiff_user_{abs(hash(str(file.resolve())))}"
     module_spec = importlib.util.spec_from_file_location(name, file)
+    if module_spec is None or module_spec.loader is None:
+        raise OnnxError(f"--torch: {file} cannot be imported as a Python module; give a .py file")
     user = importlib.util.module_from_spec(module_spec)
     sys.modules[name] = user
     try:
@@ -256,7 +258,7 @@ def compare_torch(builder: str, target, *, inputs=None, output_path=None,
 
     clock = {"start": time.perf_counter()}
     target_options = target_options or RuntimeOptions()
-    thresholds = thresholds or MsitThresholds()
+    policy = MsitPolicy(thresholds)
     module, example = load_builder(builder)
     t_model = load_model(target)
     notes = []
@@ -284,8 +286,8 @@ def compare_torch(builder: str, target, *, inputs=None, output_path=None,
     golden_tensors = {c.tensor_name: c.output for c in calls if c.output is not None}
     golden = Side(f"{builder} (PyTorch {torch.__version__}, eval)", golden_tensors, None)
     target_side = Side(f"{target} ({target_options.describe()})", t_run.tensors, t_run.observer, t)
-    cmp = score(golden, target_side, matching, thresholds, notes)
-    cmp.local_check = locate(cmp, t_model, t, golden, target_side, target_options, thresholds)
+    cmp = score(golden, target_side, matching, policy, notes)
+    cmp.local_check = locate(cmp, t_model, t, golden, target_side, target_options, policy)
     clock["compare"] = time.perf_counter()
     if output_path is not None:
         stamp = time.strftime("%Y%m%d_%H%M%S")
@@ -293,7 +295,7 @@ def compare_torch(builder: str, target, *, inputs=None, output_path=None,
         meta = {"tool": TITLE, "inputs": prepared.sources}
         dump = OnnxDump(root / "golden", {**meta, "side": "golden", "model": builder,
                                           "runtime": f"PyTorch {torch.__version__}"}, save_tensors)
-        for seq, c in enumerate(calls):
+        for c in calls:
             if c.output is not None:
                 dump.record(c.record_name, f"Module.{c.cls}", [], [c.tensor_name], golden_tensors,
                             module=c.path or None, location=c.location, kind="module")
