@@ -10,17 +10,19 @@ and whose outputs are not. Three kinds of op look like origins but are not:
 - an op the user fed an inf/NaN literal (`masked_fill(mask, -inf)` for attention): intentional.
 
 After an intentional -inf, an op that turns it into NaN (softmax of a fully masked row) is an
-origin of NaN. Everything else that outputs inf/NaN after the origin is the chain.
+origin of NaN. Everything else that outputs inf/NaN after the origin is the chain. The rule for
+one op is `opdiff.overflow.rules.judge`, shared with the online monitor; this module walks a
+dump and keeps what the rule needs to know of the ops before.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 
-from ..comparison.result import Location
 from ..store.records import has_nonfinite_number, iter_tensors
+from ..store.schema import Kind, Location, Phase, RecordName, Role, locations_from_frames
 from . import headroom as _headroom
+from . import rules
 from .classify import health, sides
 from .result import (CLEAN, INHERITED, OVERFLOW, SKIPPED, ChainLink, Origin, OverflowResult,
                      StepFinding)
@@ -29,8 +31,6 @@ from .scaler import is_scaler_op, scaler_found_inf
 log = logging.getLogger("opdiff")
 
 MAX_CHAIN = 500             # links kept per step (all are counted)
-_API_BACKWARD = re.compile(r"^(.+\.\d+)\.backward$")
-_MODULE_BACKWARD = re.compile(r"^(Module\..+)\.backward\.(\d+)$")
 
 
 def analyze(path, headroom_factor: float = 2.0) -> OverflowResult:
@@ -87,47 +87,48 @@ class _Walk:
 
     def visit(self, rec: dict) -> None:
         self.counts["records"] += 1
-        kind, phase, name = rec.get("kind"), rec.get("phase", "forward"), rec["name"]
-        if kind in ("api", "aten"):
+        kind, phase, name = rec.get("kind"), rec.get("phase", Phase.FORWARD), rec["name"]
+        if kind in (Kind.API, Kind.ATEN):
             self.has_ops = True
-        if is_scaler_op(rec):
+        if is_scaler_op(rec):       # before measuring anything: the scaler rules read it
             self._scaler(rec)
             return
         ins, outs = sides(rec)
         hin, hout = health(ins, self.dump), health(outs, self.dump)
-        if hout.finite:
-            if not hin.finite:
-                self.counts["absorbed"] += 1
-                if phase == "forward":
-                    self.tainted_forward.add(name)
-            elif self.factor:
+        if hout.finite:             # what the rule needs of the ops before matters only now
+            verdict = rules.judge(hin, hout)
+        else:
+            verdict = rules.judge(
+                hin, hout, given_nonfinite_number=has_nonfinite_number(rec),
+                inside_origin=kind == Kind.MODULE and (_forward_form(name), phase) in self.enclosing,
+                forward_nonfinite=phase == Phase.BACKWARD and _forward_of(rec) in self.tainted_forward,
+                # parameter gradients are accumulated from the backward ops already seen
+                accumulated_after_nonfinite=kind == Kind.PARAM_GRAD and (
+                    bool(self.origins) or self.inherited is not None),
+                origin_seen=bool(self.origins))
+        if verdict.kind == rules.CLEAN:
+            if self.factor:
                 warns = _headroom.warnings_for(rec, self.factor, self._location(rec),
                                                self.dump.step, self.dump.rank)
-                (self.module_headroom if kind == "module" else self.headroom).extend(warns)
+                (self.module_headroom if kind == Kind.MODULE else self.headroom).extend(warns)
+            return
+        if phase == Phase.FORWARD:
+            self.tainted_forward.add(name)
+        if verdict.kind == rules.ABSORBED:
+            self.counts["absorbed"] += 1
             return
         self.counts["nonfinite"] += 1
-        if phase == "forward":
-            self.tainted_forward.add(name)
-        if kind == "module" and (_forward_form(name), phase) in self.enclosing:
-            self._link(rec, "contains origin")
+        if verdict.kind == rules.ORIGIN:
+            self._origin(rec, hin, hout, verdict.why)
+        elif verdict.kind == rules.INTENTIONAL:
+            self.intentional.append(name)
+        elif verdict.why == rules.CONTAINS_ORIGIN:
+            self._link(rec, verdict.why)
             self.enclosing.add((rec.get("module"), phase))
-        elif phase == "backward" and _forward_of(rec) in self.tainted_forward:
-            self._link(rec, "uses non-finite forward values")
-        elif kind == "param_grad" and (self.origins or self.inherited is not None):
-            # Parameter gradients are accumulated from the backward ops already seen.
-            self._link(rec, "propagates")
-        elif hin.finite and (not hin.unknown or not self.origins):
-            if has_nonfinite_number(rec):
-                self.intentional.append(name)
-            else:
-                why = ("its inputs are finite, its outputs are not" if not hin.unknown else
-                       "its outputs are not finite (its inputs were not recorded)")
-                self._origin(rec, hin, hout, why)
-        elif hout.nan and not hin.nan and not self.origins:
-            self._origin(rec, hin, hout, "it turned +-inf inputs into NaN")
         else:
-            self._link(rec, "propagates")
-            if not self.origins and not self.intentional and self.inherited is None:
+            self._link(rec, verdict.why)
+            if verdict.why == rules.PROPAGATES and not self.origins and not self.intentional \
+                    and self.inherited is None:
                 self.inherited = self._make_origin(
                     rec, hin, hout, "its inputs already hold inf/NaN that no recorded op produced "
                     "(input data, parameters, or ops outside the dump)")
@@ -137,27 +138,27 @@ class _Walk:
         if self.origins:
             self._link(rec, "new origin")
         self.origins.append(origin)
-        self.enclosing.add((rec.get("module"), rec.get("phase", "forward")))
+        self.enclosing.add((rec.get("module"), rec.get("phase", Phase.FORWARD)))
 
     def _make_origin(self, rec, hin, hout, why: str) -> Origin:
         created = "inf and NaN" if (hout.nan and hout.inf) else ("NaN" if hout.nan else "inf")
         ins, outs = [], []
         for tname, role, desc in iter_tensors(rec):
-            side = outs if (role == "output" or rec.get("kind") == "param_grad") else ins
+            side = outs if (role == Role.OUTPUT or rec.get("kind") == Kind.PARAM_GRAD) else ins
             side.append(_tensor_summary(tname, desc))
         return Origin(name=rec["name"], op=rec.get("op") or rec["name"],
-                      phase=rec.get("phase", "forward"), kind=rec.get("kind") or "api",
+                      phase=rec.get("phase", Phase.FORWARD), kind=rec.get("kind") or Kind.API,
                       reason=why, location=self._location(rec), module=rec.get("module"),
                       nonfinite=created, outputs=tuple(outs), inputs=tuple(ins),
                       step=self.dump.step, rank=self.dump.rank)
 
     def _link(self, rec: dict, relation: str) -> None:
-        if relation == "propagates":
+        if relation == rules.PROPAGATES:
             self.counts["propagated"] += 1
         if self.origins or self.inherited is not None:
             self.counts["chain"] += 1
             if len(self.chain) < MAX_CHAIN:
-                self.chain.append(ChainLink(rec["name"], rec.get("phase", "forward"), relation))
+                self.chain.append(ChainLink(rec["name"], rec.get("phase", Phase.FORWARD), relation))
 
     def _scaler(self, rec: dict) -> None:
         found = scaler_found_inf(rec, self.dump)
@@ -172,16 +173,13 @@ class _Walk:
         except Exception as exc:   # a foreign stack we cannot read should not hide the finding
             log.info("opdiff: no call stack for %s (%s)", rec.get("name"), exc)
             return None
-        if not frames:
-            return None
-        f = frames[0]
-        return Location(file=str(f.get("file", "")), line=int(f.get("line") or 0),
-                        code=str(f.get("code") or ""), function=str(f.get("function") or ""))
+        locations = locations_from_frames(frames)
+        return locations[0] if locations else None
 
     def finish(self) -> tuple[StepFinding, list]:
         skipped = bool(self.scaler and self.scaler["skipped"])
         origins = [dataclasses.replace(o, skipped_by_loss_scaler=True)
-                   if skipped and o.phase == "backward" else o for o in self.origins]
+                   if skipped and o.phase == Phase.BACKWARD else o for o in self.origins]
         model_origins = [o for o in origins if not o.skipped_by_loss_scaler]
         if model_origins:
             status = OVERFLOW
@@ -203,22 +201,24 @@ class _Walk:
 
 
 def _forward_form(name: str) -> str:
-    m = _MODULE_BACKWARD.match(name)
-    return f"{m.group(1)}.forward.{m.group(2)}" if m else name
+    """A module call's backward name as its forward call's (other names unchanged)."""
+    parsed = RecordName.parse(name)
+    if parsed is not None and parsed.kind == Kind.MODULE and parsed.phase == Phase.BACKWARD:
+        return parsed.with_phase(Phase.FORWARD).text
+    return name
 
 
 def _forward_of(rec: dict) -> str | None:
     """Name of the forward record a backward record belongs to."""
     if rec.get("forward"):
         return rec["forward"]
-    if rec.get("kind") == "aten":
+    if rec.get("kind") == Kind.ATEN:
         return None     # aten backward counters are their own; only the record's link is reliable
-    name = rec["name"]
-    m = _API_BACKWARD.match(name)
-    if m:
-        return f"{m.group(1)}.forward"
-    fwd = _forward_form(name)
-    return fwd if fwd != name else None
+    parsed = RecordName.parse(rec["name"])
+    if parsed is None or parsed.phase != Phase.BACKWARD or parsed.kind == Kind.PARAM_GRAD \
+            or parsed.text != rec["name"]:      # legacy-form names: adapters rename them
+        return None
+    return parsed.with_phase(Phase.FORWARD).text
 
 
 def _tensor_summary(name: str, desc: dict) -> dict:

@@ -2,42 +2,22 @@
 
 Statistics say it directly (nan/inf counts, or a non-finite max/min in dumps that have no counts).
 A descriptor without statistics but with a saved tensor is answered by loading that tensor. When
-neither is there the answer is `None` (unknown), and callers decide what unknown means.
+neither is there the answer is `Health(unknown=True)`, and callers decide what unknown means.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
-from ..store.records import decoded_stats, has_nonfinite_number, iter_tensors
-
-_EXACT = ("int", "bool", "uint")      # dtypes that cannot hold inf/NaN
-
-
-@dataclass(frozen=True)
-class Health:
-    """What the tensors on one side of an op (its inputs, or its outputs) hold."""
-
-    nan: bool = False           # some tensor holds NaN
-    inf: bool = False           # some tensor holds +-inf
-    unknown: bool = False       # some floating tensor could not be checked
-
-    @property
-    def finite(self) -> bool:
-        return not (self.nan or self.inf)
-
-    def __or__(self, other: "Health") -> "Health":
-        return Health(self.nan or other.nan, self.inf or other.inf, self.unknown or other.unknown)
-
-
-CLEAN = Health()
+from ..dtypes import is_exact
+from ..store.records import decoded_stats, iter_tensors
+from ..store.schema import Kind, Role
+from .rules import FINITE, Health
 
 
 def tensor_health(desc: dict, dump=None) -> Health:
     """Health of one tensor descriptor; loads the saved tensor only when statistics are missing."""
-    dtype = str(desc.get("dtype") or "")
-    if dtype.startswith(_EXACT):
-        return CLEAN
+    if is_exact(desc.get("dtype")):         # integers and bool cannot hold inf/NaN
+        return FINITE
     stats = decoded_stats(desc)
     if stats:
         nan, inf = stats.get("nan"), stats.get("inf")
@@ -59,7 +39,7 @@ def _health_of(t) -> Health:
     import torch
 
     if not (t.is_floating_point() or t.is_complex()) or t.numel() == 0:
-        return CLEAN
+        return FINITE
     return Health(nan=bool(torch.isnan(t).any()), inf=bool(torch.isinf(t).any()))
 
 
@@ -70,7 +50,7 @@ def sides(record: dict) -> tuple[list[dict], list[dict]]:
     """
     ins, outs = [], []
     for _, role, desc in iter_tensors(record):
-        if role == "output" or (role == "parameters" and record.get("kind") == "param_grad"):
+        if role == Role.OUTPUT or (role == Role.PARAMETERS and record.get("kind") == Kind.PARAM_GRAD):
             outs.append(desc)
         else:
             ins.append(desc)
@@ -79,7 +59,7 @@ def sides(record: dict) -> tuple[list[dict], list[dict]]:
 
 def health(descs: list[dict], dump=None) -> Health:
     """Combined health of several tensor descriptors."""
-    h = CLEAN
+    h = FINITE
     for d in descs:
         h = h | tensor_health(d, dump)
     return h

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from ..comparison.result import Location
+from ..store.schema import Location
 
 # Status of one step/rank, worst first.
 OVERFLOW = "overflow"                   # an op created inf/NaN: a model problem

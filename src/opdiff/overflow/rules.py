@@ -1,0 +1,120 @@
+"""Where is inf/NaN born? The rule for one op, as a pure function of what is known about it.
+
+Used by the offline walk over a dump (`opdiff.overflow.analysis`) and by the online monitor of
+`task="overflow_check"` (`opdiff.capture.overflow`), so both name the same op:
+
+    from opdiff.overflow.rules import Health, judge, ORIGIN
+    verdict = judge(inputs=Health(), outputs=Health(inf=True))
+    verdict.kind            # "origin"
+    verdict.why             # "its inputs are finite, its outputs are not"
+
+An op is the *origin* when its inputs are finite and its outputs are not. It only *inherits*
+inf/NaN when its inputs hold some already, when it is a module call around an origin, when it is
+the backward of a forward op that saw inf/NaN (it reads the saved non-finite activations), or
+when it is a parameter gradient accumulated after one. An op given inf or NaN as a plain number
+(`masked_fill(mask, -inf)`) makes it on purpose (*intentional*). GradScaler's own bookkeeping
+handles inf on purpose and is judged by the loss-scaler rules instead (*loss_scaler*).
+
+When the outputs are finite the verdict is `clean` or `absorbed` whatever else is true, so a
+caller may measure the inputs only once the outputs are found non-finite.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import ops
+
+CLEAN = "clean"                 # finite in, finite out
+ABSORBED = "absorbed"           # non-finite in, finite out (a mask, a where)
+ORIGIN = "origin"               # finite in, non-finite out: inf/NaN is born here
+INHERITED = "inherited"         # non-finite out because of what came in
+INTENTIONAL = "intentional"     # made from an inf/NaN number the op was given
+LOSS_SCALER = "loss_scaler"     # GradScaler's bookkeeping: see opdiff.overflow.scaler
+
+# How an inherited op got its inf/NaN (the chain's relations).
+PROPAGATES = "propagates"
+CONTAINS_ORIGIN = "contains origin"
+USES_FORWARD = "uses non-finite forward values"
+
+
+@dataclass(frozen=True)
+class Health:
+    """What the tensors on one side of an op (its inputs, or its outputs) hold."""
+
+    nan: bool = False           # some tensor holds NaN
+    inf: bool = False           # some tensor holds +-inf
+    unknown: bool = False       # some floating tensor could not be checked
+
+    @property
+    def finite(self) -> bool:
+        """No tensor was seen to hold inf or NaN (unknown ones count as finite)."""
+        return not (self.nan or self.inf)
+
+    def __or__(self, other: "Health") -> "Health":
+        return Health(self.nan or other.nan, self.inf or other.inf, self.unknown or other.unknown)
+
+
+FINITE = Health()
+# What an online check that tells only "finite or not" knows of a non-finite side.
+NONFINITE = Health(nan=True, inf=True)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The rule's answer for one op."""
+
+    kind: str                   # CLEAN | ABSORBED | ORIGIN | INHERITED | INTENTIONAL | LOSS_SCALER
+    why: str = ""               # ORIGIN: one sentence; INHERITED: the relation (PROPAGATES, ...)
+
+    @property
+    def nonfinite_out(self) -> bool:
+        """The op's outputs hold inf/NaN (every kind but clean and absorbed)."""
+        return self.kind not in (CLEAN, ABSORBED, LOSS_SCALER)
+
+
+def is_loss_scaler(op: str) -> bool:
+    """GradScaler's own bookkeeping ops (`_amp_foreach_non_finite_check_and_unscale_`,
+    `_amp_update_scale_`, in any namespace), from the op registry."""
+    return ops.traits(op).loss_scaler
+
+
+def judge(inputs: Health, outputs: Health, *, given_nonfinite_number: bool = False,
+          loss_scaler: bool = False, inside_origin: bool = False,
+          forward_nonfinite: bool = False, accumulated_after_nonfinite: bool = False,
+          origin_seen: bool = False) -> Verdict:
+    """The verdict for one op.
+
+    inputs, outputs: health of the op's input and output tensors (a module's parameters are
+        inputs, a parameter-gradient record's gradients outputs).
+    given_nonfinite_number: the op was given inf/NaN as a plain number
+        (`opdiff.store.records.has_nonfinite_number`).
+    loss_scaler: GradScaler bookkeeping (`is_loss_scaler(op)`).
+    inside_origin: a module call around an op already judged the origin.
+    forward_nonfinite: a backward op whose forward op saw inf/NaN.
+    accumulated_after_nonfinite: a parameter gradient, after an origin or inherited inf/NaN.
+    origin_seen: an origin was found earlier in the same step; then an op whose inputs were not
+        recorded, or that turns +-inf into NaN, is not taken for a new one.
+    """
+    if loss_scaler:
+        return Verdict(LOSS_SCALER)
+    if outputs.finite:
+        return Verdict(CLEAN if inputs.finite else ABSORBED)
+    if inside_origin:
+        return Verdict(INHERITED, CONTAINS_ORIGIN)
+    if forward_nonfinite:
+        return Verdict(INHERITED, USES_FORWARD)
+    if accumulated_after_nonfinite:
+        return Verdict(INHERITED, PROPAGATES)
+    if inputs.finite and (not inputs.unknown or not origin_seen):
+        if given_nonfinite_number:
+            return Verdict(INTENTIONAL)
+        return Verdict(ORIGIN, "its inputs are finite, its outputs are not" if not inputs.unknown
+                       else "its outputs are not finite (its inputs were not recorded)")
+    if outputs.nan and not inputs.nan and not origin_seen:
+        return Verdict(ORIGIN, "it turned +-inf inputs into NaN")
+    return Verdict(INHERITED, PROPAGATES)
+
+
+__all__ = ["judge", "is_loss_scaler", "Health", "Verdict", "FINITE", "NONFINITE", "CLEAN",
+           "ABSORBED", "ORIGIN", "INHERITED", "INTENTIONAL", "LOSS_SCALER", "PROPAGATES",
+           "CONTAINS_ORIGIN", "USES_FORWARD"]
