@@ -7,31 +7,30 @@ flags only values that would actually overflow, `factor=2` also those within 2x 
 """
 from __future__ import annotations
 
+from ..dtypes import FP16_MAX, largest_finite, short_dtype
 from ..store.records import iter_tensors
+from ..store.schema import Kind, Role
 from .classify import max_abs
 from .result import HeadroomWarning
 
-FP16_MAX = 65504.0
-_OWN_MAX = {"float16": FP16_MAX, "float8_e4m3fn": 448.0, "float8_e4m3fnuz": 240.0,
-            "float8_e5m2": 57344.0, "float8_e5m2fnuz": 57344.0}
-_WIDE = ("float32", "float64", "bfloat16")
-
 
 def limit_for(dtype: str) -> tuple[float, str] | None:
-    """(maximum, its dtype) an output of this dtype is measured against; None for other dtypes."""
-    dtype = dtype.replace("torch.", "")
-    if dtype in _OWN_MAX:
-        return _OWN_MAX[dtype], dtype
-    if dtype in _WIDE:
+    """(maximum, its dtype) an output of this dtype is measured against: fp16's maximum for
+    wider floats (bf16, fp32, fp64), its own for fp16 and fp8; None for other dtypes."""
+    name = short_dtype(dtype) or ""
+    limit = largest_finite(name)
+    if limit is None:
+        return None
+    if limit > FP16_MAX:
         return FP16_MAX, "float16"
-    return None
+    return limit, name
 
 
 def warnings_for(record: dict, factor: float, location=None, step=None, rank=None) -> list:
     """HeadroomWarnings for the output tensors of one record (at most one per record: the largest)."""
     worst = None
     for tname, role, desc in iter_tensors(record):
-        if role != "output" and record.get("kind") != "param_grad":
+        if role != Role.OUTPUT and record.get("kind") != Kind.PARAM_GRAD:
             continue
         limit = limit_for(str(desc.get("dtype") or ""))
         m = max_abs(desc)
@@ -42,7 +41,7 @@ def warnings_for(record: dict, factor: float, location=None, step=None, rank=Non
     if worst is None:
         return []
     _, desc, (lim, lim_dtype), tname = worst
-    dtype = str(desc.get("dtype")).replace("torch.", "")
+    dtype = short_dtype(str(desc.get("dtype")))
     m = max_abs(desc)
     if lim_dtype == "float16" and dtype != "float16":
         what = (f"would overflow in fp16: max |output| {m:.4g} > {lim:g}" if m > lim else
