@@ -13,16 +13,6 @@ from opdiff.overflow import analyze
 
 from . import models
 
-# Behaviour that needs the capture change in /tmp/overflow_capture.patch (see the report).
-try:
-    from opdiff.capture.overflow import OverflowMonitor
-    PATCHED = hasattr(OverflowMonitor, "settle")
-except ImportError:           # pragma: no cover
-    PATCHED = False
-needs_patch = pytest.mark.xfail(not PATCHED, strict=True,
-                                reason="needs the capture patch /tmp/overflow_capture.patch")
-
-
 def _records(path):
     files = sorted(path.rglob("records.jsonl"))
     return [json.loads(line) for f in files for line in f.read_text().splitlines() if line]
@@ -86,14 +76,12 @@ def test_stops_at_origin_and_dumps_it(tmp_path, name, origin, cls):
     assert (offline.name, offline.phase, offline.location.line) == (origin, phase, line)
 
 
-@needs_patch
 @pytest.mark.parametrize("name,cls", [("exp", models.ExpNet), ("reciprocal", models.ReciprocalNet)])
 def test_message_names_the_source_line(tmp_path, name, cls):
     _, error, _ = _run_online(tmp_path, name)
     assert f"models.py:{models.origin_line(cls, name)}" in str(error)
 
 
-@needs_patch
 def test_minus_one_completes_and_blames_only_origins(tmp_path):
     dbg, error, path = _run_online(tmp_path, "exp", overflow_nums=-1, steps=2)
     assert error is None
@@ -136,13 +124,11 @@ def test_config_json(tmp_path):
             dbg.stop()
 
 
-@needs_patch
 def test_intentional_mask_is_not_an_alarm(tmp_path):
     dbg, error, _ = _run_online(tmp_path, "masked")
     assert error is None and dbg.overflows == []
 
 
-@needs_patch
 def test_loss_scaler_skip_is_not_an_alarm(tmp_path):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
@@ -180,8 +166,6 @@ def test_overflow_does_not_leave_a_debugger_running(tmp_path):
     # The step is never closed: the objects frozen out of full collections at its start must
     # not stay frozen for the rest of the process.
     assert gc.get_freeze_count() == 0
-    if not PATCHED:
-        dbg.stop()        # without the patch the caller has to clean up
     model, inputs = models.build("exp_clean")
     with opdiff.dump(model, str(tmp_path / "b"), level="L1"):
         models.step(model, inputs)
