@@ -49,6 +49,7 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
+from ..dtypes import canonical_dtype, coarser, is_float
 from ..store.records import input_numbers
 from .result import ERROR, PASS, UNMATCHED, WARNING, Divergence, Location, TensorRow
 
@@ -121,11 +122,6 @@ def _dtype_limits() -> frozenset:
     return frozenset(values)
 
 
-def _is_float(dtype: Optional[str]) -> bool:
-    from .verdicts import canonical_dtype
-    return canonical_dtype(dtype) not in (None, "int")
-
-
 def _linked(op: OpScore) -> list[str]:
     """Records whose tensors the op's computation also read (see module docstring)."""
     if op.kind == "param_grad" and ".parameters_grad." in op.name:
@@ -156,16 +152,14 @@ def _input_error(op: OpScore, by_name: dict) -> tuple[float, float, Optional[int
 def run_precision(rows: list[TensorRow]) -> Optional[str]:
     """The coarsest float dtype of the compare: in a bf16 autocast run even fp32 ops handle values
     that carry bf16 noise, so no op is held to a finer floor than the run's precision."""
-    from .verdicts import lower_precision
-
     coarsest = None
     seen = set()
     for row in rows:
         for dt in (row.target_dtype, row.golden_dtype):
             if dt and dt not in seen:
                 seen.add(dt)
-                if _is_float(dt):
-                    coarsest = dt if coarsest is None else lower_precision(coarsest, dt)
+                if is_float(dt):
+                    coarsest = dt if coarsest is None else coarser(coarsest, dt)
     return coarsest
 
 
@@ -197,7 +191,7 @@ def _judge_op(op: OpScore, by_name: dict, policy, run_dtype: Optional[str] = Non
                 cand = (math.inf, row_index, why)
             else:
                 continue
-        elif not (_is_float(tdt) or _is_float(gdt)):
+        elif not (is_float(tdt) or is_float(gdt)):
             if e_in == 0.0 and m.error > 0:
                 cand = (m.error, row_index, "integer output differs although the inputs are equal")
             else:
@@ -476,8 +470,6 @@ def statistics_limits(rows: list[TensorRow], policy, replayed: bool = False) -> 
     stats = [r for r in paired if r.mode == "statistics"]
     if not stats:
         return None
-    from .verdicts import canonical_dtype
-
     dtype = canonical_dtype(run_precision(rows)) or "float32"
     def pct(phase, scale=False):
         return f"{100 * policy.statistics_tolerance_for(dtype, dtype, phase, scale=scale):.2g}%"

@@ -87,75 +87,64 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ..dtypes import _ALIASES as DTYPE_ALIASES   # the spellings users write ('bf16', 'half')
+from ..dtypes import canonical_dtype, coarser
 from ..errors import ConfigError
 from .result import ERROR, PASS, WARNING
 
-_DTYPE_ALIASES = {
-    "bf16": "bfloat16", "bfloat16": "bfloat16",
-    "fp16": "float16", "half": "float16", "float16": "float16",
-    "fp32": "float32", "float": "float32", "float32": "float32", "tf32": "float32",
-    "fp64": "float64", "double": "float64", "float64": "float64",
+# One row per precision class (`opdiff.dtypes.canonical_dtype`); why these numbers: see above.
+# Changing a dtype's thresholds is editing its row; a new precision class is a new row.
+DTYPE_COLUMNS = ("tolerance", "scale_tolerance", "statistics_tolerance",
+                 "statistics_scale_tolerance", "statistics_backward_tolerance")
+DTYPE_THRESHOLDS = {
+    #            tolerance  scale    statistics  statistics  statistics
+    #                                (random)    (scale)     (backward)
+    "float8":   (1.25e-1,   3e-2,    2.5e-1,     6e-2,       1.0),
+    "bfloat16": (1.6e-2,    4e-3,    2e-2,       8e-3,       5e-1),
+    "float16":  (2e-3,      5e-4,    2.5e-3,     1e-3,       6e-2),
+    "float32":  (1e-5,      2e-6,    1e-5,       4e-6,       4e-5),
+    "float64":  (1e-10,     1e-12,   1e-10,      4e-11,      4e-10),
+    "int":      (0.0,       0.0,     0.0,        0.0,        0.0),
 }
-# Precision rank: lower number = coarser dtype. Unknown float-ish names rank like float32.
-_RANK = {"float8": 0, "bfloat16": 1, "float16": 2, "float32": 3, "float64": 4}
+_FALLBACK = "float32"           # a precision class without a row is judged like float32
 
 
-def canonical_dtype(dtype: str | None) -> str | None:
-    """'torch.bfloat16', 'bf16', 'BF16' -> 'bfloat16'; integers -> 'int'; None stays None."""
-    if dtype is None:
-        return None
-    name = str(dtype).lower().replace("torch.", "").replace("numpy.", "")
-    if name in _DTYPE_ALIASES:
-        return _DTYPE_ALIASES[name]
-    if name.startswith("float8"):
-        return "float8"
-    if name.startswith(("int", "uint", "bool", "long", "short")):
-        return "int"
-    if name.startswith("complex"):
-        return "float64" if "128" in name else "float32"
-    return "float32"
+def _column(name: str):
+    """The default of one per-dtype Thresholds field: {dtype: number} from the table."""
+    i = DTYPE_COLUMNS.index(name)
+    return lambda: {dtype: row[i] for dtype, row in DTYPE_THRESHOLDS.items()}
 
 
-def lower_precision(a: str | None, b: str | None) -> str:
-    """The coarser of two dtypes ('int' only when both are integer)."""
-    ca, cb = canonical_dtype(a), canonical_dtype(b)
-    floats = [c for c in (ca, cb) if c not in (None, "int")]
-    if not floats:
-        return "int"
-    return min(floats, key=lambda c: _RANK.get(c, 3))
+def _row_key(name: str) -> str | None:
+    """The table row a dtype name written by a user stands for ('bf16' -> 'bfloat16'), None
+    when it names no dtype (a typo must not quietly set float32's row)."""
+    key = str(name).lower().replace("torch.", "")
+    if key in DTYPE_THRESHOLDS:
+        return key
+    return DTYPE_ALIASES.get(key)
 
 
 @dataclass(frozen=True)
 class Thresholds:
     """Numbers behind every verdict. Load with `Thresholds.load(path_or_dict)`; see module doc."""
-    tolerance: dict = field(default_factory=lambda: {
-        "float8": 1.25e-1, "bfloat16": 1.6e-2, "float16": 2e-3, "float32": 1e-5,
-        "float64": 1e-10, "int": 0.0})
+    tolerance: dict = field(default_factory=_column("tolerance"))
     agree_fraction: float = 0.5         # pass below this fraction of the tolerance
     amplification: float = 10.0         # local error must exceed input error by this factor
-    scale_tolerance: dict = field(default_factory=lambda: {
-        "float8": 3e-2, "bfloat16": 4e-3, "float16": 5e-4, "float32": 2e-6,
-        "float64": 1e-12, "int": 0.0})
+    scale_tolerance: dict = field(default_factory=_column("scale_tolerance"))
     scale_min_numel: int = 1
     scale_amplification: float = 3.0
     scale_noise_fraction: float = 0.5
-    statistics_tolerance: dict = field(default_factory=lambda: {
-        "float8": 2.5e-1, "bfloat16": 2e-2, "float16": 2.5e-3, "float32": 1e-5,
-        "float64": 1e-10, "int": 0.0})
-    statistics_scale_tolerance: dict = field(default_factory=lambda: {
-        "float8": 6e-2, "bfloat16": 8e-3, "float16": 1e-3, "float32": 4e-6,
-        "float64": 4e-11, "int": 0.0})
-    statistics_backward_tolerance: dict = field(default_factory=lambda: {
-        "float8": 1.0, "bfloat16": 5e-1, "float16": 6e-2, "float32": 4e-5,
-        "float64": 4e-10, "int": 0.0})
+    statistics_tolerance: dict = field(default_factory=_column("statistics_tolerance"))
+    statistics_scale_tolerance: dict = field(default_factory=_column("statistics_scale_tolerance"))
+    statistics_backward_tolerance: dict = field(
+        default_factory=_column("statistics_backward_tolerance"))
     statistics_small_numel: int = 32
 
     _KEYS = ("tolerance", "agree_fraction", "amplification", "scale_tolerance", "scale_min_numel",
              "scale_amplification", "scale_noise_fraction", "statistics_tolerance",
              "statistics_scale_tolerance", "statistics_backward_tolerance",
              "statistics_small_numel")
-    _DTYPE_TABLES = ("tolerance", "scale_tolerance", "statistics_tolerance",
-                     "statistics_scale_tolerance", "statistics_backward_tolerance")
+    _DTYPE_TABLES = DTYPE_COLUMNS
 
     @classmethod
     def load(cls, source=None, overrides: dict | None = None) -> "Thresholds":
@@ -197,7 +186,7 @@ class Thresholds:
                     tables[key][self._dtype_key(dt)] = self._number(f"{key}.{dt}", v)
             elif key in self._KEYS:
                 changes[key] = self._number(key, value)
-            elif canonical_dtype(key) and key.lower().replace("torch.", "") in _DTYPE_ALIASES:
+            elif _row_key(key) is not None:
                 tables["tolerance"][self._dtype_key(key)] = self._number(key, value)
             else:
                 raise ConfigError(f"unknown threshold '{key}'; use one of {', '.join(self._KEYS)} "
@@ -209,10 +198,10 @@ class Thresholds:
 
     @staticmethod
     def _dtype_key(name: str) -> str:
-        key = name.lower().replace("torch.", "")
-        if key not in _DTYPE_ALIASES and key not in ("int", "float8"):
+        key = _row_key(name)
+        if key is None:
             raise ConfigError(f"unknown dtype '{name}' in thresholds; use bf16, fp16, fp32 or fp64")
-        return _DTYPE_ALIASES.get(key, key)
+        return key
 
     @staticmethod
     def _number(name: str, value) -> float:
@@ -227,18 +216,19 @@ class Thresholds:
 
 @dataclass(frozen=True)
 class Verdict:
+    """One tensor's verdict on its own."""
     result: str                 # PASS | WARNING | ERROR
     accuracy_reached: str       # "Yes" | "No"
     reason: str
 
 
 class Policy:
-    """Turns a tensor's measurement into a verdict, and says whether a tensor agrees.
+    """Turns a tensor's measurement into a verdict.
 
-    Two methods matter to subclasses:
-      - `judge(measurement, target_dtype, golden_dtype)` -> Verdict for one tensor on its own;
-      - `agrees(measurement, target_dtype, golden_dtype)` -> bool, used for "inputs agree".
-    The divergence analysis calls `tolerance_for` / `scale_tolerance_for` and `amplification`.
+    `judge(measurement, target_dtype, golden_dtype)` -> Verdict for one tensor on its own is what
+    subclasses change (the ONNX compare applies msit's rule). The blame rules
+    (`opdiff.comparison.blame`) call `tolerance_for` / `scale_tolerance_for` /
+    `statistics_tolerance_for` and `amplification`.
     """
 
     def __init__(self, thresholds: Thresholds | dict | str | None = None):
@@ -246,16 +236,19 @@ class Policy:
 
     @property
     def amplification(self) -> float:
+        """How far an op's output error must exceed its inputs' to be its own."""
         return self.thresholds.amplification
+
+    def _lookup(self, table: dict, target_dtype, golden_dtype) -> float:
+        return table.get(coarser(target_dtype, golden_dtype), table[_FALLBACK])
 
     def tolerance_for(self, target_dtype: str | None, golden_dtype: str | None) -> float:
         """Relative L2 error beyond which a tensor of this dtype pair does not agree."""
-        dt = lower_precision(target_dtype, golden_dtype)
-        return self.thresholds.tolerance.get(dt, self.thresholds.tolerance["float32"])
+        return self._lookup(self.thresholds.tolerance, target_dtype, golden_dtype)
 
     def scale_tolerance_for(self, target_dtype: str | None, golden_dtype: str | None) -> float:
-        dt = lower_precision(target_dtype, golden_dtype)
-        return self.thresholds.scale_tolerance.get(dt, self.thresholds.scale_tolerance["float32"])
+        """Scale error (<t,g>/<g,g> - 1) beyond which an output's scale is off."""
+        return self._lookup(self.thresholds.scale_tolerance, target_dtype, golden_dtype)
 
     def statistics_tolerance_for(self, target_dtype: str | None, golden_dtype: str | None,
                                  phase: str = "forward", numel: int = 0,
@@ -269,22 +262,15 @@ class Policy:
             table = t.statistics_backward_tolerance
         else:
             table = t.statistics_scale_tolerance if scale else t.statistics_tolerance
-        dt = lower_precision(target_dtype, golden_dtype)
-        floor = table.get(dt, table["float32"])
+        floor = self._lookup(table, target_dtype, golden_dtype)
         if 0 < numel < t.statistics_small_numel:
             floor *= t.statistics_small_numel / numel
         return floor
 
-    def agrees(self, measurement, target_dtype: str | None, golden_dtype: str | None) -> bool:
-        """True when the tensor is within the tolerance of the pair's lower precision."""
-        if measurement.nonfinite_mismatch:
-            return False
-        return measurement.error <= self.tolerance_for(target_dtype, golden_dtype)
-
     def judge(self, measurement, target_dtype: str | None, golden_dtype: str | None) -> Verdict:
-        """Verdict for one tensor on its own (the divergence analysis may then soften an error
-        that the op's inputs explain into a warning)."""
-        dt = lower_precision(target_dtype, golden_dtype)
+        """Verdict for one tensor on its own (the blame rules may then soften an error that
+        the op's inputs explain into a warning)."""
+        dt = coarser(target_dtype, golden_dtype)
         tol = self.tolerance_for(target_dtype, golden_dtype)
         if measurement.nonfinite_mismatch:
             return Verdict(ERROR, "No", measurement.message or "inf/NaN positions differ")
@@ -295,3 +281,6 @@ class Policy:
             return Verdict(WARNING, "Yes", f"relative error {err:.3g} is close to the {dt} "
                                            f"tolerance {tol:.3g}")
         return Verdict(ERROR, "No", f"relative error {err:.3g} exceeds the {dt} tolerance {tol:.3g}")
+
+
+__all__ = ["Thresholds", "Policy", "Verdict", "DTYPE_THRESHOLDS", "DTYPE_COLUMNS"]
