@@ -1,24 +1,41 @@
-"""summary.json: the machine-readable outcome of a compare (DESIGN.md's schema, plus extras).
+"""summary.json: the machine-readable outcome of a compare, and loading it back into a
+CompareResult.
 
     {"first_divergence": null | {"name", "op", "phase", "reason",
                                  "location": {"file", "line", "code", "function"},
                                  "metrics", "tensor", "input_metrics", "module", "step", "rank",
-                                 "context": [[line, text], ...]},
+                                 "context": [[line, text], ...], ...every other Divergence field},
      "counts": {"pass", "warning", "error", "unmatched"},
      "target", "golden", "environment_diff": [{"key", "target", "golden"}],
      "verdict": "one sentence", "pairs": [{"step", "rank", "counts", "first_divergence"}],
      "notes": [...], "worst": [the 10 tensors with the largest error], "files": {...}}
 
 Non-finite numbers are written as the strings "NaN", "Infinity", "-Infinity" (strict JSON).
+The rows are not in summary.json (it stays small): "files" names rows.jsonl beside it
+(`opdiff.report.rows`), and `load_summary` reads both::
+
+    from opdiff.report.summary import load_summary
+    result = load_summary("out/summary.json")    # a CompareResult, rows included
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 from pathlib import Path
 
-from ..store.records import encode_float
+from ..comparison.result import CompareResult, Divergence
+from ..errors import DumpError
+from ..store.records import decode_float, encode_float
+from ..store.schema import Location
+from .outputs import atomic_write_text
+from .rows import read_rows
+
+# CompareResult fields summary.json holds under their own name (rows and first_divergence apart).
+_RESULT_FIELDS = ("target", "golden", "counts", "environment_diff", "verdict", "title", "step",
+                  "rank", "pairs", "notes", "files")
+_NUMBER_DICTS = ("metrics", "input_metrics")     # Divergence fields holding numbers by name
 
 
 def _clean(v):
@@ -39,31 +56,77 @@ def _location(loc):
     return {"file": loc.file, "line": loc.line, "code": loc.code, "function": loc.function}
 
 
-def summary_dict(result) -> dict:
-    """The summary as a plain dict (what summary.json holds)."""
-    fd = result.first_divergence
-    first = None
-    if fd is not None:
-        first = {"name": fd.name, "op": fd.op, "phase": fd.phase, "reason": fd.reason,
-                 "location": _location(fd.location), "metrics": fd.metrics, "tensor": fd.tensor,
-                 "input_metrics": fd.input_metrics, "module": fd.module, "step": fd.step,
-                 "rank": fd.rank, "context": [list(c) for c in fd.context]}
+def _divergence(fd) -> dict | None:
+    if fd is None:
+        return None
+    first = {f.name: getattr(fd, f.name) for f in dataclasses.fields(fd)}
+    first["location"] = _location(fd.location)
+    first["context"] = [list(c) for c in fd.context]
+    return first
+
+
+def summary_dict(result, files: dict | None = None) -> dict:
+    """The summary as a plain dict (what summary.json holds); `files` (default `result.files`)
+    is the map of files written beside it."""
     scored = [r for r in result.rows if r.error is not None and r.result in ("error", "warning")]
     scored.sort(key=lambda r: (r.error if not math.isnan(r.error) else math.inf), reverse=True)
     worst = [{"name": r.target_name, "result": r.result, "error": r.error,
               "cosine": r.metrics.get("Cosine"), "max_abs_err": r.metrics.get("MaxAbsErr"),
               "reason": r.reason, "step": r.step, "rank": r.rank} for r in scored[:10]]
-    return _clean({
-        "first_divergence": first, "counts": dict(result.counts), "target": result.target,
-        "golden": result.golden, "environment_diff": result.environment_diff,
-        "verdict": result.verdict, "title": result.title, "step": result.step,
-        "rank": result.rank, "pairs": result.pairs, "notes": result.notes, "worst": worst,
-        "files": result.files})
+    out = {"first_divergence": _divergence(result.first_divergence)}
+    out.update({name: getattr(result, name) for name in _RESULT_FIELDS})
+    out["counts"] = dict(result.counts)
+    out["worst"] = worst
+    out["files"] = dict(result.files if files is None else files)
+    return _clean(out)
 
 
-def write_summary(result, path) -> Path:
-    path = Path(path)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(summary_dict(result), indent=2, allow_nan=False, ensure_ascii=False))
-    os.replace(tmp, path)
-    return path
+def write_summary(result, path, files: dict | None = None) -> Path:
+    """Write summary.json for `result` at `path`, listing `files` (default `result.files`)."""
+    text = json.dumps(summary_dict(result, files), indent=2, allow_nan=False, ensure_ascii=False)
+    return atomic_write_text(path, text, "summary.json")
+
+
+def load_summary(path) -> CompareResult:
+    """The CompareResult a summary.json (or the directory holding it) describes, with its rows
+    read from the rows.jsonl it lists: what re-judging with new thresholds needs, metrics and
+    dtypes included. A DumpError when the files are missing or are not opdiff's."""
+    path = Path(os.fspath(path))
+    if path.is_dir():
+        path = path / "summary.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise DumpError(f"{path}: cannot read the summary ({exc.strerror})") from exc
+    except ValueError as exc:
+        raise DumpError(f"{path}: not a summary.json written by opdiff ({exc})") from exc
+    if not isinstance(data, dict) or "counts" not in data:
+        raise DumpError(f"{path}: not a summary.json written by opdiff")
+    files = data.get("files") or {}
+    if not files.get("rows"):
+        raise DumpError(f"{path}: lists no rows.jsonl (written by an older opdiff, or by "
+                        "`opdiff onnx`); compare again to get a result that loads back")
+    # Paths in "files" are as the writer saw them; the rows lie beside the summary.
+    rows = read_rows(path.parent / os.path.basename(files["rows"]))
+    known = {f.name for f in dataclasses.fields(CompareResult)}
+    kwargs = {k: data[k] for k in _RESULT_FIELDS if k in data and k in known}
+    return CompareResult(rows=rows, first_divergence=_load_divergence(data.get("first_divergence")),
+                         **kwargs)
+
+
+def _load_divergence(d: dict | None) -> Divergence | None:
+    if not d:
+        return None
+    known = {f.name for f in dataclasses.fields(Divergence)}
+    kw = {k: v for k, v in d.items() if k in known}
+    loc = kw.get("location")
+    kw["location"] = None if loc is None else Location(**{
+        k: v for k, v in loc.items() if k in ("file", "line", "code", "function")})
+    kw["context"] = tuple(tuple(c) for c in kw.get("context") or ())
+    for name in _NUMBER_DICTS:
+        if isinstance(kw.get(name), dict):
+            kw[name] = {k: decode_float(v) for k, v in kw[name].items()}
+    return Divergence(**kw)
+
+
+__all__ = ["summary_dict", "write_summary", "load_summary"]
