@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import dataclasses
 import fcntl
 import json
 import math
@@ -19,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from opdiff.comparison.result import (ERROR, PASS, UNMATCHED, WARNING, CompareResult, Divergence,
-                                   Location, TensorRow)
+                                      TensorRow)
+from opdiff.store.schema import Location
 
 CHROMIUM = next((p for p in (shutil.which("chromium"), shutil.which("chromium-browser"),
                              shutil.which("google-chrome")) if p), None)
@@ -196,12 +196,7 @@ def browser(tmp_path_factory):
 # Hand-built compare results shaped like a real one: a small ResNet, forward and backward, bf16
 # target against fp32 golden, with one planted culprit whose error then spreads downstream.
 
-_ROW_FIELDS = {f.name for f in dataclasses.fields(TensorRow)}
-
-
-def _row(**kw) -> TensorRow:
-    # `error` exists only in newer CompareResults; build rows that fit the installed schema.
-    return TensorRow(**{k: v for k, v in kw.items() if k in _ROW_FIELDS})
+_row = TensorRow
 
 
 def _metrics(err: float, numel: int, rng: random.Random) -> dict:
@@ -236,14 +231,16 @@ def build_cnn_result(culprit_path: str = "layer2.0.conv2", culprit_phase: str = 
     leaves = [("conv1", "Conv2d", "Functional.conv2d", 12), ("bn1", "BatchNorm2d", "Functional.batch_norm", 13),
               ("relu", "ReLU", "Functional.relu", 14), ("maxpool", "MaxPool2d", "Functional.max_pool2d", 15)]
     for b, down in blocks:
-        leaves += [(f"{b}.conv1", "Conv2d", "Functional.conv2d", 41), (f"{b}.bn1", "BatchNorm2d", "Functional.batch_norm", 42),
+        leaves += [(f"{b}.conv1", "Conv2d", "Functional.conv2d", 41),
+                   (f"{b}.bn1", "BatchNorm2d", "Functional.batch_norm", 42),
                    (f"{b}.relu", "ReLU", "Functional.relu", 43), (f"{b}.conv2", "Conv2d", "Functional.conv2d", 44),
                    (f"{b}.bn2", "BatchNorm2d", "Functional.batch_norm", 45)]
         if down:
             leaves += [(f"{b}.downsample.0", "Conv2d", "Functional.conv2d", 47),
                        (f"{b}.downsample.1", "BatchNorm2d", "Functional.batch_norm", 47)]
         leaves += [(b, "BasicBlock", "Tensor.__iadd__", 48), (b, "BasicBlock", "Functional.relu", 49)]
-    leaves += [("avgpool", "AdaptiveAvgPool2d", "Functional.adaptive_avg_pool2d", 18), ("fc", "Linear", "Functional.linear", 20)]
+    leaves += [("avgpool", "AdaptiveAvgPool2d", "Functional.adaptive_avg_pool2d", 18),
+               ("fc", "Linear", "Functional.linear", 20)]
     if evil:
         leaves.insert(8, (f"layer1.0.{evil}", "Conv2d", f"Functional.{evil}", 41))
 
@@ -264,7 +261,7 @@ def build_cnn_result(culprit_path: str = "layer2.0.conv2", culprit_phase: str = 
                              target_shape=shape, golden_shape=shape, metrics=_metrics(err, 1024, rng),
                              target_stats=_stats(1 + err, rng), golden_stats=_stats(1.0, rng),
                              result=result, accuracy_reached=acc, reason=reason, module=module,
-                             stack=stack, error=err, scale_error=err * 0.3))
+                             stack=stack or (), error=err, scale_error=err * 0.3))
         index += 1
         return name
 
@@ -296,7 +293,8 @@ def build_cnn_result(culprit_path: str = "layer2.0.conv2", culprit_phase: str = 
             culprit, culprit_stack, culprit_in = name, stack, err_in
         if not is_block_op:
             add_op(f"Module.{path}.{cls}", 0, "forward", "module", None, stack,
-                   [("input.0", "input", err_in, "bfloat16", shape), ("output.0", "output", err_out, "bfloat16", shape)])
+                   [("input.0", "input", err_in, "bfloat16", shape),
+                    ("output.0", "output", err_out, "bfloat16", shape)])
         err_in = err_out
     # the loss, outside any module
     add_op("Functional.cross_entropy", 0, "forward", "api", None,
@@ -310,7 +308,8 @@ def build_cnn_result(culprit_path: str = "layer2.0.conv2", culprit_phase: str = 
             out_err = 8e-2
         shape = [8, 64, 16, 16]
         name = add_op(fn, call, "backward", "api", module_call, stack,
-                      [("input.0", "input", g_err, "bfloat16", shape), ("output.0", "output", out_err, "bfloat16", shape)])
+                      [("input.0", "input", g_err, "bfloat16", shape),
+                       ("output.0", "output", out_err, "bfloat16", shape)])
         if culprit_phase == "backward" and path == culprit_path and culprit is None:
             culprit, culprit_stack, culprit_in = name, stack, g_err
         if cls in ("Conv2d", "BatchNorm2d", "Linear"):

@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from opdiff.comparison.result import CompareResult, Location, TensorRow
+from opdiff.comparison.result import CompareResult, TensorRow
 from opdiff.errors import OpdiffError
-from opdiff.report.html import build_payload, json_for_script, render_html, write_html
+from opdiff.store.schema import Location
+from opdiff.report.html import json_for_script, render_html, report_script, write_html
+from opdiff.report.payload import build_payload
 
 EVIL = "<img src=x onerror=alert(1)></script><script>window.__pwned=1</script>\u2028&amp;%%SCRIPT%%"
 
@@ -25,6 +27,13 @@ def embedded_data(page: str) -> dict:
     return json.loads(m.group(1))
 
 
+def records(data: dict, kind: str) -> list[dict]:
+    """The payload's rows, ops or tree nodes as dicts, by the field names it ships (fields left
+    off the end of a short row read None, as the page's script reads them)."""
+    names = data["fields"][kind]
+    return [dict(zip(names, list(values) + [None] * (len(names) - len(values)))) for values in data[kind]]
+
+
 # ------------------------------------------------------------------------------ the file itself
 
 def test_payload_holds_every_row_and_names_decode(cnn_result, tmp_path):
@@ -32,30 +41,37 @@ def test_payload_holds_every_row_and_names_decode(cnn_result, tmp_path):
     path = write_html(result, tmp_path / "report.html")
     data = embedded_data(path.read_text(encoding="utf-8"))
     assert len(data["rows"]) == len(result.rows)
-    S, ops = data["strings"], data["ops"]
-    for packed, row in zip(data["rows"], result.rows):
-        op_name = S[ops[packed[0]][0]]
+    S, ops = data["strings"], records(data, "ops")
+    for packed, row in zip(records(data, "rows"), result.rows):
+        op_name = S[ops[packed["op"]]["name"]]
         assert op_name == row.op_name
-        t = packed[1]
+        t = packed["target_name"]
         name = None if t is None else t if isinstance(t, str) else f"{op_name}.{t[0]}"
         assert name == row.target_name
-        assert S[packed[8]] == row.result
-        assert ops[packed[0]][1] == row.index
+        assert S[packed["result"]] == row.result
+        assert ops[packed["op"]]["index"] == row.index
+        assert packed["error"] == (None if row.error is None else pytest.approx(row.error, rel=1e-4))
     # the culprit's rows are listed, and the tree marks its module
     culprit = [i for i, r in enumerate(result.rows) if r.op_name == result.first_divergence.name]
     assert data["divergence"]["rows"] == culprit
-    marked = [n for n in data["tree"] if n[9] == 2]
-    assert len(marked) == 1 and S[marked[0][1]] == "conv2" and S[marked[0][2]] == "Conv2d"
+    marked = [n for n in records(data, "tree") if n["culprit"] == 2]
+    assert len(marked) == 1 and S[marked[0]["label"]] == "conv2" and S[marked[0]["class"]] == "Conv2d"
     # the root's counts add up to every row that sits in a module
-    root = data["tree"][0]
+    root = records(data, "tree")[0]
     in_modules = sum(1 for r in result.rows if r.module or r.kind in ("module", "param_grad"))
-    assert sum(root[4:8]) == in_modules
+    assert sum(root[k] for k in ("pass", "warning", "error", "unmatched")) == in_modules
+
+
+def test_the_script_reads_fields_by_name():
+    script = report_script()
+    assert not re.search(r"\b(ROWS\[r\]|OPS\[[^\]]+\]|TREE\[[^\]]+\]|\bn)\[\d+\]", script)
+    assert "D.fields.rows" in script
 
 
 def test_module_tree_rolls_worst_verdict_up_to_ancestors(cnn_result):
     result = cnn_result()
     data = build_payload(result)
-    S, tree = data["strings"], data["tree"]
+    S, tree = data["strings"], records(data, "tree")
 
     def module_path(r):   # `Module.layer1.0.conv1.Conv2d.forward.0` -> layer1.0.conv1
         name = r.op_name if r.kind in ("module", "param_grad") else r.module
@@ -67,30 +83,32 @@ def test_module_tree_rolls_worst_verdict_up_to_ancestors(cnn_result):
     paths = {}
     for i, n in enumerate(tree):
         parts, p = [], i
-        while tree[p][0] >= 0:
-            parts.insert(0, S[tree[p][1]])
-            p = tree[p][0]
+        while tree[p]["parent"] >= 0:
+            parts.insert(0, S[tree[p]["label"]])
+            p = tree[p]["parent"]
         paths[".".join(parts)] = n
     assert {"conv1", "layer1", "layer1.0", "layer2.0.downsample.1", "fc"} <= set(paths)
     for path, node in paths.items():
         mine = [r.result for r in result.rows
                 if module_path(r) is not None and (not path or module_path(r) == path
                                                    or module_path(r).startswith(path + "."))]
-        assert node[4:8] == [mine.count(k) for k in ("pass", "warning", "error", "unmatched")], path
-        assert node[3] == worst(mine), path
-        for phase, field in (("forward", 10), ("backward", 11)):
+        assert [node[k] for k in ("pass", "warning", "error", "unmatched")] == \
+            [mine.count(k) for k in ("pass", "warning", "error", "unmatched")], path
+        assert node["severity"] == worst(mine), path
+        for phase in ("forward", "backward"):
             of_phase = [r.result for r in result.rows if r.phase == phase and module_path(r) is not None
                         and (not path or module_path(r) == path or module_path(r).startswith(path + "."))]
-            assert node[field] == (worst(of_phase) if of_phase else -1), (path, phase)
+            assert node[phase] == (worst(of_phase) if of_phase else -1), (path, phase)
     # the modules that ran before the culprit agree in forward; their gradients do not
-    assert paths["conv1"][10] == 0 and paths["conv1"][11] == 3
-    assert paths["layer2.0.conv2"][10] == 3
-    assert paths["layer2.0.conv2"][9] == 2 and paths["layer2.0"][9] == 1 and paths["layer2"][9] == 1
-    assert paths["layer1"][9] == 0
+    assert paths["conv1"]["forward"] == 0 and paths["conv1"]["backward"] == 3
+    assert paths["layer2.0.conv2"]["forward"] == 3
+    assert paths["layer2.0.conv2"]["culprit"] == 2 and paths["layer2.0"]["culprit"] == 1
+    assert paths["layer2"]["culprit"] == 1
+    assert paths["layer1"]["culprit"] == 0
     for i, n in enumerate(tree):       # pre-order: a node's subtree ends after its children
-        assert i < n[8] <= len(tree)
-        if n[0] >= 0:
-            assert n[0] < i and n[8] <= tree[n[0]][8]
+        assert i < n["end"] <= len(tree)
+        if n["parent"] >= 0:
+            assert n["parent"] < i and n["end"] <= tree[n["parent"]]["end"]
 
 
 def test_a_very_deep_module_path_does_not_break_the_tree():
@@ -99,9 +117,10 @@ def test_a_very_deep_module_path_does_not_break_the_tree():
                     op_name="Functional.linear.0.forward", role="output", phase="forward", kind="api",
                     index=0, result="pass", module=deep)
     data = build_payload(CompareResult(target="a", golden="b", rows=[row], first_divergence=None, counts={}))
-    assert len(data["tree"]) == 3001                 # the root and one node per level
-    assert data["tree"][-1][4] == 1 and data["tree"][0][4] == 1
-    assert data["ops"][0][4] == 3000                 # the row sits in the innermost module
+    tree = records(data, "tree")
+    assert len(tree) == 3001                         # the root and one node per level
+    assert tree[-1]["pass"] == 1 and tree[0]["pass"] == 1
+    assert records(data, "ops")[0]["node"] == 3000   # the row sits in the innermost module
 
 
 def test_numbers_are_strict_json_and_non_finite_survive(tmp_path):
@@ -112,10 +131,11 @@ def test_numbers_are_strict_json_and_non_finite_survive(tmp_path):
     result = CompareResult(target="a", golden="b", rows=[row], first_divergence=None, counts={"error": 1})
     page = render_html(result)
     data = embedded_data(page)          # json.loads with strict defaults: no bare NaN
-    metrics = dict(zip(data["metrics"], data["rows"][0][12]))
+    row = records(data, "rows")[0]
+    metrics = dict(zip(data["metrics"], row["metrics"]))
     assert metrics["Cosine"] == "NaN" and metrics["MaxAbsErr"] == "Infinity"
     assert metrics["RMSE"] == 0.12346
-    assert data["rows"][0][13][:1] == ["-Infinity"]
+    assert row["target_stats"][:1] == ["-Infinity"]
 
 
 def test_numbers_are_rounded_short_but_close(tmp_path):
@@ -127,8 +147,8 @@ def test_numbers_are_rounded_short_but_close(tmp_path):
     page = render_html(CompareResult(target="a", golden="b", rows=rows, first_divergence=None, counts={}))
     data = embedded_data(page)
     assert data["metrics"] == ["MaxAbsErr"]          # RMSE is None everywhere: no column
-    for v, packed in zip(values, data["rows"]):
-        shown = packed[12][0]
+    for v, packed in zip(values, records(data, "rows")):
+        shown = packed["metrics"][0]
         assert shown == pytest.approx(v, rel=5e-5, abs=0)
         if abs(v) < 1e6:                             # Python writes big floats in full
             assert len(json.dumps(shown)) <= 11, shown   # e.g. -1.2346e-07
@@ -240,7 +260,8 @@ def test_cnn_report_draws_without_errors(browser, cnn_result, tmp_path):
         assert page.eval("document.querySelectorAll('#chart-svg .strip-error').length") >= 1
         assert page.eval("document.querySelectorAll('#chart-svg .strip-pass').length") >= 1
         # the tree shows the culprit's module, expanded
-        assert page.eval("[...document.querySelectorAll('#tree .node')].filter(n => n.querySelector('.tag')).map(n => n.querySelector('.nm').textContent)") == ["conv2"]
+        assert page.eval("[...document.querySelectorAll('#tree .node')].filter(n => n.querySelector('.tag'))"
+                         ".map(n => n.querySelector('.nm').textContent)") == ["conv2"]
         # the table: every row counted, only a window of them in the DOM
         assert page.eval("document.getElementById('rows-shown').textContent") == \
             f"{len(result.rows)} of {len(result.rows)} tensors"
@@ -284,7 +305,8 @@ def test_sorting_and_filtering_in_the_browser(browser, cnn_result, tmp_path):
                   "s.dispatchEvent(new Event('change'))")
         n_err = sum(r.result == "error" for r in result.rows)
         assert page.eval("document.getElementById('rows-shown').textContent").startswith(f"{n_err} of")
-        assert page.eval("[...document.querySelectorAll('#rows tbody tr.r')].every(t => t.classList.contains('v-error'))")
+        assert page.eval("[...document.querySelectorAll('#rows tbody tr.r')]"
+                         ".every(t => t.classList.contains('v-error'))")
 
         page.eval("var q = document.getElementById('filter-name'); q.value = 'LAYER2.0.conv';"
                   "q.dispatchEvent(new Event('input'))")
@@ -298,7 +320,8 @@ def test_sorting_and_filtering_in_the_browser(browser, cnn_result, tmp_path):
                   "var q = document.getElementById('filter-name'); q.value = '';"
                   "q.dispatchEvent(new Event('input'))")
         # a module in the tree shows its own tensors and its children's
-        page.eval("[...document.querySelectorAll('#tree .node')].find(n => n.querySelector('.nm').textContent === 'layer1').click()")
+        page.eval("[...document.querySelectorAll('#tree .node')]"
+                  ".find(n => n.querySelector('.nm').textContent === 'layer1').click()")
         in_layer1 = [r for r in result.rows
                      if (r.module or "").startswith("Module.layer1.")
                      or (r.kind in ("module", "param_grad") and r.op_name.startswith("Module.layer1."))]
