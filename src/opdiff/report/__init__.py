@@ -1,60 +1,62 @@
 """Turn a CompareResult into files and screens. Nothing here recomputes a metric.
 
     from opdiff.report import write_outputs
-    files = write_outputs(result, "./out")   # {"csv": ..., "summary": ..., "html": ...}
+    result.files = write_outputs(result, "./out")   # {"csv", "summary", "html", "rows"}
+
+- `columns`, `csv_report`: the msprobe-style CSV, its columns from one table
+- `rows`, `summary`: rows.jsonl and summary.json, which load back (`summary.load_summary`)
+- `html` (with `payload` and the report_*.js/css assets): the self-contained report.html
+- `console`: the terminal summary, the verdict line and the progress bar
+- `outputs`: the output directory: what opdiff wrote there, written atomically
 """
 from __future__ import annotations
 
 import logging
-import os
 from datetime import datetime
-from pathlib import Path
 
-from ..errors import ConfigError
+from . import outputs
 
 log = logging.getLogger("opdiff")
 
 
-def write_outputs(result, output_path) -> dict:
-    """Write compare_result_{timestamp}.csv, summary.json and (when the HTML reporter is
-    installed) report.html into the directory output_path; returns {"csv", "summary", "html"}.
+def _stamp() -> str:
+    return datetime.now().strftime("%Y%m%d%H%M%S")
 
-    An existing CSV is never overwritten (a suffix is added); summary.json and report.html are
-    opdiff's own fixed names and are replaced by the newest compare.
+
+def write_outputs(result, output_path) -> dict:
+    """Write compare_result_{timestamp}.csv, summary.json, report.html and rows.jsonl into the
+    directory output_path and return the map of what was written: {"csv", "summary", "html",
+    "rows"} to paths ("html" absent when the page could not be written). `result` is left
+    as it is; summary.json and the page list the files.
+
+    What opdiff wrote into output_path before (an earlier compare's CSV, an `opdiff onnx`
+    dump) is removed first, the user's own files are not (`opdiff.report.outputs`); a file of
+    the CSV's name that opdiff did not write is never overwritten (a suffix is added).
     """
     from .csv_report import write_csv
+    from .html import write_html
+    from .rows import write_rows
     from .summary import write_summary
 
-    out = Path(os.fspath(output_path))
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"{out}: exists and is not a directory; pass a directory for the output")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"{out}: cannot create the output directory ({exc.strerror})") from None
-    stamp = datetime.now().strftime("%Y%m%d%H%M%S")
+    out = outputs.prepare(output_path, keep=(result.target, result.golden))
+    stamp = _stamp()
     csv_path = out / f"compare_result_{stamp}.csv"
     n = 1
     while csv_path.exists():
         csv_path = out / f"compare_result_{stamp}_{n}.csv"
         n += 1
-    files = {"csv": str(write_csv(result, csv_path))}
-    result.files = dict(files)
-    files["summary"] = str(out / "summary.json")
-    result.files = dict(files)
+    files = {"csv": str(csv_path), "summary": str(out / "summary.json"),
+             "html": str(out / "report.html"), "rows": str(out / "rows.jsonl")}
+    outputs.remember(out, files.values())
+    write_csv(result, csv_path)
+    write_rows(result.rows, files["rows"])
     try:
-        from .html import write_html
-    except ImportError:
-        log.info("opdiff: HTML reporter not available; report.html not written")
-    else:
-        html_path = out / "report.html"
-        files["html"] = str(html_path)
-        result.files = dict(files)
-        try:
-            write_html(result, html_path)
-        except Exception as exc:  # the CSV and summary are still worth having
-            log.warning("opdiff: writing report.html failed (%s)", exc)
-            files.pop("html")
-    result.files = dict(files)
-    write_summary(result, out / "summary.json")
+        write_html(result, files["html"], files=files)
+    except Exception as exc:  # the CSV and summary are still worth having
+        log.warning("opdiff: writing report.html failed (%s)", exc)
+        files.pop("html")
+    write_summary(result, files["summary"], files=files)
     return files
+
+
+__all__ = ["write_outputs"]

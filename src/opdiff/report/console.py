@@ -7,7 +7,6 @@ Colour carries meaning: red = error, yellow = warning, green = pass, dim = unmat
 """
 from __future__ import annotations
 
-import math
 import os
 import sys
 import time
@@ -16,24 +15,28 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..comparison.result import ERROR, WARNING
+from ..comparison.result import ERROR, WARNING, CompareResult
+from ..numbers import human
 
 _STYLE = {"pass": "green", "warning": "yellow", "error": "bold red", "unmatched": "dim"}
+# Width for output that is not a terminal: wide enough that no line is ever wrapped.
+_UNWRAPPED = 1 << 20
 
 
-def _num(v) -> str:
-    if v is None:
-        return "n/a"
-    if isinstance(v, float) and math.isnan(v):
-        return "NaN"
-    if isinstance(v, float) and 0.99 < abs(v) <= 1:
-        return f"{v:.6f}"
-    return f"{v:.3g}" if isinstance(v, float) else str(v)
+def stdout_console() -> Console:
+    """A rich Console on stdout. On a terminal it wraps to the terminal's width; into a pipe or
+    a file it does not wrap at all (rich would wrap at 80 columns), so `grep` and scripts see
+    every line whole."""
+    con = Console(highlight=False)
+    if con.is_terminal:
+        return con
+    return Console(highlight=False, soft_wrap=True, width=_UNWRAPPED)
 
 
 def print_result(result, console: Console | None = None, *, worst: int = 5) -> None:
-    """Print the short verdict of a compare to the terminal (stdout by default)."""
-    con = console or Console(highlight=False)
+    """Print the short verdict of a compare to the terminal (stdout by default, see
+    `stdout_console`)."""
+    con = console or stdout_console()
     c = result.counts
     line = Text(f"{result.title}: ", style="bold")
     for key in ("pass", "warning", "error", "unmatched"):
@@ -78,8 +81,8 @@ def print_result(result, console: Console | None = None, *, worst: int = 5) -> N
             table.add_column(col, overflow="fold")
         for r in bad[:worst]:
             table.add_row(Text(r.target_name or r.golden_name or "", style="red"),
-                          _num(r.metrics.get("Cosine")), _num(r.metrics.get("MaxAbsErr")),
-                          _num(r.error), r.reason[:160])
+                          human(r.metrics.get("Cosine")), human(r.metrics.get("MaxAbsErr")),
+                          human(r.error), r.reason[:160])
         con.print(table)
     if result.files:
         con.print(Text("Wrote " + ", ".join(os.path.basename(p) for p in result.files.values())
