@@ -103,7 +103,7 @@ def test_ptdbg_v4_dump_records_statistics_and_tensors():
     assert back["outputs"][1]["shape"] == [2, 2, 3, 3]
 
     for record in records:
-        for name, _, desc in iter_tensors(record):
+        for _, _, desc in iter_tensors(record):
             t = dump.tensor(desc["key"])
             raw = np.load(PTDBG_PKL.with_suffix("") / f"{desc['key']}.npy")
             assert torch.equal(t, torch.from_numpy(raw))

@@ -60,3 +60,21 @@ def test_param_grad_links_to_its_module_calls():
     assert param_grad_links("Module.fc.Linear.parameters_grad.1") == [
         "Module.fc.Linear.forward.1", "Module.fc.Linear.backward.1"]
     assert param_grad_links("Functional.relu.0.forward") == []
+
+
+def test_the_reader_names_tensors_as_the_schema_does():
+    from opdiff.store.records import iter_leaves
+
+    t = {"type": "tensor", "dtype": "float32", "shape": [1]}
+    records = [
+        {"name": "Functional.linear.0.forward", "kind": Kind.API, "inputs": [t, {"type": "list", "items": [t]}],
+         "kwargs": {"bias": t}, "outputs": [t]},
+        {"name": "Module.fc.Linear.forward.0", "kind": Kind.MODULE, "parameters": {"weight": t}},
+        {"name": "Module.fc.Linear.parameters_grad.0", "kind": Kind.PARAM_GRAD,
+         "parameters": {"weight": t}},
+    ]
+    for record in records:
+        for name, role, _ in iter_leaves(record):
+            rec, split_role, slot = split_tensor_name(name)
+            assert (rec, split_role) == (record["name"], role)
+            assert tensor_name(rec, role, slot) == name

@@ -1,20 +1,11 @@
-"""The record and tensor-descriptor schema shared by the writer, the reader and compare.
+"""Tensor descriptors, their encoding, and walking the tensors of a record.
 
-A record is one op call (one line of records.jsonl)::
+A record is one op call (one line of records.jsonl); its fields, kinds, phases and the grammar of
+its names are `opdiff.store.schema` (`Record`, `Kind`, `Phase`, `RecordName`)::
 
-    {"seq": 12,                                  # execution order within this step/rank
-     "name": "Functional.conv2d.0.forward",      # unique within the step
-     "op": "Functional.conv2d",                  # name without counter and phase
-     "kind": "api" | "module" | "aten" | "param_grad",
-     "phase": "forward" | "backward",
-     "module": "Module.layer1.0.Bottleneck.forward.0" | null,   # enclosing module call
-     "inputs": [desc, ...],                      # backward: gradients w.r.t. forward outputs
-     "kwargs": {"dim": desc, ...},               # forward only, may be absent
-     "outputs": [desc, ...],                     # backward: gradients w.r.t. forward inputs
-     "parameters": {"weight": desc, ...},        # module calls and param_grad records
-     "stack": 3 | null,                          # id into stacks.jsonl
-     "forward": "Functional.conv2d.0.forward",   # backward records: their forward record
-     "error": "..."}                             # optional: capture failed partly for this op
+    {"seq": 12, "name": "Functional.conv2d.0.forward", "op": "Functional.conv2d", "kind": "api",
+     "phase": "forward", "module": "Module.layer1.0.Bottleneck.forward.0", "inputs": [desc, ...],
+     "kwargs": {"dim": desc}, "outputs": [desc, ...], "parameters": {"weight": desc}, "stack": 3}
 
 A descriptor describes one argument::
 
@@ -40,6 +31,8 @@ from __future__ import annotations
 import json
 import math
 from typing import Any, Iterator
+
+from .schema import Kind, Role
 
 try:
     import orjson as _orjson
@@ -140,17 +133,20 @@ def iter_leaves(record: dict) -> Iterator[tuple[str, str, dict]]:
     ...), in a stable order. role is "input", "output" or "parameters". Names follow msprobe:
     `Functional.conv2d.0.forward.input.0`, `...forward.input.bias` (a kwarg),
     `Module.fc.Linear.forward.0.parameters.weight`, `Module.fc.Linear.parameters_grad.0.weight`.
+
+    The names are `schema.tensor_name`'s, built inline: this runs for every tensor of every
+    record a compare reads (tests/store/test_schema.py holds the two together).
     """
     name = record["name"]
     for i, d in enumerate(record.get("inputs") or []):
-        yield from _with_role(iter_descriptors(d, f"{name}.input.{i}"), "input")
+        yield from _with_role(iter_descriptors(d, f"{name}.input.{i}"), Role.INPUT)
     for k, d in (record.get("kwargs") or {}).items():
-        yield from _with_role(iter_descriptors(d, f"{name}.input.{k}"), "input")
+        yield from _with_role(iter_descriptors(d, f"{name}.input.{k}"), Role.INPUT)
     for i, d in enumerate(record.get("outputs") or []):
-        yield from _with_role(iter_descriptors(d, f"{name}.output.{i}"), "output")
-    prefix = name if record.get("kind") == "param_grad" else f"{name}.parameters"
+        yield from _with_role(iter_descriptors(d, f"{name}.output.{i}"), Role.OUTPUT)
+    prefix = name if record.get("kind") == Kind.PARAM_GRAD else f"{name}.parameters"
     for k, d in (record.get("parameters") or {}).items():
-        yield from _with_role(iter_descriptors(d, f"{prefix}.{k}"), "parameters")
+        yield from _with_role(iter_descriptors(d, f"{prefix}.{k}"), Role.PARAMETERS)
 
 
 def _with_role(leaves, role: str):
@@ -174,7 +170,7 @@ def input_numbers(record: dict) -> dict:
     counters."""
     cut = len(record["name"]) + 1
     return {path[cut:]: decode_float(leaf.get("value")) for path, role, leaf in iter_leaves(record)
-            if role == "input" and leaf.get("type") in _NUMBERS}
+            if role == Role.INPUT and leaf.get("type") in _NUMBERS}
 
 
 def has_nonfinite_number(record: dict) -> bool:

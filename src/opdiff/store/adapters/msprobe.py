@@ -283,7 +283,8 @@ def load_tensor_file(path: Path):
             return torch.from_numpy(np.load(path, allow_pickle=False))
         value = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise DumpError(f"{path}: cannot load tensor ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise DumpError(f"{path}: cannot load tensor ({type(exc).__name__}: {first})")
     if not isinstance(value, torch.Tensor):
         raise DumpError(f"{path}: holds a {type(value).__name__}, not a tensor")
     return value
