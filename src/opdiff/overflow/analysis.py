@@ -191,7 +191,7 @@ class _Walk:
             status = CLEAN
         # Show the origin that needs fixing first; scaler-skipped ones follow.
         origins.sort(key=lambda o: o.skipped_by_loss_scaler)
-        finding = StepFinding(path=str(self.dump.path), format=getattr(self.dump, "format", "opdiff"),
+        finding = StepFinding(path=str(self.dump.path), format=self.dump.format,
                               step=self.dump.step, rank=self.dump.rank, status=status,
                               origins=origins, chain=self.chain, counts=self.counts,
                               loss_scaler=self.scaler, intentional=self.intentional[:50])

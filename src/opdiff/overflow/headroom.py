@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..dtypes import FP16_MAX, largest_finite, short_dtype
 from ..store.records import iter_tensors
-from ..store.schema import Kind, Role
+from ..store.schema import Kind, Phase, Role
 from .classify import max_abs
 from .result import HeadroomWarning
 
@@ -48,7 +48,7 @@ def warnings_for(record: dict, factor: float, location=None, step=None, rank=Non
                 f"within {factor:g}x of the fp16 maximum: max |output| {m:.4g} (limit {lim:g})")
     else:
         what = f"within {factor:g}x of the {lim_dtype} maximum: max |output| {m:.4g} (limit {lim:g})"
-    return [HeadroomWarning(name=record["name"], phase=record.get("phase", "forward"), dtype=dtype,
+    return [HeadroomWarning(name=record["name"], phase=record.get("phase", Phase.FORWARD), dtype=dtype,
                             max_abs=m, limit=lim, limit_dtype=lim_dtype,
                             tensor=tname, message=what,
                             location=location, step=step, rank=rank)]
