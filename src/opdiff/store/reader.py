@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
+from ..dtypes import SAFETENSORS_CODES
 from ..errors import DumpError
 from . import layout
 from .source import DumpFormat
@@ -140,11 +141,9 @@ class _Entry(NamedTuple):
 def _torch_dtypes() -> dict:
     import torch
 
-    names = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
-             "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
-             "U16": "uint16", "U32": "uint32", "U64": "uint64", "BOOL": "bool",
-             "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
-             "C64": "complex64", "C128": "complex128"}
+    # What opdiff writes, and the complex codes other safetensors writers use.
+    names = {code: name for name, code in SAFETENSORS_CODES.items()}
+    names.update({"C64": "complex64", "C128": "complex128"})
     return {k: getattr(torch, v) for k, v in names.items() if hasattr(torch, v)}
 
 
