@@ -15,10 +15,16 @@ import os
 import queue
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable, Union
 
+from ..dtypes import SAFETENSORS_CODES, short_dtype
 from . import layout
 from .records import dumps
+
+if TYPE_CHECKING:
+    import torch
+
+_Item = Union[None, str, "tuple[str, torch.Tensor, int]"]     # queued: a tensor, "flush", or None (stop)
 
 log = logging.getLogger("opdiff")
 
@@ -41,7 +47,7 @@ class _TensorSink(threading.Thread):
     def __init__(self, directory: Path):
         super().__init__(name="opdiff-tensor-writer", daemon=True)
         self.directory = directory
-        self.queue: queue.Queue = queue.Queue()
+        self.queue: queue.Queue[_Item] = queue.Queue()
         self.pending_bytes = 0
         self.cond = threading.Condition()
         self.lock = threading.Lock()      # guards the batch and the shard files
@@ -51,7 +57,7 @@ class _TensorSink(threading.Thread):
         self._shard: _StreamingShard | None = None
         self._batch: dict[str, Any] = {}     # dtypes the streaming writer does not know (complex)
 
-    def put(self, key: str, tensor) -> None:
+    def put(self, key: str, tensor: torch.Tensor) -> None:
         """Save `tensor` under `key`: a CPU tensor is written now (the caller may change it right
         after), a device tensor must be a private copy (it is written later)."""
         if self.error is not None:
@@ -90,7 +96,7 @@ class _TensorSink(threading.Thread):
         while True:
             item = self.queue.get()
             try:
-                if item is None or item == "flush":
+                if item is None or isinstance(item, str):     # None: stop; "flush"
                     self._guarded(self._write_shard)
                     if item is None:
                         return
@@ -106,7 +112,7 @@ class _TensorSink(threading.Thread):
             finally:
                 self.queue.task_done()
 
-    def _guarded(self, fn, *args) -> None:
+    def _guarded(self, fn: Callable[..., None], *args: Any) -> None:
         with self.lock:
             if self.error is not None:
                 return
@@ -124,7 +130,7 @@ class _TensorSink(threading.Thread):
             self._shard.abandon()
             self._shard = None
 
-    def _add(self, key: str, tensor, nbytes: int) -> None:
+    def _add(self, key: str, tensor: torch.Tensor, nbytes: int) -> None:
         if _dtype_name(tensor) is None:      # kept (a copy) for a shard of its own at flush
             self._batch[key] = tensor.clone()
             return
@@ -159,15 +165,9 @@ class _TensorSink(threading.Thread):
             self._batch = {}
 
 
-_SAFETENSORS_DTYPES = {
-    "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64",
-    "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "uint16": "U16", "uint32": "U32",
-    "uint64": "U64", "bool": "BOOL", "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2",
-}
-
-
-def _dtype_name(t) -> str | None:
-    return _SAFETENSORS_DTYPES.get(str(t.dtype).replace("torch.", ""))
+def _dtype_name(t: torch.Tensor) -> str | None:
+    """safetensors' code for t's dtype, or None for one the streaming writer does not know."""
+    return SAFETENSORS_CODES.get(short_dtype(t.dtype) or "")
 
 
 class _StreamingShard:
@@ -185,11 +185,11 @@ class _StreamingShard:
         self.tmp = tmp
         self.file = open(tmp, "wb")
         self.file.seek(self.HEADER_BYTES)
-        self.header: dict = {}
+        self.header: dict[str, dict[str, Any]] = {}
         self.header_len = 2          # "{}"
         self.data_bytes = 0
 
-    def add(self, key: str, t) -> bool:
+    def add(self, key: str, t: torch.Tensor) -> bool:
         """Write t's bytes and note its entry; False (nothing written) when the header is full."""
         import torch
 
@@ -201,7 +201,8 @@ class _StreamingShard:
             return False
         t = t.contiguous()
         if t.numel():
-            self.file.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+            # (numpy's arrays are buffers; its stubs do not say so to every mypy)
+            self.file.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))  # type: ignore[arg-type]
         self.header[key] = entry
         self.header_len += size
         self.data_bytes += nbytes
@@ -223,7 +224,7 @@ class _StreamingShard:
             pass
 
 
-def write_safetensors(tensors: dict, path: Path) -> None:
+def write_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
     """Write tensors of dtypes the streaming writer does not know (complex) through safetensors."""
     from safetensors.torch import save_file
     save_file({k: t.contiguous() for k, t in tensors.items()}, str(path))
@@ -232,7 +233,7 @@ def write_safetensors(tensors: dict, path: Path) -> None:
 class DumpWriter:
     """Writes one step of one rank: `DumpWriter(dir, meta)`, then `write()`, `save_tensor()`, `close()`."""
 
-    def __init__(self, directory: str | os.PathLike, meta: dict, flush_every: int = 256):
+    def __init__(self, directory: str | os.PathLike[str], meta: dict[str, Any], flush_every: int = 256):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.flush_every = flush_every
@@ -242,14 +243,13 @@ class DumpWriter:
         os.replace(tmp, self.directory / layout.META)
         self._records = open(self.directory / layout.RECORDS, "a", encoding="utf-8")
         self._stacks = open(self.directory / layout.STACKS, "a", encoding="utf-8")
-        self._buffer: list[str] = []
-        self._stack_ids: dict[tuple, int] = {}
+        self._buffer: list[tuple[str, str]] = []     # ("r" record | "s" stack, JSON line)
+        self._stack_ids: dict[tuple[tuple[str, int, str, str], ...], int] = {}
         self._sink: _TensorSink | None = None
         self.disabled = False
-        self.records_written = 0
 
     # -- stacks -------------------------------------------------------------------------------
-    def stack_id(self, frames: tuple) -> int:
+    def stack_id(self, frames: tuple[tuple[str, int, str, str], ...]) -> int:
         """Id of a call stack, writing it the first time it is seen.
 
         frames: tuple of (file, line, function, code) tuples, innermost user frame first.
@@ -263,17 +263,27 @@ class DumpWriter:
             self._buffer.append(("s", dumps(entry)))
         return sid
 
+    def stack_frames(self, stack_id: int | None) -> list[dict[str, Any]]:
+        """The frames ({"file", "line", "function", "code"}) of a stack id written by this
+        writer ([] for None or an id it never gave)."""
+        if stack_id is None:
+            return []
+        for frames, sid in self._stack_ids.items():
+            if sid == stack_id:
+                return [{"file": f, "line": ln, "function": fn, "code": code}
+                        for f, ln, fn, code in frames]
+        return []
+
     # -- records ------------------------------------------------------------------------------
-    def write(self, record: dict) -> None:
+    def write(self, record: dict[str, Any]) -> None:
         """Queue one record (already fully resolved: statistics are plain numbers)."""
         if self.disabled:
             return
         self._buffer.append(("r", dumps(record)))
-        self.records_written += 1
         if len(self._buffer) >= self.flush_every:
             self.flush()
 
-    def save_tensor(self, key: str, tensor) -> None:
+    def save_tensor(self, key: str, tensor: torch.Tensor) -> None:
         """Save a tensor: a CPU tensor is written at once; a device tensor is queued for the
         background writer and must be a private copy (see _TensorSink.put)."""
         if self.disabled:
