@@ -181,11 +181,16 @@ def test_user_input_folder_is_left_alone(models, image, tmp_path):
 
 
 def test_second_run_never_appends_to_the_first_dump(models, tmp_path):
-    a = compare_models(models["cnn"], models["cnn_fp16"], output_path=tmp_path / "out")
-    b = compare_models(models["cnn"], models["cnn_fp16"], output_path=tmp_path / "out")
-    assert a.dumps["golden"] != b.dumps["golden"]
+    out = tmp_path / "out"
+    a = compare_models(models["cnn"], models["cnn_fp16"], output_path=out)
     n = len(list(open_dump(a.dumps["golden"]).records()))
+    (out / "notes.txt").write_text("the user's own file")
+    b = compare_models(models["cnn"], models["cnn_fp16"], output_path=out)
     assert n == len(list(open_dump(b.dumps["golden"]).records()))
+    # what the first run wrote is gone (a stale dump or CSV would read as part of this result);
+    # the user's file stays
+    assert len(list(out.glob("onnx_dump_*"))) == 1 and len(list(out.glob("result_*.csv"))) == 1
+    assert (out / "notes.txt").read_text() == "the user's own file"
 
 
 def test_fp16_model_with_fp16_inputs_gets_cast_inputs(models, image, tmp_path):

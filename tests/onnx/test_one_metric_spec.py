@@ -9,6 +9,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from opdiff.cli import main
 from opdiff.comparison.result import PASS
 
 TARGET = np.array([1.0, 0.0, 2.0, 3.0], np.float32)
@@ -42,3 +43,24 @@ def test_max_relative_err_is_msprobe_s_in_opdiff_onnx(pair, tmp_path):
     assert y.result == PASS                     # msit's five thresholds all hold
     assert y.metrics["MaxRelativeErr"] == pytest.approx(1.0)      # not 0.0099
     assert y.metrics["MeanRelativeErr"] == pytest.approx(0.25)
+
+
+def test_opdiff_onnx_and_the_dump_compare_show_one_number(pair, tmp_path):
+    """Through the CLI: the rows its shared writers wrote, against a dump compare of its dumps."""
+    from opdiff.comparison.pair import compare_pair
+    from opdiff.onnx.policy import MsitPolicy
+    from opdiff.report.summary import load_summary
+    from opdiff.store import open_dump
+
+    golden, target, x = pair
+    out = tmp_path / "out"
+    assert main(["onnx", str(golden), str(target), "-i", str(x), "-o", str(out)]) == 0
+    shown = {r.golden_name: r.metrics for r in load_summary(out).rows}
+    assert shown["y"]["MaxRelativeErr"] == pytest.approx(1.0)
+    dump = next(out.glob("onnx_dump_*"))
+    shared = compare_pair(open_dump(dump / "target" / "step0" / "rank0"),
+                          open_dump(dump / "golden" / "step0" / "rank0"), policy=MsitPolicy())
+    dumped = next(r for r in shared.rows if r.target_name == "add.output.0")     # y, as dumped
+    assert dumped.metrics["MaxRelativeErr"] == pytest.approx(1.0)
+    for name, value in dumped.metrics.items():            # every metric, not only the one
+        assert shown["y"][name] == pytest.approx(value, nan_ok=True), name

@@ -78,12 +78,10 @@ def run(args) -> int:
 
 def _print(cmp) -> None:
     """Console report: the shared printer (verdict, notes, worst rows), then ONNX-only file paths."""
-    from rich.console import Console
+    from ..report.console import print_result, stdout_console
 
-    from ..report.console import print_result
-
-    print_result(cmp.result)
-    console = Console()
+    console = stdout_console()          # piped output is not wrapped at 80 columns
+    print_result(cmp.result, console)
     if "details" in cmp.files:
         console.print(f"also wrote {cmp.files['details']} (observer check, input handling, unmatched "
                       f"tensors and why)", highlight=False, style="dim")

@@ -62,8 +62,7 @@ def compare_models(golden, target, *, inputs=None, output_path=None,
     cmp.local_check = locate(cmp, t_model, t, golden_side, target_side, target_options, policy)
     clock["compare"] = time.perf_counter()
     if output_path is not None:
-        stamp = time.strftime("%Y%m%d_%H%M%S")
-        root = fresh_path(Path(output_path) / f"onnx_dump_{stamp}")
+        out, root, stamp = output_folder(output_path, [golden, target, *prepared.sources.values()])
         meta = {"tool": TITLE, "inputs": prepared.sources}
         cmp.dumps["golden"] = dump_side(root, "golden", g, g_run, golden, golden_options, meta,
                                         save_tensors)
@@ -73,8 +72,22 @@ def compare_models(golden, target, *, inputs=None, output_path=None,
     finish(cmp, clock)
     annotate(cmp)
     if output_path is not None:
-        write_outputs(cmp, Path(output_path), stamp)
+        write_outputs(cmp, out, stamp)
     return cmp
+
+
+def output_folder(output_path, keep) -> tuple:
+    """(OUT, the onnx_dump_{stamp} folder for this run's dumps, stamp). OUT is made ready by the
+    shared output owner: what opdiff wrote there the last time (CSVs, dumps, reports) is removed,
+    the user's files and `keep` (the models and input files) are not; the dump folder is listed
+    as opdiff's before anything is written into it, so an interrupted run is cleaned up too."""
+    from ..report import outputs
+
+    out = outputs.prepare(output_path, keep=[str(k) for k in keep])
+    stamp = time.strftime("%Y%m%d_%H%M%S")
+    root = fresh_path(out / f"onnx_dump_{stamp}")
+    outputs.remember(out, [root])
+    return out, root, stamp
 
 
 def dump_side(root: Path, side: str, graph, run, model, options, meta: dict, save_tensors) -> str:
@@ -149,30 +162,35 @@ def fresh_path(path: Path) -> Path:
 
 # -- files --------------------------------------------------------------------------------------
 def write_outputs(cmp: ModelComparison, out: Path, stamp: str) -> None:
-    """msit's CSV and onnx_details.json here; summary.json and report.html from the shared writers.
+    """msit's CSV and onnx_details.json here; summary.json, rows.jsonl and report.html from the
+    shared writers (so `opdiff.report.summary.load_summary(OUT)` loads the result back).
 
     The msit CSV replaces the shared compare_result CSV: same rows, in the columns users of
     `msit debug compare` read, and without the shared CSV writer's torch import (seconds of
     start-up, more than the whole ONNX compare).
     """
+    from ..report import outputs
     from ..report.html import write_html
+    from ..report.rows import write_rows
     from ..report.summary import write_summary
 
-    out.mkdir(parents=True, exist_ok=True)
-    cmp.files["msit_csv"] = str(write_msit_csv(fresh_path(out / f"result_{stamp}.csv"), cmp.msit_rows))
-    details = out / "onnx_details.json"
-    details.write_text(json.dumps(details_of(cmp), indent=2, allow_nan=False, default=str))
+    csv_path, details = fresh_path(out / f"result_{stamp}.csv"), out / "onnx_details.json"
+    files = {"csv": str(csv_path), "summary": str(out / "summary.json"),
+             "html": str(out / "report.html"), "rows": str(out / "rows.jsonl")}
+    outputs.remember(out, [csv_path, details, *files.values()])
+    cmp.files["msit_csv"] = str(write_msit_csv(csv_path, cmp.msit_rows))
+    outputs.atomic_write_text(details, json.dumps(details_of(cmp), indent=2, allow_nan=False,
+                                                  default=str), "onnx_details.json")
     cmp.files["details"] = str(details)
-    files = {"csv": cmp.files["msit_csv"], "summary": str(out / "summary.json"),
-             "html": str(out / "report.html")}
+    write_rows(cmp.result.rows, files["rows"])
     cmp.result.files = dict(files)           # the summary and the page list every file written
     try:
-        write_html(cmp.result, out / "report.html")
+        write_html(cmp.result, files["html"])
     except Exception as exc:  # the CSV and the summary are still worth having
         log.warning("opdiff: writing report.html failed (%s)", exc)
         files.pop("html")
         cmp.result.files = dict(files)
-    write_summary(cmp.result, out / "summary.json")
+    write_summary(cmp.result, files["summary"])
     cmp.files.update(cmp.result.files)
 
 

@@ -63,9 +63,10 @@ def _cell(v) -> str:
 
 def write_msit_csv(path: Path, rows: list) -> Path:
     """Write rows (MsitRow) to path; returns path."""
+    from ..report.outputs import atomic_open
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
+    with atomic_open(path, "the msit CSV", newline="") as f:
         w = csv.writer(f)
         w.writerow(HEADER)
         for i, r in enumerate(rows):
@@ -75,5 +76,4 @@ def write_msit_csv(path: Path, rows: list) -> Path:
                         r.tensor_index, r.shape, *(_cell(values[k]) for k in MSIT_COLUMNS),
                         r.fail_reason, "YES" if r.is_output else "NO", flag, r.target_tensor,
                         r.golden_tensor, r.rule, r.module, r.location])
-    tmp.replace(path)
     return path

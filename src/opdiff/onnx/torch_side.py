@@ -30,7 +30,7 @@ from .dumping import OnnxDump
 from .graph import GraphIndex
 from .inputs import PreparedInputs, prepare_inputs
 from .matching import RULE_BATCHNORM, RULE_NAME, RULE_TORCH, Matching, TensorPair
-from .model_compare import annotate, dump_side, finish, fresh_path, write_outputs
+from .model_compare import annotate, dump_side, finish, output_folder, write_outputs
 from .policy import MsitPolicy, MsitThresholds
 from .runner import RuntimeOptions, load_model, run_model
 from .scoring import TITLE, ModelComparison, Side, locate, score
@@ -290,8 +290,8 @@ def compare_torch(builder: str, target, *, inputs=None, output_path=None,
     cmp.local_check = locate(cmp, t_model, t, golden, target_side, target_options, policy)
     clock["compare"] = time.perf_counter()
     if output_path is not None:
-        stamp = time.strftime("%Y%m%d_%H%M%S")
-        root = fresh_path(Path(output_path) / f"onnx_dump_{stamp}")
+        out, root, stamp = output_folder(output_path, [builder.rpartition(":")[0], target,
+                                                       *prepared.sources.values()])
         meta = {"tool": TITLE, "inputs": prepared.sources}
         dump = OnnxDump(root / "golden", {**meta, "side": "golden", "model": builder,
                                           "runtime": f"PyTorch {torch.__version__}"}, save_tensors)
@@ -306,5 +306,5 @@ def compare_torch(builder: str, target, *, inputs=None, output_path=None,
     finish(cmp, clock)
     annotate(cmp)
     if output_path is not None:
-        write_outputs(cmp, Path(output_path), stamp)
+        write_outputs(cmp, out, stamp)
     return cmp
