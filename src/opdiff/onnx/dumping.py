@@ -19,6 +19,7 @@ from ..store import DumpWriter
 from ..store import layout
 from ..store.layout import rank_dir
 from ..store.records import encode_float
+from ..store.schema import Kind, Phase
 from .graph import GraphIndex
 
 log = logging.getLogger("opdiff")
@@ -86,7 +87,7 @@ class OnnxDump:
         self._batch, self._batch_bytes = {}, 0
 
     def record(self, name: str, op: str, inputs: list, outputs: list, tensors: dict,
-               module: Optional[str] = None, location=None, kind: str = "node") -> None:
+               module: Optional[str] = None, location=None, kind: str = Kind.NODE) -> None:
         for t in list(inputs) + list(outputs):
             if t:
                 self._save(t, tensors.get(t))
@@ -94,7 +95,7 @@ class OnnxDump:
         if location is not None:
             stack = self.writer.stack_id(((location.file, location.line, location.function, location.code),))
         self.writer.write({
-            "seq": self.seq, "name": name, "op": op, "kind": kind, "phase": "forward",
+            "seq": self.seq, "name": name, "op": op, "kind": kind, "phase": Phase.FORWARD,
             "module": module, "stack": stack,
             "inputs": [describe(t, tensors.get(t), self.saved) if t else {"type": "none"} for t in inputs],
             "outputs": [describe(t, tensors.get(t), self.saved) for t in outputs],

@@ -24,7 +24,8 @@ from typing import Optional
 import numpy as np
 
 from ..store.frames import is_internal
-from ..store.schema import Location
+from ..store import schema
+from ..store.schema import Kind, Location, Phase, Role
 from .deps import OnnxError, require
 from .dumping import OnnxDump
 from .graph import GraphIndex
@@ -89,12 +90,17 @@ class ModuleCall:
     location: Optional[Location] = None
 
     @property
+    def op(self) -> str:
+        """The module call's op as capture writes it: `Module.{path}.{Class}`."""
+        return schema.module_op(self.path, self.cls)
+
+    @property
     def record_name(self) -> str:
-        return f"Module.{self.path + '.' if self.path else ''}{self.cls}.forward.0"
+        return schema.record_name(self.op, Phase.FORWARD, 0, Kind.MODULE)
 
     @property
     def tensor_name(self) -> str:
-        return f"{self.record_name}.output.0"
+        return schema.tensor_name(self.record_name, Role.OUTPUT, 0)
 
 
 def run_torch(module, args: list) -> list:
@@ -212,7 +218,7 @@ def match_modules(t: GraphIndex, available, calls: list, module_paths: set) -> M
         location = t.location_of(t.producer[tensor]) if tensor in t.producer else None
         if location is None or is_internal(location.file):
             location = c.location
-        matching.pairs.append(TensorPair(c.tensor_name, tensor, rule, "output", pos, c.record_name,
+        matching.pairs.append(TensorPair(c.tensor_name, tensor, rule, Role.OUTPUT, pos, c.record_name,
                                          c.cls, c.path or "(model)", location))
     for node in t.nodes:
         for name in node.output:
@@ -297,8 +303,8 @@ def compare_torch(builder: str, target, *, inputs=None, output_path=None,
                                           "runtime": f"PyTorch {torch.__version__}"}, save_tensors)
         for c in calls:
             if c.output is not None:
-                dump.record(c.record_name, f"Module.{c.cls}", [], [c.tensor_name], golden_tensors,
-                            module=c.path or None, location=c.location, kind="module")
+                dump.record(c.record_name, c.op, [], [c.tensor_name], golden_tensors,
+                            module=c.path or None, location=c.location, kind=Kind.MODULE)
         cmp.dumps["golden"] = str(dump.close())
         cmp.dumps["target"] = dump_side(root, "target", t, t_run, target, target_options, meta,
                                         save_tensors)
