@@ -10,9 +10,10 @@ EXAMPLE = """example:
 
 TARGET is the run under suspicion (NPU, bf16, compiled...), GOLDEN the trusted one (CPU, fp32).
 Each is a step/rank directory or a dump root (every step/rank pair is then compared), written by
-opdiff, msprobe or ptdbg_ascend. OUT receives compare_result_{timestamp}.csv, summary.json and
-report.html. Exit codes: 0 done (a divergence is a finding), 1 with --fail-on-divergence when one
-is found, 2 bad input."""
+opdiff, msprobe or ptdbg_ascend. OUT receives compare_result_{timestamp}.csv, summary.json,
+report.html and rows.jsonl (every row, so summary.json loads back); what an earlier opdiff run
+wrote into OUT is removed first, other files there are left alone. Exit codes: 0 done (a
+divergence is a finding), 1 with --fail-on-divergence when one is found, 2 bad input."""
 
 
 def add_parser(subparsers) -> None:
