@@ -90,7 +90,6 @@ class DumpConfig:
     list: list = field(default_factory=list)        # names or substrings; [] = everything
     data_mode: list = field(default_factory=lambda: ["all"])
     overflow_nums: int = 1
-    stack: bool = True                              # record call sites
 
     @classmethod
     def create(cls, **kwargs) -> "DumpConfig":
@@ -146,7 +145,7 @@ class DumpConfig:
             elif key in TASKS:
                 if not isinstance(value, dict):
                     raise ConfigError(f"{p}: '{key}' must be an object")
-                for sub, subval in value.items():
+                for sub in value:
                     if sub not in _TASK_KEYS:
                         raise ConfigError(f"{p}: unknown key '{key}.{sub}' (valid: "
                                           f"{', '.join(sorted(_TASK_KEYS - _IGNORED_TASK_KEYS))})")

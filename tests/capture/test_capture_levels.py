@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import re
 
-import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -214,3 +213,11 @@ def test_module_inputs_passed_by_keyword_are_recorded(dump_root, read_dump, chec
     back = dump["Module.inner._MaskedInner.backward.0"]
     grads = [d for d in back["outputs"] if d.get("type") == "tensor"]
     assert len(grads) == 1 and torch.equal(dump.tensor(grads[0]), x.grad)
+
+
+def test_every_level_the_config_accepts_has_its_layers():
+    from opdiff import config
+    from opdiff.capture.debugger import LEVELS
+
+    assert set(LEVELS) == set(config.LEVELS)
+    assert all(LEVELS[level] for level in config.LEVELS)

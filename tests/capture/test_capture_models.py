@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 import opdiff
 from opdiff.store import decoded_stats, iter_tensors

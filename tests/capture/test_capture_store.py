@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import torch
 import torch.nn as nn

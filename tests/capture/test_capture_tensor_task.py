@@ -1,8 +1,6 @@
 """task="tensor": full tensors in safetensors shards, bitwise equal, each distinct value stored once."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
 import pytest
 import torch

@@ -7,16 +7,16 @@ import io
 import pytest
 from rich.console import Console
 
-from opdiff.capture.stacks import is_internal
 from opdiff.demo import models
+from opdiff.store.frames import is_internal
 
 # The demo's models live inside the opdiff package; capture must treat them as user code to
 # name their `+=` (Tensor.__iadd__) and to point locations at their lines.
 CAPTURE_SEES_DEMO = not is_internal(models.__file__)
 needs_demo_as_user_code = pytest.mark.xfail(
     not CAPTURE_SEES_DEMO, strict=True,
-    reason="capture skips src/opdiff/demo/ frames as opdiff internals: stacks.is_internal and "
-           "naming.operator_name must treat the demo's models as user code")
+    reason="capture skips src/opdiff/demo/ frames as opdiff internals: the demo must register "
+           "its folder as user code (store.frames.register_user_code)")
 
 
 def model_line(cls, text: str) -> int:

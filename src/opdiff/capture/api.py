@@ -4,9 +4,13 @@ from __future__ import annotations
 import torch
 from torch.overrides import TorchFunctionMode
 
+from ..store.schema import Kind, Phase, Role, record_name
 from . import naming
 from .backward import hook_api_backward, in_backward, input_edges
+from .callsite import api_caller, call_as
 from .guards import capturing_graph
+from .sink import PendingRecord
+
 
 class ApiCapture(TorchFunctionMode):
     """Records the outermost torch API call: inputs before it runs, outputs after."""
@@ -14,6 +18,16 @@ class ApiCapture(TorchFunctionMode):
     def __init__(self, session):
         super().__init__()
         self.session = session
+
+    # the layer's lifecycle (see debugger.LEVELS)
+    def start(self, model=None) -> None:
+        self.__enter__()
+
+    def stop(self) -> None:
+        self.__exit__(None, None, None)
+
+    def end_step(self) -> None:
+        pass
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -23,82 +37,90 @@ class ApiCapture(TorchFunctionMode):
             return func(*args, **kwargs)
         s = self.session
         op = naming.api_name(func)
-        if op is None or s.busy or s.writer is None or in_backward() or capturing_graph():
+        if op is None or s.own.active:
+            # Attribute reads (`.shape`, `.grad`: most of the calls a mode sees) as cheaply as
+            # possible, and opdiff's own work; other calls not recorded still warn from where
+            # the user called them.
+            if op is not None or getattr(func, "__name__", None) == "__get__":
+                return func(*args, **kwargs)
+            return call_as(api_caller(), func, args, kwargs)
+        if s.sink.writer is None or in_backward() or capturing_graph():
             # (ops captured into a CUDA graph run on replay, not now: see guards.py)
-            return func(*args, **kwargs)
-        ctx = None
+            return call_as(api_caller(), func, args, kwargs)
+        pending = None
         try:
-            ctx = self._before(op, args, kwargs)
+            pending = self._before(op, args, kwargs)
         except Exception as exc:
             s.failed(op, exc)
         first_seq = torch._C._autograd._get_sequence_nr()
-        out = func(*args, **kwargs)
-        if ctx is not None:
+        out = call_as(api_caller(), func, args, kwargs)
+        if pending is not None:
             try:
-                self._after(ctx, args, out, first_seq)
+                self._after(pending, args, out, first_seq)
             except Exception as exc:
-                s.failed(op, exc, ctx[1])
+                s.failed(op, exc, pending.record)
         return out
 
     def _before(self, op, args, kwargs):
         s = self.session
         op = naming.operator_name(op)
-        index = s.next_index(op)
-        name = f"{op}.{index}.forward"
+        index = s.sink.next_index(op)
+        name = record_name(op, Phase.FORWARD, index)
         mutating = naming.is_mutating(op, kwargs)
-        if not s.selected(name):
+        if not s.selection.selected(name):
             if mutating:
-                s.describer.forget((args, kwargs))
+                s.sink.describer.forget((args, kwargs))
             return None
-        stack_ = getattr(s.local, "modules", None)
-        module = stack_[-1] if stack_ else None
-        record = {"name": name, "op": op, "kind": "api", "phase": "forward", "module": module,
-                  "stack": s.stack_id(skip=3)}
-        edges = []
+        record = {"name": name, "op": op, "kind": Kind.API, "phase": Phase.FORWARD,
+                  "module": s.modules.current, "stack": s.stack_id(skip=3)}
+        pending = PendingRecord(record, index)
         try:
             # Inputs are described now, before an in-place op can overwrite them.
-            with s.internal():
+            with s.own():
                 record["inputs"], described_kwargs = s.describe_inputs(op, args, kwargs, name)
                 if described_kwargs is not None:
                     record["kwargs"] = described_kwargs
             if mutating:  # what was described of its arguments may be overwritten by this op
-                s.describer.forget((args, kwargs))
+                s.sink.describer.forget((args, kwargs))
                 if s.overflow is not None:  # an in-place op creating inf overwrites its finite input
                     from .overflow import all_finite
-                    record["_inputs_finite"] = all_finite((args, kwargs))
+                    pending.inputs_finite = all_finite((args, kwargs))
             # Gradient edges are taken before the call: an in-place op moves its input's edge.
-            if s.want_backward and torch.is_grad_enabled():
-                edges = input_edges((args, kwargs))
+            if s.selection.want_backward and torch.is_grad_enabled():
+                pending.edges = input_edges((args, kwargs))
         except Exception as exc:  # keep the record, with what went wrong on it
             s.failed(name, exc, record)
-        return (op, record, index, edges)
+        return pending
 
-    def _after(self, ctx, args, out, first_seq):
+    def _after(self, pending, args, out, first_seq):
         s = self.session
-        op, record, index, edges = ctx
+        record = pending.record
+        op = record["op"]
+        facts = naming.facts(op)
         result = out
-        if op.startswith("Distributed.") and hasattr(out, "wait") and hasattr(out, "is_completed"):
+        if facts.collective and hasattr(out, "wait") and hasattr(out, "is_completed"):
             # async_op=True: the buffers are only meaningful once the collective is done. Waiting
             # here costs overlap while dumping, never numerics; the user's own wait() is a no-op.
             out.wait()
-        if args and (op == "Tensor.__setitem__" or
-                     (op.startswith("Distributed.") and not isinstance(out, torch.Tensor))):
+        if args and (facts.returns_first_argument or
+                     (facts.collective and not isinstance(out, torch.Tensor))):
             # These write into their first argument and return None (or a Work handle).
             result = args[0]
-        with s.internal():
+        name = record["name"]
+        with s.own():
             try:
-                if naming.makes_uninitialized(op):
-                    record["outputs"] = [s.describer.unread(result, f"{record['name']}.output.0",
-                                                            "uninitialized")]
+                if facts.uninitialized:
+                    record["outputs"] = [s.sink.describer.unread(result, name, Role.OUTPUT, 0,
+                                                                 "uninitialized")]
                 else:
-                    record["outputs"] = s.describe_all([result], record["name"], "output") \
-                        if not isinstance(result, (tuple, list)) else s.describe_all(result, record["name"], "output")
+                    record["outputs"] = s.describe_all(
+                        result if isinstance(result, (tuple, list)) else [result], name, Role.OUTPUT)
             except Exception as exc:  # keep the record and say what failed
                 record.setdefault("outputs", [])
                 s.failed(op, exc, record)
-        if s.want_forward:
-            s.emit(record)
-        s.check_overflow(record, args, result)
-        if s.want_backward and torch.is_grad_enabled():
-            hook_api_backward(s, record["name"], op, index, record["module"], record["stack"], result,
-                              edges, first_seq)
+        if s.selection.want_forward:
+            s.sink.emit(record)
+        s.check_overflow(record, args, result, pending.inputs_finite)
+        if s.selection.want_backward and torch.is_grad_enabled():
+            hook_api_backward(s, name, op, pending.index, record["module"], record["stack"], result,
+                              pending.edges or (), first_seq)

@@ -11,12 +11,9 @@ import sys
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..ops import SKIPPED_ATEN
+from ..store.schema import Kind, Phase, Role, record_name
 from .guards import capturing_graph
-
-# Bookkeeping ops: no numerics of their own.
-_SKIP = {"detach", "alias", "lift_fresh", "lift_fresh_copy", "_to_copy_meta", "empty", "empty_like",
-         "empty_strided", "set_", "_local_scalar_dense", "is_same_size", "_has_compatible_shallow_copy_type",
-         "result_type", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "_version"}
 
 
 _CHECKPOINT_FILE = os.path.join(os.path.dirname(torch.__file__), "utils", "checkpoint.py")
@@ -41,6 +38,16 @@ class AtenCapture(TorchDispatchMode):
         self.session = session
         self.forward_names: dict[int, str] = {}   # autograd sequence nr -> forward record name
 
+    # the layer's lifecycle (see debugger.LEVELS)
+    def start(self, model=None) -> None:
+        self.__enter__()
+
+    def stop(self) -> None:
+        self.__exit__(None, None, None)
+
+    def end_step(self) -> None:
+        self.forward_names.clear()
+
     @classmethod
     def ignore_compile_internals(cls):
         # Without this, torch.compile silently runs the model eagerly while the mode is active.
@@ -50,49 +57,49 @@ class AtenCapture(TorchDispatchMode):
         kwargs = kwargs or {}
         s = self.session
         packet = func.overloadpacket.__name__
-        if s.busy or s.writer is None or packet in _SKIP or func.is_view or capturing_graph():
+        if s.own.active or s.sink.writer is None or packet in SKIPPED_ATEN or func.is_view or capturing_graph():
             return func(*args, **kwargs)
         node = torch._C._current_autograd_node()
         if node is not None and torch.is_grad_enabled() and _recomputing():
             # Activation checkpointing re-runs the forward inside backward: already recorded.
             return func(*args, **kwargs)
-        phase = "backward" if node is not None else "forward"
+        phase = Phase.BACKWARD if node is not None else Phase.FORWARD
         op = f"Aten.{packet}"
         record = None
         try:
-            index = s.next_index(f"{op}.{phase}")
-            name = f"{op}.{index}.{phase}"
-            if s.selected(name) and (s.want_forward if phase == "forward" else s.want_backward):
-                stack_ = getattr(s.local, "modules", None)
-                record = {"name": name, "op": op, "kind": "aten", "phase": phase,
-                          "module": stack_[-1] if stack_ else None,
-                          "stack": s.stack_id(skip=3) if phase == "forward" else None}
+            index = s.sink.next_index(f"{op}.{phase}")
+            name = record_name(op, phase, index, Kind.ATEN)
+            sel = s.selection
+            if sel.selected(name) and (sel.want_forward if phase == Phase.FORWARD else sel.want_backward):
+                record = {"name": name, "op": op, "kind": Kind.ATEN, "phase": phase,
+                          "module": s.modules.current,
+                          "stack": s.stack_id(skip=3) if phase == Phase.FORWARD else None}
                 if node is not None:
                     record["forward"] = self.forward_names.get(node._sequence_nr())
                     record["autograd_node"] = node.name()
-                with s.internal():
+                with s.own():
                     try:
-                        record["inputs"], described_kwargs = s.describe_inputs(packet, args, kwargs, name)
+                        record["inputs"], described_kwargs = s.describe_inputs(op, args, kwargs, name)
                         if described_kwargs is not None:
                             record["kwargs"] = described_kwargs
                     except Exception as exc:  # keep the record and say what failed
                         record.setdefault("inputs", [])
                         s.failed(op, exc, record)
                     if func._schema.is_mutable:
-                        s.describer.forget((args, kwargs))
+                        s.sink.describer.forget((args, kwargs))
         except Exception as exc:
             s.failed(op, exc)
             record = None
-        if record is not None and phase == "forward":
+        if record is not None and phase == Phase.FORWARD:
             # Autograd creates the node before dispatching here: its sequence nr is the last one.
             self.forward_names.setdefault(torch._C._autograd._get_sequence_nr() - 1, record["name"])
         out = func(*args, **kwargs)
         if record is not None:
             try:
-                with s.internal():
+                with s.own():
                     record["outputs"] = s.describe_all(out if isinstance(out, (tuple, list)) else [out],
-                                                       record["name"], "output")
-                s.emit(record)
+                                                       record["name"], Role.OUTPUT)
+                s.sink.emit(record)
                 s.check_overflow(record, args, out)
             except Exception as exc:
                 s.failed(op, exc, record)

@@ -17,6 +17,7 @@ import threading
 
 import torch
 
+from ..store.schema import Kind, Phase, Role, record_name
 from .describe import tensors_in
 from .guards import capturing_graph
 
@@ -78,7 +79,7 @@ def hook_api_backward(session, fwd_name: str, op: str, index: int, module, stack
     out_tensors = [outputs] if isinstance(outputs, torch.Tensor) else list(tensors_in(outputs))
     if not any(t.requires_grad for t in out_tensors):
         return
-    name = f"{op}.{index}.backward"
+    name = record_name(op, Phase.BACKWARD, index)
     if not session.selected(name, forward_selected=True):
         return
     last_seq = torch._C._autograd._get_sequence_nr()
@@ -99,7 +100,7 @@ def hook_api_backward(session, fwd_name: str, op: str, index: int, module, stack
             i = leaves.get(id(nxt.variable))
         if i is not None:
             boundary.setdefault(id(node), (node, []))[1].append((k, i))
-    record = {"name": name, "op": op, "kind": "api", "phase": "backward", "module": module,
+    record = {"name": name, "op": op, "kind": Kind.API, "phase": Phase.BACKWARD, "module": module,
               "forward": fwd_name, "stack": stack,
               "inputs": [None] * len(out_tensors), "outputs": [None] * n_inputs}
     state = {"waiting": len(boundary), "grads_out": [None] * len(out_tensors),
@@ -113,8 +114,8 @@ def hook_api_backward(session, fwd_name: str, op: str, index: int, module, stack
             return
         with session.internal():
             try:
-                record["inputs"] = session.describe_all(state["grads_out"], name, "input")
-                record["outputs"] = session.describe_all(state["grads_in"], name, "output")
+                record["inputs"] = session.describe_all(state["grads_out"], name, Role.INPUT)
+                record["outputs"] = session.describe_all(state["grads_in"], name, Role.OUTPUT)
             except Exception as exc:
                 session.failed(f"{name} (backward)", exc, record)
         session.emit(record)
@@ -233,11 +234,11 @@ def hook_module_backward(session, fwd_name: str, op: str, index: int, parent, st
     out_targets = grad_targets(outputs)
     if not out_targets:
         return
-    name = f"{op}.backward.{index}"
+    name = record_name(op, Phase.BACKWARD, index, Kind.MODULE)
     if not session.selected(name, forward_selected=True):
         return
     has_inputs = bool(in_targets)
-    record = {"name": name, "op": op, "kind": "module", "phase": "backward", "module": parent,
+    record = {"name": name, "op": op, "kind": Kind.MODULE, "phase": Phase.BACKWARD, "module": parent,
               "forward": fwd_name, "stack": stack, "inputs": [], "outputs": []}
     state = {"emitted": False}
 
@@ -252,7 +253,7 @@ def hook_module_backward(session, fwd_name: str, op: str, index: int, parent, st
             return
         with session.internal():
             try:
-                record["inputs"] = session.describe_all(grads, name, "input")
+                record["inputs"] = session.describe_all(grads, name, Role.INPUT)
             except Exception as exc:
                 session.failed(f"{name}", exc, record)
         if not has_inputs:
@@ -264,7 +265,7 @@ def hook_module_backward(session, fwd_name: str, op: str, index: int, parent, st
             return
         with session.internal():
             try:
-                record["outputs"] = session.describe_all(grads, name, "output")
+                record["outputs"] = session.describe_all(grads, name, Role.OUTPUT)
             except Exception as exc:
                 session.failed(f"{name}", exc, record)
         emit()

@@ -17,9 +17,21 @@ from contextlib import contextmanager
 
 from ..config import DumpConfig
 from ..errors import ConfigError
+from .api import ApiCapture
+from .aten import AtenCapture
+from .modules import ModuleCapture
 from .session import Session
 
 log = logging.getLogger("opdiff")
+
+# Which interception layers each level installs. A layer is made once per debugger, from its
+# session, and has start(model), stop() and end_step(); `needs_model` ones hook a model's modules.
+LEVELS = {
+    "L0": (ModuleCapture,),
+    "L1": (ApiCapture,),
+    "mix": (ModuleCapture, ApiCapture),
+    "L2": (AtenCapture,),
+}
 
 _active: "PrecisionDebugger | None" = None
 
@@ -47,9 +59,7 @@ class PrecisionDebugger:
             self.config = DumpConfig.create(**{k: v for k, v in options.items() if v is not None})
         self.session = Session(self.config)
         self.model = model
-        self._api = None
-        self._aten = None
-        self._modules = None
+        self._layers = [layer(self.session) for layer in LEVELS[self.config.level]]
         self._running = False
 
     # -- the three verbs -------------------------------------------------------------------------
@@ -60,7 +70,7 @@ class PrecisionDebugger:
             return
         model = model if model is not None else self.model
         level = self.config.level
-        if level in ("L0", "mix") and model is None:
+        if model is None and any(getattr(layer, "needs_model", False) for layer in self._layers):
             raise ConfigError(f"level '{level}' records modules: pass the model, dbg.start(model)")
         if _active is not None and _active is not self and _active.stopped_by_overflow:
             _active.stop()  # OverflowDetected ended the user's loop before it could call stop()
@@ -69,22 +79,10 @@ class PrecisionDebugger:
         self.session.open_step()
         if not self.session.recording:
             return  # this step or rank is not selected
-        if level in ("L0", "mix"):
-            from .modules import ModuleCapture
-            if self._modules is None or self.model is not model:
-                if self._modules is not None:
-                    self._modules.remove_param_hooks()
-                self._modules = ModuleCapture(self.session, model)
-                self.model = model
-            self._modules.install()
-        if level in ("L1", "mix"):
-            from .api import ApiCapture
-            self._api = ApiCapture(self.session)
-            self._api.__enter__()
-        if level == "L2":
-            from .aten import AtenCapture
-            self._aten = self._aten or AtenCapture(self.session)
-            self._aten.__enter__()
+        if model is not None:
+            self.model = model
+        for layer in self._layers:
+            layer.start(model)
         _active = self
         self._running = True
 
@@ -93,13 +91,8 @@ class PrecisionDebugger:
         global _active
         if not self._running:
             return
-        if self._api is not None:
-            self._api.__exit__(None, None, None)
-            self._api = None
-        if self._aten is not None:
-            self._aten.__exit__(None, None, None)
-        if self._modules is not None:
-            self._modules.remove()
+        for layer in reversed(self._layers):
+            layer.stop()
         self.session.flush(wait_for_tensors=True)   # a crash after stop() loses nothing
         self._running = False
         _active = None
@@ -110,10 +103,8 @@ class PrecisionDebugger:
         """End the step: write everything of it to disk and reset the op counters."""
         if self._running:
             self.stop()
-        if self._modules is not None:
-            self._modules.remove_param_hooks()
-        if self._aten is not None:
-            self._aten.forward_names.clear()
+        for layer in self._layers:
+            layer.end_step()
         self.session.close_step()
 
     # -- conveniences -------------------------------------------------------------------------

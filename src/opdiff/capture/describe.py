@@ -6,6 +6,7 @@ import weakref
 import torch
 
 from ..store.records import scalar_descriptor
+from ..store.schema import tensor_name
 
 _MAX_REPR = 120
 
@@ -63,9 +64,11 @@ class Describer:
             self._blocks[block] = entry
             keys.add(block)
 
-    def describe(self, value, name: str, depth: int = 0) -> dict:
+    def describe(self, value, record: str, role: str, slot, depth: int = 0) -> dict:
+        """The descriptor of one argument or result: tensor `record.role.slot` (see
+        `store.schema.tensor_name`; the name is only built for a tensor that is saved)."""
         if isinstance(value, torch.Tensor):
-            return self.tensor(value, name)
+            return self.tensor(value, record, role, slot)
         scalar = scalar_descriptor(value, _MAX_REPR)
         if scalar is not None:
             return scalar
@@ -77,26 +80,27 @@ class Describer:
             return {"type": "size", "value": list(value)}
         if isinstance(value, (list, tuple)) and depth < 4:
             kind = "list" if isinstance(value, list) else "tuple"
-            return {"type": kind, "items": [self.describe(v, f"{name}.{i}", depth + 1)
+            return {"type": kind, "items": [self.describe(v, record, role, f"{slot}.{i}", depth + 1)
                                             for i, v in enumerate(value)]}
         if isinstance(value, dict) and depth < 4:
-            return {"type": "dict", "items": {str(k): self.describe(v, f"{name}.{k}", depth + 1)
+            return {"type": "dict", "items": {str(k): self.describe(v, record, role, f"{slot}.{k}",
+                                                                    depth + 1)
                                               for k, v in value.items()}}
         return {"type": "object", "value": _short_repr(value)}
 
-    def unread(self, value, name: str, why: str = "overwritten") -> dict:
+    def unread(self, value, record: str, role: str, slot, why: str = "overwritten") -> dict:
         """The descriptor of a tensor whose values mean nothing: an argument the op overwrites
         without reading it (an `out=` tensor, the target of a fill; why="overwritten") or the
         output of `torch.empty` (why="uninitialized"). Dtype and shape only: no statistics,
         not saved, and `desc[why] = True` so that compare leaves it out."""
         if not isinstance(value, torch.Tensor):
-            return self.describe(value, name)
+            return self.describe(value, record, role, slot)
         desc = _head(value)
         desc["stats"] = None
         desc[why] = True
         return desc
 
-    def tensor(self, t: torch.Tensor, name: str) -> dict:
+    def tensor(self, t: torch.Tensor, record: str, role: str, slot) -> dict:
         if _is_wrapped(t):
             t = _unwrapped(t)
         desc = _head(t)
@@ -125,7 +129,7 @@ class Describer:
         else:
             self.stats.add(desc, t)
         if self.save and t.layout == torch.strided:
-            desc["key"] = self._save(t, name)
+            desc["key"] = self._save(t, record, role, slot)
         return desc
 
     def _same_block(self, block: tuple, version: int):
@@ -139,13 +143,14 @@ class Describer:
             return None
         return entry[2]
 
-    def _save(self, t: torch.Tensor, name: str) -> str:
+    def _save(self, t: torch.Tensor, record: str, role: str, slot) -> str:
         version = _version(t)
         entry = self._saved.get(id(t)) if version is not None else None
         if entry is not None:
             ref, saved_version, key = entry
             if ref() is t and saved_version == version:
                 return key
+        name = tensor_name(record, role, slot)
         # CPU tensors are written at once; a device tensor is written later, from a copy.
         self.writer.save_tensor(name, t.detach() if t.is_cpu else t.detach().clone())
         if version is not None:

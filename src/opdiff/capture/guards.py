@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 
 import torch
 
@@ -28,3 +29,54 @@ def tracing_or_capturing() -> bool:
     """True while dynamo traces (it would trace opdiff's own Python into the user's graph and
     break the graph on it) or a device graph is being captured (see capturing_graph)."""
     return torch.compiler.is_compiling() or capturing_graph()
+
+
+class OwnWork:
+    """Marks the threads where opdiff is doing its own tensor work, so that the interception
+    layers let those ops through unrecorded.
+
+        own = OwnWork()
+        with own():            # no grad, no torch-function modes, `own.active` is True
+            stats = t.sum()
+    """
+
+    __slots__ = ("_local",)
+
+    def __init__(self):
+        self._local = threading.local()
+
+    @property
+    def active(self) -> bool:
+        """True inside `with own():` on this thread."""
+        return getattr(self._local, "busy", False)
+
+    def __call__(self) -> "_Internal":
+        return _Internal(self._local)
+
+
+class _Internal:
+    """`with own():` no grad, no torch-function modes (opdiff's own reductions must not be
+    recorded or traced), and the thread marked busy. A plain class: this is entered about four
+    times per recorded op, where a generator-based context manager costs more than the work it
+    guards."""
+
+    __slots__ = ("local", "busy", "grad", "no_modes")
+
+    def __init__(self, local):
+        self.local = local
+
+    def __enter__(self):
+        self.busy = getattr(self.local, "busy", False)
+        self.local.busy = True
+        self.grad = torch.is_grad_enabled()
+        # Modes off first: _set_grad_enabled itself goes through torch-function modes.
+        self.no_modes = torch._C.DisableTorchFunction()
+        self.no_modes.__enter__()
+        torch._C._set_grad_enabled(False)
+        return self
+
+    def __exit__(self, *exc_info):
+        torch._C._set_grad_enabled(self.grad)
+        self.no_modes.__exit__(None, None, None)
+        self.local.busy = self.busy
+        return False

@@ -11,8 +11,10 @@ import weakref
 import torch
 from torch.nn.modules import module as nn_module
 
+from ..store.schema import Kind, Phase, Role, module_op, record_name
 from .backward import grad_targets, hook_module_backward, in_backward
 from .guards import capturing_graph, tracing_or_capturing
+from .sink import PendingRecord
 
 
 def module_names(models) -> dict:
@@ -22,7 +24,7 @@ def module_names(models) -> dict:
     `<i>.` prefix keeps their paths apart.
     """
     names = {}
-    models = list(models) if isinstance(models, (list, tuple)) else [models]
+    models = _as_list(models)
     for i, model in enumerate(models):
         prefix = f"{i}." if len(models) > 1 else ""
         has_children = any(True for _ in model.children())
@@ -30,21 +32,50 @@ def module_names(models) -> dict:
             if not path and has_children:
                 continue
             path = prefix + path if path else prefix.rstrip(".")
-            label = f"Module.{path}.{type(mod).__name__}" if path else f"Module.{type(mod).__name__}"
-            names[id(mod)] = (weakref.ref(mod), label)
+            names[id(mod)] = (weakref.ref(mod), module_op(path, type(mod).__name__))
     return names
+
+
+def _as_list(models) -> list:
+    return list(models) if isinstance(models, (list, tuple)) else [models]
 
 
 class ModuleCapture:
     """Installs global forward hooks filtered to one model's modules, plus parameter-grad hooks."""
 
-    def __init__(self, session, models):
+    needs_model = True
+
+    def __init__(self, session, models=None):
         self.session = session
+        self.names: dict = {}
+        self.handles: list = []
+        self.param_handles: list = []
+        self.models: list = []       # weak references: capture never keeps a model alive
+        if models is not None:
+            self._follow(models)
+
+    def _follow(self, models) -> None:
         self.names = module_names(models)
-        self.handles = []
-        self.param_handles = []
-        models = list(models) if isinstance(models, (list, tuple)) else [models]
-        self.models = [weakref.ref(m) for m in models]
+        self.models = [weakref.ref(m) for m in _as_list(models)]
+
+    def follows(self, models) -> bool:
+        """Whether these are the model(s) whose modules are hooked."""
+        models = _as_list(models)
+        return len(models) == len(self.models) and all(r() is m for r, m in zip(self.models, models))
+
+    # the layer's lifecycle (see debugger.LEVELS)
+    def start(self, model) -> None:
+        """Hook `model`'s modules (a new model: the previous one's parameter hooks go)."""
+        if not self.follows(model):
+            self.remove_param_hooks()
+            self._follow(model)
+        self.install()
+
+    def stop(self) -> None:
+        self.remove()
+
+    def end_step(self) -> None:
+        self.remove_param_hooks()
 
     def install(self, param_grads: bool = True) -> None:
         self.handles.append(nn_module.register_module_forward_pre_hook(self._pre))
@@ -54,7 +85,7 @@ class ModuleCapture:
         # (the global pre-hook cannot see them; they are described when the call returns).
         self.handles.append(nn_module.register_module_forward_hook(self._post, always_call=True,
                                                                    with_kwargs=True))
-        if param_grads and self.session.want_backward and not self.param_handles:
+        if param_grads and self.session.selection.want_backward and not self.param_handles:
             self._hook_params()
 
     def remove(self) -> None:
@@ -85,51 +116,41 @@ class ModuleCapture:
             params = [(n, p) for n, p in mod.named_parameters(recurse=False) if p.requires_grad]
             for pname, p in params:
                 def on_grad(param, label=label, pname=pname, expected=len(params)):
-                    if s.writer is not None and param.grad is not None and not capturing_graph():
+                    if s.sink.writer is not None and param.grad is not None and not capturing_graph():
                         try:
                             s.add_param_grad(label, expected, pname, param.grad)
                         except Exception as exc:
                             s.failed(f"{label}.parameters_grad", exc)
                 self.param_handles.append(p.register_post_accumulate_grad_hook(on_grad))
 
-    def _stack(self):
-        st = getattr(self.session.local, "module_calls", None)
-        if st is None:
-            st = self.session.local.module_calls = []
-            self.session.local.modules = []
-        return st
-
     def _pre(self, module, args):
         if tracing_or_capturing():
             return None   # see api.py
         s = self.session
         label = self._label(module)
-        if label is None or s.busy or s.writer is None or in_backward():
+        if label is None or s.own.active or s.sink.writer is None or in_backward():
             return None
-        calls = self._stack()
-        record = None
-        targets = None
+        pending = None
         try:
-            index = s.next_index(f"{label}.forward")
-            name = f"{label}.forward.{index}"
-            parent = s.local.modules[-1] if s.local.modules else None
-            if s.selected(name):
-                record = {"name": name, "op": label, "kind": "module", "phase": "forward",
-                          "module": parent, "stack": s.stack_id(skip=3), "_index": index}
-                backward = s.want_backward and torch.is_grad_enabled()
-                with s.internal():
-                    record["inputs"] = s.describe_all(args, name, "input")
+            index = s.sink.next_index(f"{label}.forward")
+            name = record_name(label, Phase.FORWARD, index, Kind.MODULE)
+            if s.selection.selected(name):
+                record = {"name": name, "op": label, "kind": Kind.MODULE, "phase": Phase.FORWARD,
+                          "module": s.modules.current, "stack": s.stack_id(skip=3)}
+                pending = PendingRecord(record, index)
+                backward = s.selection.want_backward and torch.is_grad_enabled()
+                with s.own():
+                    record["inputs"] = s.describe_all(args, name, Role.INPUT)
                     if backward:
                         # before the call: an in-place module moves its input onto its own node
-                        targets = grad_targets(args)
+                        pending.edges = grad_targets(args)
         except Exception as exc:
-            if record is not None:   # inputs could not be described: keep the call, say why
-                record.setdefault("inputs", [])
+            if pending is not None:   # inputs could not be described: keep the call, say why
+                pending.record.setdefault("inputs", [])
             else:
                 name = label
-            s.failed(label, exc, record)
-        calls.append((module, record, args, targets))
-        s.local.modules.append(name)
+            s.failed(label, exc, pending.record if pending is not None else None)
+        s.modules.push(module, name, (pending, args))
         return None
 
     def _post(self, module, args, *rest):
@@ -139,33 +160,33 @@ class ModuleCapture:
         if tracing_or_capturing():
             return None   # see api.py
         s = self.session
-        calls = getattr(s.local, "module_calls", None)
-        if not calls or calls[-1][0] is not module:
+        state = s.modules.pop(module)
+        if state is None:
             return None
-        _, record, pre_args, in_targets = calls.pop()
-        s.local.modules.pop()
-        if record is None or s.writer is None:
+        pending, pre_args = state
+        if pending is None or s.sink.writer is None:
             return None
-        s.module_returned(record["name"])
+        record = pending.record
+        name = record["name"]
+        s.selection.module_returned(name)
         try:
-            index = record.pop("_index")
-            backward = in_targets is not None and torch.is_grad_enabled()   # (internal() disables grad)
-            with s.internal():
+            in_targets = pending.edges
+            backward = in_targets is not None and torch.is_grad_enabled()   # (own() disables grad)
+            d = s.sink.describer
+            with s.own():
                 if kwargs:
-                    record["kwargs"] = {k: s.describer.describe(v, f"{record['name']}.input.{k}")
-                                        for k, v in kwargs.items()}
+                    record["kwargs"] = {k: d.describe(v, name, Role.INPUT, k) for k, v in kwargs.items()}
                 record["outputs"] = s.describe_all(
-                    output if isinstance(output, (tuple, list)) else [output], record["name"], "output")
-                record["parameters"] = {
-                    n: s.describer.describe(p, f"{record['name']}.parameters.{n}")
-                    for n, p in module._parameters.items() if p is not None}
-                if s.want_forward:
-                    s.emit(record)
+                    output if isinstance(output, (tuple, list)) else [output], name, Role.OUTPUT)
+                record["parameters"] = {n: d.describe(p, name, Role.PARAMETERS, n)
+                                        for n, p in module._parameters.items() if p is not None}
+                if s.selection.want_forward:
+                    s.sink.emit(record)
                 s.check_overflow(record, pre_args, output)
                 if backward:
                     if kwargs:
                         in_targets = in_targets + grad_targets(kwargs)
-                    hook_module_backward(s, record["name"], record["op"], index, record["module"],
+                    hook_module_backward(s, name, record["op"], pending.index, record["module"],
                                          record["stack"], in_targets, output)
         except Exception as exc:
             s.failed(record.get("name", "module"), exc, record)

@@ -14,29 +14,10 @@ import sys
 import torch
 import torch.nn.functional as F
 
-# Calls that read metadata or manage autograd: never numerics, and most of the traffic.
-_SKIP = {
-    "__get__", "__set__", "__delete__", "size", "dim", "ndimension", "numel", "nelement", "stride",
-    "storage_offset", "is_contiguous", "is_floating_point", "is_complex", "is_signed", "data_ptr",
-    "element_size", "untyped_storage", "storage", "_typed_storage", "get_device", "__len__",
-    "__iter__", "__format__", "__repr__", "__str__", "__bool__", "__hash__", "__index__", "__int__",
-    "__float__", "__complex__", "__reduce_ex__", "__deepcopy__", "__setstate__", "__getstate__",
-    "__contains__", "__array__", "__dlpack__", "__dlpack_device__", "register_hook",
-    "register_post_accumulate_grad_hook", "retain_grad", "requires_grad_", "backward", "item",
-    "tolist", "numpy", "type", "is_set_to", "has_names", "is_shared", "is_pinned", "__dir__",
-    "_is_view", "_version", "is_tensor", "is_storage", "is_grad_enabled", "is_inference",
-    "is_inference_mode_enabled", "is_autocast_enabled", "get_default_dtype", "__instancecheck__",
-    "__subclasscheck__", "__torch_function__", "__torch_dispatch__", "_has_compatible_shallow_copy_type",
-    "is_nonzero", "equal", "__reversed__", "result_type", "can_cast", "promote_types", "_C",
-    "manual_seed", "seed", "initial_seed", "get_rng_state", "set_rng_state", "grad", "_make_subclass",
-    "as_subclass", "share_memory_", "pin_memory", "record_stream", "__getattribute__", "dim_order",
-    "device", "Size", "dtype", "finfo", "iinfo", "Generator", "get_autocast_dtype", "get_device_module",
-    "is_autocast_available", "get_autocast_gpu_dtype", "get_autocast_cpu_dtype", "set_grad_enabled",
-}
-# Process-group bookkeeping, not collectives.
-_DIST_SKIP = {"get_rank", "get_world_size", "is_initialized", "is_available", "new_group",
-              "get_backend", "barrier", "monitored_barrier", "get_process_group_ranks", "get_group_rank",
-              "get_global_rank", "destroy_process_group", "init_process_group"}
+from .. import ops
+from ..store.frames import is_internal
+from .callsite import is_call_frame
+
 _RNN = {"lstm", "gru", "rnn_tanh", "rnn_relu", "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell"}
 
 # BINARY_OP argument -> operator dunder (3.11+: dis._nb_ops lists them in argument order).
@@ -68,13 +49,23 @@ for _sym, _base in _NB_DUNDER.items():
 _COMPARE = {"eq": "__eq__", "ne": "__ne__", "lt": "__lt__", "le": "__le__", "gt": "__gt__",
             "ge": "__ge__"}
 
-# Frames that only forward a torch-function call (Tensor's Python-level operator wrappers).
-_PLUMBING = (os.path.join(os.path.dirname(torch.__file__), "_tensor.py"),
-             os.path.join(os.path.dirname(torch.__file__), "overrides.py"),
-             os.path.join(os.path.dirname(torch.__file__), "_tensor_docs.py"))
+# Frames that only forward a torch-function call: Tensor's Python-level operator wrappers,
+# and opdiff's own interception (code registered as user code, the demo's models, excepted).
+# Torch's other code is not skipped: an operator written in nn.TransformerEncoderLayer is the
+# operator that frame executed, as msprobe names it.
+_PLUMBING = frozenset(os.path.join(os.path.dirname(torch.__file__), name)
+                      for name in ("_tensor.py", "overrides.py", "_tensor_docs.py"))
+_OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_forwards: dict = {}      # file name -> whether its frames only forward the call
 
-_OPDIFF_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_DEMO_DIR = os.path.join(_OPDIFF_DIR, "demo") + os.sep   # the demo's models are "user" code
+
+def _forwards_only(filename: str) -> bool:
+    known = _forwards.get(filename)
+    if known is None:
+        known = _forwards[filename] = filename in _PLUMBING or (
+            filename.startswith(_OWN_DIR) and is_internal(filename))
+    return known
+
 
 _cache: dict = {}
 
@@ -95,7 +86,7 @@ def api_name(func) -> str | None:
 
 def _resolve(func) -> str | None:
     name = getattr(func, "__name__", None)
-    if not name or name in _SKIP:
+    if not name or name in ops.SKIPPED_FUNCTIONS:
         return None
     if name.startswith("_") and not (name.startswith("__") and name.endswith("__")) \
             and not name.startswith(("_foreach", "_amp_foreach", "_amp_update")):
@@ -107,7 +98,7 @@ def _resolve(func) -> str | None:
         return f"VF.{name}"
     module = getattr(func, "__module__", "") or ""
     if module.startswith("torch.distributed"):
-        return f"Distributed.{name}" if name not in _DIST_SKIP else None
+        return f"Distributed.{name}" if name not in ops.SKIPPED_DISTRIBUTED else None
     if getattr(F, name, None) is func:
         return f"Functional.{name}"
     if getattr(torch, name, None) is func or getattr(torch._VF, name, None) is func:
@@ -130,9 +121,14 @@ def operator_name(name: str) -> str:
     if not name.startswith("Tensor.") or name.startswith("Tensor.__"):
         return name
     f = sys._getframe(1)
-    while f is not None and (f.f_code.co_filename in _PLUMBING
-                             or (f.f_code.co_filename.startswith(_OPDIFF_DIR)
-                                 and not f.f_code.co_filename.startswith(_DEMO_DIR))):
+    forwards = _forwards
+    while f is not None:
+        code = f.f_code
+        known = forwards.get(code.co_filename)
+        if known is None:
+            known = _forwards_only(code.co_filename)
+        if not known and not is_call_frame(code):
+            break
         f = f.f_back
     if f is None or f.f_lasti < 0:
         return name
@@ -167,30 +163,38 @@ def operator_name(name: str) -> str:
     return name
 
 
+class OpFacts:
+    """What capture asks of `opdiff.ops` about one op name, looked up once per name."""
+
+    __slots__ = ("mutates", "overwrites_first", "uninitialized", "returns_first_argument",
+                 "collective", "loss_scaler")
+
+    def __init__(self, op: str):
+        t = ops.traits(op)
+        self.mutates = ops.is_mutating(op, {})     # by its name (in-place methods, collectives)
+        self.overwrites_first = t.overwrites_first
+        self.uninitialized = t.uninitialized
+        self.returns_first_argument = t.returns_first_argument
+        self.collective = t.collective
+        self.loss_scaler = t.loss_scaler
+
+
+_facts: dict = {}
+
+
+def facts(op: str) -> OpFacts:
+    """`OpFacts` of an op name (cached: asked on every recorded call)."""
+    found = _facts.get(op)
+    if found is None:
+        found = _facts[op] = OpFacts(op)
+    return found
+
+
 def is_mutating(op: str, kwargs: dict) -> bool:
-    """Whether an API call may write into a tensor it was given (in-place, out=, collectives)."""
-    method = op.rsplit(".", 1)[-1]
-    return (method.endswith("_") and not method.endswith("__")) or method.startswith("__i") \
-        or method == "__setitem__" or op.startswith("Distributed.") \
-        or kwargs.get("out") is not None or kwargs.get("inplace") is True
+    """Whether a call may write into a tensor it was given (in-place, out=, collectives)."""
+    return facts(op).mutates or kwargs.get("out") is not None or kwargs.get("inplace") is True
 
 
-# In-place ops whose result does not depend on what their first argument held: random and
-# constant fills, and copy_. That argument is often fresh, uninitialised memory (dropout's mask
-# is `empty_like(x).bernoulli_(p)`; `.to()` copies into an empty tensor at L2): its values
-# before the op are noise that would differ between any two runs.
-_OVERWRITES = frozenset({"bernoulli_", "uniform_", "normal_", "random_", "exponential_",
-                         "geometric_", "cauchy_", "log_normal_", "fill_", "zero_", "copy_"})
-
-
-def overwrites_first(op: str) -> bool:
-    """Whether `op` (an API name or an aten packet name) overwrites its first argument entirely."""
-    return op.rsplit(".", 1)[-1] in _OVERWRITES
-
-
-_UNINITIALIZED = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
-
-
-def makes_uninitialized(op: str) -> bool:
-    """Whether `op` returns uninitialised memory (`torch.empty` and its kin)."""
-    return op.rsplit(".", 1)[-1] in _UNINITIALIZED
+def forget_facts() -> None:
+    """Ask `opdiff.ops` again (traits registered since the last step count from the next)."""
+    _facts.clear()

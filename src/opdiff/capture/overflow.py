@@ -14,7 +14,10 @@ import torch
 
 from ..errors import OverflowDetected
 from ..store.records import has_nonfinite_number
+from ..store.schema import Kind, Phase, Role
+from . import naming
 from .describe import tensors_in
+from .sink import PendingRecord
 
 log = logging.getLogger("opdiff")
 
@@ -37,9 +40,6 @@ def all_finite(values) -> bool:
     return bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all().item())
 
 
-_SCALER_OPS = ("._amp_foreach_non_finite_check_and_unscale_", "._amp_update_scale_")
-
-
 class OverflowMonitor:
     """Per-session overflow state: origins found, ops that propagated inf/NaN.
 
@@ -51,63 +51,70 @@ class OverflowMonitor:
     def __init__(self, session, describer):
         self.session = session
         self.describer = describer      # saves full tensors for the origin records
-        self.origins: list[dict] = []
+        self.origins: list[dict] = []   # the origin records (as written to the dump)
         self.propagated = 0
         self.skipped_by_scaler = 0
-        self.pending: list[dict] = []   # backward origins waiting for the loss scaler
+        self.pending: list[PendingRecord] = []   # backward origins waiting for the loss scaler
         self.tainted: set = set()       # forward ops that saw inf/NaN (their backward inherits it)
         self.enclosing: set = set()     # module calls that contain an origin
         self.stopped = False
 
-    def check(self, record: dict, inputs, outputs) -> None:
+    def check(self, record: dict, inputs, outputs, inputs_finite: bool | None = None) -> None:
+        """One op's record and values: an origin is written and counted, a propagation counted.
+
+        inputs_finite: for an in-place op, whether its inputs were finite before it ran (its
+        `inputs` are then what it wrote over them)."""
         s = self.session
-        if str(record.get("op")).endswith(_SCALER_OPS):
+        if naming.facts(str(record.get("op"))).loss_scaler:
             self._scaler(record, inputs)
             return
         with s.internal():
             if all_finite(outputs):
                 return
-            if record["phase"] == "forward":
+            if record["phase"] == Phase.FORWARD:
                 self.tainted.add(record["name"])
-            if record.get("kind") == "module" and record["name"] in self.enclosing:
+            if record.get("kind") == Kind.MODULE and record["name"] in self.enclosing:
                 self.enclosing.add(record.get("module"))
                 self.propagated += 1
                 return
-            pre = record.pop("_inputs_finite", None)   # in-place ops: checked before they ran
-            inputs_finite = pre if pre is not None else all_finite(inputs)
+            in_place = inputs_finite is not None
+            if not in_place:
+                inputs_finite = all_finite(inputs)
             if record.get("forward") in self.tainted or not inputs_finite \
                     or has_nonfinite_number(record):
                 self.propagated += 1
                 return
+            name = record["name"]
             origin = dict(record)
             origin["overflow"] = "origin"
-            origin["inputs"] = [self.describer.describe(v, f"{record['name']}.input.{i}")
+            origin["inputs"] = [self.describer.describe(v, name, Role.INPUT, i)
                                 for i, v in enumerate(inputs if isinstance(inputs, (list, tuple)) else [inputs])]
             outs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
-            origin["outputs"] = [self.describer.describe(v, f"{record['name']}.output.{i}")
+            origin["outputs"] = [self.describer.describe(v, name, Role.OUTPUT, i)
                                  for i, v in enumerate(outs)]
-            if pre is not None:
+            if in_place:
                 origin["note"] = ("in-place op: its inputs were finite before it ran; they are "
                                   "shown after the op overwrote them")
         s.emit(origin, force=True)
         s.flush()
         self.enclosing.add(record.get("module"))
-        origin["_message"] = self.describe(origin)
-        log.warning("opdiff: %s", origin["_message"])
-        if record["phase"] == "backward":
-            self.pending.append(origin)     # GradScaler may still skip this step
+        found = PendingRecord(origin)
+        found.message = self.describe(origin)
+        log.warning("opdiff: %s", found.message)
+        if record["phase"] == Phase.BACKWARD:
+            self.pending.append(found)     # GradScaler may still skip this step
         else:
-            self._count([origin])
+            self._count([found])
 
     def _count(self, origins: list) -> None:
         """Origins that are model problems: stop once there are `overflow_nums` of them."""
         s = self.session
-        self.origins.extend(origins)
+        self.origins.extend(o.record for o in origins)
         limit = s.config.overflow_nums
         if origins and limit != -1 and len(self.origins) >= limit and not self.stopped:
             self.stopped = True
             s.close_writer()  # the dump must be complete before training stops
-            raise OverflowDetected(origins[-1]["_message"])
+            raise OverflowDetected(origins[-1].message)
 
     def _scaler(self, record: dict, inputs) -> None:
         """GradScaler's unscale: inf/NaN gradients mean it skips this optimizer step."""
@@ -121,10 +128,10 @@ class OverflowMonitor:
             return
         self.skipped_by_scaler += len(self.pending)
         mark = dict(record, overflow="skipped_by_loss_scaler",
-                    origins=[o["name"] for o in self.pending])
+                    origins=[o.record["name"] for o in self.pending])
         mark.pop("outputs", None)
         log.info("opdiff: the loss scaler skipped step %d (inf/NaN gradients, first from %s): "
-                 "expected with loss scaling", s.step_index, self.pending[0]["name"])
+                 "expected with loss scaling", s.step_index, self.pending[0].record["name"])
         self.pending.clear()
         s.emit(mark, force=True)
 
@@ -136,20 +143,10 @@ class OverflowMonitor:
     def describe(self, origin: dict) -> str:
         s = self.session
         where = ""
-        frames = s_frames(s, origin.get("stack"))
+        frames = s.writer.stack_frames(origin.get("stack")) if s.writer is not None else []
         if frames:
             f = frames[0]
             where = f" at {f['file']}:{f['line']}" + (f" `{f['code']}`" if f["code"] else "")
         module = f" in {origin['module']}" if origin.get("module") else ""
         return (f"inf/NaN first created by {origin['name']} ({origin['phase']}, step "
                 f"{s.step_index}){module}{where}: its inputs are finite, its outputs are not")
-
-
-def s_frames(session, stack_id):
-    """Frames of a stack id from the open writer's table."""
-    if stack_id is None or session.writer is None:
-        return []
-    for frames, sid in session.writer._stack_ids.items():
-        if sid == stack_id:
-            return [{"file": f, "line": ln, "function": fn, "code": code} for f, ln, fn, code in frames]
-    return []

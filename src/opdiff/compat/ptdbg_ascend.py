@@ -245,7 +245,8 @@ class PrecisionDebugger:
         self.steps = step
         self.model = model
         self.mode = "api_stack"
-        self.native = {"task": "overflow_check"} if hook_name == "overflow_check" else selection("api_stack", None, None)
+        self.native = {"task": "overflow_check"} if hook_name == "overflow_check" \
+            else selection("api_stack", None, None)
         self.run: Run | None = None
         PrecisionDebugger._current = self
         atexit.register(lambda: _safe_finish(self))

@@ -6,9 +6,18 @@ hand-written softmax's `torch.exp` line), exactly as it would point into the use
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from ..store.frames import register_user_code
+
+# The demo stands in for the user's code: capture names its `+=` and points at its lines, as
+# it would in the user's own files (registered here, where the models are, so that
+# `opdiff demo --list` need not load the store).
+register_user_code(os.path.dirname(os.path.abspath(__file__)))
 
 
 class BasicBlock3d(nn.Module):
