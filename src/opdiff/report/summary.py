@@ -104,8 +104,8 @@ def load_summary(path) -> CompareResult:
         raise DumpError(f"{path}: not a summary.json written by opdiff")
     files = data.get("files") or {}
     if not files.get("rows"):
-        raise DumpError(f"{path}: lists no rows.jsonl (written by an older opdiff, or by "
-                        "`opdiff onnx`); compare again to get a result that loads back")
+        raise DumpError(f"{path}: lists no rows.jsonl (written by an older opdiff); compare "
+                        "again to get a result that loads back")
     # Paths in "files" are as the writer saw them; the rows lie beside the summary.
     rows = read_rows(path.parent / os.path.basename(files["rows"]))
     known = {f.name for f in dataclasses.fields(CompareResult)}
