@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..store.schema import Location
+from ..store.schema import Location, Role
 from .graph import GraphIndex
 
 ACTIVATIONS = ("Relu", "Clip")
@@ -42,7 +42,7 @@ class TensorPair:
     golden: str
     target: str
     rule: str                 # one of the RULE_* names: how the pair was found
-    role: str                 # "input" | "output" | "parameters"
+    role: str                 # a store.schema.Role
     order: int                # position in golden topological order (inputs: -1)
     golden_node: Optional[str] = None
     golden_op: str = ""
@@ -65,18 +65,18 @@ class Matching:
 
 def golden_tensors(g: GraphIndex, available) -> list:
     """(tensor, role, order, node) for every golden tensor worth comparing, in topological order."""
-    out = [(name, "input", -1, None) for name in g.inputs if name in available]
+    out = [(name, Role.INPUT, -1, None) for name in g.inputs if name in available]
     seen = set(g.inputs)
     for node in g.nodes:
         pos = g.position(node)
         for name in node.input:
             if name in g.initializers and name not in seen and name in available:
                 seen.add(name)
-                out.append((name, "parameters", pos, node))
+                out.append((name, Role.PARAMETERS, pos, node))
         for name in node.output:
             if name and name not in seen and name in available:
                 seen.add(name)
-                out.append((name, "parameters" if node.op_type == "Constant" else "output", pos, node))
+                out.append((name, Role.PARAMETERS if node.op_type == "Constant" else Role.OUTPUT, pos, node))
     return out
 
 
@@ -87,7 +87,7 @@ def match_graphs(g: GraphIndex, t: GraphIndex, golden_available, target_availabl
     used = set()
     for name, role, order, node in golden_tensors(g, golden_available):
         node_name = g.display_name(node) if node is not None and name not in g.initializers else None
-        op = "Input" if role == "input" else "Initializer" if name in g.initializers else node.op_type
+        op = "Input" if role == Role.INPUT else "Initializer" if name in g.initializers else node.op_type
         module = g.module_of(node) if node is not None else None
         location = g.location_of(node) if node is not None else None
 
@@ -104,7 +104,7 @@ def match_graphs(g: GraphIndex, t: GraphIndex, golden_available, target_availabl
             matching.unmatched_golden.append((name, "the target folded the following BatchNorm into "
                                                     "this Conv; compared after the BatchNorm"))
             continue
-        if role == "input" and name in target_available:
+        if role == Role.INPUT and name in target_available:
             pair(name, RULE_NAME)
             continue
         folded_activation = (g.producer_op(name) in ACTIVATIONS and name in t.producer
