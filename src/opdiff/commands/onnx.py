@@ -10,8 +10,10 @@ EXAMPLES = """examples:
 
 Verdicts use msit's thresholds (CosineSimilarity > 0.99, RelativeEuclideanDistance < 0.05,
 KullbackLeiblerDivergence < 0.005, RootMeanSquareError < 1.0, MeanRelativeError < 1.0); any
-inf/NaN the golden does not have is an error. OUT gets result_{timestamp}.csv (msit's columns),
-summary.json, report.html, onnx_details.json and both dumps.
+inf/NaN the golden does not have is an error. The metrics are the ones `opdiff compare` shows.
+OUT gets result_{timestamp}.csv (msit's columns), summary.json, report.html, rows.jsonl (every
+row, so summary.json loads back), onnx_details.json and both dumps (onnx_dump_{timestamp}/);
+what an earlier opdiff run wrote into OUT is removed first, other files there are left alone.
 """
 
 
