@@ -399,3 +399,14 @@ def cnn_result():
 @pytest.fixture(scope="session")
 def large_result():
     return build_large_result
+
+
+@pytest.fixture(scope="session")
+def fifty_k(tmp_path_factory):
+    """A 50k-row report written once for the session: (result, path, CPU seconds to write it)."""
+    from opdiff.report.html import write_html
+
+    result = build_large_result(50_000)
+    start = time.process_time()
+    path = write_html(result, tmp_path_factory.mktemp("fifty_k") / "report.html")
+    return result, path, time.process_time() - start
