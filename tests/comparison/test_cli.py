@@ -23,7 +23,8 @@ def test_compare_writes_outputs_and_prints_the_culprit(dumps, tmp_path, capsys):
     assert code == 0
     assert "First divergence" in out and "Tensor.__iadd__.0.forward" in out
     assert "out += residual" in out
-    names = sorted(p.name for p in (tmp_path / "out").iterdir())
+    # (hidden files are opdiff's own bookkeeping, e.g. report's .opdiff-outputs.json)
+    names = sorted(p.name for p in (tmp_path / "out").iterdir() if not p.name.startswith("."))
     assert names[0].startswith("compare_result_") and names[0].endswith(".csv")
     assert "summary.json" in names and "report.html" in names
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())

@@ -241,7 +241,7 @@ def test_dtype_limits_as_arguments_are_no_difference(tmp_path, task):
 
 
 def test_differing_epsilons_are_reported_and_dtype_limits_set_apart():
-    from opdiff.comparison.divergence import differing_numbers
+    from opdiff.comparison.blame import differing_numbers
 
     def rec(*values, **kwargs):
         return {"name": "Torch.op.0.forward", "inputs": [{"type": "float", "value": v} for v in values],

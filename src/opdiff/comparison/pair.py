@@ -6,7 +6,7 @@
 
 Aligns the two op sequences (`align`), measures every paired tensor (`metrics`, one pair of
 tensors in memory at a time), gives verdicts (`verdicts`) and finds the first divergence
-(`divergence`), replaying target ops where the target holds its own tensors (`replay`).
+(`blame`, in words by `reasons`), replaying target ops where the target holds its own tensors (`replay`).
 """
 from __future__ import annotations
 
@@ -17,11 +17,12 @@ from typing import Callable, Optional
 
 from ..errors import DumpError, OpdiffError
 from ..store.records import decoded_stats, iter_tensors
-from .align import align
-from .divergence import OpScore, analyse, count, differing_numbers, statistics_limits
 from ..environment import diff_meta
+from .align import align
+from .blame import OpScore, analyse, differing_numbers
 from .metrics import Measurement, measure, stats_measure
-from .result import ERROR, PASS, UNMATCHED, WARNING, CompareResult, Location, TensorRow
+from .reasons import statistics_limits
+from .result import ERROR, PASS, UNMATCHED, WARNING, CompareResult, Location, TensorRow, count
 from .verdicts import Policy
 
 log = logging.getLogger("opdiff")

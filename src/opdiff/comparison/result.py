@@ -4,18 +4,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .metric_table import METRICS   # the metric column names, in CSV order (re-exported)
+from ..store.schema import Location   # re-exported: other stages import it from here still
+from .metric_table import METRICS     # the metric column names, in CSV order (re-exported)
 
 PASS, WARNING, ERROR, UNMATCHED = "pass", "warning", "error", "unmatched"
 
-
-@dataclass(frozen=True)
-class Location:
-    """The user's source line for an op (innermost frame outside torch and opdiff)."""
-    file: str
-    line: int
-    code: str = ""
-    function: str = ""
+# Why an op is the culprit (`Divergence.kind`): what tests and tools read instead of the English.
+LOCAL = "local"           # its output's error is an order of magnitude above its inputs'
+SCALE = "scale"           # its output is scaled against golden, beyond what its inputs carry
+REPLAY = "replay"         # re-run in float64 on the target's own inputs, its own error is too big
+NUMBER = "number"         # its Python number arguments differ between the runs
+NONFINITE = "nonfinite"   # inf/NaN appear in its output from finite inputs
+INTEGER = "integer"       # its integer output differs although its inputs are equal
+DIVERGENCE_KINDS = (LOCAL, SCALE, REPLAY, NUMBER, NONFINITE, INTEGER)
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class Divergence:
     step: Optional[int] = None
     rank: Optional[int] = None
     context: tuple = ()                 # (line number, source text) around location.line
+    kind: str = LOCAL                   # DIVERGENCE_KINDS: why, for machines
 
 
 @dataclass
@@ -81,3 +83,11 @@ class CompareResult:
     verdict: str = ""                   # one line: what the compare found, in words
     notes: list = field(default_factory=list)   # things the user should know (unpaired ranks...)
     failed: bool = False                # the `fail_on` condition held (CLI: exit 1)
+
+
+def count(rows: list) -> dict:
+    """{"pass", "warning", "error", "unmatched"} -> how many rows have that result."""
+    counts = {PASS: 0, WARNING: 0, ERROR: 0, UNMATCHED: 0}
+    for row in rows:
+        counts[row.result] = counts.get(row.result, 0) + 1
+    return counts

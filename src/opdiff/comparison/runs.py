@@ -15,9 +15,8 @@ from dataclasses import replace
 from typing import Callable, Optional
 
 from ..errors import DumpError
-from .divergence import count
 from .pair import compare_pair
-from .result import CompareResult
+from .result import CompareResult, count
 from .verdicts import Policy, Thresholds
 
 log = logging.getLogger("opdiff")

@@ -17,7 +17,7 @@ Default tolerances (relative L2 error |t - g| / |g|, see `opdiff.comparison.metr
     integer    0              0                   integers and bools must be equal
 
 A tensor passes below "agree", is a warning up to "tolerance" and beyond it the verdict depends
-on where the error comes from (see `opdiff.comparison.divergence`): error made by this op is an
+on where the error comes from (see `opdiff.comparison.blame`): error made by this op is an
 `error`, error carried in by the op's inputs is a `warning`. `Accuracy Reached or Not` is `No`
 exactly when the tensor is beyond the tolerance (or its inf/NaN positions or shapes differ).
 
@@ -75,7 +75,7 @@ step 0): fp32 1e-4 faults forward and backward at every site; bf16 forward 5e-2 
 (a flipped BatchNorm output keeps its statistics: the next op is named); bf16 backward x2 at
 every site, a backward sign flip at 5, 5e-2 and 1e-2 nowhere (healthy bf16 gradients move as
 much). The compare adds a note with these limits whenever it compared statistics
-(`opdiff.comparison.divergence.statistics_limits`).
+(`opdiff.comparison.reasons.statistics_limits`).
 
 Subclass `Policy` to change how tensors are judged (the ONNX compare applies msit's thresholds).
 """
@@ -88,7 +88,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..dtypes import _ALIASES as DTYPE_ALIASES   # the spellings users write ('bf16', 'half')
-from ..dtypes import canonical_dtype, coarser
+from ..dtypes import canonical_dtype, coarser, is_float
 from ..errors import ConfigError
 from .result import ERROR, PASS, WARNING
 
@@ -214,6 +214,20 @@ class Thresholds:
         return v
 
 
+def run_precision(rows) -> str | None:
+    """The coarsest float dtype of a compare's rows: in a bf16 autocast run even fp32 ops handle
+    values that carry bf16 noise, so no op is held to a finer floor than the run's precision."""
+    coarsest = None
+    seen = set()
+    for row in rows:
+        for dt in (row.target_dtype, row.golden_dtype):
+            if dt and dt not in seen:
+                seen.add(dt)
+                if is_float(dt):
+                    coarsest = dt if coarsest is None else coarser(coarsest, dt)
+    return coarsest
+
+
 @dataclass(frozen=True)
 class Verdict:
     """One tensor's verdict on its own."""
@@ -283,4 +297,4 @@ class Policy:
         return Verdict(ERROR, "No", f"relative error {err:.3g} exceeds the {dt} tolerance {tol:.3g}")
 
 
-__all__ = ["Thresholds", "Policy", "Verdict", "DTYPE_THRESHOLDS", "DTYPE_COLUMNS"]
+__all__ = ["Thresholds", "Policy", "Verdict", "run_precision", "DTYPE_THRESHOLDS", "DTYPE_COLUMNS"]

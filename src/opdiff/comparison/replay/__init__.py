@@ -12,7 +12,7 @@ BatchNorm backwards, hiding a kernel that is off by 1%; replayed, that kernel st
     local = replayer.judge("Functional.batch_norm.1.backward")
     local.culprit, local.describe()
 
-The compare engine calls this for the ops it needs (see `opdiff.comparison.divergence`); the rules
+The compare engine calls this for the ops it needs (see `opdiff.comparison.blame`); the rules
 are in `opdiff.comparison.replay.local`, the call rebuilding in `opdiff.comparison.replay.calls`.
 """
 from __future__ import annotations

@@ -15,45 +15,49 @@ whose output error is of the order of its input error only inherits it (accumula
   the error. Likewise a module's parameter gradients (`parameters_grad`), which the backward of
   the ops inside it computed, are named only when none of those backward records shows it.
 - Integer and bool outputs (argmax, masks) are blamed only when the inputs agree exactly, since
-  any input noise may legitimately flip them. Ops returning uninitialised memory are never blamed.
+  any input noise may legitimately flip them. Ops returning uninitialised memory
+  (`opdiff.ops.traits(op).uninitialized`) are never blamed.
 - Python number arguments (`x[0] = 2.0`, `x * scale`) are inputs too: an op named whose number
   arguments differ between the runs is said to take the difference in through them, and replay
   (which re-runs it on the target's own arguments) does not clear it. Dtype limits are the
   exception: `masked_fill(mask, torch.finfo(dtype).min)` writes -65504 in fp16 and -3.4e38 in
   fp32 on purpose, and an op whose arguments differ only so is not named for its output.
 
-When the target dump holds its tensors, replay (`opdiff.comparison.replay`) is a second, independent
-opinion: the op re-run in float64 on the target's own inputs gives its own error, free of
-anything inherited, and a CPU kernel of the target's dtype on the same inputs says how much of
-that error the dtype explains. Replay confirms the comparison's culprit, clears it (its own
-error is the dtype's: the difference was inherited after all), or names an op the comparison
+When the target dump holds its tensors, replay (`opdiff.comparison.replay`) is a second,
+independent opinion: the op re-run in float64 on the target's own inputs gives its own error,
+free of anything inherited, and a CPU kernel of the target's dtype on the same inputs says how
+much of that error the dtype explains. Replay confirms the comparison's culprit, clears it (its
+own error is the dtype's: the difference was inherited after all), or names an op the comparison
 cannot see: in backward, accumulated bf16 error (10% and more behind BatchNorm) hides a kernel
-that is off by 1%. See `_second_opinion` for which ops get replayed.
+that is off by 1%. See `second_opinion` for which ops get replayed.
 
 With statistics alone (task="statistics": max, min, mean, norm, and no replay), every error
 measured is a lower bound, the inputs' most of all: rounding noise averages out of their norms
 and means, so "the inputs agree" cannot be established. An op is then blamed only for an error
 above the statistics floors of `opdiff.comparison.verdicts` (what a healthy bf16 run showed, with
-margin), and `statistics_limits` writes the note that says what that leaves unseen.
+margin), and `opdiff.comparison.reasons.statistics_limits` says what that leaves unseen.
 
 Besides picking the culprit, the analysis rewrites each row's verdict: an output beyond its
 tolerance is an `error` only when its op made the error, and a `warning` ("inherited from the
 inputs") otherwise; an input beyond its tolerance is a `warning` (it is some earlier op's output).
+Every rule sets a kind (`opdiff.comparison.result.DIVERGENCE_KINDS`); the sentences are
+`opdiff.comparison.reasons`'.
 """
 from __future__ import annotations
 
 import functools
-import linecache
 import math
-import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
-from ..dtypes import canonical_dtype, coarser, is_float
+from .. import ops
+from ..dtypes import LARGEST_FINITE, is_float
 from ..store.records import input_numbers
-from .result import ERROR, PASS, UNMATCHED, WARNING, Divergence, Location, TensorRow
-
-_UNINITIALISED = {"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided"}
+from ..store.schema import Kind, Location, Phase, param_grad_links
+from . import reasons
+from .result import (ERROR, INTEGER, LOCAL, NONFINITE, NUMBER, REPLAY, SCALE, WARNING, Divergence,
+                     TensorRow)
+from .verdicts import run_precision
 
 
 @dataclass
@@ -62,7 +66,7 @@ class OpScore:
     name: str
     op: str
     phase: str
-    kind: str
+    kind: str                   # the record's Kind
     module: Optional[str]
     forward: Optional[str]
     seq: int
@@ -70,7 +74,7 @@ class OpScore:
     inputs: list = field(default_factory=list)     # [(row index, Measurement, t dtype, g dtype)]
     outputs: list = field(default_factory=list)
     local: bool = False
-    why: str = ""
+    blame: str = ""             # why it is local: LOCAL, SCALE, NONFINITE, INTEGER or REPLAY
     worst_out: Optional[int] = None
     worst_in: Optional[int] = None
     error_in: float = 0.0
@@ -79,6 +83,12 @@ class OpScore:
     paired: bool = True         # False: only the target has this op (judged by replay alone)
     arg_diffs: list = field(default_factory=list)   # number arguments that differ, as text
     const_diffs: list = field(default_factory=list)  # ... that are dtype limits (finfo.min)
+
+    @property
+    def divergence_kind(self) -> str:
+        """The kind a Divergence of this op carries (number arguments that differ take
+        precedence: the difference enters there, unless replay found the op's own error)."""
+        return NUMBER if self.arg_diffs and self.blame != REPLAY else self.blame
 
 
 def differing_numbers(t_rec: dict, g_rec: dict) -> tuple[list[str], list[str]]:
@@ -114,31 +124,28 @@ def _dtype_limits() -> frozenset:
     """The largest values of the float dtypes, both signs: what code writes where it means
     -inf or +inf. (Epsilons are left out: `var + finfo(dtype).eps` with fp16's 1e-3 against
     fp32's 1e-7 can be the very difference the user is looking for.)"""
-    import torch
     values = set()
-    for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
-        info = torch.finfo(dtype)
-        values.update((float(info.max), float(info.min)))
+    for dtype in ("float16", "bfloat16", "float32", "float64"):
+        values.update((LARGEST_FINITE[dtype], -LARGEST_FINITE[dtype]))
     return frozenset(values)
 
 
-def _linked(op: OpScore) -> list[str]:
-    """Records whose tensors the op's computation also read (see module docstring)."""
-    if op.kind == "param_grad" and ".parameters_grad." in op.name:
-        # Module.fc.Linear.parameters_grad.0: dW = f(forward input, grad of forward output)
-        prefix, _, call = op.name.rpartition(".parameters_grad.")
-        return [f"{prefix}.forward.{call}", f"{prefix}.backward.{call}"]
-    if op.phase == "backward" and op.forward:
+def linked(op: OpScore) -> list[str]:
+    """Records whose tensors the op's computation also read (see module docstring): a
+    parameter gradient's module calls, a backward record's forward call."""
+    if op.kind == Kind.PARAM_GRAD:
+        return param_grad_links(op.name)
+    if op.phase == Phase.BACKWARD and op.forward:
         return [op.forward]
     return []
 
 
 def _input_error(op: OpScore, by_name: dict) -> tuple[float, float, Optional[int]]:
     entries = list(op.inputs)
-    for name in _linked(op):
+    for name in linked(op):
         if name in by_name:
             other = by_name[name]
-            entries += other.inputs + (other.outputs if other.phase == "forward" else [])
+            entries += other.inputs + (other.outputs if other.phase == Phase.FORWARD else [])
     err, scale, worst = 0.0, 0.0, None
     for row_index, m, _, _ in entries:
         e = math.inf if m.nonfinite_mismatch else m.error
@@ -147,20 +154,6 @@ def _input_error(op: OpScore, by_name: dict) -> tuple[float, float, Optional[int
         if not m.nonfinite_mismatch:
             scale = max(scale, abs(m.scale_error))
     return err, scale, worst
-
-
-def run_precision(rows: list[TensorRow]) -> Optional[str]:
-    """The coarsest float dtype of the compare: in a bf16 autocast run even fp32 ops handle values
-    that carry bf16 noise, so no op is held to a finer floor than the run's precision."""
-    coarsest = None
-    seen = set()
-    for row in rows:
-        for dt in (row.target_dtype, row.golden_dtype):
-            if dt and dt not in seen:
-                seen.add(dt)
-                if is_float(dt):
-                    coarsest = dt if coarsest is None else coarser(coarsest, dt)
-    return coarsest
 
 
 def _noise_fraction(policy, numel: int) -> float:
@@ -176,49 +169,44 @@ def _statistics_floor(policy, tdt, gdt, run_dtype, phase: str, numel: int,
                policy.statistics_tolerance_for(run_dtype, run_dtype, phase, numel, scale=scale))
 
 
-def _judge_op(op: OpScore, by_name: dict, policy, run_dtype: Optional[str] = None) -> None:
-    """Set op.local / op.why / op.worst_out from its outputs against its inputs."""
+def _candidate(op: OpScore, m, tdt, gdt, e_in: float, s_in: float, policy,
+               run_dtype) -> Optional[tuple[float, str]]:
+    """(size, kind) when this output shows an error the op made itself, else None."""
+    if m.nonfinite_mismatch:
+        return (math.inf, NONFINITE) if math.isfinite(e_in) else None
+    if not (is_float(tdt) or is_float(gdt)):
+        return (m.error, INTEGER) if e_in == 0.0 and m.error > 0 else None
+    tol = max(policy.tolerance_for(tdt, gdt), policy.tolerance_for(run_dtype, run_dtype))
+    stol = max(policy.scale_tolerance_for(tdt, gdt),
+               policy.scale_tolerance_for(run_dtype, run_dtype))
+    if m.mode == "statistics":
+        tol = max(tol, _statistics_floor(policy, tdt, gdt, run_dtype, op.phase, m.numel))
+        stol = max(stol, _statistics_floor(policy, tdt, gdt, run_dtype, op.phase, m.numel,
+                                           scale=True))
+    s = abs(m.scale_error)
+    if m.error > tol and m.error > policy.amplification * e_in:
+        return m.error, LOCAL
+    if (m.numel >= policy.thresholds.scale_min_numel
+            and s > stol + policy.thresholds.scale_amplification * s_in
+            and s > _noise_fraction(policy, m.numel) * e_in):
+        return m.error, SCALE
+    return None
+
+
+def judge(op: OpScore, by_name: dict, policy, run_dtype: Optional[str] = None) -> None:
+    """Set op.local / op.blame / op.worst_out from its outputs against its inputs."""
     e_in, s_in, op.worst_in = _input_error(op, by_name)
     op.error_in, op.scale_in = e_in, s_in
-    if op.op.rsplit(".", 1)[-1] in _UNINITIALISED:
+    if ops.traits(op.op).uninitialized:
         return
-    amp = policy.amplification
     best = None
     for row_index, m, tdt, gdt in op.outputs:
-        if m.nonfinite_mismatch:
-            if math.isfinite(e_in):
-                why = f"inf/NaN appear here ({m.message})"
-                cand = (math.inf, row_index, why)
-            else:
-                continue
-        elif not (is_float(tdt) or is_float(gdt)):
-            if e_in == 0.0 and m.error > 0:
-                cand = (m.error, row_index, "integer output differs although the inputs are equal")
-            else:
-                continue
-        else:
-            tol = max(policy.tolerance_for(tdt, gdt), policy.tolerance_for(run_dtype, run_dtype))
-            stol = max(policy.scale_tolerance_for(tdt, gdt),
-                       policy.scale_tolerance_for(run_dtype, run_dtype))
-            if m.mode == "statistics":
-                tol = max(tol, _statistics_floor(policy, tdt, gdt, run_dtype, op.phase, m.numel))
-                stol = max(stol, _statistics_floor(policy, tdt, gdt, run_dtype, op.phase,
-                                                   m.numel, scale=True))
-            s = abs(m.scale_error)
-            if m.error > tol and m.error > amp * e_in:
-                why = "random"
-            elif (m.numel >= policy.thresholds.scale_min_numel
-                  and s > stol + policy.thresholds.scale_amplification * s_in
-                  and s > _noise_fraction(policy, m.numel) * e_in):
-                why = "scale"
-            else:
-                continue
-            cand = (m.error, row_index, why)
-        if best is None or cand[0] > best[0]:
-            best = cand
+        found = _candidate(op, m, tdt, gdt, e_in, s_in, policy, run_dtype)
+        if found is not None and (best is None or found[0] > best[0]):
+            best = (found[0], row_index, found[1])
     if best is not None and not (op.const_diffs and not op.arg_diffs):
         # (an output that differs only through the dtype limits given is not this op's fault)
-        op.local, op.worst_out, op.why = True, best[1], best[2]
+        op.local, op.worst_out, op.blame = True, best[1], best[2]
 
 
 def _shows_error(op: OpScore, policy) -> bool:
@@ -239,107 +227,31 @@ def _ancestors(name: Optional[str], parent: dict) -> list[str]:
     return out
 
 
-def source_context(location: Optional[Location], radius: int = 2) -> tuple:
-    """(line number, text) pairs around a location, when the file is readable."""
-    if location is None or not location.file or not os.path.isfile(location.file):
-        return ()
-    lines = []
-    for n in range(max(1, location.line - radius), location.line + radius + 1):
-        text = linecache.getline(location.file, n)
-        if text:
-            lines.append((n, text.rstrip("\n")))
-    return tuple(lines)
-
-
-def _fmt(x) -> str:
-    if x is None:
-        return "n/a"
-    if isinstance(x, float) and math.isnan(x):
-        return "NaN"
-    return f"{x:.6f}" if isinstance(x, float) and abs(x) <= 1 and abs(x) > 0.99 else f"{x:.3g}"
-
-
-def _stat_pair(row: TensorRow, key: str) -> str:
-    return f"{_fmt(row.target_stats.get(key))} vs {_fmt(row.golden_stats.get(key))}"
-
-
-def _describe_statistics(op: OpScore, out: TensorRow, inp: Optional[TensorRow], verdict: str) -> str:
-    """The reason when only statistics were compared: no cosine or max abs err to quote."""
-    inputs = ("no inputs to compare" if inp is None else
-              f"the inputs' statistics agree (worst differs by {_fmt(op.error_in)} of its size)")
-    if op.why == "scale":
-        moved = (f"its L2 norm is {1 + out.scale_error:.6g} times golden's "
-                 f"(inputs {1 + op.scale_in:.6g})")
-    else:
-        moved = f"its statistics differ by {_fmt(out.error)} of its size"
-    return (f"{inputs}, the output's do not: {moved}; max {_stat_pair(out, 'max')}, "
-            f"min {_stat_pair(out, 'min')}, mean {_stat_pair(out, 'mean')} — {verdict} (judged "
-            f"from statistics only)")
-
-
-def _describe(op: OpScore, rows: list) -> str:
-    if op.arg_diffs and op.why != "replay":
-        return _describe_error(op, rows, (
-            f"its number arguments differ ({', '.join(op.arg_diffs[:3])}): the difference enters "
-            f"the computation here, through them"))
-    return _describe_error(op, rows)
-
-
-def _describe_error(op: OpScore, rows: list, verdict: str = "local error in this op") -> str:
-    out = rows[op.worst_out] if op.worst_out is not None else None
-    inp = rows[op.worst_in] if op.worst_in is not None else None
-    if out is not None and out.mode == "statistics" and op.why in ("scale", "random"):
-        return _describe_statistics(op, out, inp, verdict)
-    if inp is None:
-        inputs = "no inputs to compare"
-    else:
-        inputs = (f"inputs agree (cosine {_fmt(inp.metrics.get('Cosine'))}, "
-                  f"rel err {_fmt(op.error_in)})")
-    if op.why == "replay" and not op.paired:
-        return (f"the golden run has no such op to compare with, but {op.replay.describe()} "
-                f"— local error in this op")
-    if op.why == "replay":
-        # Found by replay alone: golden cannot tell this op's error from what it inherited.
-        seen = f", output rel err {_fmt(out.error)}" if out is not None else ""
-        return (f"compared with golden its error is not distinguishable from what its inputs "
-                f"carry (input rel err {_fmt(op.error_in)}{seen}), but {op.replay.describe()} "
-                f"— local error in this op")
-    if op.why == "scale":
-        output = (f"output does not: it is scaled by {1 + out.scale_error:.6g} relative to golden "
-                  f"(inputs {1 + op.scale_in:.6g}; cosine {_fmt(out.metrics.get('Cosine'))}, "
-                  f"max abs err {_fmt(out.metrics.get('MaxAbsErr'))})")
-    elif op.why == "random":
-        output = (f"output does not (cosine {_fmt(out.metrics.get('Cosine'))}, max abs err "
-                  f"{_fmt(out.metrics.get('MaxAbsErr'))}, rel err {_fmt(out.error)})")
-    else:
-        output = f"output does not: {op.why}"
-    confirmed = f"; {op.replay.describe()}" if op.replay is not None and op.replay.culprit else ""
-    return f"{inputs}, {output} — {verdict}{confirmed}"
-
-
-def analyse(ops: list[OpScore], rows: list[TensorRow], policy, replay=None,
+def analyse(op_scores: list[OpScore], rows: list[TensorRow], policy, replay=None,
             replay_all: bool = False) -> Optional[Divergence]:
     """Judge every op, rewrite row verdicts in place, and return the first divergence.
 
     replay: an `opdiff.comparison.replay.Replayer` over the target dump (needs its tensors), or None.
-    It gives a second opinion (see `_second_opinion`); replay_all replays every op it can.
+    It gives a second opinion (see `second_opinion`); replay_all replays every op it can.
     """
-    by_name = {op.name: op for op in ops}
+    by_name = {op.name: op for op in op_scores}
     run_dtype = run_precision(rows)
-    for op in ops:
-        _judge_op(op, by_name, policy, run_dtype)
-        if op.kind == "param_grad" and not any(n in by_name for n in _linked(op)):
+    for op in op_scores:
+        judge(op, by_name, policy, run_dtype)
+        if op.kind == Kind.PARAM_GRAD and not any(n in by_name for n in linked(op)):
             op.local = False  # nothing recorded to say what its inputs were: cannot judge it
     if replay is not None:
-        _second_opinion(ops, rows, policy, replay, replay_all)
-    explained = _explained(ops, policy)
-    for op in ops:
-        if op.name in explained:
-            op.local = False
-
-    for op in ops:
+        second_opinion(op_scores, rows, policy, replay, replay_all)
+    for name in explained(op_scores, policy):
+        by_name[name].local = False
+    for op in op_scores:
         _revise_rows(op, rows)
-    candidates = [op for op in ops if op.local]
+    return first_divergence(op_scores, rows)
+
+
+def first_divergence(op_scores: list[OpScore], rows: list[TensorRow]) -> Optional[Divergence]:
+    """The Divergence of the earliest op still blamed, or None."""
+    candidates = [op for op in op_scores if op.local]
     if not candidates:
         return None
     first = min(candidates, key=lambda o: o.seq)
@@ -348,13 +260,14 @@ def analyse(ops: list[OpScore], rows: list[TensorRow], policy, replay=None,
     tensor = out.target_name if out is not None else (
         first.replay.worst.name if first.replay is not None and first.replay.worst else None)
     return Divergence(
-        name=first.name, op=first.op, phase=first.phase, reason=_describe(first, rows),
+        name=first.name, op=first.op, phase=first.phase, reason=reasons.describe(first, rows),
         location=first.location, metrics=dict(out.metrics) if out is not None else {},
         tensor=tensor, input_metrics=dict(inp.metrics) if inp is not None else {},
-        module=first.module, context=source_context(first.location))
+        module=first.module, context=reasons.source_context(first.location),
+        kind=first.divergence_kind)
 
 
-def _explained(ops: list[OpScore], policy) -> set:
+def explained(op_scores: list[OpScore], policy) -> set:
     """Names of local ops that other ops explain (the op is not named; see module docstring).
 
     Modules contain the ops run inside them. A module is named only when no op inside it
@@ -363,27 +276,28 @@ def _explained(ops: list[OpScore], policy) -> set:
     parameter gradients are computed by the backward of the ops inside it, and may be recorded
     before those ops' backward records: name the op, not the gradient.
     """
-    parent = {op.name: op.module for op in ops if op.module}
+    parent = {op.name: op.module for op in op_scores if op.module}
     inner_diverged: set[str] = set()
-    for op in ops:
-        if op.kind == "module" or not _shows_error(op, policy):
+    for op in op_scores:
+        if op.kind == Kind.MODULE or not _shows_error(op, policy):
             continue
         inner_diverged.update(_ancestors(op.name, parent))
         if op.forward:
             inner_diverged.add(op.forward)
             inner_diverged.update(_ancestors(op.forward, parent))
     out = set()
-    for op in ops:
-        if op.kind == "module" and op.local and (
+    for op in op_scores:
+        if op.kind == Kind.MODULE and op.local and (
                 op.name in inner_diverged or (op.forward and op.forward in inner_diverged)):
             out.add(op.name)
-        if op.kind == "param_grad" and op.local and any(
-                n in inner_diverged for n in _linked(op)[:1]):
+        if op.kind == Kind.PARAM_GRAD and op.local and any(
+                n in inner_diverged for n in linked(op)[:1]):
             out.add(op.name)
     return out
 
 
-def _second_opinion(ops: list[OpScore], rows: list, policy, replay, replay_all: bool) -> None:
+def second_opinion(op_scores: list[OpScore], rows: list, policy, replay,
+                   replay_all: bool) -> None:
     """Let replay (the op re-run in float64 on the target's own inputs) confirm, clear or add
     culprits, replaying only what can change the answer:
 
@@ -396,7 +310,7 @@ def _second_opinion(ops: list[OpScore], rows: list, policy, replay, replay_all: 
       in a bf16 transformer with dropout a 1% forward fault in a linear layer hides the same way).
     replay_all replays every op (the slow, thorough mode).
     """
-    order = sorted(ops, key=lambda o: o.seq)
+    order = sorted(op_scores, key=lambda o: o.seq)
     if replay_all:
         for op in order:
             if replay.can_replay(op.name):
@@ -405,9 +319,9 @@ def _second_opinion(ops: list[OpScore], rows: list, policy, replay, replay_all: 
     window = iter([op for op in order if replay.can_replay(op.name)])
     pending = next(window, None)
     while True:
-        explained = _explained(ops, policy)
-        first = next((op for op in order if op.local and op.name not in explained), None)
-        if first is None or first.phase == "backward":
+        cleared = explained(op_scores, policy)
+        first = next((op for op in order if op.local and op.name not in cleared), None)
+        if first is None or first.phase == Phase.BACKWARD:
             limit = first.seq if first is not None else math.inf
             found = False
             while pending is not None and pending.seq < limit and not found:
@@ -435,7 +349,7 @@ def _take(op: OpScore, local, rows: list) -> bool:
     if op.local:
         return False                # confirmed
     worst = local.worst.name
-    op.local, op.why = True, "replay"
+    op.local, op.blame = True, REPLAY
     op.worst_out = next((i for i, *_ in op.outputs if rows[i].target_name == worst),
                         op.outputs[0][0] if op.outputs else None)
     return True
@@ -446,52 +360,15 @@ def _revise_rows(op: OpScore, rows: list[TensorRow]) -> None:
         row = rows[row_index]
         if op.local and row_index == op.worst_out:
             rows[row_index] = replace(row, result=ERROR, accuracy_reached="No",
-                                      reason="local error: " + _describe(op, rows))
+                                      reason=reasons.local_row(op, rows))
         elif row.result == ERROR and not op.local:
-            replayed = (f"; {op.replay.describe()}" if op.replay is not None and op.replay.replayed
-                        else "")
-            cause = (f"through the dtype limits it was given ({', '.join(op.const_diffs[:3])}), "
-                     f"as intended" if op.const_diffs and not op.arg_diffs else
-                     f"inherited from the inputs (input rel err {_fmt(op.error_in)})")
-            rows[row_index] = replace(row, result=WARNING, reason=f"{row.reason}; {cause}{replayed}")
+            rows[row_index] = replace(row, result=WARNING,
+                                      reason=reasons.not_this_op(op, row.reason))
     for row_index, _, _, _ in op.inputs:
         row = rows[row_index]
         if row.result == ERROR:
-            rows[row_index] = replace(row, result=WARNING, reason=(
-                f"{row.reason}; already differs when it reaches this op (made earlier)"))
+            rows[row_index] = replace(row, result=WARNING, reason=reasons.made_earlier(row.reason))
 
 
-def statistics_limits(rows: list[TensorRow], policy, replayed: bool = False) -> Optional[str]:
-    """A note on what a compare of statistics alone cannot see, or None when whole tensors
-    were compared. Statistics hide most of an input's error (random rounding noise averages out
-    of a norm or a mean), so an op is blamed only for errors above the floors of
-    `opdiff.comparison.verdicts` (`statistics_tolerance`); smaller ones stay unnamed."""
-    paired = [r for r in rows if r.result != UNMATCHED]
-    stats = [r for r in paired if r.mode == "statistics"]
-    if not stats:
-        return None
-    dtype = canonical_dtype(run_precision(rows)) or "float32"
-    def pct(phase, scale=False):
-        return f"{100 * policy.statistics_tolerance_for(dtype, dtype, phase, scale=scale):.2g}%"
-
-    limits = []
-    if any(r.phase != "backward" for r in stats):
-        limits.append(f"{pct('forward', True)} (its norm) or {pct('forward')} (its max, min or "
-                      f"mean) in forward")
-    if any(r.phase == "backward" for r in stats):
-        limits.append(f"{pct('backward')} in backward")
-    limits = ", ".join(limits)
-    how = ("dump both runs with task='tensor' to compare whole tensors" if replayed else
-           "dump with task='tensor' to compare whole tensors and replay ops in float64")
-    which = "" if len(stats) == len(paired) else f" for {len(stats)} of {len(paired)} tensors"
-    return (f"statistics only{which}: an op is named only when its output's statistics move by "
-            f"more than {limits}, relative to the tensor's magnitude (more for "
-            f"tensors of under {policy.thresholds.statistics_small_numel} elements); smaller "
-            f"errors cannot be told apart from {dtype} rounding here; {how}")
-
-
-def count(rows: list[TensorRow]) -> dict:
-    counts = {PASS: 0, WARNING: 0, ERROR: 0, UNMATCHED: 0}
-    for row in rows:
-        counts[row.result] = counts.get(row.result, 0) + 1
-    return counts
+__all__ = ["OpScore", "analyse", "judge", "explained", "second_opinion", "first_divergence",
+           "differing_numbers", "linked"]
