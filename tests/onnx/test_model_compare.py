@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 
 from tiny_models import FP16_MAX
-from opdiff.comparison.result import ERROR, PASS, UNMATCHED
+from opdiff.comparison.result import ERROR, LOCAL, NONFINITE, PASS, UNMATCHED
 from opdiff.onnx import RuntimeOptions, compare_models
 from opdiff.onnx.matching import RULE_DEQUANTIZED, RULE_FOLDED_ACTIVATION
 from opdiff.store import open_dump
@@ -40,7 +40,7 @@ def test_fp16_overflowing_gemm_is_the_first_failing_node(models, tmp_path):
     d = cmp.first_divergence
     assert d is not None and d.name == "/fc1/Gemm" and d.op == "Gemm"
     assert d.module == "fc1"                          # from the TorchScript exporter's scope
-    assert "inf/NaN" in d.reason
+    assert "inf/NaN" in d.reason and d.kind == NONFINITE
     # everything before the Gemm agrees; NaN downstream is an error, not msit's "NO"
     assert rows["/Flatten_output_0"].result == PASS
     assert rows["/gelu/Div_output_0"].result == ERROR
@@ -71,7 +71,7 @@ def test_local_check_tells_inherited_error_apart(models, tmp_path):
     path = tmp_path / "scaled.onnx"
     onnx.save(m, str(path))
     cmp = compare_models(models["cnn"], path)
-    assert cmp.first_divergence.name == "/fc1/Gemm"
+    assert cmp.first_divergence.name == "/fc1/Gemm" and cmp.first_divergence.kind == LOCAL
     assert cmp.local_check.local_error is True
     from opdiff.onnx.graph import GraphIndex
     from opdiff.onnx.locate import check_node_locally

@@ -18,7 +18,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..comparison.result import ERROR, PASS, UNMATCHED, WARNING, CompareResult, Divergence, TensorRow
+from ..comparison.result import (ERROR, INTEGER, LOCAL, NONFINITE, PASS, UNMATCHED, WARNING,
+                                 CompareResult, Divergence, TensorRow)
+from ..dtypes import is_exact
 from ..store.schema import Kind, Phase, Role
 from .dumping import stats_of
 from .graph import GraphIndex
@@ -162,7 +164,18 @@ def set_divergence(cmp: ModelComparison, i: int, input_pairs: list, local: Optio
     cmp.result.first_divergence = Divergence(
         name=pair.golden_node or row.op_name, op=pair.golden_op, phase=Phase.FORWARD, reason=reason,
         location=location, metrics=row.metrics, tensor=pair.target,
-        input_metrics=worst_input, module=row.module, context=_context(location))
+        input_metrics=worst_input, module=row.module, context=_context(location),
+        kind=_kind(row))
+
+
+def _kind(row: TensorRow) -> str:
+    """Why the node is named, for machines: inf/NaN where the golden has none (the only case
+    with an infinite error), integers that differ, else a metric past msit's threshold."""
+    if row.error is not None and math.isinf(row.error):
+        return NONFINITE
+    if is_exact(row.target_dtype) and is_exact(row.golden_dtype):
+        return INTEGER
+    return LOCAL
 
 
 def _context(location, around: int = 2) -> tuple:
