@@ -14,32 +14,39 @@ Nothing is ever paired by position alone: an unmatched op never shifts the pairi
 """
 from __future__ import annotations
 
-import re
+import functools
 from difflib import SequenceMatcher
 from typing import Optional
 
 from ..store.records import iter_tensors
+from ..store.schema import RecordName
 
 Pair = tuple[Optional[int], Optional[int]]   # (target index, golden index)
-
-_CALL_COUNTER = re.compile(r"\.\d+$")
 
 
 def module_path(record: dict) -> str:
     """The enclosing module call without its call counter (`Module.layer1.0.Block.forward`)."""
-    module = record.get("module") or ""
-    return _CALL_COUNTER.sub("", module)
+    return _without_index(record.get("module") or "")
+
+
+@functools.lru_cache(maxsize=4096)      # a model has few module calls; each is parsed once
+def _without_index(name: str) -> str:
+    parsed = RecordName.parse(name) if name else None
+    return parsed.without_index if parsed is not None else name
 
 
 def shapes(record: dict) -> tuple:
+    """(role, shape) of every tensor of a record, in order."""
     return tuple((role, tuple(desc.get("shape") or ())) for _, role, desc in iter_tensors(record))
 
 
 def coarse_key(record: dict) -> tuple:
+    """What pairs two records when nothing finer does: op, phase and kind."""
     return (record.get("op"), record.get("phase"), record.get("kind"))
 
 
 def fine_key(record: dict) -> tuple:
+    """What pairs two records first: op, phase, kind, enclosing module and tensor shapes."""
     return coarse_key(record) + (module_path(record), shapes(record))
 
 

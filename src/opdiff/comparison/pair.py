@@ -17,12 +17,13 @@ from typing import Callable, Optional
 
 from ..errors import DumpError, OpdiffError
 from ..store.records import decoded_stats, iter_tensors
+from ..store.schema import Kind, Phase, Role, locations_from_frames
 from ..environment import diff_meta
 from .align import align
 from .blame import OpScore, analyse, differing_numbers
 from .metrics import Measurement, measure, stats_measure
 from .reasons import statistics_limits
-from .result import ERROR, PASS, UNMATCHED, WARNING, CompareResult, Location, TensorRow, count
+from .result import ERROR, PASS, UNMATCHED, WARNING, CompareResult, TensorRow, count
 from .verdicts import Policy
 
 log = logging.getLogger("opdiff")
@@ -36,15 +37,9 @@ MIN_PAIRED_FRACTION = 0.3
 
 
 def _location(dump, record: dict) -> tuple:
-    frames = dump.stack(record.get("stack")) if record.get("stack") is not None else []
-    out = []
-    for f in frames:
-        try:
-            out.append(Location(file=str(f.get("file", "")), line=int(f.get("line") or 0),
-                                code=str(f.get("code") or ""), function=str(f.get("function") or "")))
-        except (TypeError, ValueError, AttributeError):
-            continue
-    return tuple(out)
+    """The record's call site as Locations, innermost user frame first."""
+    return locations_from_frames(dump.stack(record.get("stack"))
+                                 if record.get("stack") is not None else ())
 
 
 def _numel(shape) -> int:
@@ -119,13 +114,11 @@ class _PairCompare:
             step=self.t.step, rank=self.t.rank, notes=notes)
 
     def _replayer(self, t_records: list):
-        """Replay needs the target's own tensors, as only opdiff tensor dumps hold them
-        (statistics dumps, msprobe and ONNX compares keep the comparison alone)."""
-        if self.replay == "off" or getattr(self.t, "format", None) != "opdiff":
+        """Replay needs the target's own tensors (`DumpSource.holds_tensors`: statistics dumps
+        and foreign dumps keep the comparison alone) and ops it can re-run."""
+        if self.replay == "off" or not self.t.holds_tensors:
             return None
-        if not any(r.get("kind", "api") in ("api", "aten") for r in t_records):
-            return None
-        if not getattr(self.t, "has_tensors", False):
+        if not any(r.get("kind", Kind.API) in Kind.REPLAYABLE for r in t_records):
             return None
         from .replay import Replayer
 
@@ -140,7 +133,8 @@ class _PairCompare:
         g_tensors = {n[len(g_rec["name"]):]: (n, role, d) for n, role, d in iter_tensors(g_rec)} \
             if g_rec else {}
         stack = _location(self.t, t_rec) if t_rec else _location(self.g, g_rec)
-        base = dict(op_name=name, phase=rec.get("phase", "forward"), kind=rec.get("kind", "api"),
+        base = dict(op_name=name, phase=rec.get("phase", Phase.FORWARD),
+                    kind=rec.get("kind", Kind.API),
                     index=position, module=rec.get("module"), stack=stack)
         op = None
         # Target-only ops get an OpScore too, with no measured tensors: the comparison cannot
@@ -164,7 +158,8 @@ class _PairCompare:
             if m is None:
                 continue
             role = t_item[1]
-            is_output = role == "output" or (role == "parameters" and base["kind"] == "param_grad")
+            is_output = role == Role.OUTPUT or (role == Role.PARAMETERS
+                                                and base["kind"] == Kind.PARAM_GRAD)
             entry = (row_index, m, row.target_dtype, row.golden_dtype)
             (op.outputs if is_output else op.inputs).append(entry)
 

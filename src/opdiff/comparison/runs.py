@@ -47,11 +47,7 @@ def pair_dumps(targets: list, goldens: list) -> tuple[list, list]:
 
 def count_records(dump) -> int:
     """How many op records a dump holds, for a progress total (0 when it cannot tell cheaply)."""
-    try:
-        with open(os.path.join(dump.path, "records.jsonl"), "rb") as f:
-            return sum(1 for line in f if line.strip())
-    except OSError:
-        return 0
+    return dump.record_count()
 
 
 def _worker(target_path: str, golden_path: str, thresholds: Thresholds, shape_flag: bool,
