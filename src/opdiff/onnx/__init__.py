@@ -6,6 +6,10 @@
     cmp = compare_torch("my_module.py:build_model", "m.onnx", output_path="./out")
     print(cmp.first_divergence)
 
+Both sides are written as opdiff dumps and every tensor is judged by `MsitPolicy` (msit's five
+thresholds) on the metrics `opdiff compare` computes, so `compare_pair(target_dump, golden_dump,
+policy=MsitPolicy())` on the written dumps shows the same numbers.
+
 Needs the `onnx` extra (`pip install 'opdiff[onnx]'`); without it every entry point raises an
 OpdiffError that says so.
 """
