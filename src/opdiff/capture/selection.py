@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 from ..config import DumpConfig
-from ..store.schema import Phase, RecordName, legacy_to_dotted
+from ..store.schema import Kind, Phase, RecordName, legacy_to_dotted
 
 _BEFORE, _INSIDE, _AFTER = "before", "inside", "after"
 
@@ -68,7 +68,8 @@ class Selection:
             if self._state != _INSIDE:
                 return False
             if _matches(last, name):
-                if name.startswith("Module.") and ".forward." in name:
+                parsed = RecordName.parse(name)
+                if parsed is not None and parsed.kind == Kind.MODULE and parsed.phase == Phase.FORWARD:
                     # A module closes the scope when it returns: its own ops are in the range.
                     self._closing = name
                 else:

@@ -18,32 +18,30 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 from pathlib import Path
 
 from ..store import layout
 from ..store.reader import open_dump
 from ..store.records import decoded_stats, iter_tensors
+from ..store.schema import API_PREFIXES, Kind, RecordName
 
 log = logging.getLogger("opdiff")
 
 # torch_npu.hooks keeps its opdiff dump in a folder named after the .pkl: a.pkl -> a.opdiff/
 HOOKS_DUMP_SUFFIX = ".opdiff"
 
-_API_NAME = re.compile(r"^(?P<op>(?:Tensor|Torch|Functional|VF|NPU|Distributed|Aten)\..+)\.(?P<n>\d+)\."
-                       r"(?P<phase>forward|backward)$")
-
-
 def legacy_op_name(name: str) -> str:
     """opdiff's `Tensor.__iadd__.0.forward` as ptdbg_ascend wrote it: `Tensor___iadd___0_forward`.
 
     Module and parameter-gradient records had no ptdbg_ascend name; they keep opdiff's.
     """
-    m = _API_NAME.match(name)
-    if not m:
+    parsed = RecordName.parse(name)
+    if parsed is None or parsed.kind not in (Kind.API, Kind.ATEN) or parsed.text != name:
         return name
-    prefix, _, api = m["op"].partition(".")
-    return f"{prefix}_{api}_{m['n']}_{m['phase']}"
+    prefix, _, api = parsed.op.partition(".")
+    if prefix not in API_PREFIXES or not api:
+        return name
+    return f"{prefix}_{api}_{parsed.index}_{parsed.phase}"
 
 
 def legacy_tensor_name(record_name: str, tensor_name: str) -> str:

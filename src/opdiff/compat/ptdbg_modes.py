@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..store.schema import RecordName
 from . import legacy_files
 
 log = logging.getLogger("opdiff")
@@ -125,7 +126,8 @@ def log_stacks(directory: Path) -> None:
     sites: dict = {}
     for name, frames in json.loads((directory / "stack.json").read_text()).items():
         f = frames[0]
-        op = name.rsplit(".", 2)[0]
+        parsed = RecordName.parse(name)
+        op = parsed.op if parsed is not None else name
         sites.setdefault((op, f["file"], f["line"], f["code"]), []).append(name)
     for (op, file, line, code), names in sites.items():
         log.info("opdiff: %s (%d calls) at %s:%s `%s`", op, len(names), file, line, code)

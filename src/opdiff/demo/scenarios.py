@@ -23,6 +23,7 @@ import torch
 import opdiff
 from opdiff.testing import inject_fault
 
+from ..store.schema import Phase, record_name
 from . import models
 from .story import Story
 
@@ -175,7 +176,7 @@ def play_iadd(out: Path, story: Story) -> DemoResult:
         golden = train(model, batch, out / "dump" / "golden")
     story.step(f"Golden run: {STEPS} training steps in fp32 on CPU, step 0 recorded (level mix, "
                f"full tensors).", f"loss {_losses(golden)}")
-    fault = dict(op="Tensor.__iadd__", call=FAULTY_BLOCK, phase="forward", scale=1 + FAULT_SIZE)
+    fault = dict(op="Tensor.__iadd__", call=FAULTY_BLOCK, phase=Phase.FORWARD, scale=1 + FAULT_SIZE)
     model, batch = seeded_resnet()
     with story.working("training the target run"):
         target = train(model, batch, out / "dump" / "target", fault=fault)
@@ -183,7 +184,7 @@ def play_iadd(out: Path, story: Story) -> DemoResult:
                f"{FAULT_SIZE:g} (relative) in residual block layers.{FAULTY_BLOCK}, planted with "
                f"opdiff.testing.inject_fault.", f"loss {_losses(target)}: the runs part ways")
     result = _compare(out, story)
-    expected = f"Tensor.__iadd__.{FAULTY_BLOCK}.forward"
+    expected = record_name("Tensor.__iadd__", Phase.FORWARD, FAULTY_BLOCK)
     return _planted_fault_result("iadd", out, story, result, expected, golden, target)
 
 
@@ -209,7 +210,7 @@ def play_lstm_backward(out: Path, story: Story) -> DemoResult:
         golden = train(model, batch, out / "dump" / "golden")
     story.step(f"Golden run: {STEPS} training steps in fp32 on CPU, step 0 recorded (level mix, "
                f"full tensors, forward and backward).", f"loss {_losses(golden)}")
-    fault = dict(op="VF.lstm", call=0, phase="backward", scale=1 + FAULT_SIZE)
+    fault = dict(op="VF.lstm", call=0, phase=Phase.BACKWARD, scale=1 + FAULT_SIZE)
     model, batch = seeded_lstm()
     with story.working("training the target run"):
         target = train(model, batch, out / "dump" / "target", fault=fault)
@@ -217,7 +218,7 @@ def play_lstm_backward(out: Path, story: Story) -> DemoResult:
                f"scales its gradients by 1 + {FAULT_SIZE:g}; its forward is exact.",
                f"loss {_losses(target)}: step 0 agrees (the forward is right), step 1 does not")
     result = _compare(out, story)
-    expected = "VF.lstm.0.backward"
+    expected = record_name("VF.lstm", Phase.BACKWARD, 0)
     return _planted_fault_result("lstm-backward", out, story, result, expected, golden, target,
                                  ": the LSTM's backward, not its forward")
 
@@ -276,7 +277,7 @@ def play_fp16_overflow(out: Path, story: Story) -> DemoResult:
     story.step("Recorded the same step as statistics and analysed the dump offline "
                "(opdiff overflow):")
     story.verdict(print_overflow, result)
-    expected = "Torch.exp.0.forward"
+    expected = record_name("Torch.exp", Phase.FORWARD, 0)
     origin = result.origin
     found = origin is not None and origin.name == expected and online is not None \
         and expected in online
