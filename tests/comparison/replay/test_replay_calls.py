@@ -135,3 +135,24 @@ def test_object_arguments_other_than_slices_are_refused():
                       {"type": "object", "value": "<SomeIndexer object at 0x7f>"}]}
     with pytest.raises(NotReplayable, match="recorded only as"):
         rebuild_call(rec, {"x": torch.ones(2)}.get)
+
+
+def test_a_custom_op_replays_through_its_registered_cpu_reference():
+    from opdiff import ops
+    from opdiff.comparison.replay.local import replay_record
+
+    name = "Torch.opdiff_test_fused_gelu"
+    with pytest.raises(NotReplayable, match="no torch function"):
+        resolve(name)
+    ops.register(name, cpu_reference=lambda x: F.gelu(x))
+    try:
+        x = torch.randn(256, generator=torch.Generator().manual_seed(0))
+        tensors = {"x": x, "good": F.gelu(x), "bad": F.gelu(x) * 1.01}
+        for key, culprit in (("good", False), ("bad", True)):
+            rec = {"name": f"{name}.0.forward", "op": name, "kind": "api", "phase": "forward",
+                   "inputs": [{"type": "tensor", "dtype": "float32", "shape": [256], "key": "x"}],
+                   "outputs": [{"type": "tensor", "dtype": "float32", "shape": [256], "key": key}]}
+            local = replay_record(rec, tensors.get, _policy())
+            assert local.replayed and local.culprit is culprit, local.reason
+    finally:
+        ops.register(name, cpu_reference=None)

@@ -21,12 +21,11 @@ import logging
 import time
 from typing import Optional
 
+from ...store.schema import Kind
 from .calls import NotReplayable, rebuild_call, resolve
 from .local import LocalError, TensorLocalError, replay_record
 
 log = logging.getLogger("opdiff")
-
-REPLAYABLE_KINDS = ("api", "aten")
 
 
 class Replayer:
@@ -49,7 +48,7 @@ class Replayer:
         """Cheap pre-check: a record of a kind that replay handles (modules and parameter
         gradients are made of other ops and are never replayed as a unit)."""
         rec = self.records.get(name)
-        return rec is not None and rec.get("kind", "api") in REPLAYABLE_KINDS
+        return rec is not None and rec.get("kind", Kind.API) in Kind.REPLAYABLE
 
     def judge(self, name: str) -> LocalError:
         """The LocalError of one record (replayed once, then cached)."""
@@ -58,7 +57,7 @@ class Replayer:
         rec = self.records.get(name)
         if rec is None:
             local = LocalError(name, False, reason="not in the target dump")
-        elif rec.get("kind", "api") not in REPLAYABLE_KINDS:
+        elif rec.get("kind", Kind.API) not in Kind.REPLAYABLE:
             local = LocalError(name, False, reason=f"a {rec.get('kind')} record is made of other "
                                                    f"ops and is not replayed as a unit")
         else:

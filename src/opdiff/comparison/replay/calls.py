@@ -8,8 +8,10 @@ descriptors and saved tensors.
 Names follow the capture's scheme: `Functional.X` is `torch.nn.functional.X`, `Torch.X` is
 `torch.X` (also `Torch.linalg.X`, `Torch.fft.X`, `Torch.special.X`), `Tensor.X` is the Tensor
 method or operator (`Tensor.__iadd__`), `VF.X` is `torch._VF.X` and `Aten.X` is
-`torch.ops.aten.X`. Anything that cannot be rebuilt faithfully raises `NotReplayable` with the
-reason; nothing is guessed.
+`torch.ops.aten.X`. A custom op replays through the CPU reference registered for it
+(`opdiff.ops.register(name, cpu_reference=...)`). What the op registry says must not be re-run
+(collectives, uninitialised memory: `opdiff.ops.OpTraits.replay_refusal`) and anything that cannot
+be rebuilt faithfully raises `NotReplayable` with the reason; nothing is guessed.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from typing import Callable, Optional
 
 import torch
 
+from ... import ops
 from ...store.records import decode_float
 
 
@@ -34,18 +37,17 @@ _NAMESPACES = {
     "VF.": lambda: torch._VF,
     "Tensor.": lambda: torch.Tensor,
 }
-# Ops whose result is memory content, not a computation.
-_UNINITIALISED = {"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided"}
 _SLICE = re.compile(r"^slice\((-?\d+|None), (-?\d+|None), (-?\d+|None)\)$")
 
 
 def resolve(op: str) -> Callable:
-    """The torch function an op name stands for. Raises NotReplayable when there is none."""
-    if op.startswith("Distributed."):
-        raise NotReplayable("a collective: its result depends on the other ranks")
-    attr = op.rsplit(".", 1)[-1]
-    if attr in _UNINITIALISED:
-        raise NotReplayable("returns uninitialised memory")
+    """The torch function an op name stands for (or its registered CPU reference). Raises
+    NotReplayable when there is none, or when the op registry says it must not be re-run."""
+    traits = ops.traits(op)
+    if traits.replay_refusal:
+        raise NotReplayable(traits.replay_refusal)
+    if traits.cpu_reference is not None:
+        return traits.cpu_reference
     func = None
     if op.startswith("Aten."):
         func = getattr(torch.ops.aten, op[len("Aten."):], None)

@@ -39,6 +39,7 @@ from typing import Callable, Optional
 
 import torch
 
+from ... import ops
 from ...store.records import iter_tensors
 from .calls import NotReplayable, flat_descriptors, flat_tensors, rebuild_call
 
@@ -46,7 +47,6 @@ RATIO = 3.0
 SIGMAS = 4.0
 
 _LOW = (torch.bfloat16, torch.float16)
-_WRITES_FIRST_ARGUMENT = {"Tensor.__setitem__"}
 
 
 @dataclass(frozen=True)
@@ -197,7 +197,7 @@ def _run(record: dict, load: Callable, cast, autocast, leaves_for=None, grads=No
         out = call.run()
     if rng["consumed"]:
         raise NotReplayable("it draws random numbers (a new draw would not match the target's)")
-    if out is None and record.get("op") in _WRITES_FIRST_ARGUMENT and call.args:
+    if out is None and ops.traits(record.get("op", "")).returns_first_argument and call.args:
         out = call.args[0]      # as the capture records it
     outs = flat_tensors([out] if not isinstance(out, (tuple, list)) else out)
     if leaves_for is None:
