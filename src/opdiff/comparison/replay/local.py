@@ -40,6 +40,7 @@ from typing import Callable, Optional
 import torch
 
 from ... import ops
+from ...numbers import human
 from ...store.records import iter_tensors
 from .calls import NotReplayable, flat_descriptors, flat_tensors, rebuild_call
 
@@ -103,8 +104,8 @@ class LocalError:
                      f"{1 + w.reference_scale_error:.6g}")
         which = w.name[len(self.name) + 1:] if w.name.startswith(self.name + ".") else w.name
         return (f"replayed in float64 on the target's own inputs, the op's own {what} error is "
-                f"{_fmt(w.error)} ({which}, {w.dtype}), a {self.reference}'s is "
-                f"{_fmt(w.reference_error)}{scale}")
+                f"{human(w.error)} ({which}, {w.dtype}), a {self.reference}'s is "
+                f"{human(w.reference_error)}{scale}")
 
 
 def _excess(t: TensorLocalError) -> float:
@@ -112,10 +113,6 @@ def _excess(t: TensorLocalError) -> float:
         return math.inf
     ratio = t.error / max(t.reference_error, 1e-30)
     return max(ratio, abs(t.scale_error) / max(abs(t.reference_scale_error), 1e-30))
-
-
-def _fmt(x: float) -> str:
-    return "inf" if math.isinf(x) else f"{x:.3g}"
 
 
 def judge_tensor(name: str, target: torch.Tensor, exact: torch.Tensor, reference: torch.Tensor,
