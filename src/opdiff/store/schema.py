@@ -117,27 +117,13 @@ class RecordName:
     def record_op(self) -> str:
         """The record's `op` field: the op, except that a parameter-gradient record's op keeps
         the word (`Module.fc.Linear.parameters_grad`, as capture and msprobe write it)."""
-        if self.kind == Kind.PARAM_GRAD:
-            return f"{self.op}.{PARAM_GRAD_WORD}"
-        return self.op
+        return record_op(self.op, self.kind)
 
     @classmethod
     def parse(cls, name: str) -> Optional["RecordName"]:
         """The parts of any name form above, or None for a name of no known form."""
-        m = _PARAM_GRAD.match(name)
-        if m:
-            return cls(m["op"], Phase.BACKWARD, int(m["index"]), Kind.PARAM_GRAD)
-        m = _MODULE.match(name)
-        if m:
-            return cls(m["op"], m["phase"], int(m["index"]), Kind.MODULE)
-        m = _API.match(name)
-        if m:
-            kind = Kind.ATEN if m["op"].startswith("Aten.") else Kind.API
-            return cls(m["op"], m["phase"], int(m["index"]), kind)
-        m = _LEGACY.match(name)
-        if m:
-            return cls(f"{m['prefix']}.{m['api']}", m["phase"], int(m["index"] or 0), Kind.API)
-        return None
+        parts = name_parts(name)
+        return cls(*parts) if parts is not None else None
 
     def with_phase(self, phase: str) -> "RecordName":
         """The same call in the other phase (a backward record's forward, say)."""
@@ -151,6 +137,35 @@ class RecordName:
         if self.kind == Kind.PARAM_GRAD:
             return f"{self.op}.{PARAM_GRAD_WORD}"
         return f"{self.op}.{self.phase}"
+
+
+def name_parts(name: str) -> Optional[tuple[str, str, int, str]]:
+    """`RecordName.parse(name)` as a plain (op, phase, index, kind) tuple, for the hot path
+    (an adapter parses every record's name); None for a name of no known form."""
+    # The last part tells the forms apart, so one pattern is tried, not four.
+    tail = name[name.rfind(".") + 1:]
+    if tail.isdigit():
+        m = _PARAM_GRAD.match(name)
+        if m:
+            return m["op"], Phase.BACKWARD, int(m["index"]), Kind.PARAM_GRAD
+        m = _MODULE.match(name)
+        if m:
+            return m["op"], m["phase"], int(m["index"]), Kind.MODULE
+        return None
+    if tail in Phase.ALL:
+        m = _API.match(name)
+        if m:
+            op = m["op"]
+            return op, m["phase"], int(m["index"]), Kind.ATEN if op.startswith("Aten.") else Kind.API
+    m = _LEGACY.match(name)
+    if m:
+        return f"{m['prefix']}.{m['api']}", m["phase"], int(m["index"] or 0), Kind.API
+    return None
+
+
+def record_op(op: str, kind: str) -> str:
+    """`RecordName.record_op` of these parts: `{op}.parameters_grad` for parameter gradients."""
+    return f"{op}.{PARAM_GRAD_WORD}" if kind == Kind.PARAM_GRAD else op
 
 
 def record_name(op: str, phase: str, index: int, kind: str = Kind.API) -> str:
@@ -242,7 +257,8 @@ def locations_from_frames(frames) -> tuple:
     return tuple(out)
 
 
-__all__ = ["Kind", "Phase", "Role", "Record", "RecordName", "record_name", "legacy_to_dotted",
+__all__ = ["Kind", "Phase", "Role", "Record", "RecordName", "record_name", "name_parts",
+           "record_op", "legacy_to_dotted",
            "tensor_name", "split_tensor_name", "module_path", "module_class", "module_op",
            "param_grad_links", "Location", "locations_from_frames", "PARAM_GRAD_WORD",
            "API_PREFIXES", "MODULE_PREFIXES"]

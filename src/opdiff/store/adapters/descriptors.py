@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ...dtypes import is_exact, short_dtype
+from ...dtypes import FLOAT_NAMES, is_exact, short_dtype
 from ..records import encode_float, scalar_descriptor
 
 # ptdbg_ascend writes the string "Nan" for "not computed" (e.g. the norm of an int tensor); it is
@@ -60,7 +60,7 @@ def tensor_descriptor(dtype: Any, shape: Any, *, max=None, min=None, mean=None, 
     stats = {"max": mx, "min": mn, "mean": stat_value(mean), "norm": stat_value(norm),
              "nan": nan, "inf": inf}
     if nan is None and inf is None:
-        if dt is not None and is_exact(dt):
+        if dt is not None and dt not in FLOAT_NAMES and is_exact(dt):   # float names: no lookup
             stats["nan"] = stats["inf"] = 0
         elif _finite(mx) and _finite(mn):
             stats["nan"] = stats["inf"] = 0

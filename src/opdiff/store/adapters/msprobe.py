@@ -39,7 +39,7 @@ from typing import Any, Iterator
 from ...dtypes import short_dtype
 from ...errors import DumpError
 from ..records import encode_float
-from ..schema import Kind, Phase, RecordName
+from ..schema import Kind, Phase, name_parts, record_name, record_op
 from ..source import DumpFormat
 from . import frames as _frames
 from .descriptors import tensor_descriptor
@@ -53,7 +53,7 @@ TENSOR_DIR = "dump_tensor_data"
 
 # dump.json's entries, found without parsing it (for a cheap record count): keys that end in a
 # phase, a module call's counter or a parameter-gradient counter, whose value is an object.
-_ENTRY = re.compile(rb'"[^"\n]*\.(?:forward|backward|parameters_grad)(?:\.\d+)?"\s*:\s*\{')
+_ENTRY = re.compile(rb'\.(?:forward|backward|parameters_grad)(?:\.\d+)?"\s*:\s*\{')
 _STEP = re.compile(r"^step(\d+)$")
 _RANK = re.compile(r"^(?:rank|proc)(\d+)$")
 
@@ -64,13 +64,14 @@ _TYPED_VALUES = {"torch.dtype": "dtype", "torch.device": "device", "torch.Size":
 
 def parse_name(name: str) -> dict:
     """kind, op, phase and the forward record's name for one msprobe entry name."""
-    parsed = RecordName.parse(name)
-    if parsed is None:
+    parts = name_parts(name)        # RecordName.parse's parts, without building one
+    if parts is None:
         return {"kind": Kind.API, "op": name,
                 "phase": Phase.BACKWARD if Phase.BACKWARD in name else Phase.FORWARD}
-    out = {"kind": parsed.kind, "op": parsed.record_op, "phase": parsed.phase}
-    if parsed.phase == Phase.BACKWARD and parsed.kind != Kind.PARAM_GRAD:
-        out["forward"] = parsed.with_phase(Phase.FORWARD).text
+    op, phase, index, kind = parts
+    out = {"kind": kind, "op": record_op(op, kind), "phase": phase}
+    if phase == Phase.BACKWARD and kind != Kind.PARAM_GRAD:
+        out["forward"] = record_name(op, Phase.FORWARD, index, kind)
     return out
 
 
