@@ -1,9 +1,10 @@
 """task="overflow_check": catch the op where inf/NaN is born, online.
 
 Every op's outputs (forward) or input-gradients (backward) are checked for non-finite values
-with one reduction and one host transfer per op. An op whose outputs are non-finite while its
-inputs are all finite *created* the overflow: it is written to the dump with full tensors, its
-module and the user's source line. Ops that only pass inf/NaN along are counted. After
+with one reduction and one host transfer per op. Whether an op *created* the overflow is the
+rule the offline analysis applies too (`opdiff.overflow.rules.judge`: its outputs are
+non-finite while its inputs are all finite): an origin is written to the dump with full
+tensors, its module and the user's source line. Ops that only pass inf/NaN along are counted. After
 `overflow_nums` origins (-1: never), training stops with `OverflowDetected`.
 """
 from __future__ import annotations
@@ -13,8 +14,9 @@ import logging
 import torch
 
 from ..errors import OverflowDetected
+from ..overflow import rules
 from ..store.records import has_nonfinite_number
-from ..store.schema import Kind, Phase, Role
+from ..store.schema import Kind, Phase, Role, locations_from_frames
 from . import naming
 from .describe import tensors_in
 from .sink import PendingRecord
@@ -73,15 +75,20 @@ class OverflowMonitor:
                 return
             if record["phase"] == Phase.FORWARD:
                 self.tainted.add(record["name"])
-            if record.get("kind") == Kind.MODULE and record["name"] in self.enclosing:
-                self.enclosing.add(record.get("module"))
-                self.propagated += 1
-                return
+            inside = record.get("kind") == Kind.MODULE and record["name"] in self.enclosing
             in_place = inputs_finite is not None
-            if not in_place:
+            if not in_place and not inside:    # (around an origin, its inputs do not matter)
                 inputs_finite = all_finite(inputs)
-            if record.get("forward") in self.tainted or not inputs_finite \
-                    or has_nonfinite_number(record):
+            # One check tells "finite or not": NONFINITE for a side that is not keeps the rules
+            # that need to know which (inf turned into NaN) out, as the offline walk does when
+            # it cannot tell either.
+            verdict = rules.judge(rules.FINITE if inside or inputs_finite else rules.NONFINITE,
+                                  rules.NONFINITE, inside_origin=inside,
+                                  given_nonfinite_number=has_nonfinite_number(record),
+                                  forward_nonfinite=record.get("forward") in self.tainted)
+            if verdict.kind != rules.ORIGIN:
+                if verdict.why == rules.CONTAINS_ORIGIN:
+                    self.enclosing.add(record.get("module"))
                 self.propagated += 1
                 return
             name = record["name"]
@@ -141,12 +148,14 @@ class OverflowMonitor:
         self._count(pending)
 
     def describe(self, origin: dict) -> str:
+        """One sentence for the log and OverflowDetected: the op, its module, the user's line."""
         s = self.session
         where = ""
-        frames = s.writer.stack_frames(origin.get("stack")) if s.writer is not None else []
-        if frames:
-            f = frames[0]
-            where = f" at {f['file']}:{f['line']}" + (f" `{f['code']}`" if f["code"] else "")
+        locations = locations_from_frames(s.writer.stack_frames(origin.get("stack"))
+                                          if s.writer is not None else ())
+        if locations:
+            loc = locations[0]
+            where = f" at {loc.file}:{loc.line}" + (f" `{loc.code}`" if loc.code else "")
         module = f" in {origin['module']}" if origin.get("module") else ""
         return (f"inf/NaN first created by {origin['name']} ({origin['phase']}, step "
                 f"{s.step_index}){module}{where}: its inputs are finite, its outputs are not")
