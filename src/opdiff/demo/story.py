@@ -13,6 +13,8 @@ from rich.padding import Padding
 from rich.syntax import Syntax
 from rich.text import Text
 
+from ..report.console import stdout_console
+
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,7 @@ class Story:
     """Numbered steps on a rich console; `console=None` prints to stdout."""
 
     def __init__(self, console: Console | None = None):
-        self.console = console or Console(highlight=False)
+        self.console = console or stdout_console()   # (piped: lines are not wrapped)
         self.number = 0
 
     def title(self, text: str, subtitle: str) -> None:
