@@ -12,8 +12,6 @@ other backwards.
 """
 from __future__ import annotations
 
-import logging
-
 from .capture.debugger import PrecisionDebugger, dump
 from .comparison.pair import check_replay, compare_pair
 from .comparison.result import ERROR, WARNING, CompareResult
@@ -23,8 +21,6 @@ from .errors import OpdiffError
 from .report import write_outputs
 from .report.console import Progress, verdict_line
 from .store.adapters import discover
-
-log = logging.getLogger("opdiff")
 
 
 def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bool = False,
@@ -59,16 +55,13 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
     total = sum(count_records(t) for t, _ in pairs)
     with Progress(total, progress) as bar:
         results = run_pairs(pairs, policy, shape_flag=shape_flag, replay=replay, tick=bar.advance)
+    # (the pairing's notes travel in result.notes: the console prints them, once)
     result = merge(str(target), str(golden), results, notes)
-    for note in notes:
-        log.warning("opdiff: %s", note)
     result.verdict = verdict_line(result)
     result.failed = _failed(result, fail_on)
     if output_path is not None:
         result.files = write_outputs(result, output_path)
     return result
-
-
 
 
 def _failed(result: CompareResult, fail_on: str | None) -> bool:
@@ -79,8 +72,6 @@ def _failed(result: CompareResult, fail_on: str | None) -> bool:
     if fail_on == "warning":
         return result.counts.get(ERROR, 0) + result.counts.get(WARNING, 0) > 0
     return False
-
-
 
 
 __all__ = ["compare", "compare_pair", "dump", "PrecisionDebugger"]

@@ -70,3 +70,15 @@ def test_thresholds_file_changes_the_verdict(dumps, tmp_path):
     args = ["compare", str(dumps / "npu"), str(dumps / "cpu"), "--fail-on-divergence"]
     assert main(args) == 1
     assert main(args + ["--thresholds", str(t)]) == 0
+
+
+def test_a_note_about_an_unpaired_step_is_said_once(tmp_path, capsys, caplog):
+    cnn_run(tmp_path / "t" / "step0" / "rank0")
+    cnn_run(tmp_path / "g" / "step0" / "rank0")
+    cnn_run(tmp_path / "g" / "step1" / "rank0")
+    with caplog.at_level("INFO", logger="opdiff"):
+        assert main(["compare", str(tmp_path / "t"), str(tmp_path / "g"), "--no-progress"]) == 0
+    out = capsys.readouterr()
+    note = "golden step 1 rank 0 has no target counterpart"
+    said = (out.out + out.err).count(note) + sum(note in r.getMessage() for r in caplog.records)
+    assert said == 1

@@ -260,3 +260,29 @@ def test_equal_number_arguments_say_nothing(tmp_path):
     _setitem_run(tmp_path / "g", 1.0, "tensor")
     result = compare(tmp_path / "t", tmp_path / "g")
     assert result.first_divergence is None and result.counts["error"] == 0
+
+
+def _hand_dump(path, empty_desc: dict):
+    from opdiff.store import DumpWriter
+
+    w = DumpWriter(path, {"environment": {}})
+    t = {"type": "tensor", "dtype": "float32", "shape": [2],
+         "stats": {"max": 1.0, "min": 0.0, "mean": 0.5, "norm": 1.0, "nan": 0, "inf": 0}}
+    w.write({"seq": 0, "name": "Torch.relu.0.forward", "op": "Torch.relu", "kind": "api",
+             "phase": "forward", "inputs": [t], "outputs": [t]})
+    w.write({"seq": 1, "name": "Torch.nonzero.0.forward", "op": "Torch.nonzero", "kind": "api",
+             "phase": "forward", "inputs": [t], "outputs": [empty_desc]})
+    w.close()
+
+
+@pytest.mark.parametrize("empty", [
+    {"type": "tensor", "dtype": "int64", "shape": [0, 1]},              # as capture writes it
+    {"type": "tensor", "dtype": "float32", "shape": [0], "stats": {}},
+])
+def test_empty_tensors_pass_and_say_there_is_nothing_to_compare(tmp_path, empty):
+    _hand_dump(tmp_path / "t", empty)
+    _hand_dump(tmp_path / "g", empty)
+    result = compare_pair(discover(tmp_path / "t")[0], discover(tmp_path / "g")[0])
+    (row,) = [r for r in result.rows if r.op_name == "Torch.nonzero.0.forward" and r.role == "output"]
+    assert row.result == "pass" and "nothing to compare" in row.reason
+    assert result.counts["warning"] == 0 and result.first_divergence is None

@@ -32,6 +32,8 @@ log = logging.getLogger("opdiff")
 _UNREAD = {"overwritten": "overwritten by the op without being read: not compared",
            "uninitialized": "uninitialised memory (torch.empty): not compared"}
 
+EMPTY = "empty tensor (no elements): nothing to compare"
+
 # Below this fraction of paired ops, two dumps are taken to be of different models.
 MIN_PAIRED_FRACTION = 0.3
 
@@ -193,6 +195,8 @@ class _PairCompare:
         for why, reason in _UNREAD.items():
             if td.get(why) or gd.get(why):   # values that mean nothing (see Describer.unread)
                 return TensorRow(result=PASS, accuracy_reached="", reason=reason, **common), None
+        if _numel(t_shape) == 0:             # capture saves neither statistics nor values of it
+            return TensorRow(result=PASS, accuracy_reached="Yes", reason=EMPTY, **common), None
         pair = (td.get("key"), gd.get("key"))
         m = self._measured.get(pair)
         if m is not None:
