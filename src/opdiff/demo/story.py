@@ -13,8 +13,6 @@ from rich.padding import Padding
 from rich.syntax import Syntax
 from rich.text import Text
 
-from ..report.console import stdout_console
-
 
 
 @dataclass(frozen=True)
@@ -44,7 +42,10 @@ class Story:
     """Numbered steps on a rich console; `console=None` prints to stdout."""
 
     def __init__(self, console: Console | None = None):
-        self.console = console or stdout_console()   # (piped: lines are not wrapped)
+        if console is None:      # (imported here: `opdiff demo --list` need not load the report)
+            from ..report.console import stdout_console
+            console = stdout_console()       # piped: lines are not wrapped
+        self.console = console
         self.number = 0
 
     def title(self, text: str, subtitle: str) -> None:
