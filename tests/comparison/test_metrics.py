@@ -11,7 +11,7 @@ from opdiff.comparison.result import METRICS
 
 
 def msprobe_reference(n: np.ndarray, b: np.ndarray) -> dict:
-    """msprobe's definitions (research/msprobe.md §2.3), written out directly in numpy."""
+    """msprobe's definitions (its compare's `get_relative_err` and cosine), written out directly in numpy."""
     n = n.reshape(-1).astype(np.float64)
     b = b.reshape(-1).astype(np.float64)
     eps = np.finfo(np.float64).eps

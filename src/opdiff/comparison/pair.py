@@ -237,7 +237,7 @@ def compare_pair(target_dump, golden_dump, *, policy: Policy | None = None,
     """Compare two opened Dump-like objects (one step/rank each) and return the result.
 
     policy: a `opdiff.comparison.verdicts.Policy` (default thresholds when None).
-    shape_flag: pair ops only when every tensor shape matches (seed 003's `shape_flag`).
+    shape_flag: pair ops only when every tensor shape matches (msprobe's `shape_flag`).
     tick: called with the number of op calls done, for progress bars.
     replay: "auto", "all" or "off" (see `compare`).
     """

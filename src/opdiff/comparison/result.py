@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..store.schema import Location   # re-exported: other stages import it from here still
-from .metric_table import METRICS     # the metric column names, in CSV order (re-exported)
+from ..store.schema import Location  # noqa: F401  (re-exported: other stages import it from here)
+from .metric_table import METRICS  # noqa: F401  (re-exported: the metric column names, in CSV order)
 
 PASS, WARNING, ERROR, UNMATCHED = "pass", "warning", "error", "unmatched"
 

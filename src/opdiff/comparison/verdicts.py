@@ -49,11 +49,12 @@ The error measured from statistics is a lower bound of the real one, and a loose
 random rounding noise averages out of a norm or a mean, so an input whose statistics agree may
 still carry several units of roundoff that an op's output then shows (most of all a small
 output made by cancellation, or a gradient behind BatchNorm). Without tensors nothing can rule
-that out, and replay needs tensors. So an op is blamed from statistics only when its output's error also exceeds a floor: for the
-random rule `statistics_tolerance` (max, min and mean of a bf16 tensor move by a unit of
-roundoff or two at their extreme elements), for the scale rule `statistics_scale_tolerance`
-(the norm averages, so it moves less), and in backward `statistics_backward_tolerance` for both
-(gradients behind BatchNorm move in norm as in extremes):
+that out, and replay needs tensors. So an op is blamed from statistics only when its output's
+error also exceeds a floor: for the random rule `statistics_tolerance` (max, min and mean of a
+bf16 tensor move by a unit of roundoff or two at their extreme elements), for the scale rule
+`statistics_scale_tolerance` (the norm averages, so it moves less), and in backward
+`statistics_backward_tolerance` for both (gradients behind BatchNorm move in norm as in
+extremes):
 
     dtype      random   scale    backward   largest error an op seemed to make while its
                                             inputs' statistics agreed, healthy runs (CNN, LSTM,
@@ -88,7 +89,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..dtypes import _ALIASES as DTYPE_ALIASES   # the spellings users write ('bf16', 'half')
-from ..dtypes import canonical_dtype, coarser, is_float
+from ..dtypes import coarser, is_float
 from ..errors import ConfigError
 from .result import ERROR, PASS, WARNING
 
