@@ -214,3 +214,29 @@ def test_every_steps_stack_ids_resolve_in_its_own_directory(dump_root):
         for record in dump.records():
             frames = dump.stack(record["stack"])
             assert frames and frames[0]["file"] == HERE, (directory, record["name"])
+
+
+def test_records_carry_no_private_keys(tmp_path):
+    """What capture keeps about a running call (its counter, an in-place op's finite inputs,
+    the overflow sentence) never reaches the dump or `dbg.overflows`."""
+    model = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+    x = torch.randn(2, 3)
+    for level, task in (("mix", "statistics"), ("L2", "tensor"), ("mix", "overflow_check")):
+        dbg = opdiff.PrecisionDebugger(dump_path=str(tmp_path / level / task), level=level, task=task,
+                                       overflow_nums=-1)
+        dbg.start(model)
+        try:
+            y = model(x) * 2 + 1                 # >= 1: mul_ below overflows
+            y.mul_(1e39)                 # an in-place origin for overflow_check (float32 overflows)
+            y.sum().backward()
+        finally:
+            dbg.stop()
+        overflows = dbg.overflows
+        dbg.step()
+        for directory in find_dumps(tmp_path / level / task):
+            for record in open_dump(directory).records():
+                assert not [k for k in record if k.startswith("_")], record["name"]
+        assert all(not k.startswith("_") for o in overflows for k in o)
+        if task == "overflow_check":
+            assert [o["name"] for o in overflows] == ["Tensor.mul_.0.forward"]
+            assert overflows[0]["note"].startswith("in-place op")
