@@ -26,6 +26,7 @@ import types
 import torch.overrides
 
 CALL_NAME = "<opdiff call>"
+_OVERRIDES = torch.overrides.__file__     # handle_torch_function's file
 
 
 def _call(func, args, kwargs): return func(*args, **kwargs)   # noqa: E704 (one line: one line number)
@@ -66,16 +67,16 @@ def is_call_frame(code) -> bool:
     return code.co_name == CALL_NAME and code.co_code == _TEMPLATE.co_code
 
 
-_OVERRIDES = torch.overrides.__file__
-
-
 def api_caller():
     """The frame that called the op now in `__torch_function__` (called from there).
 
     A C function (`torch.add`) calls the mode itself: its caller is the mode's caller. A Python
     function (`F.softmax`) calls it through `handle_torch_function`: its caller is the frame
     above the function."""
-    f = sys._getframe(2)
+    try:
+        f = sys._getframe(2)
+    except ValueError:          # called from C with no Python caller
+        return None
     if f.f_code.co_filename == _OVERRIDES:
         f = f.f_back
         f = f.f_back if f is not None else None
