@@ -12,3 +12,6 @@
 
 Users call `opdiff.compare(...)` (see `opdiff.api`), which adds discovery and reports.
 """
+from .rejudge import rejudge
+
+__all__ = ["rejudge"]

@@ -135,18 +135,20 @@ class _PairCompare:
         g_tensors = {n[len(g_rec["name"]):]: (n, role, d) for n, role, d in iter_tensors(g_rec)} \
             if g_rec else {}
         stack = _location(self.t, t_rec) if t_rec else _location(self.g, g_rec)
+        differ, limits = differing_numbers(t_rec, g_rec) if t_rec and g_rec else ([], [])
+        # (the rows carry what the blame rules read, so that `rejudge` can apply them again)
         base = dict(op_name=name, phase=rec.get("phase", Phase.FORWARD),
-                    kind=rec.get("kind", Kind.API),
-                    index=position, module=rec.get("module"), stack=stack)
+                    kind=rec.get("kind", Kind.API), index=position, module=rec.get("module"),
+                    stack=stack, forward=rec.get("forward"), differing_numbers=tuple(differ),
+                    dtype_limits=tuple(limits))
         op = None
         # Target-only ops get an OpScore too, with no measured tensors: the comparison cannot
         # judge them, replay can (a cast that only the bf16 run makes, say).
         if t_rec is not None:
             op = OpScore(name=name, op=rec.get("op", ""), phase=base["phase"], kind=base["kind"],
                          module=rec.get("module"), forward=rec.get("forward"), seq=position,
-                         location=stack[0] if stack else None, paired=g_rec is not None)
-            if g_rec is not None:
-                op.arg_diffs, op.const_diffs = differing_numbers(t_rec, g_rec)
+                         location=stack[0] if stack else None, paired=g_rec is not None,
+                         arg_diffs=differ, const_diffs=limits)
             self.ops.append(op)
         for suffix in list(t_tensors) + [s for s in g_tensors if s not in t_tensors]:
             t_item, g_item = t_tensors.get(suffix), g_tensors.get(suffix)

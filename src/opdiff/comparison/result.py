@@ -46,6 +46,10 @@ class TensorRow:
     scale_error: Optional[float] = None # <t,g>/<g,g> - 1: the systematic part of the error
     step: Optional[int] = None          # set when several step/rank pairs were compared
     rank: Optional[int] = None
+    # What the blame rules read besides the metrics, so that a result re-judges (`rejudge`):
+    forward: Optional[str] = None       # backward records: their forward call's record name
+    differing_numbers: tuple = ()       # the op's number arguments that differ ("input.1: 2 vs 1")
+    dtype_limits: tuple = ()            # ... that are dtype limits (finfo(fp16).min vs fp32's)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,118 @@
+"""A compare judged again with other thresholds, from the metrics its rows carry: no dump is read.
+
+    from opdiff.comparison import rejudge
+    from opdiff.report.summary import load_summary
+    again = rejudge(load_summary("out/summary.json"), {"tolerance": {"bf16": 0.03}})
+    again.first_divergence, again.counts
+
+Every measured row gets its verdict from the new `Policy`, then the blame rules
+(`opdiff.comparison.blame`) run again on each step/rank pair, as the compare ran them.
+
+What it cannot redo, because it needs the dumps:
+- replay: the float64 re-runs are not repeated, so a culprit only replay had found
+  (`Divergence.kind == "replay"`) is not found again, and one replay had cleared may come back;
+  compare again with the dumps for that;
+- rows that were never measured keep their verdicts: unmatched tensors, shapes that differ,
+  empty or unread tensors, tensors with neither values nor statistics saved;
+- an inf/NaN mismatch is recognised from its infinite error; its row says "inf/NaN positions
+  differ" instead of how many.
+
+The result's `verdict` is left empty and `files` empty: the presenter writes them
+(`opdiff.report.console.verdict_line`, `opdiff.report.write_outputs`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Optional
+
+from ..store.schema import Kind, RecordName, Role
+from .blame import OpScore, analyse
+from .metric_table import Measurement
+from .reasons import statistics_limits
+from .result import UNMATCHED, CompareResult, TensorRow, count
+from .runs import merge
+from .verdicts import Policy, Thresholds
+
+NOTE = "re-judged from the saved metrics with other thresholds (replay not redone)"
+
+
+def rejudge(result: CompareResult, thresholds: Thresholds | dict | str | None = None, *,
+            policy: Optional[Policy] = None) -> CompareResult:
+    """A new CompareResult: `result`'s rows judged by `thresholds` (anything `Thresholds.load`
+    takes) or by `policy`, and the first divergence found again. `result` is left as it is."""
+    policy = policy or Policy(thresholds)
+    notes = [n for n in result.notes if not _stale(n)] + [NOTE]
+    groups: dict = {}
+    for row in result.rows:
+        groups.setdefault((row.step, row.rank), []).append(row)
+    if not result.pairs:                        # one step/rank pair
+        again = _pair(result, result.rows, policy, result.step, result.rank)
+        again.notes = notes + again.notes
+        return again
+    pairs = [_pair(result, rows, policy, step, rank) for (step, rank), rows in groups.items()]
+    merged = merge(result.target, result.golden, pairs, notes)
+    merged.environment_diff, merged.title = list(result.environment_diff), result.title
+    return merged
+
+
+def _stale(note: str) -> bool:
+    """Notes the thresholds or replay wrote (made again, or no longer true)."""
+    return "statistics only" in note or note.startswith("replayed ") or ": replayed " in note
+
+
+def _pair(result: CompareResult, rows: list, policy: Policy, step, rank) -> CompareResult:
+    rows = list(rows)
+    scores: dict[str, OpScore] = {}
+    for i, row in enumerate(rows):
+        score = scores.get(row.op_name)
+        if score is None:
+            score = scores[row.op_name] = _score(row)
+        m = measurement(row)
+        if m is None:
+            continue
+        rows[i] = row = _judged(row, m, policy)
+        is_output = row.role == Role.OUTPUT or (row.role == Role.PARAMETERS
+                                                and row.kind == Kind.PARAM_GRAD)
+        (score.outputs if is_output else score.inputs).append(
+            (i, m, row.target_dtype, row.golden_dtype))
+    divergence = analyse(list(scores.values()), rows, policy)
+    if divergence is not None:
+        divergence = replace(divergence, step=step, rank=rank)
+    limits = statistics_limits(rows, policy)
+    return CompareResult(target=result.target, golden=result.golden, rows=rows,
+                         first_divergence=divergence, counts=count(rows),
+                         environment_diff=list(result.environment_diff), step=step, rank=rank,
+                         title=result.title, notes=[limits] if limits else [])
+
+
+def _score(row: TensorRow) -> OpScore:
+    parsed = RecordName.parse(row.op_name)
+    return OpScore(name=row.op_name, op=parsed.op if parsed else row.op_name, phase=row.phase,
+                   kind=row.kind, module=row.module, forward=row.forward, seq=row.index,
+                   location=row.stack[0] if row.stack else None,
+                   paired=row.result != UNMATCHED, arg_diffs=list(row.differing_numbers),
+                   const_diffs=list(row.dtype_limits))
+
+
+def measurement(row: TensorRow) -> Optional[Measurement]:
+    """The Measurement a measured row was judged from, rebuilt from its fields; None for a row
+    that was never measured (see the module docstring)."""
+    if row.result == UNMATCHED or row.error is None or not row.metrics:
+        return None
+    numel = 1
+    for n in row.target_shape or ():
+        numel *= int(n)
+    mismatch = 1 if math.isinf(row.error) else 0
+    return Measurement(dict(row.metrics), error=row.error, scale_error=row.scale_error or 0.0,
+                       numel=numel, mode=row.mode, nonfinite_mismatch=mismatch,
+                       message="inf/NaN positions differ" if mismatch else "")
+
+
+def _judged(row: TensorRow, m: Measurement, policy: Policy) -> TensorRow:
+    verdict = policy.judge(m, row.target_dtype, row.golden_dtype)
+    return replace(row, result=verdict.result, accuracy_reached=verdict.accuracy_reached,
+                   reason=verdict.reason)
+
+
+__all__ = ["rejudge", "measurement", "NOTE"]

@@ -1,0 +1,107 @@
+"""rejudge: a result judged again with other thresholds from the metrics its rows carry."""
+import copy
+
+import pytest
+
+from opdiff.api import compare
+from opdiff.comparison import rejudge
+from opdiff.comparison.rejudge import NOTE, measurement
+from opdiff.comparison.result import LOCAL, NUMBER, TensorRow, CompareResult
+from opdiff.report.summary import load_summary
+
+from dumpkit import cnn_run
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rejudge")
+    cnn_run(root / "golden" / "step0" / "rank0")
+    cnn_run(root / "golden" / "step1" / "rank0", seed=1)
+    cnn_run(root / "fault" / "step0" / "rank0", faults=[("Functional.conv2d", 1, 1 + 1e-3)])
+    cnn_run(root / "bf16" / "step0" / "rank0", bf16=True)
+    cnn_run(root / "bf16" / "step1" / "rank0", bf16=True, seed=1,
+            faults=[("Functional.linear", 0, 1.05)])
+    return root
+
+
+def _same(a: CompareResult, b: CompareResult):
+    assert [(r.target_name, r.result, r.accuracy_reached) for r in a.rows] == \
+        [(r.target_name, r.result, r.accuracy_reached) for r in b.rows]
+    assert a.counts == b.counts
+    fa, fb = a.first_divergence, b.first_divergence
+    assert (fa and (fa.name, fa.kind, fa.step, fa.rank, fa.tensor)) == \
+        (fb and (fb.name, fb.kind, fb.step, fb.rank, fb.tensor))
+
+
+def test_the_same_thresholds_give_the_same_verdicts(runs):
+    original = compare(runs / "fault" / "step0" / "rank0", runs / "golden" / "step0" / "rank0",
+                       replay="off")
+    kept = copy.deepcopy(original)
+    again = rejudge(original)
+    _same(again, original)
+    assert again.first_divergence.name == "Functional.conv2d.1.forward"
+    assert NOTE in again.notes and again.verdict == ""
+    _same(original, kept)                        # the result it was given is left alone
+    assert original.notes == kept.notes
+
+
+def test_looser_thresholds_clear_the_culprit_and_stricter_ones_find_one(runs):
+    fault = compare(runs / "fault" / "step0" / "rank0", runs / "golden" / "step0" / "rank0",
+                    replay="off")
+    loose = rejudge(fault, {"tolerance": {"fp32": 0.1}, "scale_tolerance": {"fp32": 0.1}})
+    assert loose.first_divergence is None and loose.counts["error"] == 0
+    healthy = compare(runs / "bf16" / "step0" / "rank0", runs / "golden" / "step0" / "rank0",
+                      replay="off")
+    assert healthy.first_divergence is None
+    strict = rejudge(healthy, {"tolerance": {"bf16": 1e-5, "fp32": 1e-7},
+                               "scale_tolerance": {"bf16": 1e-7, "fp32": 1e-9}})
+    assert strict.first_divergence is not None and strict.counts["error"] > 0
+
+
+def test_several_pairs_are_judged_pair_by_pair(runs):
+    original = compare(runs / "bf16", runs / "golden", replay="off")
+    assert original.pairs and original.first_divergence.name == "Functional.linear.0.forward"
+    again = rejudge(original)
+    _same(again, original)
+    assert again.first_divergence.step == 1
+    assert [p["first_divergence"] for p in again.pairs] == \
+        [p["first_divergence"] for p in original.pairs]
+
+
+def test_a_result_loaded_from_summary_json_rejudges_like_the_one_in_memory(runs, tmp_path):
+    original = compare(runs / "bf16", runs / "golden", tmp_path / "out", replay="off")
+    loaded = load_summary(original.files["summary"])
+    _same(rejudge(loaded), rejudge(original))
+    _same(rejudge(loaded, {"bf16": 0.5}), rejudge(original, {"bf16": 0.5}))
+
+
+def _row(name, role, error, **kw):
+    return TensorRow(target_name=f"{name}.{role}.0", golden_name=f"{name}.{role}.0",
+                     op_name=name, role=role, phase="forward", kind="api", index=0,
+                     target_dtype="float32", golden_dtype="float32", target_shape=(100,),
+                     golden_shape=(100,), metrics={"Cosine": 1.0}, error=error, scale_error=0.0,
+                     **kw)
+
+
+@pytest.mark.parametrize("numbers, limits, kind", [
+    ((), (), LOCAL),
+    (("input.1: 2 vs 1",), (), NUMBER),
+    ((), ("input.2: -65504 vs -3.4028235e+38",), None),   # dtype limits: as intended
+])
+def test_number_arguments_are_judged_again_from_the_rows(numbers, limits, kind):
+    rows = [_row("Tensor.masked_fill.0.forward", "input", 0.0, differing_numbers=numbers,
+                 dtype_limits=limits),
+            _row("Tensor.masked_fill.0.forward", "output", 1.0, differing_numbers=numbers,
+                 dtype_limits=limits)]
+    result = CompareResult("t", "g", rows, None, {})
+    fd = rejudge(result).first_divergence
+    assert (fd and fd.kind) == kind
+
+
+def test_rows_never_measured_keep_their_verdicts():
+    unread = TensorRow(target_name="a", golden_name="a", op_name="Torch.empty.0.forward",
+                       role="output", phase="forward", kind="api", index=0, result="pass",
+                       reason="uninitialised memory (torch.empty): not compared")
+    assert measurement(unread) is None
+    again = rejudge(CompareResult("t", "g", [unread], None, {}))
+    assert again.rows == [unread]
