@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import contextmanager
+from typing import Protocol
 
 from ..config import DumpConfig
 from ..errors import ConfigError
@@ -24,9 +25,24 @@ from .session import Session
 
 log = logging.getLogger("opdiff")
 
-# Which interception layers each level installs. A layer is made once per debugger, from its
-# session, and has start(model), stop() and end_step(); `needs_model` ones hook a model's modules.
-LEVELS = {
+
+
+class Layer(Protocol):
+    """One interception layer (modules.py, api.py, aten.py), made once per debugger from its
+    session. `needs_model = True` on a layer that hooks a model's modules."""
+
+    def start(self, model) -> None:
+        """Begin intercepting (again, after a stop)."""
+
+    def stop(self) -> None:
+        """Stop intercepting; what it hooked for backward still fires until end_step."""
+
+    def end_step(self) -> None:
+        """The step is over: let go of what belongs to it."""
+
+
+# Which interception layers each level installs.
+LEVELS: dict[str, tuple[type[Layer], ...]] = {
     "L0": (ModuleCapture,),
     "L1": (ApiCapture,),
     "mix": (ModuleCapture, ApiCapture),
@@ -81,8 +97,15 @@ class PrecisionDebugger:
             return  # this step or rank is not selected
         if model is not None:
             self.model = model
-        for layer in self._layers:
-            layer.start(model)
+        started = []
+        try:
+            for layer in self._layers:
+                layer.start(model)
+                started.append(layer)
+        except BaseException:    # never leave half the hooks behind
+            for layer in reversed(started):
+                layer.stop()
+            raise
         _active = self
         self._running = True
 

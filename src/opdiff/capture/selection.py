@@ -42,7 +42,7 @@ class Selection:
         # (patterns in opdiff's dotted form once, not per record)
         self.scope = [legacy_to_dotted(p) for p in config.scope]
         self.names = [legacy_to_dotted(p) for p in config.list]
-        modes = set(config.data_mode)
+        modes: set[str] = set(config.data_mode)
         self.want_forward = _wants(modes, Phase.FORWARD, {Phase.FORWARD, Phase.BACKWARD})
         self.want_backward = _wants(modes, Phase.BACKWARD, {Phase.FORWARD, Phase.BACKWARD})
         self.want_input = _wants(modes, "input", {"input", "output"})
@@ -52,7 +52,7 @@ class Selection:
     def reset(self) -> None:
         """A new step: the scope has not begun yet."""
         self._state = _BEFORE if self.scope else _INSIDE
-        self._closing = None      # the module call whose return ends the scope
+        self._closing: str | None = None      # the module call whose return ends the scope
 
     def selected(self, name: str, forward_selected: bool = False) -> bool:
         """Apply `scope` and `list` to a record name (counters advance either way).

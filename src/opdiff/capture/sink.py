@@ -94,7 +94,7 @@ class StepSink:
     def stack_id(self, frames: tuple) -> int | None:
         """The id of a call site (`stacks.user_frames`) in this step's stacks.jsonl."""
         sid = self._stack_ids.get(frames)
-        if sid is None:
+        if sid is None and self.writer is not None:
             from .stacks import with_source
             sid = self._stack_ids[frames] = self.writer.stack_id(with_source(frames))
         return sid
@@ -151,13 +151,13 @@ class StepSink:
 
     def _emit_param_grads(self, module_op: str) -> None:
         grads = self._param_grads.pop(module_op, None)
-        if not grads or self.writer is None:
+        if not grads or self.writer is None or self.describer is None:
             return
         op = f"{module_op}.{PARAM_GRAD_WORD}"
         name = record_name(module_op, Phase.BACKWARD, self.next_index(op), Kind.PARAM_GRAD)
         if not self._selection.want_backward or not self._selection.selected(name):
             return
-        record = {"name": name, "op": op, "kind": Kind.PARAM_GRAD, "phase": Phase.BACKWARD,
+        record: dict = {"name": name, "op": op, "kind": Kind.PARAM_GRAD, "phase": Phase.BACKWARD,
                   "module": None, "parameters": {}, "stack": None}
         with self._own():
             try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import linecache
 import os
 import sys
+from types import FrameType
 
 import torch
 
@@ -20,8 +21,8 @@ _internal = frames.cache()   # the predicate's answers so far: one dict lookup p
 
 def user_frames(skip: int = 1, limit: int = MAX_FRAMES) -> tuple:
     """(file, line, function) of up to `limit` user frames, innermost first; cheap, no source read."""
-    f = sys._getframe(skip)
-    out = []
+    f: FrameType | None = sys._getframe(skip)
+    out: list[tuple[str, int, str]] = []
     cache = _internal
     while f is not None and len(out) < limit:
         code = f.f_code
