@@ -68,7 +68,7 @@ def _classify(filename: str) -> bool:
     return bool(_INTERNAL_ANYWHERE.search(filename))
 
 
-def cache() -> dict:
+def cache() -> dict[str, bool]:
     """The per-file answers so far (capture's frame walk reads it directly: one dict lookup
     per frame on the hot path)."""
     return _cache

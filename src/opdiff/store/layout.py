@@ -22,7 +22,7 @@ _STEP_RE = re.compile(r"^step(\d+)$")
 _RANK_RE = re.compile(r"^rank(\d+)$")
 
 
-def rank_dir(dump_path: str | os.PathLike, step: int, rank: int) -> Path:
+def rank_dir(dump_path: str | os.PathLike[str], step: int, rank: int) -> Path:
     """The directory one step of one rank writes into."""
     return Path(dump_path) / f"step{step}" / f"rank{rank}"
 

@@ -24,7 +24,7 @@ import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, NamedTuple
+from typing import Any, Iterator, NamedTuple
 
 from ..dtypes import SAFETENSORS_CODES
 from ..errors import DumpError
@@ -39,15 +39,15 @@ class Dump:
     """One step of one rank of an opdiff dump (format v1)."""
 
     path: Path
-    meta: dict
+    meta: dict[str, Any]
     step: int | None = None
     rank: int | None = None
-    _stacks: dict | None = field(default=None, repr=False)
-    _tensor_index: dict | None = field(default=None, repr=False)
+    _stacks: dict[int, list[dict[str, Any]]] | None = field(default=None, repr=False)
+    _tensor_index: dict[str, _Entry] | None = field(default=None, repr=False)
 
     format = "opdiff"
 
-    def records(self) -> Iterator[dict]:
+    def records(self) -> Iterator[dict[str, Any]]:
         """Records in execution order. A truncated or corrupt last line is skipped with a warning."""
         path = self.path / layout.RECORDS
         with open(path, "rb") as f:
@@ -63,7 +63,7 @@ class Dump:
                     return
                 raise DumpError(f"{path}: line {i + 1} is not valid JSON; the dump is corrupt")
 
-    def stacks(self) -> dict[int, list[dict]]:
+    def stacks(self) -> dict[int, list[dict[str, Any]]]:
         """{stack id: [frame, ...]}, each frame {"file", "line", "function", "code"}, innermost first."""
         if self._stacks is None:
             self._stacks = {}
@@ -77,7 +77,7 @@ class Dump:
                     self._stacks[entry["id"]] = entry["frames"]
         return self._stacks
 
-    def stack(self, stack_id: int | None) -> list[dict]:
+    def stack(self, stack_id: int | None) -> list[dict[str, Any]]:
         """Frames of one stack id ([] when unknown)."""
         if stack_id is None:
             return []
@@ -117,7 +117,7 @@ class Dump:
                         log.warning("opdiff: skipping unreadable tensor shard %s (%s)", shard, exc)
         return self._tensor_index
 
-    def tensor(self, key: str):
+    def tensor(self, key: str) -> Any:
         """The saved tensor for a descriptor's key (a CPU torch.Tensor), or None if not saved.
 
         Raises OSError or ValueError when the shard changed or broke since the dump was opened.
@@ -133,12 +133,12 @@ class _Entry(NamedTuple):
     key: str
     shard: Path
     dtype: str          # safetensors' name: "F32", "BF16", ...
-    shape: tuple
+    shape: tuple[int, ...]
     offset: int         # from the start of the file
     nbytes: int
 
 
-def _torch_dtypes() -> dict:
+def _torch_dtypes() -> dict[str, Any]:
     import torch
 
     # What opdiff writes, and the complex codes other safetensors writers use.
@@ -147,7 +147,7 @@ def _torch_dtypes() -> dict:
     return {k: getattr(torch, v) for k, v in names.items() if hasattr(torch, v)}
 
 
-_DTYPES: dict | None = None
+_DTYPES: dict[str, Any] | None = None
 _MAX_HEADER = 100 << 20     # safetensors' own limit on the JSON header
 
 
@@ -180,7 +180,7 @@ def _shard_entries(shard: Path) -> dict[str, _Entry]:
     return entries
 
 
-def _load(entry: _Entry):
+def _load(entry: _Entry) -> Any:
     import torch
 
     global _DTYPES
@@ -204,7 +204,8 @@ def _load(entry: _Entry):
         if skip % dtype.itemsize:   # misaligned data (safetensors aligns; others may not): copy
             data = torch.empty(entry.nbytes, dtype=torch.uint8)
             f.seek(entry.offset)
-            if f.readinto(memoryview(data.numpy())) != entry.nbytes:
+            # an ndarray is a buffer; numpy's stubs do not say so for every Python
+            if f.readinto(memoryview(data.numpy())) != entry.nbytes:  # type: ignore[arg-type]
                 raise ValueError(f"{entry.shard}: file is shorter than its header says")
             return data.view(dtype).reshape(entry.shape)
         # ACCESS_COPY: private pages, so writes stay in this process. The tensor keeps the map
@@ -213,7 +214,7 @@ def _load(entry: _Entry):
     return torch.frombuffer(mapped, dtype=dtype, count=numel, offset=skip).reshape(entry.shape)
 
 
-def open_dump(path: str | os.PathLike) -> Dump:
+def open_dump(path: str | os.PathLike[str]) -> Dump:
     """Open one step/rank directory of an opdiff dump. Raises DumpError with a reason if it is not one."""
     p = Path(path)
     if not p.exists():
@@ -221,7 +222,7 @@ def open_dump(path: str | os.PathLike) -> Dump:
     if not (p / layout.RECORDS).exists():
         raise DumpError(f"{p}: not an opdiff dump directory (no {layout.RECORDS})")
     meta_path = p / layout.META
-    meta: dict = {}
+    meta: dict[str, Any] = {}
     if meta_path.exists():
         try:
             meta = json.loads(meta_path.read_text())
@@ -235,7 +236,7 @@ def open_dump(path: str | os.PathLike) -> Dump:
     return Dump(path=p, meta=meta, step=step, rank=rank)
 
 
-def find_dumps(root: str | os.PathLike) -> list[Path]:
+def find_dumps(root: str | os.PathLike[str]) -> list[Path]:
     """Every opdiff step/rank directory under root (root itself if it is one), sorted by (step, rank)."""
     p = Path(root)
     if not p.exists():
@@ -244,7 +245,7 @@ def find_dumps(root: str | os.PathLike) -> list[Path]:
         return [p]
     found = [d.parent for d in p.rglob(layout.RECORDS)]
 
-    def order(d: Path):
+    def order(d: Path) -> tuple[int, int, str]:
         s, r = layout.parse_step_rank(d)
         return (s if s is not None else -1, r if r is not None else -1, str(d))
 

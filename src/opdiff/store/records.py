@@ -30,14 +30,14 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Iterator
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 from .schema import Kind, Role
 
 try:
     import orjson as _orjson
 except ImportError:   # installed without dependencies: the standard library's encoder
-    _orjson = None
+    _orjson = None  # type: ignore[assignment]
 
 STAT_KEYS = ("max", "min", "mean", "norm", "nan", "inf")
 
@@ -60,7 +60,7 @@ def decode_float(x: Any) -> Any:
     return x
 
 
-def scalar_descriptor(value: Any, max_len: int = 120) -> dict | None:
+def scalar_descriptor(value: Any, max_len: int = 120) -> dict[str, Any] | None:
     """The descriptor of a plain Python scalar (None, bool, int, float, str); None otherwise."""
     if value is None:
         return {"type": "none"}
@@ -94,28 +94,30 @@ def dumps(obj: Any) -> str:
     return "".join(_ENCODE(obj, 0))
 
 
-def _c_encoder():
+def _c_encoder() -> Optional[Callable[[Any, int], Iterable[str]]]:
     """json.dumps's C encoder, built once: dumps() builds it (and a JSONEncoder) on every call,
     a quarter of the cost of writing a record. No circular-reference check: records are trees."""
     from json import encoder
-    if encoder.c_make_encoder is None:
+    make = getattr(encoder, "c_make_encoder", None)
+    if make is None:
         return None
 
-    def default(o):
+    def default(o: object) -> None:
         raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
-    return encoder.c_make_encoder(None, default, encoder.encode_basestring, None, ":", ",",
-                                  False, False, False)
+    encode: Callable[[Any, int], Iterable[str]] = make(
+        None, default, encoder.encode_basestring, None, ":", ",", False, False, False)
+    return encode
 
 
 _ENCODE = _c_encoder()
 
 
-def decoded_stats(desc: dict) -> dict:
+def decoded_stats(desc: dict[str, Any]) -> dict[str, Any]:
     """A tensor descriptor's statistics with non-finite floats restored."""
     return {k: decode_float(v) for k, v in (desc.get("stats") or {}).items()}
 
 
-def iter_descriptors(desc: dict, path: str) -> Iterator[tuple[str, dict]]:
+def iter_descriptors(desc: dict[str, Any], path: str) -> Iterator[tuple[str, dict[str, Any]]]:
     """Flatten nested lists/tuples/dicts the way msprobe names them: list -> `.i`, dict -> `.key`."""
     t = desc.get("type")
     if t in ("list", "tuple"):
@@ -128,7 +130,7 @@ def iter_descriptors(desc: dict, path: str) -> Iterator[tuple[str, dict]]:
         yield path, desc
 
 
-def iter_leaves(record: dict) -> Iterator[tuple[str, str, dict]]:
+def iter_leaves(record: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
     """Yield (name, role, descriptor) for every leaf value of a record (tensors, scalars, None,
     ...), in a stable order. role is "input", "output" or "parameters". Names follow msprobe:
     `Functional.conv2d.0.forward.input.0`, `...forward.input.bias` (a kwarg),
@@ -149,12 +151,12 @@ def iter_leaves(record: dict) -> Iterator[tuple[str, str, dict]]:
         yield from _with_role(iter_descriptors(d, f"{prefix}.{k}"), Role.PARAMETERS)
 
 
-def _with_role(leaves, role: str):
+def _with_role(leaves: Iterable[tuple[str, dict[str, Any]]], role: str) -> Iterator[tuple[str, str, dict[str, Any]]]:
     for path, leaf in leaves:
         yield path, role, leaf
 
 
-def iter_tensors(record: dict) -> Iterator[tuple[str, str, dict]]:
+def iter_tensors(record: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
     """Yield (tensor_name, role, descriptor) for every tensor of a record (see iter_leaves)."""
     for path, role, leaf in iter_leaves(record):
         if leaf.get("type") == "tensor":
@@ -164,7 +166,7 @@ def iter_tensors(record: dict) -> Iterator[tuple[str, str, dict]]:
 _NUMBERS = ("int", "float", "bool")
 
 
-def input_numbers(record: dict) -> dict:
+def input_numbers(record: dict[str, Any]) -> dict[str, Any]:
     """{"input.2": value} of the record's Python number arguments (`x[0] = 2.0`, `x * 0.5`),
     named within the record, so that the calls of two runs can be matched whatever their
     counters."""
@@ -173,7 +175,7 @@ def input_numbers(record: dict) -> dict:
             if role == Role.INPUT and leaf.get("type") in _NUMBERS}
 
 
-def has_nonfinite_number(record: dict) -> bool:
+def has_nonfinite_number(record: dict[str, Any]) -> bool:
     """True when the op was given inf or NaN as a plain number (masked_fill(mask, -inf),
     full(..., inf)): it makes inf/NaN on purpose, it is not where an overflow is born."""
     return any(isinstance(x, float) and not math.isfinite(x) for x in input_numbers(record).values())

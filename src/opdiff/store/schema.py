@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, List, Optional, TypedDict
+from typing import Any, Iterable, List, Optional, TypedDict
 
 
 class Kind:
@@ -63,10 +63,10 @@ class Record(TypedDict, total=False):
     kind: str                   # Kind
     phase: str                  # Phase
     module: Optional[str]       # the enclosing module call's name
-    inputs: List[dict]          # backward: gradients w.r.t. the forward outputs
-    kwargs: dict
-    outputs: List[dict]         # backward: gradients w.r.t. the forward inputs
-    parameters: dict            # module calls and param_grad records
+    inputs: List[dict[str, Any]]   # backward: gradients w.r.t. the forward outputs
+    kwargs: dict[str, Any]
+    outputs: List[dict[str, Any]]  # backward: gradients w.r.t. the forward inputs
+    parameters: dict[str, Any]  # module calls and param_grad records
     stack: Optional[int]        # id into stacks.jsonl
     forward: str                # backward records: their forward record's name
     error: str                  # capture failed partly for this op
@@ -244,7 +244,7 @@ class Location:
     function: str = ""
 
 
-def locations_from_frames(frames) -> tuple:
+def locations_from_frames(frames: Optional[Iterable[dict[str, Any]]]) -> tuple[Location, ...]:
     """Location tuple from stored frames ({"file", "line", "code", "function"}), innermost first;
     malformed frames are skipped."""
     out = []

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Optional, Protocol, runtime_checkable
+from typing import Any, Callable, Iterable, Iterator, Optional, Protocol, runtime_checkable
 
 
 @runtime_checkable
@@ -32,24 +32,24 @@ class DumpSource(Protocol):
     """One step of one rank of a dump, of any format, read as opdiff records."""
 
     path: Path                  # the step/rank directory (or the index file of a one-file format)
-    meta: dict                  # opdiff's meta.json, or what a foreign dump says about itself
+    meta: dict[str, Any]        # opdiff's meta.json, or what a foreign dump says about itself
     step: Optional[int]
     rank: Optional[int]
     format: str                 # the tool's name, for people ("opdiff", "msprobe", ...)
 
-    def records(self) -> Iterator[dict]:
+    def records(self) -> Iterator[dict[str, Any]]:
         """Op records in execution order (`opdiff.store.schema.Record`)."""
         ...
 
-    def tensor(self, key: str):
+    def tensor(self, key: str) -> Any:
         """The saved tensor a descriptor's `key` names (a CPU torch.Tensor), or None."""
         ...
 
-    def tensor_keys(self) -> list:
+    def tensor_keys(self) -> list[str]:
         """Keys of every tensor `tensor()` can load."""
         ...
 
-    def stack(self, stack_id: Optional[int]) -> list:
+    def stack(self, stack_id: Optional[int]) -> list[dict[str, Any]]:
         """Frames ({"file", "line", "function", "code"}, innermost user frame first) of a
         record's `stack` id; [] when unknown."""
         ...
@@ -79,7 +79,7 @@ class DumpFormat:
     leaf: bool = True
     # Directory names that hold only tensors, never an index: not walked (given the index
     # files found in that directory).
-    data_dirs: Callable[[list], Iterable[str]] = lambda hits: ()
+    data_dirs: Callable[[list[str]], Iterable[str]] = lambda hits: ()
     # Other tools' files share the index's name (any `.pkl`): one that does not open is skipped.
     shared_name: bool = False
 

@@ -34,7 +34,7 @@ register_format(msprobe.FORMAT)
 register_format(legacy.FORMAT)
 
 
-def discover(path: str | os.PathLike) -> list[DumpSource]:
+def discover(path: str | os.PathLike[str]) -> list[DumpSource]:
     """All step/rank dumps under path, of any registered format, sorted by (step, rank).
 
     `path` may be a dump root, one step/rank directory, or one index file (`records.jsonl`,
@@ -79,7 +79,7 @@ def _candidates(root: Path) -> list[tuple[DumpFormat, Path]]:
     known = sorted(formats(), key=lambda f: not f.leaf)
     for dirpath, dirnames, filenames in os.walk(root):
         here = Path(dirpath)
-        skip: set = set()
+        skip: set[str] = set()
         for fmt in known:
             hits = sorted(n for n in filenames if fmt.detect(here / n))
             skip.update(fmt.data_dirs(hits))
@@ -94,7 +94,7 @@ def _candidates(root: Path) -> list[tuple[DumpFormat, Path]]:
     return found
 
 
-def _order(dump) -> tuple:
+def _order(dump: DumpSource) -> tuple[int, int, str]:
     s, r = dump.step, dump.rank
     return (s if s is not None else -1, r if r is not None else -1, str(dump.path))
 

@@ -24,8 +24,10 @@ def stat_value(value: Any) -> float | int | str | None:
     kind = type(value)
     if kind is float:                     # the common case first: this runs per statistic
         return value if math.isfinite(value) else encode_float(value)
-    if kind is int or value is None:
-        return value
+    if value is None:
+        return None
+    if kind is int:
+        return int(value)
     if kind is bool:
         return float(value)
     if isinstance(value, (int, float)):   # numpy scalars and other number types
@@ -42,12 +44,14 @@ def stat_value(value: Any) -> float | int | str | None:
     return None
 
 
-def _finite(v) -> bool:
+def _finite(v: Any) -> bool:
     return type(v) in (int, float) and math.isfinite(v)
 
 
-def tensor_descriptor(dtype: Any, shape: Any, *, max=None, min=None, mean=None, norm=None,
-                      nan=None, inf=None, requires_grad=None, key: str | None = None) -> dict:
+def tensor_descriptor(dtype: Any, shape: Any, *, max: Any = None, min: Any = None, mean: Any = None,
+                      norm: Any = None,
+                      nan: int | None = None, inf: int | None = None, requires_grad: Any = None,
+                      key: str | None = None) -> dict[str, Any]:
     """An opdiff tensor descriptor.
 
     nan/inf counts are rarely written by foreign tools. When they are not given they are
@@ -57,18 +61,17 @@ def tensor_descriptor(dtype: Any, shape: Any, *, max=None, min=None, mean=None, 
     """
     dt = short_dtype(dtype)
     mx, mn = stat_value(max), stat_value(min)
-    stats = {"max": mx, "min": mn, "mean": stat_value(mean), "norm": stat_value(norm),
-             "nan": nan, "inf": inf}
+    stats: dict[str, Any] = {"max": mx, "min": mn, "mean": stat_value(mean),
+                             "norm": stat_value(norm), "nan": nan, "inf": inf}
     if nan is None and inf is None:
         if dt is not None and dt not in FLOAT_NAMES and is_exact(dt):   # float names: no lookup
             stats["nan"] = stats["inf"] = 0
         elif _finite(mx) and _finite(mn):
             stats["nan"] = stats["inf"] = 0
-    if mx is None and mn is None and stats["mean"] is None and stats["norm"] is None \
-            and stats["nan"] is None:
-        stats = None
-    desc = {"type": "tensor", "dtype": dt, "shape": list(shape) if shape is not None else None,
-            "stats": stats}
+    known = not (mx is None and mn is None and stats["mean"] is None and stats["norm"] is None
+                 and stats["nan"] is None)
+    desc: dict[str, Any] = {"type": "tensor", "dtype": dt, "shape": list(shape) if shape is not None else None,
+                            "stats": stats if known else None}
     if requires_grad is not None:
         desc["requires_grad"] = bool(requires_grad)
     if key is not None:
@@ -76,13 +79,13 @@ def tensor_descriptor(dtype: Any, shape: Any, *, max=None, min=None, mean=None, 
     return desc
 
 
-def value_descriptor(value: Any) -> dict:
+def value_descriptor(value: Any) -> dict[str, Any]:
     """A plain Python value (from a foreign dump) as a descriptor."""
     scalar = scalar_descriptor(value, max_len=1 << 16)
     return scalar if scalar is not None else {"type": "object", "value": repr(value)[:120]}
 
 
-def place(container: list, path: list[str], leaf: dict) -> None:
+def place(container: list[dict[str, Any]], path: list[str], leaf: dict[str, Any]) -> None:
     """Put `leaf` at a nested position given by `path` (list indices), filling gaps with none.
 
     Legacy dumps name tensors by position only (`input.3.0`), and skip arguments they did not

@@ -9,6 +9,7 @@ frames those are is `opdiff.store.frames.is_internal`'s answer, the same as for 
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from ..frames import is_internal
 
@@ -16,7 +17,7 @@ _MSPROBE_FRAME = re.compile(r"^File (?P<file>.*?), line (?P<line>\d+), in (?P<fu
                             re.DOTALL)
 
 
-def parse_msprobe_frame(text: str) -> dict | None:
+def parse_msprobe_frame(text: object) -> dict[str, Any] | None:
     """One msprobe stack string as a frame, or None if it does not look like one."""
     m = _MSPROBE_FRAME.match(text.strip("\r")) if isinstance(text, str) else None
     if not m:
@@ -28,7 +29,7 @@ def parse_msprobe_frame(text: str) -> dict | None:
 _FRAME_IN_TEXT = re.compile(r"File (?P<file>.+?), line (?P<line>\d+), in (?P<function>.+?),[ \t]*\n(?P<code>[^\n]*)")
 
 
-def parse_msprobe_frames(entry) -> list[dict]:
+def parse_msprobe_frames(entry: object) -> list[dict[str, Any]]:
     """msprobe frames given as a list of strings, or as one string holding them all."""
     if isinstance(entry, str):
         return [{"file": m["file"], "line": int(m["line"]), "function": m["function"].strip(),
@@ -38,7 +39,7 @@ def parse_msprobe_frames(entry) -> list[dict]:
     return []
 
 
-def parse_list_frame(item) -> dict | None:
+def parse_list_frame(item: object) -> dict[str, Any] | None:
     """One ptdbg_ascend frame `[path, line, function, code]` as a frame."""
     if not isinstance(item, (list, tuple)) or len(item) < 3:
         return None
@@ -53,7 +54,7 @@ def parse_list_frame(item) -> dict | None:
             "code": (code or "").strip()}
 
 
-def user_frames(frames: list[dict]) -> list[dict]:
+def user_frames(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Frames outside torch / the dump tool / the standard library, innermost first."""
     kept = [f for f in frames if not is_internal(f["file"])]
     return kept or frames

@@ -39,7 +39,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator, Optional
 
 from ...dtypes import short_dtype
 from ...errors import DumpError
@@ -48,7 +48,7 @@ from ..schema import Phase, tensor_name
 from ..source import DumpFormat
 from . import frames as _frames
 from .descriptors import tensor_descriptor, value_descriptor
-from .legacy_calls import Calls, parse_hooks_name, parse_ptdbg_name
+from .legacy_calls import Calls, TensorName, parse_hooks_name, parse_ptdbg_name
 
 log = logging.getLogger("opdiff")
 
@@ -63,19 +63,23 @@ class _PklDump:
     """Shared by both legacy formats: a `.pkl` of JSON lines."""
 
     path: Path                 # the .pkl file
-    meta: dict
+    meta: dict[str, Any]
     step: int | None = None
     rank: int | None = None
-    _stacks: dict = field(default_factory=dict, repr=False)      # id -> frames
-    _stack_ids: dict = field(default_factory=dict, repr=False)   # frames as JSON -> id
+    _stacks: dict[int, list[dict[str, Any]]] = field(default_factory=dict, repr=False)  # id -> frames
+    _stack_ids: dict[str, int] = field(default_factory=dict, repr=False)   # frames as JSON -> id
     _scanned: bool = field(default=False, repr=False)            # records() ran to the end once
     _count: int | None = field(default=None, repr=False)         # records, once known
 
     swap_backward = False       # torch_npu.hooks' backward lines name the other side
     format = ""
 
-    def parse(self, name: str):
+    def parse(self, name: str) -> Optional[TensorName]:
         """The format's line-name parser."""
+        raise NotImplementedError
+
+    def records(self) -> Iterator[dict[str, Any]]:
+        """Records in execution order."""
         raise NotImplementedError
 
     @property
@@ -110,7 +114,7 @@ class _PklDump:
             for _ in self.records():
                 pass
 
-    def _lines(self) -> Iterator[tuple[int, int, list]]:
+    def _lines(self) -> Iterator[tuple[int, int, list[Any]]]:
         """(line number, byte offset, parsed line); a truncated last line is skipped with a warning."""
         offset = 0
         with open(self.path, "rb") as f:
@@ -133,7 +137,7 @@ class _PklDump:
             if pending is not None:
                 log.warning("opdiff: %s ends in a truncated line (the run was killed?); skipped", self.path)
 
-    def _stack_id(self, frames: list[dict]) -> int:
+    def _stack_id(self, frames: list[dict[str, Any]]) -> int:
         key = json.dumps(frames, sort_keys=True)
         sid = self._stack_ids.get(key)
         if sid is None:
@@ -141,12 +145,12 @@ class _PklDump:
             self._stacks[sid] = frames
         return sid
 
-    def stacks(self) -> dict[int, list[dict]]:
+    def stacks(self) -> dict[int, list[dict[str, Any]]]:
         """{stack id: frames}, innermost user frame first."""
         self._scan()
         return self._stacks
 
-    def stack(self, stack_id: int | None) -> list[dict]:
+    def stack(self, stack_id: int | None) -> list[dict[str, Any]]:
         """Frames of one stack id ([] when unknown)."""
         if stack_id is None:
             return []
@@ -157,20 +161,20 @@ class _PklDump:
 class PtdbgDump(_PklDump):
     """A ptdbg_ascend dump: one `.pkl` index plus `.npy` tensors in the directory of the same name."""
 
-    _files: set | None = field(default=None, repr=False)
+    _files: set[str] | None = field(default=None, repr=False)
     format = "ptdbg_ascend"
 
-    def parse(self, name: str):
+    def parse(self, name: str) -> Optional[TensorName]:
         return parse_ptdbg_name(name)
 
     @property
     def data_dir(self) -> Path:
         return self.path.with_suffix("")
 
-    def records(self) -> Iterator[dict]:
+    def records(self) -> Iterator[dict[str, Any]]:
         calls = Calls(swap_backward=False)
         files = self._npy_files()
-        stacks: dict = {}
+        stacks: dict[str, Any] = {}
         count = 0
         for record in self._records(calls, files):
             # A backward call without its own stack gets its forward call's (the user's line).
@@ -182,7 +186,7 @@ class PtdbgDump(_PklDump):
             yield record
         self._scanned, self._count = True, count
 
-    def _records(self, calls: "Calls", files: set) -> Iterator[dict]:
+    def _records(self, calls: "Calls", files: set[str]) -> Iterator[dict[str, Any]]:
         for number, _, item in self._lines():
             tn = self.parse(item[0])
             if tn is None:
@@ -199,7 +203,7 @@ class PtdbgDump(_PklDump):
         if last:
             yield _with_stack(last)
 
-    def _descriptor(self, item: list, files: set) -> dict:
+    def _descriptor(self, item: list[Any], files: set[str]) -> dict[str, Any]:
         name = item[0]
         dtype = item[3] if len(item) > 3 else None
         summary = item[5] if len(item) > 5 and isinstance(item[5], list) else []
@@ -211,7 +215,7 @@ class PtdbgDump(_PklDump):
         return tensor_descriptor(dtype, shape, max=stats[0], min=stats[1], mean=stats[2], norm=stats[3],
                                  key=name if name in files else None)
 
-    def _npy_files(self) -> set:
+    def _npy_files(self) -> set[str]:
         if self._files is None:
             self._files = set()
             if self.data_dir.is_dir():
@@ -223,7 +227,7 @@ class PtdbgDump(_PklDump):
         """Keys of every `.npy` tensor in the data directory."""
         return sorted(self._npy_files())
 
-    def tensor(self, key: str):
+    def tensor(self, key: str) -> Any:
         """The saved tensor (`.npy`, loaded without pickle) or None. bf16 tensors come back as fp32."""
         if key not in self._npy_files():
             return None
@@ -236,16 +240,16 @@ class PtdbgDump(_PklDump):
 class NpuHooksDump(_PklDump):
     """A torch_npu.hooks dump: every tensor's values inline in the `.pkl`."""
 
-    _offsets: dict = field(default_factory=dict, repr=False)   # tensor key -> line offset
+    _offsets: dict[str, int] = field(default_factory=dict, repr=False)   # tensor key -> line offset
     format = "torch_npu_hooks"
     swap_backward = True
 
-    def parse(self, name: str):
+    def parse(self, name: str) -> Optional[TensorName]:
         return parse_hooks_name(name)
 
-    def records(self) -> Iterator[dict]:
+    def records(self) -> Iterator[dict[str, Any]]:
         calls = Calls(swap_backward=True)
-        offsets: dict = {}
+        offsets: dict[str, int] = {}
         count = 0
         for number, offset, item in self._lines():
             tn = self.parse(item[0])
@@ -258,7 +262,7 @@ class NpuHooksDump(_PklDump):
                 count += 1
                 yield _with_stack(done)
             # the key is the record's tensor name, known once the call is started
-            desc["key"] = tensor_name(calls.current["name"], calls.role_of(tn),
+            desc["key"] = tensor_name(calls.current_name, calls.role_of(tn),
                                       ".".join(tn.path or ("0",)))
             offsets[desc["key"]] = offset
         last = calls.finish()
@@ -272,7 +276,7 @@ class NpuHooksDump(_PklDump):
         self._scan()
         return list(self._offsets)
 
-    def tensor(self, key: str):
+    def tensor(self, key: str) -> Any:
         """The tensor rebuilt from the values in the `.pkl`, in its recorded dtype."""
         self._scan()
         offset = self._offsets.get(key)
@@ -284,14 +288,14 @@ class NpuHooksDump(_PklDump):
         return _inline_tensor(item)
 
 
-def _with_stack(record: dict) -> dict:
+def _with_stack(record: dict[str, Any]) -> dict[str, Any]:
     stack = record.pop("_stack", None)
     if stack is not None:
         record["stack"] = stack
     return record
 
 
-def _inline_tensor(item: list):
+def _inline_tensor(item: list[Any]) -> Any:
     import torch
 
     values, dtype, shape = item[1], item[2], item[3]
@@ -302,7 +306,7 @@ def _inline_tensor(item: list):
     return t.reshape(list(shape)) if isinstance(shape, (list, tuple)) else t
 
 
-def _inline_descriptor(item: list) -> dict:
+def _inline_descriptor(item: list[Any]) -> dict[str, Any]:
     """Statistics computed from the inline values (this format stores no statistics)."""
     import numpy as np
 

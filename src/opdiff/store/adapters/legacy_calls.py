@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any, Optional
 
 from ..schema import (API_PREFIXES, Kind, Phase, RecordName, Role, module_op, record_name,
                       split_tensor_name)
@@ -35,7 +36,7 @@ class TensorName:
     phase: str            # "forward" | "backward"
     counter: int | None   # None: the format has none, one is assigned
     role: str             # "input" | "output" | "parameters" | "stack_info"
-    path: tuple           # ("0",), ("3", "0"), ("weight",)
+    path: tuple[str, ...]           # ("0",), ("3", "0"), ("weight",)
     record: str | None = None   # full record name when the line already gave it (dotted names)
 
 
@@ -52,7 +53,9 @@ def _op_of(head: str) -> tuple[str, str]:
 def _dotted(name: str) -> TensorName | None:
     """A tensor name already in msprobe's dotted form, or None."""
     record, role, slot = split_tensor_name(name)
-    parsed = RecordName.parse(record) if role is not None else None
+    if role is None or slot is None:
+        return None
+    parsed = RecordName.parse(record)
     if parsed is None or parsed.text != record:     # not a dotted record name
         return None
     return TensorName(parsed.record_op, parsed.kind, parsed.phase, parsed.index, role,
@@ -101,35 +104,41 @@ class Calls:
 
     def __init__(self, swap_backward: bool):
         self.swap = swap_backward
-        self.current: dict | None = None
-        self.seen: set = set()
+        self.current: dict[str, Any] | None = None
+        self.seen: set[tuple[str, tuple[str, ...]]] = set()
         self.last_role = ""
-        self.head: tuple | None = None
-        self.forward_count: dict = {}
-        self.open_forwards: dict = {}   # op -> [counters of forward calls not yet matched]
-        self.backward_count: dict = {}
+        self.head: tuple[Any, ...] | None = None
+        self.forward_count: dict[str, int] = {}
+        self.open_forwards: dict[str, list[int]] = {}   # op -> [counters of forward calls not yet matched]
+        self.backward_count: dict[str, int] = {}
         self.seq = 0
 
-    def add(self, tn: TensorName, desc: dict | None = None, stack=None) -> dict | None:
+    def add(self, tn: TensorName, desc: Optional[dict[str, Any]] = None,
+            stack: Optional[int] = None) -> Optional[dict[str, Any]]:
         """Feed one line; returns the previous call's record when this line starts a new call."""
         head = (tn.record or tn.op, tn.phase, tn.counter)
         position = (tn.role, tn.path)
         new_call = (self.current is None or head != self.head
                     or (tn.role == Role.INPUT and self.last_role == Role.OUTPUT)
                     or (tn.role != _STACK_INFO and position in self.seen))
-        done = None
-        if new_call:
+        done, current = None, self.current
+        if new_call or current is None:
             done = self.finish()
-            self._start(tn, head)
+            current = self._start(tn, head)
         if tn.role == _STACK_INFO:
-            self.current["_stack"] = stack
+            current["_stack"] = stack
         else:
             self.seen.add(position)
             self.last_role = tn.role
-            self._put(tn, desc)
+            self._put(current, tn, desc or {"type": "none"})
         return done
 
-    def _start(self, tn: TensorName, head: tuple) -> None:
+    @property
+    def current_name(self) -> str:
+        """The name of the call in progress ("" before the first line)."""
+        return self.current["name"] if self.current is not None else ""
+
+    def _start(self, tn: TensorName, head: tuple[Any, ...]) -> dict[str, Any]:
         counter = tn.counter
         if counter is None:
             if tn.phase == Phase.FORWARD:
@@ -151,16 +160,17 @@ class Calls:
         self.seq += 1
         self.current, self.head = record, head
         self.seen, self.last_role = set(), ""
+        return record
 
-    def _put(self, tn: TensorName, desc: dict) -> None:
+    def _put(self, current: dict[str, Any], tn: TensorName, desc: dict[str, Any]) -> None:
         role = self.role_of(tn)
         if role == Role.PARAMETERS:
-            self.current.setdefault("parameters", {})[".".join(tn.path)] = desc
+            current.setdefault("parameters", {})[".".join(tn.path)] = desc
             return
         if role == Role.INPUT and tn.path and not tn.path[0].isdigit():  # a keyword argument
-            self.current.setdefault("kwargs", {})[".".join(tn.path)] = desc
+            current.setdefault("kwargs", {})[".".join(tn.path)] = desc
             return
-        target = self.current["inputs" if role == Role.INPUT else "outputs"]
+        target = current["inputs" if role == Role.INPUT else "outputs"]
         place(target, list(tn.path) or ["0"], desc)
 
     def role_of(self, tn: TensorName) -> str:
@@ -170,7 +180,7 @@ class Calls:
             return _SWAPPED[tn.role]
         return tn.role
 
-    def finish(self) -> dict | None:
+    def finish(self) -> dict[str, Any] | None:
         """The call in progress as a record (None when there is none)."""
         record, self.current = self.current, None
         return record

@@ -62,17 +62,19 @@ _VALUE_TYPES = {"int": "int", "float": "float", "bool": "bool", "str": "str"}
 _TYPED_VALUES = {"torch.dtype": "dtype", "torch.device": "device", "torch.Size": "size"}
 
 
-def parse_name(name: str) -> dict:
+def parse_name(name: str) -> dict[str, Any]:
     """kind, op, phase and the forward record's name for one msprobe entry name."""
     parts = name_parts(name)        # RecordName.parse's parts, without building one
     if parts is None:
         return {"kind": Kind.API, "op": name,
                 "phase": Phase.BACKWARD if Phase.BACKWARD in name else Phase.FORWARD}
     op, phase, index, kind = parts
-    out = {"kind": kind, "op": record_op(op, kind), "phase": phase}
-    if phase == Phase.BACKWARD and kind != Kind.PARAM_GRAD:
-        out["forward"] = record_name(op, Phase.FORWARD, index, kind)
-    return out
+    if kind == Kind.PARAM_GRAD:
+        return {"kind": kind, "op": record_op(op, kind), "phase": phase}
+    if phase == Phase.BACKWARD:
+        return {"kind": kind, "op": op, "phase": phase,
+                "forward": record_name(op, Phase.FORWARD, index, kind)}
+    return {"kind": kind, "op": op, "phase": phase}
 
 
 def step_rank(directory: Path) -> tuple[int | None, int | None]:
@@ -90,17 +92,17 @@ class MsprobeDump:
     """One step of one rank of an msprobe dump, read as opdiff records."""
 
     path: Path
-    meta: dict
+    meta: dict[str, Any]
     step: int | None = None
     rank: int | None = None
-    _stacks: dict | None = field(default=None, repr=False)
-    _stack_of: dict | None = field(default=None, repr=False)
-    _files: dict | None = field(default=None, repr=False)
+    _stacks: dict[int, list[dict[str, Any]]] | None = field(default=None, repr=False)
+    _stack_of: dict[str, int] | None = field(default=None, repr=False)
+    _files: dict[str, str] | None = field(default=None, repr=False)
 
     format = "msprobe"
 
     # -- records --------------------------------------------------------------------------------
-    def records(self) -> Iterator[dict]:
+    def records(self) -> Iterator[dict[str, Any]]:
         """Records in execution order (dump.json's order)."""
         data = _load_json(self.path / DUMP_JSON).get("data")
         if not isinstance(data, dict):
@@ -112,12 +114,13 @@ class MsprobeDump:
                 continue
             yield self._record(seq, name, entry, parents.get(name))
 
-    def _record(self, seq: int, name: str, entry: dict, parent: str | None) -> dict:
+    def _record(self, seq: int, name: str, entry: dict[str, Any], parent: str | None) -> dict[str, Any]:
         info = parse_name(name)
-        stack = self._stack_of.get(name)
+        stack_of = self._stack_of or {}      # filled by stacks(), which records() calls first
+        stack = stack_of.get(name)
         if stack is None and "forward" in info:
             # msprobe keeps no stack for backward calls; the forward call's is the user's line.
-            stack = self._stack_of.get(info["forward"])
+            stack = stack_of.get(info["forward"])
         record = {"seq": seq, "name": name, "op": info["op"], "kind": info["kind"],
                   "phase": info["phase"], "module": parent, "stack": stack}
         if "forward" in info:
@@ -144,7 +147,7 @@ class MsprobeDump:
             record["parameters"] = {k: self._arg(v) for k, v in params.items()}
         return record
 
-    def _arg(self, value: Any, depth: int = 0) -> dict:
+    def _arg(self, value: Any, depth: int = 0) -> dict[str, Any]:
         """One msprobe argument description as an opdiff descriptor."""
         if value is None:
             return {"type": "none"}
@@ -169,7 +172,7 @@ class MsprobeDump:
         text = value.get("value", kind)
         return {"type": "object", "value": str(text)[:120]}
 
-    def _tensor(self, value: dict) -> dict:
+    def _tensor(self, value: dict[str, Any]) -> dict[str, Any]:
         data_name = value.get("data_name")
         key = None
         if isinstance(data_name, str):
@@ -182,7 +185,7 @@ class MsprobeDump:
             requires_grad=value.get("requires_grad"), key=key)
 
     # -- module tree and stacks ---------------------------------------------------------------
-    def _construct(self) -> dict:
+    def _construct(self) -> dict[str, Any]:
         path = self.path / CONSTRUCT_JSON
         if not path.exists():
             return {}
@@ -193,7 +196,7 @@ class MsprobeDump:
             return {}
         return parents if isinstance(parents, dict) else {}
 
-    def stacks(self) -> dict[int, list[dict]]:
+    def stacks(self) -> dict[int, list[dict[str, Any]]]:
         """{stack id: [frame, ...]}, innermost user frame first."""
         if self._stacks is None:
             self._stacks, self._stack_of = {}, {}
@@ -218,7 +221,7 @@ class MsprobeDump:
                     self._stack_of[n] = stack_id
         return self._stacks
 
-    def stack(self, stack_id: int | None) -> list[dict]:
+    def stack(self, stack_id: int | None) -> list[dict[str, Any]]:
         """Frames of one stack id ([] when unknown)."""
         if stack_id is None:
             return []
@@ -261,7 +264,7 @@ class MsprobeDump:
         """Keys of every tensor file in dump_tensor_data/."""
         return list(self._tensor_files())
 
-    def tensor(self, key: str):
+    def tensor(self, key: str) -> Any:
         """The saved tensor for a key (a CPU torch.Tensor), or None if not saved.
 
         `.pt` files load with `weights_only=True` and `.npy` with `allow_pickle=False`, so an
@@ -273,7 +276,7 @@ class MsprobeDump:
         return load_tensor_file(self.path / TENSOR_DIR / fname)
 
 
-def load_tensor_file(path: Path):
+def load_tensor_file(path: Path) -> Any:
     """A `.pt` or `.npy` tensor file as a CPU torch.Tensor (never unpickling code)."""
     import torch
 
@@ -328,7 +331,7 @@ def open_msprobe(directory: Path) -> MsprobeDump:
     if not tail.rstrip().endswith(b"}"):
         raise DumpError(f"{path}: truncated (does not end with '}}'); the msprobe run was cut short, "
                         "dump this step again")
-    meta: dict = {"tool": "msprobe", "config": {}}
+    meta: dict[str, Any] = {"tool": "msprobe", "config": {}}
     for key in ("task", "level", "framework"):
         m = re.search(rb'"%s"\s*:\s*"([^"]*)"' % key.encode(), head)
         if m:
