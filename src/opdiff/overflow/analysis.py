@@ -142,7 +142,8 @@ class _Walk:
 
     def _make_origin(self, rec, hin, hout, why: str) -> Origin:
         created = "inf and NaN" if (hout.nan and hout.inf) else ("NaN" if hout.nan else "inf")
-        ins, outs = [], []
+        ins: list[dict] = []
+        outs: list[dict] = []
         for tname, role, desc in iter_tensors(rec):
             side = outs if (role == Role.OUTPUT or rec.get("kind") == Kind.PARAM_GRAD) else ins
             side.append(_tensor_summary(tname, desc))

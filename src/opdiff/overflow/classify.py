@@ -24,7 +24,7 @@ def tensor_health(desc: dict, dump=None) -> Health:
         if isinstance(nan, (int, float)) and isinstance(inf, (int, float)):
             return Health(nan=nan > 0, inf=inf > 0)
         # Foreign dumps without counts: a NaN anywhere makes max/min NaN, an inf makes one of them inf.
-        extremes = [stats.get(k) for k in ("max", "min") if isinstance(stats.get(k), (int, float))]
+        extremes = [x for x in (stats.get("max"), stats.get("min")) if isinstance(x, (int, float))]
         if extremes:
             return Health(nan=any(math.isnan(x) for x in extremes),
                           inf=any(math.isinf(x) for x in extremes))

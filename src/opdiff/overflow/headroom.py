@@ -37,12 +37,11 @@ def warnings_for(record: dict, factor: float, location=None, step=None, rank=Non
         if limit is None or m is None or m * factor < limit[0]:
             continue
         if worst is None or m / limit[0] > worst[0]:
-            worst = (m / limit[0], desc, limit, tname)
+            worst = (m / limit[0], m, desc, limit, tname)
     if worst is None:
         return []
-    _, desc, (lim, lim_dtype), tname = worst
-    dtype = short_dtype(str(desc.get("dtype")))
-    m = max_abs(desc)
+    _, m, desc, (lim, lim_dtype), tname = worst
+    dtype = short_dtype(str(desc.get("dtype"))) or ""
     if lim_dtype == "float16" and dtype != "float16":
         what = (f"would overflow in fp16: max |output| {m:.4g} > {lim:g}" if m > lim else
                 f"within {factor:g}x of the fp16 maximum: max |output| {m:.4g} (limit {lim:g})")
