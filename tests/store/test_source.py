@@ -38,7 +38,7 @@ def test_foreign_dumps_are_dump_sources_without_replayable_tensors(path):
 def test_opdiff_dumps_hold_their_tensors_only_in_tensor_mode(tmp_path, task, holds):
     dump = _opdiff_dump(tmp_path, task)
     assert isinstance(dump, DumpSource)
-    assert dump.holds_tensors is holds and dump.has_tensors is holds   # the old name, for now
+    assert dump.holds_tensors is holds
     assert dump.record_count() == sum(1 for _ in dump.records()) > 0
 
 

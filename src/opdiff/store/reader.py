@@ -88,11 +88,6 @@ class Dump:
         """True for a tensor dump (task="tensor"): every recorded tensor was saved as it was."""
         return bool(self._index())
 
-    @property
-    def has_tensors(self) -> bool:
-        """Old name of `holds_tensors`, kept until every caller has moved."""
-        return self.holds_tensors
-
     def record_count(self) -> int:
         """Lines of records.jsonl (0 when it cannot be read)."""
         try:

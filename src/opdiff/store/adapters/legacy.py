@@ -87,11 +87,6 @@ class _PklDump:
         """False: see the module's notes."""
         return False
 
-    @property
-    def has_tensors(self) -> bool:
-        """Old name of `holds_tensors`, kept until every caller has moved."""
-        return self.holds_tensors
-
     def record_count(self) -> int:
         """The calls the lines make up, grouped from their names alone (values left unread)."""
         if self._count is None:

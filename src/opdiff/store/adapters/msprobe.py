@@ -244,11 +244,6 @@ class MsprobeDump:
         """False: its backward tensors do not replay faithfully (see the module's notes)."""
         return False
 
-    @property
-    def has_tensors(self) -> bool:
-        """Old name of `holds_tensors`, kept until every caller has moved."""
-        return self.holds_tensors
-
     def record_count(self) -> int:
         """dump.json's entries, counted by their names without parsing the file."""
         try:
