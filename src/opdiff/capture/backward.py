@@ -112,7 +112,7 @@ def hook_api_backward(session, fwd_name: str, op: str, index: int, module, stack
         state["done"] = True
         if capturing_graph():    # a backward captured into a CUDA graph: see guards.py
             return
-        with session.internal():
+        with session.own():
             try:
                 record["inputs"] = session.describe_all(state["grads_out"], name, Role.INPUT)
                 record["outputs"] = session.describe_all(state["grads_in"], name, Role.OUTPUT)
@@ -129,7 +129,7 @@ def hook_api_backward(session, fwd_name: str, op: str, index: int, module, stack
             for nr, j in slots:     # this node also made some of the op's outputs
                 state["grads_out"][j] = grad_outputs[nr]
             try:
-                with session.internal():
+                with session.own():
                     for k, i in positions:
                         g = grad_inputs[k]
                         if g is not None:
@@ -251,7 +251,7 @@ def hook_module_backward(session, fwd_name: str, op: str, index: int, parent, st
         if capturing_graph():    # a backward captured into a CUDA graph: see guards.py
             state["emitted"] = True
             return
-        with session.internal():
+        with session.own():
             try:
                 record["inputs"] = session.describe_all(grads, name, Role.INPUT)
             except Exception as exc:
@@ -263,7 +263,7 @@ def hook_module_backward(session, fwd_name: str, op: str, index: int, parent, st
         if capturing_graph():
             state["emitted"] = True
             return
-        with session.internal():
+        with session.own():
             try:
                 record["outputs"] = session.describe_all(grads, name, Role.OUTPUT)
             except Exception as exc:

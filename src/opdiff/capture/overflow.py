@@ -70,7 +70,7 @@ class OverflowMonitor:
         if naming.facts(str(record.get("op"))).loss_scaler:
             self._scaler(record, inputs)
             return
-        with s.internal():
+        with s.own():
             if all_finite(outputs):
                 return
             if record["phase"] == Phase.FORWARD:
@@ -129,7 +129,7 @@ class OverflowMonitor:
         args = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
         if len(args) < 3 or not isinstance(args[1], torch.Tensor):
             return
-        with s.internal():
+        with s.own():
             found = bool(args[1].item()) if "unscale" in record["op"] else bool(args[2].item())
         if not found or not self.pending:
             return

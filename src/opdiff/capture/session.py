@@ -62,17 +62,8 @@ class Session:
         self.sink.stats = batch
 
     @property
-    def busy(self) -> bool:
-        """True while opdiff's own work runs on this thread."""
-        return self.own.active
-
-    @property
     def recording(self) -> bool:
         return self.sink.writer is not None
-
-    def internal(self):
-        """Mark opdiff's own tensor work so the interception layers do not record it."""
-        return self.own()
 
     def failed(self, where: str, exc: BaseException, record: dict | None = None) -> None:
         """Capture failed: log the first time, note it on the record, let the user's run go on."""
