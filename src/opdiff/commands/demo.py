@@ -32,12 +32,12 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     from .. import demo
+    from ..report.console import stdout_console
 
-    console = Console(highlight=False)
+    console = stdout_console()   # piped output is not wrapped at 80 columns
     if args.list:
         table = Table(box=None, show_header=False, pad_edge=False)
         table.add_column(style="bold")

@@ -32,8 +32,8 @@ class inject_fault(TorchFunctionMode):  # noqa: N801 - used like a function, as 
             raise ConfigError(f"inject_fault: phase must be 'forward' or 'backward'; got {phase!r}")
         if not isinstance(op, str) or "." not in op:
             raise ConfigError(f"inject_fault: op must be a recorded name such as 'Functional.relu'; got {op!r}")
-        from ..capture.session import normalize_name
-        self.op = normalize_name(op)
+        from ..store.schema import legacy_to_dotted
+        self.op = legacy_to_dotted(op)
         self.call = call
         self.phase = phase
         self.scale = scale
