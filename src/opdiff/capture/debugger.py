@@ -52,6 +52,11 @@ LEVELS: dict[str, tuple[type[Layer], ...]] = {
 _active: "PrecisionDebugger | None" = None
 
 
+def _needs_model(level: str) -> bool:
+    """Whether a level installs a layer that hooks a model's modules."""
+    return any(getattr(layer, "needs_model", False) for layer in LEVELS.get(level, ()))
+
+
 class PrecisionDebugger:
     """Records every op of the steps you select into `dump_path/step{S}/rank{R}/`.
 
@@ -86,7 +91,7 @@ class PrecisionDebugger:
             return
         model = model if model is not None else self.model
         level = self.config.level
-        if model is None and any(getattr(layer, "needs_model", False) for layer in self._layers):
+        if model is None and _needs_model(level):
             raise ConfigError(f"level '{level}' records modules: pass the model, dbg.start(model)")
         if _active is not None and _active is not self and _active.stopped_by_overflow:
             _active.stop()  # OverflowDetected ended the user's loop before it could call stop()
@@ -160,7 +165,7 @@ def dump(model=None, dump_path: str = "./dump", *, level: str = "mix", task: str
 
     Yields the PrecisionDebugger; the dump is complete when the block exits.
     """
-    if model is None and level in ("L0", "mix"):
+    if model is None and _needs_model(level):
         level = "L1"  # nothing to hook at module level: API calls only
     dbg = PrecisionDebugger(dump_path=dump_path, level=level, task=task, **options)
     dbg.start(model)

@@ -14,6 +14,7 @@ import gc
 from ..store.schema import PARAM_GRAD_WORD, Kind, Phase, Role, record_name
 from ..store.writer import DumpWriter
 from .describe import Describer
+from .stacks import with_source
 from .stats import StatsBatch
 
 _FLUSH_EVERY = 256      # records queued before their statistics are resolved and written
@@ -95,7 +96,6 @@ class StepSink:
         """The id of a call site (`stacks.user_frames`) in this step's stacks.jsonl."""
         sid = self._stack_ids.get(frames)
         if sid is None and self.writer is not None:
-            from .stacks import with_source
             sid = self._stack_ids[frames] = self.writer.stack_id(with_source(frames))
         return sid
 
