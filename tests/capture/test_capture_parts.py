@@ -1,0 +1,73 @@
+"""The session's parts on their own: the module stack, the selection, the pending record."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from opdiff.capture.selection import Selection, name_matches
+from opdiff.capture.sink import PendingRecord
+from opdiff.capture.tracker import ModuleStack
+from opdiff.config import DumpConfig
+
+
+def test_module_stack_names_the_innermost_call_per_thread():
+    stack, a, b = ModuleStack(), object(), object()
+    assert stack.current is None
+    stack.push(a, "Module.a.A.forward.0", "state a")
+    stack.push(b, "Module.a.b.B.forward.0", "state b")
+    assert stack.current == "Module.a.b.B.forward.0"
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(stack.current))
+    t.start()
+    t.join()
+    assert seen == [None]                       # another thread runs no module call
+    assert stack.pop(a) is None                 # not the innermost call: left as it is
+    assert stack.current == "Module.a.b.B.forward.0"
+    assert stack.pop(b) == "state b" and stack.pop(a) == "state a"
+    assert stack.current is None and stack.pop(a) is None
+
+
+@pytest.mark.parametrize("pattern, name, matches", [
+    ("Functional.relu.0.forward", "Functional.relu.0.forward", True),     # exactly
+    ("Functional.relu.forward", "Functional.relu.3.forward", True),       # without the counter
+    ("relu", "Functional.relu.3.forward", True),                          # a substring
+    ("Tensor___iadd___0_forward", "Tensor.__iadd__.0.forward", True),     # ptdbg_ascend's form
+    ("Tensor___iadd___forward", "Tensor.__iadd__.2.forward", True),
+    ("Functional.relu.backward", "Functional.relu.3.forward", False),
+    ("Module.fc.Linear.forward", "Module.fc.Linear.forward.1", True),
+    ("Functional.gelu", "Functional.relu.0.forward", False),
+])
+def test_a_list_or_scope_entry_matches(pattern, name, matches):
+    assert name_matches(pattern, name) is matches
+
+
+def test_a_scope_ending_at_a_module_closes_when_the_module_returns():
+    sel = Selection(DumpConfig.create(scope=["Functional.relu.0.forward", "Module.fc.Linear.forward.0"]))
+    assert not sel.selected("Torch.add.0.forward")                  # before the scope
+    assert sel.selected("Functional.relu.0.forward")
+    assert sel.selected("Module.fc.Linear.forward.0")               # the last entry ...
+    assert sel.selected("Functional.linear.0.forward")              # ... its own ops are in
+    sel.module_returned("Module.fc.Linear.forward.0")
+    assert not sel.selected("Functional.relu.1.forward")            # after the scope
+    assert sel.selected("Functional.relu.0.backward", forward_selected=True)
+    sel.reset()                                                     # the next step
+    assert not sel.selected("Torch.add.0.forward")
+
+
+def test_data_mode_switches():
+    sel = Selection(DumpConfig.create(data_mode=["backward", "input"]))
+    assert (sel.want_forward, sel.want_backward, sel.want_input, sel.want_output) == \
+        (False, True, True, False)
+    sel = Selection(DumpConfig.create())
+    assert sel.want_forward and sel.want_backward and sel.want_input and sel.want_output
+
+
+def test_a_pending_record_keeps_its_call_facts_off_the_record():
+    record = {"name": "Tensor.add_.0.forward"}
+    pending = PendingRecord(record, index=0)
+    pending.inputs_finite = True
+    pending.message = "..."
+    assert pending.record is record and record == {"name": "Tensor.add_.0.forward"}
+    with pytest.raises(AttributeError):       # __slots__: no stray fields
+        pending.extra = 1
