@@ -35,7 +35,7 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -164,13 +164,21 @@ def _rng_guard():
             torch.set_rng_state(before)
 
 
-def _autocast(dtype: Optional[torch.dtype]):
+def _autocast(dtype: Optional[torch.dtype], device: str = "cpu") -> torch.autocast:
+    kind = torch.device(device).type
     if dtype is None:
-        return torch.autocast("cpu", enabled=False)
-    return torch.autocast("cpu", dtype=dtype)
+        return torch.autocast(kind, enabled=False)
+    return torch.autocast(kind, dtype=dtype)
 
 
-def _run(record: dict, load: Callable, cast, autocast, leaves_for=None, grads=None):
+def _shielded() -> torch._C.DisableTorchFunction:
+    """No user TorchFunctionMode (a planted fault, a recorder) sees the reference runs."""
+    return torch._C.DisableTorchFunction()
+
+
+def _run(record: dict[str, Any], load: Callable[[str], Any], cast: Optional[torch.dtype],
+         autocast: Optional[torch.dtype], leaves_for: Optional[list[int]] = None,
+         grads: Optional[dict[int, torch.Tensor]] = None, device: str = "cpu") -> list[Any]:
     """Run a record's call and return its output tensors; with `leaves_for` (indices of the
     argument tensors that get gradients) and `grads` ({output index: gradient}), return the
     gradient of each of those arguments instead."""
@@ -190,7 +198,7 @@ def _run(record: dict, load: Callable, cast, autocast, leaves_for=None, grads=No
         wrap = leaf_wrap
 
     call = rebuild_call(record, load, cast, wrap=wrap)
-    with _rng_guard() as rng, _autocast(autocast), torch.set_grad_enabled(leaves_for is not None):
+    with _rng_guard() as rng, _autocast(autocast, device), torch.set_grad_enabled(leaves_for is not None):
         out = call.run()
     if rng["consumed"]:
         raise NotReplayable("it draws random numbers (a new draw would not match the target's)")
@@ -275,25 +283,79 @@ def _reference_name(dtypes: list, autocast) -> str:
     return f"{str(low).replace('torch.', '')} CPU kernel" if low else "CPU kernel"
 
 
-def _forward(record: dict, load: Callable, policy):
+@dataclass(frozen=True)
+class Replayed:
+    """The raw tensors of one replayed record, before any judgement: per compared output,
+    (tensor name, target, float64 result, reference kernel's result); `reference` names the
+    reference kernel ("bfloat16 CPU kernel (autocast)")."""
+    reference: str
+    outputs: tuple[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor], ...]
+
+
+def replay_tensors(record: dict[str, Any], load: Callable[[str], Any],
+                   forward_record: Optional[dict[str, Any]] = None,
+                   device: Optional[str] = None) -> Replayed:
+    """Re-run one record in float64 and as the CPU reference kernel and return the tensors.
+
+    The target is the recorded output (gradient), or, with `device`, the same call re-run on
+    that device in the recorded dtypes on the same inputs (statistics dumps: `load` then
+    makes up the inputs). The float64 and reference runs are shielded from the user's
+    TorchFunctionModes (a test's planted fault), the device run is not.
+    Raises NotReplayable with the reason."""
+    if record.get("phase") == "backward" and record.get("kind") != "aten":
+        if forward_record is None:
+            raise NotReplayable("its forward call is not in the dump")
+        return _backward_tensors(record, forward_record, load, device)
+    return _forward_tensors(record, load, device)
+
+
+def _device_load(load: Callable[[str], Any], device: str) -> Callable[[str], Any]:
+    def on_device(key: str) -> Any:
+        t = load(key)
+        return t.to(device) if isinstance(t, torch.Tensor) else t
+    return on_device
+
+
+def _forward(record: dict[str, Any], load: Callable[[str], Any], policy: Any
+             ) -> tuple[str, list[TensorLocalError]]:
+    rep = _forward_tensors(record, load, None)
+    return rep.reference, [judge_tensor(n, t, e, r, policy) for n, t, e, r in rep.outputs]
+
+
+def _backward(record: dict[str, Any], fwd: dict[str, Any], load: Callable[[str], Any],
+              policy: Any) -> tuple[str, list[TensorLocalError]]:
+    rep = _backward_tensors(record, fwd, load, None)
+    return rep.reference, [judge_tensor(n, t, e, r, policy) for n, t, e, r in rep.outputs]
+
+
+def _forward_tensors(record: dict[str, Any], load: Callable[[str], Any],
+                     device: Optional[str]) -> Replayed:
     outputs = [(name, d) for name, role, d in iter_tensors(record) if role == "output"]
     if not outputs:
         raise NotReplayable("it has no output tensor to compare")
     recorded = [_dtype(d) for _, d in outputs]
-    exact = _run(record, load, torch.float64, None)
-    autocast, reference = _reference(record, load, recorded)
+    with _shielded():
+        exact = _run(record, load, torch.float64, None)
+        autocast, reference = _reference(record, load, recorded)
     if len(exact) != len(outputs):
         raise NotReplayable(f"the replay returns {len(exact)} tensors, the dump {len(outputs)}")
+    targets: list[Optional[torch.Tensor]]
+    if device is not None:
+        targets = [o.cpu() for o in _run(record, _device_load(load, device), None, autocast,
+                                         device=device)]
+    else:
+        targets = [_load_target(load, d, name) for name, d in outputs]
     out = []
-    for (name, d), e, r in zip(outputs, exact, reference):
-        t = _load_target(load, d, name)
-        if tuple(t.shape) != tuple(e.shape):
-            raise NotReplayable(f"{name}: replayed shape {list(e.shape)}, dump {list(t.shape)}")
-        out.append(judge_tensor(name, t, e, r, policy))
-    return _reference_name(recorded, autocast), out
+    for (name, _d), e, r, t in zip(outputs, exact, reference, targets):
+        if t is None or tuple(t.shape) != tuple(e.shape):
+            raise NotReplayable(f"{name}: replayed shape {list(e.shape)}, dump "
+                                f"{list(t.shape) if t is not None else None}")
+        out.append((name, t, e, r))
+    return Replayed(_reference_name(recorded, autocast), tuple(out))
 
 
-def _backward(record: dict, fwd: dict, load: Callable, policy):
+def _backward_tensors(record: dict[str, Any], fwd: dict[str, Any], load: Callable[[str], Any],
+                      device: Optional[str]) -> Replayed:
     grads_in = record.get("outputs") or []
     leaves = [i for i, d in enumerate(grads_in) if isinstance(d, dict) and d.get("type") == "tensor"]
     if not leaves:
@@ -304,18 +366,28 @@ def _backward(record: dict, fwd: dict, load: Callable, policy):
         raise NotReplayable("no gradient w.r.t. its outputs was recorded")
     g_plain = {j: _load_target(load, d, f"input {j}") for j, d in grad_out.items()}
     g_exact = {j: g.to(torch.float64) for j, g in g_plain.items()}
-    exact = _run(fwd, load, torch.float64, None, leaves, g_exact)
     recorded = [_dtype(grads_in[i]) for i in leaves]
-    autocast, _ = _reference(fwd, load, [_dtype(d) for _, r, d in iter_tensors(fwd) if r == "output"])
-    reference = _run(fwd, load, None, autocast, leaves, g_plain)
+    with _shielded():
+        exact = _run(fwd, load, torch.float64, None, leaves, g_exact)
+        autocast, _ = _reference(fwd, load, [_dtype(d) for _, r, d in iter_tensors(fwd)
+                                             if r == "output"])
+        reference = _run(fwd, load, None, autocast, leaves, g_plain)
+    targets: list[Optional[torch.Tensor]]
+    if device is not None:
+        g_dev = {j: g.to(device) for j, g in g_plain.items()}
+        targets = [g.cpu() if g is not None else None for g in
+                   _run(fwd, _device_load(load, device), None, autocast, leaves, g_dev,
+                        device=device)]
+    else:
+        targets = [_load_target(load, grads_in[i], f"{record['name']}.output.{i}")
+                   for i in leaves]
     out = []
-    for i, e, r in zip(leaves, exact, reference):
+    for i, e, r, t in zip(leaves, exact, reference, targets):
         name = f"{record['name']}.output.{i}"
-        if e is None or r is None:
+        if e is None or r is None or t is None:
             raise NotReplayable(f"{name}: the forward call has no such tensor argument")
-        t = _load_target(load, grads_in[i], name)
         if tuple(t.shape) != tuple(e.shape) or t.dtype != r.dtype:
             raise NotReplayable(f"{name}: replayed {r.dtype} {list(e.shape)}, "
                                 f"dump {t.dtype} {list(t.shape)}")
-        out.append(judge_tensor(name, t, e, r, policy))
-    return _reference_name(recorded, autocast), out
+        out.append((name, t, e, r))
+    return Replayed(_reference_name(recorded, autocast), tuple(out))

@@ -1,0 +1,77 @@
+"""`opdiff check DUMP [-o OUT] [--device DEV]`: one run, no golden; every op judged against a
+float64 replay on the CPU."""
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+EXAMPLE = """example:
+  opdiff check ./dump/npu/step0/rank0 -o ./out             # task="tensor" dump
+  opdiff check ./dump/npu/step0/rank0 -o ./out --device npu  # statistics dump: re-run on the device
+  opdiff check ./dump/bf16 --jobs 4 --list Functional.conv2d -o ./out --resume
+
+Each op is re-run in float64 on the CPU (golden) and on the CPU in its recorded dtypes (what a
+correct kernel of that dtype gives); the recorded output fails when its error against float64 is
+well above that reference kernel's (bitwise for integer outputs, ULP for elementwise ops, an
+error ratio for matmul/conv/reductions/norms). Random ops, collectives and ops whose inputs were
+not saved are listed as not checked, with the reason. OUT receives check_result_*.csv,
+summary.json and report.html. Exit codes: 0 done, 1 with --fail-on-failure when an op failed,
+2 bad input."""
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register `opdiff check`."""
+    p = subparsers.add_parser(
+        "check", help="judge every op of one dump against a float64 CPU replay (no golden run)",
+        description="Judge every op of one dump against the op re-run in float64 on the CPU: no "
+                    "golden run, no second device.",
+        epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dump", metavar="DUMP", help="one step/rank directory (or a root holding one)")
+    p.add_argument("-o", "--output", metavar="OUT", default=None,
+                   help="directory for the CSV, summary.json and report.html")
+    p.add_argument("--device", metavar="DEV", default=None,
+                   help="re-run the ops on this device (needed for statistics dumps)")
+    p.add_argument("--jobs", "-j", metavar="N", type=int, default=1,
+                   help="replay ops in N processes (default 1)")
+    p.add_argument("--list", metavar="NAME", nargs="+", default=[], dest="names",
+                   help="check only these ops (exact name, name without counter, or substring)")
+    p.add_argument("--scope", metavar="NAME", nargs="+", default=[],
+                   help="check the ops from the first NAME through the second")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted check in OUT (skips ops in OUT/check_progress.jsonl)")
+    p.add_argument("--fail-on-failure", action="store_true", help="exit 1 when an op failed")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="show a progress bar (default: when slow and on a terminal)")
+    p.set_defaults(run=run)
+
+
+def run(args: Any) -> int:
+    """Run the check and print the summary; the return value is the exit code."""
+    from ..check import check_dump
+    from ..check.outputs import PROGRESS, prepare, write_check_outputs
+    from ..errors import ConfigError
+    from ..report.console import Progress, stdout_console
+    from ..check.console import print_check
+
+    if args.resume and not args.output:
+        raise ConfigError("--resume needs -o OUT (the progress of the interrupted check is there)")
+    out = prepare(args.output, keep=(args.dump,), resume=args.resume) if args.output else None
+    bar: list[Progress] = []
+
+    def on_total(n: int) -> None:
+        bar.append(Progress(n, args.progress).__enter__())
+
+    try:
+        result = check_dump(args.dump, device=args.device, names=args.names, scope=args.scope,
+                            jobs=args.jobs, progress_file=(out / PROGRESS) if out else None,
+                            resume=args.resume, on_total=on_total,
+                            on_done=lambda op: bar[0].advance() if bar else None)
+    finally:
+        if bar:
+            bar[0].__exit__(None, None, None)
+    console = stdout_console()
+    print_check(result, console)
+    if out is not None:
+        files = write_check_outputs(result, out)
+        console.print(f"wrote {', '.join(files.values())}")
+    return 1 if args.fail_on_failure and result.failures else 0
