@@ -36,7 +36,7 @@ from typing import Any, Optional
 import torch
 
 from ..comparison.metrics import measure
-from ..comparison.replay.local import judge_tensor
+from ..comparison.replay.local import judge_measured
 from ..numbers import human
 
 BITWISE, ULP, RATIO_STANDARD = "bitwise", "ulp", "ratio"
@@ -114,7 +114,7 @@ def judge_output(op: str, phase: str, name: str, target: torch.Tensor, exact: to
     if standard == ULP:
         return _ulp(name, dtype, target, exact, reference, m_t.error, m_r.error, metrics,
                     what, reference_name)
-    local = judge_tensor(name, target, exact, reference, policy)
+    local = judge_measured(name, dtype, target.numel(), m_t, m_r, policy)
     metrics.update(scale_error=local.scale_error, reference_scale_error=local.reference_scale_error)
     if not local.culprit:
         return OutputCheck(name, dtype, target.numel(), standard, PASS, local.error,

@@ -127,7 +127,14 @@ def judge_tensor(name: str, target: torch.Tensor, exact: torch.Tensor, reference
             torch.equal(reference, exact.to(reference.dtype))
         err = 0.0 if torch.equal(target, exact.to(target.dtype)) else 1.0
         return TensorLocalError(name, dtype, n, err, 0.0, 0.0, 0.0, "integer" if wrong else "")
-    m_t, m_r = measure(target, exact), measure(reference, exact)
+    return judge_measured(name, dtype, n, measure(target, exact), measure(reference, exact),
+                          policy)
+
+
+def judge_measured(name: str, dtype: str, n: int, m_t: Any, m_r: Any, policy: Any
+                   ) -> TensorLocalError:
+    """`judge_tensor`'s rules on measurements already taken (`opdiff.comparison.metrics.measure`
+    of the target and of the reference against the float64 result)."""
     culprit = ""
     if m_t.nonfinite_mismatch:
         # inf/NaN made here from inputs the float64 replay handles finitely: the op is the
