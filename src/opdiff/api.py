@@ -15,7 +15,7 @@ from __future__ import annotations
 from .capture.debugger import PrecisionDebugger, dump
 from .comparison.pair import check_replay, compare_pair
 from .comparison.result import ERROR, WARNING, CompareResult
-from .comparison.runs import count_records, merge, pair_dumps, run_pairs
+from .comparison.runs import count_records, merge, pair_dumps, run_pairs, split_incomplete, unpaired
 from .comparison.verdicts import Policy
 from .errors import OpdiffError
 from .report import write_outputs
@@ -52,11 +52,13 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
     policy = Policy(thresholds)
     targets, goldens = discover(target), discover(golden)
     pairs, notes = pair_dumps(targets, goldens)
+    pairs, incomplete = split_incomplete(pairs)     # ranks that crashed before a step's first op
+    incomplete += unpaired(targets, goldens)        # (pair_dumps notes these)
     total = sum(count_records(t) for t, _ in pairs)
     with Progress(total, progress) as bar:
         results = run_pairs(pairs, policy, shape_flag=shape_flag, replay=replay, tick=bar.advance)
     # (the pairing's notes travel in result.notes: the console prints them, once)
-    result = merge(str(target), str(golden), results, notes)
+    result = merge(str(target), str(golden), results, notes, incomplete=incomplete)
     result.verdict = verdict_line(result)
     result.failed = _failed(result, fail_on)
     if output_path is not None:

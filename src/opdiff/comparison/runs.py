@@ -1,8 +1,15 @@
 """Many step/rank pairs: pair the dumps of two roots, compare them in parallel, merge.
 
-    from opdiff.comparison.runs import pair_dumps, run_pairs, merge
+    from opdiff.comparison.runs import pair_dumps, split_incomplete, run_pairs, merge
     pairs, notes = pair_dumps(discover(target), discover(golden))
-    result = merge(target, golden, run_pairs(pairs, Policy(), tick=print), notes)
+    pairs, incomplete = split_incomplete(pairs)     # a rank that crashed before its first op
+    result = merge(target, golden, run_pairs(pairs, Policy(), tick=print), notes,
+                   incomplete=incomplete)
+
+A pair whose target or golden directory holds no op records yet (a run killed just as a step
+began) is not compared; it is named in `result.notes` and in `result.pairs` (its entry carries
+`"incomplete": {"side", "why"}`), and every other pair is compared as usual. Only when no pair
+is left is it an error.
 
 The presentation (verdict line, progress bar, files) is the caller's: see `opdiff.api.compare`.
 """
@@ -12,24 +19,34 @@ import logging
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
-from typing import Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from ..errors import DumpError
-from .result import CompareResult, count
+from ..store.source import DumpSource
+from .result import CompareResult, TensorRow, count
 from .verdicts import Policy, Thresholds
 
 log = logging.getLogger("opdiff")
 
-def _key(d) -> tuple:
+Pair = tuple[DumpSource, DumpSource]
+Incomplete = dict[str, Any]          # {"step", "rank", "side", "why"}
+
+EMPTY_WHY = "holds no op records (the run stopped before this step's first op?)"
+MISSING_WHY = "has no directory for this step and rank"
+
+
+def _key(d: DumpSource) -> tuple[int, int]:
     return (d.step if d.step is not None else -1, d.rank if d.rank is not None else -1)
 
 
-def pair_dumps(targets: list, goldens: list) -> tuple[list, list]:
+def pair_dumps(targets: list[DumpSource],
+               goldens: list[DumpSource]) -> tuple[list[Pair], list[str]]:
     """[(target, golden)] by (step, rank), and notes about the ones without a partner."""
     if len(targets) == 1 and len(goldens) == 1:
         return [(targets[0], goldens[0])], []
     g_by_key = {_key(d): d for d in goldens}
-    pairs, notes = [], []
+    pairs: list[Pair] = []
+    notes: list[str] = []
     for t in targets:
         g = g_by_key.pop(_key(t), None)
         if g is None:
@@ -44,13 +61,56 @@ def pair_dumps(targets: list, goldens: list) -> tuple[list, list]:
     return pairs, notes
 
 
-def count_records(dump) -> int:
+def unpaired(targets: list[DumpSource], goldens: list[DumpSource]) -> list[Incomplete]:
+    """The step/rank pairs only one side has, as incomplete entries (`pair_dumps` notes them)."""
+    if len(targets) == 1 and len(goldens) == 1:
+        return []
+    t_keys, g_keys = {_key(d) for d in targets}, {_key(d) for d in goldens}
+    out: list[Incomplete] = []
+    for other, side, dumps in ((g_keys, "golden", targets), (t_keys, "target", goldens)):
+        out += [{"step": d.step, "rank": d.rank, "side": side, "why": MISSING_WHY}
+                for d in dumps if _key(d) not in other]
+    return out
+
+
+def _is_empty(dump: DumpSource) -> bool:
+    """True when the dump holds no op record (reads at most its first one)."""
+    return next(iter(dump.records()), None) is None
+
+
+def split_incomplete(pairs: list[Pair]) -> tuple[list[Pair], list[Incomplete]]:
+    """The pairs both of whose sides hold op records, and the others as
+    {"step", "rank", "side": "target"|"golden"|"both", "why"}.
+
+    A DumpError when no pair is left: with one pair, the reader's own words for it."""
+    complete: list[Pair] = []
+    incomplete: list[Incomplete] = []
+    for t, g in pairs:
+        empty = [side for side, d in (("target", t), ("golden", g)) if _is_empty(d)]
+        if not empty:
+            complete.append((t, g))
+            continue
+        side = empty[0] if len(empty) == 1 else "both"
+        incomplete.append({"step": t.step, "rank": t.rank, "side": side, "why": EMPTY_WHY})
+    if not complete:
+        t, g = pairs[0]
+        dump = t if _is_empty(t) else g
+        if len(pairs) == 1:
+            raise DumpError(f"{dump.path}: the dump holds no op records; was the model run "
+                            f"between start() and stop()?")
+        raise DumpError(f"no step/rank pair can be compared: every one has a side that holds no "
+                        f"op records (e.g. {dump.path}); was the model run between start() and "
+                        f"stop()?")
+    return complete, incomplete
+
+
+def count_records(dump: DumpSource) -> int:
     """How many op records a dump holds, for a progress total (0 when it cannot tell cheaply)."""
-    return dump.record_count()
+    return int(dump.record_count())
 
 
 def _worker(target_path: str, golden_path: str, thresholds: Thresholds, shape_flag: bool,
-            replay: str = "auto"):
+            replay: str = "auto") -> CompareResult:
     import torch
 
     torch.set_num_threads(1)  # the processes already use every core
@@ -62,10 +122,13 @@ def _worker(target_path: str, golden_path: str, thresholds: Thresholds, shape_fl
     return compare_pair(t, g, policy=Policy(thresholds), shape_flag=shape_flag, replay=replay)
 
 
-def merge(target: str, golden: str, results: list[CompareResult], notes: list) -> CompareResult:
-    if len(results) == 1 and not notes:
+def merge(target: str, golden: str, results: list[CompareResult], notes: list[str], *,
+          incomplete: Sequence[Incomplete] = ()) -> CompareResult:
+    """One CompareResult for many pairs: rows tagged with their step and rank, the earliest
+    first divergence, one `pairs` entry per step/rank pair (the incomplete ones included)."""
+    if len(results) == 1 and not notes and not incomplete:
         return results[0]
-    rows = []
+    rows: list[TensorRow] = []
     for r in results:
         rows += [replace(row, step=r.step, rank=r.rank) for row in r.rows]
     divergent = [r for r in results if r.first_divergence is not None]
@@ -76,15 +139,23 @@ def merge(target: str, golden: str, results: list[CompareResult], notes: list) -
                                              _first_index(r), r.rank if r.rank is not None else -1))
         first = best.first_divergence
     env = results[0].environment_diff if results else []
+    pairs = [_pair_summary(r) for r in results] + [_incomplete_summary(i) for i in incomplete]
+    pairs.sort(key=lambda p: (p["step"] if p["step"] is not None else -1,
+                              p["rank"] if p["rank"] is not None else -1))
     return CompareResult(
         target=target, golden=golden, rows=rows, first_divergence=first, counts=count(rows),
-        environment_diff=env, pairs=[_pair_summary(r) for r in results],
-        notes=list(notes) + _pair_notes(results))
+        environment_diff=env, pairs=pairs,
+        notes=list(notes) + [_incomplete_note(i) for i in incomplete if i["why"] != MISSING_WHY] + _pair_notes(results))
+
+
+def _incomplete_note(i: Incomplete) -> str:
+    side = "target and golden" if i["side"] == "both" else i["side"]
+    return f"step {i['step']} rank {i['rank']}: the {side} {i['why']}; not compared"
 
 
 def _pair_notes(results: list[CompareResult]) -> list[str]:
     """Each pair's notes, prefixed with where they hold; a note every pair has is said once."""
-    where: dict = {}
+    where: dict[str, list[str]] = {}
     for r in results:
         for n in r.notes:
             where.setdefault(n, []).append(f"step {r.step} rank {r.rank}")
@@ -93,19 +164,28 @@ def _pair_notes(results: list[CompareResult]) -> list[str]:
 
 
 def _first_index(r: CompareResult) -> int:
+    name = r.first_divergence.name if r.first_divergence is not None else None
     for row in r.rows:
-        if row.op_name == r.first_divergence.name:
-            return row.index
+        if row.op_name == name:
+            return int(row.index)
     return 0
 
 
-def _pair_summary(r: CompareResult) -> dict:
-    fd = r.first_divergence
+def _pair_summary(r: CompareResult) -> dict[str, Any]:
+    """A pair's entry in `CompareResult.pairs`; its first_divergence is the Divergence itself
+    (summary.json writes its fields)."""
     return {"step": r.step, "rank": r.rank, "target": r.target, "golden": r.golden,
-            "counts": dict(r.counts), "first_divergence": fd.name if fd else None}
+            "counts": dict(r.counts), "first_divergence": r.first_divergence,
+            "incomplete": None}
 
 
-def run_pairs(pairs: list, policy: Policy, *, shape_flag: bool = False, replay: str = "auto",
+def _incomplete_summary(i: Incomplete) -> dict[str, Any]:
+    return {"step": i["step"], "rank": i["rank"], "target": None, "golden": None, "counts": {},
+            "first_divergence": None, "incomplete": {"side": i["side"], "why": i["why"]}}
+
+
+def run_pairs(pairs: list[Pair], policy: Policy, *, shape_flag: bool = False,
+              replay: str = "auto",
               tick: Optional[Callable[[int], None]] = None) -> list[CompareResult]:
     """Compare every (target, golden) pair: one in this process, several in a process pool.
 
@@ -113,24 +193,23 @@ def run_pairs(pairs: list, policy: Policy, *, shape_flag: bool = False, replay: 
     """
     from .pair import compare_pair      # (torch: merge, which rejudge uses, needs none)
 
-    tick = tick or (lambda n: None)
+    advance: Callable[[int], None] = tick or (lambda n: None)
     if len(pairs) == 1:
         t, g = pairs[0]
-        return [compare_pair(t, g, policy=policy, shape_flag=shape_flag, tick=tick, replay=replay)]
+        return [compare_pair(t, g, policy=policy, shape_flag=shape_flag, tick=advance,
+                             replay=replay)]
     import multiprocessing
 
     workers = max(1, min(len(pairs), os.cpu_count() or 1))
     ctx = multiprocessing.get_context("spawn")  # fork after torch starts threads can deadlock
-    results: list = [None] * len(pairs)
+    results: list[CompareResult] = []
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futures = {pool.submit(_worker, str(t.path), str(g.path), policy.thresholds, shape_flag,
-                               replay): i
-                   for i, (t, g) in enumerate(pairs)}
-        for fut in futures:
-            i = futures[fut]
-            results[i] = fut.result()
-            tick(count_records(pairs[i][0]))
+        futures = [pool.submit(_worker, str(t.path), str(g.path), policy.thresholds, shape_flag,
+                               replay) for t, g in pairs]
+        for (t, _), fut in zip(pairs, futures):
+            results.append(fut.result())
+            advance(count_records(t))
     return results
 
 
-__all__ = ["pair_dumps", "run_pairs", "merge", "count_records"]
+__all__ = ["pair_dumps", "unpaired", "split_incomplete", "run_pairs", "merge", "count_records"]
