@@ -168,8 +168,7 @@ def build_payload(result: CompareResult, files: Optional[dict] = None) -> dict:
         "counts": {k: _plain(v) for k, v in (result.counts or {}).items()},
         "environment_diff": [{k: _text(e.get(k)) for k in ("key", "target", "golden")}
                              for e in (result.environment_diff or []) if isinstance(e, dict)],
-        "pairs": [{str(k): _plain(v) for k, v in p.items()} for p in (result.pairs or [])
-                  if isinstance(p, dict)],
+        "pairs": [_pair(p) for p in (result.pairs or []) if isinstance(p, dict)],
         "verdict": _text(result.verdict) or None,
         "notes": [_text(n) for n in result.notes or []],
         "files": {str(k): os.path.basename(str(v)) for k, v in (files or {}).items() if v},
@@ -377,6 +376,19 @@ def _number(v: Any, digits: int = 6) -> Any:
     if math.isinf(x):
         return "Infinity" if x > 0 else "-Infinity"
     return float(f"{x:.{digits}g}")
+
+
+def _pair(p: dict) -> dict:
+    """A step/rank pair's entry: its first divergence by name, op and place (the page's grid and
+    table need no more)."""
+    out = {str(k): _plain(v) for k, v in p.items() if k != "first_divergence"}
+    fd = p.get("first_divergence")
+    if isinstance(fd, dict):          # a result loaded back from summary.json
+        fd = {k: fd.get(k) for k in ("name", "op", "step", "rank", "kind", "origin")}
+    elif fd is not None and hasattr(fd, "name"):
+        fd = {k: getattr(fd, k, None) for k in ("name", "op", "step", "rank", "kind", "origin")}
+    out["first_divergence"] = _plain(fd)
+    return out
 
 
 def _plain(v: Any) -> Any:

@@ -216,21 +216,75 @@
     box.appendChild(t);
   }
 
+  function pairStatus(p) {
+    if (p.incomplete) return "not compared";
+    if (p.first_divergence) return "divergence";
+    var c = p.counts || {};
+    return c.error ? "error" : c.warning ? "warning" : c.unmatched ? "unmatched" : "pass";
+  }
+  function countsText(c) {
+    return ["pass", "warning", "error", "unmatched"].filter(function (k) { return c && c[k] !== undefined; })
+      .map(function (k) { return fmtCount(c[k]) + " " + k; }).join(" \u00b7 ");
+  }
+  function divName(fd) { return !fd ? "" : typeof fd === "object" ? (fd.name || fd.op || "") : String(fd); }
+  function isFirst(p) {
+    var d = D.divergence;
+    return !!(d && p.first_divergence && d.step === p.step && d.rank === p.rank);
+  }
+
+  function pairsGrid(box, pairs) {
+    // rank x step: the worst verdict per cell, the first divergence marked.
+    var steps = [], ranks = [], cell = {};
+    pairs.forEach(function (p) {
+      if (steps.indexOf(p.step) < 0) steps.push(p.step);
+      if (ranks.indexOf(p.rank) < 0) ranks.push(p.rank);
+      cell[p.rank + "/" + p.step] = p;
+    });
+    var byNum = function (a, b) { return (a === null ? -1 : a) - (b === null ? -1 : b); };
+    steps.sort(byNum); ranks.sort(byNum);
+    var t = el("table", "kv rankgrid"), head = el("tr");
+    head.appendChild(el("th", null, "rank \\ step"));
+    steps.forEach(function (s) { head.appendChild(el("th", null, s === null ? "\u2013" : String(s))); });
+    t.appendChild(head);
+    ranks.forEach(function (r) {
+      var tr = el("tr");
+      tr.appendChild(el("th", null, r === null ? "\u2013" : String(r)));
+      steps.forEach(function (s) {
+        var p = cell[r + "/" + s];
+        var st = p ? pairStatus(p) : "absent";
+        var td = el("td", "gridcell " + st.replace(" ", "-") + (p && isFirst(p) ? " first" : ""),
+                    (p && isFirst(p) ? "\u2605 " : "") + st);
+        td.title = p ? (divName(p.first_divergence) || countsText(p.counts) ||
+                        (p.incomplete ? p.incomplete.side + " " + p.incomplete.why : "")) : "no dump";
+        tr.appendChild(td);
+      });
+      t.appendChild(tr);
+    });
+    box.appendChild(t);
+  }
+
   function pairsBlock(box) {
     var pairs = D.pairs || [];
     if (!pairs.length) return;
     box.appendChild(el("h3", null, "Step / rank pairs"));
-    var keys = [];
-    pairs.forEach(function (p) { Object.keys(p).forEach(function (k) { if (keys.indexOf(k) < 0) keys.push(k); }); });
-    var t = el("table", "kv"), head = el("tr");
-    keys.forEach(function (k) { head.appendChild(el("th", null, k)); });
+    pairsGrid(box, pairs);
+    var t = el("table", "kv pairs"), head = el("tr");
+    ["Step", "Rank", "Result", "Counts", "First divergence", "Target", "Golden"].forEach(function (h) {
+      head.appendChild(el("th", null, h));
+    });
     t.appendChild(head);
     pairs.forEach(function (p) {
-      var tr = el("tr");
-      keys.forEach(function (k) {
-        var v = p[k];
-        tr.appendChild(el("td", null, v === null || v === undefined ? "" :
-                                      typeof v === "object" ? JSON.stringify(v) : fmt(v)));
+      var tr = el("tr", isFirst(p) ? "first" : null);
+      var fd = divName(p.first_divergence);
+      [p.step === null || p.step === undefined ? "" : String(p.step),
+       p.rank === null || p.rank === undefined ? "" : String(p.rank),
+       pairStatus(p),
+       p.incomplete ? p.incomplete.side + " " + p.incomplete.why : countsText(p.counts),
+       fd,
+       basename(p.target), basename(p.golden)].forEach(function (v, i) {
+        var td = el("td", i >= 5 ? "path" : null, v);
+        if (i >= 5 && p[i === 5 ? "target" : "golden"]) td.title = String(p[i === 5 ? "target" : "golden"]);
+        tr.appendChild(td);
       });
       t.appendChild(tr);
     });

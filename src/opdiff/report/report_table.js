@@ -89,6 +89,12 @@
       { label: "dtype", title: "dtype, target / golden", w: 132, key: dtypeText, text: dtypeText },
       { label: "Shape", w: 112, key: shapeOf, text: shapeOf }
     ];
+    if ((D.pairs || []).length) {   // several step/rank pairs: say where each row is from
+      var at = function (name) { return function (r) { var v = field(r, name); return v === null ? "" : String(v); }; };
+      var atKey = function (name) { return function (r) { return field(r, name); }; };
+      cols.splice(1, 0, { label: "Step", w: 52, num: true, key: atKey("step"), text: at("step"), cls: "step" },
+                        { label: "Rank", w: 52, num: true, key: atKey("rank"), text: at("rank"), cls: "rank" });
+    }
     tableMetrics.forEach(function (m) {
       var mi = metricIndex(m);
       // First click shows the worst first: lowest cosine, highest error.

@@ -7,7 +7,11 @@ CompareResult.
                                  "context": [[line, text], ...], ...every other Divergence field},
      "counts": {"pass", "warning", "error", "unmatched"},
      "target", "golden", "environment_diff": [{"key", "target", "golden"}],
-     "verdict": "one sentence", "pairs": [{"step", "rank", "counts", "first_divergence"}],
+     "verdict": "one sentence",
+     "pairs": [{"step", "rank", "target", "golden", "counts",
+                "first_divergence": null | {the same fields as the top-level one},
+                "incomplete": null | {"side", "why"}}],      (one per step/rank pair)
+     "incomplete": [{"step", "rank", "side", "why"}],   (pairs not compared: a side held no ops)
      "notes": [...], "worst": [the 10 tensors with the largest error], "files": {...}}
 
 Non-finite numbers are written as the strings "NaN", "Infinity", "-Infinity" (strict JSON).
@@ -24,6 +28,7 @@ import json
 import math
 import os
 from pathlib import Path
+from typing import Any
 
 from ..comparison.result import CompareResult, Divergence
 from ..errors import DumpError
@@ -65,6 +70,13 @@ def _divergence(fd) -> dict | None:
     return first
 
 
+def _pair(p: dict) -> dict:
+    """A pairs entry with its first divergence as the top-level one's fields (an entry loaded
+    back from summary.json holds that dict already)."""
+    fd = p.get("first_divergence")
+    return {**p, "first_divergence": _divergence(fd) if isinstance(fd, Divergence) else fd}
+
+
 def summary_dict(result, files: dict | None = None) -> dict:
     """The summary as a plain dict (what summary.json holds); `files` (default `result.files`)
     is the map of files written beside it."""
@@ -73,9 +85,12 @@ def summary_dict(result, files: dict | None = None) -> dict:
     worst = [{"name": r.target_name, "result": r.result, "error": r.error,
               "cosine": r.metrics.get("Cosine"), "max_abs_err": r.metrics.get("MaxAbsErr"),
               "reason": r.reason, "step": r.step, "rank": r.rank} for r in scored[:10]]
-    out = {"first_divergence": _divergence(result.first_divergence)}
+    out: dict[str, Any] = {"first_divergence": _divergence(result.first_divergence)}
     out.update({name: getattr(result, name) for name in _RESULT_FIELDS})
     out["counts"] = dict(result.counts)
+    out["pairs"] = [_pair(p) for p in result.pairs or [] if isinstance(p, dict)]
+    out["incomplete"] = [{"step": p.get("step"), "rank": p.get("rank"), **p["incomplete"]}
+                         for p in out["pairs"] if p.get("incomplete")]
     out["worst"] = worst
     out["files"] = dict(result.files if files is None else files)
     return _clean(out)
