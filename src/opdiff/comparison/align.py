@@ -9,6 +9,12 @@ side renames every later relu: names alone cannot pair the rest. The rule:
 3. Stretches that still differ (an op fused on one side, an extra cast, a changed shape) are
    diffed again on op, phase and kind only, so an op whose shapes changed still pairs, unless
    `shape_flag` asks for equal shapes; what is left is reported as unmatched.
+4. Two neighbours that ran in the other order on one side (under autocast a module's
+   `parameters_grad` record comes after `Functional.linear.N.backward` on one side and before
+   it on the other: the diff keeps one of the two as a match and leaves the other unmatched on
+   both sides) pair when they carry the same name and fine signature (tensors in any order:
+   a `parameters_grad` record's gradients come in the order they were made) and sit within
+   `SWAP_WINDOW` places of each other.
 
 Nothing is ever paired by position alone: an unmatched op never shifts the pairing after it.
 """
@@ -22,6 +28,7 @@ from ..store.records import iter_tensors
 from ..store.schema import RecordName
 
 Pair = tuple[Optional[int], Optional[int]]   # (target index, golden index)
+SWAP_WINDOW = 4         # how far apart (in the pair list) two swapped neighbours may end up
 
 
 def module_path(record: dict) -> str:
@@ -69,7 +76,33 @@ def align(target: list[dict], golden: list[dict], *, shape_flag: bool = False) -
             pairs += [(i1 + k, j1 + k) for k in range(i2 - i1)]
         else:
             pairs += _align_gap(target, golden, i1, i2, j1, j2, shape_flag)
-    return _prefer_same_names(pairs, target, golden)
+    return _pair_swapped(_prefer_same_names(pairs, target, golden), target, golden)
+
+
+def _swap_key(record: dict) -> tuple:
+    """The fine signature with its tensors in any order (a `parameters_grad` record lists the
+    weight's and the bias's gradient in the order they were produced; its tensors pair by name)."""
+    return coarse_key(record) + (module_path(record), tuple(sorted(shapes(record))))
+
+
+def _pair_swapped(pairs: list[Pair], target: list[dict], golden: list[dict]) -> list[Pair]:
+    """Pair a target-only and a golden-only record a few places apart that carry the same name
+    and fine signature (two neighbours that ran in the other order on one side); the pair
+    takes the target record's place."""
+    out: list[Optional[Pair]] = list(pairs)
+    for k, pair in enumerate(out):
+        if pair is None or pair[1] is not None or pair[0] is None:
+            continue
+        t = target[pair[0]]
+        for m in range(max(0, k - SWAP_WINDOW), min(len(out), k + SWAP_WINDOW + 1)):
+            other = out[m]
+            if other is None or other[0] is not None or other[1] is None:
+                continue
+            g = golden[other[1]]
+            if t.get("name") == g.get("name") and _swap_key(t) == _swap_key(g):
+                out[k], out[m] = (pair[0], other[1]), None
+                break
+    return [pair for pair in out if pair is not None]
 
 
 def _prefer_same_names(pairs: list[Pair], target: list[dict], golden: list[dict]) -> list[Pair]:
