@@ -183,6 +183,8 @@ def _candidate(op: OpScore, m, tdt, gdt, e_in: float, s_in: float, policy,
         tol = max(tol, _statistics_floor(policy, tdt, gdt, run_dtype, op.phase, m.numel))
         stol = max(stol, _statistics_floor(policy, tdt, gdt, run_dtype, op.phase, m.numel,
                                            scale=True))
+    if op.phase == Phase.BACKWARD and policy.within_input_noise(m, [i[1] for i in op.inputs], tol):
+        return None     # noise around a true zero (verdicts.Policy.within_input_noise)
     s = abs(m.scale_error)
     if m.error > tol and m.error > policy.amplification * e_in:
         return m.error, LOCAL

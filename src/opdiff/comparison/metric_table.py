@@ -162,6 +162,16 @@ class Measurement:
     nonfinite_shared: int = 0           # positions holding the same inf/NaN on both sides
     message: str = ""
     extra: dict = field(default_factory=dict)   # the metrics that are not CSV columns
+    norm: float = 0.0                   # max(|t|, |g|), L2; 0 where not measured (identical)
+
+    @property
+    def abs_error(self) -> float:
+        """|t - g| (L2), or the lower bound statistics give (|d| >= every statistic's change)."""
+        if self.mode == "statistics":
+            diffs = [self.metrics.get(k) for k in ("Max diff", "Min diff", "L2norm diff")]
+            return max((abs(d) for d in diffs if d is not None), default=0.0)
+        rmse = self.metrics.get("RMSE")
+        return float(rmse) * math.sqrt(self.numel) if rmse is not None else 0.0
 
 
 def fold(acc: Optional[list], chunk) -> list:
@@ -195,7 +205,7 @@ def finish(partials, numel: int, scalar: bool, nonfinite_shared: int = 0) -> Mea
     else:
         scale = 0.0 if s["stt"] == 0 else 1.0
     return Measurement(metrics, error=error, scale_error=scale, numel=numel,
-                       nonfinite_shared=nonfinite_shared, extra=extra)
+                       nonfinite_shared=nonfinite_shared, extra=extra, norm=denom)
 
 
 def identical(numel: int, scalar: bool, nonfinite_shared: int = 0) -> Measurement:

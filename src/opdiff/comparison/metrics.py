@@ -333,8 +333,9 @@ def stats_measure(target_stats: dict, golden_stats: dict, numel: int) -> Measure
     scale = (t_norm - g_norm) / g_norm if t_norm is not None and g_norm else 0.0
     if not math.isfinite(scale):   # NaN norms on both sides
         scale = 0.0
+    norm = max(t_norm or 0.0, g_norm or 0.0)
     return Measurement(metrics, error=max(errors, default=0.0), scale_error=scale, numel=numel,
-                       mode="statistics")
+                       mode="statistics", norm=norm if math.isfinite(norm) else 0.0)
 
 
 __all__ = ["measure", "tensor_metrics", "stats_measure", "Measurement", "STAT_METRICS"]

@@ -87,10 +87,12 @@ import math
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Iterable
 
 from ..dtypes import _ALIASES as DTYPE_ALIASES   # the spellings users write ('bf16', 'half')
 from ..dtypes import coarser, is_float
 from ..errors import ConfigError
+from .metric_table import Measurement
 from .result import ERROR, PASS, WARNING
 
 # One row per precision class (`opdiff.dtypes.canonical_dtype`); why these numbers: see above.
@@ -281,6 +283,24 @@ class Policy:
         if 0 < numel < t.statistics_small_numel:
             floor *= t.statistics_small_numel / numel
         return floor
+
+    def within_input_noise(self, out: Measurement, inputs: Iterable[Measurement],
+                           tolerance: float) -> bool:
+        """Is a backward output's difference rounding noise of the values it was computed from?
+
+        A gradient that is mathematically 0 (the key projection's bias gradient: softmax is
+        shift-invariant) is the sum of terms that cancel, so both sides are rounding noise of
+        the grad-outputs, and relative to its own size it differs by 100% and more. Measured
+        against the scale of what produced it, the largest L2 norm among the backward record's
+        inputs that hold at least as many elements as the output (the grad-outputs it was
+        reduced or projected from; LayerNorm's input gradient of a loss its output's norm
+        cannot change is the same story), it is within the dtype's `tolerance`:
+        |t - g| <= tolerance * |grad_output| while |out| < |grad_output|. Inputs whose
+        norm was not measured (identical pairs) give no scale, so the rule never applies there.
+        """
+        scale = max((m.norm for m in inputs if m.numel >= out.numel and math.isfinite(m.norm)),
+                    default=0.0)
+        return scale > 0 and out.norm < scale and out.abs_error <= tolerance * scale
 
     def judge(self, measurement, target_dtype: str | None, golden_dtype: str | None) -> Verdict:
         """Verdict for one tensor on its own (the blame rules may then soften an error that
