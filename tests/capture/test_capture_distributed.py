@@ -42,6 +42,10 @@ _WORKER = textwrap.dedent('''
         a = torch.full((4,), float(rank + 1))
         work_ = dist.all_reduce(a, async_op=True)
         work_.wait()                                             # 3 once waited
+        flat = torch.zeros(4)
+        dist.all_gather_into_tensor(flat, torch.full((2,), float(rank)))
+        swapped = torch.zeros(2)
+        dist.all_to_all_single(swapped, torch.full((2,), float(rank)))
         dbg.stop()
         dbg.step()
         dist.barrier()
@@ -108,6 +112,24 @@ def test_async_collective_output_is_the_reduced_value(two_rank_dump):
         rec = _records(d)["Distributed.all_reduce.1.forward"]
         assert _max(rec["inputs"][0]) == rank + 1
         assert _max(rec["outputs"][0]) == 3.0
+
+
+@pytest.mark.slow
+def test_collectives_carry_their_group_and_a_per_group_number(two_rank_dump):
+    # The same collective has the same (ranks, seq) on every rank; p2p counts per peer pair.
+    groups = []
+    for d in find_dumps(two_rank_dump):
+        recs = [r for r in open_dump(d).records() if r["op"].startswith("Distributed.")]
+        groups.append({r["name"]: r.get("group") for r in recs})
+    rank0, rank1 = groups
+    world = ["Distributed.all_reduce.0.forward", "Distributed.all_gather.0.forward",
+             "Distributed.broadcast.0.forward", "Distributed.all_reduce.1.forward",
+             "Distributed.all_gather_single.0.forward",   # all_gather_into_tensor
+             "Distributed.all_to_all_single.0.forward"]
+    assert [rank0[n] for n in world] == [{"ranks": [0, 1], "seq": k} for k in range(len(world))]
+    assert [rank1[n] for n in world] == [rank0[n] for n in world]
+    assert rank0["Distributed.send.0.forward"] == {"ranks": [0, 1], "seq": 0, "peer": 1}
+    assert rank1["Distributed.recv.0.forward"] == {"ranks": [0, 1], "seq": 0, "peer": 0}
 
 
 def _leaves(descs):

@@ -5,7 +5,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ..store.schema import Kind, Phase, Role, record_name
-from . import naming
+from . import collectives, naming
 from .backward import hook_api_backward, in_backward, input_edges
 from .callsite import api_caller, call_as
 from .guards import capturing_graph
@@ -52,6 +52,8 @@ class ApiCapture(TorchFunctionMode):
             pending = self._before(op, args, kwargs)
         except Exception as exc:
             s.failed(op, exc)
+        if op.startswith("Distributed."):   # its group and per-group number (collectives.py)
+            collectives.annotate(pending, func, args, kwargs, s.sink)
         first_seq = torch._C._autograd._get_sequence_nr()
         out = call_as(api_caller(), func, args, kwargs)
         if pending is not None:
