@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Optional
+from typing import Any, Optional
 
 from ...store.schema import Kind
 from .calls import NotReplayable, rebuild_call, resolve
@@ -35,7 +35,8 @@ class Replayer:
     policy: an `opdiff.comparison.verdicts.Policy` for the dtype tolerances (default thresholds).
     """
 
-    def __init__(self, dump, records: Optional[list] = None, policy=None):
+    def __init__(self, dump: Any, records: Optional[list[dict[str, Any]]] = None,
+                 policy: Any = None):
         if policy is None:
             from ..verdicts import Policy
             policy = Policy()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -29,7 +29,7 @@ class NotReplayable(Exception):
     """The op cannot be rebuilt from the dump; the message says why (shown to the user)."""
 
 
-_NAMESPACES = {
+_NAMESPACES: dict[str, Callable[[], Any]] = {
     "Torch.linalg.": lambda: torch.linalg,
     "Torch.fft.": lambda: torch.fft,
     "Torch.special.": lambda: torch.special,
@@ -40,7 +40,7 @@ _NAMESPACES = {
 _SLICE = re.compile(r"^slice\((-?\d+|None), (-?\d+|None), (-?\d+|None)\)$")
 
 
-def resolve(op: str) -> Callable:
+def resolve(op: str) -> Callable[..., Any]:
     """The torch function an op name stands for (or its registered CPU reference). Raises
     NotReplayable when there is none, or when the op registry says it must not be re-run."""
     traits = ops.traits(op)
@@ -48,7 +48,7 @@ def resolve(op: str) -> Callable:
         raise NotReplayable(traits.replay_refusal)
     if traits.cpu_reference is not None:
         return traits.cpu_reference
-    func = None
+    func: Any = None
     if op.startswith("Aten."):
         func = getattr(torch.ops.aten, op[len("Aten."):], None)
     else:
@@ -60,36 +60,40 @@ def resolve(op: str) -> Callable:
         else:
             if op.startswith("Torch."):
                 name = op[len("Torch."):]
-                for namespace in (torch, torch._VF, torch._C._nn, torch._C._VariableFunctions):
-                    func = getattr(namespace, name, None) if "." not in name else None
+                modules: tuple[Any, ...] = (torch, torch._VF, torch._C._nn,
+                                            torch._C._VariableFunctions)
+                for module in modules:
+                    func = getattr(module, name, None) if "." not in name else None
                     if func is not None:
                         break
     if not callable(func):
         raise NotReplayable(f"no torch function named {op} in this torch")
-    return func
+    found: Callable[..., Any] = func
+    return found
 
 
 @dataclass
 class Call:
     """A rebuilt call: `func(*args, **kwargs)`; `tensors` lists every argument tensor in the
     order the capture indexes them (args, then kwargs, nested lists flattened), with its key."""
-    func: Callable
-    args: list
-    kwargs: dict
-    tensors: list = field(default_factory=list)      # [(key, tensor)] in capture order
+    func: Callable[..., Any]
+    args: list[Any]
+    kwargs: dict[str, Any]
+    tensors: list[tuple[str, torch.Tensor]] = field(default_factory=list)   # in capture order
 
-    def run(self):
+    def run(self) -> Any:
+        """Call the op."""
         return self.func(*self.args, **self.kwargs)
 
 
 class _Builder:
-    def __init__(self, load: Callable, cast: Optional[torch.dtype], name: str,
-                 wrap: Optional[Callable] = None):
+    def __init__(self, load: Callable[[str], Any], cast: Optional[torch.dtype], name: str,
+                 wrap: Optional[Callable[[str, torch.Tensor], torch.Tensor]] = None):
         self.load, self.cast, self.name, self.wrap = load, cast, name, wrap
-        self.tensors: list = []
-        self._by_key: dict = {}
+        self.tensors: list[tuple[str, torch.Tensor]] = []
+        self._by_key: dict[str, torch.Tensor] = {}
 
-    def value(self, desc, where: str):
+    def value(self, desc: Any, where: str) -> Any:
         if desc is None:
             return None
         kind = desc.get("type")
@@ -119,13 +123,13 @@ class _Builder:
             return _literal(str(desc.get("value", "")), where)
         raise NotReplayable(f"{where}: argument of unknown kind {kind!r}")
 
-    def tensor(self, desc: dict, where: str) -> torch.Tensor:
-        key = desc.get("key")
+    def tensor(self, desc: dict[str, Any], where: str) -> torch.Tensor:
+        key: str = desc.get("key") or ""
         if key in self._by_key:     # the same tensor passed twice stays one tensor (aliasing)
-            t = self._by_key[key]
-            self.tensors.append((key, t))
-            return t
-        t = self.load(key) if key else None
+            shared = self._by_key[key]
+            self.tensors.append((key, shared))
+            return shared
+        t: Optional[torch.Tensor] = self.load(key) if key else None
         if t is None:
             raise NotReplayable(f"tensor {where} was not saved (dump with task='tensor')")
         # Always a private copy: the reader may hand out shared memory, and the call may write.
@@ -142,7 +146,7 @@ class _Builder:
         return t
 
 
-def _literal(text: str, where: str):
+def _literal(text: str, where: str) -> Any:
     """The few argument objects that a repr describes exactly: slices and Ellipsis."""
     if text == "Ellipsis":
         return Ellipsis
@@ -152,8 +156,9 @@ def _literal(text: str, where: str):
     raise NotReplayable(f"{where}: argument recorded only as {text[:60]!r}")
 
 
-def rebuild_call(record: dict, load: Callable, cast: Optional[torch.dtype] = None,
-                 wrap: Optional[Callable] = None) -> Call:
+def rebuild_call(record: dict[str, Any], load: Callable[[str], Any],
+                 cast: Optional[torch.dtype] = None,
+                 wrap: Optional[Callable[[str, torch.Tensor], torch.Tensor]] = None) -> Call:
     """Rebuild a record's call.
 
     load: key -> saved tensor (e.g. `dump.tensor`). cast: a float dtype to cast floating tensors
@@ -170,10 +175,10 @@ def rebuild_call(record: dict, load: Callable, cast: Optional[torch.dtype] = Non
     return Call(func=func, args=args, kwargs=kwargs, tensors=b.tensors)
 
 
-def flat_tensors(value, depth: int = 0) -> list:
+def flat_tensors(value: Any, depth: int = 0) -> list[torch.Tensor]:
     """Every tensor in a (nested) result, in the order the capture describes them; None stays
     a placeholder only at the top level (the capture keeps positions of None outputs)."""
-    out = []
+    out: list[torch.Tensor] = []
     if isinstance(value, torch.Tensor):
         out.append(value)
     elif isinstance(value, (list, tuple)) and depth < 4:
@@ -185,11 +190,11 @@ def flat_tensors(value, depth: int = 0) -> list:
     return out
 
 
-def flat_descriptors(descs) -> list:
+def flat_descriptors(descs: Any) -> list[dict[str, Any]]:
     """Tensor descriptors of a record's outputs (or inputs), nested lists flattened, in order."""
-    out = []
+    out: list[dict[str, Any]] = []
 
-    def walk(d, depth):
+    def walk(d: Any, depth: int) -> None:
         if not isinstance(d, dict):
             return
         kind = d.get("type")

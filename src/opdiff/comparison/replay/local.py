@@ -35,7 +35,7 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
@@ -70,7 +70,7 @@ class LocalError:
     replayed: bool
     reason: str = ""                        # why it was not replayed
     reference: str = ""                     # e.g. "bfloat16 CPU kernel (autocast)"
-    tensors: tuple = ()                     # TensorLocalError per compared output
+    tensors: tuple[TensorLocalError, ...] = ()   # per compared output
     seconds: float = 0.0
 
     @property
@@ -116,7 +116,7 @@ def _excess(t: TensorLocalError) -> float:
 
 
 def judge_tensor(name: str, target: torch.Tensor, exact: torch.Tensor, reference: torch.Tensor,
-                 policy) -> TensorLocalError:
+                 policy: Any) -> TensorLocalError:
     """Compare one target tensor and the reference kernel's with the float64 result."""
     from ..metrics import measure
 
@@ -158,7 +158,7 @@ def judge_measured(name: str, dtype: str, n: int, m_t: Any, m_r: Any, policy: An
 # -- running a call -------------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def _rng_guard():
+def _rng_guard() -> Iterator[dict[str, bool]]:
     """Detect (and undo) any draw from the CPU generator: such an op cannot be replayed."""
     before = torch.get_rng_state()
     state = {"consumed": False}
@@ -178,7 +178,7 @@ def _autocast(dtype: Optional[torch.dtype], device: str = "cpu") -> torch.autoca
     return torch.autocast(kind, dtype=dtype)
 
 
-def _shielded() -> torch._C.DisableTorchFunction:
+def _shielded() -> Any:
     """No user TorchFunctionMode (a planted fault, a recorder) sees the reference runs."""
     return torch._C.DisableTorchFunction()
 
@@ -189,14 +189,14 @@ def _run(record: dict[str, Any], load: Callable[[str], Any], cast: Optional[torc
     """Run a record's call and return its output tensors; with `leaves_for` (indices of the
     argument tensors that get gradients) and `grads` ({output index: gradient}), return the
     gradient of each of those arguments instead."""
-    leaf_by_key: dict = {}
+    leaf_by_key: dict[str, torch.Tensor] = {}
     wrap = None
     if leaves_for is not None:
         keys = [d.get("key") for d in flat_descriptors(
             list(record.get("inputs") or []) + list((record.get("kwargs") or {}).values()))]
         want = {keys[i] for i in leaves_for if i < len(keys) and keys[i]}
 
-        def leaf_wrap(key, t):
+        def leaf_wrap(key: str, t: torch.Tensor) -> torch.Tensor:
             # Leaves get gradients; the call gets a copy, so an in-place op may write into it.
             if key in want and (t.is_floating_point() or t.is_complex()):
                 leaf_by_key[key] = t.detach().requires_grad_(True)
@@ -214,18 +214,20 @@ def _run(record: dict[str, Any], load: Callable[[str], Any], cast: Optional[torc
     outs = flat_tensors([out] if not isinstance(out, (tuple, list)) else out)
     if leaves_for is None:
         return outs
-    pairs = [(outs[j], g) for j, g in grads.items() if j < len(outs) and outs[j].requires_grad]
+    pairs = [(outs[j], g) for j, g in (grads or {}).items()
+             if j < len(outs) and outs[j].requires_grad]
     if not pairs:
         raise NotReplayable("no recorded output gradient reaches the replayed outputs")
-    keys = list(leaf_by_key)
-    got = torch.autograd.grad([o for o, _ in pairs], [leaf_by_key[k] for k in keys],
+    leaf_keys = list(leaf_by_key)
+    got = torch.autograd.grad([o for o, _ in pairs], [leaf_by_key[k] for k in leaf_keys],
                               [g.to(o.dtype) for o, g in pairs], allow_unused=True)
     by_key = {k: (g if g is not None else torch.zeros_like(leaf_by_key[k]))
-              for k, g in zip(keys, got)}
+              for k, g in zip(leaf_keys, got)}
     return [by_key.get(call.tensors[i][0]) if i < len(call.tensors) else None for i in leaves_for]
 
 
-def _reference(record: dict, load: Callable, recorded: list):
+def _reference(record: dict[str, Any], load: Callable[[str], Any],
+               recorded: list[Optional[torch.dtype]]) -> tuple[Optional[torch.dtype], list[Any]]:
     """Run the call on CPU in the target's dtypes: as recorded, or under CPU autocast when that
     is what reproduces the recorded output dtypes (the target ran under autocast).
     Returns (autocast dtype or None, output tensors)."""
@@ -249,19 +251,19 @@ def _short(exc: Exception) -> str:
     return text if len(text) <= 100 else text[:97] + "..."
 
 
-def _dtype(desc: dict) -> torch.dtype:
+def _dtype(desc: dict[str, Any]) -> Optional[torch.dtype]:
     return getattr(torch, str(desc.get("dtype", "")).replace("torch.", ""), None)
 
 
-def _load_target(load: Callable, desc: dict, where: str) -> torch.Tensor:
-    t = load(desc["key"]) if desc.get("key") else None
+def _load_target(load: Callable[[str], Any], desc: dict[str, Any], where: str) -> torch.Tensor:
+    t: Optional[torch.Tensor] = load(desc["key"]) if desc.get("key") else None
     if t is None:
         raise NotReplayable(f"{where} was not saved")
     return t
 
 
-def replay_record(record: dict, load: Callable, policy, forward_record: Optional[dict] = None
-                  ) -> LocalError:
+def replay_record(record: dict[str, Any], load: Callable[[str], Any], policy: Any,
+                  forward_record: Optional[dict[str, Any]] = None) -> LocalError:
     """The local error of one record (see module docstring). Never raises for a record that
     cannot be replayed: the LocalError says why (`replayed` False)."""
     start = time.perf_counter()
@@ -282,7 +284,7 @@ def replay_record(record: dict, load: Callable, policy, forward_record: Optional
                       seconds=time.perf_counter() - start)
 
 
-def _reference_name(dtypes: list, autocast) -> str:
+def _reference_name(dtypes: list[Optional[torch.dtype]], autocast: Optional[torch.dtype]) -> str:
     if autocast is not None:
         return f"{str(autocast).replace('torch.', '')} CPU kernel (autocast)"
     floats = [d for d in dtypes if d is not None and d.is_floating_point]
