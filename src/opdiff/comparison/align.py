@@ -22,16 +22,18 @@ from __future__ import annotations
 
 import functools
 from difflib import SequenceMatcher
-from typing import Optional
+from typing import Any, Optional, Sequence, cast
 
 from ..store.records import iter_tensors
 from ..store.schema import RecordName
 
 Pair = tuple[Optional[int], Optional[int]]   # (target index, golden index)
+Pair2 = tuple[int, int]                       # ... both known
+Record = dict[str, Any]
 SWAP_WINDOW = 4         # how far apart (in the pair list) two swapped neighbours may end up
 
 
-def module_path(record: dict) -> str:
+def module_path(record: Record) -> str:
     """The enclosing module call without its call counter (`Module.layer1.0.Block.forward`)."""
     return _without_index(record.get("module") or "")
 
@@ -42,22 +44,22 @@ def _without_index(name: str) -> str:
     return parsed.without_index if parsed is not None else name
 
 
-def shapes(record: dict) -> tuple:
+def shapes(record: Record) -> tuple[Any, ...]:
     """(role, shape) of every tensor of a record, in order."""
     return tuple((role, tuple(desc.get("shape") or ())) for _, role, desc in iter_tensors(record))
 
 
-def coarse_key(record: dict) -> tuple:
+def coarse_key(record: Record) -> tuple[Any, ...]:
     """What pairs two records when nothing finer does: op, phase and kind."""
     return (record.get("op"), record.get("phase"), record.get("kind"))
 
 
-def fine_key(record: dict) -> tuple:
+def fine_key(record: Record) -> tuple[Any, ...]:
     """What pairs two records first: op, phase, kind, enclosing module and tensor shapes."""
     return coarse_key(record) + (module_path(record), shapes(record))
 
 
-def align(target: list[dict], golden: list[dict], *, shape_flag: bool = False) -> list[Pair]:
+def align(target: list[Record], golden: list[Record], *, shape_flag: bool = False) -> list[Pair]:
     """Pairs (ti, gi) covering every record of both sides once, in target execution order;
     unmatched records come as (ti, None) or (None, gi) at their place in the sequence."""
     if [r.get("name") for r in target] == [r.get("name") for r in golden]:
@@ -79,13 +81,13 @@ def align(target: list[dict], golden: list[dict], *, shape_flag: bool = False) -
     return _pair_swapped(_prefer_same_names(pairs, target, golden), target, golden)
 
 
-def _swap_key(record: dict) -> tuple:
+def _swap_key(record: Record) -> tuple[Any, ...]:
     """The fine signature with its tensors in any order (a `parameters_grad` record lists the
     weight's and the bias's gradient in the order they were produced; its tensors pair by name)."""
     return coarse_key(record) + (module_path(record), tuple(sorted(shapes(record))))
 
 
-def _pair_swapped(pairs: list[Pair], target: list[dict], golden: list[dict]) -> list[Pair]:
+def _pair_swapped(pairs: list[Pair], target: list[Record], golden: list[Record]) -> list[Pair]:
     """Pair a target-only and a golden-only record a few places apart that carry the same name
     and fine signature (two neighbours that ran in the other order on one side); the pair
     takes the target record's place."""
@@ -105,34 +107,35 @@ def _pair_swapped(pairs: list[Pair], target: list[dict], golden: list[dict]) -> 
     return [pair for pair in out if pair is not None]
 
 
-def _prefer_same_names(pairs: list[Pair], target: list[dict], golden: list[dict]) -> list[Pair]:
+def _prefer_same_names(pairs: list[Pair], target: list[Record], golden: list[Record]) -> list[Pair]:
     """Where the diff could have put an unmatched op in several places (relu, relu), put it where
     the names agree: slide the gap forward while the op after it has the gap op's name."""
     out = list(pairs)
     for k in range(len(out) - 1):
         a, b = out[k], out[k + 1]
         if a[1] is None and b[0] is not None and b[1] is not None:       # target-only op
-            i, (i2, j) = a[0], b
+            i, (i2, j) = cast(int, a[0]), cast(Pair2, b)
             if target[i].get("name") == golden[j].get("name") and \
                     coarse_key(target[i]) == coarse_key(target[i2]):
                 out[k], out[k + 1] = (i, j), (i2, None)
         elif a[0] is None and b[0] is not None and b[1] is not None:     # golden-only op
-            j, (i, j2) = a[1], b
+            j, (i, j2) = cast(int, a[1]), cast(Pair2, b)
             if golden[j].get("name") == target[i].get("name") and \
                     coarse_key(golden[j]) == coarse_key(golden[j2]):
                 out[k], out[k + 1] = (i, j), (None, j2)
     return out
 
 
-def _opcodes(a: list, b: list):
+def _opcodes(a: list[Any], b: list[Any]) -> Sequence[tuple[str, int, int, int, int]]:
     # Intern keys to small ints: hashing tuples of shapes once is much cheaper than in the matcher.
-    table: dict = {}
+    table: dict[Any, int] = {}
     ia = [table.setdefault(k, len(table)) for k in a]
     ib = [table.setdefault(k, len(table)) for k in b]
     return SequenceMatcher(None, ia, ib, autojunk=False).get_opcodes()
 
 
-def _align_gap(target, golden, i1, i2, j1, j2, shape_flag) -> list[Pair]:
+def _align_gap(target: list[Record], golden: list[Record], i1: int, i2: int, j1: int, j2: int,
+               shape_flag: bool) -> list[Pair]:
     """Pair what can be paired inside a stretch where the fine signatures differ."""
     pairs: list[Pair] = []
     if i1 == i2 or j1 == j2:

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 EPS = 2.220446049250313e-16       # float64 machine epsilon (numpy.finfo(numpy.float64).eps)
 KL_FLOOR = 1e-8                    # msaccucmp's floor of the scaled distributions
@@ -86,7 +86,7 @@ ANY, NOT_SCALAR, MANY = "any", "not_scalar", "many"
 class Metric:
     """One metric column: `formula(partials, numel)` once the partial sums are folded."""
     name: str
-    formula: Callable[[dict, int], float]
+    formula: Callable[[dict[str, float], int], float]
     identical: float               # its value for two identical tensors
     defined: str = ANY             # ANY | NOT_SCALAR | MANY; elsewhere the metric is None
     digits: int = 5                # significant digits a report shows
@@ -102,7 +102,7 @@ class Metric:
         return True
 
 
-def _cosine(s: dict, n: int) -> float:
+def _cosine(s: dict[str, float], n: int) -> float:
     norm_t, norm_g = math.sqrt(s["stt"]), math.sqrt(s["sgg"])
     if norm_t <= EPS and norm_g <= EPS:
         return 1.0
@@ -112,7 +112,7 @@ def _cosine(s: dict, n: int) -> float:
     return round(cosine, 6) if cosine > 0.9999 else cosine
 
 
-def _kld(s: dict, n: int) -> float:
+def _kld(s: dict[str, float], n: int) -> float:
     return max(s["kl_s"] / s["kl_p"] + math.log(s["kl_q"] / s["kl_p"]), 0.0)
 
 
@@ -153,7 +153,7 @@ ALL_METRICS = tuple(m.name for m in METRIC_TABLE)
 @dataclass
 class Measurement:
     """Metrics of one tensor pair plus the two error measures verdicts use."""
-    metrics: dict
+    metrics: dict[str, Any]
     error: float = 0.0                  # relative L2 error, see module docstring
     scale_error: float = 0.0            # <t,g>/<g,g> - 1
     numel: int = 0
@@ -161,7 +161,7 @@ class Measurement:
     nonfinite_mismatch: int = 0         # positions where inf/NaN differ
     nonfinite_shared: int = 0           # positions holding the same inf/NaN on both sides
     message: str = ""
-    extra: dict = field(default_factory=dict)   # the metrics that are not CSV columns
+    extra: dict[str, Any] = field(default_factory=dict)   # the metrics that are not CSV columns
     norm: float = 0.0                   # max(|t|, |g|), L2; 0 where not measured (identical)
 
     @property
@@ -174,7 +174,7 @@ class Measurement:
         return float(rmse) * math.sqrt(self.numel) if rmse is not None else 0.0
 
 
-def fold(acc: Optional[list], chunk) -> list:
+def fold(acc: Optional[list[float]], chunk: Sequence[float]) -> list[float]:
     """Fold one chunk's partials (a sequence in `PARTIAL_NAMES` order) into `acc` (None: start)."""
     if acc is None:
         return list(chunk)
@@ -183,7 +183,7 @@ def fold(acc: Optional[list], chunk) -> list:
     return acc
 
 
-def _split(values: dict) -> tuple[dict, dict]:
+def _split(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(CSV column metrics, the others) of one name -> value dict."""
     return ({k: v for k, v in values.items() if k in _COLUMNS},
             {k: v for k, v in values.items() if k not in _COLUMNS})
@@ -192,7 +192,7 @@ def _split(values: dict) -> tuple[dict, dict]:
 _COLUMNS = frozenset(METRICS)
 
 
-def finish(partials, numel: int, scalar: bool, nonfinite_shared: int = 0) -> Measurement:
+def finish(partials: Sequence[float], numel: int, scalar: bool, nonfinite_shared: int = 0) -> Measurement:
     """The Measurement from folded partials (`PARTIAL_NAMES` order) of `numel` >= 1 elements."""
     s = dict(zip(PARTIAL_NAMES, partials))
     metrics, extra = _split({m.name: m.formula(s, numel) if m.applies(numel, scalar) else None
@@ -215,12 +215,12 @@ def identical(numel: int, scalar: bool, nonfinite_shared: int = 0) -> Measuremen
     return Measurement(metrics, numel=numel, nonfinite_shared=nonfinite_shared, extra=extra)
 
 
-def empty_metrics(value=None) -> dict:
+def empty_metrics(value: Optional[float] = None) -> dict[str, Any]:
     """Every CSV metric set to one value (None: nothing to compare; NaN: nothing means anything)."""
     return {name: value for name in METRICS}
 
 
-def _extra(value=None) -> dict:
+def _extra(value: Optional[float] = None) -> dict[str, Any]:
     return {m.name: value for m in METRIC_TABLE if not m.column}
 
 

@@ -26,7 +26,7 @@ import math
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Iterator, Optional, cast
 
 import numpy as np
 import torch
@@ -54,12 +54,12 @@ def _widen(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1)
 
 
-def tensor_metrics(target, golden) -> dict:
+def tensor_metrics(target: Any, golden: Any) -> dict[str, Any]:
     """The METRICS of one tensor pair (torch tensors or numpy arrays of the same shape)."""
     return measure(target, golden).metrics
 
 
-def measure(target, golden) -> Measurement:
+def measure(target: Any, golden: Any) -> Measurement:
     """Compare two tensors of the same shape (definitions: `opdiff.comparison.metric_table`)."""
     t, g = _as_torch(target), _as_torch(golden)
     if tuple(t.shape) != tuple(g.shape):
@@ -86,7 +86,8 @@ def measure(target, golden) -> Measurement:
     t, g, mismatch, shared = _neutralise_nonfinite(t, g)
     if mismatch:
         return nonfinite_mismatch(n, mismatch)
-    return _stream(t, g, scalar, check=False, nonfinite_shared=shared)
+    # (check=False always measures)
+    return cast(Measurement, _stream(t, g, scalar, check=False, nonfinite_shared=shared))
 
 
 def _nonfinite(t: torch.Tensor) -> int:
@@ -97,7 +98,8 @@ def _nonfinite(t: torch.Tensor) -> int:
     return int((~torch.isfinite(t)).sum())
 
 
-def _neutralise_nonfinite(t: torch.Tensor, g: torch.Tensor):
+def _neutralise_nonfinite(t: torch.Tensor,
+                          g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     """Zero inf/NaN that sit at the same positions on both sides; count the ones that do not
     and the ones that do: (t, g, mismatched, shared)."""
     t = t.double().clone()
@@ -121,7 +123,7 @@ class _Scratch(threading.local):
     instead of one `.item()` per sum.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.buffers = [torch.empty(_CHUNK, dtype=torch.float64) for _ in range(4)]
         self.out = torch.zeros(len(_SLOTS), dtype=torch.float64)
         self.slot = {name: self.out[i] for i, name in enumerate(_SLOTS)}
@@ -134,7 +136,8 @@ _scratch = _Scratch()
 _FINITE_CHECK = tuple(PARTIAL_NAMES.index(k) for k in ("sd2", "stt", "sgg"))
 
 
-def _chunks(t: torch.Tensor, g: torch.Tensor, starts, kl: tuple) -> list[tuple[int, tuple]]:
+def _chunks(t: torch.Tensor, g: torch.Tensor, starts: Iterator[int],
+            kl: tuple[float, float, float, float]) -> list[tuple[int, tuple[Any, ...]]]:
     """[(start, partials)] for every chunk start taken from the (shared) iterator `starts`;
     partials in `metric_table.PARTIAL_NAMES` order.
 
@@ -185,7 +188,8 @@ def _chunks(t: torch.Tensor, g: torch.Tensor, starts, kl: tuple) -> list[tuple[i
     return done
 
 
-def _golden_zeros(a, b, absg, rel) -> tuple[float, float, int]:
+def _golden_zeros(a: torch.Tensor, b: torch.Tensor, absg: torch.Tensor,
+                  rel: torch.Tensor) -> tuple[float, float, int]:
     """Relative errors of a chunk whose golden holds values with |g| <= EPS (rel holds |d|).
 
     msprobe adds EPS to both sides where golden is exactly 0; MeanRelativeErr counts 0 wherever
@@ -214,7 +218,7 @@ def _golden_zeros(a, b, absg, rel) -> tuple[float, float, int]:
 
 
 def _stream(t: torch.Tensor, g: torch.Tensor, scalar: bool, check: bool = True,
-            nonfinite_shared: int = 0):
+            nonfinite_shared: int = 0) -> Optional[Measurement]:
     """All metrics from one sweep; None when check is on and the data hold inf/NaN."""
     n = t.numel()
     tmin, tmax = (float(v) for v in torch.aminmax(t))
@@ -226,7 +230,8 @@ def _stream(t: torch.Tensor, g: torch.Tensor, scalar: bool, check: bool = True,
     return finish(s, n, scalar, nonfinite_shared)
 
 
-def _sweep(t, g, n: int, kl: tuple) -> list:
+def _sweep(t: torch.Tensor, g: torch.Tensor, n: int,
+           kl: tuple[float, float, float, float]) -> list[float]:
     """Run the chunks on this thread and, for large pairs, on helper threads too.
 
     Torch kernels release the GIL, so threads overlap their kernels. Each thread takes the next
@@ -239,10 +244,10 @@ def _sweep(t, g, n: int, kl: tuple) -> list:
     done = _chunks(t, g, starts, kl)
     for f in futures:
         done += f.result()
-    s = None
+    s: Optional[list[float]] = None
     for _, values in sorted(done, key=lambda item: item[0]):
         s = fold(s, values)
-    return s
+    return cast(list[float], s)      # (n >= 1: one chunk at least)
 
 
 # -- threads -------------------------------------------------------------------------------------
@@ -277,7 +282,7 @@ def _pool() -> ThreadPoolExecutor:
         return _executor
 
 
-def _f(x) -> float | None:
+def _f(x: Any) -> float | None:
     if x is None:
         return None
     try:
@@ -286,7 +291,8 @@ def _f(x) -> float | None:
         return None
 
 
-def stats_measure(target_stats: dict, golden_stats: dict, numel: int) -> Measurement:
+def stats_measure(target_stats: dict[str, Any], golden_stats: dict[str, Any],
+                  numel: int) -> Measurement:
     """Compare two tensors known only by their statistics (max, min, mean, norm, nan, inf).
 
     Columns follow msprobe's statistics mode: `X diff = X(target) - X(golden)` and
@@ -294,7 +300,7 @@ def stats_measure(target_stats: dict, golden_stats: dict, numel: int) -> Measure
     measures every difference against the tensor's magnitude (max |value|, or the RMS for the
     mean) rather than against the statistic itself, so a mean near 0 is not a false alarm.
     """
-    metrics: dict = {}
+    metrics: dict[str, Any] = {}
     names = (("max", "Max"), ("min", "Min"), ("mean", "Mean"), ("norm", "L2norm"))
     diffs = {}
     for key, label in names:

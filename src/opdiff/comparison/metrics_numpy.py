@@ -12,18 +12,20 @@ holds the two implementations to each other.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from .metric_table import (CLOSE_COARSE, CLOSE_FINE, EPS, KL_FLOOR, Measurement, empty, finish,
                            identical, nonfinite_mismatch)
 
 
-def numpy_metrics(target, golden) -> dict:
+def numpy_metrics(target: Any, golden: Any) -> dict[str, Any]:
     """The METRICS of one pair of arrays of the same shape (any numeric dtypes)."""
     return numpy_measure(target, golden).metrics
 
 
-def numpy_measure(target, golden) -> Measurement:
+def numpy_measure(target: Any, golden: Any) -> Measurement:
     """Compare two arrays of the same shape; a Measurement as `metrics.measure` gives it."""
     t, g = np.asarray(target), np.asarray(golden)
     if t.shape != g.shape:
@@ -56,7 +58,7 @@ def _widen(x: np.ndarray) -> np.ndarray:
     return x.reshape(-1)
 
 
-def _partials(t: np.ndarray, g: np.ndarray) -> tuple:
+def _partials(t: np.ndarray, g: np.ndarray) -> tuple[float, ...]:
     """`metric_table.PARTIALS` of finite float64 arrays, in `PARTIAL_NAMES` order."""
     n = t.size
     d = t - g

@@ -87,7 +87,7 @@ import math
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Callable, Iterable
 
 from ..dtypes import _ALIASES as DTYPE_ALIASES   # the spellings users write ('bf16', 'half')
 from ..dtypes import coarser, is_float
@@ -112,7 +112,7 @@ DTYPE_THRESHOLDS = {
 _FALLBACK = "float32"           # a precision class without a row is judged like float32
 
 
-def _column(name: str):
+def _column(name: str) -> Callable[[], dict[str, float]]:
     """The default of one per-dtype Thresholds field: {dtype: number} from the table."""
     i = DTYPE_COLUMNS.index(name)
     return lambda: {dtype: row[i] for dtype, row in DTYPE_THRESHOLDS.items()}
@@ -130,16 +130,16 @@ def _row_key(name: str) -> str | None:
 @dataclass(frozen=True)
 class Thresholds:
     """Numbers behind every verdict. Load with `Thresholds.load(path_or_dict)`; see module doc."""
-    tolerance: dict = field(default_factory=_column("tolerance"))
+    tolerance: dict[str, float] = field(default_factory=_column("tolerance"))
     agree_fraction: float = 0.5         # pass below this fraction of the tolerance
     amplification: float = 10.0         # local error must exceed input error by this factor
-    scale_tolerance: dict = field(default_factory=_column("scale_tolerance"))
+    scale_tolerance: dict[str, float] = field(default_factory=_column("scale_tolerance"))
     scale_min_numel: int = 1
     scale_amplification: float = 3.0
     scale_noise_fraction: float = 0.5
-    statistics_tolerance: dict = field(default_factory=_column("statistics_tolerance"))
-    statistics_scale_tolerance: dict = field(default_factory=_column("statistics_scale_tolerance"))
-    statistics_backward_tolerance: dict = field(
+    statistics_tolerance: dict[str, float] = field(default_factory=_column("statistics_tolerance"))
+    statistics_scale_tolerance: dict[str, float] = field(default_factory=_column("statistics_scale_tolerance"))
+    statistics_backward_tolerance: dict[str, float] = field(
         default_factory=_column("statistics_backward_tolerance"))
     statistics_small_numel: int = 32
 
@@ -150,12 +150,13 @@ class Thresholds:
     _DTYPE_TABLES = DTYPE_COLUMNS
 
     @classmethod
-    def load(cls, source=None, overrides: dict | None = None) -> "Thresholds":
+    def load(cls, source: Any = None, overrides: dict[str, Any] | None = None) -> "Thresholds":
         """From None (defaults), a dict, a Thresholds, or a JSON file path; then `overrides`.
 
         A JSON file / dict looks like `{"tolerance": {"bf16": 2e-2}, "amplification": 5}`;
         override keys may also be a bare dtype (`{"bf16": 2e-2}`) for its tolerance.
         """
+        data: dict[str, Any]
         if isinstance(source, Thresholds):
             base, data = source, {}
         elif source is None:
@@ -177,9 +178,9 @@ class Thresholds:
         data.update(overrides or {})
         return base._with(data)
 
-    def _with(self, data: dict) -> "Thresholds":
-        tables = {key: dict(getattr(self, key)) for key in self._DTYPE_TABLES}
-        changes: dict = {}
+    def _with(self, data: dict[str, Any]) -> "Thresholds":
+        tables: dict[str, Any] = {key: dict(getattr(self, key)) for key in self._DTYPE_TABLES}
+        changes: dict[str, Any] = {}
         for key, value in data.items():
             if key in tables:
                 if not isinstance(value, dict):
@@ -207,7 +208,7 @@ class Thresholds:
         return key
 
     @staticmethod
-    def _number(name: str, value) -> float:
+    def _number(name: str, value: Any) -> float:
         try:
             v = float(value)
         except (TypeError, ValueError):
@@ -217,7 +218,7 @@ class Thresholds:
         return v
 
 
-def run_precision(rows) -> str | None:
+def run_precision(rows: Iterable[Any]) -> str | None:
     """The coarsest float dtype of a compare's rows: in a bf16 autocast run even fp32 ops handle
     values that carry bf16 noise, so no op is held to a finer floor than the run's precision."""
     coarsest = None
@@ -248,7 +249,7 @@ class Policy:
     `statistics_tolerance_for` and `amplification`.
     """
 
-    def __init__(self, thresholds: Thresholds | dict | str | None = None):
+    def __init__(self, thresholds: Thresholds | dict[str, Any] | str | None = None) -> None:
         self.thresholds = Thresholds.load(thresholds)
 
     @property
@@ -256,7 +257,8 @@ class Policy:
         """How far an op's output error must exceed its inputs' to be its own."""
         return self.thresholds.amplification
 
-    def _lookup(self, table: dict, target_dtype, golden_dtype) -> float:
+    def _lookup(self, table: dict[str, float], target_dtype: str | None,
+                golden_dtype: str | None) -> float:
         return table.get(coarser(target_dtype, golden_dtype), table[_FALLBACK])
 
     def tolerance_for(self, target_dtype: str | None, golden_dtype: str | None) -> float:
@@ -302,7 +304,7 @@ class Policy:
                     default=0.0)
         return scale > 0 and out.norm < scale and out.abs_error <= tolerance * scale
 
-    def judge(self, measurement, target_dtype: str | None, golden_dtype: str | None) -> Verdict:
+    def judge(self, measurement: Measurement, target_dtype: str | None, golden_dtype: str | None) -> Verdict:
         """Verdict for one tensor on its own (the blame rules may then soften an error that
         the op's inputs explain into a warning)."""
         dt = coarser(target_dtype, golden_dtype)
