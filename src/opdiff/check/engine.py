@@ -124,8 +124,10 @@ def location_of(dump: Any, record: dict[str, Any],
 
 def check_record(record: dict[str, Any], records: dict[str, dict[str, Any]],
                  load: Callable[[str], Any], index: int, policy: Optional[Policy] = None,
-                 device: Optional[str] = None, location: Optional[Location] = None) -> OpCheck:
-    """Check one record; never raises for a record that cannot be replayed."""
+                 device: Optional[str] = None, location: Optional[Location] = None,
+                 known: Optional[dict[str, Any]] = None) -> OpCheck:
+    """Check one record; never raises for a record that cannot be replayed. `known`: a dict
+    kept across the records of one dump (see `opdiff.comparison.replay.local.replay_tensors`)."""
     policy = policy or Policy()
     start = time.perf_counter()
     base = dict(name=record["name"], op=record.get("op", ""), phase=record.get("phase", ""),
@@ -135,7 +137,7 @@ def check_record(record: dict[str, Any], records: dict[str, dict[str, Any]],
                        "made of other ops (its ops are checked one by one)")
     fwd = records.get(record["forward"]) if record.get("forward") else None
     try:
-        rep = replay_tensors(record, load, forward_record=fwd, device=device)
+        rep = replay_tensors(record, load, forward_record=fwd, device=device, known=known)
     except NotReplayable as exc:
         return OpCheck(**base, status=NOT_CHECKED, reason=str(exc),
                        seconds=time.perf_counter() - start)

@@ -55,12 +55,13 @@ class _Job:
         self.by_name = {r["name"]: r for r in records}
         self.index = {r["name"]: i for i, r in enumerate(records)}
         self.policy = Policy()
+        self.known: dict[str, Any] = {}      # record -> the autocast that reproduces it
 
     def check(self, name: str) -> OpCheck:
         rec = self.by_name[name]
         return check_record(rec, self.by_name, self.load, self.index[name], self.policy,
                             device=self.device if self.mode == "statistics" else None,
-                            location=location_of(self.dump, rec, self.by_name))
+                            location=location_of(self.dump, rec, self.by_name), known=self.known)
 
 
 _WORKER: Optional[_Job] = None

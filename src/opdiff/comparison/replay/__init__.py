@@ -43,6 +43,7 @@ class Replayer:
         self.dump, self.policy = dump, policy
         self.records = {r["name"]: r for r in (records if records is not None else dump.records())}
         self.done: dict[str, LocalError] = {}
+        self.autocast: dict[str, Any] = {}     # record -> CPU autocast dtype that reproduces it
         self.seconds = 0.0
 
     def can_replay(self, name: str) -> bool:
@@ -64,7 +65,8 @@ class Replayer:
         else:
             start = time.perf_counter()
             fwd = self.records.get(rec.get("forward")) if rec.get("forward") else None
-            local = replay_record(rec, self.dump.tensor, self.policy, forward_record=fwd)
+            local = replay_record(rec, self.dump.tensor, self.policy, forward_record=fwd,
+                                  known=self.autocast)
             self.seconds += time.perf_counter() - start
             log.debug("opdiff: replayed %s: %s", name,
                       local.describe() if local.replayed else local.reason)

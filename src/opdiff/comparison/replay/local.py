@@ -227,21 +227,28 @@ def _run(record: dict[str, Any], load: Callable[[str], Any], cast: Optional[torc
 
 
 def _reference(record: dict[str, Any], load: Callable[[str], Any],
-               recorded: list[Optional[torch.dtype]]) -> tuple[Optional[torch.dtype], list[Any]]:
+               recorded: list[Optional[torch.dtype]],
+               known: Optional[dict[str, Optional[torch.dtype]]] = None,
+               ) -> tuple[Optional[torch.dtype], list[Any]]:
     """Run the call on CPU in the target's dtypes: as recorded, or under CPU autocast when that
     is what reproduces the recorded output dtypes (the target ran under autocast).
     Returns (autocast dtype or None, output tensors)."""
     low = sorted({d for d in recorded if d in _LOW}, key=str)
-    for autocast in [None] + low:
+    name = record.get("name", "")
+    # Found for this record before (its forward, say): one run instead of up to three.
+    candidates = [known[name]] if known is not None and name in known else [None] + low
+    for autocast in candidates:
         try:
             outs = _run(record, load, None, autocast)
         except NotReplayable:
             raise
         except Exception as exc:
-            if autocast is None and low:
+            if autocast is None and len(candidates) > 1:
                 continue
             raise NotReplayable(f"the CPU kernel in the target's dtypes fails ({_short(exc)})")
         if [o.dtype for o in outs] == recorded:
+            if known is not None:
+                known[name] = autocast
             return autocast, outs
     raise NotReplayable("the CPU kernel does not reproduce the target's output dtypes")
 
@@ -263,7 +270,8 @@ def _load_target(load: Callable[[str], Any], desc: dict[str, Any], where: str) -
 
 
 def replay_record(record: dict[str, Any], load: Callable[[str], Any], policy: Any,
-                  forward_record: Optional[dict[str, Any]] = None) -> LocalError:
+                  forward_record: Optional[dict[str, Any]] = None,
+                  known: Optional[dict[str, Optional[torch.dtype]]] = None) -> LocalError:
     """The local error of one record (see module docstring). Never raises for a record that
     cannot be replayed: the LocalError says why (`replayed` False)."""
     start = time.perf_counter()
@@ -271,9 +279,9 @@ def replay_record(record: dict[str, Any], load: Callable[[str], Any], policy: An
         if record.get("phase") == "backward" and record.get("kind") != "aten":
             if forward_record is None:
                 raise NotReplayable("its forward call is not in the dump")
-            ref, tensors = _backward(record, forward_record, load, policy)
+            ref, tensors = _backward(record, forward_record, load, policy, known)
         else:
-            ref, tensors = _forward(record, load, policy)
+            ref, tensors = _forward(record, load, policy, known)
     except NotReplayable as exc:
         return LocalError(record["name"], False, reason=str(exc),
                           seconds=time.perf_counter() - start)
@@ -303,19 +311,22 @@ class Replayed:
 
 def replay_tensors(record: dict[str, Any], load: Callable[[str], Any],
                    forward_record: Optional[dict[str, Any]] = None,
-                   device: Optional[str] = None) -> Replayed:
+                   device: Optional[str] = None,
+                   known: Optional[dict[str, Optional[torch.dtype]]] = None) -> Replayed:
     """Re-run one record in float64 and as the CPU reference kernel and return the tensors.
 
     The target is the recorded output (gradient), or, with `device`, the same call re-run on
     that device in the recorded dtypes on the same inputs (statistics dumps: `load` then
     makes up the inputs). The float64 and reference runs are shielded from the user's
-    TorchFunctionModes (a test's planted fault), the device run is not.
+    TorchFunctionModes (a test's planted fault), the device run is not. `known`: a dict kept
+    across calls, {record name: the CPU autocast dtype (or None) that reproduces its dtypes},
+    which saves the reference forward run of a backward record whose forward was replayed.
     Raises NotReplayable with the reason."""
     if record.get("phase") == "backward" and record.get("kind") != "aten":
         if forward_record is None:
             raise NotReplayable("its forward call is not in the dump")
-        return _backward_tensors(record, forward_record, load, device)
-    return _forward_tensors(record, load, device)
+        return _backward_tensors(record, forward_record, load, device, known)
+    return _forward_tensors(record, load, device, known)
 
 
 def _device_load(load: Callable[[str], Any], device: str) -> Callable[[str], Any]:
@@ -325,27 +336,30 @@ def _device_load(load: Callable[[str], Any], device: str) -> Callable[[str], Any
     return on_device
 
 
-def _forward(record: dict[str, Any], load: Callable[[str], Any], policy: Any
+def _forward(record: dict[str, Any], load: Callable[[str], Any], policy: Any,
+             known: Optional[dict[str, Optional[torch.dtype]]] = None
              ) -> tuple[str, list[TensorLocalError]]:
-    rep = _forward_tensors(record, load, None)
+    rep = _forward_tensors(record, load, None, known)
     return rep.reference, [judge_tensor(n, t, e, r, policy) for n, t, e, r in rep.outputs]
 
 
 def _backward(record: dict[str, Any], fwd: dict[str, Any], load: Callable[[str], Any],
-              policy: Any) -> tuple[str, list[TensorLocalError]]:
-    rep = _backward_tensors(record, fwd, load, None)
+              policy: Any, known: Optional[dict[str, Optional[torch.dtype]]] = None
+              ) -> tuple[str, list[TensorLocalError]]:
+    rep = _backward_tensors(record, fwd, load, None, known)
     return rep.reference, [judge_tensor(n, t, e, r, policy) for n, t, e, r in rep.outputs]
 
 
 def _forward_tensors(record: dict[str, Any], load: Callable[[str], Any],
-                     device: Optional[str]) -> Replayed:
+                     device: Optional[str],
+                     known: Optional[dict[str, Optional[torch.dtype]]] = None) -> Replayed:
     outputs = [(name, d) for name, role, d in iter_tensors(record) if role == "output"]
     if not outputs:
         raise NotReplayable("it has no output tensor to compare")
     recorded = [_dtype(d) for _, d in outputs]
     with _shielded():
         exact = _run(record, load, torch.float64, None)
-        autocast, reference = _reference(record, load, recorded)
+        autocast, reference = _reference(record, load, recorded, known)
     if len(exact) != len(outputs):
         raise NotReplayable(f"the replay returns {len(exact)} tensors, the dump {len(outputs)}")
     targets: list[Optional[torch.Tensor]]
@@ -364,7 +378,8 @@ def _forward_tensors(record: dict[str, Any], load: Callable[[str], Any],
 
 
 def _backward_tensors(record: dict[str, Any], fwd: dict[str, Any], load: Callable[[str], Any],
-                      device: Optional[str]) -> Replayed:
+                      device: Optional[str],
+                      known: Optional[dict[str, Optional[torch.dtype]]] = None) -> Replayed:
     grads_in = record.get("outputs") or []
     leaves = [i for i, d in enumerate(grads_in) if isinstance(d, dict) and d.get("type") == "tensor"]
     if not leaves:
@@ -378,8 +393,11 @@ def _backward_tensors(record: dict[str, Any], fwd: dict[str, Any], load: Callabl
     recorded = [_dtype(grads_in[i]) for i in leaves]
     with _shielded():
         exact = _run(fwd, load, torch.float64, None, leaves, g_exact)
-        autocast, _ = _reference(fwd, load, [_dtype(d) for _, r, d in iter_tensors(fwd)
-                                             if r == "output"])
+        if known is not None and fwd.get("name") in known:
+            autocast = known[fwd["name"]]
+        else:
+            autocast, _ = _reference(fwd, load, [_dtype(d) for _, r, d in iter_tensors(fwd)
+                                                 if r == "output"], known)
         reference = _run(fwd, load, None, autocast, leaves, g_plain)
     targets: list[Optional[torch.Tensor]]
     if device is not None:
