@@ -14,6 +14,7 @@ import logging
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import List
 
 from .errors import ConfigError
 
@@ -84,11 +85,11 @@ class DumpConfig:
     dump_path: str = "./dump"
     task: str = "statistics"
     level: str = "L1"
-    step: list = field(default_factory=list)        # [] = every step
-    rank: list = field(default_factory=list)        # [] = every rank
-    scope: list = field(default_factory=list)       # [first_name, last_name] or []
-    list: list = field(default_factory=list)        # names or substrings; [] = everything
-    data_mode: list = field(default_factory=lambda: ["all"])
+    step: List[int] = field(default_factory=list)   # [] = every step
+    rank: List[int] = field(default_factory=list)   # [] = every rank
+    scope: List[str] = field(default_factory=list)  # [first_name, last_name] or []
+    list: List[str] = field(default_factory=list)   # names or substrings; [] = everything
+    data_mode: List[str] = field(default_factory=lambda: ["all"])
     overflow_nums: int = 1
 
     @classmethod

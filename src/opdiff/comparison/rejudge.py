@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Optional
+from typing import Any, Optional
 
 from ..store.schema import Kind, RecordName, Role
 from .blame import OpScore, analyse
@@ -37,13 +37,13 @@ from .verdicts import Policy, Thresholds
 NOTE = "re-judged from the saved metrics with other thresholds (replay not redone)"
 
 
-def rejudge(result: CompareResult, thresholds: Thresholds | dict | str | None = None, *,
+def rejudge(result: CompareResult, thresholds: Thresholds | dict[str, Any] | str | None = None, *,
             policy: Optional[Policy] = None) -> CompareResult:
     """A new CompareResult: `result`'s rows judged by `thresholds` (anything `Thresholds.load`
     takes) or by `policy`, and the first divergence found again. `result` is left as it is."""
     policy = policy or Policy(thresholds)
     notes = [n for n in result.notes if not _stale(n)] + [NOTE]
-    groups: dict = {}
+    groups: dict[tuple[Optional[int], Optional[int]], list[TensorRow]] = {}
     for row in result.rows:
         groups.setdefault((row.step, row.rank), []).append(row)
     if not result.pairs:                        # one step/rank pair
@@ -61,7 +61,8 @@ def _stale(note: str) -> bool:
     return "statistics only" in note or note.startswith("replayed ") or ": replayed " in note
 
 
-def _pair(result: CompareResult, rows: list, policy: Policy, step, rank) -> CompareResult:
+def _pair(result: CompareResult, rows: list[TensorRow], policy: Policy, step: Optional[int],
+          rank: Optional[int]) -> CompareResult:
     rows = list(rows)
     scores: dict[str, OpScore] = {}
     for i, row in enumerate(rows):
