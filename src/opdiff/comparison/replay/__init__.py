@@ -73,6 +73,29 @@ class Replayer:
         self.done[name] = local
         return local
 
+    def judge_many(self, names: list[str], jobs: int = 1) -> dict[str, LocalError]:
+        """The LocalErrors of several records, replayed in `jobs` processes (spawn context;
+        each worker opens the dump by its path) and cached like `judge`'s. Falls back to one
+        process for a dump without a path on disk or when there are too few records."""
+        todo = [n for n in dict.fromkeys(names) if n not in self.done and self.can_replay(n)]
+        path = getattr(self.dump, "path", None)
+        if jobs > 1 and len(todo) > 1 and path is not None and getattr(
+                self.dump, "format", "") == "opdiff":
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            start = time.perf_counter()
+            size = max(1, len(todo) // (jobs * 4))
+            batches = [todo[i:i + size] for i in range(0, len(todo), size)]
+            with ProcessPoolExecutor(max_workers=jobs,
+                                     mp_context=multiprocessing.get_context("spawn"),
+                                     initializer=_worker_init,
+                                     initargs=(str(path), self.policy)) as pool:
+                for batch in pool.map(_worker_judge, batches):
+                    self.done.update(batch)
+            self.seconds += time.perf_counter() - start
+        return {n: self.judge(n) for n in names}
+
     def summary(self) -> str:
         """One line: how many ops were replayed, in how long, and how many could not be."""
         ok = [v for v in self.done.values() if v.replayed]
@@ -82,6 +105,23 @@ class Replayer:
             text += (f"; {len(skipped)} not replayed (e.g. {skipped[0].name}: "
                      f"{skipped[0].reason})")
         return text
+
+
+_WORKER: Optional[Replayer] = None
+
+
+def _worker_init(path: str, policy: Any) -> None:
+    global _WORKER
+    import torch
+
+    from ...store.reader import open_dump
+    torch.set_num_threads(1)        # the workers share the cores
+    _WORKER = Replayer(open_dump(path), policy=policy)
+
+
+def _worker_judge(names: list[str]) -> dict[str, LocalError]:
+    assert _WORKER is not None
+    return {n: _WORKER.judge(n) for n in names}
 
 
 __all__ = ["Replayer", "LocalError", "TensorLocalError", "NotReplayable", "replay_record",
