@@ -6,6 +6,14 @@ rule the offline analysis applies too (`opdiff.overflow.rules.judge`: its output
 non-finite while its inputs are all finite): an origin is written to the dump with full
 tensors, its module and the user's source line. Ops that only pass inf/NaN along are counted. After
 `overflow_nums` origins (-1: never), training stops with `OverflowDetected`.
+
+A forward origin counts only once its inf/NaN reaches something that matters: a gradient (any
+backward record, a parameter gradient), or a value that leaves the model (a forward record
+outside every module: the root module's output, the loss). One that never does by the end of
+the recorded region (T5's `torch.log(0)` in its position bucketing, turned into integers by
+`.to(long)` or dropped by `torch.where`) is written as `"overflow": "discarded"` ("created and
+discarded"), logged, and neither counted nor stops training. With level="L1" no op has a
+module, so every non-finite forward output matters at once (the behaviour before).
 """
 from __future__ import annotations
 
@@ -57,6 +65,8 @@ class OverflowMonitor:
         self.propagated = 0
         self.skipped_by_scaler = 0
         self.pending: list[PendingRecord] = []   # backward origins waiting for the loss scaler
+        self.unreached: list[PendingRecord] = []  # forward origins whose inf/NaN matters not yet
+        self.discarded = 0              # forward origins whose inf/NaN never mattered
         self.tainted: set = set()       # forward ops that saw inf/NaN (their backward inherits it)
         self.enclosing: set = set()     # module calls that contain an origin
         self.stopped = False
@@ -82,6 +92,7 @@ class OverflowMonitor:
             # One check tells "finite or not": NONFINITE for a side that is not keeps the rules
             # that need to know which (inf turned into NaN) out, as the offline walk does when
             # it cannot tell either.
+            reached = False
             verdict = rules.judge(rules.FINITE if inside or inputs_finite else rules.NONFINITE,
                                   rules.NONFINITE, inside_origin=inside,
                                   given_nonfinite_number=has_nonfinite_number(record),
@@ -90,28 +101,61 @@ class OverflowMonitor:
                 if verdict.why == rules.CONTAINS_ORIGIN:
                     self.enclosing.add(record.get("module"))
                 self.propagated += 1
-                return
-            name = record["name"]
-            origin = dict(record)
-            origin["overflow"] = "origin"
-            origin["inputs"] = [self.describer.describe(v, name, Role.INPUT, i)
-                                for i, v in enumerate(inputs if isinstance(inputs, (list, tuple)) else [inputs])]
-            outs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
-            origin["outputs"] = [self.describer.describe(v, name, Role.OUTPUT, i)
-                                 for i, v in enumerate(outs)]
-            if in_place:
-                origin["note"] = ("in-place op: its inputs were finite before it ran; they are "
-                                  "shown after the op overwrote them")
-        s.emit(origin, force=True)
-        s.flush()
+                reached = bool(self.unreached) and _matters(record)
+            else:
+                name = record["name"]
+                origin = dict(record)
+                origin["overflow"] = "origin"
+                origin["inputs"] = [self.describer.describe(v, name, Role.INPUT, i) for i, v in
+                                    enumerate(inputs if isinstance(inputs, (list, tuple)) else [inputs])]
+                outs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+                origin["outputs"] = [self.describer.describe(v, name, Role.OUTPUT, i)
+                                     for i, v in enumerate(outs)]
+                if in_place:
+                    origin["note"] = ("in-place op: its inputs were finite before it ran; they are "
+                                      "shown after the op overwrote them")
+        if verdict.kind != rules.ORIGIN:
+            if reached:
+                self._reached()
+            return
         self.enclosing.add(record.get("module"))
         found = PendingRecord(origin)
-        found.message = self.describe(origin)
-        log.warning("opdiff: %s", found.message)
+        if record["phase"] == Phase.FORWARD and not _matters(record):
+            self.unreached.append(found)   # written once it is known whether it mattered
+            return
+        self._write(found)
         if record["phase"] == Phase.BACKWARD:
             self.pending.append(found)     # GradScaler may still skip this step
         else:
             self._count([found])
+
+    def _write(self, found: PendingRecord) -> None:
+        s = self.session
+        s.emit(found.record, force=True)
+        s.flush()
+        found.message = self.describe(found.record)
+        log.warning("opdiff: %s", found.message)
+
+    def _reached(self) -> None:
+        """The inf/NaN of this step's forward origins reached a gradient or the model's output."""
+        reached, self.unreached = self.unreached, []
+        for found in reached:
+            self._write(found)
+        self._count(reached)
+
+    def _discard(self) -> None:
+        """End of the region: forward origins whose inf/NaN never mattered."""
+        s = self.session
+        for found in self.unreached:
+            found.record["overflow"] = "discarded"
+            s.emit(found.record, force=True)
+            self.discarded += 1
+            log.info("opdiff: inf/NaN created and discarded by %s (step %d): it reaches no "
+                     "gradient, parameter or output of the model", found.record["name"],
+                     s.step_index)
+        if self.unreached:
+            s.flush()
+        self.unreached = []
 
     def _count(self, origins: list) -> None:
         """Origins that are model problems: stop once there are `overflow_nums` of them."""
@@ -144,6 +188,7 @@ class OverflowMonitor:
 
     def settle(self) -> None:
         """End of the recorded region: backward origins no loss scaler skipped now count."""
+        self._discard()
         pending, self.pending = self.pending, []
         self._count(pending)
 
@@ -159,3 +204,9 @@ class OverflowMonitor:
         module = f" in {origin['module']}" if origin.get("module") else ""
         return (f"inf/NaN first created by {origin['name']} ({origin['phase']}, step "
                 f"{s.step_index}){module}{where}: its inputs are finite, its outputs are not")
+
+
+def _matters(record: dict) -> bool:
+    """Does inf/NaN in this record's outputs matter whatever comes later: a gradient, or a
+    forward value outside every module (the root module's output, the loss)?"""
+    return rules.matters(record.get("phase"), record.get("kind"), record.get("module"))

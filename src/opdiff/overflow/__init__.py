@@ -14,8 +14,8 @@ Command line: `opdiff overflow DUMP [-o OUT]`. Online, during training, the same
 answered by `PrecisionDebugger(task="overflow_check", overflow_nums=1)` (see opdiff.capture).
 """
 from .analysis import analyze, analyze_dump
-from .result import (CLEAN, INHERITED, OVERFLOW, SKIPPED, ChainLink, HeadroomWarning, Origin,
+from .result import (CLEAN, DISCARDED, INHERITED, OVERFLOW, SKIPPED, ChainLink, HeadroomWarning, Origin,
                      OverflowResult, StepFinding)
 
 __all__ = ["analyze", "analyze_dump", "OverflowResult", "StepFinding", "Origin", "ChainLink",
-           "HeadroomWarning", "OVERFLOW", "INHERITED", "SKIPPED", "CLEAN"]
+           "HeadroomWarning", "OVERFLOW", "INHERITED", "SKIPPED", "DISCARDED", "CLEAN"]

@@ -24,7 +24,7 @@ from ..store.schema import Kind, Location, Phase, RecordName, Role, locations_fr
 from . import headroom as _headroom
 from . import rules
 from .classify import health, sides
-from .result import (CLEAN, INHERITED, OVERFLOW, SKIPPED, ChainLink, Origin, OverflowResult,
+from .result import (CLEAN, DISCARDED, INHERITED, OVERFLOW, SKIPPED, ChainLink, Origin, OverflowResult,
                      StepFinding)
 from .scaler import is_scaler_op, scaler_found_inf
 
@@ -84,10 +84,15 @@ class _Walk:
         self.headroom: list = []
         self.module_headroom: list = []
         self.has_ops = False
+        self.last_matters = -1                    # position of the last non-finite that matters
+        self.positions: dict[str, int] = {}       # origin name -> its position
+        self.discarded: set[str] = set()          # origins the online monitor found discarded
 
     def visit(self, rec: dict) -> None:
         self.counts["records"] += 1
         kind, phase, name = rec.get("kind"), rec.get("phase", Phase.FORWARD), rec["name"]
+        if kind == _LEAF:           # a parameter/input as it entered: the ops reading it judge it
+            return
         if kind in (Kind.API, Kind.ATEN):
             self.has_ops = True
         if is_scaler_op(rec):       # before measuring anything: the scaler rules read it
@@ -118,7 +123,13 @@ class _Walk:
             self.counts["absorbed"] += 1
             return
         self.counts["nonfinite"] += 1
+        position = self.counts["records"]
+        if rec.get("overflow") == "discarded":
+            self.discarded.add(name)
+        elif rec.get("overflow") == "origin" or rules.matters(phase, kind, rec.get("module")):
+            self.last_matters = position      # (the online monitor writes only origins that matter)
         if verdict.kind == rules.ORIGIN:
+            self.positions[name] = position
             self._origin(rec, hin, hout, verdict.why)
         elif verdict.kind == rules.INTENTIONAL:
             self.intentional.append(name)
@@ -181,17 +192,21 @@ class _Walk:
         skipped = bool(self.scaler and self.scaler["skipped"])
         origins = [dataclasses.replace(o, skipped_by_loss_scaler=True)
                    if skipped and o.phase == Phase.BACKWARD else o for o in self.origins]
-        model_origins = [o for o in origins if not o.skipped_by_loss_scaler]
+        origins = [dataclasses.replace(o, discarded=True) if self._discarded(o) else o
+                   for o in origins]
+        model_origins = [o for o in origins if not (o.skipped_by_loss_scaler or o.discarded)]
         if model_origins:
             status = OVERFLOW
-        elif origins:
+        elif any(o.skipped_by_loss_scaler for o in origins):
             status = SKIPPED
+        elif origins:
+            status = DISCARDED
         elif self.inherited is not None:
             status, origins = INHERITED, [self.inherited]
         else:
             status = CLEAN
-        # Show the origin that needs fixing first; scaler-skipped ones follow.
-        origins.sort(key=lambda o: o.skipped_by_loss_scaler)
+        # Show the origin that needs fixing first; scaler-skipped and discarded ones follow.
+        origins.sort(key=lambda o: (o.skipped_by_loss_scaler, o.discarded))
         finding = StepFinding(path=str(self.dump.path), format=self.dump.format,
                               step=self.dump.step, rank=self.dump.rank, status=status,
                               origins=origins, chain=self.chain, counts=self.counts,
@@ -199,6 +214,16 @@ class _Walk:
         finding.message = _message(finding)
         warnings = self.headroom + ([] if self.has_ops else self.module_headroom)
         return finding, warnings
+
+
+    def _discarded(self, o: Origin) -> bool:
+        """A forward origin whose inf/NaN reached no gradient, parameter or model output."""
+        if o.name in self.discarded:
+            return True
+        return o.phase == Phase.FORWARD and self.positions.get(o.name, -1) > self.last_matters
+
+
+_LEAF = getattr(Kind, "LEAF", "leaf")     # leaf records (parameters, inputs) are not ops
 
 
 def _forward_form(name: str) -> str:
@@ -241,6 +266,9 @@ def _message(f: StepFinding) -> str:
     if f.status == SKIPPED:
         return (f"{where}: inf/NaN appeared only in gradients (first {o.name}) and the loss scaler "
                 f"skipped the step: expected with loss scaling, not a model bug")
+    if f.status == DISCARDED:
+        return (f"{where}: inf/NaN created and discarded by {o.name}{loc}: it reaches no "
+                f"gradient, parameter or output of the model (not an overflow)")
     if f.status == INHERITED:
         return f"{where}: {o.name}{loc} received inf/NaN that no recorded op produced"
     spread = f"; {f.counts['chain']} op(s) passed it on" if f.counts.get("chain") else ""

@@ -10,9 +10,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .result import CLEAN, INHERITED, OVERFLOW, SKIPPED
+from .result import CLEAN, DISCARDED, INHERITED, OVERFLOW, SKIPPED
 
-_STYLE = {OVERFLOW: "bold red", INHERITED: "bold red", SKIPPED: "yellow", CLEAN: "green"}
+_STYLE = {OVERFLOW: "bold red", INHERITED: "bold red", SKIPPED: "yellow", DISCARDED: "yellow",
+          CLEAN: "green"}
 
 
 def print_overflow(result, console: Console | None = None, *, chain: int = 8, headroom: int = 8) -> None:
@@ -55,4 +56,5 @@ def print_overflow(result, console: Console | None = None, *, chain: int = 8, he
                        f"1/{result.headroom_factor:g} of the limit", style="yellow"))
         for w in result.headroom[:headroom]:
             where = f"  [{w.location.file}:{w.location.line}]" if w.location else ""
-            con.print(Text(f"  {w.name} ({w.dtype}): {w.message}{where}"))
+            step = f"step {w.step}: " if w.step is not None else ""
+            con.print(Text(f"  {step}{w.name} ({w.dtype}): {w.message}{where}"))

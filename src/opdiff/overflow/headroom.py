@@ -4,6 +4,9 @@ Before switching a model from fp32 or bf16 to fp16, users ask which ops produce 
 fp16's maximum (65504). An op is flagged when `max|output| * factor >= limit`, where the limit is
 fp16's maximum for wider types and the tensor's own maximum for fp16 and fp8 tensors; `factor=1`
 flags only values that would actually overflow, `factor=2` also those within 2x of the limit.
+
+A tensor whose largest magnitude is exactly its own dtype's largest finite value holds a mask
+written on purpose (`masked_fill(mask, torch.finfo(dtype).min)`, HF attention masks): skipped.
 """
 from __future__ import annotations
 
@@ -36,6 +39,8 @@ def warnings_for(record: dict, factor: float, location=None, step=None, rank=Non
         m = max_abs(desc)
         if limit is None or m is None or m * factor < limit[0]:
             continue
+        if m == largest_finite(short_dtype(str(desc.get("dtype") or "")) or ""):
+            continue        # finfo(dtype).min/max: a mask, not a value that grew
         if worst is None or m / limit[0] > worst[0]:
             worst = (m / limit[0], m, desc, limit, tname)
     if worst is None:

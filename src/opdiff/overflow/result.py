@@ -14,8 +14,9 @@ from ..store.schema import Location
 OVERFLOW = "overflow"                   # an op created inf/NaN: a model problem
 INHERITED = "inherited"                 # inf/NaN arrived from outside the recorded ops (data, params)
 SKIPPED = "skipped_by_loss_scaler"      # inf/NaN only in gradients, and the loss scaler skipped the step
+DISCARDED = "created_and_discarded"     # inf/NaN made, but it never reached a gradient or the output
 CLEAN = "clean"
-STATUS_ORDER = (OVERFLOW, INHERITED, SKIPPED, CLEAN)
+STATUS_ORDER = (OVERFLOW, INHERITED, SKIPPED, DISCARDED, CLEAN)
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class Origin:
     step: Optional[int] = None
     rank: Optional[int] = None
     skipped_by_loss_scaler: bool = False
+    discarded: bool = False             # its inf/NaN reached no gradient, parameter or output
 
 
 @dataclass(frozen=True)

@@ -115,6 +115,16 @@ def judge(inputs: Health, outputs: Health, *, given_nonfinite_number: bool = Fal
     return Verdict(INHERITED, PROPAGATES)
 
 
-__all__ = ["judge", "is_loss_scaler", "Health", "Verdict", "FINITE", "NONFINITE", "CLEAN",
+def matters(phase: str | None, kind: str | None, module: str | None) -> bool:
+    """Does inf/NaN in a record's outputs matter whatever comes later? Gradients do (any
+    backward record, a parameter gradient), and so does a forward value outside every module
+    (the root module's output, the loss). A forward origin whose inf/NaN reaches none of these
+    by the end of the step was *created and discarded* (T5's `torch.log(0)` in its position
+    bucketing, made integer by `.to(long)` or dropped by `torch.where`): not an overflow.
+    Without module records (level="L1") every op is outside every module: all matter."""
+    return phase == "backward" or kind == "param_grad" or not module
+
+
+__all__ = ["judge", "matters", "is_loss_scaler", "Health", "Verdict", "FINITE", "NONFINITE", "CLEAN",
            "ABSORBED", "ORIGIN", "INHERITED", "INTENTIONAL", "LOSS_SCALER", "PROPAGATES",
            "CONTAINS_ORIGIN", "USES_FORWARD"]
