@@ -96,3 +96,31 @@ def test_without_ray_the_cli_says_how_to_get_it(roots):
     assert proc.returncode == 2
     assert "pip install opdiff[ray]" in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def _ray_cli(*args: str) -> None:
+    ray_bin = Path(sys.executable).with_name("ray")
+    proc = subprocess.run([str(ray_bin), *args], capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_two_nodes_dumps_pinned_to_the_second(roots, local, monkeypatch):
+    # Two Ray "nodes" on this machine; the target dumps are said to live on the second one.
+    # (Runs after the module's in-process cluster is shut down: it uses its own processes.)
+    if ray.is_initialized():
+        ray.shutdown()
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")    # a local test cluster, no token
+    port = "6391"
+    _ray_cli("start", "--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
+             '--resources={"dumpA": 1}', "--disable-usage-stats")
+    try:
+        _ray_cli("start", f"--address=127.0.0.1:{port}", "--num-cpus=1",
+                 '--resources={"dumpB": 1}', "--disable-usage-stats")
+        pinned = opdiff.compare(str(roots[0]), str(roots[1]), engine="ray",
+                                ray_address=f"127.0.0.1:{port}", ray_pins={str(roots[0]): "dumpB"})
+        _same(pinned, local)
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        _ray_cli("stop", "--force")
