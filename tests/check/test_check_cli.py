@@ -8,6 +8,7 @@ import json
 import pytest
 from checkmodels import dump
 
+import opdiff
 import opdiff.testing
 from opdiff.check import check_dump
 from opdiff.cli import main
@@ -115,3 +116,17 @@ def test_statistics_dump_on_device_finds_a_fault_in_the_checking_process(tmp_pat
     assert faulty.first_failure is not None
     assert faulty.first_failure.op == "Functional.conv2d", faulty.first_failure.name
     assert faulty.first_failure.name == "Functional.conv2d.0.forward"
+
+
+def test_random_ops_are_listed_with_the_reason_never_judged(model_cases, tmp_path, capsys):
+    model, inputs, loss_fn = model_cases["transformer"].build()     # Dropout(0.1), training
+    with opdiff.dump(model, tmp_path / "d", level="mix", task="tensor"):
+        loss_fn(model(*inputs)).backward()
+    out = tmp_path / "out"
+    assert main(["check", str(tmp_path / "d"), "-o", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    skipped = {s["name"]: s["reason"] for s in summary["not_checked"]}
+    assert "Functional.dropout.0.forward" in skipped and "random" in skipped[
+        "Functional.dropout.0.forward"]
+    assert summary["failed"] == 0 and summary["checked"] > 10
+    assert "not checked: Functional.dropout" in capsys.readouterr().out
