@@ -1,0 +1,65 @@
+"""msit's absolute RMSE < 1.0 is judged against the dtype: healthy fp16 rounding of large
+activations (cosine 1.000000) is no error, a real fault on the same values still is."""
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from opdiff.comparison.result import ERROR, PASS, UNMATCHED, WARNING
+from opdiff.onnx import compare_models
+from opdiff.onnx.policy import MsitPolicy, MsitThresholds
+
+BIG = np.random.default_rng(0).normal(0.0, 5000.0, 4096).astype(np.float32)
+
+
+def test_fp16_rounding_of_large_values_warns_instead_of_failing():
+    m, verdict = MsitPolicy().judge_arrays(BIG.astype(np.float16), BIG)
+    assert m.metrics["RMSE"] > 1.0 and m.metrics["Cosine"] == 1.0     # msit's columns unchanged
+    assert verdict.result == WARNING and "rounding of large values" in verdict.reason
+
+
+def test_msit_exact_rule_on_request():
+    _, verdict = MsitPolicy(MsitThresholds(dtype_aware=False)).judge_arrays(
+        BIG.astype(np.float16), BIG)
+    assert verdict.result == ERROR and verdict.reason.startswith("RMSE")
+
+
+@pytest.mark.parametrize("fault", [1.01, -1.0])
+def test_a_real_error_on_large_values_is_still_an_error(fault):
+    _, verdict = MsitPolicy().judge_arrays((BIG * fault).astype(np.float16), BIG)
+    assert verdict.result == ERROR
+
+
+def test_small_values_still_pass():
+    small = BIG / 5000
+    assert MsitPolicy().judge_arrays(small.astype(np.float16), small)[1].result == PASS
+
+
+def _scaling_model(path, scale=16000.0):
+    """y = relu(x * scale) @ W: large activations, built here (no export)."""
+    w = np.random.default_rng(1).normal(0, 0.05, (64, 64)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "s"], ["big"], name="scale"),
+         helper.make_node("Relu", ["big"], ["act"], name="relu"),
+         helper.make_node("MatMul", ["act", "w"], ["y"], name="proj")],
+        "big", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])],
+        [numpy_helper.from_array(np.array(scale, np.float32), "s"), numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def test_fp16_model_of_large_activations_has_no_false_error(tmp_path):
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    fp32 = _scaling_model(tmp_path / "big.onnx")
+    onnx.save(convert_float_to_float16(onnx.load(str(fp32)), keep_io_types=True),
+              str(tmp_path / "big16.onnx"))
+    cmp = compare_models(fp32, tmp_path / "big16.onnx")
+    rows = [r for r in cmp.result.rows if r.result != UNMATCHED]
+    assert any(r.metrics.get("RMSE") and r.metrics["RMSE"] > 1.0 for r in rows), \
+        [(r.golden_name, r.metrics.get("RMSE")) for r in rows]
+    assert cmp.result.counts["error"] == 0 and cmp.first_divergence is None, \
+        [(r.golden_name, r.reason) for r in rows if r.result == ERROR]
