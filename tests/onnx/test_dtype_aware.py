@@ -63,3 +63,30 @@ def test_fp16_model_of_large_activations_has_no_false_error(tmp_path):
         [(r.golden_name, r.metrics.get("RMSE")) for r in rows]
     assert cmp.result.counts["error"] == 0 and cmp.first_divergence is None, \
         [(r.golden_name, r.reason) for r in rows if r.result == ERROR]
+
+
+def _two_layers(path, w2):
+    """y = relu(x @ w1) @ w2, built here."""
+    w1 = np.random.default_rng(2).normal(0, 0.3, (16, 16)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
+         helper.make_node("Relu", ["h"], ["a"], name="act"),
+         helper.make_node("MatMul", ["a", "w2"], ["y"], name="fc2")],
+        "two", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def test_a_differing_initializer_is_the_origin_not_the_node_reading_it(tmp_path):
+    w2 = np.random.default_rng(3).normal(0, 0.3, (16, 16)).astype(np.float32)
+    reinit = np.random.default_rng(4).normal(0, 0.3, (16, 16)).astype(np.float32)
+    cmp = compare_models(_two_layers(tmp_path / "g.onnx", w2), _two_layers(tmp_path / "t.onnx", reinit))
+    d = cmp.first_divergence
+    assert d is not None and d.tensor == "w2" and d.name == "fc2", d
+    assert "initializer w2 differs before any node reads it" in d.reason
+    assert getattr(d, "origin", "parameter") == "parameter"
+    assert cmp.local_check is None        # the node is not run alone: it is not to blame

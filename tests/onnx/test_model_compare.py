@@ -65,7 +65,8 @@ def test_fp16_overflowing_gemm_is_the_first_failing_node(models, tmp_path):
 
 
 def test_local_check_tells_inherited_error_apart(models, tmp_path):
-    """Target = golden with fc1 scaled by 1.5: fc1 is wrong itself; the GELU after it only inherits."""
+    """Target = golden with fc1's weight scaled by 1.5: the weight is the origin (not the Gemm that
+    reads it); the GELU after it only inherits."""
     m = onnx.load(str(models["cnn"]))
     for init in m.graph.initializer:
         if init.name == "fc1.weight":
@@ -74,8 +75,11 @@ def test_local_check_tells_inherited_error_apart(models, tmp_path):
     path = tmp_path / "scaled.onnx"
     onnx.save(m, str(path))
     cmp = compare_models(models["cnn"], path)
-    assert cmp.first_divergence.name == "/fc1/Gemm" and cmp.first_divergence.kind == LOCAL
-    assert cmp.local_check.local_error is True
+    d = cmp.first_divergence
+    assert d.name == "/fc1/Gemm" and d.tensor == "fc1.weight"
+    assert "initializer fc1.weight differs before any node reads it" in d.reason
+    assert getattr(d, "origin", "parameter") == "parameter" and d.kind != LOCAL
+    assert cmp.local_check is None          # the Gemm is not run alone: it is not to blame
     from opdiff.onnx.graph import GraphIndex
     from opdiff.onnx.locate import check_node_locally
     from opdiff.onnx.policy import MsitPolicy

@@ -13,13 +13,15 @@ alignment, and the culprit is msit's first failing node, checked by running it a
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from ..comparison.result import (ERROR, INTEGER, LOCAL, NONFINITE, PASS, UNMATCHED, WARNING,
                                  CompareResult, Divergence, TensorRow)
+from ..comparison import result as result_module
 from ..dtypes import is_exact
 from ..store.schema import Kind, Phase, Role
 from .dumping import stats_of
@@ -133,6 +135,12 @@ def locate(cmp: ModelComparison, t_model, t: GraphIndex, golden: Side, target: S
     pair = cmp.matching.pairs[i]
     by_target = {p.target: p for p in cmp.matching.pairs}
     node = t.producer.get(pair.target)
+    weights = [x for x in (node.input if node is not None else []) if x and x in t.initializers]
+    differing = [r for r in cmp.result.rows[:len(cmp.matching.pairs)]
+                 if r.target_name in weights and r.result == ERROR]
+    if differing:       # the node computed on weights that differ: they are the origin
+        set_initializer_divergence(cmp, i, differing[0])
+        return None
     inputs = [x for x in (node.input if node is not None else []) if x and x not in t.initializers]
     golden_inputs = {x: golden.tensors[by_target[x].golden] for x in inputs if x in by_target}
     local = None
@@ -168,6 +176,24 @@ def set_divergence(cmp: ModelComparison, i: int, input_pairs: list, local: Optio
         kind=_kind(row))
 
 
+def set_initializer_divergence(cmp: ModelComparison, i: int, weight: TensorRow) -> None:
+    """The first failing node (pair i) reads an initializer that already fails: the models do
+    not hold the same weights, and the initializer is the origin ("parameter"), not the node."""
+    pair, row = cmp.matching.pairs[i], cmp.result.rows[i]
+    verdict = weight.reason.split("; ", 1)[-1]
+    reason = (f"initializer {weight.target_name} differs before any node reads it ({verdict}): "
+              f"the models do not hold the same weights; first read by "
+              f"{pair.golden_node or row.op_name}, whose output fails only because of it")
+    location = row.stack[0] if row.stack else None
+    fields = {f.name for f in dataclasses.fields(Divergence)}
+    extra: dict[str, Any] = {"origin": "parameter"} if "origin" in fields else {}
+    cmp.result.first_divergence = Divergence(
+        name=pair.golden_node or row.op_name, op=pair.golden_op, phase=Phase.FORWARD,
+        reason=reason, location=location, metrics=weight.metrics, tensor=weight.target_name,
+        input_metrics={}, module=row.module, context=_context(location),
+        kind=getattr(result_module, "LEAF_KIND", LOCAL), **extra)
+
+
 def _kind(row: TensorRow) -> str:
     """Why the node is named, for machines: inf/NaN where the golden has none (the only case
     with an infinite error), integers that differ, else a metric past msit's threshold."""
@@ -195,4 +221,4 @@ def _cos(metrics: dict) -> float:
 
 
 __all__ = ["ModelComparison", "Side", "TITLE", "score", "first_failing", "locate",
-           "set_divergence"]
+           "set_divergence", "set_initializer_divergence"]
