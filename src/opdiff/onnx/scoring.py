@@ -191,7 +191,7 @@ def set_initializer_divergence(cmp: ModelComparison, i: int, weight: TensorRow) 
         name=pair.golden_node or row.op_name, op=pair.golden_op, phase=Phase.FORWARD,
         reason=reason, location=location, metrics=weight.metrics, tensor=weight.target_name,
         input_metrics={}, module=row.module, context=_context(location),
-        kind=getattr(result_module, "LEAF_KIND", LOCAL), **extra)
+        kind=getattr(result_module, "LEAF_KIND", "leaf"), **extra)
 
 
 def _kind(row: TensorRow) -> str:
