@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from .capture.debugger import PrecisionDebugger, dump
 from .comparison.pair import check_replay, compare_pair
+from .comparison.ranks import attribute_collectives
 from .comparison.result import ERROR, WARNING, CompareResult
 from .comparison.runs import count_records, merge, pair_dumps, run_pairs, split_incomplete, unpaired
 from .comparison.verdicts import Policy
@@ -71,6 +72,7 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
         else:
             results = run_pairs(pairs, policy, shape_flag=shape_flag, replay=replay,
                                 tick=bar.advance)
+    results = attribute_collectives(results, pairs)     # received through a collective
     # (the pairing's notes travel in result.notes: the console prints them, once)
     result = merge(str(target), str(golden), results, notes, incomplete=incomplete)
     result.verdict = verdict_line(result)

@@ -9,10 +9,8 @@ from opdiff.comparison.runs import merge
 from opdiff.report.html import write_html
 from opdiff.report.summary import summary_dict
 
-from conftest import build_cnn_result
 
-
-def _multi():
+def _multi(build_cnn_result):
     clean = build_cnn_result()
     clean = replace(clean, first_divergence=None)
     results = []
@@ -27,8 +25,8 @@ def _multi():
     return merge("/d/npu", "/d/gpu", results, [], incomplete=incomplete)
 
 
-def test_summary_pairs_carry_their_own_first_divergence():
-    result = _multi()
+def test_summary_pairs_carry_their_own_first_divergence(cnn_result):
+    result = _multi(cnn_result)
     s = summary_dict(result)
     by = {(p["step"], p["rank"]): p for p in s["pairs"]}
     assert sorted(by) == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 1)]
@@ -41,8 +39,8 @@ def test_summary_pairs_carry_their_own_first_divergence():
                                 "why": "holds no op records"}]
 
 
-def test_multi_rank_page_grid_and_tables(browser, tmp_path):
-    result = _multi()
+def test_multi_rank_page_grid_and_tables(browser, cnn_result, tmp_path):
+    result = _multi(cnn_result)
     page = browser.open(write_html(result, tmp_path / "report.html"))
     try:
         assert page.errors() == []

@@ -23,7 +23,9 @@ from typing import Any, Callable, Optional, Sequence
 
 from ..errors import DumpError
 from ..store.source import DumpSource
-from .result import CompareResult, TensorRow, count
+from .origins import across_steps
+from .ranks import received_from
+from .result import CompareResult, Divergence, TensorRow, count
 from .verdicts import Policy, Thresholds
 
 log = logging.getLogger("opdiff")
@@ -126,12 +128,16 @@ def merge(target: str, golden: str, results: list[CompareResult], notes: list[st
           incomplete: Sequence[Incomplete] = ()) -> CompareResult:
     """One CompareResult for many pairs: rows tagged with their step and rank, the earliest
     first divergence, one `pairs` entry per step/rank pair (the incomplete ones included)."""
+    across_steps(results)   # parameters changed between two agreeing steps: the optimizer (origins)
     if len(results) == 1 and not notes and not incomplete:
         return results[0]
     rows: list[TensorRow] = []
     for r in results:
         rows += [replace(row, step=r.step, rank=r.rank) for row in r.rows]
     divergent = [r for r in results if r.first_divergence is not None]
+    # A difference a rank received through a collective is not where it started (ranks.py).
+    local = [r for r in divergent if not received_from(r.first_divergence)]
+    divergent = local or divergent
     first = None
     if divergent:
         # No clock is shared between ranks: earliest step first, then earliest op, then rank.
@@ -145,7 +151,24 @@ def merge(target: str, golden: str, results: list[CompareResult], notes: list[st
     return CompareResult(
         target=target, golden=golden, rows=rows, first_divergence=first, counts=count(rows),
         environment_diff=env, pairs=pairs,
-        notes=list(notes) + [_incomplete_note(i) for i in incomplete if i["why"] != MISSING_WHY] + _pair_notes(results))
+        notes=list(notes) + [_incomplete_note(i) for i in incomplete if i["why"] != MISSING_WHY] +
+        _rank_notes(results, first) + _pair_notes(results))
+
+
+def _rank_notes(results: list[CompareResult], first: Optional[Divergence]) -> list[str]:
+    """Where the other ranks' differences come from: their own ops, or a collective."""
+    own = [r for r in results if r.first_divergence is not None and r.first_divergence is not first
+           and not received_from(r.first_divergence)]
+    got = [r for r in results if received_from(r.first_divergence)]
+    notes = []
+    if own:
+        notes.append("also diverging for their own reasons: " + "; ".join(
+            f"step {r.step} rank {r.rank} at {r.first_divergence.name}" for r in own
+            if r.first_divergence is not None))
+    for r in got:
+        if r.first_divergence is not None:
+            notes.append(f"step {r.step} rank {r.rank}: {r.first_divergence.reason}")
+    return notes
 
 
 def _incomplete_note(i: Incomplete) -> str:
