@@ -90,3 +90,21 @@ def test_a_differing_initializer_is_the_origin_not_the_node_reading_it(tmp_path)
     assert "initializer w2 differs before any node reads it" in d.reason
     assert getattr(d, "origin", "parameter") == "parameter"
     assert cmp.local_check is None        # the node is not run alone: it is not to blame
+
+
+def test_a_node_without_golden_inputs_is_not_called_its_own_culprit(tmp_path):
+    from opdiff.onnx.graph import GraphIndex
+    from opdiff.onnx.locate import check_node_locally
+    from opdiff.onnx.runner import RuntimeOptions, load_model, run_model
+
+    w2 = np.random.default_rng(3).normal(0, 0.3, (16, 16)).astype(np.float32)
+    path = _two_layers(tmp_path / "t.onnx", w2)
+    model = load_model(path)
+    feeds = {"x": np.random.default_rng(0).normal(size=(1, 16)).astype(np.float32)}
+    run = run_model(model, path, feeds, RuntimeOptions())
+    wrong_golden = run.tensors["y"] * 1.5 + 1.0       # the golden's y: differs from the target's
+    check = check_node_locally(model, GraphIndex(model), "y", {}, wrong_golden, run.tensors,
+                               RuntimeOptions(), MsitPolicy())
+    assert check.local_error is None and check.fed_from_target == ["a"]
+    assert "could not be checked alone" in check.sentence
+    assert "made by this node itself" not in check.sentence

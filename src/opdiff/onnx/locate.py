@@ -89,6 +89,14 @@ def check_node_locally(model, t: GraphIndex, tensor: str, golden_inputs: dict, g
     cos, red = metrics.get("Cosine"), metrics.get("RelEuclideanDistance")
     shown = f"cosine {cos:.6g}, RED {red:.3g}" \
         if cos is not None and not np.isnan(cos) and red is not None else verdict.reason
+    if verdict.result == ERROR and fed_from_target:
+        # (it ran on the target's own values of those inputs: failing tells nothing about it)
+        return LocalCheck(name, None, (
+            f"{name} could not be checked alone: input(s) {', '.join(fed_from_target)} have no "
+            f"golden value (with --torch the PyTorch side has module outputs only), so it ran on "
+            f"the target's own values and still fails ({shown}); whether the error is made by "
+            f"this node or carried in by those inputs cannot be told"),
+            msit_values(metrics), fed_from_target)
     if verdict.result == ERROR:
         sentence = (f"run alone on the golden's inputs, {name} still fails ({shown}): "
                     f"the error is made by this node itself")
