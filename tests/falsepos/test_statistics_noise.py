@@ -83,6 +83,7 @@ def run(name, path, *, bf16, fault=None):
             out.float().pow(2).mean().backward()
         finally:
             dbg.stop()
+            dbg.step()      # closes the step (and unfreezes gc for the tests after this one)
     if fault:
         assert planted.hits == 1
     return path
