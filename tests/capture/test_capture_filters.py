@@ -97,7 +97,10 @@ def test_list_selects_modules_at_l0(dump_root, read_dump, model_cases):
     names = read_dump(dump_root).names()
     assert "Module.layer1.0.conv1.Conv2d.forward.0" in names
     assert "Module.layer1.0.conv1.Conv2d.backward.0" in names
-    assert all(n.startswith("Module.layer1.0.conv1.") for n in names), names
+    # (and the parameters it reads, recorded once before it: see capture/leaves.py)
+    assert all(n.startswith(("Module.layer1.0.conv1.", "Parameter.layer1.0.conv1."))
+               for n in names), names
+    assert "Parameter.layer1.0.conv1.weight.0.forward" in names
 
 
 @pytest.mark.parametrize("mode", ["forward", "backward", "input", "output"])
@@ -232,6 +235,8 @@ def test_scope_ending_at_a_module_includes_that_modules_ops(dump_root, read_dump
     dbg.stop()
     dbg.step()
     names = read_dump(dump_root).names()
+    assert names[0] == "Parameter.layer1.0.conv2.weight.0.forward"   # what that op reads first
+    names = [n for n in names if not n.startswith("Parameter.")]
     assert names[0] == "Functional.conv2d.2.forward"            # first module's own op
     assert "Functional.adaptive_avg_pool2d.0.forward" in names  # last module's own op
     assert names[-1] == "Module.pool.AdaptiveAvgPool2d.forward.0"

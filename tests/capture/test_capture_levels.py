@@ -78,9 +78,13 @@ def test_l0_records_every_module_call_with_parameters_and_gradients(model_cases,
         loss = loss_fn(model(*inputs))
         loss.backward()
     dump = read_dump(dump_root)
-    assert {r["kind"] for r in dump.records} == {"module", "param_grad"}
+    # (and each parameter and input once, before its first read: capture/leaves.py)
+    assert {r["kind"] for r in dump.records} == {"module", "param_grad", "leaf"}
     expected = {f"Module.{path}.{type(m).__name__}" for path, m in model.named_modules() if path}
-    assert {r["op"] for r in dump.records if r["phase"] == "forward"} == expected
+    assert {r["op"] for r in dump.records if r["phase"] == "forward" and r["kind"] != "leaf"} \
+        == expected
+    leaves = {r["tensor"] for r in dump.records if r["kind"] == "leaf"}
+    assert {n for n, _ in model.named_parameters()} <= leaves
     # relu is one module object called twice at top level; its counter says so.
     assert "Module.relu.ReLU.forward.0" in dump.by_name
     assert "Module.layer1.0.relu.ReLU.forward.1" in dump.by_name
@@ -134,7 +138,7 @@ def test_l2_records_aten_ops_forward_and_backward_with_links(model_cases, dump_r
     with opdiff.dump(model, dump_root, level="L2"):
         loss_fn(model(*inputs)).backward()
     dump = read_dump(dump_root)
-    assert {r["kind"] for r in dump.records} == {"aten"}
+    assert {r["kind"] for r in dump.records} == {"aten", "leaf"}
     fwd = dump.with_op("Aten.convolution", "forward")
     assert len(fwd) == 3
     bwd = [r for r in dump.records if r["phase"] == "backward" and r["op"] == "Aten.convolution_backward"]
@@ -147,7 +151,8 @@ def test_l2_records_aten_ops_forward_and_backward_with_links(model_cases, dump_r
     phases = [r["phase"] for r in dump.records]
     assert phases.index("backward") > max(i for i, p in enumerate(phases) if p == "forward") - 1
     for r in dump.records:
-        assert re.match(r"^Aten\.\w+\.\d+\.(forward|backward)$", r["name"]), r["name"]
+        if r["kind"] != "leaf":
+            assert re.match(r"^Aten\.\w+\.\d+\.(forward|backward)$", r["name"]), r["name"]
 
 
 def test_counters_count_per_name_and_restart_every_step(dump_root, read_dump):

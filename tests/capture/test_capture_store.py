@@ -172,7 +172,9 @@ def test_a_killed_run_leaves_a_readable_dump(dump_root, tmp_path):
     records = list(dump.records())
     assert len(records) >= flushed > 100
     assert [r["seq"] for r in records] == list(range(len(records)))
-    assert records[0]["name"] == "Functional.linear.0.forward"
+    assert records[0]["name"] == "Input.0.0.forward"     # the root call's input, then its first op
+    assert records[1]["name"] == "Parameter.0.weight.0.forward"
+    assert records[1]["reader"] == "Functional.linear.0.forward"
     stacks = dump.stacks()
     assert all(r["stack"] in stacks for r in records if r.get("stack") is not None)
     # Tensors: every record flushed before the kill has its tensors on disk too.

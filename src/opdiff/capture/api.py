@@ -9,6 +9,7 @@ from . import collectives, naming
 from .backward import hook_api_backward, in_backward, input_edges
 from .callsite import api_caller, call_as
 from .guards import capturing_graph
+from .randomness import draws, fingerprint
 from .sink import PendingRecord
 
 
@@ -77,9 +78,11 @@ class ApiCapture(TorchFunctionMode):
                   "module": s.modules.current, "stack": s.stack_id(skip=3)}
         pending = PendingRecord(record, index)
         try:
+            if draws(op, args, kwargs):     # before the call: what its generator held
+                record["rng"] = fingerprint(args, kwargs)
             # Inputs are described now, before an in-place op can overwrite them.
             with s.own():
-                record["inputs"], described_kwargs = s.describe_inputs(op, args, kwargs, name)
+                record["inputs"], described_kwargs = s.describe_inputs(op, args, kwargs, name, record)
                 if described_kwargs is not None:
                     record["kwargs"] = described_kwargs
             if mutating:  # what was described of its arguments may be overwritten by this op

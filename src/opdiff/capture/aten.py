@@ -14,6 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..ops import SKIPPED_ATEN
 from ..store.schema import Kind, Phase, Role, record_name
 from .guards import capturing_graph
+from .randomness import draws, fingerprint
 
 
 _CHECKPOINT_FILE = os.path.join(os.path.dirname(torch.__file__), "utils", "checkpoint.py")
@@ -74,12 +75,14 @@ class AtenCapture(TorchDispatchMode):
                 record = {"name": name, "op": op, "kind": Kind.ATEN, "phase": phase,
                           "module": s.modules.current,
                           "stack": s.stack_id(skip=3) if phase == Phase.FORWARD else None}
+                if node is None and draws(op, args, kwargs):
+                    record["rng"] = fingerprint(args, kwargs)
                 if node is not None:
                     record["forward"] = self.forward_names.get(node._sequence_nr())
                     record["autograd_node"] = node.name()
                 with s.own():
                     try:
-                        record["inputs"], described_kwargs = s.describe_inputs(op, args, kwargs, name)
+                        record["inputs"], described_kwargs = s.describe_inputs(op, args, kwargs, name, record)
                         if described_kwargs is not None:
                             record["kwargs"] = described_kwargs
                     except Exception as exc:  # keep the record and say what failed

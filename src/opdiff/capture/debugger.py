@@ -102,6 +102,8 @@ class PrecisionDebugger:
             return  # this step or rank is not selected
         if model is not None:
             self.model = model
+            self.session.leaves.follow(model)
+            self.session.leaves.hook_inputs()
         started = []
         try:
             for layer in self._layers:
@@ -110,6 +112,7 @@ class PrecisionDebugger:
         except BaseException:    # never leave half the hooks behind
             for layer in reversed(started):
                 layer.stop()
+            self.session.leaves.unhook()
             raise
         _active = self
         self._running = True
@@ -121,6 +124,7 @@ class PrecisionDebugger:
             return
         for layer in reversed(self._layers):
             layer.stop()
+        self.session.leaves.unhook()
         self.session.flush(wait_for_tensors=True)   # a crash after stop() loses nothing
         self._running = False
         _active = None

@@ -14,6 +14,7 @@ from torch.nn.modules import module as nn_module
 from ..store.schema import Kind, Phase, Role, module_op, record_name
 from .backward import grad_targets, hook_module_backward, in_backward
 from .guards import capturing_graph, tracing_or_capturing
+from .leaves import tag_leaves
 from .sink import PendingRecord
 
 
@@ -141,6 +142,7 @@ class ModuleCapture:
                 backward = s.selection.want_backward and torch.is_grad_enabled()
                 with s.own():
                     record["inputs"] = s.describe_all(args, name, Role.INPUT)
+                    tag_leaves(s, zip(args, record["inputs"]), record)
                     if backward:
                         # before the call: an in-place module moves its input onto its own node
                         pending.edges = grad_targets(args)
@@ -180,6 +182,8 @@ class ModuleCapture:
                     output if isinstance(output, (tuple, list)) else [output], name, Role.OUTPUT)
                 record["parameters"] = {n: d.describe(p, name, Role.PARAMETERS, n)
                                         for n, p in module._parameters.items() if p is not None}
+                tag_leaves(s, ((p, record["parameters"][n]) for n, p in module._parameters.items()
+                               if p is not None), record)
                 if s.selection.want_forward:
                     s.sink.emit(record)
                 s.check_overflow(record, pre_args, output)

@@ -167,7 +167,7 @@ class OpFacts:
     """What capture asks of `opdiff.ops` about one op name, looked up once per name."""
 
     __slots__ = ("mutates", "overwrites_first", "uninitialized", "returns_first_argument",
-                 "collective", "loss_scaler")
+                 "collective", "loss_scaler", "random")
 
     def __init__(self, op: str):
         t = ops.traits(op)
@@ -177,6 +177,7 @@ class OpFacts:
         self.returns_first_argument = t.returns_first_argument
         self.collective = t.collective
         self.loss_scaler = t.loss_scaler
+        self.random = t.random
 
 
 _facts: dict = {}

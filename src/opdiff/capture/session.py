@@ -21,6 +21,7 @@ from ..store import layout
 from ..store.schema import Role
 from . import naming, stacks
 from .guards import OwnWork
+from .leaves import Leaves, tag_leaves
 from .selection import Selection, name_matches, normalize_name
 from .sink import StepSink
 from .tracker import ModuleStack
@@ -41,6 +42,7 @@ class Session:
         self.sink = StepSink(self.own, self.selection, self.failed)
         self.overflow = None            # set by the overflow_check task (see overflow.py)
         self.at_close: list = []        # undo at step close: hooks on leaves, nodes held (backward.py)
+        self.leaves = Leaves()          # the model's parameters and buffers, the root call's inputs
 
     # -- what the layers read on every op ------------------------------------------------------
     @property
@@ -115,6 +117,7 @@ class Session:
             undo()
         self.at_close.clear()
         self.sink.end()
+        self.leaves.end_step()
         self.selection.reset()
         self.step_index += 1
 
@@ -141,9 +144,20 @@ class Session:
         d = self.sink.describer
         return [d.describe(v, name, role, i) for i, v in enumerate(values)]
 
-    def describe_inputs(self, op: str, args, kwargs, name: str) -> tuple[list, dict | None]:
+    def describe_inputs(self, op: str, args, kwargs, name: str,
+                        record: dict | None = None) -> tuple[list, dict | None]:
         """An op's arguments before it runs; those it overwrites without reading (the target
-        of a fill or copy_, an `out=` tensor) by dtype and shape only (see ops.OpTraits)."""
+        of a fill or copy_, an `out=` tensor) by dtype and shape only (see ops.OpTraits).
+        With `record` (the op's), leaves among the arguments are tagged and recorded at their
+        first read (see leaves.py)."""
+        inputs, described = self._describe_inputs(op, args, kwargs, name)
+        if record is not None and (self.leaves.table or self.leaves.has_inputs):
+            tag_leaves(self, zip(args, inputs), record)
+            if described is not None:
+                tag_leaves(self, ((v, described[k]) for k, v in kwargs.items()), record)
+        return inputs, described
+
+    def _describe_inputs(self, op: str, args, kwargs, name: str) -> tuple[list, dict | None]:
         d = self.sink.describer
         if args and naming.facts(op).overwrites_first:
             inputs = [d.unread(args[0], name, Role.INPUT, 0)] + \

@@ -54,9 +54,9 @@ from .. import ops
 from ..dtypes import LARGEST_FINITE, is_float
 from ..store.records import input_numbers
 from ..store.schema import Kind, Location, Phase, param_grad_links
-from . import reasons
-from .result import (ERROR, INTEGER, LOCAL, NONFINITE, NUMBER, REPLAY, SCALE, WARNING, Divergence,
-                     TensorRow)
+from . import origins, reasons
+from .result import (ERROR, INTEGER, LOCAL, NONFINITE, NUMBER, RANDOM, REPLAY, SCALE, WARNING,
+                     Divergence, TensorRow)
 from .verdicts import run_precision
 
 
@@ -83,6 +83,12 @@ class OpScore:
     paired: bool = True         # False: only the target has this op (judged by replay alone)
     arg_diffs: list = field(default_factory=list)   # number arguments that differ, as text
     const_diffs: list = field(default_factory=list)  # ... that are dtype limits (finfo.min)
+    leaf: Optional[str] = None  # Kind.LEAF: "parameter" | "buffer" | "input"
+    fqn: Optional[str] = None   # ... its FQN (or an input's slot)
+    reader: Optional[str] = None    # ... the record of the first op that reads it
+    leaf_inputs: dict = field(default_factory=dict)  # input row index -> "parameter <fqn>"
+    leaf_strict: bool = True    # ... judged exactly (step 0: nothing trained them yet)
+    rng: tuple = ()             # random ops: (target's, golden's) generator fingerprints
 
     @property
     def divergence_kind(self) -> str:
@@ -239,6 +245,9 @@ def analyse(op_scores: list[OpScore], rows: list[TensorRow], policy, replay=None
     by_name = {op.name: op for op in op_scores}
     run_dtype = run_precision(rows)
     for op in op_scores:
+        if op.kind == Kind.LEAF:
+            origins.judge_leaf(op, policy, run_dtype)
+            continue
         judge(op, by_name, policy, run_dtype)
         if op.kind == Kind.PARAM_GRAD and not any(n in by_name for n in linked(op)):
             op.local = False  # nothing recorded to say what its inputs were: cannot judge it
@@ -257,16 +266,22 @@ def first_divergence(op_scores: list[OpScore], rows: list[TensorRow]) -> Optiona
     if not candidates:
         return None
     first = min(candidates, key=lambda o: o.seq)
+    if first.kind == Kind.LEAF:
+        return origins.leaf_divergence(first, rows, op_scores,
+                                       reasons.source_context(first.location))
+    random = origins.random_reason(first)
     out = rows[first.worst_out] if first.worst_out is not None else None
     inp = rows[first.worst_in] if first.worst_in is not None else None
     tensor = out.target_name if out is not None else (
         first.replay.worst.name if first.replay is not None and first.replay.worst else None)
+    kind = first.divergence_kind if random is None else RANDOM
     return Divergence(
-        name=first.name, op=first.op, phase=first.phase, reason=reasons.describe(first, rows),
+        name=first.name, op=first.op, phase=first.phase,
+        reason=reasons.describe(first, rows) if random is None else random,
         location=first.location, metrics=dict(out.metrics) if out is not None else {},
         tensor=tensor, input_metrics=dict(inp.metrics) if inp is not None else {},
         module=first.module, context=reasons.source_context(first.location),
-        kind=first.divergence_kind)
+        kind=kind, origin=kind if kind in (NUMBER, RANDOM) else origins.OP)
 
 
 def explained(op_scores: list[OpScore], policy) -> set:
@@ -360,7 +375,11 @@ def _take(op: OpScore, local, rows: list) -> bool:
 def _revise_rows(op: OpScore, rows: list[TensorRow]) -> None:
     for row_index, _, _, _ in op.outputs:
         row = rows[row_index]
-        if op.local and row_index == op.worst_out:
+        if op.local and row_index == op.worst_out and op.kind == Kind.LEAF:
+            rows[row_index] = replace(row, result=ERROR, accuracy_reached="No",
+                                      reason=f"{op.leaf or 'leaf'} {op.fqn} differs before any "
+                                             f"op reads it: the origin")
+        elif op.local and row_index == op.worst_out:
             rows[row_index] = replace(row, result=ERROR, accuracy_reached="No",
                                       reason=reasons.local_row(op, rows))
         elif row.result == ERROR and not op.local:
@@ -368,7 +387,10 @@ def _revise_rows(op: OpScore, rows: list[TensorRow]) -> None:
                                       reason=reasons.not_this_op(op, row.reason))
     for row_index, _, _, _ in op.inputs:
         row = rows[row_index]
-        if row.result == ERROR:
+        if row.result == ERROR and row_index in op.leaf_inputs:
+            rows[row_index] = replace(row, result=WARNING, reason=origins.leaf_input_reason(
+                row.reason, op.leaf_inputs[row_index]))
+        elif row.result == ERROR:
             rows[row_index] = replace(row, result=WARNING, reason=reasons.made_earlier(row.reason))
 
 

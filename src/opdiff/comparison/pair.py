@@ -148,7 +148,11 @@ class _PairCompare:
             op = OpScore(name=name, op=rec.get("op", ""), phase=base["phase"], kind=base["kind"],
                          module=rec.get("module"), forward=rec.get("forward"), seq=position,
                          location=stack[0] if stack else None, paired=g_rec is not None,
-                         arg_diffs=differ, const_diffs=limits)
+                         arg_diffs=differ, const_diffs=limits, leaf=rec.get("leaf"),
+                         fqn=rec.get("tensor"), reader=rec.get("reader"),
+                         leaf_strict=self.t.step in (None, 0),
+                         rng=(t_rec.get("rng"), g_rec.get("rng")) if g_rec is not None and (
+                             t_rec.get("rng") or g_rec.get("rng")) else ())
             self.ops.append(op)
         for suffix in list(t_tensors) + [s for s in g_tensors if s not in t_tensors]:
             t_item, g_item = t_tensors.get(suffix), g_tensors.get(suffix)
@@ -166,6 +170,9 @@ class _PairCompare:
                                                 and base["kind"] == Kind.PARAM_GRAD)
             entry = (row_index, m, row.target_dtype, row.golden_dtype)
             (op.outputs if is_output else op.inputs).append(entry)
+            leaf = t_item[2].get("leaf")
+            if leaf and not is_output:   # a parameter, buffer or input (see capture/leaves.py)
+                op.leaf_inputs[row_index] = f"{leaf} {t_item[2].get('fqn')}"
 
     def _unmatched(self, base: dict, t_item, g_item, paired_op: bool) -> TensorRow:
         item = t_item or g_item

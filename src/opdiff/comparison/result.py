@@ -16,7 +16,12 @@ REPLAY = "replay"         # re-run in float64 on the target's own inputs, its ow
 NUMBER = "number"         # its Python number arguments differ between the runs
 NONFINITE = "nonfinite"   # inf/NaN appear in its output from finite inputs
 INTEGER = "integer"       # its integer output differs although its inputs are equal
-DIVERGENCE_KINDS = (LOCAL, SCALE, REPLAY, NUMBER, NONFINITE, INTEGER)
+LEAF_KIND = "leaf"        # a parameter, buffer or input differs before any op (see `origin`)
+RANDOM = "random"         # a random op drew from generators in different states
+DIVERGENCE_KINDS = (LOCAL, SCALE, REPLAY, NUMBER, NONFINITE, INTEGER, LEAF_KIND, RANDOM)
+
+# Below this share of tensors with a partner, a compare that found nothing is inconclusive.
+MIN_COVERAGE = 0.5
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,10 @@ class Divergence:
     rank: Optional[int] = None
     context: tuple = ()                 # (line number, source text) around location.line
     kind: str = LOCAL                   # DIVERGENCE_KINDS: why, for machines
+    # Where the difference comes from (`opdiff.comparison.origins.ORIGINS`): "op" (its own
+    # error), "number", "parameter", "buffer", "input", "random", "optimizer". For a leaf
+    # origin `tensor` is its FQN and name/op/phase/location the first op that reads it.
+    origin: str = "op"
 
 
 @dataclass
@@ -87,6 +96,20 @@ class CompareResult:
     verdict: str = ""                   # one line: what the compare found, in words
     notes: list = field(default_factory=list)   # things the user should know (unpaired ranks...)
     failed: bool = False                # the `fail_on` condition held (CLI: exit 1)
+
+
+    @property
+    def coverage(self) -> Optional[float]:
+        """The share of tensors that have a partner on the other side (None without rows): a
+        compare that found nothing is "inconclusive" below `MIN_COVERAGE`."""
+        return coverage(self.rows)
+
+
+def coverage(rows: list) -> Optional[float]:
+    """The share of tensor rows that have a partner on the other side (None without rows)."""
+    if not rows:
+        return None
+    return sum(1 for row in rows if row.result != UNMATCHED) / len(rows)
 
 
 def count(rows: list) -> dict:

@@ -91,7 +91,15 @@ def print_result(result, console: Console | None = None, *, worst: int = 5) -> N
 
 def verdict_line(result: CompareResult) -> str:
     """One sentence on what the compare found."""
+    from ..comparison.result import MIN_COVERAGE
+
     fd = result.first_divergence
+    covered = result.coverage
+    if fd is None and covered is not None and covered < MIN_COVERAGE:
+        # Most tensors were not compared at all: finding nothing among the rest proves little.
+        return (f"inconclusive: only {100 * covered:.0f}% of tensors have a partner in the other "
+                f"dump (below {100 * MIN_COVERAGE:.0f}%), and none of those diverges; the rest "
+                f"was not compared (different ops ran: compiled vs eager, another level or model?)")
     if fd is None:
         # Statistics cannot show small errors: say so rather than claim the run is clean.
         caveat = (" — as far as statistics can tell (see the note on their limits)"

@@ -39,7 +39,7 @@ from .rows import read_rows
 
 # CompareResult fields summary.json holds under their own name (rows and first_divergence apart).
 _RESULT_FIELDS = ("target", "golden", "counts", "environment_diff", "verdict", "title", "step",
-                  "rank", "pairs", "notes", "files")
+                  "rank", "pairs", "notes", "files", "coverage")
 _NUMBER_DICTS = ("metrics", "input_metrics")     # Divergence fields holding numbers by name
 
 

@@ -33,8 +33,9 @@ class Kind:
     ATEN = "aten"               # an aten op (L2)
     PARAM_GRAD = "param_grad"   # a module's parameter gradients
     NODE = "node"               # an ONNX graph node
+    LEAF = "leaf"               # a parameter, buffer or input, at its first read in the step
 
-    ALL = (API, MODULE, ATEN, PARAM_GRAD, NODE)
+    ALL = (API, MODULE, ATEN, PARAM_GRAD, NODE, LEAF)
     REPLAYABLE = (API, ATEN)    # modules and parameter gradients are made of other ops
 
 
@@ -70,6 +71,10 @@ class Record(TypedDict, total=False):
     stack: Optional[int]        # id into stacks.jsonl
     forward: str                # backward records: their forward record's name
     error: str                  # capture failed partly for this op
+    leaf: str                   # Kind.LEAF records: "parameter" | "buffer" | "input"
+    tensor: str                 # ... the parameter's or buffer's FQN, or the input's slot
+    reader: str                 # ... the record of the first op that reads it
+    rng: str                    # random ops: a fingerprint of the generator state they drew from
 
 
 PARAM_GRAD_WORD = "parameters_grad"

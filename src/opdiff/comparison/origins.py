@@ -1,0 +1,170 @@
+"""Where a difference comes from when it is not an op's kernel: the origin of a divergence.
+
+Capture records each parameter, buffer and root-call input once per step, before the first op
+that reads it (`Kind.LEAF` records, see `opdiff.capture.leaves`). Two runs that start from the
+same weights and data hold them bit for bit alike (or, in two dtypes, within the dtype's
+rounding), so a leaf that differs is the origin, whatever the ops after it do:
+
+    origin      what differs
+    "op"        an op's own computation (the blame rules of `opdiff.comparison.blame`)
+    "number"    a Python number argument of the op named (`Divergence.kind == "number"`)
+    "parameter" / "buffer" / "input"   a leaf, before any op read it (`Divergence.tensor`: its FQN)
+    "optimizer" parameters at the start of step S, although step S-1 agreed throughout
+                (`optimizer_origin`, applied across steps)
+
+For a leaf, the divergence's `name`, `op`, `phase` and `location` are those of the first op that
+reads it.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+from ..numbers import human
+from ..store.schema import Kind, RecordName
+from .result import LEAF_KIND, NUMBER, Divergence, TensorRow
+
+if TYPE_CHECKING:       # (blame imports this module)
+    from .blame import OpScore
+
+OP, PARAMETER, BUFFER, INPUT, OPTIMIZER = "op", "parameter", "buffer", "input", "optimizer"
+ORIGINS = (OP, NUMBER, PARAMETER, BUFFER, INPUT, "outside", "random", OPTIMIZER)
+
+# A leaf's statistics, compared in one dtype, move by more than this (relative to its
+# magnitude) only when its values differ: the same tensor gives the same statistics.
+STATISTICS_LEAF_TOLERANCE = 1e-6
+# From this share of differing parameters on, the runs start from different weights.
+MOST_PARAMETERS = 0.5
+
+
+def judge_leaf(op: "OpScore", policy: Any, run_dtype: Optional[str] = None) -> None:
+    """A leaf differs when its values do: at step 0, exactly in one dtype (saved tensors),
+    beyond the statistics' own rounding (statistics), or beyond the tolerance of two dtypes;
+    at later steps (weights trained in two precisions drift apart) beyond the tolerances an
+    op's output is held to."""
+    best: Optional[tuple[float, int]] = None
+    for row_index, m, tdt, gdt in op.outputs:
+        if m.nonfinite_mismatch:
+            differs = True
+        elif not op.leaf_strict or (tdt != gdt and m.mode == "statistics"):
+            # (after step 0 the weights carry the earlier steps' healthy rounding differences)
+            run = run_dtype or gdt
+            tol = max(policy.tolerance_for(tdt, gdt), policy.tolerance_for(run, run))
+            if m.mode == "statistics":
+                tol = max(tol, policy.statistics_tolerance_for(tdt, gdt, op.phase, m.numel),
+                          policy.statistics_tolerance_for(run, run, op.phase, m.numel))
+            differs = m.error > tol
+        elif tdt != gdt:
+            differs = m.error > policy.tolerance_for(tdt, gdt)
+        elif m.mode == "statistics":
+            differs = m.error > STATISTICS_LEAF_TOLERANCE
+        else:
+            differs = m.error > 0 or bool(m.metrics.get("MaxAbsErr"))
+        if differs and (best is None or m.error > best[0]):
+            best = (m.error, row_index)
+    if best is not None:
+        op.local, op.worst_out, op.blame = True, best[1], LEAF_KIND
+
+
+def _what(op: "OpScore") -> str:
+    return op.leaf or PARAMETER
+
+
+def leaf_reason(op: "OpScore", rows: list[TensorRow], op_scores: Sequence["OpScore"]) -> str:
+    """The sentence of a differing leaf (or of most parameters differing)."""
+    what = _what(op)
+    if what == PARAMETER:
+        params = [o for o in op_scores if o.kind == Kind.LEAF and _what(o) == PARAMETER]
+        differ = [o for o in params if o.local]
+        if len(differ) > 1 and len(differ) >= MOST_PARAMETERS * len(params):
+            return (f"{len(differ)} of {len(params)} parameters differ before any op: the runs "
+                    f"start from different weights; check the seed or the checkpoint (first: "
+                    f"{op.fqn}, {_numbers(op, rows)})")
+    why = {PARAMETER: "the runs do not start from the same weights",
+           BUFFER: "the runs do not start from the same model state (a running statistic, a "
+                   "mask or a table the model keeps)",
+           INPUT: "the runs are not given the same data"}.get(what, "")
+    return f"{what} {op.fqn} differs before any op uses it ({_numbers(op, rows)}): {why}"
+
+
+def _numbers(op: "OpScore", rows: list[TensorRow]) -> str:
+    if op.worst_out is None:
+        return "values differ"
+    row = rows[op.worst_out]
+    m = row.metrics
+    if row.mode == "statistics":
+        return f"its statistics differ by {human(row.error)} of its size"
+    return f"max abs err {human(m.get('MaxAbsErr'))}, cosine {human(m.get('Cosine'))}"
+
+
+def leaf_divergence(op: "OpScore", rows: list[TensorRow], op_scores: Sequence["OpScore"],
+                    context: tuple[Any, ...]) -> Divergence:
+    """The first divergence when it is a leaf: named after the first op that reads it."""
+    reader = op.reader or op.name
+    parsed = RecordName.parse(reader)
+    out = rows[op.worst_out] if op.worst_out is not None else None
+    return Divergence(
+        name=reader, op=parsed.op if parsed is not None else reader,
+        phase=parsed.phase if parsed is not None else op.phase,
+        reason=leaf_reason(op, rows, op_scores), location=op.location,
+        metrics=dict(out.metrics) if out is not None else {}, tensor=op.fqn, module=op.module,
+        context=context, kind=LEAF_KIND, origin=_what(op))
+
+
+def leaf_input_reason(reason: str, leaf: str) -> str:
+    """An op's input that differs because it is a differing leaf (not 'made earlier')."""
+    return f"{reason}; {leaf}: differs before any op (its own row is the origin)"
+
+
+def random_reason(op: "OpScore") -> Optional[str]:
+    """The sentence of a random op whose generators were in different states, else None."""
+    if len(op.rng) != 2 or op.rng[0] == op.rng[1] or not all(op.rng):
+        return None
+    t, g = op.rng
+    t_dev, g_dev = t.split(":", 1)[0], g.split(":", 1)[0]
+    if t_dev != g_dev:
+        return (f"{op.op} draws random numbers on {t_dev} in the target and {g_dev} in golden: "
+                f"generators of two device types cannot agree by design, so its draws differ; "
+                f"compare with the randomness switched off (model.eval(), dropout 0) or draw the "
+                f"numbers on one device and pass them to both runs")
+    return (f"{op.op} draws from a random generator in another state than golden's (fingerprints "
+            f"{t} vs {g}): its random numbers differ, not its arithmetic; seed both runs alike "
+            f"right before the recorded region, e.g. opdiff.seed_all(1234), or switch the "
+            f"randomness off (model.eval())")
+
+
+def optimizer_origin(previous: Optional[Divergence], previous_compared: bool,
+                     current: Optional[Divergence]) -> Optional[Divergence]:
+    """Step S's divergence seen across steps: parameters that differ at the start of step S
+    while step S-1 was compared and agreed throughout (its gradients included) were changed
+    by what ran between the two recorded regions: the optimizer's update (a learning rate, a
+    weight decay, a fused kernel). Returns `current` re-labelled, or unchanged."""
+    if (current is None or current.origin != PARAMETER or previous is not None
+            or not previous_compared):
+        return current
+    return replace(current, origin=OPTIMIZER, reason=(
+        f"{current.reason.split(':')[0]}, although everything of step {_previous(current)} "
+        f"agreed, its gradients included: the optimizer's update differs between the runs (its "
+        f"learning rate, weight decay or kernel); the parameter was changed outside the "
+        f"recorded region"))
+
+
+def across_steps(results: Sequence[Any]) -> None:
+    """Apply `optimizer_origin` to each CompareResult whose step S-1 (same rank) was compared
+    too: called on the per-pair results before they are merged (see comparison/runs.py)."""
+    by_key = {(r.step, r.rank): r for r in results if r.step is not None}
+    for r in results:
+        if r.step is None or r.first_divergence is None:
+            continue
+        before = by_key.get((r.step - 1, r.rank))
+        if before is not None:
+            r.first_divergence = optimizer_origin(before.first_divergence, True,
+                                                  r.first_divergence)
+
+
+def _previous(current: Divergence) -> str:
+    return str(current.step - 1) if current.step is not None else "S-1"
+
+
+__all__ = ["ORIGINS", "judge_leaf", "leaf_reason", "leaf_divergence", "leaf_input_reason",
+           "optimizer_origin", "across_steps", "random_reason", "STATISTICS_LEAF_TOLERANCE", "MOST_PARAMETERS"]
