@@ -13,7 +13,7 @@ import sys
 from . import __version__
 from .errors import OpdiffError
 
-COMMANDS = ("demo", "compare", "overflow", "onnx", "env")
+COMMANDS = ("demo", "compare", "overflow", "onnx", "env", "trend")
 
 
 class _Parser(argparse.ArgumentParser):
