@@ -9,9 +9,11 @@ the optimizer's results). With a GradScaler, a step whose forward was finite and
 were not is the scaler doing its job: reported as "scaler_skip", and the search goes on.
 
 Spikes: the loss or the global gradient norm against the run's own recent past, in log10 units:
-`sigma` MADs above the median of the previous `window` steps and at least `ratio` times it. For
-each spike, the module where it starts is the first place in causal order, over that step and
-the two before it, that spikes against its own past.
+`sigma` MADs above the median of the previous `window` steps and at least `ratio` times it; or
+a module's activation or gradient norm `MODULE_RATIO` times the median of the previous block of
+steps (an activation that blows up and is normalised away before the loss sees it). For each
+spike, the module where it starts is the first place in causal order, over that step and the
+two before it, that spikes against its own past.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ SIGMA = 6.0
 WINDOW = 50
 RATIO = 2.0
 ORIGIN_RATIO = 1.5
+MODULE_RATIO = 10.0
 MAX_SPIKES = 20
 MAD_FLOOR = 0.01            # decades
 
@@ -192,7 +195,7 @@ def _log_positive(x: np.ndarray) -> np.ndarray:
 def spike_alerts(stream, slots: list, *, sigma: float = SIGMA, window: int = WINDOW,
                  ratio: float = RATIO, before: Optional[int] = None) -> list:
     by_column = {s.column: s for s in slots}
-    spikes: dict = {}        # row -> (column, z, log ratio, median row range)
+    spikes: dict = {}        # row -> (column, z, log10 ratio, (first, last) baseline row)
     for col in ("loss", "grad_norm"):
         if col not in by_column:
             continue
@@ -203,7 +206,10 @@ def spike_alerts(stream, slots: list, *, sigma: float = SIGMA, window: int = WIN
             hit = (z >= sigma) & (lx - med >= math.log10(ratio))
         for r in np.flatnonzero(hit):
             if r not in spikes or z[r] > spikes[r][1]:
-                spikes[r] = (col, float(z[r]), float(lx[r] - med[r]))
+                spikes[r] = (col, float(z[r]), float(lx[r] - med[r]), (max(0, r - window), r - 1))
+    for r, found in _module_spikes(stream, slots, sigma, window).items():
+        if r not in spikes:
+            spikes[r] = found
     events: list = []
     last = -10 ** 9
     for r in sorted(spikes):
@@ -219,19 +225,48 @@ def spike_alerts(stream, slots: list, *, sigma: float = SIGMA, window: int = WIN
             break
     out = []
     for r in events:
-        col, z, lr = spikes[r]
+        col, z, lr, (lo, hi) = spikes[r]
         origin, origin_row, oz, olr = _spike_origin(stream, slots, r, window, sigma)
         slot = origin if origin is not None else by_column[col]
-        lo = max(0, r - window)
-        what = "the loss" if col == "loss" else "the global gradient norm"
+        what = {"loss": "the loss", "grad_norm": "the global gradient norm"}.get(
+            col, f"{by_column[col].label} of {by_column[col].name}")
         reason = (f"{what} is {10 ** lr:.1f}x the median of steps {stream.steps[lo]}-"
-                  f"{stream.steps[r - 1]} ({z:.0f} sigma) at step {stream.steps[r]}")
-        if origin is not None:
+                  f"{stream.steps[hi]} ({z:.0f} sigma) at step {stream.steps[r]}")
+        if origin is not None and (origin.column != col or origin_row != r):
             reason += (f"; it starts in {origin.module} ({origin.label} {10 ** olr:.1f}x its "
                        f"median, {oz:.0f} sigma, at step {stream.steps[origin_row]})")
+        elif origin is not None:
+            reason += ", the first place in causal order to spike"
         out.append(Alert("spike", int(stream.steps[r]), slot, reason, stream.rank, z,
                          int(stream.steps[origin_row]) if origin is not None else None))
     return out
+
+
+def _module_spikes(stream, slots: list, sigma: float, window: int) -> dict:
+    """{row: (column, z, log10 ratio, baseline rows)} where a module's norm jumps MODULE_RATIO times the median
+    of the previous block of `window` steps (blocks keep this one pass over the stream)."""
+    chosen = [s for s in slots if s.quantity in ("fwd_norm", "bwd_norm")]
+    n = len(stream.steps)
+    if not chosen or n < 2 * 10:
+        return {}
+    width = max(10, min(window, n // 2))
+    cols = np.array([stream.index(s.column) for s in chosen], dtype=np.int64)
+    lx = _log_positive(stream.values[:, cols].astype(np.float64))
+    found: dict = {}
+    for start in range(width, n, width):
+        hist = lx[start - width:start]
+        now = lx[start:start + width]
+        with np.errstate(all="ignore"):
+            med = np.nanmedian(hist, axis=0)
+            scl = np.maximum(1.4826 * np.nanmedian(np.abs(hist - med), axis=0), MAD_FLOOR)
+            z = (now - med) / scl
+            hit = (z >= sigma) & (now - med >= math.log10(MODULE_RATIO))
+        for i, j in zip(*np.nonzero(hit)):
+            r = start + int(i)
+            if r not in found or z[i, j] > found[r][1]:
+                found[r] = (chosen[j].column, float(z[i, j]), float(now[i, j] - med[j]),
+                            (start - width, start - 1))
+    return found
 
 
 def _spike_origin(stream, slots: list, r: int, window: int, sigma: float):
