@@ -260,10 +260,11 @@ def compare_streams(target, golden, *, sigma: float = SIGMA) -> RankComparison:
             departures = [_departure(pair, t, j, row[j], z[j], None if med is None else base_range,
                                      bool(exact[j]) if exact is not None else False, rank)
                           for j in confirmed]
-            if exact is not None:   # equal since the first step: say so, not just the last block
-                first_step = int(pair.steps[0])
-                departures = [d if not (d.exact_before and exact_all[j]) else
-                              _replace(d, baseline=(first_step, d.baseline[1]))
+            if exact is not None:   # equal since the first step: say so, up to the step before
+                first_step, before = int(pair.steps[0]), int(pair.steps[t - 1])
+                here = np.all(ld[:t - start] <= math.log10(ZERO), axis=0)
+                departures = [d if not (d.exact_before and exact_all[j] and here[j]) else
+                              _replace(d, baseline=(first_step, before))
                               for d, j in zip(departures, confirmed)]
             departures.sort(key=lambda d: (not origin[pair.where[d.slot.column]],
                                            phase_rank(d.phase), d.slot.position))
