@@ -8,19 +8,23 @@ import numpy as np
 import pytest
 
 from opdiff.errors import StreamError
-from opdiff.monitor.stream import StreamWriter
+from opdiff.monitor.stream import BINARY, StreamWriter
 from opdiff.trend import read_run
 from opdiff.trend.reader import _CHUNK
 
 
-def _stream(root, rows, columns=("loss", "a:fwd_norm")):
+def _stream(root, rows, columns=("loss", "a:fwd_norm"), binary=False, missing=None):
+    """Write a stream; without `binary`, only its CSV (the text path of the reader)."""
     writer = StreamWriter(root / "rank0")
     writer.write_meta({"format": "opdiff-monitor", "version": 1, "rank": 0,
                        "modules": [{"name": "a", "type": "Linear"}]})
     writer.open(list(columns))
     for step, row in enumerate(rows):
-        writer.append(step, np.asarray(row, dtype=np.float64))
+        writer.append(step, np.asarray(row, dtype=np.float64),
+                      None if missing is None else missing[step])
     writer.close()
+    if not binary:
+        (root / "rank0" / BINARY).unlink()
     return root / "rank0" / "metrics.csv"
 
 
@@ -87,3 +91,30 @@ def test_fast_and_careful_paths_agree(tmp_path):
     expected = rows.astype(np.float32)
     assert np.array_equal(stream.values, expected, equal_nan=True)
     assert list(stream.steps) == list(range(len(rows)))
+
+
+def test_the_binary_rows_hold_exactly_the_csv_values(tmp_path):
+    rng = np.random.default_rng(1)
+    rows = rng.standard_normal((40, 4)) * 1e3
+    rows[5, 1], rows[9, 2] = np.nan, -np.inf
+    missing = np.zeros((40, 4), dtype=bool)
+    missing[7, 3] = True
+    _stream(tmp_path / "text", rows, columns=("loss", "a:fwd_norm", "a:fwd_max", "b"),
+            missing=missing)
+    _stream(tmp_path / "bin", rows, columns=("loss", "a:fwd_norm", "a:fwd_max", "b"),
+            missing=missing, binary=True)
+    text, binary = read_run(tmp_path / "text").ranks[0], read_run(tmp_path / "bin").ranks[0]
+    assert np.array_equal(text.values, binary.values, equal_nan=True)
+    assert np.array_equal(text.missing, binary.missing) and binary.missing[7, 3]
+    assert not binary.missing[5, 1] and np.isnan(binary.values[5, 1])     # measured NaN
+
+
+def test_a_killed_binary_row_is_dropped_and_a_foreign_one_falls_back_to_the_csv(tmp_path):
+    _stream(tmp_path, [[1.0, 2.0], [1.5, 2.5], [1.2, 2.2]], binary=True)
+    path = tmp_path / "rank0" / BINARY
+    with open(path, "ab") as f:
+        f.write(b"\x00\x00\x80")      # part of a fourth row
+    stream = read_run(tmp_path).ranks[0]
+    assert list(stream.steps) == [0, 1, 2] and stream.partial_line
+    path.write_bytes(b"\xff" * 12 * 5)   # five rows of NaN steps: not the monitor's
+    assert list(read_run(tmp_path).ranks[0].steps) == [0, 1, 2]

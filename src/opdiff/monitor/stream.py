@@ -5,12 +5,16 @@
                                    order with their output dtypes, parameters
     MON_PATH/rank{R}/metrics.csv   a header `step,loss,grad_norm,...,<name>:<quantity>,...`, then
                                    one line per recorded step, appended and flushed
+    MON_PATH/rank{R}/metrics.f32   the same rows as raw little-endian float32 (step first), which
+                                   opdiff's reader prefers: 10 000 steps of 200 modules parse
+                                   in tens of seconds as text and load at once as floats
 
 pandas reads a stream in one call, `pandas.read_csv("mon/npu/rank0/metrics.csv")`; opdiff's own
 reader is `opdiff.trend.read_run("mon/npu")`. Values are float32 written as their shortest
 round-trip decimal; NaN and inf are `nan`, `inf`, `-inf`; an empty field means "not measured at
-this step" (a module that was not called). A run killed at any moment leaves every line up to the
-last flush and at most one partial line, which readers drop.
+this step" (a module that was not called; in metrics.f32 the NaN with payload MISSING_BITS). A
+run killed at any moment leaves every row up to the last flush and at most one partial row in
+each file, which readers drop.
 
 This module is torch-free: the writer is fed numpy arrays, and the trend reader shares its names.
 """
@@ -29,6 +33,8 @@ FORMAT = "opdiff-monitor"
 VERSION = 1
 META = "meta.json"
 METRICS = "metrics.csv"
+BINARY = "metrics.f32"
+MISSING_BITS = 0x7FC0DEAD       # a quiet NaN that means "not measured", not a measured NaN
 
 # One value per step, before the per-module and per-parameter columns.
 STEP_COLUMNS = ("loss", "grad_norm", "loss_scale", "step_time")
@@ -101,6 +107,7 @@ class StreamWriter:
         self.flush_every = flush_every
         self.columns: Optional[list] = None
         self._file = None
+        self._binary = None
         self._unflushed = 0
         directory.mkdir(parents=True, exist_ok=True)
 
@@ -114,10 +121,17 @@ class StreamWriter:
     def open(self, columns: list) -> None:
         self.columns = list(columns)
         self._file = open(self.metrics_path, "wb", buffering=1 << 16)
+        self._binary = open(self.directory / BINARY, "wb", buffering=1 << 16)
         self._file.write(("step," + ",".join(self.columns) + "\n").encode())
         self._file.flush()
 
     def append(self, step: int, values: np.ndarray, missing: Optional[np.ndarray] = None) -> None:
+        row = np.empty(len(values) + 1, dtype="<f4")
+        row[0] = step
+        row[1:] = values
+        if missing is not None and missing.any():
+            row.view("<u4")[1:][missing] = MISSING_BITS
+        self._binary.write(row.tobytes())
         self._file.write(format_line(step, values, missing))
         self._unflushed += 1
         if self._unflushed >= self.flush_every:
@@ -125,6 +139,7 @@ class StreamWriter:
 
     def flush(self) -> None:
         if self._file is not None and self._unflushed:
+            self._binary.flush()
             self._file.flush()
             self._unflushed = 0
 
@@ -134,4 +149,5 @@ class StreamWriter:
                 self.flush()
             finally:
                 self._file.close()
-                self._file = None
+                self._binary.close()
+                self._file = self._binary = None

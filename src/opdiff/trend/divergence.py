@@ -202,93 +202,144 @@ def _ffill(x: np.ndarray) -> np.ndarray:
 
 def compare_streams(target, golden, *, sigma: float = SIGMA) -> RankComparison:
     """Compare one rank of two runs; see the module docstring for the rule."""
-    pair = _Pair(target, golden)
-    n = len(pair.steps)
-    floor = relevance_floor(target.compute_dtype, golden.compute_dtype)
-    prior = min(100 * floor, 0.1)
-    log_floor, log_prior = math.log10(floor), math.log10(prior)
-    width = block_size(n)
-    rank = target.rank
-    result = RankComparison(rank, None, steps=n, floor=floor)
-    # Before any history, only forward and backward numbers can depart (on the dtype's prior):
-    # a parameter whose gradient is noise (an attention key bias) gets a random Adam update
-    # from the first step on, in any two runs; its band has to be learned.
-    priored = np.array([s.phase in ("forward", "backward") for s in pair.slots], dtype=bool)
-    # Optimizer state and parameter norms integrate every earlier step (an EMA, a running sum):
-    # their distance grows smoothly and cannot jump where a fault starts, except through the
-    # update, which is judged itself. They tell how far a departure spread, not where it began.
-    origin = np.array([s.phase != "optimizer" or s.quantity == "update_norm"
-                       for s in pair.slots], dtype=bool)
-    med = scale = exact = slope = None
-    exact_all = np.ones(len(pair.slots), dtype=bool)      # bitwise equal in every block so far
-    base_range = None
-    previous = None         # (median, centre row) of the block before the baseline block
-    for start in range(0, n, width):
-        stop = min(n, start + width)
-        ld = pair.distance(np.arange(start, min(n, stop + PERSIST)))
-        for t in range(start, stop):
-            row = ld[t - start]
-            if start == 0:      # the first block learns from every earlier step
-                if t >= MIN_HISTORY:
-                    med, scale = _band(ld[:t - start])
-                    exact = np.all(ld[:t - start] <= math.log10(ZERO), axis=0)
-                    base_range = (int(pair.steps[0]), int(pair.steps[t - 1]))
-                else:
-                    med = scale = exact = None
-            with np.errstate(invalid="ignore"):
-                if med is None:
-                    z = np.where((row >= log_prior) & priored, np.inf, 0.0)
-                elif slope is not None:     # a drift that grows steadily is still normal
-                    z = (row - (med + slope * (t - centre))) / scale
-                else:
-                    z = (row - med) / scale
-                cand = (z >= sigma) & (row >= log_floor)
-                cand |= pair.is_count & np.isinf(row)
-                near = np.where(origin & (row >= log_floor) & np.isfinite(z), z, -np.inf)
-            j = int(np.argmax(near))
-            if near[j] > result.closest.get("sigma", -np.inf):
-                result.closest = {"sigma": float(near[j]), "step": int(pair.steps[t]),
-                                  "column": pair.slots[j].column}
-            if not (cand & origin).any():
-                continue
-            expect = None if med is None else (med if slope is None else
-                                                  med + slope * (t - centre))
-            confirmed = [j for j in np.flatnonzero(cand)
-                         if pair.is_count[j] or _persists(ld, t - start, j, expect, scale, sigma)]
-            if not any(origin[j] for j in confirmed):
-                continue
-            departures = [_departure(pair, t, j, row[j], z[j], None if med is None else base_range,
-                                     bool(exact[j]) if exact is not None else False, rank)
-                          for j in confirmed]
-            if exact is not None:   # equal since the first step: say so, up to the step before
-                first_step, before = int(pair.steps[0]), int(pair.steps[t - 1])
-                here = np.all(ld[:t - start] <= math.log10(ZERO), axis=0)
-                departures = [d if not (d.exact_before and exact_all[j] and here[j]) else
-                              _replace(d, baseline=(first_step, before))
-                              for d, j in zip(departures, confirmed)]
-            departures.sort(key=lambda d: (not origin[pair.where[d.slot.column]],
-                                           phase_rank(d.phase), d.slot.position))
-            result.first, result.spread = departures[0], departures[1:]
-            result.verdict = "parted"
-            result.drift = _drift(target, golden, floor)
-            return result
-        if stop - start >= MIN_HISTORY:
-            block = ld[:stop - start]
-            if med is not None and start > 0:
-                previous = (med, centre)
-            med, scale = _band(block)
-            centre = (start + stop - 1) / 2
-            slope = None
-            if previous is not None:
+    return _Scan(_Pair(target, golden), target, golden, sigma).run()
+
+
+class _Scan:
+    """compare_streams, block by block: a block's rows are judged at once against the band of
+    the block before; only rows with a candidate are looked at one by one."""
+
+    def __init__(self, pair: _Pair, target, golden, sigma: float):
+        self.pair, self.target, self.golden, self.sigma = pair, target, golden, sigma
+        self.n = len(pair.steps)
+        self.floor = relevance_floor(target.compute_dtype, golden.compute_dtype)
+        self.log_floor = math.log10(self.floor)
+        self.log_prior = math.log10(min(100 * self.floor, 0.1))
+        self.width = block_size(self.n)
+        slots = pair.slots
+        # Before any history, only forward and backward numbers can depart (on the dtype's
+        # prior): a parameter whose gradient is noise (an attention key bias) gets a random
+        # Adam update from the first step on, in any two runs; its band has to be learned.
+        self.priored = np.array([s.phase in ("forward", "backward") for s in slots], dtype=bool)
+        # Optimizer state and parameter norms integrate every earlier step (an EMA, a running
+        # sum): their distance grows smoothly and cannot jump where a fault starts, except
+        # through the update, which is judged itself. They tell how far a departure spread.
+        self.origin = np.array([s.phase != "optimizer" or s.quantity == "update_norm"
+                                for s in slots], dtype=bool)
+        self.result = RankComparison(target.rank, None, steps=self.n, floor=self.floor)
+        self.exact_all = np.ones(len(slots), dtype=bool)   # bitwise equal in every block so far
+
+    def run(self) -> RankComparison:
+        pair, width, n = self.pair, self.width, self.n
+        band = None              # (median, scale, slope, centre, exact, (first, last step))
+        previous = None          # (median, centre) of the block before the band's block
+        for start in range(0, n, width):
+            stop = min(n, start + width)
+            ld = pair.distance(np.arange(start, min(n, stop + PERSIST)))
+            if start == 0:       # the first block learns from every earlier step
+                for t in range(stop):
+                    row_band = None
+                    if t >= MIN_HISTORY:
+                        med, scale = _band(ld[:t])
+                        row_band = (med, scale, None, 0.0, np.all(ld[:t] <= math.log10(ZERO), axis=0),
+                                    (int(pair.steps[0]), int(pair.steps[t - 1])))
+                    if self._judge(ld, t, 0, row_band):
+                        return self._finish()
+            else:
+                med, scale, slope, centre = band[:4]
+                expect = med if slope is None else \
+                    med + slope * (np.arange(start, stop)[:, None] - centre)
+                block = ld[:stop - start]
                 with np.errstate(invalid="ignore"):
-                    slope = np.nan_to_num(np.maximum((med - previous[0]) / (centre - previous[1]),
-                                                     0.0), nan=0.0, posinf=0.0)
-            exact = np.all(block <= math.log10(ZERO), axis=0)
-            exact_all &= exact
-            base_range = (int(pair.steps[start]), int(pair.steps[stop - 1]))
-    result.drift = _drift(target, golden, floor)
-    result.verdict = "drift" if result.drift.get("loss_end", 0.0) > max(floor, 1e-4) else "agree"
-    return result
+                    z = (block - expect) / scale
+                for i in self._rows_to_judge(block, z, start):
+                    if self._judge(ld, start + i, start, band, z[i]):
+                        return self._finish()
+            if stop - start >= MIN_HISTORY:
+                block = ld[:stop - start]
+                if band is not None and start > 0:
+                    previous = (band[0], band[3])
+                med, scale = _band(block)
+                exact = np.all(block <= math.log10(ZERO), axis=0)
+                self.exact_all &= exact
+                centre = (start + stop - 1) / 2
+                slope = None
+                if previous is not None:
+                    with np.errstate(invalid="ignore"):
+                        slope = np.nan_to_num(np.maximum((med - previous[0]) / (centre - previous[1]),
+                                                         0.0), nan=0.0, posinf=0.0)
+                band = (med, scale, slope, centre, exact,
+                        (int(pair.steps[start]), int(pair.steps[stop - 1])))
+        return self._finish()
+
+    def _rows_to_judge(self, block: np.ndarray, z: np.ndarray, start: int) -> np.ndarray:
+        """Rows of a block holding a candidate; tracks the largest excursion seen on the way."""
+        with np.errstate(invalid="ignore"):
+            relevant = self.origin & (block >= self.log_floor) & np.isfinite(z)
+            near = np.where(relevant, z, -np.inf)
+            cand = ((z >= self.sigma) & (block >= self.log_floor)) | \
+                (self.pair.is_count & np.isinf(block))
+        if near.size:
+            i = int(np.argmax(near.max(axis=1)))
+            self._track(near[i], start + i)
+        return np.flatnonzero((cand & self.origin).any(axis=1))
+
+    def _judge(self, ld, t: int, start: int, band, z=None) -> bool:
+        """Judge step t; True when it departs (the result is then filled in)."""
+        pair, sigma = self.pair, self.sigma
+        row = ld[t - start]
+        with np.errstate(invalid="ignore"):
+            if band is None:
+                z = np.where((row >= self.log_prior) & self.priored, np.inf, 0.0)
+                expect = scale = None
+            else:
+                med, scale, slope, centre = band[:4]
+                expect = med if slope is None else med + slope * (t - centre)
+                if z is None:
+                    z = (row - expect) / scale
+            cand = (z >= sigma) & (row >= self.log_floor)
+            cand |= pair.is_count & np.isinf(row)
+            if band is not None:
+                near = np.where(self.origin & (row >= self.log_floor) & np.isfinite(z), z, -np.inf)
+                self._track(near, t)
+        if not (cand & self.origin).any():
+            return False
+        confirmed = [j for j in np.flatnonzero(cand) if pair.is_count[j] or
+                     _persists(ld, t - start, j, expect, scale, sigma)]
+        if not any(self.origin[j] for j in confirmed):
+            return False
+        exact = band[4] if band is not None else None
+        base = band[5] if band is not None else None
+        departures = [_departure(pair, t, j, row[j], z[j], base,
+                                 bool(exact[j]) if exact is not None else False, self.result.rank)
+                      for j in confirmed]
+        if exact is not None:   # equal since the first step: say so, up to the step before
+            first_step, before = int(pair.steps[0]), int(pair.steps[t - 1])
+            here = np.all(ld[:t - start] <= math.log10(ZERO), axis=0)
+            departures = [d if not (d.exact_before and self.exact_all[j] and here[j]) else
+                          _replace(d, baseline=(first_step, before))
+                          for d, j in zip(departures, confirmed)]
+        departures.sort(key=lambda d: (not self.origin[pair.where[d.slot.column]],
+                                       phase_rank(d.phase), d.slot.position))
+        self.result.first, self.result.spread = departures[0], departures[1:]
+        self.result.verdict = "parted"
+        return True
+
+    def _track(self, near: np.ndarray, t: int) -> None:
+        if not near.size:
+            return
+        j = int(np.argmax(near))
+        if near[j] > self.result.closest.get("sigma", -np.inf):
+            self.result.closest = {"sigma": float(near[j]), "step": int(self.pair.steps[t]),
+                                   "column": self.pair.slots[j].column}
+
+    def _finish(self) -> RankComparison:
+        result = self.result
+        result.drift = _drift(self.target, self.golden, self.floor)
+        if result.first is None:
+            result.verdict = "drift" if result.drift.get("loss_end", 0.0) > max(self.floor, 1e-4) \
+                else "agree"
+        return result
 
 
 def _persists(ld: np.ndarray, i: int, j: int, expect, scale, sigma: float) -> bool:

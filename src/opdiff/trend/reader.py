@@ -22,7 +22,7 @@ import numpy as np
 import orjson
 
 from ..errors import StreamError
-from ..monitor.stream import FORMAT, META, METRICS, split_column
+from ..monitor.stream import BINARY, FORMAT, META, METRICS, MISSING_BITS, split_column
 
 log = logging.getLogger("opdiff")
 
@@ -143,14 +143,20 @@ def read_stream(directory, rank: Optional[int] = None) -> Stream:
     meta = _read_meta(meta_path)
     if not metrics_path.is_file():
         raise StreamError(f"{directory} has no {METRICS}: the monitored run recorded no step")
-    data = metrics_path.read_bytes()
-    if not data.strip():
+    with open(metrics_path, "rb") as f:
+        head = f.readline()
+    if not head.strip():
         raise StreamError(f"{metrics_path} is empty: the monitored run recorded no step")
-    head, _, body = data.partition(b"\n")
     columns = head.decode("utf-8", "replace").strip().split(",")
     if columns[0] != "step" or len(columns) < 2:
         raise StreamError(f"{metrics_path}: line 1 is not a monitor header (it must start "
                           f"with 'step,'); is this a file written by opdiff.Monitor?")
+    rank = meta.get("rank", rank if rank is not None else 0)
+    binary = _read_binary(directory / BINARY, len(columns), metrics_path)
+    if binary is not None:
+        steps, values, missing, partial = binary
+        return Stream(directory, int(rank), meta, columns[1:], steps, values, missing, partial)
+    body = metrics_path.read_bytes()[len(head):]
     lines = body.split(b"\n")
     partial = bool(lines) and lines[-1] != b""
     if partial:
@@ -160,8 +166,49 @@ def read_stream(directory, rank: Optional[int] = None) -> Stream:
     if not lines:
         raise StreamError(f"{metrics_path} has a header but no complete step yet")
     steps, values, missing = _parse(lines, len(columns), metrics_path)
-    rank = meta.get("rank", rank if rank is not None else 0)
     return Stream(directory, int(rank), meta, columns[1:], steps, values, missing, partial)
+
+
+def _last_csv_step(path: Path) -> Optional[int]:
+    """The step of the CSV's last complete line, reading only the file's end."""
+    with open(path, "rb") as f:
+        f.seek(0, 2)
+        size = f.tell()
+        f.seek(max(0, size - (1 << 20)))
+        tail = f.read()
+    lines = tail.split(b"\n")[:-1]      # the last element is after the last newline
+    for line in reversed(lines[1:] if len(lines) > 1 else lines):
+        field = line.split(b",", 1)[0]
+        if field.isdigit():
+            return int(field)
+    return None
+
+
+def _read_binary(path: Path, width: int, csv: Path):
+    """(steps, values, missing, partial) from metrics.f32, or None to read the CSV instead (no
+    binary file, or one that does not end where the CSV does: written by something else)."""
+    if not path.is_file():
+        return None
+    raw = path.read_bytes()
+    rows, extra = divmod(len(raw), 4 * width)
+    if rows == 0:
+        return None
+    table = np.frombuffer(raw, dtype="<f4", count=rows * width).reshape(rows, width)
+    steps = table[:, 0]
+    if not np.all(np.isfinite(steps)) or np.any(np.diff(steps) <= 0):
+        return None
+    # A row goes to the binary just before its CSV line: at most one row ahead, never behind.
+    last = _last_csv_step(csv)
+    ahead = last is not None and steps[-1] != last
+    if last is None or (ahead and (rows < 2 or steps[-2] != last)):
+        return None
+    bits = table[:, 1:].view("<u4")
+    missing = bits == MISSING_BITS
+    values = table[:, 1:]           # a read-only view: nothing downstream writes into a stream
+    if values.dtype.byteorder not in ("=", "|") and not np.little_endian:
+        values = values.astype(np.float32)
+    return (steps.astype(np.int64), values, missing if missing.any() else None,
+            bool(extra) or bool(ahead))
 
 
 def _read_meta(path: Path) -> dict:
