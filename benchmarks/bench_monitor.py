@@ -1,6 +1,7 @@
 """Overhead of opdiff.Monitor per training step, and the speed of `opdiff trend` on long streams.
 
     python benchmarks/bench_monitor.py [--rounds 11] [--runs 3] [--models cnn,transformer]
+                                       [--every 4] [--parts]
     python benchmarks/bench_monitor.py --trend [--steps 10000 --modules 200]
 
 Overhead: two identical copies of each model (the ResNet-style CNN and the small transformer of
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+from contextlib import contextmanager
 import shutil
 import statistics
 import sys
@@ -82,11 +84,16 @@ def run_overhead(args) -> None:
     settings = {"default": {}, "update_norm=False": {"update_norm": False}}
     if args.every > 1:
         settings[f"every={args.every}"] = {"every": args.every}
+    if args.parts:      # where the time goes: some reductions replaced by constants
+        settings["no max|x| (diagnostic)"] = {"_parts": ("extremes",)}
+        settings["no module norms (diag.)"] = {"_parts": ("extremes", "norm2")}
     for name in args.models.split(","):
         for label, options in settings.items():
             wall, cpu, plains, mons = [], [], [], []
             for _ in range(args.runs):
-                t = overhead(WORKLOADS[name], args.rounds, **options)
+                with _without(options.get("_parts", ())):
+                    t = overhead(WORKLOADS[name], args.rounds,
+                                 **{k: v for k, v in options.items() if k != "_parts"})
                 p, m = statistics.median(t["plain"]), statistics.median(t["monitored"])
                 plains.append(p)
                 mons.append(m)
@@ -96,6 +103,23 @@ def run_overhead(args) -> None:
                   f"{statistics.median(mons) * 1e3:10.1f} {statistics.median(wall):10.3f}x "
                   f"{min(wall):6.3f}-{max(wall):.3f} {statistics.median(cpu):9.3f}x "
                   f"{min(cpu):6.3f}-{max(cpu):.3f}", flush=True)
+
+
+@contextmanager
+def _without(parts):
+    """Replace the monitor's module reductions named in `parts` by constants (diagnostics)."""
+    from opdiff.monitor import modules
+
+    saved = {p: getattr(modules, p) for p in parts}
+    zero = torch.zeros(())
+    stubs = {"extremes": lambda t: (zero, zero), "norm2": lambda t: zero}
+    try:
+        for p in parts:
+            setattr(modules, p, stubs[p])
+        yield
+    finally:
+        for p, f in saved.items():
+            setattr(modules, p, f)
 
 
 # -- trend on synthetic streams ------------------------------------------------------------------
@@ -176,6 +200,8 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=3, help="repeat the measurement (spread)")
     ap.add_argument("--models", default="cnn,transformer", help="comma list of: cnn, transformer")
     ap.add_argument("--every", type=int, default=1, help="also measure Monitor(every=N)")
+    ap.add_argument("--parts", action="store_true",
+                    help="also measure with some reductions replaced by constants")
     ap.add_argument("--trend", action="store_true", help="time opdiff trend on synthetic streams")
     ap.add_argument("--steps", type=int, default=10000, help="synthetic stream length (--trend)")
     ap.add_argument("--modules", type=int, default=200, help="synthetic module count (--trend)")

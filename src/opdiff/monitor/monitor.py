@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -63,8 +64,8 @@ class Monitor:
     except for raise_on_nan: a failure of its own is logged once and recording stops.
     """
 
-    def __init__(self, model: torch.nn.Module, path, optimizer=None, *, scaler=None,
-                 every: int = 1, modules=None, update_norm: bool = True,
+    def __init__(self, model: torch.nn.Module, path: "str | os.PathLike", optimizer=None, *,
+                 scaler=None, every: int = 1, modules=None, update_norm: bool = True,
                  raise_on_nan: bool = False, tensorboard: bool = False,
                  rank: Optional[int] = None, flush_every: int = 1):
         if not isinstance(model, torch.nn.Module):

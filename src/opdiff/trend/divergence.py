@@ -6,13 +6,16 @@ of normal drift between the runs.
     part.verdict            # "parted", "drift" (gradual, no step stands out) or "agree"
 
 Per column, the distance of the runs at a step is the relative difference of the two values.
-Its normal level is learned from the run itself, in log10 units: the median and the MAD of the
-previous block of steps (the first block: every earlier step), never tighter than a tenth of a
-decade. A step departs when it lies `sigma` MADs above that median, is large enough to matter
-for the dtype (a bf16 run may differ from an fp32 one by 1e-2 at any step), and stays out over
-the next steps (a fault persists; noise does not). NaN or inf in one run only departs at once.
-The first departing step is the step where the runs part; within it, the first column in
-causal order (layout.causal_order) is the culprit, and the rest is how far it spread.
+Its normal level is learned from the runs themselves, in log10 units: the median and the MAD of
+the previous block of steps (in the first block, of every earlier step), never tighter than a
+tenth of a decade, and moved along the growth from one block to the next (runs that drift
+apart steadily, as a bf16 run does from an fp32 one, stay inside). A step departs when it lies
+`sigma` MADs above that level, is large enough to matter for the dtype (DTYPE_FLOOR), and stays
+out over the next steps (a fault persists; noise does not). NaN or inf in one run only departs
+at once. Optimizer state and parameter norms never start a departure (they integrate every
+earlier step); the update norm does. The first departing step is where the runs part; within
+it, the first column in causal order (layout.causal_order) is the culprit, and the rest of the
+step's departures say how far it spread.
 """
 from __future__ import annotations
 
@@ -26,8 +29,8 @@ import numpy as np
 from ..errors import StreamError
 from .layout import Slot, causal_order, phase_rank
 
-# Healthy bf16-autocast vs fp32 runs of a small transformer (200 steps, three seeds) peaked at
-# 4.0-5.5 sigma on some parameter gradient; planted faults in fp32 reach tens to hundreds.
+# Healthy bf16-autocast vs fp32 runs of a small transformer (120-200 steps, three seeds) came
+# within 4.0-5.5 sigma on some parameter gradient; planted fp32 faults reach tens to hundreds.
 SIGMA = 8.0
 ZERO = 1e-12                # relative differences below this count as "equal"
 SCALE_FLOOR = 0.1           # decades: the band is never narrower than a factor 1.26

@@ -60,8 +60,11 @@ def render(result, target_run, golden_run=None) -> str:
         from .divergence import distance_series
         steps, d = distance_series(t, g, first.slot.column)
         floor = result.ranks[rank].floor
-        charts.append(chart(f"{first.slot.column}: relative difference target vs golden",
-                            [("|target - golden| / max", steps, d, MARK)], marks, log=True,
+        # Bitwise-equal steps (0) cannot sit on a log axis: draw them along its bottom.
+        shown = np.where(d == 0, floor / 100, d)
+        charts.append(chart(f"{first.slot.column}: relative difference target vs golden "
+                            f"(equal steps drawn at {floor / 100:g})",
+                            [("|target - golden| / max", steps, shown, MARK)], marks, log=True,
                             hline=(floor, f"dtype floor {floor:g}")))
     return _page(result, charts)
 
@@ -115,7 +118,7 @@ def chart(title: str, series: list, marks: list, *, log: bool = False,
            f'<rect x="{PAD_L}" y="{PAD_T}" width="{w}" height="{h}" class="plot"/>']
     for k in range(5):
         v = y0 + (y1 - y0) * k / 4
-        text = f"1e{v:.1f}" if log else f"{v:.4g}"
+        text = f"{10 ** v:.3g}" if log else f"{v:.4g}"
         out.append(f'<line x1="{PAD_L}" x2="{PAD_L + w}" y1="{py(v):.1f}" y2="{py(v):.1f}" '
                    f'class="grid"/><text x="{PAD_L - 6}" y="{py(v) + 4:.1f}" '
                    f'class="tick" text-anchor="end">{text}</text>')
@@ -133,12 +136,15 @@ def chart(title: str, series: list, marks: list, *, log: bool = False,
             out.append(f'<line x1="{px(step):.1f}" x2="{px(step):.1f}" y1="{PAD_T}" '
                        f'y2="{PAD_T + h}" stroke="{MARK}" stroke-width="1.5" '
                        f'stroke-dasharray="3 3"><title>{html.escape(label)}</title></line>')
-    for label, x, y, colour in drawn:
+    # Golden wide and pale underneath, target thin on top: where they agree, both show.
+    for label, x, y, colour in sorted(drawn, key=lambda d: d[0] != "golden"):
         if not len(x):
             continue
         points = " ".join(f"{px(a):.1f},{py(b):.1f}" for a, b in zip(x, y))
+        width, opacity = ("3.5", "0.45") if label == "golden" else ("1.4", "1")
         out.append(f'<polyline points="{points}" fill="none" stroke="{colour}" '
-                   f'stroke-width="1.4"><title>{html.escape(label)}</title></polyline>')
+                   f'stroke-width="{width}" stroke-opacity="{opacity}"><title>'
+                   f'{html.escape(label)}</title></polyline>')
     legend = " ".join(f'<span style="color:{c}">&#9632; {html.escape(l)}</span>'
                       for l, _, _, c in drawn)
     out.append("</svg>")

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from ..monitor.stream import write_json_atomic
 from .layout import phase_rank
+
+if TYPE_CHECKING:
+    from .divergence import Departure
 
 SUMMARY = "summary.json"
 
@@ -25,7 +28,7 @@ SUMMARY = "summary.json"
 class TrendResult:
     target: str
     golden: Optional[str]
-    first_divergence: object = None          # divergence.Departure or None
+    first_divergence: Optional["Departure"] = None
     ranks: dict = field(default_factory=dict)  # rank -> RankComparison (two runs)
     alerts: list = field(default_factory=list)
     verdict: str = "clean"   # two runs: parted | drift | agree; one run: alert | clean
