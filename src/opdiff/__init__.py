@@ -19,6 +19,9 @@ def __getattr__(name):
     if name in ("PrecisionDebugger", "dump", "compare"):
         from . import api
         return getattr(api, name)
+    if name == "Monitor":
+        from .monitor.monitor import Monitor
+        return Monitor
     if name == "seed_all":
         from .seeding import seed_all
         return seed_all

@@ -13,7 +13,7 @@ import sys
 from . import __version__
 from .errors import OpdiffError
 
-COMMANDS = ("demo", "compare", "check", "overflow", "onnx", "env")
+COMMANDS = ("demo", "compare", "check", "trend", "overflow", "onnx", "env")
 
 
 class _Parser(argparse.ArgumentParser):

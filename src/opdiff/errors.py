@@ -19,3 +19,7 @@ class OverflowDetected(Exception):
     Not an OpdiffError: it is a finding about the user's model, raised on purpose to stop
     training, and its message names the op, phase, step and source line.
     """
+
+
+class StreamError(OpdiffError):
+    """A monitor stream (written by opdiff.Monitor) that is missing, empty or corrupt."""

@@ -10,7 +10,7 @@ from opdiff.cli import main
 from opdiff.demo import workspace
 from opdiff.errors import ConfigError
 
-SCENARIOS = ("iadd", "lstm-backward", "fp16-overflow", "bf16-healthy")
+SCENARIOS = ("iadd", "lstm-backward", "fp16-overflow", "bf16-healthy", "trend")
 
 
 def test_list_names_every_scenario_default_first(capsys):

@@ -35,3 +35,4 @@ SCENARIOS = {s.name: s for s in (
     Scenario("bf16-healthy", "-", "bf16 autocast vs fp32: differences everywhere, no culprit",
              "play_bf16_healthy"),
 )}
+from . import trend_story  # noqa: E402,F401  registers "trend" (its own file, for clean merges)

@@ -1,0 +1,149 @@
+"""The Monitor's batched parameter reductions: per parameter, after optimizer.step(), its norm,
+its gradient's norm, the norm of what the step changed, and the norms of the optimizer's state
+(Adam's exp_avg and exp_avg_sq, SGD's momentum_buffer).
+
+    probe = ParameterProbe(model, optimizer, update_norm=True)
+    probe.recording = True
+    ...loss.backward(); optimizer.step()...
+    tensors = probe.pending()                 # a few torch._foreach_norm calls, on the device
+    values = probe.finish(host_values)        # {column: float}
+
+The update norm needs the parameters as they were before the step: a step pre-hook on the
+optimizer copies them into one preallocated buffer (`torch._foreach_copy_`), and after the step
+`torch._foreach_sub_` turns that copy into minus the update in place. It costs one copy of the
+parameters in memory and three passes over them per recorded step; `update_norm=False` saves both.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional
+
+import torch
+
+from .stream import column
+
+
+def foreach_norms(tensors: list) -> list:
+    """L2 norms of `tensors` as float32 0-d tensors, in as few kernels as the dtypes allow."""
+    if not tensors:
+        return []
+    groups: dict = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault((t.device, t.dtype), []).append(i)
+    out: list = [None] * len(tensors)
+    for (_, dtype), idxs in groups.items():
+        chunk = [tensors[i] for i in idxs]
+        if dtype in (torch.float32, torch.float64):
+            norms = torch._foreach_norm(chunk)
+        else:       # bf16/fp16: accumulate and return in float32
+            norms = torch._foreach_norm(chunk, 2, dtype=torch.float32)
+        for i, n in zip(idxs, norms):
+            out[i] = n if n.dtype == torch.float32 else n.float()
+    return out
+
+
+class ParameterProbe:
+    """Norms of parameters, gradients, updates and optimizer state, batched per step."""
+
+    def __init__(self, model: torch.nn.Module, optimizer=None, *, update_norm: bool = True,
+                 on_error: Callable[[str, BaseException], None] = lambda where, exc: None):
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.names = [n for n, _ in named]
+        self.params = [p for _, p in named]
+        self.optimizer = optimizer
+        self.on_error = on_error
+        self.recording = False
+        # The parameters the optimizer updates, in model order.
+        owned = set()
+        if optimizer is not None:
+            for group in optimizer.param_groups:
+                owned.update(id(p) for p in group["params"])
+        self.updated = [i for i, p in enumerate(self.params) if id(p) in owned]
+        self.update_norm = bool(update_norm) and bool(self.updated)
+        self._before: Optional[list] = None      # the copy taken before the step
+        self._copied = False
+        self._handle = None
+        self._layout: list = []                   # [(column, position in pending)] this step
+        self._grad_columns: list = []
+        if optimizer is not None and self.update_norm:
+            self._handle = optimizer.register_step_pre_hook(self._before_step)
+
+    def remove(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+        self._before = None
+
+    def _before_step(self, optimizer, args, kwargs) -> None:
+        if not self.recording:
+            return
+        try:
+            with torch.no_grad():
+                params = [self.params[i] for i in self.updated]
+                if self._before is None:
+                    self._before = [torch.empty_like(p) for p in params]
+                torch._foreach_copy_(self._before, params)
+            self._copied = True
+        except Exception as exc:
+            self.update_norm = False
+            self.on_error("the optimizer step pre-hook", exc)
+
+    def clear(self) -> None:
+        self._copied = False
+        self._layout = []
+
+    def pending(self) -> list:
+        """Norms of this step as 0-d device tensors; `finish` maps their host values to columns."""
+        layout: list = []
+        tensors: list = []
+
+        def add(norms, columns):
+            layout.extend(zip(columns, range(len(tensors), len(tensors) + len(norms))))
+            tensors.extend(norms)
+
+        with torch.no_grad():
+            add(foreach_norms(self.params), [column(n, "norm") for n in self.names])
+            with_grad = [i for i, p in enumerate(self.params) if p.grad is not None]
+            add(foreach_norms([self.params[i].grad for i in with_grad]),
+                [column(self.names[i], "grad_norm") for i in with_grad])
+            if self.update_norm and self._copied:
+                params = [self.params[i] for i in self.updated]
+                torch._foreach_sub_(self._before, params)     # now minus the update
+                add(foreach_norms(self._before), [column(self.names[i], "update_norm")
+                                                  for i in self.updated])
+            for key, idxs, states in self._state_tensors():
+                add(foreach_norms(states), [column(self.names[i], f"{key}_norm") for i in idxs])
+        self._layout = layout
+        self._grad_columns = [column(self.names[i], "grad_norm") for i in with_grad]
+        return tensors
+
+    def _state_tensors(self):
+        """(key, parameter indices, state tensors) per state key shaped like its parameter."""
+        if self.optimizer is None:
+            return []
+        by_key: dict = {}
+        state = self.optimizer.state
+        for i in self.updated:
+            p = self.params[i]
+            s = state.get(p)
+            if not s:
+                continue
+            for key, value in s.items():
+                if isinstance(value, torch.Tensor) and value.shape == p.shape and \
+                        value.is_floating_point():
+                    idxs, tensors = by_key.setdefault(key, ([], []))
+                    idxs.append(i)
+                    tensors.append(value)
+        return [(key, idxs, tensors) for key, (idxs, tensors) in by_key.items()]
+
+    @property
+    def columns(self) -> list:
+        """The columns of the last `pending()`, in order."""
+        return [col for col, _ in self._layout]
+
+    def finish(self, host: list) -> tuple[dict, Optional[float]]:
+        """({column: value}, global gradient norm or None) from the host copies of `pending()`."""
+        out = {col: host[pos] for col, pos in self._layout}
+        sq = [out[c] ** 2 for c in self._grad_columns]
+        grad_norm = math.sqrt(math.fsum(sq)) if sq else None
+        return out, grad_norm
