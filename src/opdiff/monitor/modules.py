@@ -19,7 +19,7 @@ import fnmatch
 import math
 import weakref
 from functools import partial
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -115,7 +115,7 @@ class _Calls:
         self.device_counts: list = []   # (index, nan 0-d, inf 0-d), other devices
         self.order: list = []           # module indices in the order they first returned
         self.seen: set = set()
-        self._last = None               # the last tensor reduced, and what it gave
+        self._last: Optional[tuple] = None   # the last tensor reduced, and what it gave
 
     def clear(self) -> None:
         self.tensors.clear()
@@ -205,7 +205,8 @@ class ModuleProbe:
             return
         try:
             if type(output) is torch.Tensor:        # the common case, without the walk
-                tensors = (output,) if output.is_floating_point() and output.numel() else ()
+                tensors: Sequence[torch.Tensor] = \
+                    (output,) if output.is_floating_point() and output.numel() else ()
             else:
                 tensors = floating_tensors(output, [])
             if not tensors:

@@ -101,7 +101,7 @@ class Monitor:
                         "optimizer_defaults": _plain_defaults(optimizer),
                         "scaler": scaler is not None, "model": type(model).__name__}
         self._columns: Optional[list] = None
-        self._scale = None
+        self._scale: Optional[torch.Tensor] = None
         self._broken = False
         self._closed = False
         self._last_time = time.perf_counter()
@@ -272,7 +272,7 @@ class Monitor:
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "config": self._config,
             "environment": fingerprint(),
-            "compute_dtype": min(dtypes, key=_LOW_PRECISION.get) if dtypes else None,
+            "compute_dtype": min(dtypes, key=_LOW_PRECISION.get) if dtypes else None,  # type: ignore[arg-type]  # .get: every dtype here is a key
             "modules": modules,
             "backward_order": getattr(self, "_backward_order", []),
             "parameters": params,

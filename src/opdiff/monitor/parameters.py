@@ -16,7 +16,7 @@ parameters in memory and three passes over them per recorded step; `update_norm=
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
+from typing import Callable, Optional, cast
 
 import torch
 
@@ -54,7 +54,7 @@ class ParameterProbe:
         self.on_error = on_error
         self.recording = False
         # The parameters the optimizer updates, in model order.
-        owned = set()
+        owned: set[int] = set()
         if optimizer is not None:
             for group in optimizer.param_groups:
                 owned.update(id(p) for p in group["params"])
@@ -79,7 +79,7 @@ class ParameterProbe:
             return
         try:
             with torch.no_grad():
-                params = [self.params[i] for i in self.updated]
+                params: list[torch.Tensor] = [self.params[i] for i in self.updated]
                 if self._before is None:
                     self._before = [torch.empty_like(p) for p in params]
                 torch._foreach_copy_(self._before, params)
@@ -107,9 +107,10 @@ class ParameterProbe:
             add(foreach_norms([self.params[i].grad for i in with_grad]),
                 [column(self.names[i], "grad_norm") for i in with_grad])
             if self.update_norm and self._copied:
-                params = [self.params[i] for i in self.updated]
-                torch._foreach_sub_(self._before, params)     # now minus the update
-                add(foreach_norms(self._before), [column(self.names[i], "update_norm")
+                params: list[torch.Tensor] = [self.params[i] for i in self.updated]
+                before = cast(list, self._before)   # _copied: the pre-hook filled it
+                torch._foreach_sub_(before, params)     # now minus the update
+                add(foreach_norms(before), [column(self.names[i], "update_norm")
                                                   for i in self.updated])
             for key, idxs, states in self._state_tensors():
                 add(foreach_norms(states), [column(self.names[i], f"{key}_norm") for i in idxs])

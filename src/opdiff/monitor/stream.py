@@ -24,7 +24,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Optional
+from typing import BinaryIO, Optional, cast
 
 import numpy as np
 import orjson
@@ -106,8 +106,8 @@ class StreamWriter:
         self.directory = directory
         self.flush_every = flush_every
         self.columns: Optional[list] = None
-        self._file = None
-        self._binary = None
+        self._file: Optional[BinaryIO] = None
+        self._binary: Optional[BinaryIO] = None
         self._unflushed = 0
         directory.mkdir(parents=True, exist_ok=True)
 
@@ -120,10 +120,10 @@ class StreamWriter:
 
     def open(self, columns: list) -> None:
         self.columns = list(columns)
-        self._file = open(self.metrics_path, "wb", buffering=1 << 16)
+        self._file = file = open(self.metrics_path, "wb", buffering=1 << 16)
         self._binary = open(self.directory / BINARY, "wb", buffering=1 << 16)
-        self._file.write(("step," + ",".join(self.columns) + "\n").encode())
-        self._file.flush()
+        file.write(("step," + ",".join(self.columns) + "\n").encode())
+        file.flush()
 
     def append(self, step: int, values: np.ndarray, missing: Optional[np.ndarray] = None) -> None:
         row = np.empty(len(values) + 1, dtype="<f4")
@@ -131,15 +131,15 @@ class StreamWriter:
         row[1:] = values
         if missing is not None and missing.any():
             row.view("<u4")[1:][missing] = MISSING_BITS
-        self._binary.write(row.tobytes())
-        self._file.write(format_line(step, values, missing))
+        cast(BinaryIO, self._binary).write(row.tobytes())     # open() ran at the first step
+        cast(BinaryIO, self._file).write(format_line(step, values, missing))
         self._unflushed += 1
         if self._unflushed >= self.flush_every:
             self.flush()
 
     def flush(self) -> None:
         if self._file is not None and self._unflushed:
-            self._binary.flush()
+            cast(BinaryIO, self._binary).flush()   # opened together with _file
             self._file.flush()
             self._unflushed = 0
 
@@ -149,5 +149,5 @@ class StreamWriter:
                 self.flush()
             finally:
                 self._file.close()
-                self._binary.close()
+                cast(BinaryIO, self._binary).close()
                 self._file = self._binary = None

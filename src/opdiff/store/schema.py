@@ -75,7 +75,7 @@ class Record(TypedDict, total=False):
     tensor: str                 # ... the parameter's or buffer's FQN, or the input's slot
     reader: str                 # ... the record of the first op that reads it
     rng: str                    # random ops: a fingerprint of the generator state they drew from
-    group: dict                 # collectives: {"ranks": [...], "seq": k[, "peer": r]} (capture/collectives.py)
+    group: dict[str, Any]       # collectives: {"ranks": [...], "seq": k[, "peer": r]} (capture/collectives.py)
 
 
 PARAM_GRAD_WORD = "parameters_grad"

@@ -118,7 +118,7 @@ def nonfinite_alerts(stream, slots: list, max_skips: int = 20) -> list:
         return []
     bad = np.zeros((len(stream.steps), len(slots)), dtype=bool)
     bad[suspects] = _bad_matrix(stream, slots, suspects)
-    rows = np.flatnonzero(bad.any(axis=1))
+    rows: np.ndarray = np.flatnonzero(bad.any(axis=1))
     scaler = stream.has("loss_scale")
     out: list = []
     skips = 0

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from dataclasses import replace as _replace
-from typing import Optional
+from typing import Optional, cast
 
 import numpy as np
 
@@ -234,7 +234,7 @@ class _Scan:
 
     def run(self) -> RankComparison:
         pair, width, n = self.pair, self.width, self.n
-        band = None              # (median, scale, slope, centre, exact, (first, last step))
+        band: Optional[tuple] = None   # (median, scale, slope, centre, exact, (first, last step))
         previous = None          # (median, centre) of the block before the band's block
         for start in range(0, n, width):
             stop = min(n, start + width)
@@ -249,7 +249,7 @@ class _Scan:
                     if self._judge(ld, t, 0, row_band):
                         return self._finish()
             else:
-                med, scale, slope, centre = band[:4]
+                med, scale, slope, centre = cast(tuple, band)[:4]   # set by the first block
                 expect = med if slope is None else \
                     med + slope * (np.arange(start, stop)[:, None] - centre)
                 block = ld[:stop - start]
@@ -307,7 +307,8 @@ class _Scan:
                 self._track(near, t)
         if not (cand & self.origin).any():
             return False
-        confirmed = [j for j in np.flatnonzero(cand) if pair.is_count[j] or
+        columns: np.ndarray = np.flatnonzero(cand)
+        confirmed = [j for j in columns if pair.is_count[j] or
                      _persists(ld, t - start, j, expect, scale, sigma)]
         if not any(self.origin[j] for j in confirmed):
             return False

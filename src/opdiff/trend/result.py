@@ -64,7 +64,7 @@ class TrendResult:
     def _two_runs(self) -> str:
         first = self.first_divergence
         if first is None:
-            drift = next((r.drift for r in self.ranks.values() if r.drift), {})
+            drift: dict = next((r.drift for r in self.ranks.values() if r.drift), {})
             if self.verdict == "drift":
                 return (f"gradual drift, no step stands out: the loss differs by "
                         f"{_pct(drift.get('loss_end', 0))} at the end "
