@@ -23,7 +23,10 @@ def record_once(path, **switch):
 
 
 def names(directory):
-    return [json.loads(line)["name"] for line in (directory / "records.jsonl").open()]
+    """The op records of a dump (leaves, recorded once before their first reader since issue 15,
+    are no op: capture/leaves.py)."""
+    records = [json.loads(line) for line in (directory / "records.jsonl").open()]
+    return [r["name"] for r in records if r.get("kind") != "leaf"]
 
 
 def test_list_mode_takes_legacy_names(workdir):

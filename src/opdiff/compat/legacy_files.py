@@ -30,6 +30,12 @@ log = logging.getLogger("opdiff")
 # torch_npu.hooks keeps its opdiff dump in a folder named after the .pkl: a.pkl -> a.opdiff/
 HOOKS_DUMP_SUFFIX = ".opdiff"
 
+def legacy_records(dump):
+    """The records the legacy tools had: op calls. Leaves (a parameter, buffer or input that
+    opdiff records once before its first read, capture/leaves.py) were never in their files."""
+    return (r for r in dump.records() if r.get("kind") != Kind.LEAF)
+
+
 def legacy_op_name(name: str) -> str:
     """opdiff's `Tensor.__iadd__.0.forward` as ptdbg_ascend wrote it: `Tensor___iadd___0_forward`.
 
@@ -60,7 +66,7 @@ def write_ptdbg_files(dump_dir: str | os.PathLike, prefix: str = "", stack_only:
     pkl = directory / f"{prefix}dump.pkl"
     stacks: dict[str, list] = {}
     with open(pkl, "w", encoding="utf-8") as f:
-        for record in dump.records():
+        for record in legacy_records(dump):
             frames = dump.stack(record.get("stack"))
             if frames:
                 stacks[record["name"]] = frames
@@ -101,7 +107,7 @@ def write_hooks_pkl(dump_root: str | os.PathLike, pkl_path: str | os.PathLike) -
     with open(tmp, "w", encoding="utf-8") as f:
         for directory in find_dumps(dump_root):
             dump = open_dump(directory)
-            for record in dump.records():
+            for record in legacy_records(dump):
                 for tensor_name, _, desc in iter_tensors(record):
                     t = dump.tensor(desc["key"]) if "key" in desc else None
                     if t is None:
