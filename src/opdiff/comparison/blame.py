@@ -48,7 +48,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, cast
 
 from .. import ops
 from ..dtypes import LARGEST_FINITE, is_float
@@ -58,6 +58,12 @@ from . import origins, reasons
 from .result import (ERROR, INTEGER, LOCAL, NONFINITE, NUMBER, RANDOM, REPLAY, SCALE, WARNING,
                      Divergence, TensorRow)
 from .verdicts import run_precision
+
+if TYPE_CHECKING:
+    from .metric_table import Measurement
+    from .replay import Replayer
+    from .replay.local import LocalError, TensorLocalError
+    from .verdicts import Policy
 
 
 @dataclass
@@ -71,8 +77,9 @@ class OpScore:
     forward: Optional[str]
     seq: int
     location: Optional[Location]
-    inputs: list = field(default_factory=list)     # [(row index, Measurement, t dtype, g dtype)]
-    outputs: list = field(default_factory=list)
+    # [(row index, Measurement, t dtype, g dtype)]
+    inputs: list[tuple[int, "Measurement", Optional[str], Optional[str]]] = field(default_factory=list)
+    outputs: list[tuple[int, "Measurement", Optional[str], Optional[str]]] = field(default_factory=list)
     local: bool = False
     blame: str = ""             # why it is local: LOCAL, SCALE, NONFINITE, INTEGER or REPLAY
     worst_out: Optional[int] = None
@@ -81,14 +88,14 @@ class OpScore:
     scale_in: float = 0.0
     replay: Any = None          # opdiff.comparison.replay.LocalError once the op was replayed
     paired: bool = True         # False: only the target has this op (judged by replay alone)
-    arg_diffs: list = field(default_factory=list)   # number arguments that differ, as text
-    const_diffs: list = field(default_factory=list)  # ... that are dtype limits (finfo.min)
+    arg_diffs: list[str] = field(default_factory=list)   # number arguments that differ, as text
+    const_diffs: list[str] = field(default_factory=list)  # ... that are dtype limits (finfo.min)
     leaf: Optional[str] = None  # Kind.LEAF: "parameter" | "buffer" | "input"
     fqn: Optional[str] = None   # ... its FQN (or an input's slot)
     reader: Optional[str] = None    # ... the record of the first op that reads it
-    leaf_inputs: dict = field(default_factory=dict)  # input row index -> "parameter <fqn>"
+    leaf_inputs: dict[int, str] = field(default_factory=dict)  # input row index -> "parameter <fqn>"
     leaf_strict: bool = True    # ... judged exactly (step 0: nothing trained them yet)
-    rng: tuple = ()             # random ops: (target's, golden's) generator fingerprints
+    rng: tuple[Any, ...] = ()             # random ops: (target's, golden's) generator fingerprints
 
     @property
     def divergence_kind(self) -> str:
@@ -97,7 +104,7 @@ class OpScore:
         return NUMBER if self.arg_diffs and self.blame != REPLAY else self.blame
 
 
-def differing_numbers(t_rec: dict, g_rec: dict) -> tuple[list[str], list[str]]:
+def differing_numbers(t_rec: dict[str, Any], g_rec: dict[str, Any]) -> tuple[list[str], list[str]]:
     """The Python number arguments of a paired call that differ (`x[0] = 2.0` against
     `x[0] = 1.0`), as "input.2: 2 vs 1": (those that differ, those that are dtype limits).
 
@@ -107,6 +114,8 @@ def differing_numbers(t_rec: dict, g_rec: dict) -> tuple[list[str], list[str]]:
     attention mask), with the same effect, but an output that holds them differs by 1e38.
     """
     golden = input_numbers(g_rec)
+    differ: list[str]
+    limits: list[str]
     differ, limits = [], []
     for path, t in input_numbers(t_rec).items():
         g = golden.get(path, t)
@@ -126,11 +135,11 @@ def differing_numbers(t_rec: dict, g_rec: dict) -> tuple[list[str], list[str]]:
 
 
 @functools.lru_cache(maxsize=None)
-def _dtype_limits() -> frozenset:
+def _dtype_limits() -> frozenset[float]:
     """The largest values of the float dtypes, both signs: what code writes where it means
     -inf or +inf. (Epsilons are left out: `var + finfo(dtype).eps` with fp16's 1e-3 against
     fp32's 1e-7 can be the very difference the user is looking for.)"""
-    values = set()
+    values: set[float] = set()
     for dtype in ("float16", "bfloat16", "float32", "float64"):
         values.update((LARGEST_FINITE[dtype], -LARGEST_FINITE[dtype]))
     return frozenset(values)
@@ -146,12 +155,13 @@ def linked(op: OpScore) -> list[str]:
     return []
 
 
-def _input_error(op: OpScore, by_name: dict) -> tuple[float, float, Optional[int]]:
+def _input_error(op: OpScore, by_name: dict[str, OpScore]) -> tuple[float, float, Optional[int]]:
     entries = list(op.inputs)
     for name in linked(op):
         if name in by_name:
             other = by_name[name]
             entries += other.inputs + (other.outputs if other.phase == Phase.FORWARD else [])
+    worst: Optional[int]
     err, scale, worst = 0.0, 0.0, None
     for row_index, m, _, _ in entries:
         e = math.inf if m.nonfinite_mismatch else m.error
@@ -162,21 +172,22 @@ def _input_error(op: OpScore, by_name: dict) -> tuple[float, float, Optional[int
     return err, scale, worst
 
 
-def _noise_fraction(policy, numel: int) -> float:
+def _noise_fraction(policy: Policy, numel: int) -> float:
     """How much of the input's random error may show up as a scale error of the output: little
     for big tensors (it averages out), all of it for a handful of elements."""
     return min(1.0, max(policy.thresholds.scale_noise_fraction, 4.0 / math.sqrt(max(numel, 1))))
 
 
-def _statistics_floor(policy, tdt, gdt, run_dtype, phase: str, numel: int,
+def _statistics_floor(policy: Policy, tdt: Optional[str], gdt: Optional[str],
+                      run_dtype: Optional[str], phase: str, numel: int,
                       scale: bool = False) -> float:
     """The least error statistics alone may blame an op for (see `opdiff.comparison.verdicts`)."""
     return max(policy.statistics_tolerance_for(tdt, gdt, phase, numel, scale=scale),
                policy.statistics_tolerance_for(run_dtype, run_dtype, phase, numel, scale=scale))
 
 
-def _candidate(op: OpScore, m, tdt, gdt, e_in: float, s_in: float, policy,
-               run_dtype) -> Optional[tuple[float, str]]:
+def _candidate(op: OpScore, m: Measurement, tdt: Optional[str], gdt: Optional[str], e_in: float,
+               s_in: float, policy: Policy, run_dtype: Optional[str]) -> Optional[tuple[float, str]]:
     """(size, kind) when this output shows an error the op made itself, else None."""
     if m.nonfinite_mismatch:
         return (math.inf, NONFINITE) if math.isfinite(e_in) else None
@@ -201,13 +212,13 @@ def _candidate(op: OpScore, m, tdt, gdt, e_in: float, s_in: float, policy,
     return None
 
 
-def judge(op: OpScore, by_name: dict, policy, run_dtype: Optional[str] = None) -> None:
+def judge(op: OpScore, by_name: dict[str, OpScore], policy: Policy, run_dtype: Optional[str] = None) -> None:
     """Set op.local / op.blame / op.worst_out from its outputs against its inputs."""
     e_in, s_in, op.worst_in = _input_error(op, by_name)
     op.error_in, op.scale_in = e_in, s_in
     if ops.traits(op.op).uninitialized:
         return
-    best = None
+    best: Optional[tuple[float, int, str]] = None
     for row_index, m, tdt, gdt in op.outputs:
         found = _candidate(op, m, tdt, gdt, e_in, s_in, policy, run_dtype)
         if found is not None and (best is None or found[0] > best[0]):
@@ -217,7 +228,7 @@ def judge(op: OpScore, by_name: dict, policy, run_dtype: Optional[str] = None) -
         op.local, op.worst_out, op.blame = True, best[1], best[2]
 
 
-def _shows_error(op: OpScore, policy) -> bool:
+def _shows_error(op: OpScore, policy: Policy) -> bool:
     """Does any output of the op differ beyond its tolerance?"""
     for _, m, tdt, gdt in op.outputs:
         if m.nonfinite_mismatch or m.error > policy.tolerance_for(tdt, gdt) or op.local:
@@ -225,7 +236,7 @@ def _shows_error(op: OpScore, policy) -> bool:
     return False
 
 
-def _ancestors(name: Optional[str], parent: dict) -> list[str]:
+def _ancestors(name: Optional[str], parent: dict[str, str]) -> list[str]:
     out, seen = [], set()
     while name and name not in seen:
         seen.add(name)
@@ -235,7 +246,8 @@ def _ancestors(name: Optional[str], parent: dict) -> list[str]:
     return out
 
 
-def analyse(op_scores: list[OpScore], rows: list[TensorRow], policy, replay=None,
+def analyse(op_scores: list[OpScore], rows: list[TensorRow], policy: Policy,
+            replay: Optional[Replayer] = None,
             replay_all: bool = False) -> Optional[Divergence]:
     """Judge every op, rewrite row verdicts in place, and return the first divergence.
 
@@ -284,7 +296,7 @@ def first_divergence(op_scores: list[OpScore], rows: list[TensorRow]) -> Optiona
         kind=kind, origin=kind if kind in (NUMBER, RANDOM) else origins.OP)
 
 
-def explained(op_scores: list[OpScore], policy) -> set:
+def explained(op_scores: list[OpScore], policy: Policy) -> set[str]:
     """Names of local ops that other ops explain (the op is not named; see module docstring).
 
     Modules contain the ops run inside them. A module is named only when no op inside it
@@ -313,7 +325,7 @@ def explained(op_scores: list[OpScore], policy) -> set:
     return out
 
 
-def second_opinion(op_scores: list[OpScore], rows: list, policy, replay,
+def second_opinion(op_scores: list[OpScore], rows: list[TensorRow], policy: Policy, replay: Replayer,
                    replay_all: bool) -> None:
     """Let replay (the op re-run in float64 on the target's own inputs) confirm, clear or add
     culprits, replaying only what can change the answer:
@@ -353,7 +365,7 @@ def second_opinion(op_scores: list[OpScore], rows: list, policy, replay,
             return
 
 
-def _take(op: OpScore, local, rows: list) -> bool:
+def _take(op: OpScore, local: LocalError, rows: list[TensorRow]) -> bool:
     """Apply one replay verdict to an op; True when it makes the op a new culprit."""
     op.replay = local
     if not local.replayed:
@@ -365,7 +377,7 @@ def _take(op: OpScore, local, rows: list) -> bool:
         return False
     if op.local:
         return False                # confirmed
-    worst = local.worst.name
+    worst = cast("TensorLocalError", local.worst).name
     op.local, op.blame = True, REPLAY
     op.worst_out = next((i for i, *_ in op.outputs if rows[i].target_name == worst),
                         op.outputs[0][0] if op.outputs else None)

@@ -13,11 +13,12 @@ from __future__ import annotations
 import logging
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, cast
 
 from ..errors import DumpError, OpdiffError
 from ..store.records import decoded_stats, iter_tensors
-from ..store.schema import Kind, Phase, Role, locations_from_frames
+from ..store.schema import Kind, Location, Phase, Role, locations_from_frames
+from ..store.source import DumpSource
 from ..environment import diff_meta
 from .align import align
 from .blame import OpScore, analyse, differing_numbers
@@ -25,6 +26,12 @@ from .metrics import Measurement, measure, stats_measure
 from .reasons import statistics_limits
 from .result import ERROR, PASS, UNMATCHED, WARNING, CompareResult, TensorRow, count
 from .verdicts import Policy
+
+if TYPE_CHECKING:
+    from .replay import Replayer
+
+    # (tensor name, role, descriptor), as `iter_tensors` yields them
+    _Item = tuple[str, str, dict[str, Any]]
 
 log = logging.getLogger("opdiff")
 
@@ -38,20 +45,20 @@ EMPTY = "empty tensor (no elements): nothing to compare"
 MIN_PAIRED_FRACTION = 0.3
 
 
-def _location(dump, record: dict) -> tuple:
+def _location(dump: DumpSource, record: dict[str, Any]) -> tuple[Location, ...]:
     """The record's call site as Locations, innermost user frame first."""
     return locations_from_frames(dump.stack(record.get("stack"))
                                  if record.get("stack") is not None else ())
 
 
-def _numel(shape) -> int:
+def _numel(shape: Any) -> int:
     n = 1
     for s in shape or ():
         n *= int(s)
     return n
 
 
-def _load(dump, desc: dict):
+def _load(dump: DumpSource, desc: dict[str, Any]) -> Any:
     key = desc.get("key")
     if not key:
         return None
@@ -68,8 +75,9 @@ def _load(dump, desc: dict):
 class _PairCompare:
     """Compares one target dump with one golden dump; see `compare_pair`."""
 
-    def __init__(self, target_dump, golden_dump, policy: Policy, shape_flag: bool,
-                 tick: Optional[Callable[[int], None]] = None, replay: str = "auto"):
+    def __init__(self, target_dump: DumpSource, golden_dump: DumpSource, policy: Policy,
+                 shape_flag: bool, tick: Optional[Callable[[int], None]] = None,
+                 replay: str = "auto") -> None:
         self.t, self.g = target_dump, golden_dump
         self.policy, self.shape_flag, self.replay = policy, shape_flag, replay
         self.tick = tick or (lambda n: None)
@@ -77,7 +85,7 @@ class _PairCompare:
         self.ops: list[OpScore] = []
         # A saved tensor is referenced by every record that saw it (an op's output is the next
         # op's input and its module's output): measure each pair of saved tensors once.
-        self._measured: dict[tuple, Measurement] = {}
+        self._measured: dict[tuple[Any, Any], Measurement] = {}
 
     def run(self) -> CompareResult:
         t_records = list(self.t.records())
@@ -115,7 +123,7 @@ class _PairCompare:
             environment_diff=diff_meta(self.t.meta, self.g.meta),
             step=self.t.step, rank=self.t.rank, notes=notes)
 
-    def _replayer(self, t_records: list):
+    def _replayer(self, t_records: list[dict[str, Any]]) -> Optional[Replayer]:
         """Replay needs the target's own tensors (`DumpSource.holds_tensors`: statistics dumps
         and foreign dumps keep the comparison alone) and ops it can re-run."""
         if self.replay == "off" or not self.t.holds_tensors:
@@ -127,21 +135,22 @@ class _PairCompare:
         return Replayer(self.t, t_records, self.policy)
 
     # -- one op call --------------------------------------------------------------------------
-    def _record(self, position: int, t_rec: Optional[dict], g_rec: Optional[dict]) -> None:
-        rec = t_rec or g_rec
+    def _record(self, position: int, t_rec: Optional[dict[str, Any]],
+                g_rec: Optional[dict[str, Any]]) -> None:
+        rec = cast("dict[str, Any]", t_rec or g_rec)
         name = rec["name"]
         t_tensors = {n[len(t_rec["name"]):]: (n, role, d) for n, role, d in iter_tensors(t_rec)} \
             if t_rec else {}
         g_tensors = {n[len(g_rec["name"]):]: (n, role, d) for n, role, d in iter_tensors(g_rec)} \
             if g_rec else {}
-        stack = _location(self.t, t_rec) if t_rec else _location(self.g, g_rec)
+        stack = _location(self.t, t_rec) if t_rec else _location(self.g, cast("dict[str, Any]", g_rec))
         differ, limits = differing_numbers(t_rec, g_rec) if t_rec and g_rec else ([], [])
         # (the rows carry what the blame rules read, so that `rejudge` can apply them again)
-        base = dict(op_name=name, phase=rec.get("phase", Phase.FORWARD),
-                    kind=rec.get("kind", Kind.API), index=position, module=rec.get("module"),
-                    stack=stack, forward=rec.get("forward"), differing_numbers=tuple(differ),
-                    dtype_limits=tuple(limits))
-        op = None
+        base: dict[str, Any] = dict(
+            op_name=name, phase=rec.get("phase", Phase.FORWARD), kind=rec.get("kind", Kind.API),
+            index=position, module=rec.get("module"), stack=stack, forward=rec.get("forward"),
+            differing_numbers=tuple(differ), dtype_limits=tuple(limits))
+        op: Optional[OpScore] = None
         # Target-only ops get an OpScore too, with no measured tensors: the comparison cannot
         # judge them, replay can (a cast that only the bf16 run makes, say).
         if t_rec is not None:
@@ -169,13 +178,15 @@ class _PairCompare:
             is_output = role == Role.OUTPUT or (role == Role.PARAMETERS
                                                 and base["kind"] == Kind.PARAM_GRAD)
             entry = (row_index, m, row.target_dtype, row.golden_dtype)
-            (op.outputs if is_output else op.inputs).append(entry)
+            scored = cast(OpScore, op)
+            (scored.outputs if is_output else scored.inputs).append(entry)
             leaf = t_item[2].get("leaf")
             if leaf and not is_output:   # a parameter, buffer or input (see capture/leaves.py)
-                op.leaf_inputs[row_index] = f"{leaf} {t_item[2].get('fqn')}"
+                scored.leaf_inputs[row_index] = f"{leaf} {t_item[2].get('fqn')}"
 
-    def _unmatched(self, base: dict, t_item, g_item, paired_op: bool) -> TensorRow:
-        item = t_item or g_item
+    def _unmatched(self, base: dict[str, Any], t_item: Optional[_Item], g_item: Optional[_Item],
+                   paired_op: bool) -> TensorRow:
+        item = cast("_Item", t_item or g_item)
         desc = item[2]
         side = "target" if t_item else "golden"
         reason = (f"only the {side} op has this tensor" if paired_op
@@ -190,13 +201,15 @@ class _PairCompare:
             target_stats=decoded_stats(desc) if t_item else {},
             golden_stats=decoded_stats(desc) if g_item else {}, **base)
 
-    def _tensor_row(self, base: dict, t_item, g_item) -> tuple[TensorRow, Optional[Measurement]]:
+    def _tensor_row(self, base: dict[str, Any], t_item: _Item,
+                    g_item: _Item) -> tuple[TensorRow, Optional[Measurement]]:
         (t_name, role, td), (g_name, _, gd) = t_item, g_item
         t_shape, g_shape = tuple(td.get("shape") or ()), tuple(gd.get("shape") or ())
-        common = dict(target_name=t_name, golden_name=g_name, role=role,
-                      target_dtype=td.get("dtype"), golden_dtype=gd.get("dtype"),
-                      target_shape=t_shape, golden_shape=g_shape,
-                      target_stats=decoded_stats(td), golden_stats=decoded_stats(gd), **base)
+        common: dict[str, Any] = dict(
+            target_name=t_name, golden_name=g_name, role=role,
+            target_dtype=td.get("dtype"), golden_dtype=gd.get("dtype"),
+            target_shape=t_shape, golden_shape=g_shape,
+            target_stats=decoded_stats(td), golden_stats=decoded_stats(gd), **base)
         if t_shape != g_shape:
             return TensorRow(result=ERROR, accuracy_reached="No",
                              reason=f"shapes differ: {list(t_shape)} vs {list(g_shape)}",
@@ -240,7 +253,7 @@ class _PairCompare:
         return row, m
 
 
-def compare_pair(target_dump, golden_dump, *, policy: Policy | None = None,
+def compare_pair(target_dump: DumpSource, golden_dump: DumpSource, *, policy: Policy | None = None,
                  shape_flag: bool = False, tick: Optional[Callable[[int], None]] = None,
                  replay: str = "auto") -> CompareResult:
     """Compare two opened Dump-like objects (one step/rank each) and return the result.
@@ -259,13 +272,13 @@ def compare_pair(target_dump, golden_dump, *, policy: Policy | None = None,
 REPLAY_MODES = ("auto", "all", "off")
 
 
-def check_replay(replay) -> None:
+def check_replay(replay: object) -> None:
     if replay not in REPLAY_MODES:
         raise OpdiffError(f"replay must be 'auto', 'all' or 'off', not {replay!r}")
 
 
 @contextmanager
-def one_thread():
+def one_thread() -> Iterator[None]:
     """Run torch single-threaded inside, restoring the caller's setting after.
 
     The metrics work on cache-sized chunks; splitting each small op across threads costs a

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import linecache
 import os
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, cast
 
 from ..numbers import human
 from ..store.schema import Location, Phase
@@ -20,11 +20,12 @@ from .verdicts import run_precision
 
 if TYPE_CHECKING:       # (blame imports this module: no import at run time)
     from .blame import OpScore
+    from .verdicts import Policy
 
 LOCAL_VERDICT = "local error in this op"
 
 
-def describe(op: "OpScore", rows: list) -> str:
+def describe(op: "OpScore", rows: list[TensorRow]) -> str:
     """The one sentence that says why `op` is the culprit."""
     if op.arg_diffs and op.blame != REPLAY:
         return _describe_error(op, rows, (
@@ -43,7 +44,7 @@ def describe_statistics(op: "OpScore", out: TensorRow, inp: Optional[TensorRow],
     inputs = ("no inputs to compare" if inp is None else
               f"the inputs' statistics agree (worst differs by {human(op.error_in)} of its size)")
     if op.blame == SCALE:
-        moved = (f"its L2 norm is {1 + out.scale_error:.6g} times golden's "
+        moved = (f"its L2 norm is {1 + cast(float, out.scale_error):.6g} times golden's "
                  f"(inputs {1 + op.scale_in:.6g})")
     else:
         moved = f"its statistics differ by {human(out.error)} of its size"
@@ -56,7 +57,7 @@ def _output_message(op: "OpScore") -> str:
     return next((m.message for i, m, *_ in op.outputs if i == op.worst_out), "")
 
 
-def _describe_error(op: "OpScore", rows: list, verdict: str = LOCAL_VERDICT) -> str:
+def _describe_error(op: "OpScore", rows: list[TensorRow], verdict: str = LOCAL_VERDICT) -> str:
     out = rows[op.worst_out] if op.worst_out is not None else None
     inp = rows[op.worst_in] if op.worst_in is not None else None
     if out is not None and out.mode == "statistics" and op.blame in (SCALE, LOCAL):
@@ -76,10 +77,12 @@ def _describe_error(op: "OpScore", rows: list, verdict: str = LOCAL_VERDICT) -> 
                 f"carry (input rel err {human(op.error_in)}{seen}), but {op.replay.describe()} "
                 f"— {LOCAL_VERDICT}")
     if op.blame == SCALE:
-        output = (f"output does not: it is scaled by {1 + out.scale_error:.6g} relative to golden "
+        out = cast(TensorRow, out)
+        output = (f"output does not: it is scaled by {1 + cast(float, out.scale_error):.6g} relative to golden "
                   f"(inputs {1 + op.scale_in:.6g}; cosine {human(out.metrics.get('Cosine'))}, "
                   f"max abs err {human(out.metrics.get('MaxAbsErr'))})")
     elif op.blame == LOCAL:
+        out = cast(TensorRow, out)
         output = (f"output does not (cosine {human(out.metrics.get('Cosine'))}, max abs err "
                   f"{human(out.metrics.get('MaxAbsErr'))}, rel err {human(out.error)})")
     elif op.blame == NONFINITE:
@@ -92,7 +95,7 @@ def _describe_error(op: "OpScore", rows: list, verdict: str = LOCAL_VERDICT) -> 
     return f"{inputs}, {output} — {verdict}{confirmed}"
 
 
-def local_row(op: "OpScore", rows: list) -> str:
+def local_row(op: "OpScore", rows: list[TensorRow]) -> str:
     """The reason of the output row an op is blamed for."""
     return "local error: " + describe(op, rows)
 
@@ -112,7 +115,7 @@ def made_earlier(reason: str) -> str:
     return f"{reason}; already differs when it reaches this op (made earlier)"
 
 
-def source_context(location: Optional[Location], radius: int = 2) -> tuple:
+def source_context(location: Optional[Location], radius: int = 2) -> tuple[tuple[int, str], ...]:
     """(line number, text) pairs around a location, when the file is readable."""
     if location is None or not location.file or not os.path.isfile(location.file):
         return ()
@@ -124,7 +127,7 @@ def source_context(location: Optional[Location], radius: int = 2) -> tuple:
     return tuple(lines)
 
 
-def statistics_limits(rows: list[TensorRow], policy, replayed: bool = False) -> Optional[str]:
+def statistics_limits(rows: list[TensorRow], policy: "Policy", replayed: bool = False) -> Optional[str]:
     """A note on what a compare of statistics alone cannot see, or None when whole tensors
     were compared. Statistics hide most of an input's error (random rounding noise averages out
     of a norm or a mean), so an op is blamed only for errors above the floors of
@@ -137,7 +140,7 @@ def statistics_limits(rows: list[TensorRow], policy, replayed: bool = False) -> 
         return None
     dtype = canonical_dtype(run_precision(rows)) or "float32"
 
-    def pct(phase, scale=False):
+    def pct(phase: str, scale: bool = False) -> str:
         return f"{100 * policy.statistics_tolerance_for(dtype, dtype, phase, scale=scale):.2g}%"
 
     limits = []

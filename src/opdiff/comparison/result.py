@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from ..store.schema import Location  # noqa: F401  (re-exported: other stages import it from here)
 from .metric_table import METRICS  # noqa: F401  (re-exported: the metric column names, in CSV order)
@@ -36,16 +36,16 @@ class TensorRow:
     index: int                          # position of the op in target execution order (golden's if unmatched)
     target_dtype: Optional[str] = None
     golden_dtype: Optional[str] = None
-    target_shape: Optional[tuple] = None
-    golden_shape: Optional[tuple] = None
-    metrics: dict = field(default_factory=dict)        # METRICS name -> float | None
-    target_stats: dict = field(default_factory=dict)   # max/min/mean/norm/nan/inf
-    golden_stats: dict = field(default_factory=dict)
+    target_shape: Optional[tuple[Any, ...]] = None
+    golden_shape: Optional[tuple[Any, ...]] = None
+    metrics: dict[str, Any] = field(default_factory=dict)        # METRICS name -> float | None
+    target_stats: dict[str, Any] = field(default_factory=dict)   # max/min/mean/norm/nan/inf
+    golden_stats: dict[str, Any] = field(default_factory=dict)
     result: str = PASS                  # PASS | WARNING | ERROR | UNMATCHED
     accuracy_reached: str = ""          # "Yes" | "No" | "" (unmatched)
     reason: str = ""                    # why this verdict, in words
     module: Optional[str] = None        # enclosing module call name
-    stack: tuple = ()                   # Location tuple, innermost user frame first
+    stack: tuple[Location, ...] = ()                   # Location tuple, innermost user frame first
     mode: str = "tensor"                # "tensor" (full tensors) | "statistics" (stats only)
     error: Optional[float] = None       # relative L2 error the verdict used (see compare.metrics)
     scale_error: Optional[float] = None # <t,g>/<g,g> - 1: the systematic part of the error
@@ -53,8 +53,8 @@ class TensorRow:
     rank: Optional[int] = None
     # What the blame rules read besides the metrics, so that a result re-judges (`rejudge`):
     forward: Optional[str] = None       # backward records: their forward call's record name
-    differing_numbers: tuple = ()       # the op's number arguments that differ ("input.1: 2 vs 1")
-    dtype_limits: tuple = ()            # ... that are dtype limits (finfo(fp16).min vs fp32's)
+    differing_numbers: tuple[str, ...] = ()       # the op's number arguments that differ ("input.1: 2 vs 1")
+    dtype_limits: tuple[str, ...] = ()            # ... that are dtype limits (finfo(fp16).min vs fp32's)
 
 
 @dataclass(frozen=True)
@@ -65,13 +65,13 @@ class Divergence:
     phase: str
     reason: str                         # one sentence: why this op is the culprit
     location: Optional[Location]
-    metrics: dict                       # metrics of the worst output tensor
+    metrics: dict[str, Any]             # metrics of the worst output tensor
     tensor: Optional[str] = None        # the worst output tensor's name
-    input_metrics: dict = field(default_factory=dict)   # metrics of the worst input (agreeing)
+    input_metrics: dict[str, Any] = field(default_factory=dict)   # metrics of the worst input (agreeing)
     module: Optional[str] = None
     step: Optional[int] = None
     rank: Optional[int] = None
-    context: tuple = ()                 # (line number, source text) around location.line
+    context: tuple[tuple[int, str], ...] = ()                 # (line number, source text) around location.line
     kind: str = LOCAL                   # DIVERGENCE_KINDS: why, for machines
     # Where the difference comes from (`opdiff.comparison.origins.ORIGINS`): "op" (its own
     # error), "number", "parameter", "buffer", "input", "random", "optimizer". For a leaf
@@ -84,17 +84,17 @@ class CompareResult:
     """Result of comparing one target dump with one golden dump (one step/rank pair, or merged)."""
     target: str
     golden: str
-    rows: list                          # list[TensorRow] in target execution order
+    rows: list[TensorRow]               # list[TensorRow] in target execution order
     first_divergence: Optional[Divergence]
-    counts: dict                        # {"pass", "warning", "error", "unmatched"}
-    environment_diff: list = field(default_factory=list)   # [{"key", "target", "golden"}]
+    counts: dict[str, int]              # {"pass", "warning", "error", "unmatched"}
+    environment_diff: list[dict[str, Any]] = field(default_factory=list)   # [{"key", "target", "golden"}]
     step: Optional[int] = None
     rank: Optional[int] = None
-    pairs: list = field(default_factory=list)   # per step/rank summaries when several were compared
-    files: dict = field(default_factory=dict)   # {"csv": path, "summary": path, "html": path}
+    pairs: list[Any] = field(default_factory=list)   # per step/rank summaries when several were compared
+    files: dict[str, Any] = field(default_factory=dict)   # {"csv": path, "summary": path, "html": path}
     title: str = "opdiff compare"       # shown in reports ("opdiff onnx" for model compares)
     verdict: str = ""                   # one line: what the compare found, in words
-    notes: list = field(default_factory=list)   # things the user should know (unpaired ranks...)
+    notes: list[str] = field(default_factory=list)   # things the user should know (unpaired ranks...)
     failed: bool = False                # the `fail_on` condition held (CLI: exit 1)
 
 
@@ -105,14 +105,14 @@ class CompareResult:
         return coverage(self.rows)
 
 
-def coverage(rows: list) -> Optional[float]:
+def coverage(rows: list[TensorRow]) -> Optional[float]:
     """The share of tensor rows that have a partner on the other side (None without rows)."""
     if not rows:
         return None
     return sum(1 for row in rows if row.result != UNMATCHED) / len(rows)
 
 
-def count(rows: list) -> dict:
+def count(rows: list[TensorRow]) -> dict[str, int]:
     """{"pass", "warning", "error", "unmatched"} -> how many rows have that result."""
     counts = {PASS: 0, WARNING: 0, ERROR: 0, UNMATCHED: 0}
     for row in rows:

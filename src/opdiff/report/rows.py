@@ -107,6 +107,7 @@ def _decoders(fields: list, location_fields) -> list[tuple[str, Callable[[Any], 
             return lambda v: tuple(location(x) for x in v or ())
         hint = hints.get(name)
         kinds = set(typing.get_args(hint)) | {hint}
+        kinds |= {typing.get_origin(k) for k in kinds} - {None}   # dict[str, Any] -> dict
         if dict in kinds:           # metrics and statistics: numbers by name
             return lambda v: v if v is None else {k: decode_float(x) for k, x in v.items()}
         if tuple in kinds:          # shapes
