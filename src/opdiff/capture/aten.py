@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -16,6 +17,9 @@ from ..store.schema import Kind, Phase, Role, record_name
 from .guards import capturing_graph
 from .randomness import draws, fingerprint
 
+if TYPE_CHECKING:
+    from types import FrameType
+
 
 _CHECKPOINT_FILE = os.path.join(os.path.dirname(torch.__file__), "utils", "checkpoint.py")
 
@@ -23,7 +27,7 @@ _CHECKPOINT_FILE = os.path.join(os.path.dirname(torch.__file__), "utils", "check
 def _recomputing() -> bool:
     """True inside torch.utils.checkpoint's recomputation (backward ops run without grad mode,
     so this frame walk happens only for the rare grad-enabled op inside backward)."""
-    f = sys._getframe(2)
+    f: FrameType | None = sys._getframe(2)
     while f is not None:
         if f.f_code.co_filename == _CHECKPOINT_FILE:
             return True

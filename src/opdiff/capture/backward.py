@@ -24,7 +24,7 @@ from .guards import capturing_graph
 
 def grad_nodes(outputs) -> list:
     """Distinct autograd nodes of the output tensors that require grad."""
-    nodes = []
+    nodes: list = []
     for t in tensors_in(outputs):
         fn = t.grad_fn if t.requires_grad else None
         if fn is not None and all(fn is not n for n in nodes):
@@ -93,7 +93,7 @@ def hook_api_backward(session, fwd_name: str, op: str, index: int, module, stack
     leaves = {id(t): i for i, fn, _, t in edges if fn is None}
     n_inputs = 1 + max((i for i, _, _, _ in edges), default=-1)
     # Boundary edges: from a node of this call to the node that owns one of its arguments' grads.
-    boundary = {}
+    boundary: dict = {}
     for node, k, nxt, nr in leaving:
         i = targets.get((id(nxt), nr))
         if i is None and leaves and type(nxt).__name__ == "AccumulateGrad":
@@ -144,7 +144,7 @@ def hook_api_backward(session, fwd_name: str, op: str, index: int, module, stack
 
     # Gradients w.r.t. the outputs: what each output's node receives (a node pre-hook sees the
     # gradient of the value the op produced, even if the tensor was later changed in place).
-    by_node = {}
+    by_node: dict = {}
     for j, t in enumerate(out_tensors):
         if t.requires_grad and t.grad_fn is not None and id(t.grad_fn) in node_ids:
             by_node.setdefault(id(t.grad_fn), (t.grad_fn, []))[1].append((t.output_nr, j))
@@ -199,7 +199,7 @@ def on_all_grads(session, targets: list, fn) -> None:
             fn([grad])
         register(targets[0], single)
         return
-    group = {"nodes": [torch.autograd.graph._get_grad_fn_or_grad_acc(t) if isinstance(t, torch.Tensor)
+    group: dict = {"nodes": [torch.autograd.graph._get_grad_fn_or_grad_acc(t) if isinstance(t, torch.Tensor)
                        else t[0] for t in targets], "tasks": {}}
     session.at_close.append(lambda: group.update(nodes=None))
     lock = threading.Lock()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import sys
 import types
+from typing import Any, cast
 
 import torch.overrides
 
@@ -34,7 +35,7 @@ def _call(func, args, kwargs): return func(*args, **kwargs)   # noqa: E704 (one 
 
 _TEMPLATE = _call.__code__.replace(co_name=CALL_NAME)
 if hasattr(_TEMPLATE, "co_qualname"):     # Python 3.11+
-    _TEMPLATE = _TEMPLATE.replace(**{"co_qualname": CALL_NAME})
+    _TEMPLATE = _TEMPLATE.replace(**cast("dict[str, Any]", {"co_qualname": CALL_NAME}))
 _MAX_SITES = 8192
 _sites: dict = {}     # (id of caller's code, offset) -> (that code, the function calling from there)
 

@@ -178,7 +178,8 @@ def _storage(t: torch.Tensor) -> int:
     """The address of t's storage (what views of one buffer share), without building a
     storage object."""
     try:
-        return t.data_ptr() - t.storage_offset() * t.element_size()
+        # SymInt only under symbolic tracing (torch.compile), which hands capture no tensors
+        return t.data_ptr() - t.storage_offset() * t.element_size()  # type: ignore[return-value]
     except (RuntimeError, NotImplementedError):  # sparse and other storage-less layouts
         return -1
 

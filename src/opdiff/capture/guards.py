@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from typing import Any
 
 import torch
 
@@ -20,7 +21,7 @@ def capturing_graph() -> bool:
     # failed module __getattr__, 2 us on every op)
     if "torch_npu" not in sys.modules:
         return False
-    npu = getattr(torch, "npu", None)
+    npu: Any = getattr(torch, "npu", None)
     capturing = getattr(npu, "is_current_stream_capturing", None)
     return bool(capturing is not None and npu.is_initialized() and capturing())
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dis
 import os
 import sys
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +18,9 @@ import torch.nn.functional as F
 from .. import ops
 from ..store.frames import is_internal
 from .callsite import is_call_frame
+
+if TYPE_CHECKING:
+    from types import FrameType
 
 _RNN = {"lstm", "gru", "rnn_tanh", "rnn_relu", "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell"}
 
@@ -28,7 +32,7 @@ _NB_DUNDER = {
 _BINARY_OP = dis.opmap.get("BINARY_OP")
 if _BINARY_OP is not None:
     _BINARY_OP_NAMES = []
-    for _, sym in dis._nb_ops:  # e.g. ("NB_INPLACE_ADD", "+=")
+    for _, sym in dis._nb_ops:  # type: ignore[attr-defined]  # private, not in typeshed; e.g. ("NB_INPLACE_ADD", "+=")
         inplace = sym.endswith("=") and sym not in ("==",)
         base = _NB_DUNDER.get(sym.rstrip("=") if inplace else sym)
         _BINARY_OP_NAMES.append(f"__{'i' if inplace else ''}{base}__" if base else None)
@@ -120,7 +124,7 @@ def operator_name(name: str) -> str:
     """Replace `Tensor.add_` by `Tensor.__iadd__` etc. when the caller executed an operator."""
     if not name.startswith("Tensor.") or name.startswith("Tensor.__"):
         return name
-    f = sys._getframe(1)
+    f: FrameType | None = sys._getframe(1)
     forwards = _forwards
     while f is not None:
         code = f.f_code
@@ -132,11 +136,11 @@ def operator_name(name: str) -> str:
         f = f.f_back
     if f is None or f.f_lasti < 0:
         return name
-    code = f.f_code.co_code
-    op = code[f.f_lasti]
+    bytecode = f.f_code.co_code
+    op = bytecode[f.f_lasti]
     dunder = None
     if op == _BINARY_OP:
-        arg = code[f.f_lasti + 1]
+        arg = bytecode[f.f_lasti + 1]
         if arg < len(_BINARY_OP_NAMES):
             dunder = _BINARY_OP_NAMES[arg]
     else:

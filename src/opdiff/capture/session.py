@@ -13,6 +13,7 @@ the op, and never raised into the user's code.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING, cast
 
 from .. import __version__
 from ..config import DumpConfig
@@ -25,6 +26,10 @@ from .leaves import Leaves, tag_leaves
 from .selection import Selection, name_matches, normalize_name
 from .sink import StepSink
 from .tracker import ModuleStack
+
+if TYPE_CHECKING:
+    from .describe import Describer
+    from .overflow import OverflowMonitor
 
 log = logging.getLogger("opdiff")
 
@@ -40,7 +45,7 @@ class Session:
         self.modules = ModuleStack()
         self.selection = Selection(config)
         self.sink = StepSink(self.own, self.selection, self.failed)
-        self.overflow = None            # set by the overflow_check task (see overflow.py)
+        self.overflow: OverflowMonitor | None = None   # set by the overflow_check task (see overflow.py)
         self.at_close: list = []        # undo at step close: hooks on leaves, nodes held (backward.py)
         self.leaves = Leaves()          # the model's parameters and buffers, the root call's inputs
 
@@ -141,7 +146,7 @@ class Session:
 
     # -- records -------------------------------------------------------------------------------
     def describe_all(self, values, name: str, role: str) -> list:
-        d = self.sink.describer
+        d = cast("Describer", self.sink.describer)   # set while a step is open
         return [d.describe(v, name, role, i) for i, v in enumerate(values)]
 
     def describe_inputs(self, op: str, args, kwargs, name: str,
@@ -158,7 +163,7 @@ class Session:
         return inputs, described
 
     def _describe_inputs(self, op: str, args, kwargs, name: str) -> tuple[list, dict | None]:
-        d = self.sink.describer
+        d = cast("Describer", self.sink.describer)   # set while a step is open
         if args and naming.facts(op).overwrites_first:
             inputs = [d.unread(args[0], name, Role.INPUT, 0)] + \
                 [d.describe(v, name, Role.INPUT, i) for i, v in enumerate(args[1:], 1)]

@@ -316,9 +316,9 @@ class StatsBatch:
         if t.device.type == "cpu" and not self._cpu_as_device:
             values = _small_snapshot(t)
             if values is not None:
-                pending = _Small(values, desc)
-                self._small.append(pending)
-                return pending
+                small = _Small(values, desc)
+                self._small.append(small)
+                return small
             # small bf16 (NumPy has no bfloat16): staged like a device tensor's, not reduced alone
             pending = self._stage(desc, t) if t.dtype not in _NUMPY_EXACT and _small(t) else None
             if pending is not None:

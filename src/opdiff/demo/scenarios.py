@@ -15,7 +15,7 @@ import math
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, cast
 
 import torch
 
@@ -117,9 +117,9 @@ def train(model, batch, dump_path=None, *, task="tensor", fault=None, autocast=N
                 if dbg is not None:
                     dbg.stop()
                     dbg.step()
-            if fault and planted.hits != 1:
+            if fault and cast(inject_fault, planted).hits != 1:
                 raise RuntimeError(f"the fault planted on {fault['op']} call {fault['call']} fired "
-                                   f"{planted.hits} times in a training step instead of once")
+                                   f"{cast(inject_fault, planted).hits} times in a training step instead of once")
             losses.append(loss.item())
     finally:
         if dbg is not None:

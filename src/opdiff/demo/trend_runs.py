@@ -8,6 +8,7 @@ a GELU kernel that is slightly wrong from a given step on (opdiff.testing.inject
 from __future__ import annotations
 
 from contextlib import nullcontext
+from typing import cast
 
 import torch
 import torch.nn as nn
@@ -91,8 +92,8 @@ def train(steps: int, *, monitor_path=None, fault_from=None, dump_config=None,
                 if dbg is not None:
                     dbg.stop()
                     dbg.step()
-            if faulty and planted.hits != 1:
-                raise RuntimeError(f"the planted GELU fault fired {planted.hits} times in a step")
+            if faulty and cast(inject_fault, planted).hits != 1:
+                raise RuntimeError(f"the planted GELU fault fired {cast(inject_fault, planted).hits} times in a step")
             if mon is not None:
                 mon.step(loss)
             opt.zero_grad()

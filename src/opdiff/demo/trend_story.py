@@ -14,10 +14,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional, cast
 
 from .catalog import SCENARIOS, Scenario
 from .story import Advice, Story
+
+if TYPE_CHECKING:
+    from ..trend.divergence import Departure
 
 STEPS = 60
 FAULT_STEP = 30
@@ -64,7 +67,7 @@ def play_trend(out: Path, story: Story):
                f"and gradients, every parameter's update).")
     with story.working("training the golden run"):
         golden = trend_runs.train(STEPS, monitor_path=out / "mon" / "golden")
-    story.step(f"Golden run: fp32 on CPU.", f"loss {golden[0]:.4f} → {golden[-1]:.4f}")
+    story.step("Golden run: fp32 on CPU.", f"loss {golden[0]:.4f} → {golden[-1]:.4f}")
     with story.working("training the target run"):
         target = trend_runs.train(STEPS, monitor_path=out / "mon" / "target",
                                   fault_from=FAULT_STEP)
@@ -85,6 +88,7 @@ def play_trend(out: Path, story: Story):
     if "next_dump.json" in result.files:
         next_dump = Path(result.files["next_dump.json"])
         files["next_dump.json"] = next_dump
+        fd = cast("Departure", fd)   # a next_dump.json is written only for a departure
         with story.working("dumping that step on both sides"):
             for side, fault in (("golden", None), ("target", FAULT_STEP)):
                 trend_runs.train(fd.step + 1, fault_from=fault, dump_config=next_dump,
