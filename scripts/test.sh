@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Install everything the test suite needs on a fresh machine, then run the whole suite.
-# Used as-is by the README and by CI (.ci/run).
+# Install everything the test suite needs on a fresh machine, then lint, type-check and run the
+# whole suite. Used as-is by the README and by CI (.ci/run, which also sets
+# OPDIFF_REQUIRE_BROWSER=1 so that a missing browser fails instead of skipping).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,4 +17,6 @@ if ! command -v chromium >/dev/null 2>&1; then
   fi
 fi
 
+python -m ruff check src tests benchmarks
+python -m mypy
 python -m pytest -q "$@"

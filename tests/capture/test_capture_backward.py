@@ -255,7 +255,7 @@ def test_hooks_on_leaf_module_inputs_do_not_pile_up_across_steps(dump_root, read
     model = _TwoOut()
     x, y = torch.randn(4, 8, requires_grad=True), torch.randn(4, 8, requires_grad=True)
     dbg = opdiff.PrecisionDebugger(dump_path=str(dump_root), level="L0")
-    for step in range(3):
+    for _step in range(3):
         dbg.start(model)
         p, q = model(x, y)
         (p.sum() + q.sum()).backward()

@@ -25,7 +25,7 @@ def test_dump_of_a_training_step_is_complete_and_consistent(tiny_model, level, d
             assert r["module"] in names, f"{r['name']} sits in a missing module call"
         if r.get("stack") is not None:
             assert dump.dump.stack(r["stack"]), f"{r['name']} has an unknown stack id"
-        for tname, role, desc in iter_tensors(r):
+        for tname, _role, desc in iter_tensors(r):
             stats = decoded_stats(desc)
             if 0 in desc["shape"]:
                 continue

@@ -127,7 +127,7 @@ def test_shared_weights_and_micro_batches_are_bitwise_unchanged(level, tmp_path)
         model = _TiedLM()
         opt = torch.optim.Adam(model.parameters(), lr=1e-2)
         ids = torch.randint(0, 11, (4, 5), generator=torch.Generator().manual_seed(1))
-        for step in range(2):
+        for _step in range(2):
             if debugger is not None:
                 debugger.start(model)
             for micro in range(2):                      # gradient accumulation

@@ -93,7 +93,7 @@ def test_a_parameter_read_by_many_ops_is_stored_once(dump_root, read_dump):
     for record in dump.records:
         if record["phase"] != "forward":
             continue
-        for name, _role, desc in iter_tensors(record):
+        for _name, _role, desc in iter_tensors(record):
             if desc["shape"] == [3, 3]:
                 weight_keys.add(desc["key"])
     assert len(weight_keys) == 1

@@ -48,7 +48,7 @@ def main_overflow(num_epochs=1):
     optimizer = torch.optim.Adam(model.parameters(), 1e-3)
     set_dump_path("./data/dump", dump_tag='npu_overflow')    # 设置dump路径
     register_hook(model, overflow_check, overflow_nums=1)    # 使能溢出检测
-    for epoch in range(1, num_epochs + 1):
+    for _epoch in range(1, num_epochs + 1):
         train_epoch(model, optimizer, data)
 
 
@@ -62,7 +62,7 @@ def main(dump_path, switch=("ON",), switch_kwargs=None, num_epochs=1):
     register_hook(model, acc_cmp_dump)    # 添加hook函数和数据比对dump开关
 
     set_dump_switch(*switch, **(switch_kwargs or {}))
-    for epoch in range(1, num_epochs + 1):
+    for _epoch in range(1, num_epochs + 1):
         train_epoch(model, optimizer, data)
     set_dump_switch("OFF")
 

@@ -3,6 +3,8 @@ that pandas reads in one call, NaN/inf and "not measured" survive the round trip
 killed with SIGKILL leaves every step up to the last flush."""
 from __future__ import annotations
 
+import importlib.util
+
 import json
 import math
 import os
@@ -21,7 +23,13 @@ import opdiff
 from opdiff.monitor.stream import StreamWriter, format_line
 from opdiff.trend import read_run
 
-from conftest import MODEL_CASES  # tests/conftest.py: the tiny model families
+# tests/conftest.py: the tiny model families. Loaded by path: other folders' conftest.py
+# modules are also named `conftest`, and whichever pytest imported last would answer.
+_spec = importlib.util.spec_from_file_location("opdiff_test_models", Path(__file__).parents[1] / "conftest.py")
+_models = sys.modules.setdefault("opdiff_test_models", importlib.util.module_from_spec(_spec))
+if not hasattr(_models, "MODEL_CASES"):
+    _spec.loader.exec_module(_models)
+MODEL_CASES = _models.MODEL_CASES
 
 
 def _run(path, steps=3, **options):

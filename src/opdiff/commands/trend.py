@@ -51,6 +51,6 @@ def run(args) -> int:
         raise ConfigError(f"--sigma must be a positive number; got {args.sigma}")
     result = trend(args.target, args.golden, output=args.output, sigma=args.sigma)
     print_trend(result)
-    for label, path in result.files.items():
+    for _label, path in result.files.items():
         print(f"wrote {path}")
     return 1 if args.fail_on_divergence and result.found else 0

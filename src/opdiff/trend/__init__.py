@@ -44,7 +44,7 @@ def trend(target, golden=None, output=None, *, sigma: Optional[float] = None,
     golden_run = read_run(golden) if golden is not None else None
     result = TrendResult(str(target), str(golden) if golden is not None else None)
     alerts = []
-    for rank, stream in sorted(target_run.ranks.items()):
+    for _rank, stream in sorted(target_run.ranks.items()):
         alerts += _tagged(find_alerts(stream, sigma=sigma or ALERT_SIGMA),
                           "target" if golden_run else None)
     result.steps["target"] = len(target_run.first.steps)
@@ -61,7 +61,7 @@ def trend(target, golden=None, output=None, *, sigma: Optional[float] = None,
                                                 stream.module_types.get(finding.module),
                                                 finding.rank, task=task)
     else:
-        for rank, stream in sorted(golden_run.ranks.items()):
+        for _rank, stream in sorted(golden_run.ranks.items()):
             alerts += _tagged(find_alerts(stream, sigma=sigma or ALERT_SIGMA), "golden")
         result.alerts = sorted(alerts, key=lambda a: (a.step, a.run or ""))
         result.steps["golden"] = len(golden_run.first.steps)

@@ -145,8 +145,8 @@ def chart(title: str, series: list, marks: list, *, log: bool = False,
         out.append(f'<polyline points="{points}" fill="none" stroke="{colour}" '
                    f'stroke-width="{width}" stroke-opacity="{opacity}"><title>'
                    f'{html.escape(label)}</title></polyline>')
-    legend = " ".join(f'<span style="color:{c}">&#9632; {html.escape(l)}</span>'
-                      for l, _, _, c in drawn)
+    legend = " ".join(f'<span style="color:{c}">&#9632; {html.escape(name)}</span>'
+                      for name, _, _, c in drawn)
     out.append("</svg>")
     return head + f'<div class="legend">{legend}</div>' + "".join(out)
 
