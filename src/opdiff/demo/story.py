@@ -95,8 +95,12 @@ class Story:
         con.print()
         con.print(Text("On your own model:", style="bold"))
         con.print(Text(f"  {advice.hint}", style="dim"))
-        con.print(Padding(Syntax(advice.snippet, "python", theme="ansi_dark",
-                                 background_color="default", word_wrap=True), (0, 0, 0, 4)))
+        if con.is_terminal:
+            con.print(Padding(Syntax(advice.snippet, "python", theme="ansi_dark",
+                                     background_color="default", word_wrap=True), (0, 0, 0, 4)))
+        else:   # piped: Syntax pads every line to the (unbounded) width of an unwrapped console
+            for line in advice.snippet.splitlines():
+                con.print(Text(f"    {line}"))
         con.print(Text(f"  {advice.then}", style="dim"))
         con.print(Text(f"    {advice.command}", style="bold"))
 
