@@ -107,7 +107,20 @@ def measurement(row: TensorRow) -> Optional[Measurement]:
     mismatch = 1 if math.isinf(row.error) else 0
     return Measurement(dict(row.metrics), error=row.error, scale_error=row.scale_error or 0.0,
                        numel=numel, mode=row.mode, nonfinite_mismatch=mismatch,
-                       message="inf/NaN positions differ" if mismatch else "")
+                       message="inf/NaN positions differ" if mismatch else "",
+                       norm=_norm(row) if row.error or row.mode == "statistics" else 0.0)
+
+
+def _norm(row: TensorRow) -> float:
+    """max(|t|, |g|) (L2), the scale the noise-around-zero rule measures a difference against
+    (`Policy.within_input_noise`), from the statistics both sides recorded: a compare measures
+    it from the tensors, rows.jsonl keeps only the statistics, which hold the same norm (in the
+    dump's precision). 0 (no scale: the rule does not apply) where neither side recorded one or
+    it is not finite, as in `stats_measure`, and for bitwise-equal tensors, whose norm a compare
+    of tensors does not measure either."""
+    norms = [row.target_stats.get("norm"), row.golden_stats.get("norm")]
+    norm = max(float(n) if isinstance(n, (int, float)) else 0.0 for n in norms)
+    return norm if math.isfinite(norm) else 0.0
 
 
 def _judged(row: TensorRow, m: Measurement, policy: Policy) -> TensorRow:
