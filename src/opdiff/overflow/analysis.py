@@ -26,7 +26,7 @@ from . import rules
 from .classify import health, sides
 from .result import (CLEAN, DISCARDED, INHERITED, OVERFLOW, SKIPPED, ChainLink, Origin, OverflowResult,
                      StepFinding)
-from .scaler import is_scaler_op, scaler_found_inf
+from .scaler import ScaledLoss, is_scaler_op, scaler_found_inf
 
 log = logging.getLogger("opdiff")
 
@@ -83,6 +83,8 @@ class _Walk:
         self.inherited: Origin | None = None
         self.headroom: list = []
         self.module_headroom: list = []
+        self.scaled_loss = ScaledLoss()           # drops warnings about the scaler's own values
+        self.warned: dict[int, dict] = {}         # id(HeadroomWarning) -> its record
         self.has_ops = False
         self.last_matters = -1                    # position of the last non-finite that matters
         self.positions: dict[str, int] = {}       # origin name -> its position
@@ -95,6 +97,8 @@ class _Walk:
             return
         if kind in (Kind.API, Kind.ATEN):
             self.has_ops = True
+        if self.factor:
+            self.scaled_loss.see(rec)
         if is_scaler_op(rec):       # before measuring anything: the scaler rules read it
             self._scaler(rec)
             return
@@ -116,6 +120,7 @@ class _Walk:
                 warns = _headroom.warnings_for(rec, self.factor, self._location(rec),
                                                self.dump.step, self.dump.rank)
                 (self.module_headroom if kind == Kind.MODULE else self.headroom).extend(warns)
+                self.warned.update((id(w), rec) for w in warns)
             return
         if phase == Phase.FORWARD:
             self.tainted_forward.add(name)
@@ -213,6 +218,8 @@ class _Walk:
                               loss_scaler=self.scaler, intentional=self.intentional[:50])
         finding.message = _message(finding)
         warnings = self.headroom + ([] if self.has_ops else self.module_headroom)
+        warnings = [self.scaled_loss.note(w) for w in warnings
+                    if self.scaled_loss.keep(self.warned[id(w)], w.tensor)]
         return finding, warnings
 
 

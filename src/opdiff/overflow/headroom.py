@@ -7,6 +7,8 @@ flags only values that would actually overflow, `factor=2` also those within 2x 
 
 A tensor whose largest magnitude is exactly its own dtype's largest finite value holds a mask
 written on purpose (`masked_fill(mask, torch.finfo(dtype).min)`, HF attention masks): skipped.
+So are the loss scaler's own values (its scale, `scale * loss`; `opdiff.overflow.scaler.ScaledLoss`),
+and a gradient's warning under loss scaling gives its unscaled size. Each warning carries its step.
 """
 from __future__ import annotations
 
