@@ -10,7 +10,8 @@ from opdiff.cli import main
 from opdiff.demo import workspace
 from opdiff.errors import ConfigError
 
-SCENARIOS = ("iadd", "lstm-backward", "fp16-overflow", "bf16-healthy", "trend")
+SCENARIOS = ("iadd", "lstm-backward", "fp16-overflow", "bf16-healthy", "wrong-weights", "dropout",
+             "trend")
 
 
 def test_list_names_every_scenario_default_first(capsys):
@@ -24,7 +25,11 @@ def test_help_has_an_example(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["demo", "--help"])
     assert exc.value.code == 0
-    assert "opdiff demo --scenario lstm-backward" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "opdiff demo --scenario lstm-backward" in text
+    listed = text[text.index("scenarios:"):].splitlines()[1:]
+    assert [line.split()[0] for line in listed if line.startswith("  ") and
+            not line.startswith("   ")] == list(SCENARIOS)     # every scenario, in --list order
 
 
 def test_unknown_scenario_is_bad_input_on_one_line(tmp_path, capsys):

@@ -6,10 +6,23 @@ import argparse
 EXAMPLE = """example:
   opdiff demo                                  # seed 000: a 3D-ResNet's `+=` is slightly wrong
   opdiff demo --scenario lstm-backward -o ./lstm-demo
+  opdiff demo --scenario wrong-weights         # no op is wrong: one weight element differs
   opdiff demo --list
 
-Trains a tiny model twice on CPU (golden, and target with a planted fault or another
-precision), records both runs with opdiff, compares them and prints the verdict. OUT receives the
+scenarios:
+  iadd            a 3D-ResNet whose `+=` is slightly wrong in one block (default)
+  lstm-backward   an LSTM whose backward is wrong while its forward is right
+  fp16-overflow   fp16 autocast overflow: where inf is born, online and offline
+  bf16-healthy    bf16 autocast vs fp32: differences everywhere, no culprit
+  wrong-weights   a checkpoint conversion changed one weight element by 1e-2: the verdict
+                  names the parameter (origin parameter, its FQN, the first op reading it)
+  dropout         the generator was seeded again after building the model: the dropout
+                  masks differ (origin random, pointing to opdiff.seed_all)
+  trend           two monitored trainings part at step 30: trend names the step and module
+
+Trains a tiny model twice on CPU (golden, and target with a planted fault, another precision,
+other weights or other random numbers; wrong-weights and dropout run each side in its own
+process), records both runs with opdiff, compares them and prints the verdict. OUT receives the
 dumps, compare_result_{timestamp}.csv, summary.json and report.html (overflow.json for
 fp16-overflow). OUT must be new, empty, or an earlier demo's directory (replaced).
 Exit codes: 0 done, 1 opdiff missed the planted fault (a bug: please report it), 2 bad input."""
@@ -20,8 +33,9 @@ def add_parser(subparsers) -> None:
 
     p = subparsers.add_parser(
         "demo", help="see opdiff find a planted fault, end to end, in a few seconds",
-        description="Replay a seed story end to end on CPU: train a golden and a target run, "
-                    "record both, compare them and name the culprit op with its source line.",
+        description="Replay a story end to end on CPU: train a golden and a target run, "
+                    "record both, compare them and name the culprit (an op with its source "
+                    "line, or an origin: a parameter, the random generator).",
         epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-o", "--output", metavar="OUT", default=DEFAULT_OUTPUT,
                    help=f"directory for the dumps and reports (default: {DEFAULT_OUTPUT})")

@@ -11,7 +11,9 @@ overflow.json), then checks the answer against the fault it planted.
     result.compare.first_divergence.location    # demo/models.py, the `out += residual` line
     result.found                                # the pipeline named the planted fault
 
-Scenarios: see `list_scenarios()` (`opdiff demo --list`).
+Scenarios: see `list_scenarios()` (`opdiff demo --list`). `wrong-weights` and `dropout` tell
+stories where no op is to blame (origin parameter, origin random); they run golden and target in
+two processes (`opdiff.demo.runs`), as a user's two scripts would.
 """
 from __future__ import annotations
 

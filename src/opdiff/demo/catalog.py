@@ -14,14 +14,15 @@ class Scenario:
     name: str
     seed: str              # the seed document the story comes from ("-": none)
     summary: str           # one line for `opdiff demo --list`
-    play: str              # name of the function in opdiff.demo.scenarios that plays it
+    play: str              # name of the function in opdiff.demo.<module> that plays it
     advice: Advice = COMPARE_ADVICE     # "on your own model"
+    module: str = "scenarios"
 
     def player(self):
         """The function `(out: Path, story: Story) -> DemoResult` that plays this scenario."""
-        from . import scenarios
+        import importlib
 
-        return getattr(scenarios, self.play)
+        return getattr(importlib.import_module(f"{__package__}.{self.module}"), self.play)
 
 
 SCENARIOS = {s.name: s for s in (
@@ -34,5 +35,9 @@ SCENARIOS = {s.name: s for s in (
              "play_fp16_overflow", OVERFLOW_ADVICE),
     Scenario("bf16-healthy", "-", "bf16 autocast vs fp32: differences everywhere, no culprit",
              "play_bf16_healthy"),
+    Scenario("wrong-weights", "-", "a checkpoint conversion changed one weight element by 1e-2: "
+             "origin parameter, named by its FQN", "play_wrong_weights", module="origin_stories"),
+    Scenario("dropout", "-", "the generator was seeded again after building the model: dropout "
+             "masks differ, origin random", "play_dropout", module="origin_stories"),
 )}
 from . import trend_story  # noqa: E402,F401  registers "trend" (its own file, for clean merges)

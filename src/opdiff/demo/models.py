@@ -109,6 +109,20 @@ class LstmClassifier(nn.Module):
         return self.head(out[:, -1])
 
 
+class DropoutClassifier(nn.Module):
+    """A small classifier with dropout between its layers (active while training)."""
+
+    def __init__(self, features: int = 16, hidden: int = 32, classes: int = 4, p: float = 0.2):
+        super().__init__()
+        self.fc1 = nn.Linear(features, hidden)
+        self.drop = nn.Dropout(p)
+        self.fc2 = nn.Linear(hidden, classes)
+
+    def forward(self, x):
+        hidden = torch.relu(self.fc1(x))
+        return self.fc2(self.drop(hidden))
+
+
 def classification_loss(output, labels, probabilities: bool = False):
     """Cross-entropy on logits, or negative log-likelihood on probabilities (computed in fp32)."""
     if probabilities:

@@ -47,8 +47,9 @@ class DemoResult:
     compare: the CompareResult of target against golden (None for fp16-overflow).
     overflow: the offline overflow analysis (fp16-overflow only); online_origin: the message
         training stopped with under task="overflow_check".
-    expected: the op the scenario planted (None when nothing was planted); found: whether the
-        pipeline's answer is that op (for bf16-healthy: that no op was blamed).
+    expected: the op the scenario planted (None when nothing was planted; wrong-weights:
+        "parameter <FQN>", dropout: the random op); found: whether the pipeline's answer is that
+        (for bf16-healthy: that no op was blamed).
     """
     scenario: str
     output: Path
