@@ -3,17 +3,21 @@
     python scenarios.py SIDE ROOT CASE[,CASE...] TASK[,TASK...]
 
 writes ROOT/TASK/CASE for each. SIDE "golden" is the healthy run of the case's family (cnn,
-block); "target" carries the difference the CASE names (cnn-element: one weight element off by
-1e-2, -layer: a layer re-initialised, -seed: weights from another seed, -buffer: a BatchNorm
-running mean, -input: one input element, -random: the generator reseeded after building)."""
+block, lstm, llama: a Hugging Face Llama from a tiny config); "target" carries the difference the
+CASE names (cnn-element: one weight element off by 1e-2, -layer: a layer re-initialised, -seed:
+weights from another seed, -buffer: a BatchNorm running mean, -input: one input element (a token
+id for llama), -random: the generator reseeded after building, -fault: a kernel fault planted
+with opdiff.testing.inject_fault)."""
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import torch
 import torch.nn as nn
 
 import opdiff
+import opdiff.testing
 
 
 class CNN(nn.Module):
@@ -48,19 +52,57 @@ class Block(nn.Module):
         return x + self.drop(self.mlp(self.norm(x)))
 
 
+class Recurrent(nn.Module):
+    """A sequence classifier around nn.LSTM."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(6, 16)
+        self.lstm = nn.LSTM(16, 16, batch_first=True)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.lstm(torch.tanh(self.proj(x)))
+        return self.head(out[:, -1])
+
+
+def llama() -> nn.Module:
+    """A Hugging Face Llama built from a tiny config (nothing downloaded)."""
+    import transformers
+
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=32)
+    return transformers.LlamaModel(cfg)
+
+
+# family -> (model, input, the parameter its "-element" case spoils)
+FAMILIES = {
+    "cnn": (CNN, lambda: torch.randn(2, 3, 8, 8), "conv2.weight"),
+    "block": (Block, lambda: torch.randn(2, 6, 32), "mlp.2.weight"),
+    "lstm": (Recurrent, lambda: torch.randn(2, 5, 6), "lstm.weight_hh_l0"),
+    "llama": (llama, lambda: torch.randint(0, 64, (2, 8)), "layers.0.mlp.up_proj.weight"),
+}
+# "-fault" cases: a kernel fault planted with opdiff.testing.inject_fault (origin op)
+FAULTS = {
+    "lstm": dict(op="VF.lstm", call=0, phase="forward", scale=1 + 1e-3),
+    "llama": dict(op="Functional.silu", call=0, phase="forward", scale=1 + 1e-3),
+}
+
+
 def build(case: str, side: str) -> tuple[nn.Module, torch.Tensor]:
-    family = "cnn" if case.startswith("cnn") else "block"
+    family = case.split("-")[0]
+    make, data, spoiled = FAMILIES[family]
     seed = 1 if (side == "target" and case.endswith("seed")) else 0
     torch.manual_seed(seed)
-    model: nn.Module = CNN() if family == "cnn" else Block()
+    model: nn.Module = make()
     torch.manual_seed(100)
-    x = torch.randn(2, 3, 8, 8) if family == "cnn" else torch.randn(2, 6, 32)
+    x = data()
     if side != "target":
         return model, x
     with torch.no_grad():
         if case.endswith("element"):
-            name = "conv2.weight" if family == "cnn" else "mlp.2.weight"
-            model.get_parameter(name).view(-1)[5] += 1e-2
+            model.get_parameter(spoiled).view(-1)[5] += 1e-2
         elif case.endswith("layer"):
             torch.manual_seed(7)
             layer = model.conv2 if family == "cnn" else model.mlp[0]
@@ -69,7 +111,10 @@ def build(case: str, side: str) -> tuple[nn.Module, torch.Tensor]:
             model.bn1.running_mean[3] += 0.5     # type: ignore[index]
         elif case.endswith("input"):
             x = x.clone()
-            x.view(-1)[7] += 0.25
+            if x.is_floating_point():
+                x.view(-1)[7] += 0.25
+            else:                               # a token id
+                x.view(-1)[7] = (x.view(-1)[7] + 1) % 64
         elif case.endswith("random"):
             torch.manual_seed(12345)
     return model, x
@@ -78,11 +123,17 @@ def build(case: str, side: str) -> tuple[nn.Module, torch.Tensor]:
 def dump_case(case: str, side: str, dump: str, task: str, level: str = "mix") -> None:
     """Build, run forward and backward once, recorded into `dump`."""
     model, x = build(case, side)
-    if case.endswith("buffer") or (case.startswith("block") and not case.endswith("random")):
+    if case.endswith("buffer") or (case.startswith(("block", "llama"))
+                                   and not case.endswith("random")):
         model.eval()
-    with opdiff.dump(model, dump, level=level, task=task):
+    fault = FAULTS.get(case.split("-")[0]) if side == "target" and case.endswith("fault") else None
+    planted = opdiff.testing.inject_fault(**fault) if fault else contextlib.nullcontext()
+    with planted, opdiff.dump(model, dump, level=level, task=task):
         out = model(x)
+        out = out if isinstance(out, torch.Tensor) else out.last_hidden_state
         out.float().pow(2).mean().backward()
+    if fault and planted.hits != 1:
+        raise RuntimeError(f"the fault on {fault['op']} fired {planted.hits} times, not once")
 
 
 if __name__ == "__main__":
