@@ -15,7 +15,12 @@ What it cannot redo, because it needs the dumps:
 - rows that were never measured keep their verdicts: unmatched tensors, shapes that differ,
   empty or unread tensors, tensors with neither values nor statistics saved;
 - an inf/NaN mismatch is recognised from its infinite error; its row says "inf/NaN positions
-  differ" instead of how many.
+  differ" instead of how many;
+- leaf and random origins: the rows do not carry a leaf's kind, FQN and first reader, nor a random
+  op's generator fingerprints, so such an origin is found again only as the leaf record itself
+  (or, for a random op, as its own error);
+- the noise-around-zero rule takes its scale from the statistics' norms (a compare measures it
+  from the tensors: the same number in the dump's precision).
 
 The result's `verdict` is left empty and `files` empty: the presenter writes them
 (`opdiff.report.console.verdict_line`, `opdiff.report.write_outputs`).
