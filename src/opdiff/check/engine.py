@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
 from ..comparison.replay.calls import NotReplayable
-from ..comparison.replay.local import replay_tensors
+from ..comparison.replay.local import one_thread, replay_tensors
 from ..comparison.verdicts import Policy
 from ..store.schema import Kind, Location, locations_from_frames
 from .standards import FAIL, PASS, OutputCheck, judge_output
@@ -137,7 +137,10 @@ def check_record(record: dict[str, Any], records: dict[str, dict[str, Any]],
                        "made of other ops (its ops are checked one by one)")
     fwd = records.get(record["forward"]) if record.get("forward") else None
     try:
-        rep = replay_tensors(record, load, forward_record=fwd, device=device, known=known)
+        with one_thread():      # the same numbers in every process (see replay.local)
+            rep = replay_tensors(record, load, forward_record=fwd, device=device, known=known)
+            outs = tuple(judge_output(base["op"], base["phase"], name, t, e, r, policy,
+                                      rep.reference) for name, t, e, r in rep.outputs)
     except NotReplayable as exc:
         return OpCheck(**base, status=NOT_CHECKED, reason=str(exc),
                        seconds=time.perf_counter() - start)
@@ -145,8 +148,6 @@ def check_record(record: dict[str, Any], records: dict[str, dict[str, Any]],
         text = f"{type(exc).__name__}: {exc}".splitlines()[0][:100]
         return OpCheck(**base, status=NOT_CHECKED, reason=f"replay failed ({text})",
                        seconds=time.perf_counter() - start)
-    outs = tuple(judge_output(base["op"], base["phase"], name, t, e, r, policy, rep.reference)
-                 for name, t, e, r in rep.outputs)
     bad = next((o for o in outs if o.status == FAIL), None)
     return OpCheck(**base, status=FAIL if bad else PASS, reason=bad.reason if bad else "",
                    reference=rep.reference, outputs=outs, seconds=time.perf_counter() - start)

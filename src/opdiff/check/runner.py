@@ -3,7 +3,8 @@
     result = check_dump("./dump/npu", jobs=4, progress_file="./out/check_progress.jsonl")
 
 With `jobs` > 1 the ops are split across worker processes (spawn context: no forked torch
-state); each worker opens the dump by its path and checks its share. With `progress_file`
+state); each worker opens the dump by its path and checks its share. With `engine="ray"` the
+same batches run as Ray tasks (`opdiff.check.ray_tasks`); the verdicts are the same either way. With `progress_file`
 each op's verdict is appended as one JSON line as soon as it is known, and ops already in the
 file are not replayed again (`--resume`).
 """
@@ -22,6 +23,7 @@ from ..comparison.verdicts import Policy
 from ..errors import ConfigError, DumpError
 from ..store.reader import find_dumps, open_dump
 from ..store.schema import Kind
+from .device import usable_device
 from .engine import CheckResult, OpCheck, check_record, location_of, select
 from .inputs import SyntheticTensors, with_synthetic_keys
 
@@ -38,12 +40,14 @@ def _open(path: str | os.PathLike[str]) -> Any:
     return open_dump(found[0])
 
 
-class _Job:
-    """What one process needs to check records of one dump."""
+class CheckJob:
+    """What one process (the driver, a `--jobs` worker, a Ray worker) needs to check records
+    of one dump: the dump opened by its path, its records, the loader and the device."""
 
     def __init__(self, path: str, device: Optional[str]):
         self.dump = _open(path)
-        self.device = device
+        # Checked here, in every process: an extension's device (npu) is imported where it runs.
+        self.device = usable_device(device) if device is not None else None
         records = list(self.dump.records())
         self.mode = "tensor" if self.dump.holds_tensors else "statistics"
         if self.mode == "statistics":
@@ -58,20 +62,21 @@ class _Job:
         self.known: dict[str, Any] = {}      # record -> the autocast that reproduces it
 
     def check(self, name: str) -> OpCheck:
+        """The verdict on one record of the dump."""
         rec = self.by_name[name]
         return check_record(rec, self.by_name, self.load, self.index[name], self.policy,
                             device=self.device if self.mode == "statistics" else None,
                             location=location_of(self.dump, rec, self.by_name), known=self.known)
 
 
-_WORKER: Optional[_Job] = None
+_WORKER: Optional[CheckJob] = None
 
 
 def _worker_init(path: str, device: Optional[str]) -> None:
     global _WORKER
     import torch
     torch.set_num_threads(1)        # jobs processes share the cores
-    _WORKER = _Job(path, device)
+    _WORKER = CheckJob(path, device)
 
 
 def _worker_check(names: list[str]) -> list[dict[str, Any]]:
@@ -98,15 +103,22 @@ def check_dump(path: str | os.PathLike[str], device: Optional[str] = None,
                names: Iterable[str] = (), scope: Iterable[str] = (), jobs: int = 1,
                progress_file: Optional[str | os.PathLike[str]] = None, resume: bool = False,
                on_total: Optional[Callable[[int], None]] = None,
-               on_done: Optional[Callable[[OpCheck], None]] = None) -> CheckResult:
+               on_done: Optional[Callable[[OpCheck], None]] = None, engine: str = "local",
+               ray_address: Optional[str] = None) -> CheckResult:
     """Check every replayable record of one step/rank dump (see `opdiff.check`).
 
     device: run the ops there (required for statistics dumps, which hold no outputs to judge).
     names/scope: `--list`/`--scope` filters. jobs: worker processes. progress_file: append each
     verdict there; resume: skip the records already in it. on_total/on_done: progress hooks.
-    Raises DumpError/ConfigError for bad input (the CLI exits 2)."""
+    engine: "local" (this machine, `jobs` processes) or "ray" (Ray tasks on the cluster at
+    `ray_address`, "auto" or "host:6379"; None starts a local one; `jobs` is then unused).
+    Raises DumpError/ConfigError (or the Ray engine's EngineError) for bad input (the CLI
+    exits 2)."""
     start = time.perf_counter()
-    job = _Job(os.fspath(path), device)
+    if engine not in ("local", "ray"):
+        raise ConfigError(f"engine must be 'local' or 'ray', not {engine!r}")
+    job = CheckJob(os.fspath(path), device)
+    device = job.device
     if job.mode == "statistics" and device is None:
         raise ConfigError(f"{path}: a statistics dump holds no tensors to judge; check it on "
                           "the device with --device DEV (ops re-run there on random inputs "
@@ -134,7 +146,10 @@ def check_dump(path: str | os.PathLike[str], device: Optional[str] = None,
         for op in done.values():
             if on_done and op.name in results:
                 on_done(op)
-        if jobs == 1 or len(todo) < 2:
+        if engine == "ray" and todo:
+            from .ray_tasks import check_on_ray
+            check_on_ray(os.fspath(path), device, todo, finish, address=ray_address)
+        elif jobs == 1 or len(todo) < 2:
             for name in todo:
                 finish(job.check(name))
         else:
@@ -147,21 +162,29 @@ def check_dump(path: str | os.PathLike[str], device: Optional[str] = None,
     if job.mode == "statistics":
         notes.append(f"statistics dump: each op re-run on {device} on random inputs within the "
                      "dumped ranges (not the run's own values)")
+    elif device is not None:
+        notes.append(f"--device {device} not used: the dump holds the run's own outputs, which are "
+                     "the target (--device re-runs the ops of statistics dumps)")
     if done:
         notes.append(f"resumed: {len([n for n in chosen if n in done])} op(s) from {progress_file}")
-    return CheckResult(dump=str(job.dump.path), ops=ops, mode=job.mode, device=device,
+    return CheckResult(dump=str(job.dump.path), ops=ops, mode=job.mode,
+                       device=device if job.mode == "statistics" else None,
                        notes=notes, seconds=time.perf_counter() - start)
 
 
 def _parallel(path: str, device: Optional[str], todo: list[str], jobs: int,
               finish: Callable[[OpCheck], None]) -> None:
-    # Small batches, interleaved: expensive ops (big convs) spread across workers.
-    size = max(1, min(16, len(todo) // (jobs * 4) or 1))
-    batches = [todo[i:i + size] for i in range(0, len(todo), size)]
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_worker_init,
                              initargs=(path, device)) as pool:
-        futures = [pool.submit(_worker_check, b) for b in batches]
+        futures = [pool.submit(_worker_check, b) for b in batches(todo, jobs)]
         for fut in as_completed(futures):
             for d in fut.result():
                 finish(OpCheck.from_dict(d))
+
+
+def batches(todo: list[str], workers: int) -> list[list[str]]:
+    """Small batches in execution order (about four per worker, at most 16 ops each), so that
+    expensive ops (big convs) spread across the workers."""
+    size = max(1, min(16, len(todo) // (max(workers, 1) * 4) or 1))
+    return [todo[i:i + size] for i in range(0, len(todo), size)]

@@ -9,6 +9,7 @@ EXAMPLE = """example:
   opdiff check ./dump/npu/step0/rank0 -o ./out             # task="tensor" dump
   opdiff check ./dump/npu/step0/rank0 -o ./out --device npu  # statistics dump: re-run on the device
   opdiff check ./dump/bf16 --jobs 4 --list Functional.conv2d -o ./out --resume
+  opdiff check ./dump/bf16 -o ./out --engine ray --ray-address auto  # the replays as Ray tasks
 
 Each op is re-run in float64 on the CPU (golden) and on the CPU in its recorded dtypes (what a
 correct kernel of that dtype gives); the recorded output fails when its error against float64 is
@@ -30,9 +31,15 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("-o", "--output", metavar="OUT", default=None,
                    help="directory for the CSV, summary.json and report.html")
     p.add_argument("--device", metavar="DEV", default=None,
-                   help="re-run the ops on this device (needed for statistics dumps)")
+                   help="re-run the ops of a statistics dump on this torch device (cpu, cuda:0, "
+                        "npu:0, xpu, mps; needed for statistics dumps)")
     p.add_argument("--jobs", "-j", metavar="N", type=int, default=1,
                    help="replay ops in N processes (default 1)")
+    p.add_argument("--engine", choices=("local", "ray"), default="local",
+                   help="where the replays run: local = --jobs processes on this machine "
+                        "(default), ray = Ray tasks (pip install opdiff[ray])")
+    p.add_argument("--ray-address", metavar="ADDR", default=None,
+                   help="the Ray cluster for --engine ray (auto, host:6379; default: a local one)")
     p.add_argument("--list", metavar="NAME", nargs="+", default=[], dest="names",
                    help="check only these ops (exact name, name without counter, or substring)")
     p.add_argument("--scope", metavar="NAME", nargs="+", default=[],
@@ -52,7 +59,12 @@ def run(args: Any) -> int:
     from ..errors import ConfigError
     from ..report.console import Progress, stdout_console
     from ..check.console import print_check
+    from ..check.device import usable_device
 
+    if args.ray_address is not None and args.engine != "ray":
+        raise ConfigError("--ray-address is for --engine ray")
+    if args.device is not None:
+        usable_device(args.device)        # before OUT is cleared: a typo costs nothing
     if args.resume and not args.output:
         raise ConfigError("--resume needs -o OUT (the progress of the interrupted check is there)")
     out = prepare(args.output, keep=(args.dump,), resume=args.resume) if args.output else None
@@ -64,7 +76,8 @@ def run(args: Any) -> int:
     try:
         result = check_dump(args.dump, device=args.device, names=args.names, scope=args.scope,
                             jobs=args.jobs, progress_file=(out / PROGRESS) if out else None,
-                            resume=args.resume, on_total=on_total,
+                            resume=args.resume, on_total=on_total, engine=args.engine,
+                            ray_address=args.ray_address,
                             on_done=lambda op: bar[0].advance() if bar else None)
     finally:
         if bar:

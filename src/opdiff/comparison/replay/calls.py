@@ -88,8 +88,10 @@ class Call:
 
 class _Builder:
     def __init__(self, load: Callable[[str], Any], cast: Optional[torch.dtype], name: str,
-                 wrap: Optional[Callable[[str, torch.Tensor], torch.Tensor]] = None):
+                 wrap: Optional[Callable[[str, torch.Tensor], torch.Tensor]] = None,
+                 device: str = "cpu"):
         self.load, self.cast, self.name, self.wrap = load, cast, name, wrap
+        self.device = torch.device(device)
         self.tensors: list[tuple[str, torch.Tensor]] = []
         self._by_key: dict[str, torch.Tensor] = {}
 
@@ -111,7 +113,7 @@ class _Builder:
                 raise NotReplayable(f"{where}: unknown dtype {desc.get('value')!r}")
             return dtype
         if kind == "device":
-            return torch.device("cpu")      # the replay runs on CPU, whatever the target ran on
+            return self.device      # where the replay runs, whatever the target ran on
         if kind == "size":
             return torch.Size(desc.get("value") or [])
         if kind in ("list", "tuple"):
@@ -158,18 +160,21 @@ def _literal(text: str, where: str) -> Any:
 
 def rebuild_call(record: dict[str, Any], load: Callable[[str], Any],
                  cast: Optional[torch.dtype] = None,
-                 wrap: Optional[Callable[[str, torch.Tensor], torch.Tensor]] = None) -> Call:
+                 wrap: Optional[Callable[[str, torch.Tensor], torch.Tensor]] = None,
+                 device: str = "cpu") -> Call:
     """Rebuild a record's call.
 
     load: key -> saved tensor (e.g. `dump.tensor`). cast: a float dtype to cast floating tensors
     to (integer and bool tensors keep theirs), or None to keep the recorded dtypes.
     wrap: optional (key, tensor) -> tensor applied once per distinct tensor (e.g. to make it a
     leaf that requires grad); tensors with the same key stay the same object.
+    device: what a recorded `device=` argument becomes (the device the call is re-run on;
+    `load` must hand out tensors there).
     """
     if record.get("error"):
         raise NotReplayable(f"capture failed partly for this op ({str(record['error'])[:80]})")
     func = resolve(record.get("op", ""))
-    b = _Builder(load, cast, record["name"], wrap)
+    b = _Builder(load, cast, record["name"], wrap, device)
     args = [b.value(d, f"input.{i}") for i, d in enumerate(record.get("inputs") or [])]
     kwargs = {k: b.value(d, f"input.{k}") for k, d in (record.get("kwargs") or {}).items()}
     return Call(func=func, args=args, kwargs=kwargs, tensors=b.tensors)

@@ -28,6 +28,12 @@ larger than 1e-2 (BatchNorm backward).
 
 Ops that consume random numbers (the CPU generator advances while replaying them) are not
 replayed, nor are ops whose recorded dtypes or shapes the replay cannot reproduce.
+
+Every replay runs on one CPU thread (`one_thread`): a reduction's rounding depends on how the
+threads split it, and one thread makes the float64 and reference results the same in every
+process (`--jobs`, Ray workers, the compare's replay). Parallelism comes from replaying ops in
+several processes; on a shared machine one thread per op is also the faster choice (measured
+in benchmarks/bench_check.py: a 45-op CNN check took 0.3 s on one thread, 4.8 s on two).
 """
 from __future__ import annotations
 
@@ -46,6 +52,7 @@ from .calls import NotReplayable, flat_descriptors, flat_tensors, rebuild_call
 
 RATIO = 3.0
 SIGMAS = 4.0
+REPLAY_THREADS = 1
 
 _LOW = (torch.bfloat16, torch.float16)
 
@@ -157,6 +164,24 @@ def judge_measured(name: str, dtype: str, n: int, m_t: Any, m_r: Any, policy: An
 
 # -- running a call -------------------------------------------------------------------------------
 
+def one_thread() -> contextlib.AbstractContextManager[None]:
+    """Run the block on `REPLAY_THREADS` intra-op CPU threads (see the module docstring)."""
+    return _threads(REPLAY_THREADS)
+
+
+@contextlib.contextmanager
+def _threads(n: int) -> Iterator[None]:
+    before = torch.get_num_threads()
+    if before == n:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 @contextlib.contextmanager
 def _rng_guard() -> Iterator[dict[str, bool]]:
     """Detect (and undo) any draw from the CPU generator: such an op cannot be replayed."""
@@ -204,7 +229,7 @@ def _run(record: dict[str, Any], load: Callable[[str], Any], cast: Optional[torc
             return t
         wrap = leaf_wrap
 
-    call = rebuild_call(record, load, cast, wrap=wrap)
+    call = rebuild_call(record, load, cast, wrap=wrap, device=device)
     with _rng_guard() as rng, _autocast(autocast, device), torch.set_grad_enabled(leaves_for is not None):
         out = call.run()
     if rng["consumed"]:
@@ -276,12 +301,13 @@ def replay_record(record: dict[str, Any], load: Callable[[str], Any], policy: An
     cannot be replayed: the LocalError says why (`replayed` False)."""
     start = time.perf_counter()
     try:
-        if record.get("phase") == "backward" and record.get("kind") != "aten":
-            if forward_record is None:
-                raise NotReplayable("its forward call is not in the dump")
-            ref, tensors = _backward(record, forward_record, load, policy, known)
-        else:
-            ref, tensors = _forward(record, load, policy, known)
+        with one_thread():
+            if record.get("phase") == "backward" and record.get("kind") != "aten":
+                if forward_record is None:
+                    raise NotReplayable("its forward call is not in the dump")
+                ref, tensors = _backward(record, forward_record, load, policy, known)
+            else:
+                ref, tensors = _forward(record, load, policy, known)
     except NotReplayable as exc:
         return LocalError(record["name"], False, reason=str(exc),
                           seconds=time.perf_counter() - start)
@@ -322,11 +348,12 @@ def replay_tensors(record: dict[str, Any], load: Callable[[str], Any],
     across calls, {record name: the CPU autocast dtype (or None) that reproduces its dtypes},
     which saves the reference forward run of a backward record whose forward was replayed.
     Raises NotReplayable with the reason."""
-    if record.get("phase") == "backward" and record.get("kind") != "aten":
-        if forward_record is None:
-            raise NotReplayable("its forward call is not in the dump")
-        return _backward_tensors(record, forward_record, load, device, known)
-    return _forward_tensors(record, load, device, known)
+    with one_thread():
+        if record.get("phase") == "backward" and record.get("kind") != "aten":
+            if forward_record is None:
+                raise NotReplayable("its forward call is not in the dump")
+            return _backward_tensors(record, forward_record, load, device, known)
+        return _forward_tensors(record, load, device, known)
 
 
 def _device_load(load: Callable[[str], Any], device: str) -> Callable[[str], Any]:
