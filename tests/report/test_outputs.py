@@ -112,7 +112,7 @@ def test_an_interrupted_run_is_cleared_too(tmp_path):
 def test_output_path_that_is_a_file_is_a_user_error(cnn_result, tmp_path):
     blocker = tmp_path / "out"
     blocker.write_text("a user's file")
-    with pytest.raises(ConfigError, match="not a directory"):
+    with pytest.raises(ConfigError, match="is a file; pass a directory"):
         write_outputs(cnn_result(), blocker)
     assert blocker.read_text() == "a user's file"
 

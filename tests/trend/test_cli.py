@@ -23,8 +23,21 @@ def test_two_runs_write_summary_page_and_next_dump(runs, tmp_path, capsys):
     assert main(["trend", str(runs / "target"), str(runs / "golden"), "-o", str(out)]) == 0
     text = capsys.readouterr().out
     assert "the runs part at step 30" in text and "blocks.1" in text
-    assert {p.name for p in out.iterdir()} == {"summary.json", "trend.html", "next_dump.json"}
+    assert {p.name for p in out.iterdir()} == {"summary.json", "trend.html", "next_dump.json",
+                                               ".opdiff-outputs.json"}
     assert json.loads((out / "summary.json").read_text())["first_divergence"]["step"] == 30
+
+
+def test_a_reused_output_keeps_no_stale_next_dump_and_the_users_files(runs, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["trend", str(runs / "target"), str(runs / "golden"), "-o", str(out)]) == 0
+    (out / "notes.txt").write_text("mine")
+    # The same runs agree with themselves: no step to dump, so last run's config must go.
+    assert main(["trend", str(runs / "golden"), str(runs / "golden"), "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert {p.name for p in out.iterdir()} == {"summary.json", "trend.html", "notes.txt",
+                                               ".opdiff-outputs.json"}
+    assert json.loads((out / "summary.json").read_text())["first_divergence"] is None
 
 
 def test_fail_on_divergence_exits_1(runs, capsys):
@@ -76,4 +89,5 @@ def test_bad_input_is_one_line_and_exit_2(runs, tmp_path, capsys, make, message)
 def test_an_output_path_that_is_a_file_is_bad_input(runs, tmp_path, capsys):
     (tmp_path / "out").write_text("")
     assert main(["trend", str(runs / "golden"), "-o", str(tmp_path / "out")]) == 2
-    assert "is a file" in capsys.readouterr().err
+    assert "is a file; pass a directory" in capsys.readouterr().err
+    assert (tmp_path / "out").read_text() == ""

@@ -1,4 +1,5 @@
-"""A small transformer trained for real under opdiff.Monitor, with faults planted from a step on.
+"""A small transformer trained for real under opdiff.Monitor, with faults planted from a step on
+(the model, batches and loss are the trend demo's, opdiff.demo.trend_runs).
 
     losses = train(tmp_path / "golden", steps=120)
     train(tmp_path / "target", steps=120, fault="block", fault_step=60)   # block 1 output x(1+1e-3)
@@ -13,51 +14,16 @@ from contextlib import nullcontext
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 import opdiff
+from opdiff.demo.trend_runs import TinyTransformer, end_step, next_token_loss
+from opdiff.demo.trend_runs import batches as _batches
 
-VOCAB, DIM, BLOCKS, BATCH, SEQ = 64, 32, 3, 8, 16
 LR = 3e-3
 
 
-class Block(nn.Module):
-    """Pre-norm attention and MLP with residuals."""
-
-    def __init__(self, d: int = DIM, heads: int = 2):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(d)
-        self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
-        self.norm2 = nn.LayerNorm(d)
-        self.fc1 = nn.Linear(d, 4 * d)
-        self.act = nn.GELU()
-        self.fc2 = nn.Linear(4 * d, d)
-
-    def forward(self, x):
-        h = self.norm1(x)
-        a, _ = self.attn(h, h, h, need_weights=False)
-        x = x + a
-        return x + self.fc2(self.act(self.fc1(self.norm2(x))))
-
-
-class TinyTransformer(nn.Module):
-    def __init__(self, blocks: int = BLOCKS):
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, DIM)
-        self.blocks = nn.ModuleList([Block() for _ in range(blocks)])
-        self.norm = nn.LayerNorm(DIM)
-        self.head = nn.Linear(DIM, VOCAB)
-
-    def forward(self, tokens):
-        x = self.embed(tokens)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.norm(x))
-
-
 def batches(n: int = 16) -> list:
-    g = torch.Generator().manual_seed(1)
-    return [torch.randint(0, VOCAB, (BATCH, SEQ), generator=g) for _ in range(n)]
+    return _batches(n, seed=1)
 
 
 def plant(module: nn.Module, when, change) -> None:
@@ -117,13 +83,10 @@ def _train(path, steps, fault, fault_step, autocast, seed, scale, monitor_option
             tokens = data[step % len(data)]
             with torch.autocast("cpu", dtype=autocast) if autocast else nullcontext():
                 logits = model(tokens)
-            loss = F.cross_entropy(logits.float().flatten(0, 1), tokens.roll(1, 1).flatten())
+            loss = next_token_loss(logits, tokens)
             loss.backward()
             opt.step()
-            if mon is not None:
-                mon.step(loss)
-            opt.zero_grad()
-            losses.append(loss.item())
+            losses.append(end_step(loss, opt, mon))
     finally:
         if mon is not None:
             mon.close()

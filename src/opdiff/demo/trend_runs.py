@@ -44,10 +44,13 @@ class Block(nn.Module):
 
 
 class TinyTransformer(nn.Module):
-    def __init__(self):
+    """Embedding, `blocks` Blocks, a final LayerNorm and a linear head over the vocabulary
+    (also the model of opdiff's own trend tests)."""
+
+    def __init__(self, blocks: int = BLOCKS):
         super().__init__()
         self.embed = nn.Embedding(VOCAB, DIM)
-        self.blocks = nn.ModuleList([Block() for _ in range(BLOCKS)])
+        self.blocks = nn.ModuleList([Block() for _ in range(blocks)])
         self.norm = nn.LayerNorm(DIM)
         self.head = nn.Linear(DIM, VOCAB)
 
@@ -56,6 +59,26 @@ class TinyTransformer(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(self.norm(x))
+
+
+def batches(n: int = 16, seed: int = SEED) -> list:
+    """`n` fixed batches of random tokens, the same for every run with the same seed."""
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen) for _ in range(n)]
+
+
+def next_token_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of the logits (computed in float32) against the tokens shifted by one."""
+    return F.cross_entropy(logits.float().flatten(0, 1), tokens.roll(1, 1).flatten())
+
+
+def end_step(loss: torch.Tensor, opt: torch.optim.Optimizer, mon=None) -> float:
+    """What follows optimizer.step() in a monitored loop: mon.step(loss) (after the optimizer,
+    before zero_grad, as Monitor asks), zero_grad, and the loss as a number."""
+    if mon is not None:
+        mon.step(loss)
+    opt.zero_grad()
+    return loss.item()
 
 
 def train(steps: int, *, monitor_path=None, fault_from=None, dump_config=None,
@@ -70,8 +93,7 @@ def train(steps: int, *, monitor_path=None, fault_from=None, dump_config=None,
     opdiff.seed_all(SEED)
     model = TinyTransformer()
     opt = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE)
-    gen = torch.Generator().manual_seed(SEED)
-    data = [torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen) for _ in range(16)]
+    data = batches()
     mon = opdiff.Monitor(model, monitor_path, optimizer=opt) if monitor_path else None
     dbg = (opdiff.PrecisionDebugger(config_path=str(dump_config), dump_path=str(dump_path))
            if dump_config else None)
@@ -86,7 +108,7 @@ def train(steps: int, *, monitor_path=None, fault_from=None, dump_config=None,
                 if dbg is not None:
                     dbg.start(model)
                 logits = model(tokens)
-                loss = F.cross_entropy(logits.flatten(0, 1), tokens.roll(1, 1).flatten())
+                loss = next_token_loss(logits, tokens)
                 loss.backward()
                 opt.step()
                 if dbg is not None:
@@ -94,10 +116,7 @@ def train(steps: int, *, monitor_path=None, fault_from=None, dump_config=None,
                     dbg.step()
             if faulty and cast(inject_fault, planted).hits != 1:
                 raise RuntimeError(f"the planted GELU fault fired {cast(inject_fault, planted).hits} times in a step")
-            if mon is not None:
-                mon.step(loss)
-            opt.zero_grad()
-            losses.append(loss.item())
+            losses.append(end_step(loss, opt, mon))
     finally:
         if mon is not None:
             mon.close()

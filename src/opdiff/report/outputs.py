@@ -42,7 +42,7 @@ def prepare(out, keep: Iterable = ()) -> Path:
     """
     out = Path(os.fspath(out))
     if out.exists() and not out.is_dir():
-        raise ConfigError(f"{out}: exists and is not a directory; pass a directory for the output")
+        raise ConfigError(f"{out} is a file; pass a directory for the output")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -16,7 +16,6 @@ something was found, next_dump.json for `opdiff.PrecisionDebugger(config_path=..
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Optional
 
 from .reader import Run, Stream, read_run, read_stream
@@ -91,8 +90,13 @@ def trend(target, golden=None, output=None, *, sigma: Optional[float] = None,
             target_run.first.meta.get("environment") or {},
             golden_run.first.meta.get("environment") or {})
     if output is not None:
-        out = Path(output)
-        _check_output(out)
+        # The output directory as every opdiff command has it: created, and what an earlier
+        # run wrote there (a next_dump.json this run does not find) removed, nothing else.
+        from ..report import outputs
+        out = outputs.prepare(output, keep=[p for p in (target, golden) if p is not None])
+        names = (["next_dump.json"] if result.next_dump is not None else []) + \
+            ["summary.json"] + (["trend.html"] if html else [])
+        outputs.remember(out, [out / n for n in names])
         if result.next_dump is not None:
             result.files["next_dump.json"] = str(write_next_dump(result.next_dump, out))
         result.files["summary.json"] = str(out / "summary.json")
@@ -110,13 +114,3 @@ def _tagged(alerts: list, run: Optional[str]) -> list:
         return alerts
     from dataclasses import replace
     return [replace(a, run=run) for a in alerts]
-
-
-def _check_output(out: Path) -> None:
-    from ..errors import ConfigError
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"output path {out} is a file; give a directory for trend's files")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"cannot create {out}: {exc.strerror}") from None

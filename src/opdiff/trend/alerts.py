@@ -25,7 +25,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from .divergence import _ffill
-from .layout import Slot, causal_order, phase_rank
+from .layout import AtSlot, Slot, causal_order, phase_rank
 
 SIGMA = 6.0
 WINDOW = 50
@@ -37,7 +37,7 @@ MAD_FLOOR = 0.01            # decades
 
 
 @dataclass(frozen=True)
-class Alert:
+class Alert(AtSlot):
     """inf/NaN, a spike, or a step the loss scaler skipped."""
 
     kind: str                   # "nan" | "inf" | "spike" | "scaler_skip"
@@ -49,18 +49,8 @@ class Alert:
     origin_step: Optional[int] = None
     run: Optional[str] = None   # "target" / "golden" when two runs were given
 
-    @property
-    def module(self) -> str:
-        return self.slot.module
-
-    @property
-    def phase(self) -> str:
-        return self.slot.phase
-
     def to_dict(self) -> dict:
-        out = {"kind": self.kind, "step": self.step, "module": self.module,
-               "quantity": self.slot.label, "phase": self.phase, "reason": self.reason,
-               "rank": self.rank, "column": self.slot.column}
+        out = {"kind": self.kind, **self.place_dict(self.reason)}
         if self.sigma is not None:
             out["sigma"] = self.sigma if math.isfinite(self.sigma) else repr(self.sigma)
         if self.origin_step is not None:

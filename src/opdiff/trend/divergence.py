@@ -27,7 +27,7 @@ from typing import Optional, cast
 import numpy as np
 
 from ..errors import StreamError
-from .layout import Slot, causal_order, phase_rank
+from .layout import AtSlot, Slot, causal_order, phase_rank
 
 # Healthy bf16-autocast vs fp32 runs of a small transformer (120-200 steps, three seeds) came
 # within 4.0-5.5 sigma on some parameter gradient; planted fp32 faults reach tens to hundreds.
@@ -50,7 +50,7 @@ def block_size(n_steps: int) -> int:
 
 
 @dataclass(frozen=True)
-class Departure:
+class Departure(AtSlot):
     """One column leaving the band at one step."""
 
     step: int
@@ -62,14 +62,6 @@ class Departure:
     target_value: float
     golden_value: float
     rank: int = 0
-
-    @property
-    def module(self) -> str:
-        return self.slot.module
-
-    @property
-    def phase(self) -> str:
-        return self.slot.phase
 
     @property
     def quantity(self) -> str:
@@ -92,9 +84,7 @@ class Departure:
         return f"{what} {d}, {self.sigma:.0f} sigma beyond the drift of steps {a}-{b}"
 
     def to_dict(self) -> dict:
-        out = {"step": self.step, "module": self.module, "quantity": self.slot.label,
-               "phase": self.phase, "reason": self.reason, "rank": self.rank,
-               "column": self.slot.column,
+        out = {**self.place_dict(self.reason),
                "relative_difference": _num(self.relative_difference),
                "sigma": _num(self.sigma), "baseline_steps": list(self.baseline or []) or None,
                "target_value": _num(self.target_value), "golden_value": _num(self.golden_value)}

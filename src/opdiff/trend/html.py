@@ -24,9 +24,8 @@ MAX_POINTS = 1400
 
 
 def write_html(result, target_run, golden_run=None, path="trend.html") -> Path:
-    path = Path(path)
-    path.write_text(render(result, target_run, golden_run), encoding="utf-8")
-    return path
+    from ..report.outputs import atomic_write_text
+    return atomic_write_text(Path(path), render(result, target_run, golden_run), "the trend page")
 
 
 def render(result, target_run, golden_run=None) -> str:

@@ -74,6 +74,29 @@ class Slot:
         return self.name
 
 
+class AtSlot:
+    """What a finding at one Slot (an Alert, a Departure) says of its place: its module and
+    phase, and the summary.json fields every finding has."""
+
+    step: int
+    slot: Slot
+    rank: int
+
+    @property
+    def module(self) -> str:
+        return self.slot.module
+
+    @property
+    def phase(self) -> str:
+        return self.slot.phase
+
+    def place_dict(self, reason: str) -> dict:
+        """{"step", "module", "quantity", "phase", "reason", "rank", "column"}."""
+        return {"step": self.step, "module": self.module, "quantity": self.slot.label,
+                "phase": self.phase, "reason": reason, "rank": self.rank,
+                "column": self.slot.column}
+
+
 def owning_module(parameter: str) -> str:
     return parameter.rpartition(".")[0]
 
