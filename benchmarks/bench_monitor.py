@@ -1,7 +1,7 @@
 """Overhead of opdiff.Monitor per training step, and the speed of `opdiff trend` on long streams.
 
     python benchmarks/bench_monitor.py [--rounds 11] [--runs 3] [--models cnn,transformer]
-                                       [--every 4] [--parts]
+                                       [--every 4] [--tensorboard] [--parts]
     python benchmarks/bench_monitor.py --trend [--steps 10000 --modules 200]
 
 Overhead: two identical copies of each model (the ResNet-style CNN and the small transformer of
@@ -9,7 +9,9 @@ benchmarks/models.py), each with its own Adam optimizer, one of them monitored (
 submodules, update norms on). Each round runs one plain and one monitored step, alternating which
 goes first, so machine noise hits both; after warm-up rounds the median step time of each is
 taken and their ratio reported. `--runs` repeats the whole measurement to show its spread.
-One thread (torch.set_num_threads(1)), forward + backward + Adam step.
+One thread (torch.set_num_threads(1)), forward + backward + Adam step. `--tensorboard` also
+measures Monitor(tensorboard=True) (event files written every step). Wall time and this thread's
+CPU time are both reported: on a shared machine the CPU-time ratio is the steadier one.
 
 Trend: writes two synthetic streams (`--steps` x `--modules` modules, one weight per module,
 Adam state), the target departing at a known step in a known module, and times
@@ -79,11 +81,15 @@ def overhead(workload, rounds: int, warmup: int = 3, **monitor_options) -> dict:
 def run_overhead(args) -> None:
     print(f"torch {torch.__version__}, 1 thread, fwd+bwd+Adam, median of {args.rounds} rounds "
           f"after warm-up, {args.runs} runs")
-    print(f"{'model':<12} {'setting':<18} {'plain ms':>9} {'monitored':>10} {'wall ratio':>11} "
+    print(f"{'model':<12} {'setting':<24} {'plain ms':>9} {'monitored':>10} {'wall ratio':>11} "
           f"{'(runs)':>13} {'cpu ratio':>10} {'(runs)':>13}")
     settings = {"default": {}, "update_norm=False": {"update_norm": False}}
     if args.every > 1:
         settings[f"every={args.every}"] = {"every": args.every}
+    if args.tensorboard:
+        settings["tensorboard"] = {"tensorboard": True}
+        if args.every > 1:
+            settings[f"tensorboard every={args.every}"] = {"tensorboard": True, "every": args.every}
     if args.parts:      # where the time goes: some reductions replaced by constants
         settings["no max|x| (diagnostic)"] = {"_parts": ("extremes",)}
         settings["no module norms (diag.)"] = {"_parts": ("extremes", "norm2")}
@@ -99,7 +105,7 @@ def run_overhead(args) -> None:
                 mons.append(m)
                 wall.append(m / p)
                 cpu.append(statistics.median(t["monitored_cpu"]) / statistics.median(t["plain_cpu"]))
-            print(f"{name:<12} {label:<18} {statistics.median(plains) * 1e3:9.1f} "
+            print(f"{name:<12} {label:<24} {statistics.median(plains) * 1e3:9.1f} "
                   f"{statistics.median(mons) * 1e3:10.1f} {statistics.median(wall):10.3f}x "
                   f"{min(wall):6.3f}-{max(wall):.3f} {statistics.median(cpu):9.3f}x "
                   f"{min(cpu):6.3f}-{max(cpu):.3f}", flush=True)
@@ -200,6 +206,8 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=3, help="repeat the measurement (spread)")
     ap.add_argument("--models", default="cnn,transformer", help="comma list of: cnn, transformer")
     ap.add_argument("--every", type=int, default=1, help="also measure Monitor(every=N)")
+    ap.add_argument("--tensorboard", action="store_true",
+                    help="also measure with the TensorBoard export on")
     ap.add_argument("--parts", action="store_true",
                     help="also measure with some reductions replaced by constants")
     ap.add_argument("--trend", action="store_true", help="time opdiff trend on synthetic streams")

@@ -104,67 +104,108 @@ def select_modules(model: torch.nn.Module, patterns) -> list:
 
 
 class _Calls:
-    """What one direction (forward or backward) recorded this step: a 0-d norm (and min, max) per
-    output tensor on the device, the module index of each, and NaN/inf counts."""
+    """What one direction (forward or backward) recorded this step, per module index in the order
+    the modules first returned: `acc[idx] = [sum of squares, max |x|, nan, inf]` as host numbers
+    for CPU tensors (read at once: on CPU a scalar read is free and the tensor is warm in the
+    cache), and 0-d tensors in `device` for the others, moved with the step's single transfer."""
+
+    __slots__ = ("with_max", "acc", "device", "_last_ref", "_last_version", "_last", "_device_last")
 
     def __init__(self, with_max: bool):
         self.with_max = with_max
-        self.tensors: list = []         # norm[, min, max] per output tensor, in call order
-        self.index: list = []           # module index per output tensor
-        self.host_counts: dict = {}     # index -> [nan, inf], CPU tensors counted on the host
-        self.device_counts: list = []   # (index, nan 0-d, inf 0-d), other devices
-        self.order: list = []           # module indices in the order they first returned
-        self.seen: set = set()
-        self._last: Optional[tuple] = None   # the last tensor reduced, and what it gave
+        self.acc: dict = {}
+        self.device: list = []          # (idx, norm, min, max, nan, inf), min/max None without max
+        self._last_ref: Optional[weakref.ref] = None    # the last tensor reduced ...
+        self._last_version = -1
+        self._last: Optional[tuple] = None              # ... and what it gave
+        self._device_last: tuple = ()
+
+    @property
+    def order(self) -> list:
+        """Module indices in the order they first returned (forward) or got a gradient."""
+        return list(self.acc)
 
     def clear(self) -> None:
-        self.tensors.clear()
-        self.index.clear()
-        self.host_counts.clear()
-        self.device_counts.clear()
-        self.order.clear()
-        self.seen.clear()
-        self._last = None
+        self.acc.clear()
+        self.device.clear()
+        self._last_ref = self._last = None
 
     def add(self, idx: int, t: torch.Tensor) -> bool:
         """Reduce `t`; returns False when it holds NaN or inf (known at once on CPU only)."""
-        if idx not in self.seen:
-            self.seen.add(idx)
-            self.order.append(idx)
-        last = self._last
-        if last is not None and last[0]() is t and last[1] == t._version:
+        entry = self.acc.get(idx)
+        if entry is None:
+            entry = self.acc[idx] = [0.0, 0.0, 0, 0]
+        ref = self._last_ref
+        if ref is not None and ref() is t and self._last_version == t._version:
             # A container returning its last child's output (Sequential, a block ending in
             # that child): the very same values, reduced once.
-            _, _, reduced, finite, host_counts, device_counts = last
+            last = self._last
         else:
-            n = norm2(t)
-            reduced = (n, *extremes(t)) if self.with_max else (n,)
-            finite, host_counts, device_counts = True, None, None
-            if t.device.type == "cpu":
-                # On CPU, isnan/isinf cost ten times a norm while reading a scalar is free:
-                # count only when the norm says something is not finite. Elsewhere the reverse.
-                if not math.isfinite(n.item()):
-                    finite = False
-                    host_counts = (int(torch.isnan(t).sum()), int(torch.isinf(t).sum()))
-            else:
-                device_counts = (torch.isnan(t).sum(), torch.isinf(t).sum())
-            self._last = (weakref.ref(t), t._version, reduced, finite, host_counts, device_counts)
-        self.tensors.extend(reduced)
-        self.index.append(idx)
-        if host_counts is not None:
-            counts = self.host_counts.setdefault(idx, [0, 0])
-            counts[0] += host_counts[0]
-            counts[1] += host_counts[1]
-        if device_counts is not None:
-            self.device_counts.append((idx, *device_counts))
-        return finite
+            last = self._reduce(t)
+            self._last_ref, self._last_version, self._last = weakref.ref(t), t._version, last
+        if last is None:            # on an accelerator: stays there until the step's transfer
+            self.device.append((idx, *self._device_last))
+            return True
+        sq, peak, nan, inf = last
+        entry[0] += sq
+        prev = entry[1]
+        entry[1] = math.nan if (peak != peak or prev != prev) else max(prev, peak)
+        if nan or inf:
+            entry[2] += nan
+            entry[3] += inf
+            return False
+        return True
+
+    def _reduce(self, t: torch.Tensor) -> Optional[tuple]:
+        """(sum of squares, max |x|, nan count, inf count) of a CPU tensor; None elsewhere (the
+        0-d tensors go to `_device_last`)."""
+        if not t.is_cpu:
+            lo, hi = extremes(t) if self.with_max else (None, None)
+            self._device_last = (norm2(t), lo, hi, torch.isnan(t).sum(), torch.isinf(t).sum())
+            return None
+        n: float = norm2(t).item()
+        if self.with_max:
+            lo_t, hi_t = extremes(t)
+            lo, hi = lo_t.item(), hi_t.item()
+            peak = math.nan if (lo != lo or hi != hi) else max(-lo, hi)
+        else:
+            peak = 0.0
+        if math.isfinite(n):
+            return n * n, peak, 0, 0
+        # Counting costs ten times a norm on CPU: only when the norm says something is off.
+        nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
+        if not (nan or inf):        # finite values whose float32 norm overflows
+            n = torch.linalg.vector_norm(t, dtype=torch.float64).item()
+        return n * n, peak, nan, inf
 
     def pending(self) -> list:
-        out = list(self.tensors)
-        for _, nan, inf in self.device_counts:
+        out: list = []
+        for _, n, lo, hi, nan, inf in self.device:
+            out.append(n)
+            if lo is not None:
+                out.append(lo)
+                out.append(hi)
             out.append(nan)
             out.append(inf)
         return out
+
+    def merge(self, host: list) -> None:
+        """Add the host copies of `pending()` into `acc`."""
+        k = 0
+        for idx, _, lo, _, _, _ in self.device:
+            entry = self.acc[idx]
+            n = host[k]
+            entry[0] += n * n
+            k += 1
+            if lo is not None:
+                lo_v, hi_v = host[k], host[k + 1]
+                k += 2
+                prev = entry[1]
+                entry[1] = math.nan if (lo_v != lo_v or hi_v != hi_v or prev != prev) else \
+                    max(prev, -lo_v, hi_v)
+            entry[2] += int(host[k])
+            entry[3] += int(host[k + 1])
+            k += 2
 
 
 class ModuleProbe:
@@ -185,7 +226,13 @@ class ModuleProbe:
         self.dtypes: dict = {}          # index -> dtype of its first output
         self.on_first_backward: Optional[Callable[[], None]] = None
         self._handles: list = []
+        # Made once: the hooks are bound partials, nothing is allocated per call but the
+        # rare hook of a second output.
         self._grad_hooks = [partial(self._after_backward, i, 0) for i in range(len(self.names))]
+        self._fwd_columns = [tuple(column(n, q) for q in ("fwd_norm", "fwd_max", "fwd_nan",
+                                                          "fwd_inf")) for n in self.names]
+        self._bwd_columns = [tuple(column(n, q) for q in ("bwd_norm", "bwd_nan", "bwd_inf"))
+                             for n in self.names]
 
     # -- hooks ---------------------------------------------------------------------------------
     def install(self) -> None:
@@ -205,12 +252,13 @@ class ModuleProbe:
             return
         try:
             if type(output) is torch.Tensor:        # the common case, without the walk
-                tensors: Sequence[torch.Tensor] = \
-                    (output,) if output.is_floating_point() and output.numel() else ()
+                if not output.is_floating_point() or not output.numel():
+                    return
+                tensors: Sequence[torch.Tensor] = (output,)
             else:
                 tensors = floating_tensors(output, [])
-            if not tensors:
-                return
+                if not tensors:
+                    return
             finite = True
             with quiet():
                 for t in tensors:
@@ -256,9 +304,9 @@ class ModuleProbe:
 
     def _finite_now(self, calls: _Calls, idx: int) -> bool:
         """raise_on_nan on an accelerator: one device sync per module call (documented cost)."""
-        if not calls.device_counts or calls.device_counts[-1][0] != idx:
+        if not calls.device or calls.device[-1][0] != idx:
             return True
-        _, nan, inf = calls.device_counts[-1]
+        nan, inf = calls.device[-1][4:]
         return int(nan) + int(inf) == 0
 
     def _nan_message(self, idx: int, what: str) -> str:
@@ -271,51 +319,31 @@ class ModuleProbe:
         self.backward.clear()
 
     def pending(self) -> list:
-        """The 0-d tensors this step produced, for the Monitor's single transfer to the host."""
+        """The 0-d tensors this step left on an accelerator, for the Monitor's single transfer
+        to the host (none on CPU)."""
         return self.forward.pending() + self.backward.pending()
 
     def finish(self, host: list, loss_scale: Optional[float] = None) -> dict:
         """{column: value} from the host copies of `pending()`; gradients divided by the loss scale."""
         fwd, bwd = self.forward, self.backward
-        n_fwd = len(fwd.tensors)
-        n_fwd_counts = 2 * len(fwd.device_counts)
+        n_fwd = len(fwd.pending()) if fwd.device else 0
+        if fwd.device:
+            fwd.merge(host[:n_fwd])
+        if bwd.device:
+            bwd.merge(host[n_fwd:])
         out: dict = {}
-        sumsq: dict = {}
-        peak: dict = {}
-        for k, idx in enumerate(fwd.index):
-            n, lo, hi = host[3 * k:3 * k + 3]
-            sumsq[idx] = sumsq.get(idx, 0.0) + n * n
-            m = max(-lo, hi)
-            prev = peak.get(idx, 0.0)
-            peak[idx] = math.nan if (m != m or prev != prev or lo != lo) else max(prev, m)
-        counts = _counts(fwd, host[n_fwd:n_fwd + n_fwd_counts])
-        for idx, s in sumsq.items():
-            name = self.names[idx]
-            out[column(name, "fwd_norm")] = math.sqrt(s)
-            out[column(name, "fwd_max")] = peak[idx]
-            nan, inf = counts.get(idx, (0, 0))
-            out[column(name, "fwd_nan")] = nan
-            out[column(name, "fwd_inf")] = inf
-        start = n_fwd + n_fwd_counts
-        n_bwd = len(bwd.tensors)
+        columns = self._fwd_columns
+        for idx, (sq, peak, nan, inf) in fwd.acc.items():
+            c_norm, c_max, c_nan, c_inf = columns[idx]
+            out[c_norm] = math.sqrt(sq)
+            out[c_max] = peak
+            out[c_nan] = nan
+            out[c_inf] = inf
         scale = loss_scale if loss_scale and math.isfinite(loss_scale) else 1.0
-        bsq: dict = {}
-        for k, idx in enumerate(bwd.index):
-            n = host[start + k]
-            bsq[idx] = bsq.get(idx, 0.0) + n * n
-        counts = _counts(bwd, host[start + n_bwd:])
-        for idx, s in bsq.items():
-            name = self.names[idx]
-            out[column(name, "bwd_norm")] = math.sqrt(s) / scale
-            nan, inf = counts.get(idx, (0, 0))
-            out[column(name, "bwd_nan")] = nan
-            out[column(name, "bwd_inf")] = inf
+        columns = self._bwd_columns
+        for idx, (sq, _, nan, inf) in bwd.acc.items():
+            c_norm, c_nan, c_inf = columns[idx]
+            out[c_norm] = math.sqrt(sq) / scale
+            out[c_nan] = nan
+            out[c_inf] = inf
         return out
-
-
-def _counts(calls: _Calls, host: list) -> dict:
-    counts = {idx: tuple(c) for idx, c in calls.host_counts.items()}
-    for k, (idx, _, _) in enumerate(calls.device_counts):
-        nan, inf = counts.get(idx, (0, 0))
-        counts[idx] = (nan + host[2 * k], inf + host[2 * k + 1])
-    return counts

@@ -243,7 +243,7 @@ class Monitor:
         """Columns, fixed at the first recorded step: modules in the order they returned."""
         cols = [c for c in STEP_COLUMNS if values.get(c) is not None]
         order = self._modules.forward.order + [i for i in self._modules.backward.order
-                                               if i not in self._modules.forward.seen]
+                                               if i not in self._modules.forward.acc]
         for idx in order:
             name = self._modules.names[idx]
             cols.extend(c for c in (column(name, q) for q in MODULE_QUANTITIES) if c in values)
@@ -291,17 +291,23 @@ class Monitor:
 
 
 def _to_host(tensors: list) -> list:
-    """One transfer per device for every 0-d tensor of the step."""
+    """Python floats of the step's 0-d tensors: read directly on CPU (a read there is free,
+    cheaper than stacking them), one transfer per device elsewhere."""
     if not tensors:
         return []
-    devices = {t.device for t in tensors}
-    if len(devices) == 1:
-        return torch.stack([t.float() if t.dtype != torch.float32 else t
-                            for t in tensors]).tolist()
+    if all(t.is_cpu for t in tensors):
+        return [t.item() for t in tensors]
     out: list = [None] * len(tensors)
-    for device in devices:
-        idxs = [i for i, t in enumerate(tensors) if t.device == device]
-        for i, v in zip(idxs, torch.stack([tensors[i].float() for i in idxs]).tolist()):
+    by_device: dict = {}
+    for i, t in enumerate(tensors):
+        if t.is_cpu:
+            out[i] = t.item()
+        else:
+            by_device.setdefault(t.device, []).append(i)
+    for idxs in by_device.values():
+        stacked = torch.stack([tensors[i] if tensors[i].dtype == torch.float32 else
+                               tensors[i].float() for i in idxs])
+        for i, v in zip(idxs, stacked.tolist()):
             out[i] = v
     return out
 

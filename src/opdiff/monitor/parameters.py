@@ -65,6 +65,7 @@ class ParameterProbe:
         self._handle = None
         self._layout: list = []                   # [(column, position in pending)] this step
         self._grad_columns: list = []
+        self._column_names: dict = {}             # quantity -> column per parameter, made once
         if optimizer is not None and self.update_norm:
             self._handle = optimizer.register_step_pre_hook(self._before_step)
 
@@ -92,6 +93,12 @@ class ParameterProbe:
         self._copied = False
         self._layout = []
 
+    def _columns(self, quantity: str, idxs) -> list:
+        names = self._column_names.get(quantity)
+        if names is None:
+            names = self._column_names[quantity] = [column(n, quantity) for n in self.names]
+        return [names[i] for i in idxs]
+
     def pending(self) -> list:
         """Norms of this step as 0-d device tensors; `finish` maps their host values to columns."""
         layout: list = []
@@ -101,21 +108,21 @@ class ParameterProbe:
             layout.extend(zip(columns, range(len(tensors), len(tensors) + len(norms))))
             tensors.extend(norms)
 
+        every = range(len(self.params))
         with torch.no_grad():
-            add(foreach_norms(self.params), [column(n, "norm") for n in self.names])
+            add(foreach_norms(self.params), self._columns("norm", every))
             with_grad = [i for i, p in enumerate(self.params) if p.grad is not None]
-            add(foreach_norms([self.params[i].grad for i in with_grad]),
-                [column(self.names[i], "grad_norm") for i in with_grad])
+            grad_columns = self._columns("grad_norm", with_grad)
+            add(foreach_norms([self.params[i].grad for i in with_grad]), grad_columns)
             if self.update_norm and self._copied:
                 params: list[torch.Tensor] = [self.params[i] for i in self.updated]
                 before = cast(list, self._before)   # _copied: the pre-hook filled it
                 torch._foreach_sub_(before, params)     # now minus the update
-                add(foreach_norms(before), [column(self.names[i], "update_norm")
-                                                  for i in self.updated])
+                add(foreach_norms(before), self._columns("update_norm", self.updated))
             for key, idxs, states in self._state_tensors():
-                add(foreach_norms(states), [column(self.names[i], f"{key}_norm") for i in idxs])
+                add(foreach_norms(states), self._columns(f"{key}_norm", idxs))
         self._layout = layout
-        self._grad_columns = [column(self.names[i], "grad_norm") for i in with_grad]
+        self._grad_columns = grad_columns
         return tensors
 
     def _state_tensors(self):
