@@ -170,3 +170,7 @@ def test_tensorboard_export(tmp_path):
     tags = acc.Tags()["scalars"]
     assert "loss" in tags and "fc1/fwd_norm" in tags and "fc1.weight/update_norm" in tags
     assert [e.step for e in acc.Scalars("loss")] == [0, 1, 2]
+    # The same numbers as the stream (float32 both), one event per step holding every scalar.
+    stream = read_run(tmp_path).ranks[0]
+    assert [e.value for e in acc.Scalars("fc1/fwd_norm")] == stream.series("fc1:fwd_norm").tolist()
+    assert "fc1/fwd_nan" not in tags

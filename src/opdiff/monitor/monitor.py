@@ -16,7 +16,6 @@ import math
 import os
 import time
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Optional
 
 import numpy as np
@@ -28,6 +27,7 @@ from .modules import ModuleProbe
 from .parameters import ParameterProbe
 from .stream import FORMAT, MODULE_QUANTITIES, STEP_COLUMNS, VERSION, StreamWriter, column, \
     rank_directory
+from .tensorboard import TensorBoardExport
 
 log = logging.getLogger("opdiff")
 
@@ -87,7 +87,7 @@ class Monitor:
             raise ConfigError(f"Monitor cannot create {self.directory}: {exc.strerror}") from None
         if (self.directory / "metrics.csv").exists():
             log.warning("opdiff: Monitor replaces the stream in %s", self.directory)
-        self._tensorboard = _tensorboard_writer(self.directory) if tensorboard else None
+        self._tensorboard = TensorBoardExport(self.directory) if tensorboard else None
         self._modules = ModuleProbe(model, modules, raise_on_nan=raise_on_nan,
                                     on_error=self._failed)
         if not self._modules.names:
@@ -220,6 +220,8 @@ class Monitor:
         if self._columns is None:
             self._columns = self._layout(values)
             self._writer.open(self._columns)
+            if self._tensorboard is not None:
+                self._tensorboard.columns(self._columns)
             self._write_meta()
             extra = sorted(set(values) - set(self._columns))
             if extra:
@@ -235,9 +237,7 @@ class Monitor:
                 row[i] = v
         self._writer.append(self._step, row, missing if missing.any() else None)
         if self._tensorboard is not None:
-            for col, v in zip(self._columns, row.tolist()):
-                if not col.endswith(("_nan", "_inf")) and math.isfinite(v):
-                    self._tensorboard.add_scalar(col.replace(":", "/"), v, self._step)
+            self._tensorboard.write(self._step, row.tolist())
 
     def _layout(self, values: dict) -> list:
         """Columns, fixed at the first recorded step: modules in the order they returned."""
@@ -317,12 +317,3 @@ def _plain_defaults(optimizer) -> Optional[dict]:
         return None
     return {k: v for k, v in optimizer.defaults.items()
             if isinstance(v, (int, float, bool, str)) or v is None}
-
-
-def _tensorboard_writer(directory: Path):
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        raise ConfigError("Monitor(tensorboard=True) needs the tensorboard package: "
-                          "pip install 'opdiff[monitor]' (or pip install tensorboard)") from None
-    return SummaryWriter(log_dir=str(directory / "tensorboard"))
