@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from . import models
-from .runs import RESEED, SEED, run_in_process
+from .runs import RESEED, SEED, run_sides
 from .scenarios import STEPS, DemoResult, _compare, _compare_files, _count_params, _losses, \
     seeded_resnet
 from .story import Story
@@ -55,15 +55,14 @@ def play_wrong_weights(out: Path, story: Story) -> DemoResult:
                f"A conversion script wrote checkpoint/converted.pt: every tensor copied, except "
                f"{SPOILED}[{', '.join(map(str, SPOILED_AT))}]: {before:.6f} → "
                f"{before + SPOIL:.6f} (off by {SPOIL:g}).")
-    with story.working("training the golden run (its own process)"):
-        golden = run_in_process("wrong-weights", "golden", out / "dump" / "golden",
-                                str(ckpt / "golden.pt"))
+    with story.working("training the golden and the target run (two processes)"):
+        losses = run_sides("wrong-weights", {
+            "golden": (out / "dump" / "golden", [str(ckpt / "golden.pt")]),
+            "target": (out / "dump" / "target", [str(ckpt / "converted.pt")])})
+    golden, target = losses["golden"], losses["target"]
     story.step(f"Golden run, in its own process: loads checkpoint/golden.pt, {STEPS} training "
                f"steps in fp32, step 0 recorded (level mix, full tensors).",
                f"loss {_losses(golden)}")
-    with story.working("training the target run (its own process)"):
-        target = run_in_process("wrong-weights", "target", out / "dump" / "target",
-                                str(ckpt / "converted.pt"))
     story.step("Target run, in another process: the same script, loading "
                "checkpoint/converted.pt; no kernel is faulty.",
                f"loss {_losses(target)}")
@@ -87,12 +86,12 @@ def play_dropout(out: Path, story: Story) -> DemoResult:
                f"opdiff.seed_all({SEED}), build the model and draw the batch alike.",
                f"The target script then calls torch.manual_seed({RESEED}) again (as a "
                f"data-loading helper might): same weights and data, other dropout masks.")
-    with story.working("training the golden run (its own process)"):
-        golden = run_in_process("dropout", "golden", out / "dump" / "golden")
+    with story.working("training the golden and the target run (two processes)"):
+        losses = run_sides("dropout", {"golden": (out / "dump" / "golden", []),
+                                       "target": (out / "dump" / "target", [])})
+    golden, target = losses["golden"], losses["target"]
     story.step(f"Golden run, in its own process: {STEPS} training steps, dropout active, step 0 "
                f"recorded (level mix, full tensors).", f"loss {_losses(golden)}")
-    with story.working("training the target run (its own process)"):
-        target = run_in_process("dropout", "target", out / "dump" / "target")
     story.step("Target run, in another process: the same steps after the second "
                f"torch.manual_seed({RESEED}).", f"loss {_losses(target)}")
     result = _compare(out, story)

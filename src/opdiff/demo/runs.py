@@ -47,18 +47,31 @@ def dropout(side: str, dump: str) -> list:
     return train(model, batch, dump)
 
 
-def run_in_process(scenario: str, side: str, dump: Path, *extra: str) -> list:
-    """Run one side in a fresh Python process (the opdiff imported here is the one it imports);
-    returns its losses. RuntimeError with the process's last words when it fails."""
+def run_sides(scenario: str, sides: dict) -> dict:
+    """Run each side in a fresh Python process, the two at once (the opdiff imported here is
+    the one they import); `sides` maps a side to (dump, extra arguments). Returns each side's
+    losses. RuntimeError with a process's last words when one fails."""
     package_root = str(Path(opdiff.__file__).resolve().parent.parent)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [package_root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    done = subprocess.run([sys.executable, "-m", "opdiff.demo.runs", scenario, side, str(dump),
-                           *extra], capture_output=True, text=True, env=env, timeout=600)
-    if done.returncode != 0:
-        tail = "\n".join(done.stderr.strip().splitlines()[-8:])
-        raise RuntimeError(f"the demo's {side} run ({scenario}) failed:\n{tail}")
-    return list(json.loads(done.stdout.strip().splitlines()[-1]))
+    procs = {side: subprocess.Popen([sys.executable, "-m", "opdiff.demo.runs", scenario, side,
+                                     str(dump), *extra], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, env=env)
+             for side, (dump, extra) in sides.items()}
+    losses = {}
+    try:
+        for side, proc in procs.items():
+            out, err = proc.communicate(timeout=600)
+            if proc.returncode != 0:
+                tail = "\n".join(err.strip().splitlines()[-8:])
+                raise RuntimeError(f"the demo's {side} run ({scenario}) failed:\n{tail}")
+            losses[side] = list(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return losses
 
 
 def main(argv: Optional[list] = None) -> int:
