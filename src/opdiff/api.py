@@ -63,15 +63,16 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
     pairs, incomplete = split_incomplete(pairs)     # ranks that crashed before a step's first op
     incomplete += unpaired(targets, goldens)        # (pair_dumps notes these)
     total = sum(count_records(t) for t, _ in pairs)
-    with Progress(total, progress) as bar:
+    with Progress(total, progress, pairs=len(pairs)) as bar:
         if engine == "ray":
             from .comparison.ray_engine import run_pairs_ray
 
             results = run_pairs_ray(pairs, policy, shape_flag=shape_flag, replay=replay,
-                                    address=ray_address, pins=ray_pins, tick=bar.advance)
+                                    address=ray_address, pins=ray_pins, tick=bar.advance,
+                                    on_pair=bar.pair_done)
         else:
             results = run_pairs(pairs, policy, shape_flag=shape_flag, replay=replay,
-                                tick=bar.advance)
+                                tick=bar.advance, on_pair=bar.pair_done)
     results = attribute_collectives(results, pairs)     # received through a collective
     # (the pairing's notes travel in result.notes: the console prints them, once)
     result = merge(str(target), str(golden), results, notes, incomplete=incomplete)

@@ -59,7 +59,7 @@ def _ray_workers() -> list[int]:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if cmd.startswith(b"ray::_worker"):
+        if cmd.startswith((b"ray::_remote", b"ray::_worker")):   # a task running a pair
             found.append(int(pid))
     return found
 

@@ -4,7 +4,10 @@
     results = run_pairs_ray(pairs, Policy(), address="auto", pins={"/mnt/nodeA": "dumpA"})
 
 Each task opens its two dumps by path (a shared file system, or the disk of the node it runs on)
-and returns only its pair's CompareResult; the merge and the first-divergence analysis stay on
+and returns two objects: its pair's outcome without the rows (counts, first divergence, notes),
+and its rows as spool bytes, which stay in the cluster's object store until the driver fetches
+them one pair at a time and writes them to its spool (`spool.py`); the driver never holds more
+than one pair's rows. The merge and the first-divergence analysis stay on
 the driver (`runs.merge`), so the result is the local engine's, row for row. `pins` maps a path
 prefix to a Ray custom resource: a pair whose target lies under the prefix runs only on a node
 that offers that resource (`ray start --resources='{"dumpA": 1}'` on the node holding it).
@@ -20,7 +23,8 @@ from typing import Any, Callable, Mapping, Optional
 
 from ..errors import OpdiffError
 from .result import CompareResult
-from .runs import Pair, _worker, count_records
+from .runs import Pair, _worker, count_records, unspooled
+from .spool import Spool, SpoolFile
 from .verdicts import Policy
 
 MAX_RETRIES = 3
@@ -55,14 +59,17 @@ def _pin(path: str, pins: Mapping[str, str]) -> Optional[str]:
 def run_pairs_ray(pairs: list[Pair], policy: Policy, *, shape_flag: bool = False,
                   replay: str = "auto", address: Optional[str] = None,
                   pins: Optional[Mapping[str, str]] = None,
-                  tick: Optional[Callable[[int], None]] = None) -> list[CompareResult]:
+                  tick: Optional[Callable[[int], None]] = None,
+                  on_pair: Optional[Callable[[Pair], None]] = None) -> list[CompareResult]:
     """Every (target, golden) pair compared in a Ray task; results in the order of `pairs`.
 
     address: a running cluster ("auto", "ray://host:10001", "host:6379"); None starts a local
     one for this call (or uses the one this process already joined).
+    tick, on_pair: as for `runs.run_pairs`.
     """
     ray = _ray()
     advance: Callable[[int], None] = tick or (lambda n: None)
+    finished: Callable[[Pair], None] = on_pair or (lambda p: None)
     started = False
     if not ray.is_initialized():
         try:
@@ -74,32 +81,47 @@ def run_pairs_ray(pairs: list[Pair], policy: Policy, *, shape_flag: bool = False
                               ) from exc
         started = True
     try:
-        task = ray.remote(num_cpus=1, max_retries=MAX_RETRIES, retry_exceptions=False)(_worker)
+        task = ray.remote(num_cpus=1, max_retries=MAX_RETRIES, retry_exceptions=False,
+                          num_returns=2)(_remote)
         refs = []
         for t, g in pairs:
             resource = _pin(str(t.path), pins or {})
             opts: dict[str, Any] = {"resources": {resource: PIN_SHARE}} if resource else {}
             refs.append(task.options(**opts).remote(str(t.path), str(g.path), policy.thresholds,
                                                     shape_flag, replay))
-        where = {ref: i for i, ref in enumerate(refs)}
+        where = {outcome: i for i, (outcome, _rows) in enumerate(refs)}
+        spool = Spool()
         results: list[Optional[CompareResult]] = [None] * len(refs)
-        pending = list(refs)
+        pending = [outcome for outcome, _rows in refs]
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
             i = where[done[0]]
-            results[i] = _get(ray, done[0], pairs[i])
+            compact, meta = _get(ray, done[0], pairs[i])
+            blob: bytes = _get(ray, refs[i][1], pairs[i])
+            path = spool.write_blob(i, blob)
+            del blob
+            refs[i] = (None, None)        # the cluster may free the rows now
+            results[i] = unspooled(compact, spool, SpoolFile(path, meta.count, meta.offsets,
+                                                             meta.step, meta.rank))
             advance(count_records(pairs[i][0]))
+            finished(pairs[i])
         return [r for r in results if r is not None]
     finally:
         if started:
             ray.shutdown()
 
 
-def _get(ray: Any, ref: Any, pair: Pair) -> CompareResult:
+def _remote(target_path: str, golden_path: str, thresholds: Any, shape_flag: bool,
+            replay: str) -> tuple[tuple[CompareResult, SpoolFile], bytes]:
+    """A Ray task: (the pair's outcome without rows, where they lie), the spool bytes."""
+    compact, meta, blob = _worker(target_path, golden_path, thresholds, shape_flag, replay, None)
+    return (compact, meta), blob or b""
+
+
+def _get(ray: Any, ref: Any, pair: Pair) -> Any:
     t = pair[0]
     try:
-        result: CompareResult = ray.get(ref)
-        return result
+        return ray.get(ref)
     except ray.exceptions.RayTaskError as exc:
         cause = exc.cause if getattr(exc, "cause", None) is not None else exc
         if isinstance(cause, OpdiffError):

@@ -11,6 +11,11 @@ began) is not compared; it is named in `result.notes` and in `result.pairs` (its
 `"incomplete": {"side", "why"}`), and every other pair is compared as usual. Only when no pair
 is left is it an error.
 
+With several pairs, each pair's rows stay on disk (`spool.py`): the worker writes them to a
+spool file and sends back its outcome only, and the merged result's `rows` streams those files,
+so the driver's memory does not grow with the number of ranks. The result is the same, row for
+row, as when every row was held in memory.
+
 The presentation (verdict line, progress bar, files) is the caller's: see `opdiff.api.compare`.
 """
 from __future__ import annotations
@@ -19,13 +24,14 @@ import logging
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, cast
 
 from ..errors import DumpError
 from ..store.source import DumpSource
 from .origins import across_steps
 from .ranks import received_from
 from .result import CompareResult, Divergence, TensorRow, count
+from .spool import ChainedRows, PairRows, Spool, SpoolFile, encode_pair, on_disk, write_pair
 from .verdicts import Policy, Thresholds
 
 log = logging.getLogger("opdiff")
@@ -112,7 +118,10 @@ def count_records(dump: DumpSource) -> int:
 
 
 def _worker(target_path: str, golden_path: str, thresholds: Thresholds, shape_flag: bool,
-            replay: str = "auto") -> CompareResult:
+            replay: str = "auto", spool_path: Optional[str] = None
+            ) -> tuple[CompareResult, SpoolFile, Optional[bytes]]:
+    """Compare one pair in a worker; its rows go to `spool_path` (this machine's disk) or, when
+    None, come back as the spool file's bytes (a remote task: the driver writes them)."""
     import torch
 
     torch.set_num_threads(1)  # the processes already use every core
@@ -121,7 +130,25 @@ def _worker(target_path: str, golden_path: str, thresholds: Thresholds, shape_fl
     from .pair import compare_pair
 
     t, g = discover(target_path)[0], discover(golden_path)[0]
-    return compare_pair(t, g, policy=Policy(thresholds), shape_flag=shape_flag, replay=replay)
+    result = compare_pair(t, g, policy=Policy(thresholds), shape_flag=shape_flag, replay=replay)
+    return spooled(result, spool_path)
+
+
+def spooled(result: CompareResult, path: Optional[str]
+            ) -> tuple[CompareResult, SpoolFile, Optional[bytes]]:
+    """(the result without its rows, where its rows lie, the spool bytes when `path` is None)."""
+    blob: Optional[bytes] = None
+    if path is not None:
+        meta = write_pair(result.rows, path, result.step, result.rank)
+    else:
+        blob, offsets = encode_pair(result.rows)
+        meta = SpoolFile("", len(result.rows), offsets, result.step, result.rank)
+    return replace(result, rows=[]), meta, blob
+
+
+def unspooled(compact: CompareResult, spool: Spool, meta: SpoolFile) -> CompareResult:
+    """A pair's result whose rows are read from its spool file (what `spooled` took apart)."""
+    return replace(compact, rows=cast("list[TensorRow]", PairRows(spool, meta)))
 
 
 def merge(target: str, golden: str, results: list[CompareResult], notes: list[str], *,
@@ -132,8 +159,18 @@ def merge(target: str, golden: str, results: list[CompareResult], notes: list[st
     if len(results) == 1 and not notes and not incomplete:
         return results[0]
     rows: list[TensorRow] = []
-    for r in results:
-        rows += [replace(row, step=r.step, rank=r.rank) for row in r.rows]
+    if results and all(on_disk(r.rows) for r in results):
+        # Streamed from the pairs' spool files, tagged as they are read: nothing is copied here.
+        rows = cast("list[TensorRow]", ChainedRows(
+            [cast(PairRows, r.rows).tagged_view() for r in results]))
+        counts = count([])
+        for r in results:
+            for k, v in r.counts.items():
+                counts[k] = counts.get(k, 0) + v
+    else:
+        for r in results:
+            rows += [replace(row, step=r.step, rank=r.rank) for row in r.rows]
+        counts = count(rows)
     divergent = [r for r in results if r.first_divergence is not None]
     # A difference a rank received through a collective is not where it started (ranks.py).
     local = [r for r in divergent if not received_from(r.first_divergence)]
@@ -149,7 +186,7 @@ def merge(target: str, golden: str, results: list[CompareResult], notes: list[st
     pairs.sort(key=lambda p: (p["step"] if p["step"] is not None else -1,
                               p["rank"] if p["rank"] is not None else -1))
     return CompareResult(
-        target=target, golden=golden, rows=rows, first_divergence=first, counts=count(rows),
+        target=target, golden=golden, rows=rows, first_divergence=first, counts=counts,
         environment_diff=env, pairs=pairs,
         notes=list(notes) + [_incomplete_note(i) for i in incomplete if i["why"] != MISSING_WHY] +
         _rank_notes(results, first) + _pair_notes(results))
@@ -209,30 +246,41 @@ def _incomplete_summary(i: Incomplete) -> dict[str, Any]:
 
 def run_pairs(pairs: list[Pair], policy: Policy, *, shape_flag: bool = False,
               replay: str = "auto",
-              tick: Optional[Callable[[int], None]] = None) -> list[CompareResult]:
-    """Compare every (target, golden) pair: one in this process, several in a process pool.
+              tick: Optional[Callable[[int], None]] = None,
+              on_pair: Optional[Callable[[Pair], None]] = None) -> list[CompareResult]:
+    """Compare every (target, golden) pair: one in this process, several in a process pool
+    (their rows spooled to disk, see the module docstring). Results in the order of `pairs`.
 
     tick: called with the number of op records done, for a progress bar.
+    on_pair: called with each pair once it is done, in the order they finish.
     """
     from .pair import compare_pair      # (torch: merge, which rejudge uses, needs none)
 
     advance: Callable[[int], None] = tick or (lambda n: None)
+    finished: Callable[[Pair], None] = on_pair or (lambda p: None)
     if len(pairs) == 1:
         t, g = pairs[0]
-        return [compare_pair(t, g, policy=policy, shape_flag=shape_flag, tick=advance,
-                             replay=replay)]
+        result = compare_pair(t, g, policy=policy, shape_flag=shape_flag, tick=advance,
+                              replay=replay)
+        finished(pairs[0])
+        return [result]
     import multiprocessing
+    from concurrent.futures import as_completed
 
     workers = max(1, min(len(pairs), os.cpu_count() or 1))
     ctx = multiprocessing.get_context("spawn")  # fork after torch starts threads can deadlock
-    results: list[CompareResult] = []
+    spool = Spool()
+    results: list[Optional[CompareResult]] = [None] * len(pairs)
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futures = [pool.submit(_worker, str(t.path), str(g.path), policy.thresholds, shape_flag,
-                               replay) for t, g in pairs]
-        for (t, _), fut in zip(pairs, futures):
-            results.append(fut.result())
-            advance(count_records(t))
-    return results
+        where = {pool.submit(_worker, str(t.path), str(g.path), policy.thresholds, shape_flag,
+                             replay, spool.path_for(i)): i for i, (t, g) in enumerate(pairs)}
+        for fut in as_completed(where):
+            i = where[fut]
+            compact, meta, _blob = fut.result()
+            results[i] = unspooled(compact, spool, meta)
+            advance(count_records(pairs[i][0]))
+            finished(pairs[i])
+    return [r for r in results if r is not None]
 
-
-__all__ = ["pair_dumps", "unpaired", "split_incomplete", "run_pairs", "merge", "count_records"]
+__all__ = ["pair_dumps", "unpaired", "split_incomplete", "run_pairs", "merge", "count_records",
+           "spooled", "unspooled"]

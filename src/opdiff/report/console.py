@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from itertools import islice
 
 from rich.console import Console
 from rich.table import Table
@@ -74,8 +75,9 @@ def print_result(result, console: Console | None = None, *, worst: int = 5) -> N
                                style="bold" if mark == ">" else "dim"))
         if fd.module:
             con.print(Text(f"  inside {fd.module}", style="dim"))
-    bad = [r for r in result.rows if r.result == "error"]
-    if bad and worst:
+    # (the first `worst` only: a many-rank result's rows are streamed from disk, not copied)
+    bad = list(islice((r for r in result.rows if r.result == "error"), worst)) if worst else []
+    if bad:
         table = Table(title="errors (first in execution order)", title_justify="left")
         for col in ("tensor", "cosine", "max abs err", "rel err", "why"):
             table.add_column(col, overflow="fold")
@@ -120,13 +122,18 @@ def verdict_line(result: CompareResult) -> str:
 
 
 class Progress:
-    """A rich progress bar on stderr that appears only when the compare is slow enough to need one."""
+    """A rich progress bar on stderr that appears only when the compare is slow enough to need
+    one, and only on a terminal (piped or redirected stderr stays quiet unless `mode` is True).
+
+    total: op records to compare; pairs: step/rank pairs (above 1, the bar also counts them:
+    "comparing 3/8 step/rank pairs", advanced by `pair_done`, for either engine)."""
 
     DELAY_S = 1.5
 
-    def __init__(self, total: int, mode: bool | None):
-        self.total, self.mode = total, mode
+    def __init__(self, total: int, mode: bool | None, pairs: int = 0):
+        self.total, self.mode, self.pairs = total, mode, pairs
         self.done = 0
+        self.pairs_done = 0
         self.start = time.monotonic()
         self.bar = None
         self.task = None
@@ -136,6 +143,12 @@ class Progress:
             self._open()
         return self
 
+    def description(self) -> str:
+        """What the bar says it is counting."""
+        if self.pairs > 1:
+            return f"comparing {self.pairs_done}/{self.pairs} step/rank pairs"
+        return "comparing ops"
+
     def _open(self):
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
@@ -144,7 +157,7 @@ class Progress:
                             MofNCompleteColumn(), TimeRemainingColumn(),
                             console=Console(stderr=True), transient=True)
         self.bar.start()
-        self.task = self.bar.add_task("comparing ops", total=self.total or None,
+        self.task = self.bar.add_task(self.description(), total=self.total or None,
                                       completed=self.done)
 
     def advance(self, n: int = 1) -> None:
@@ -155,6 +168,12 @@ class Progress:
                 self._open()
             return
         self.bar.update(self.task, completed=self.done)
+
+    def pair_done(self, _pair=None) -> None:
+        """One more step/rank pair finished (the argument, the pair, is not needed)."""
+        self.pairs_done += 1
+        if self.bar is not None:
+            self.bar.update(self.task, description=self.description())
 
     def __exit__(self, *exc):
         if self.bar is not None:

@@ -14,6 +14,12 @@ the embedded script, and a Content-Security-Policy allows only that script (by h
 network at all, so a hostile dump cannot run code in the page. The table renders only the rows
 in view, so tens of thousands of rows open quickly.
 
+A many-rank result whose rows stream from disk (`opdiff.comparison.spool`) and number more than
+`PAGE_ROWS` is drawn with a bounded table: every row that is not a pass, and the pass rows of the
+first divergence's step/rank, up to `PAGE_ROWS`; a note on the page says so, and the CSV and
+rows.jsonl hold every row. The page (and the memory it takes to build) stays bounded however
+many ranks were compared.
+
 The script is kept in parts (`SCRIPT_PARTS`, drawn in that order), joined here into one function
 body: one script, one hash.
 """
@@ -28,7 +34,10 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
-from ..comparison.result import CompareResult
+from dataclasses import replace
+
+from ..comparison.result import PASS, CompareResult
+from ..comparison.spool import on_disk
 from ..errors import OpdiffError
 from .outputs import atomic_write_text
 from .payload import build_payload
@@ -42,6 +51,8 @@ SCRIPT_PARTS = ("report.js", "report_chart.js", "report_table.js", "report_main.
 _JSON_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026",
                  "\u2028": "\\u2028", "\u2029": "\\u2029"}
 _JSON_UNSAFE = re.compile("[<>&\u2028\u2029]")
+# The most rows the page's table holds for a result streamed from disk.
+PAGE_ROWS = 20_000
 
 
 def write_html(result: CompareResult, path, files: Optional[dict] = None) -> Path:
@@ -82,11 +93,31 @@ def render_html(result: CompareResult, files: Optional[dict] = None) -> str:
         "TITLE": html.escape(f"{result.title}: {_culprit_title(result)}"),
         "SCRIPT_HASH": f"sha256-{digest}",
         "STYLE": style,
-        "DATA": json_for_script(build_payload(result, files)),
+        "DATA": json_for_script(build_payload(page_view(result), files)),
         "SCRIPT": script,
     }
     # One pass, so text substituted for one placeholder is never scanned for another.
     return re.sub(r"%%([A-Z_]+)%%", lambda m: values[m.group(1)], template)
+
+
+def page_view(result: CompareResult, limit: int = PAGE_ROWS) -> CompareResult:
+    """The result the page draws: `result` itself, or, when its rows stream from disk and number
+    more than `limit`, a copy holding the rows that are not a pass and the pass rows of the
+    first divergence's step/rank (in order, at most `limit`), with a note saying so."""
+    if not on_disk(result.rows) or len(result.rows) <= limit:
+        return result
+    fd = result.first_divergence
+    home = (fd.step, fd.rank) if fd is not None else None
+    kept = []
+    for r in result.rows:
+        if r.result != PASS or (home is not None and (r.step, r.rank) == home):
+            kept.append(r)
+            if len(kept) >= limit:
+                break
+    where = f" and the pass rows of step {home[0]} rank {home[1]}" if home else ""
+    note = (f"the page shows {len(kept)} of {len(result.rows)} rows (those that are not a pass"
+            f"{where}); the CSV and rows.jsonl hold every row")
+    return replace(result, rows=kept, notes=list(result.notes) + [note])
 
 
 def report_script() -> str:
@@ -106,4 +137,4 @@ def _culprit_title(result: CompareResult) -> str:
     return f"first divergence at {d.name}" if d is not None else "no divergence"
 
 
-__all__ = ["write_html", "render_html", "report_script", "json_for_script", "SCRIPT_PARTS"]
+__all__ = ["write_html", "render_html", "page_view", "PAGE_ROWS", "report_script", "json_for_script", "SCRIPT_PARTS"]

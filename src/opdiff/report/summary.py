@@ -24,6 +24,7 @@ The rows are not in summary.json (it stays small): "files" names rows.jsonl besi
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import json
 import math
 import os
@@ -80,11 +81,14 @@ def _pair(p: dict) -> dict:
 def summary_dict(result, files: dict | None = None) -> dict:
     """The summary as a plain dict (what summary.json holds); `files` (default `result.files`)
     is the map of files written beside it."""
-    scored = [r for r in result.rows if r.error is not None and r.result in ("error", "warning")]
-    scored.sort(key=lambda r: (r.error if not math.isnan(r.error) else math.inf), reverse=True)
+    # The 10 largest in one pass (a many-rank result's rows stream from disk); nlargest keeps
+    # the order a stable descending sort gives.
+    scored = heapq.nlargest(10, (r for r in result.rows if r.error is not None
+                                 and r.result in ("error", "warning")),
+                            key=lambda r: (r.error if not math.isnan(r.error) else math.inf))
     worst = [{"name": r.target_name, "result": r.result, "error": r.error,
               "cosine": r.metrics.get("Cosine"), "max_abs_err": r.metrics.get("MaxAbsErr"),
-              "reason": r.reason, "step": r.step, "rank": r.rank} for r in scored[:10]]
+              "reason": r.reason, "step": r.step, "rank": r.rank} for r in scored]
     out: dict[str, Any] = {"first_divergence": _divergence(result.first_divergence)}
     out.update({name: getattr(result, name) for name in _RESULT_FIELDS})
     out["counts"] = dict(result.counts)

@@ -1,0 +1,148 @@
+"""Many pairs, rows on disk: the streamed compare (each pair's rows spooled by its worker, the
+CSV, rows.jsonl and summary.json written by streaming them) gives exactly what the in-memory path
+gives (every pair compared in this process, every row held, merged as a list), on real
+multi-rank dumps, statistics and tensor; the spool reads back whole across chunks, pickles as a
+list and is removed once nothing reads it; the page of a large streamed result stays bounded."""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import pickle
+import re
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+import opdiff
+from opdiff.comparison.pair import compare_pair
+from opdiff.comparison.ranks import attribute_collectives
+from opdiff.comparison.runs import merge, pair_dumps, split_incomplete, unpaired
+from opdiff.comparison.spool import CHUNK, ChainedRows, PairRows, Spool, on_disk, write_pair
+from opdiff.comparison.verdicts import Policy
+from opdiff.report import write_outputs
+from opdiff.report.console import verdict_line
+from opdiff.report.html import page_view
+from opdiff.store.adapters import discover
+from opdiff.testing.faults import inject_fault
+
+pytestmark = pytest.mark.slow
+
+
+def _stats_root(root: Path, ranks: int, faulty: int | None) -> Path:
+    """step0/rank{r}: each rank its own input (as data-parallel ranks have), one rank faulty."""
+    for r in range(ranks):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(),
+                                    torch.nn.Linear(16, 16), torch.nn.GELU(),
+                                    torch.nn.Linear(16, 2))
+        torch.manual_seed(100 + r)
+        x = torch.randn(4, 8)
+        tmp = root / f"_r{r}"
+        dbg = opdiff.PrecisionDebugger(dump_path=str(tmp), level="L1", task="statistics")
+        with inject_fault("Functional.gelu", call=1, scale=1.05) if r == faulty \
+                else _nothing():
+            dbg.start()
+            model(x).sum().backward()
+            dbg.stop()
+        shutil.copytree(tmp / "step0" / "rank0", root / "step0" / f"rank{r}")
+        shutil.rmtree(tmp)
+    return root
+
+
+class _nothing:  # noqa: N801
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+@pytest.fixture(scope="module")
+def stats_roots(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("stream")
+    return _stats_root(tmp / "target", 3, faulty=2), _stats_root(tmp / "golden", 3, None)
+
+
+def _in_memory(target: str, golden: str, out: Path):
+    """The compare as it was before rows were spooled: every row in this process's memory."""
+    targets, goldens = discover(target), discover(golden)
+    pairs, notes = pair_dumps(targets, goldens)
+    pairs, incomplete = split_incomplete(pairs)
+    incomplete += unpaired(targets, goldens)
+    results = [compare_pair(t, g, policy=Policy()) for t, g in pairs]
+    results = attribute_collectives(results, pairs)
+    result = merge(target, golden, results, notes, incomplete=incomplete)
+    result.verdict = verdict_line(result)
+    result.files = write_outputs(result, out)
+    return result
+
+
+def _untimed(notes):
+    return [n for n in notes if not re.search(r"replayed .* in [0-9.]+ s", n)]
+
+
+def _summary(path: str) -> dict:
+    data = json.loads(Path(path).read_text())
+    data.pop("files")
+    data["notes"] = _untimed(data["notes"])
+    return data
+
+
+@pytest.mark.parametrize("which", ["statistics", "tensor"])
+def test_streamed_outputs_equal_the_in_memory_ones(which, stats_roots, roots, tmp_path):
+    target, golden = (str(p) for p in (stats_roots if which == "statistics" else roots))
+    old = _in_memory(target, golden, tmp_path / "old")
+    new = opdiff.compare(target, golden, output_path=str(tmp_path / "new"))
+    assert isinstance(old.rows, list) and on_disk(new.rows)
+    assert len(new.rows) == len(old.rows) > 0 and new.rows == old.rows
+    assert {r.rank for r in new.rows} == {r.rank for r in old.rows} and \
+        len({r.rank for r in new.rows}) > 1
+    assert new.counts == old.counts and new.first_divergence == old.first_divergence
+    assert new.first_divergence is not None and new.pairs == old.pairs
+    if which == "statistics":
+        assert new.first_divergence.rank == 2 and new.first_divergence.op == "Functional.gelu"
+    # The files, byte for byte (the CSV and rows), and summary.json field for field.
+    assert Path(new.files["csv"]).read_text() == Path(old.files["csv"]).read_text()
+    assert Path(new.files["rows"]).read_bytes() == Path(old.files["rows"]).read_bytes()
+    assert _summary(new.files["summary"]) == _summary(old.files["summary"])
+    assert new.verdict == old.verdict
+
+
+def test_spool_reads_back_across_chunks_and_goes_away(roots, tmp_path):
+    t, g = discover(str(roots[0]))[0], discover(str(roots[1]))[0]
+    base = compare_pair(t, g).rows
+    rows = [replace(base[i % len(base)], index=i) for i in range(2 * CHUNK + 7)]
+    spool = Spool()
+    meta = write_pair(rows, spool.path_for(0), step=3, rank=5)
+    lazy = PairRows(spool, meta)
+    assert len(lazy) == len(rows) and list(lazy) == rows and lazy == rows and rows == lazy
+    assert lazy[CHUNK] == rows[CHUNK] and lazy[-1] == rows[-1]
+    assert lazy[CHUNK - 2:CHUNK + 2] == rows[CHUNK - 2:CHUNK + 2]
+    with pytest.raises(IndexError):
+        lazy[len(rows)]
+    tagged = ChainedRows([lazy.tagged_view(), lazy.tagged_view()])
+    assert len(tagged) == 2 * len(rows) and tagged[len(rows)].index == 0
+    assert {(r.step, r.rank) for r in tagged} == {(3, 5)}
+    assert lazy != tagged
+    copy = pickle.loads(pickle.dumps(lazy))
+    assert type(copy) is list and copy == rows
+    where = spool.dir
+    assert os.path.isdir(where)
+    del spool, lazy, tagged
+    gc.collect()
+    assert not os.path.exists(where)
+
+
+def test_a_large_streamed_page_is_bounded(stats_roots, tmp_path):
+    result = opdiff.compare(str(stats_roots[0]), str(stats_roots[1]))
+    assert on_disk(result.rows)
+    view = page_view(result, limit=10)
+    fd = result.first_divergence
+    assert len(view.rows) == 10 and len(result.rows) > 10
+    assert all(r.result != "pass" or (r.step, r.rank) == (fd.step, fd.rank) for r in view.rows)
+    assert f"the page shows 10 of {len(result.rows)} rows" in view.notes[-1]
+    assert page_view(result) is result          # under the page's limit: every row
