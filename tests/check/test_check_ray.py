@@ -166,3 +166,6 @@ def test_reachable_refuses_what_nothing_listens_on(address, words):
 def test_ray_address_without_the_ray_engine_is_refused(faulty, capsys):
     assert main(["check", str(faulty), "--ray-address", "auto"]) == 2
     assert "--engine ray" in capsys.readouterr().err
+    assert main(["check", str(faulty), "--engine", "ray", "--jobs", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "--jobs is for --engine local" in err and len(err.strip().splitlines()) == 1

@@ -156,8 +156,13 @@ def test_rows_beyond_tolerance_that_are_not_the_culprits_become_warnings():
 class FakeReplayer:
     """Replay's verdicts, given: {record name: culprit (True/False)}."""
 
+    jobs = 1
+
     def __init__(self, verdicts: dict):
         self.verdicts, self.judged = verdicts, []
+
+    def close(self) -> None:
+        pass
 
     def can_replay(self, name: str) -> bool:
         return name in self.verdicts

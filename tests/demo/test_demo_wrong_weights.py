@@ -68,10 +68,6 @@ def test_two_processes_two_checkpoints_and_the_reports(demo):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="comparison/blame.py: Functional.relu.6.backward is judged "
-                   "a local error (output rel err 0.054 against its forward input's 0.0047) where "
-                   "the differing weight flipped the sign of a few of relu's forward inputs; its "
-                   "mask follows them, so the op is innocent (requests.md, for check)")
 def test_no_op_is_an_error_besides_the_origin(demo):
     with open(demo["out"] / "rows.jsonl", encoding="utf-8") as f:
         fields = json.loads(f.readline())["fields"]

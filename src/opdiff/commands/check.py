@@ -63,6 +63,9 @@ def run(args: Any) -> int:
 
     if args.ray_address is not None and args.engine != "ray":
         raise ConfigError("--ray-address is for --engine ray")
+    if args.engine == "ray" and args.jobs != 1:
+        raise ConfigError("--jobs is for --engine local; with --engine ray the cluster's CPUs "
+                          "decide how many ops run at once")
     if args.device is not None:
         usable_device(args.device)        # before OUT is cleared: a typo costs nothing
     if args.resume and not args.output:

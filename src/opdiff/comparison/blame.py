@@ -336,25 +336,70 @@ def second_opinion(op_scores: list[OpScore], rows: list[TensorRow], policy: Poli
     - when the first candidate is a backward op, or there is none, every op before it is
       replayed too, in execution order: that is where accumulated error hides a wrong kernel
       from golden (a healthy bf16 gradient may differ from fp32 by 10%, a broken kernel by 1%;
-      in a bf16 transformer with dropout a 1% forward fault in a linear layer hides the same way).
+      in a bf16 transformer with dropout a 1% forward fault in a linear layer hides the same way);
+    - then every other op still blamed is replayed: confirmed, it stays an error; cleared, its
+      rows say the difference is inherited.
     replay_all replays every op (the slow, thorough mode).
+
+    With `replay.jobs` > 1 (OPDIFF_REPLAY_JOBS) the ops of that walk are replayed a few ahead
+    in worker processes (`Replayer.judge_many`) and their verdicts applied in the same order,
+    so the answer is the one-process answer.
     """
     order = sorted(op_scores, key=lambda o: o.seq)
+    try:
+        _second_opinion(op_scores, order, rows, policy, replay, replay_all)
+    finally:
+        replay.close()
+
+
+# Replays run ahead of the walk, per worker process: a few wasted where a culprit turns up early.
+AHEAD_PER_JOB = 4
+
+
+def _second_opinion(op_scores: list[OpScore], order: list[OpScore], rows: list[TensorRow],
+                    policy: Policy, replay: Replayer, replay_all: bool) -> None:
+    window = [op for op in order if replay.can_replay(op.name)]
+    parallel = replay.jobs > 1
     if replay_all:
-        for op in order:
-            if replay.can_replay(op.name):
-                _take(op, replay.judge(op.name), rows)
+        if parallel:
+            replay.judge_many([op.name for op in window])
+        for op in window:
+            _take(op, replay.judge(op.name), rows)
         return
-    window = iter([op for op in order if replay.can_replay(op.name)])
-    pending = next(window, None)
+    _walk(op_scores, order, window, rows, policy, replay)
+    # The ops still blamed after the first divergence are errors in the table the user reads:
+    # replay confirms or clears each (a ReLU backward whose mask follows the sign flips of its
+    # forward input is innocent, although its output error is many times its inputs').
+    first = _first_blamed(op_scores, order, policy)
+    rest = [op for op in window if op.local and op is not first and op.replay is None]
+    if parallel and len(rest) > 1:
+        replay.judge_many([op.name for op in rest])
+    for op in rest:
+        _take(op, replay.judge(op.name), rows)
+
+
+def _first_blamed(op_scores: list[OpScore], order: list[OpScore], policy: Policy
+                  ) -> Optional[OpScore]:
+    cleared = explained(op_scores, policy)
+    return next((op for op in order if op.local and op.name not in cleared), None)
+
+
+def _walk(op_scores: list[OpScore], order: list[OpScore], window: list[OpScore],
+          rows: list[TensorRow], policy: Policy, replay: Replayer) -> None:
+    """The first divergence's replays (see `second_opinion`)."""
+    parallel = replay.jobs > 1
+    at = 0
     while True:
-        cleared = explained(op_scores, policy)
-        first = next((op for op in order if op.local and op.name not in cleared), None)
+        first = _first_blamed(op_scores, order, policy)
         if first is None or first.phase == Phase.BACKWARD:
             limit = first.seq if first is not None else math.inf
             found = False
-            while pending is not None and pending.seq < limit and not found:
-                op, pending = pending, next(window, None)
+            while at < len(window) and window[at].seq < limit and not found:
+                if parallel and window[at].name not in replay.done:
+                    ahead = [op.name for op in window[at:at + replay.jobs * AHEAD_PER_JOB]
+                             if op.seq < limit]
+                    replay.judge_many(ahead)        # the verdicts are applied in order below
+                op, at = window[at], at + 1
                 found = _take(op, replay.judge(op.name), rows)
             if found:
                 continue

@@ -1,5 +1,10 @@
-"""Replayer.judge_many: the same verdicts in two processes as in one, cached for judge()."""
-from opdiff.comparison.replay import Replayer
+"""Replayer.judge_many: the same verdicts in two processes as in one, cached for judge(); a
+compare with OPDIFF_REPLAY_JOBS=2 gives the one-process answer."""
+import pytest
+
+import opdiff
+from opdiff.comparison.replay import Replayer, replay_jobs
+from opdiff.errors import ConfigError
 from opdiff.store.reader import open_dump
 from replay_models import run
 
@@ -17,3 +22,36 @@ def test_judge_many_in_two_processes_matches_judge(tmp_path):
         assert [t.error for t in one.tensors] == [t.error for t in many.tensors]
     assert parallel["Functional.conv2d.2.backward"].culprit
     assert sum(v.culprit for v in parallel.values()) == 1
+
+
+def _result(result):
+    notes = [n for n in result.notes if not n.startswith("replayed")]     # (it says how long)
+    return result.rows, result.first_divergence, notes
+
+
+@pytest.mark.slow
+def test_compare_with_replay_jobs_gives_the_one_process_answer(tmp_path, monkeypatch):
+    # bf16 with a 2% backward fault: the walk replays the forward ops before the first
+    # backward candidate, a few ahead in two processes.
+    run("cnn", tmp_path / "g")
+    run("cnn", tmp_path / "t", bf16=True, fault=dict(op="Functional.conv2d", call=2,
+                                                     phase="backward", scale=1.02))
+    monkeypatch.setenv("OPDIFF_REPLAY_JOBS", "1")
+    one = opdiff.compare(tmp_path / "t", tmp_path / "g")
+    monkeypatch.setenv("OPDIFF_REPLAY_JOBS", "2")
+    two = opdiff.compare(tmp_path / "t", tmp_path / "g")
+    assert one.first_divergence.name == "Functional.conv2d.2.backward"
+    assert _result(two) == _result(one)
+    replayed = [n for n in two.notes if n.startswith("replayed")]
+    assert replayed and int(replayed[0].split()[1]) > 5       # the walk did replay ahead
+    every = opdiff.compare(tmp_path / "t", tmp_path / "g", replay="all")
+    monkeypatch.setenv("OPDIFF_REPLAY_JOBS", "1")
+    assert _result(opdiff.compare(tmp_path / "t", tmp_path / "g", replay="all")) == _result(every)
+
+
+def test_bad_replay_jobs_is_a_config_error(monkeypatch):
+    monkeypatch.setenv("OPDIFF_REPLAY_JOBS", "many")
+    with pytest.raises(ConfigError, match="OPDIFF_REPLAY_JOBS"):
+        replay_jobs()
+    monkeypatch.setenv("OPDIFF_REPLAY_JOBS", "3")
+    assert replay_jobs() == 3

@@ -18,7 +18,9 @@ are in `opdiff.comparison.replay.local`, the call rebuilding in `opdiff.comparis
 from __future__ import annotations
 
 import logging
+import os
 import time
+import weakref
 from typing import Any, Optional
 
 from ...store.schema import Kind
@@ -36,7 +38,7 @@ class Replayer:
     """
 
     def __init__(self, dump: Any, records: Optional[list[dict[str, Any]]] = None,
-                 policy: Any = None):
+                 policy: Any = None, jobs: Optional[int] = None):
         if policy is None:
             from ..verdicts import Policy
             policy = Policy()
@@ -45,6 +47,8 @@ class Replayer:
         self.done: dict[str, LocalError] = {}
         self.autocast: dict[str, Any] = {}     # record -> CPU autocast dtype that reproduces it
         self.seconds = 0.0
+        self.jobs = replay_jobs() if jobs is None else max(1, jobs)
+        self._pool: Any = None
 
     def can_replay(self, name: str) -> bool:
         """Cheap pre-check: a record of a kind that replay handles (modules and parameter
@@ -73,28 +77,44 @@ class Replayer:
         self.done[name] = local
         return local
 
-    def judge_many(self, names: list[str], jobs: int = 1) -> dict[str, LocalError]:
-        """The LocalErrors of several records, replayed in `jobs` processes (spawn context;
-        each worker opens the dump by its path) and cached like `judge`'s. Falls back to one
-        process for a dump without a path on disk or when there are too few records."""
+    def judge_many(self, names: list[str], jobs: Optional[int] = None) -> dict[str, LocalError]:
+        """The LocalErrors of several records, replayed in `jobs` processes (default
+        `self.jobs`; spawn context, each worker opens the dump by its path; the pool stays up
+        for the next call until `close`) and cached like `judge`'s. One process for a dump
+        without a path on disk, or when fewer than two records are left to replay. The
+        verdicts are the same either way (every replay runs on one thread: `replay.local`)."""
+        jobs = self.jobs if jobs is None else jobs
         todo = [n for n in dict.fromkeys(names) if n not in self.done and self.can_replay(n)]
         path = getattr(self.dump, "path", None)
         if jobs > 1 and len(todo) > 1 and path is not None and getattr(
                 self.dump, "format", "") == "opdiff":
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor
-
             start = time.perf_counter()
             size = max(1, len(todo) // (jobs * 4))
             batches = [todo[i:i + size] for i in range(0, len(todo), size)]
-            with ProcessPoolExecutor(max_workers=jobs,
-                                     mp_context=multiprocessing.get_context("spawn"),
-                                     initializer=_worker_init,
-                                     initargs=(str(path), self.policy)) as pool:
-                for batch in pool.map(_worker_judge, batches):
-                    self.done.update(batch)
+            for batch in self._workers(str(path), jobs).map(_worker_judge, batches):
+                self.done.update(batch)
             self.seconds += time.perf_counter() - start
         return {n: self.judge(n) for n in names}
+
+    def _workers(self, path: str, jobs: int) -> Any:
+        if self._pool is None or self._pool[1] != jobs:
+            self.close()
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            pool = ProcessPoolExecutor(max_workers=jobs,
+                                       mp_context=multiprocessing.get_context("spawn"),
+                                       initializer=_worker_init, initargs=(path, self.policy))
+            self._pool = (pool, jobs, weakref.finalize(self, pool.shutdown, cancel_futures=True))
+        return self._pool[0]
+
+    def close(self) -> None:
+        """Stop the worker processes of `judge_many` (the verdicts stay cached)."""
+        if self._pool is not None:
+            pool, _, finalizer = self._pool
+            finalizer.detach()
+            pool.shutdown(cancel_futures=True)
+            self._pool = None
 
     def summary(self) -> str:
         """One line: how many ops were replayed, in how long, and how many could not be."""
@@ -105,6 +125,20 @@ class Replayer:
             text += (f"; {len(skipped)} not replayed (e.g. {skipped[0].name}: "
                      f"{skipped[0].reason})")
         return text
+
+
+def replay_jobs() -> int:
+    """How many processes the compare's replay uses: OPDIFF_REPLAY_JOBS, default 1. Worker
+    processes pay off when many ops are replayed (a compare that finds nothing replays every op
+    before it can say so) and cores are idle; each costs a Python+torch start (seconds)."""
+    text = os.environ.get("OPDIFF_REPLAY_JOBS", "").strip()
+    if not text:
+        return 1
+    try:
+        return max(1, int(text))
+    except ValueError:
+        from ...errors import ConfigError
+        raise ConfigError(f"OPDIFF_REPLAY_JOBS must be a whole number, not {text!r}") from None
 
 
 _WORKER: Optional[Replayer] = None
@@ -124,5 +158,5 @@ def _worker_judge(names: list[str]) -> dict[str, LocalError]:
     return {n: _WORKER.judge(n) for n in names}
 
 
-__all__ = ["Replayer", "LocalError", "TensorLocalError", "NotReplayable", "replay_record",
+__all__ = ["Replayer", "replay_jobs", "LocalError", "TensorLocalError", "NotReplayable", "replay_record",
            "rebuild_call", "resolve"]

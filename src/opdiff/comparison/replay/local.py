@@ -49,6 +49,7 @@ from ... import ops
 from ...numbers import human
 from ...store.records import iter_tensors
 from .calls import NotReplayable, flat_descriptors, flat_tensors, rebuild_call
+from .errors import errors_against
 
 RATIO = 3.0
 SIGMAS = 4.0
@@ -125,8 +126,6 @@ def _excess(t: TensorLocalError) -> float:
 def judge_tensor(name: str, target: torch.Tensor, exact: torch.Tensor, reference: torch.Tensor,
                  policy: Any) -> TensorLocalError:
     """Compare one target tensor and the reference kernel's with the float64 result."""
-    from ..metrics import measure
-
     dtype = str(target.dtype).replace("torch.", "")
     n = target.numel()
     if not (target.is_floating_point() or target.is_complex()):
@@ -134,14 +133,15 @@ def judge_tensor(name: str, target: torch.Tensor, exact: torch.Tensor, reference
             torch.equal(reference, exact.to(reference.dtype))
         err = 0.0 if torch.equal(target, exact.to(target.dtype)) else 1.0
         return TensorLocalError(name, dtype, n, err, 0.0, 0.0, 0.0, "integer" if wrong else "")
-    return judge_measured(name, dtype, n, measure(target, exact), measure(reference, exact),
-                          policy)
+    return judge_measured(name, dtype, n, errors_against(target, exact),
+                          errors_against(reference, exact), policy)
 
 
 def judge_measured(name: str, dtype: str, n: int, m_t: Any, m_r: Any, policy: Any
                    ) -> TensorLocalError:
-    """`judge_tensor`'s rules on measurements already taken (`opdiff.comparison.metrics.measure`
-    of the target and of the reference against the float64 result)."""
+    """`judge_tensor`'s rules on measurements already taken (`errors_against`, or
+    `opdiff.comparison.metrics.measure`, of the target and of the reference against the
+    float64 result: anything with error, scale_error and nonfinite_mismatch)."""
     culprit = ""
     if m_t.nonfinite_mismatch:
         # inf/NaN made here from inputs the float64 replay handles finitely: the op is the
