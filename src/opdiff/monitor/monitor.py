@@ -26,7 +26,7 @@ from ..errors import ConfigError, OverflowDetected
 from .modules import ModuleProbe
 from .parameters import ParameterProbe
 from .stream import FORMAT, MODULE_QUANTITIES, STEP_COLUMNS, VERSION, StreamWriter, column, \
-    rank_directory
+    rank_directory, read_meta
 from .tensorboard import TensorBoardExport
 
 log = logging.getLogger("opdiff")
@@ -58,6 +58,10 @@ class Monitor:
         gradient holds inf/NaN (a device sync per module on GPU/NPU; free on CPU).
     tensorboard: also write the numbers as TensorBoard scalars (`pip install tensorboard`).
     flush_every: flush the stream every N recorded steps (1: a killed run loses nothing).
+    resume_from: continue the stream already in `path` (a run restarted from a checkpoint):
+        the first `step()` ends step `resume_from`; the stream's rows from that step on (what
+        the killed run recorded after the checkpoint) are dropped and the rest kept, so every
+        step is in it once. Without it, an existing stream is replaced.
 
     The monitor never changes what the user computes (reductions run without gradients, touch
     no random generator and no tensor of the user's), and never raises into the training loop
@@ -67,12 +71,17 @@ class Monitor:
     def __init__(self, model: torch.nn.Module, path: "str | os.PathLike", optimizer=None, *,
                  scaler=None, every: int = 1, modules=None, update_norm: bool = True,
                  raise_on_nan: bool = False, tensorboard: bool = False,
-                 rank: Optional[int] = None, flush_every: int = 1):
+                 rank: Optional[int] = None, flush_every: int = 1,
+                 resume_from: Optional[int] = None):
         if not isinstance(model, torch.nn.Module):
             raise ConfigError(f"Monitor needs the nn.Module to watch; got {type(model).__name__}")
         for name, value in (("every", every), ("flush_every", flush_every)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"Monitor '{name}' must be a positive integer; got {value!r}")
+        if resume_from is not None and (not isinstance(resume_from, int) or
+                                        isinstance(resume_from, bool) or resume_from < 0):
+            raise ConfigError(f"Monitor 'resume_from' must be a step number (an integer >= 0); "
+                              f"got {resume_from!r}")
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
             raise ConfigError(f"Monitor 'optimizer' must be a torch.optim.Optimizer; got "
                               f"{type(optimizer).__name__}")
@@ -85,9 +94,18 @@ class Monitor:
             self._writer = StreamWriter(self.directory, flush_every)
         except OSError as exc:
             raise ConfigError(f"Monitor cannot create {self.directory}: {exc.strerror}") from None
-        if (self.directory / "metrics.csv").exists():
-            log.warning("opdiff: Monitor replaces the stream in %s", self.directory)
+        self._columns: Optional[list] = None
+        self._earlier: Optional[dict] = None     # meta.json of the stream a resume continues
+        self._checked_columns = False
+        if resume_from is None:
+            if (self.directory / "metrics.csv").exists():
+                log.warning("opdiff: Monitor replaces the stream in %s", self.directory)
+        else:
+            self._resume(resume_from)
         self._tensorboard = TensorBoardExport(self.directory) if tensorboard else None
+        if self._tensorboard is not None and self._columns is not None:
+            self._tensorboard.columns(self._columns)
+            self._tensorboard.restart(resume_from or 0)
         self._modules = ModuleProbe(model, modules, raise_on_nan=raise_on_nan,
                                     on_error=self._failed)
         if not self._modules.names:
@@ -100,12 +118,11 @@ class Monitor:
                         "optimizer": type(optimizer).__name__ if optimizer is not None else None,
                         "optimizer_defaults": _plain_defaults(optimizer),
                         "scaler": scaler is not None, "model": type(model).__name__}
-        self._columns: Optional[list] = None
         self._scale: Optional[torch.Tensor] = None
         self._broken = False
         self._closed = False
         self._last_time = time.perf_counter()
-        self._step = 0
+        self._step = resume_from or 0
         self._meta_written = False
         self._write_meta()
         self._modules.install()
@@ -154,6 +171,25 @@ class Monitor:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+    def _resume(self, start: int) -> None:
+        earlier = read_meta(self.directory)
+        try:
+            columns = self._writer.reopen(start) if earlier is not None else None
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"Monitor cannot resume the stream in {self.directory}: "
+                              f"{exc}") from None
+        if earlier is None or columns is None:
+            log.warning("opdiff: Monitor(resume_from=%d) found no recorded step in %s; it "
+                        "starts the stream", start, self.directory)
+            return
+        now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        earlier["resumed"] = list(earlier.get("resumed") or []) + [
+            {"step": start, "at": now, "kept_rows": self._writer.kept_rows}]
+        self._earlier = earlier
+        self._columns = columns
+        self._forward_order = [m["name"] for m in earlier.get("modules") or []]
+        self._backward_order = list(earlier.get("backward_order") or [])
 
     # -- one recorded step ----------------------------------------------------------------------
     def _arm(self) -> None:
@@ -226,6 +262,12 @@ class Monitor:
             extra = sorted(set(values) - set(self._columns))
             if extra:
                 log.info("opdiff: Monitor ignores %d values without a column", len(extra))
+        elif self._earlier is not None and not self._checked_columns:
+            self._checked_columns = True
+            if self._layout(values) != self._columns:
+                log.warning("opdiff: the resumed run measures other columns than the stream in "
+                            "%s holds; values are written by column name (the others left "
+                            "empty or dropped)", self.directory)
         row = np.empty(len(self._columns))
         missing = np.zeros(len(self._columns), dtype=bool)
         for i, col in enumerate(self._columns):
@@ -253,6 +295,9 @@ class Monitor:
         return cols
 
     def _write_meta(self) -> None:
+        if self._earlier is not None and self._columns is not None:
+            self._writer.write_meta(self._earlier)
+            return
         modules = []
         if self._columns is not None:
             index = {n: i for i, n in enumerate(self._modules.names)}

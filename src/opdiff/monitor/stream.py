@@ -91,6 +91,15 @@ def json_safe(obj):
     return repr(obj)
 
 
+def read_meta(directory: Path) -> Optional[dict]:
+    """A stream's meta.json, or None when there is none (or it is not a monitor's)."""
+    try:
+        meta = json.loads((directory / META).read_text())
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) and meta.get("format") == FORMAT else None
+
+
 def write_json_atomic(path: Path, obj) -> None:
     """Write strict JSON so that a reader never sees half a file."""
     tmp = path.with_name(path.name + ".tmp")
@@ -109,6 +118,7 @@ class StreamWriter:
         self._file: Optional[BinaryIO] = None
         self._binary: Optional[BinaryIO] = None
         self._unflushed = 0
+        self.kept_rows = 0                  # rows of an earlier run kept by reopen()
         directory.mkdir(parents=True, exist_ok=True)
 
     @property
@@ -124,6 +134,29 @@ class StreamWriter:
         self._binary = open(self.directory / BINARY, "wb", buffering=1 << 16)
         file.write(("step," + ",".join(self.columns) + "\n").encode())
         file.flush()
+
+    def reopen(self, start: int) -> Optional[list]:
+        """Continue the stream already in the directory (a restarted run): drop its rows from
+        step `start` on and any row a crash cut short, keep both files at the same rows, and
+        append from there. Returns its columns, or None when it has no header yet (then
+        `open` starts it as usual)."""
+        columns = _header(self.metrics_path)
+        if columns is None:
+            return None
+        width = len(columns) + 1
+        offsets = _csv_rows_before(self.metrics_path, start)     # end of header, then each row
+        binary = self.directory / BINARY
+        n_binary = _binary_rows_before(binary, width, start)
+        rows = min(len(offsets) - 1, n_binary)
+        with open(self.metrics_path, "r+b") as f:
+            f.truncate(offsets[rows])
+        with open(binary, "ab") as f:
+            f.truncate(rows * 4 * width)
+        self.columns = columns
+        self._file = open(self.metrics_path, "ab", buffering=1 << 16)
+        self._binary = open(binary, "ab", buffering=1 << 16)
+        self.kept_rows = rows
+        return columns
 
     def append(self, step: int, values: np.ndarray, missing: Optional[np.ndarray] = None) -> None:
         row = np.empty(len(values) + 1, dtype="<f4")
@@ -151,3 +184,43 @@ class StreamWriter:
                 self._file.close()
                 cast(BinaryIO, self._binary).close()
                 self._file = self._binary = None
+
+
+def _header(path: Path) -> Optional[list]:
+    """The columns of a stream's CSV header (without "step"), None without a complete one."""
+    try:
+        with open(path, "rb") as f:
+            head = f.readline()
+    except FileNotFoundError:
+        return None
+    if not head.endswith(b"\n") or not head.startswith(b"step,"):
+        return None
+    return head.decode("utf-8").strip().split(",")[1:]
+
+
+def _csv_rows_before(path: Path, start: int) -> list:
+    """Byte offsets: the end of the header, then the end of each complete row before the first
+    one at step >= `start` (or the first line that is not a complete row)."""
+    offsets = []
+    with open(path, "rb") as f:
+        pos = len(f.readline())
+        offsets.append(pos)
+        for line in f:
+            field = line.split(b",", 1)[0]
+            if not line.endswith(b"\n") or not field.isdigit() or int(field) >= start:
+                break
+            pos += len(line)
+            offsets.append(pos)
+    return offsets
+
+
+def _binary_rows_before(path: Path, width: int, start: int) -> int:
+    """How many complete rows of metrics.f32 come before the first at step >= `start`."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return 0
+    rows = len(raw) // (4 * width)
+    steps = np.frombuffer(raw, dtype="<f4", count=rows * width).reshape(rows, width)[:, 0]
+    bad = ~np.isfinite(steps) | (steps >= start)
+    return int(np.argmax(bad)) if bad.any() else rows

@@ -32,6 +32,11 @@ class TensorBoardExport:
         self._tags = [(i, col.replace(":", "/")) for i, col in enumerate(columns)
                       if not col.endswith(("_nan", "_inf"))]
 
+    def restart(self, step: int) -> None:
+        """A resumed run: TensorBoard drops the earlier files' points from `step` on."""
+        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+        self._writer.add_event(Event(step=step, session_log=SessionLog(status=SessionLog.START)))
+
     def write(self, step: int, row: list) -> None:
         """One step's values, in the order of `columns`; non-finite ones are left out."""
         value = self._summary.Value
