@@ -8,6 +8,8 @@
 - `standards`: the accuracy standards per op class (bitwise, ULP, ratio against float64)
 - `inputs`: made-up inputs for statistics dumps (checked on `--device`)
 - `runner`: a whole dump, parallel workers, `--resume`
+- `ray_tasks`: the same batches as Ray tasks (`--engine ray`)
+- `device`: which `--device` strings are usable here
 - `outputs`: the CSV, summary.json and report.html
 """
 from __future__ import annotations
