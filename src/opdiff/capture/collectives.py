@@ -9,14 +9,27 @@ and also carry the peer: `{"ranks": [0, 1], "seq": k, "peer": 1}`.
     collectives.annotate(pending, func, args, kwargs, sink)    # capture/api.py, per Distributed op
 
 The counter lives per sink (one per step and rank), and advances for collectives the selection
-leaves out too, so numbering does not depend on what was recorded. Collectives issued inside
-C++ (DDP's bucketed gradient all-reduce) never reach TorchFunctionMode and are not numbered.
+leaves out too, so numbering does not depend on what was recorded.
+
+DDP's bucketed gradient all-reduce is issued by its C++ reducer inside backward, where no
+TorchFunctionMode is active (the mode stack is empty in the reducer's hook) and where L1 records
+no op call anyway: it is invisible by default. `record_ddp_allreduce(ddp_model)` opts in: it
+registers a DDP comm hook doing what DDP's default does (divide by the group size, all_reduce),
+issued through `dist.all_reduce` with the running capture's mode re-entered, so the bucket's
+all_reduce becomes a `Distributed.all_reduce` record with its group and number like any other.
+It needs capture/api.py's side: the running ApiCapture registers itself here (`entered`/`left`)
+and lets a collective through during backward when `in_comm_hook(op)`; it sets
+`BACKWARD_COLLECTIVES` to say it does.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
+import threading
 import weakref
 from typing import Any, Callable, Optional
+
+from ..errors import ConfigError
 
 _P2P_PEER = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
 _signatures: dict[Callable[..., Any], Optional[inspect.Signature]] = {}
@@ -88,4 +101,63 @@ def annotate(pending: Any, func: Callable[..., Any], args: tuple[Any, ...],
         return
 
 
-__all__ = ["annotate", "group_of"]
+# capture/api.py sets this when it records the collectives `record_ddp_allreduce`'s hook issues.
+BACKWARD_COLLECTIVES = False
+_active_modes: list[Any] = []        # the running capture modes, innermost last
+_hook_state = threading.local()
+
+
+def entered(mode: Any) -> None:
+    """A capture mode started (capture/api.py): the comm hook re-enters the innermost one."""
+    _active_modes.append(mode)
+
+
+def left(mode: Any) -> None:
+    """A capture mode stopped."""
+    if mode in _active_modes:
+        _active_modes.remove(mode)
+
+
+def in_comm_hook(op: str) -> bool:
+    """Whether `op` is a collective issued by `record_ddp_allreduce`'s hook: capture records it
+    although autograd's engine is running a node."""
+    return bool(getattr(_hook_state, "on", False)) and op.startswith("Distributed.")
+
+
+def record_ddp_allreduce(ddp_model: Any, process_group: Any = None) -> None:
+    """Opt in to recording DDP's gradient all-reduce (one `Distributed.all_reduce` record per
+    bucket, with its group and per-group number) while opdiff captures at L1.
+
+    Call it once after wrapping the model, before training: it registers a DDP comm hook
+    (`register_comm_hook`) with DDP's default arithmetic (`allreduce_hook`: the bucket divided
+    by the group size, then summed over the group), so training is unchanged; a model that has
+    its own comm hook already cannot take a second one (DDP raises). A ConfigError when this
+    opdiff's capture cannot record collectives issued inside backward.
+    """
+    from . import api  # noqa: F401 - the capture says whether it lets the hook's collective through
+
+    if not BACKWARD_COLLECTIVES:
+        raise ConfigError("this opdiff's capture does not record collectives issued inside "
+                          "backward, so DDP's bucket all-reduce cannot be recorded; the gradients "
+                          "it carries are compared as usual, without the collective")
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    def hook(state: Any, bucket: Any) -> Any:
+        mode = _active_modes[-1] if _active_modes else None
+        _hook_state.on = True
+        try:
+            with mode if mode is not None else contextlib.nullcontext():
+                return default_hooks.allreduce_hook(state, bucket)
+        finally:
+            _hook_state.on = False
+
+    # DDP checks the hook's annotations as objects (this module's are strings).
+    hook.__annotations__ = {"state": object, "bucket": dist.GradBucket,
+                            "return": torch.futures.Future[torch.Tensor]}
+    ddp_model.register_comm_hook(process_group, hook)
+
+
+__all__ = ["annotate", "group_of", "record_ddp_allreduce", "in_comm_hook", "entered", "left",
+           "BACKWARD_COLLECTIVES"]
