@@ -85,6 +85,8 @@ FAMILIES = {
 }
 # "-fault" cases: a kernel fault planted with opdiff.testing.inject_fault (origin op)
 FAULTS = {
+    "cnn": dict(op="Functional.conv2d", call=1, phase="forward", scale=1 + 1e-3),
+    "block": dict(op="Functional.gelu", call=0, phase="forward", scale=1 + 1e-3),
     "lstm": dict(op="VF.lstm", call=0, phase="forward", scale=1 + 1e-3),
     "llama": dict(op="Functional.silu", call=0, phase="forward", scale=1 + 1e-3),
 }
