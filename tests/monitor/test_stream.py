@@ -174,3 +174,24 @@ def test_tensorboard_export(tmp_path):
     stream = read_run(tmp_path).ranks[0]
     assert [e.value for e in acc.Scalars("fc1/fwd_norm")] == stream.series("fc1:fwd_norm").tolist()
     assert "fc1/fwd_nan" not in tags
+
+
+def test_optimizer_state_norms_follow_a_reloaded_state(tmp_path):
+    model, inputs, loss_fn = MODEL_CASES["transformer"].build()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    with opdiff.Monitor(model, tmp_path, optimizer=opt) as mon:
+        for step in range(4):
+            if step == 2:       # new state tensors (a checkpoint loaded mid-run), scaled by 3
+                saved = opt.state_dict()
+                for s in saved["state"].values():
+                    s["exp_avg"] = s["exp_avg"] * 3
+                opt.load_state_dict(saved)
+            loss = loss_fn(model(*inputs))
+            loss.backward()
+            opt.step()
+            mon.step(loss)
+            opt.zero_grad()
+    stream = read_run(tmp_path).ranks[0]
+    w = model.fc1.weight
+    assert stream.series("fc1.weight:exp_avg_norm")[-1] == \
+        pytest.approx(float(opt.state[w]["exp_avg"].norm()), rel=1e-6)

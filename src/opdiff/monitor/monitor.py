@@ -268,16 +268,14 @@ class Monitor:
                 log.warning("opdiff: the resumed run measures other columns than the stream in "
                             "%s holds; values are written by column name (the others left "
                             "empty or dropped)", self.directory)
-        row = np.empty(len(self._columns))
-        missing = np.zeros(len(self._columns), dtype=bool)
-        for i, col in enumerate(self._columns):
-            v = values.get(col)
-            if v is None:
-                missing[i] = True
-                row[i] = 0.0
-            else:
-                row[i] = v
-        self._writer.append(self._step, row, missing if missing.any() else None)
+        get = values.get
+        found = [get(col) for col in self._columns]
+        missing = None
+        if None in found:       # not measured this step: left empty in the stream
+            missing = np.array([v is None for v in found])
+            found = [0.0 if v is None else v for v in found]
+        row = np.array(found, dtype=np.float64)
+        self._writer.append(self._step, row, missing)
         if self._tensorboard is not None:
             self._tensorboard.write(self._step, row.tolist())
 

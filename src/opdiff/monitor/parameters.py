@@ -28,10 +28,15 @@ def foreach_norms(tensors: list) -> list:
     if not tensors:
         return []
     groups: dict = {}
-    for i, t in enumerate(tensors):
-        groups.setdefault((t.device, t.dtype), []).append(i)
+    if all(t.is_cpu for t in tensors):      # t.device makes a Python object per call
+        for i, t in enumerate(tensors):
+            groups.setdefault(t.dtype, []).append(i)
+    else:
+        for i, t in enumerate(tensors):
+            groups.setdefault((t.device, t.dtype), []).append(i)
     out: list = [None] * len(tensors)
-    for (_, dtype), idxs in groups.items():
+    for key, idxs in groups.items():
+        dtype = key if isinstance(key, torch.dtype) else key[1]
         chunk = [tensors[i] for i in idxs]
         if dtype in (torch.float32, torch.float64):
             norms = torch._foreach_norm(chunk)
@@ -66,6 +71,7 @@ class ParameterProbe:
         self._layout: list = []                   # [(column, position in pending)] this step
         self._grad_columns: list = []
         self._column_names: dict = {}             # quantity -> column per parameter, made once
+        self._state_cache: Optional[tuple] = None
         if optimizer is not None and self.update_norm:
             self._handle = optimizer.register_step_pre_hook(self._before_step)
 
@@ -126,11 +132,18 @@ class ParameterProbe:
         return tensors
 
     def _state_tensors(self):
-        """(key, parameter indices, state tensors) per state key shaped like its parameter."""
+        """(key, parameter indices, state tensors) per state key shaped like its parameter.
+        Found once and then checked by identity (optimizers update their state in place): a
+        new state dict (load_state_dict) or a replaced tensor makes it look again."""
         if self.optimizer is None:
             return []
-        by_key: dict = {}
         state = self.optimizer.state
+        cached = self._state_cache
+        if cached is not None and cached[0] is state and cached[1] == len(state) and \
+                all(state.get(p) is d and d.get(key) is t for p, d, key, t in cached[2]):
+            return cached[3]
+        by_key: dict = {}
+        checks = []
         for i in self.updated:
             p = self.params[i]
             s = state.get(p)
@@ -142,7 +155,10 @@ class ParameterProbe:
                     idxs, tensors = by_key.setdefault(key, ([], []))
                     idxs.append(i)
                     tensors.append(value)
-        return [(key, idxs, tensors) for key, (idxs, tensors) in by_key.items()]
+                    checks.append((p, s, key, value))
+        found = [(key, idxs, tensors) for key, (idxs, tensors) in by_key.items()]
+        self._state_cache = (state, len(state), checks, found)
+        return found
 
     @property
     def columns(self) -> list:
