@@ -4,14 +4,20 @@ NaN/inf counts, and the L2 norm of the gradient flowing back into that output.
     probe = ModuleProbe(model, patterns=None)     # every submodule that is called
     probe.install(); probe.recording = True
     loss = model(x).sum(); loss.backward()
-    tensors = probe.pending()                     # 0-d tensors, still on the device
+    tensors = probe.pending()                     # 0-d tensors still on an accelerator (CPU: none)
     values = probe.finish(host_values, loss_scale=1.0)   # {column: float}
 
-The reductions run as each module returns (an output can be overwritten in place right after)
-and stay on the device as 0-d tensors; the Monitor moves them to the host in one transfer per
-step. Gradients are taken with a pre-hook on the autograd node that made each output, never a
-module backward hook (those change how autograd accumulates and break with in-place ops). Hooks hold the
-Monitor, never the graph or a tensor, and a failure inside one is reported to `on_error`.
+The reductions run as each module returns: an output can be overwritten in place right after
+(BatchNorm then ReLU(inplace=True)), and the tensor is still in the cache. Two passes forward
+(norm, aminmax; on CPU the inf-norm costs twenty times aminmax), one backward (norm). On CPU
+the values are read at once (a scalar read there is free; keeping 0-d tensors and stacking them
+cost more) and NaN/inf are counted only when a norm is not finite; on an accelerator, where
+reading would sync, the counts are taken on the device too and everything stays there as 0-d
+tensors until the Monitor's one transfer per step.
+
+Gradients are taken with a pre-hook on the autograd node that made each output, never a module
+backward hook (those change how autograd accumulates and break with in-place ops). Hooks hold
+the Monitor, never the graph or a tensor, and a failure inside one is reported to `on_error`.
 """
 from __future__ import annotations
 
