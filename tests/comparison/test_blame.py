@@ -198,3 +198,21 @@ def test_replay_second_opinion(what, verdicts, spec, culprit, kind):
     scores, rows = build(spec, policy)
     fd = analyse(scores, rows, policy, replay=FakeReplayer(verdicts))
     assert (fd and fd.name, fd and fd.kind) == (culprit, kind)
+
+
+def test_replay_clears_later_innocent_ops_and_keeps_later_culprits():
+    # Three ops each blamed by the comparison: the first stays the first divergence (replay
+    # confirms it); of the later two, replay clears one (a mask that follows its input's sign
+    # flips) and confirms the other, which stays an error row.
+    policy = Policy()
+    first, innocent, guilty = (f"{F}.linear.0.forward", f"{F}.relu.0.backward",
+                               f"{F}.linear.1.forward")
+    scores, rows = build([Op(first, [m()], [m(1e-3)]),
+                          Op(innocent, [m()], [m(5e-2)]),
+                          Op(guilty, [m()], [m(1e-3)])], policy)
+    fake = FakeReplayer({first: True, innocent: False, guilty: True})
+    fd = analyse(scores, rows, policy, replay=fake)
+    assert fd.name == first and fake.judged == [first, innocent, guilty]
+    errors = [r.op_name for r in rows if r.result == ERROR]
+    assert errors == [first, guilty]
+    assert [r.result for r in rows if r.op_name == innocent and r.role == "output"] == [WARNING]
