@@ -1,7 +1,7 @@
 """Compare throughput: time `opdiff.compare` on tensor dump pairs of a few hundred MB per side.
 
-    python benchmarks/bench_compare.py [--mb 300] [--models] [--runs 5] [--against SRC ...]
-                                       [--dir DIR] [--keep]
+    python benchmarks/bench_compare.py [--mb 300] [--models] [--runs 3] [--replay auto]
+                                       [--replay-jobs N] [--against SRC ...] [--dir DIR] [--keep]
 
 Pairs:
   synthetic   tanh ops on 4 MB float32 tensors; the target is the golden rounded through bf16,
@@ -10,10 +10,18 @@ Pairs:
               one forward+backward captured with opdiff.dump(level="mix", task="tensor"); the
               target carries a planted 1e-4 fault (opdiff.testing.inject_fault). Real dumps
               save each tensor once and reference it from every record that saw it.
+  cnn-bf16,   with --models: the target runs under CPU bf16 autocast, no planted fault, against
+  tf-bf16     the fp32 golden (the issue's bar: nothing to find, so the default compare replays
+              every op before it can say so)
+  cnn-stat,   with --models: the fp32 pairs dumped with task="statistics" (no tensors: MB/s is
+  tf-stat     not defined there, records/s is)
 
-Every compare runs in a child process (so its peak RSS is its own) with replay="off", i.e. the
-measuring path alone. MB/s per side = bytes of saved tensors in one side's dump / compare wall
-time, median of --runs. `--against SRC` (repeatable) also times the opdiff package found under
+Every compare runs in a child process (so its peak RSS is its own) with `--replay` (default
+"auto": what `opdiff compare` does by default, i.e. measuring plus the replays a verdict needs;
+"off": the measuring path alone). MB/s per side = bytes of saved tensors in one side's dump /
+compare wall time; records/s = records of one side / wall time; median of --runs, (min-max)
+beside it. `--replay-jobs N` sets OPDIFF_REPLAY_JOBS for the child (the compare's replay
+processes). `--against SRC` (repeatable) also times the opdiff package found under
 SRC (the `src` directory of another checkout, e.g. `git archive <commit> src | tar -x -C
 /tmp/old`), run for run interleaved with this one, so all see the same machine load; the load
 average is printed, because on a shared machine it moves every number.
@@ -47,7 +55,7 @@ from opdiff.api import compare
 assert opdiff.__file__.startswith(sys.argv[1]), opdiff.__file__
 kwargs = {"progress": False}
 if "replay" in inspect.signature(compare).parameters:
-    kwargs["replay"] = "off"
+    kwargs["replay"] = sys.argv[4]
 start = time.perf_counter()
 result = compare(sys.argv[2], sys.argv[3], **kwargs)
 wall = time.perf_counter() - start
@@ -57,7 +65,9 @@ try:  # VmHWM: this process's own peak. ru_maxrss would start at the parent's RS
         peak = next(int(l.split()[1]) for l in f if l.startswith("VmHWM:")) / 1024
 except OSError:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print(json.dumps({"wall": wall, "rows": len(result.rows), "first": fd and fd.name, "rss_mb": peak}))
+replayed = [n for n in result.notes if n.startswith("replayed")]
+print(json.dumps({"wall": wall, "rows": len(result.rows), "first": fd and fd.name, "rss_mb": peak,
+                  "replayed": replayed[0] if replayed else ""}))
 """
 
 
@@ -93,8 +103,9 @@ def _desc(t: torch.Tensor, key: str) -> dict:
                       "norm": float(t.norm()), "nan": 0, "inf": 0}}
 
 
-def build_model(root: Path, name: str) -> None:
-    """One training step of a benchmark model, golden and with a planted 1e-4 forward fault."""
+def build_model(root: Path, name: str, task: str = "tensor", bf16: bool = False) -> None:
+    """One training step of a benchmark model, golden and with a planted 1e-4 forward fault
+    (bf16: the target under CPU bf16 autocast instead, no fault)."""
     import opdiff
     import opdiff.testing
 
@@ -109,18 +120,30 @@ def build_model(root: Path, name: str) -> None:
         fault = dict(op="Functional.linear", call=5, scale=1 + 1e-4)
     for side in ("golden", "target"):
         model, batch, loss_fn = workload()
-        planted = opdiff.testing.inject_fault(**fault) if side == "target" else contextlib.nullcontext()
-        with planted, opdiff.dump(model, str(root / side), level="mix", task="tensor"):
-            loss_fn(model, batch).backward()
+        target = side == "target"
+        planted = opdiff.testing.inject_fault(**fault) if target and not bf16 else \
+            contextlib.nullcontext()
+        with planted, opdiff.dump(model, str(root / side), level="mix", task=task):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=target and bf16):
+                loss = loss_fn(model, batch)
+            loss.float().backward()
 
 
 def tensor_bytes(dump_root: Path) -> int:
     return sum(p.stat().st_size for p in dump_root.rglob("*.safetensors"))
 
 
-def time_compare(src: Path, target: Path, golden: Path) -> dict:
-    proc = subprocess.run([sys.executable, "-c", _CHILD, str(src), str(target), str(golden)],
-                          capture_output=True, text=True)
+def record_count(dump_root: Path) -> int:
+    return sum(sum(1 for _ in p.open()) for p in dump_root.rglob("records.jsonl"))
+
+
+def time_compare(src: Path, target: Path, golden: Path, replay: str = "auto",
+                 replay_jobs: int | None = None) -> dict:
+    env = dict(os.environ)
+    if replay_jobs is not None:
+        env["OPDIFF_REPLAY_JOBS"] = str(replay_jobs)
+    proc = subprocess.run([sys.executable, "-c", _CHILD, str(src), str(target), str(golden),
+                           replay], capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"compare with {src} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -131,6 +154,12 @@ def main(argv=None) -> int:
     ap.add_argument("--mb", type=int, default=300, help="MB of tensors per side, synthetic pair")
     ap.add_argument("--models", action="store_true", help="also dump and compare the CNN and transformer")
     ap.add_argument("--runs", type=int, default=3, help="compares per pair and implementation (median)")
+    ap.add_argument("--replay", choices=("auto", "off", "all"), default="auto",
+                    help="the compare's replay mode (default auto, as `opdiff compare`)")
+    ap.add_argument("--replay-jobs", type=int, default=None,
+                    help="OPDIFF_REPLAY_JOBS for the compares (default: opdiff's own choice)")
+    ap.add_argument("--only", nargs="+", default=None,
+                    help="time only these pairs (synthetic cnn tf cnn-bf16 tf-bf16 cnn-stat tf-stat)")
     ap.add_argument("--against", type=Path, action="append", default=[],
                     help="src directory of another opdiff to time side by side (repeatable)")
     ap.add_argument("--dir", default=None,
@@ -146,40 +175,59 @@ def main(argv=None) -> int:
         impls[src.name if src.name != "src" else src.parent.name] = src
     impls["this"] = THIS_SRC
     try:
-        pairs = {"synthetic": root / "synthetic"}
-        if not (root / "synthetic" / "golden").exists():
-            build_synthetic(root / "synthetic", args.mb)
+        pairs = {}
+        if not args.only or "synthetic" in args.only:
+            pairs["synthetic"] = root / "synthetic"
+            if not (root / "synthetic" / "golden").exists():
+                build_synthetic(root / "synthetic", args.mb)
         if args.models:
             for name in ("cnn", "tf"):
-                pairs[name] = root / name
-                if not (root / name / "golden").exists():
-                    build_model(root / name, name)
+                for task, pair, bf16 in (("tensor", name, False), ("tensor", f"{name}-bf16", True),
+                                         ("statistics", f"{name}-stat", False)):
+                    if args.only and pair not in args.only:
+                        continue
+                    pairs[pair] = root / pair
+                    if not (root / pair / "golden").exists():
+                        build_model(root / pair, name, task, bf16)
+        if args.only:
+            pairs = {k: v for k, v in pairs.items() if k in args.only}
         print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
               f"on {os.cpu_count()} cores")
         runs: dict = {(p, i): [] for p in pairs for i in impls}
         for _ in range(args.runs):
             for pair, path in pairs.items():
                 for impl, src in impls.items():
-                    runs[(pair, impl)].append(time_compare(src, path / "target", path / "golden"))
+                    runs[(pair, impl)].append(time_compare(src, path / "target", path / "golden",
+                                                           args.replay, args.replay_jobs))
         print(f"load average after:  {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         print()
         width = max(len(i) for i in impls) + 2
-        header = (f"{'pair':<10}{'impl':<{width}}{'MB/side':>8}{'rows':>6}{'wall s':>8}"
-                  f"{'MB/s per side':>15}{'(min-max)':>14}{'peak RSS MB':>13}  first divergence")
+        print(f"replay={args.replay}, replay jobs={args.replay_jobs or 'default'}, {args.runs} runs")
+        header = (f"{'pair':<10}{'impl':<{width}}{'MB/side':>8}{'records':>8}{'rows':>6}"
+                  f"{'wall s':>8}{'(min-max)':>14}{'MB/s per side':>15}{'(min-max)':>12}"
+                  f"{'records/s':>10}{'(min-max)':>14}{'peak RSS MB':>13}  first divergence")
         print(header)
         print("-" * len(header))
         for (pair, impl), results in runs.items():
             mb = tensor_bytes(pairs[pair] / "golden") / 1e6
+            recs = record_count(pairs[pair] / "target")
             walls = [r["wall"] for r in results]
             wall = statistics.median(walls)
             rss = max(r["rss_mb"] for r in results)
-            print(f"{pair:<10}{impl:<{width}}{mb:8.0f}{results[0]['rows']:6d}{wall:8.2f}"
-                  f"{mb / wall:15.0f}{f'({mb / max(walls):.0f}-{mb / min(walls):.0f})':>14}"
+            mbs = (f"{mb / wall:15.0f}{f'({mb / max(walls):.0f}-{mb / min(walls):.0f})':>12}"
+                   if mb > 0 else f"{'-':>15}{'':>12}")
+            print(f"{pair:<10}{impl:<{width}}{mb:8.0f}{recs:8d}{results[0]['rows']:6d}{wall:8.2f}"
+                  f"{f'({min(walls):.2f}-{max(walls):.2f})':>14}{mbs}{recs / wall:10.0f}"
+                  f"{f'({recs / max(walls):.0f}-{recs / min(walls):.0f})':>14}"
                   f"{rss:13.0f}  {results[0]['first']}")
+            for r in results:
+                if r.get("replayed"):
+                    print(f"{'':<10}  {r['replayed']}")
         for impl, src in impls.items():
             print(f"{impl}: {src}")
         print("\ngoal: >= 200 MB/s per side; peak RSS near a few tensors' worth "
-              "(import torch alone: ~250 MB)")
+              "(import torch alone: ~250 MB). msprobe's compare is not measured here (msprobe is "
+              "not installed on this machine)")
     finally:
         if not args.keep and args.dir is None:
             shutil.rmtree(root, ignore_errors=True)
