@@ -2,14 +2,22 @@
 (one task per step/rank pair), and the driver's peak memory, on synthetic many-rank dumps.
 
     python benchmarks/bench_ranks.py [--ranks 8 64] [--tensor-ranks 8] [--layers 24] [--dir DIR]
+                                     [--repeat 3]
 
 The dumps are generated, not trained: one forward+backward step of a `--layers`-deep MLP is
 recorded by opdiff's own writer (PrecisionDebugger, task statistics or tensor), target with a
 gelu fault on rank 1, and its rank directory is copied to every other rank. Each measurement
-runs in a fresh process (so ru_maxrss is that compare's own driver peak); Ray's time starts
-once its local cluster is up (`ray.init(num_cpus=os.cpu_count())` first, as for a cluster the
-user already has; its workers still start inside the measured time). The load average is printed:
-on a shared machine it moves every number.
+runs in a fresh process (so ru_maxrss is that compare's own driver peak) and writes the full
+report (`-o`: CSV, rows.jsonl, summary.json, report.html), as a user's compare does; Ray's time
+starts once its local cluster is up (`ray.init(num_cpus=os.cpu_count())` first, as for a cluster
+the user already has; its workers still start inside the measured time).
+
+Driver memory is reported twice: the peak RSS of the driver process (ru_maxrss, which includes
+torch and Ray's own import, ~250 MiB) and the compare's own growth, that peak less the RSS just
+before the compare started (after importing torch, opdiff's comparison and report, and
+`ray.init`). With `--repeat N` each case runs
+N times and the median and the range (min-max) are printed. The load average is printed: on a
+shared machine it moves every number.
 """
 from __future__ import annotations
 
@@ -21,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import statistics
 import time
 from pathlib import Path
 
@@ -64,21 +73,40 @@ def build(root: Path, ranks: int, task: str, layers: int, fault: bool) -> Path:
     return root
 
 
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
 def measure(target: str, golden: str, engine: str) -> dict:
-    """One compare in this process: wall seconds, driver peak RSS (MiB), rows, first divergence."""
+    """One compare in this process, report files written: wall seconds, driver peak RSS and its
+    growth during the compare (MiB), rows, first divergence."""
     import opdiff
+    import opdiff.comparison.pair  # noqa: F401 - torch and the comparison, before the baseline
+    import opdiff.report.html  # noqa: F401
 
     if engine == "ray":
         import ray
 
         ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+    out = tempfile.mkdtemp(prefix="bench_ranks_out_")
+    before = _rss_mib()
     start = time.perf_counter()
-    result = opdiff.compare(target, golden, engine=engine, progress=False)
+    result = opdiff.compare(target, golden, output_path=out, engine=engine, progress=False)
     wall = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     fd = result.first_divergence
-    return {"wall": wall, "peak_mib": peak, "rows": len(result.rows),
+    rows = len(result.rows)
+    shutil.rmtree(out)
+    return {"wall": wall, "peak_mib": peak, "growth_mib": peak - before, "rows": rows,
             "first": f"{fd.name} rank {fd.rank}" if fd else None}
+
+
+def _spread(values: list[float], digits: int) -> str:
+    med = statistics.median(values)
+    if len(values) == 1:
+        return f"{med:.{digits}f}"
+    return f"{med:.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
 
 
 def main() -> None:
@@ -87,28 +115,42 @@ def main() -> None:
     p.add_argument("--tensor-ranks", type=int, nargs="*", default=[8])
     p.add_argument("--layers", type=int, default=24)
     p.add_argument("--dir", default=None)
+    p.add_argument("--repeat", type=int, default=1, help="runs per case (median and range)")
+    p.add_argument("--engines", nargs="+", default=["local", "ray"])
     p.add_argument("--one", nargs=3, metavar=("TARGET", "GOLDEN", "ENGINE"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
         print(json.dumps(measure(*args.one)))
         return
     base = Path(args.dir or tempfile.mkdtemp(prefix="bench_ranks_"))
-    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    print(f"{'dump':<18} {'engine':<6} {'wall s':>7} {'driver MiB':>10} {'rows':>6}  first divergence")
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; "
+          f"{args.repeat} run(s) per case: median (min-max)")
+    print(f"{'dump':<18} {'engine':<6} {'wall s':>18} {'driver peak MiB':>18} "
+          f"{'compare growth MiB':>20} {'rows':>6}  first divergence")
     cases = [("statistics", n) for n in args.ranks] + [("tensor", n) for n in args.tensor_ranks]
     for task, n in cases:
-        t = build(base / f"{task}{n}" / "target", n, task, args.layers, fault=True)
-        g = build(base / f"{task}{n}" / "golden", n, task, args.layers, fault=False)
-        for engine in ("local", "ray"):
+        t, g = base / f"{task}{n}" / "target", base / f"{task}{n}" / "golden"
+        if not (t / "step0").exists():
+            build(t, n, task, args.layers, fault=True)
+            build(g, n, task, args.layers, fault=False)
+        for engine in args.engines:
             env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-            out = subprocess.run([sys.executable, __file__, "--one", str(t), str(g), engine],
-                                 capture_output=True, text=True, env=env)
-            if out.returncode != 0:
-                print(f"{task} {n:>3} ranks  {engine:<6} failed: {out.stderr.strip()[-300:]}")
+            runs = []
+            for _ in range(args.repeat):
+                out = subprocess.run([sys.executable, __file__, "--one", str(t), str(g), engine],
+                                     capture_output=True, text=True, env=env)
+                if out.returncode != 0:
+                    print(f"{task} {n:>3} ranks  {engine:<6} failed: {out.stderr.strip()[-300:]}")
+                    break
+                runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            if not runs:
                 continue
-            m = json.loads(out.stdout.strip().splitlines()[-1])
-            print(f"{task + ' ' + str(n) + ' ranks':<18} {engine:<6} {m['wall']:>7.1f} "
-                  f"{m['peak_mib']:>10.0f} {m['rows']:>6}  {m['first']}", flush=True)
+            m = runs[0]
+            print(f"{task + ' ' + str(n) + ' ranks':<18} {engine:<6} "
+                  f"{_spread([r['wall'] for r in runs], 1):>18} "
+                  f"{_spread([r['peak_mib'] for r in runs], 0):>18} "
+                  f"{_spread([r['growth_mib'] for r in runs], 0):>20} {m['rows']:>6}  {m['first']}",
+                  flush=True)
     if not args.dir:
         shutil.rmtree(base)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -103,6 +104,22 @@ def test_without_ray_the_cli_says_how_to_get_it(roots):
     assert proc.returncode == 2
     assert "pip install opdiff[ray]" in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_an_address_where_nothing_listens_is_one_line_at_once(roots):
+    # (ray.init alone retries the GCS for minutes at such an address)
+    with socket.socket() as free:               # a port nothing listens on: bound, then closed
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    start = time.monotonic()
+    opdiff_bin = Path(sys.executable).with_name("opdiff")
+    proc = subprocess.run([str(opdiff_bin), "compare", str(roots[0]), str(roots[1]),
+                           "--engine", "ray", "--ray-address", f"127.0.0.1:{port}",
+                           "--no-progress"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"cannot reach the Ray cluster at 127.0.0.1:{port}" in proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert time.monotonic() - start < 60
 
 
 def _ray_cli(*args: str) -> None:

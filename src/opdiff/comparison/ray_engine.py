@@ -19,6 +19,7 @@ only when this engine is chosen (`pip install opdiff[ray]`).
 from __future__ import annotations
 
 import os
+import socket
 from typing import Any, Callable, Mapping, Optional
 
 from ..errors import OpdiffError
@@ -42,6 +43,26 @@ def _ray() -> Any:
     except ImportError as exc:
         raise EngineError("--engine ray needs Ray: pip install opdiff[ray]") from exc
     return ray
+
+
+PROBE_S = 5.0
+
+
+def _probe(address: Optional[str]) -> None:
+    """An EngineError when `address` names a host:port where nothing listens (`ray.init` would
+    retry its GCS for minutes there). "auto", None and addresses without a port are Ray's."""
+    if not address or address == "auto":
+        return
+    where = address.split("://", 1)[-1]
+    host, sep, port = where.rpartition(":")
+    if not sep or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), PROBE_S).close()
+    except OSError as exc:
+        raise EngineError(f"cannot reach the Ray cluster at {address}: nothing answers there "
+                          f"({exc.strerror or type(exc).__name__}); start it with `ray start "
+                          f"--head` or pass the address `ray status` shows") from None
 
 
 def _pin(path: str, pins: Mapping[str, str]) -> Optional[str]:
@@ -72,6 +93,7 @@ def run_pairs_ray(pairs: list[Pair], policy: Policy, *, shape_flag: bool = False
     finished: Callable[[Pair], None] = on_pair or (lambda p: None)
     started = False
     if not ray.is_initialized():
+        _probe(address)
         try:
             ray.init(address=address, include_dashboard=False, log_to_driver=False,
                      configure_logging=False)

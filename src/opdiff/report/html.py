@@ -52,7 +52,7 @@ _JSON_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026",
                  "\u2028": "\\u2028", "\u2029": "\\u2029"}
 _JSON_UNSAFE = re.compile("[<>&\u2028\u2029]")
 # The most rows the page's table holds for a result streamed from disk.
-PAGE_ROWS = 20_000
+PAGE_ROWS = 5_000
 
 
 def write_html(result: CompareResult, path, files: Optional[dict] = None) -> Path:

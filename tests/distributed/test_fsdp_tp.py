@@ -1,0 +1,105 @@
+"""FSDP2 (`fully_shard`) and tensor parallelism (DTensor `parallelize_module`) on 2 gloo CPU
+processes, captured at L1 with a gelu fault on rank 1: the first divergence names rank 1's gelu,
+and a healthy pair names nothing.
+
+Both run on torch 2.13 CPU/gloo without opdiff; under capture they do not yet (see the skip
+reasons, measured here): FSDP2's post-forward reshard fails with "Trying to resize storage that is
+not resizable", and under TP capture reduces the statistics of DTensor inputs through DTensor
+ops (sharding propagation for every reduction) and the 2-rank step does not finish in minutes.
+Each test runs the real thing (TP for at most `TP_LIMIT_S`) and skips with what actually
+happened, so it starts checking as soon as capture handles them."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+import opdiff
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not built")]
+
+_WORKER = textwrap.dedent('''
+    import contextlib, sys
+    import torch, torch.distributed as dist, torch.multiprocessing as mp
+    import opdiff
+    from opdiff.testing.faults import inject_fault
+
+    def work(rank, root, store, faulty, kind):
+        dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=2)
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh = init_device_mesh("cpu", (2,))
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 2))
+        if kind == "fsdp2":
+            from torch.distributed.fsdp import fully_shard
+            fully_shard(model[0], mesh=mesh)
+            fully_shard(model[2], mesh=mesh)
+            fully_shard(model, mesh=mesh)
+            torch.manual_seed(1 + rank)              # data parallel: each rank its own batch
+        else:
+            from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                           parallelize_module)
+            parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        x = torch.randn(4, 8)
+        fault = inject_fault("Functional.gelu", call=0, scale=1.05) if rank == faulty \\
+            else contextlib.nullcontext()
+        with fault:
+            dbg = opdiff.PrecisionDebugger(dump_path=root, level="L1", task="statistics")
+            dbg.start()
+            model(x).sum().backward()
+            dbg.stop()
+            dbg.step()
+        dist.barrier()
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        mp.spawn(work, args=(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]), nprocs=2,
+                 join=True)
+''')
+
+
+# A healthy 2-rank TP step takes ~20 s here under load; capture's today does not end in 250 s.
+TP_LIMIT_S = 90
+
+
+def _run(tmp: Path, kind: str, name: str, faulty: int) -> tuple[str, str]:
+    """(the dump root, why it cannot be used: "" when it can)."""
+    script = tmp / "worker.py"
+    script.write_text(_WORKER)
+    root = tmp / name
+    limit = TP_LIMIT_S if kind == "tp" else 300
+    try:
+        proc = subprocess.run([sys.executable, str(script), str(root),
+                               str(tmp / f"store_{name}"), str(faulty), kind],
+                              capture_output=True, text=True, timeout=limit)
+    except subprocess.TimeoutExpired:
+        return str(root), (f"{kind} under opdiff capture does not finish a 2-rank step in "
+                           f"{limit} s (capture reduces DTensor inputs' statistics through "
+                           f"DTensor ops)")
+    if proc.returncode != 0:
+        lines = [ln for ln in proc.stderr.splitlines() if "Error" in ln and ":" in ln]
+        return str(root), f"{kind} under opdiff capture fails: {lines[-1] if lines else proc.stderr[-300:]}"
+    empty = [r for r in (0, 1)
+             if not (root / "step0" / f"rank{r}" / "records.jsonl").read_text().strip()]
+    if empty:
+        return str(root), f"{kind} under opdiff capture records no op on rank(s) {empty}"
+    return str(root), ""
+
+
+@pytest.mark.parametrize("kind", ["fsdp2", "tp"])
+def test_fault_on_one_rank_is_named_and_a_healthy_pair_names_nothing(kind, tmp_path):
+    target, why = _run(tmp_path, kind, "target", faulty=1)
+    if why:
+        pytest.skip(why)
+    golden, why = _run(tmp_path, kind, "golden", faulty=-1)
+    assert not why, why
+    again, why = _run(tmp_path, kind, "golden2", faulty=-1)
+    assert not why, why
+    fd = opdiff.compare(target, golden).first_divergence
+    assert fd is not None and fd.rank == 1 and fd.op == "Functional.gelu"
+    assert opdiff.compare(again, golden).first_divergence is None
