@@ -27,7 +27,7 @@ from .store.adapters import discover
 def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bool = False,
             fail_on: str | None = None, progress: bool | None = None,
             replay: str = "auto", engine: str = "local", ray_address: str | None = None,
-            ray_pins: dict | None = None) -> CompareResult:
+            ray_pins: dict | None = None, replay_jobs: int | None = None) -> CompareResult:
     """Compare the target dump (the run under suspicion) with the golden (trusted) dump.
 
     target, golden: a step/rank directory or a dump root of any format opdiff reads; with roots
@@ -44,6 +44,8 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
         each op's own error (`opdiff.comparison.replay`; opdiff tensor dumps only): "auto" (default) the
         ops the comparison suspects and, when that is a backward op or nothing, the backward
         ops before it; "all" every op; "off" none (the comparison with golden alone).
+    replay_jobs: processes each pair's replay uses (None: OPDIFF_REPLAY_JOBS, default 1; worth it
+        when many ops are replayed and cores are idle: each process pays a torch start).
     engine: "local" (a process pool on this machine) or "ray" (each step/rank pair a Ray task;
         `pip install opdiff[ray]`): the same result either way. ray_address: the cluster to use
         ("auto", "host:6379"; None: a local one for this call). ray_pins: {path prefix: Ray
@@ -55,6 +57,10 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
     if fail_on not in (None, "divergence", "error", "warning"):
         raise OpdiffError(f"fail_on must be None, 'divergence', 'error' or 'warning', not {fail_on!r}")
     check_replay(replay)
+    if replay_jobs is not None and (isinstance(replay_jobs, bool) or not isinstance(replay_jobs, int)
+                                    or replay_jobs < 1):
+        raise OpdiffError(f"replay_jobs must be a whole number of processes (1 or more), not "
+                          f"{replay_jobs!r}")
     if engine not in ("local", "ray"):
         raise OpdiffError(f"engine must be 'local' or 'ray', not {engine!r}")
     policy = Policy(thresholds)
@@ -68,11 +74,12 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
             from .comparison.ray_engine import run_pairs_ray
 
             results = run_pairs_ray(pairs, policy, shape_flag=shape_flag, replay=replay,
+                                    replay_jobs=replay_jobs,
                                     address=ray_address, pins=ray_pins, tick=bar.advance,
                                     on_pair=bar.pair_done)
         else:
             results = run_pairs(pairs, policy, shape_flag=shape_flag, replay=replay,
-                                tick=bar.advance, on_pair=bar.pair_done)
+                                replay_jobs=replay_jobs, tick=bar.advance, on_pair=bar.pair_done)
     results = attribute_collectives(results, pairs)     # received through a collective
     # (the pairing's notes travel in result.notes: the console prints them, once)
     result = merge(str(target), str(golden), results, notes, incomplete=incomplete)

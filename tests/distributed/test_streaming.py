@@ -2,7 +2,8 @@
 CSV, rows.jsonl and summary.json written by streaming them) gives exactly what the in-memory path
 gives (every pair compared in this process, every row held, merged as a list), on real
 multi-rank dumps, statistics and tensor; the spool reads back whole across chunks, pickles as a
-list and is removed once nothing reads it; the page of a large streamed result stays bounded."""
+list and is removed once nothing reads it; the page of a large streamed result stays bounded;
+`--replay-jobs` gives the one-process answer."""
 from __future__ import annotations
 
 import gc
@@ -146,3 +147,16 @@ def test_a_large_streamed_page_is_bounded(stats_roots, tmp_path):
     assert all(r.result != "pass" or (r.step, r.rank) == (fd.step, fd.rank) for r in view.rows)
     assert f"the page shows 10 of {len(result.rows)} rows" in view.notes[-1]
     assert page_view(result) is result          # under the page's limit: every row
+
+
+def test_replay_jobs_give_the_one_process_answer(roots, tmp_path, capsys):
+    from opdiff.cli import main
+
+    t, g = roots[0] / "step0" / "rank0", roots[1] / "step0" / "rank0"
+    one = opdiff.compare(str(t), str(g), replay="all", replay_jobs=1)
+    two = opdiff.compare(str(t), str(g), replay="all", replay_jobs=2)
+    assert one.rows == two.rows and one.first_divergence == two.first_divergence
+    assert one.first_divergence is not None and one.first_divergence.op == "Functional.gelu"
+    assert main(["compare", str(t), str(g), "--replay-jobs", "0", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "--replay-jobs expects a number of processes" in err and "Traceback" not in err

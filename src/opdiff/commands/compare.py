@@ -40,6 +40,9 @@ def add_parser(subparsers) -> None:
                    help="re-run target ops in float64 on their own saved tensors to tell an op's "
                         "own error from inherited error (tensor dumps): auto = the suspects and "
                         "the backward ops before them (default), all = every op, off = none")
+    p.add_argument("--replay-jobs", metavar="N", default=None,
+                   help="processes each pair's replay uses (default: OPDIFF_REPLAY_JOBS, else 1; "
+                        "pays off when many ops are replayed and cores are idle)")
     p.add_argument("--fail-on-divergence", action="store_true",
                    help="exit 1 when a first divergence is found (for CI)")
     p.add_argument("--engine", choices=("local", "ray"), default="local",
@@ -78,6 +81,20 @@ def _pins(items: list[str]) -> dict:
     return out
 
 
+def _jobs(text):
+    from ..errors import ConfigError
+
+    if text is None:
+        return None
+    try:
+        jobs = int(text)
+    except ValueError:
+        jobs = 0
+    if jobs < 1:
+        raise ConfigError(f"--replay-jobs expects a number of processes (1 or more), got {text!r}")
+    return jobs
+
+
 def run(args) -> int:
     from ..api import compare
     from ..comparison.verdicts import Thresholds
@@ -89,6 +106,6 @@ def run(args) -> int:
                      fail_on="divergence" if args.fail_on_divergence else None,
                      progress=False if args.no_progress else None, replay=args.replay,
                      engine=args.engine, ray_address=args.ray_address,
-                     ray_pins=_pins(args.ray_pin))
+                     ray_pins=_pins(args.ray_pin), replay_jobs=_jobs(args.replay_jobs))
     print_result(result)
     return 1 if result.failed else 0

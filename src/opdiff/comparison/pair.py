@@ -77,9 +77,10 @@ class _PairCompare:
 
     def __init__(self, target_dump: DumpSource, golden_dump: DumpSource, policy: Policy,
                  shape_flag: bool, tick: Optional[Callable[[int], None]] = None,
-                 replay: str = "auto") -> None:
+                 replay: str = "auto", replay_jobs: Optional[int] = None) -> None:
         self.t, self.g = target_dump, golden_dump
         self.policy, self.shape_flag, self.replay = policy, shape_flag, replay
+        self.replay_jobs = replay_jobs
         self.tick = tick or (lambda n: None)
         self.rows: list[TensorRow] = []
         self.ops: list[OpScore] = []
@@ -132,7 +133,7 @@ class _PairCompare:
             return None
         from .replay import Replayer
 
-        return Replayer(self.t, t_records, self.policy)
+        return Replayer(self.t, t_records, self.policy, jobs=self.replay_jobs)
 
     # -- one op call --------------------------------------------------------------------------
     def _record(self, position: int, t_rec: Optional[dict[str, Any]],
@@ -255,18 +256,19 @@ class _PairCompare:
 
 def compare_pair(target_dump: DumpSource, golden_dump: DumpSource, *, policy: Policy | None = None,
                  shape_flag: bool = False, tick: Optional[Callable[[int], None]] = None,
-                 replay: str = "auto") -> CompareResult:
+                 replay: str = "auto", replay_jobs: Optional[int] = None) -> CompareResult:
     """Compare two opened Dump-like objects (one step/rank each) and return the result.
 
     policy: a `opdiff.comparison.verdicts.Policy` (default thresholds when None).
     shape_flag: pair ops only when every tensor shape matches (msprobe's `shape_flag`).
     tick: called with the number of op calls done, for progress bars.
     replay: "auto", "all" or "off" (see `compare`).
+    replay_jobs: processes the replay uses (None: OPDIFF_REPLAY_JOBS, default 1).
     """
     check_replay(replay)
     with one_thread():
         return _PairCompare(target_dump, golden_dump, policy or Policy(), shape_flag, tick,
-                            replay).run()
+                            replay, replay_jobs).run()
 
 
 REPLAY_MODES = ("auto", "all", "off")

@@ -78,7 +78,8 @@ def _pin(path: str, pins: Mapping[str, str]) -> Optional[str]:
 
 
 def run_pairs_ray(pairs: list[Pair], policy: Policy, *, shape_flag: bool = False,
-                  replay: str = "auto", address: Optional[str] = None,
+                  replay: str = "auto", replay_jobs: Optional[int] = None,
+                  address: Optional[str] = None,
                   pins: Optional[Mapping[str, str]] = None,
                   tick: Optional[Callable[[int], None]] = None,
                   on_pair: Optional[Callable[[Pair], None]] = None) -> list[CompareResult]:
@@ -86,7 +87,7 @@ def run_pairs_ray(pairs: list[Pair], policy: Policy, *, shape_flag: bool = False
 
     address: a running cluster ("auto", "ray://host:10001", "host:6379"); None starts a local
     one for this call (or uses the one this process already joined).
-    tick, on_pair: as for `runs.run_pairs`.
+    tick, on_pair, replay_jobs: as for `runs.run_pairs`.
     """
     ray = _ray()
     advance: Callable[[int], None] = tick or (lambda n: None)
@@ -110,7 +111,7 @@ def run_pairs_ray(pairs: list[Pair], policy: Policy, *, shape_flag: bool = False
             resource = _pin(str(t.path), pins or {})
             opts: dict[str, Any] = {"resources": {resource: PIN_SHARE}} if resource else {}
             refs.append(task.options(**opts).remote(str(t.path), str(g.path), policy.thresholds,
-                                                    shape_flag, replay))
+                                                    shape_flag, replay, replay_jobs))
         where = {outcome: i for i, (outcome, _rows) in enumerate(refs)}
         spool = Spool()
         results: list[Optional[CompareResult]] = [None] * len(refs)
@@ -134,9 +135,11 @@ def run_pairs_ray(pairs: list[Pair], policy: Policy, *, shape_flag: bool = False
 
 
 def _remote(target_path: str, golden_path: str, thresholds: Any, shape_flag: bool,
-            replay: str) -> tuple[tuple[CompareResult, SpoolFile], bytes]:
+            replay: str, replay_jobs: Optional[int] = None
+            ) -> tuple[tuple[CompareResult, SpoolFile], bytes]:
     """A Ray task: (the pair's outcome without rows, where they lie), the spool bytes."""
-    compact, meta, blob = _worker(target_path, golden_path, thresholds, shape_flag, replay, None)
+    compact, meta, blob = _worker(target_path, golden_path, thresholds, shape_flag, replay, None,
+                                  replay_jobs)
     return (compact, meta), blob or b""
 
 

@@ -118,7 +118,8 @@ def count_records(dump: DumpSource) -> int:
 
 
 def _worker(target_path: str, golden_path: str, thresholds: Thresholds, shape_flag: bool,
-            replay: str = "auto", spool_path: Optional[str] = None
+            replay: str = "auto", spool_path: Optional[str] = None,
+            replay_jobs: Optional[int] = None
             ) -> tuple[CompareResult, SpoolFile, Optional[bytes]]:
     """Compare one pair in a worker; its rows go to `spool_path` (this machine's disk) or, when
     None, come back as the spool file's bytes (a remote task: the driver writes them)."""
@@ -130,7 +131,8 @@ def _worker(target_path: str, golden_path: str, thresholds: Thresholds, shape_fl
     from .pair import compare_pair
 
     t, g = discover(target_path)[0], discover(golden_path)[0]
-    result = compare_pair(t, g, policy=Policy(thresholds), shape_flag=shape_flag, replay=replay)
+    result = compare_pair(t, g, policy=Policy(thresholds), shape_flag=shape_flag, replay=replay,
+                          replay_jobs=replay_jobs)
     return spooled(result, spool_path)
 
 
@@ -245,7 +247,7 @@ def _incomplete_summary(i: Incomplete) -> dict[str, Any]:
 
 
 def run_pairs(pairs: list[Pair], policy: Policy, *, shape_flag: bool = False,
-              replay: str = "auto",
+              replay: str = "auto", replay_jobs: Optional[int] = None,
               tick: Optional[Callable[[int], None]] = None,
               on_pair: Optional[Callable[[Pair], None]] = None) -> list[CompareResult]:
     """Compare every (target, golden) pair: one in this process, several in a process pool
@@ -253,6 +255,7 @@ def run_pairs(pairs: list[Pair], policy: Policy, *, shape_flag: bool = False,
 
     tick: called with the number of op records done, for a progress bar.
     on_pair: called with each pair once it is done, in the order they finish.
+    replay_jobs: processes each pair's replay uses (see `compare_pair`).
     """
     from .pair import compare_pair      # (torch: merge, which rejudge uses, needs none)
 
@@ -261,7 +264,7 @@ def run_pairs(pairs: list[Pair], policy: Policy, *, shape_flag: bool = False,
     if len(pairs) == 1:
         t, g = pairs[0]
         result = compare_pair(t, g, policy=policy, shape_flag=shape_flag, tick=advance,
-                              replay=replay)
+                              replay=replay, replay_jobs=replay_jobs)
         finished(pairs[0])
         return [result]
     import multiprocessing
@@ -273,7 +276,8 @@ def run_pairs(pairs: list[Pair], policy: Policy, *, shape_flag: bool = False,
     results: list[Optional[CompareResult]] = [None] * len(pairs)
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
         where = {pool.submit(_worker, str(t.path), str(g.path), policy.thresholds, shape_flag,
-                             replay, spool.path_for(i)): i for i, (t, g) in enumerate(pairs)}
+                             replay, spool.path_for(i), replay_jobs): i
+                 for i, (t, g) in enumerate(pairs)}
         for fut in as_completed(where):
             i = where[fut]
             compact, meta, _blob = fut.result()
