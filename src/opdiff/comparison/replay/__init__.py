@@ -35,10 +35,13 @@ class Replayer:
 
     records: the dump's records when already read (saves reading records.jsonl again).
     policy: an `opdiff.comparison.verdicts.Policy` for the dtype tolerances (default thresholds).
+    shortcut: run the reference kernel only where the float64 result alone cannot settle the
+    verdict (`opdiff.comparison.replay.rules.settle`: the same verdicts, a healthy op passes
+    without it); False runs it for every output (what `opdiff check` reports).
     """
 
     def __init__(self, dump: Any, records: Optional[list[dict[str, Any]]] = None,
-                 policy: Any = None, jobs: Optional[int] = None):
+                 policy: Any = None, jobs: Optional[int] = None, shortcut: bool = True):
         if policy is None:
             from ..verdicts import Policy
             policy = Policy()
@@ -49,6 +52,7 @@ class Replayer:
         self.seconds = 0.0
         self.jobs = replay_jobs() if jobs is None else max(1, jobs)
         self._pool: Any = None
+        self.shortcut = shortcut
 
     def can_replay(self, name: str) -> bool:
         """Cheap pre-check: a record of a kind that replay handles (modules and parameter
@@ -70,7 +74,7 @@ class Replayer:
             start = time.perf_counter()
             fwd = self.records.get(rec.get("forward")) if rec.get("forward") else None
             local = replay_record(rec, self.dump.tensor, self.policy, forward_record=fwd,
-                                  known=self.autocast)
+                                  known=self.autocast, shortcut=self.shortcut)
             self.seconds += time.perf_counter() - start
             log.debug("opdiff: replayed %s: %s", name,
                       local.describe() if local.replayed else local.reason)
@@ -104,7 +108,7 @@ class Replayer:
 
             pool = ProcessPoolExecutor(max_workers=jobs,
                                        mp_context=multiprocessing.get_context("spawn"),
-                                       initializer=_worker_init, initargs=(path, self.policy))
+                                       initializer=_worker_init, initargs=(path, self.policy, self.shortcut))
             self._pool = (pool, jobs, weakref.finalize(self, pool.shutdown, cancel_futures=True))
         return self._pool[0]
 
@@ -121,6 +125,9 @@ class Replayer:
         ok = [v for v in self.done.values() if v.replayed]
         skipped = [v for v in self.done.values() if not v.replayed]
         text = f"replayed {len(ok)} op(s) in float64 in {self.seconds:.2f} s"
+        referenced = sum(1 for v in ok if any(t.reference_run for t in v.tensors))
+        if self.shortcut and ok:
+            text += f" ({referenced} needed the reference kernel)"
         if skipped:
             text += (f"; {len(skipped)} not replayed (e.g. {skipped[0].name}: "
                      f"{skipped[0].reason})")
@@ -144,13 +151,13 @@ def replay_jobs() -> int:
 _WORKER: Optional[Replayer] = None
 
 
-def _worker_init(path: str, policy: Any) -> None:
+def _worker_init(path: str, policy: Any, shortcut: bool = True) -> None:
     global _WORKER
     import torch
 
     from ...store.reader import open_dump
     torch.set_num_threads(1)        # the workers share the cores
-    _WORKER = Replayer(open_dump(path), policy=policy)
+    _WORKER = Replayer(open_dump(path), policy=policy, shortcut=shortcut)
 
 
 def _worker_judge(names: list[str]) -> dict[str, LocalError]:

@@ -215,3 +215,24 @@ def flat_descriptors(descs: Any) -> list[dict[str, Any]]:
     for d in descs or []:
         walk(d, 1)
     return out
+
+
+def read_once(load: Callable[[str], Any]) -> Callable[[str], Any]:
+    """`load` that reads each key once and then hands out the same tensor (a caller that
+    writes makes its own copy first, as `rebuild_call` does)."""
+    seen: dict[str, Any] = {}
+
+    def cached(key: str) -> Any:
+        if key not in seen:
+            seen[key] = load(key)
+        return seen[key]
+    return cached
+
+
+def dtype_signature(record: dict[str, Any], recorded: list[Optional[torch.dtype]]) -> str:
+    """The op and the dtypes of its argument tensors and of its outputs, as one string (the
+    replay keeps which CPU autocast reproduces a call under it)."""
+    args = flat_descriptors(list(record.get("inputs") or []) +
+                            list((record.get("kwargs") or {}).values()))
+    return (f"{record.get('op')}({','.join(str(d.get('dtype')) for d in args)})->"
+            f"{','.join(str(d) for d in recorded)}")

@@ -61,3 +61,32 @@ def _sums(t: torch.Tensor, g: torch.Tensor) -> list[float]:
         part = torch.stack([d.dot(d), a.dot(a), b.dot(b), a.dot(b)]).tolist()
         out = [x + y for x, y in zip(out, part)]
     return out
+
+
+def rounding_floor(exact: torch.Tensor, dtype: torch.dtype) -> float | None:
+    """A lower bound on the error (`errors_against`'s `error`) of ANY tensor of `dtype` against
+    the float64 result `exact`, a correct reference kernel's included: Q / (E + Q), where
+    Q = ||round(exact) - exact|| (round to nearest, the closest `dtype` tensor there is) and
+    E = ||exact||. Why it bounds: a tensor r of `dtype` has D = ||r - exact|| >= Q, and its
+    error D / max(||r||, E) >= D / (E + D) >= Q / (E + Q). Scaled by `FLOOR_SAFETY` for torch's
+    float64 -> float32 -> dtype double rounding and the summation order.
+
+    None when no bound is known: a non-floating or complex dtype, inf/NaN in `exact`, or a
+    value that overflows `dtype`."""
+    if not dtype.is_floating_point or exact.is_complex() or not exact.is_floating_point():
+        return None
+    e = exact.detach().reshape(-1)
+    qq = ee = 0.0
+    for start in range(0, e.numel(), _CHUNK):
+        b = e[start:start + _CHUNK].to(torch.float64)
+        d = b.to(dtype).to(torch.float64) - b
+        q2, e2 = torch.stack([d.dot(d), b.dot(b)]).tolist()
+        qq, ee = qq + q2, ee + e2
+    if not (math.isfinite(qq) and math.isfinite(ee)):
+        return None
+    q = math.sqrt(qq)
+    e_norm = math.sqrt(ee)
+    return FLOOR_SAFETY * q / (e_norm + q) if e_norm + q > 0 else 0.0
+
+
+FLOOR_SAFETY = 0.99

@@ -48,27 +48,16 @@ import torch
 from ... import ops
 from ...numbers import human
 from ...store.records import iter_tensors
-from .calls import NotReplayable, flat_descriptors, flat_tensors, rebuild_call
-from .errors import errors_against
+from .calls import (NotReplayable, dtype_signature, flat_descriptors, flat_tensors, read_once,
+                    rebuild_call)
+from .rules import RATIO, SIGMAS, TensorLocalError, judge_measured, judge_tensor, settle
 
-RATIO = 3.0
-SIGMAS = 4.0
 REPLAY_THREADS = 1
 
+__all__ = ["RATIO", "SIGMAS", "TensorLocalError", "LocalError", "judge_tensor", "judge_measured",
+           "settle", "replay_record", "replay_tensors", "Replayed", "one_thread"]
+
 _LOW = (torch.bfloat16, torch.float16)
-
-
-@dataclass(frozen=True)
-class TensorLocalError:
-    """One output tensor of a replayed op: the target's and the reference kernel's error."""
-    name: str                   # the target tensor's name in the dump (the compare row's name)
-    dtype: str
-    numel: int
-    error: float                # target vs float64 replay, relative L2
-    scale_error: float          # target vs float64 replay, <t,e>/<e,e> - 1
-    reference_error: float      # CPU kernel in the target's dtype vs float64 replay
-    reference_scale_error: float
-    culprit: str = ""           # "" | "random" | "scale" | "nonfinite" | "integer"
 
 
 @dataclass(frozen=True)
@@ -111,6 +100,11 @@ class LocalError:
             scale = (f", scaled by {1 + w.scale_error:.6g} against "
                      f"{1 + w.reference_scale_error:.6g}")
         which = w.name[len(self.name) + 1:] if w.name.startswith(self.name + ".") else w.name
+        if not w.reference_run:
+            return (f"replayed in float64 on the target's own inputs, the op's own {what} error "
+                    f"is {human(w.error)} ({which}, {w.dtype}), within what {self.reference} "
+                    f"alone makes (at least {human(w.reference_error)}): no kernel of its dtype "
+                    f"does clearly better")
         return (f"replayed in float64 on the target's own inputs, the op's own {what} error is "
                 f"{human(w.error)} ({which}, {w.dtype}), a {self.reference}'s is "
                 f"{human(w.reference_error)}{scale}")
@@ -121,45 +115,6 @@ def _excess(t: TensorLocalError) -> float:
         return math.inf
     ratio = t.error / max(t.reference_error, 1e-30)
     return max(ratio, abs(t.scale_error) / max(abs(t.reference_scale_error), 1e-30))
-
-
-def judge_tensor(name: str, target: torch.Tensor, exact: torch.Tensor, reference: torch.Tensor,
-                 policy: Any) -> TensorLocalError:
-    """Compare one target tensor and the reference kernel's with the float64 result."""
-    dtype = str(target.dtype).replace("torch.", "")
-    n = target.numel()
-    if not (target.is_floating_point() or target.is_complex()):
-        wrong = not torch.equal(target, exact.to(target.dtype)) and \
-            torch.equal(reference, exact.to(reference.dtype))
-        err = 0.0 if torch.equal(target, exact.to(target.dtype)) else 1.0
-        return TensorLocalError(name, dtype, n, err, 0.0, 0.0, 0.0, "integer" if wrong else "")
-    return judge_measured(name, dtype, n, errors_against(target, exact),
-                          errors_against(reference, exact), policy)
-
-
-def judge_measured(name: str, dtype: str, n: int, m_t: Any, m_r: Any, policy: Any
-                   ) -> TensorLocalError:
-    """`judge_tensor`'s rules on measurements already taken (`errors_against`, or
-    `opdiff.comparison.metrics.measure`, of the target and of the reference against the
-    float64 result: anything with error, scale_error and nonfinite_mismatch)."""
-    culprit = ""
-    if m_t.nonfinite_mismatch:
-        # inf/NaN made here from inputs the float64 replay handles finitely: the op is the
-        # origin, whether or not its dtype's range explains it (the reference then says so).
-        return TensorLocalError(name, dtype, n, m_t.error, m_t.scale_error, m_r.error,
-                                m_r.scale_error, "nonfinite")
-    if m_r.nonfinite_mismatch:          # the dtype itself overflows here: nothing to calibrate
-        return TensorLocalError(name, dtype, n, m_t.error, m_t.scale_error, m_r.error,
-                                m_r.scale_error, "")
-    tol = policy.tolerance_for(dtype, dtype)
-    stol = policy.scale_tolerance_for(dtype, dtype)
-    if abs(m_t.scale_error) > abs(m_r.scale_error) + max(
-            stol, SIGMAS * m_r.error / math.sqrt(max(n, 1))):
-        culprit = "scale"
-    elif m_t.error > RATIO * m_r.error + tol / 10:
-        culprit = "random"
-    return TensorLocalError(name, dtype, n, m_t.error, m_t.scale_error, m_r.error,
-                            m_r.scale_error, culprit)
 
 
 # -- running a call -------------------------------------------------------------------------------
@@ -210,10 +165,11 @@ def _shielded() -> Any:
 
 def _run(record: dict[str, Any], load: Callable[[str], Any], cast: Optional[torch.dtype],
          autocast: Optional[torch.dtype], leaves_for: Optional[list[int]] = None,
-         grads: Optional[dict[int, torch.Tensor]] = None, device: str = "cpu") -> list[Any]:
+         grads: Optional[dict[int, torch.Tensor]] = None, device: str = "cpu",
+         seen: Optional[list[torch.dtype]] = None) -> list[Any]:
     """Run a record's call and return its output tensors; with `leaves_for` (indices of the
     argument tensors that get gradients) and `grads` ({output index: gradient}), return the
-    gradient of each of those arguments instead."""
+    gradient of each of those arguments instead. seen: gets the dtypes of the call's outputs."""
     leaf_by_key: dict[str, torch.Tensor] = {}
     wrap = None
     if leaves_for is not None:
@@ -237,6 +193,8 @@ def _run(record: dict[str, Any], load: Callable[[str], Any], cast: Optional[torc
     if out is None and ops.traits(record.get("op", "")).returns_first_argument and call.args:
         out = call.args[0]      # as the capture records it
     outs = flat_tensors([out] if not isinstance(out, (tuple, list)) else out)
+    if seen is not None:
+        seen.extend(o.dtype for o in outs)
     if leaves_for is None:
         return outs
     pairs = [(outs[j], g) for j, g in (grads or {}).items()
@@ -254,26 +212,38 @@ def _run(record: dict[str, Any], load: Callable[[str], Any], cast: Optional[torc
 def _reference(record: dict[str, Any], load: Callable[[str], Any],
                recorded: list[Optional[torch.dtype]],
                known: Optional[dict[str, Optional[torch.dtype]]] = None,
+               leaves_for: Optional[list[int]] = None,
+               grads: Optional[dict[int, torch.Tensor]] = None,
                ) -> tuple[Optional[torch.dtype], list[Any]]:
     """Run the call on CPU in the target's dtypes: as recorded, or under CPU autocast when that
     is what reproduces the recorded output dtypes (the target ran under autocast).
-    Returns (autocast dtype or None, output tensors)."""
+    Returns (autocast dtype or None, output tensors; with `leaves_for` and `grads`, the
+    gradients as `_run` gives them, found in the same run)."""
     low = sorted({d for d in recorded if d in _LOW}, key=str)
     name = record.get("name", "")
-    # Found for this record before (its forward, say): one run instead of up to three.
-    candidates = [known[name]] if known is not None and name in known else [None] + low
-    for autocast in candidates:
+    # Found for this record before (its forward, say): one run instead of up to three. Found
+    # for a call of the same op on the same dtypes: tried first (the autocast rules depend on
+    # the op and the dtypes alone), the others after it.
+    sig = dtype_signature(record, recorded)
+    if known is not None and name in known:
+        candidates = [known[name]]
+    elif known is not None and sig in known:
+        candidates = [known[sig]] + [c for c in [None, *low] if c != known[sig]]
+    else:
+        candidates = [None, *low]
+    for at, autocast in enumerate(candidates):
+        dtypes: list[torch.dtype] = []
         try:
-            outs = _run(record, load, None, autocast)
+            outs = _run(record, load, None, autocast, leaves_for, grads, seen=dtypes)
         except NotReplayable:
             raise
         except Exception as exc:
-            if autocast is None and len(candidates) > 1:
+            if at + 1 < len(candidates) and (autocast is None or candidates[0] is not None):
                 continue
             raise NotReplayable(f"the CPU kernel in the target's dtypes fails ({_short(exc)})")
-        if [o.dtype for o in outs] == recorded:
+        if dtypes == recorded:
             if known is not None:
-                known[name] = autocast
+                known[name] = known[sig] = autocast
             return autocast, outs
     raise NotReplayable("the CPU kernel does not reproduce the target's output dtypes")
 
@@ -296,18 +266,25 @@ def _load_target(load: Callable[[str], Any], desc: dict[str, Any], where: str) -
 
 def replay_record(record: dict[str, Any], load: Callable[[str], Any], policy: Any,
                   forward_record: Optional[dict[str, Any]] = None,
-                  known: Optional[dict[str, Optional[torch.dtype]]] = None) -> LocalError:
+                  known: Optional[dict[str, Optional[torch.dtype]]] = None,
+                  shortcut: bool = True) -> LocalError:
     """The local error of one record (see module docstring). Never raises for a record that
-    cannot be replayed: the LocalError says why (`replayed` False)."""
+    cannot be replayed: the LocalError says why (`replayed` False).
+
+    shortcut: run the reference kernel only for an output that `rules.settle` cannot settle
+    from the float64 result alone (the same verdicts; False runs it for every output). Each
+    saved tensor is read once per record (the float64 and reference runs share it: every
+    run makes its own copy)."""
     start = time.perf_counter()
+    load = read_once(load)
     try:
         with one_thread():
             if record.get("phase") == "backward" and record.get("kind") != "aten":
                 if forward_record is None:
                     raise NotReplayable("its forward call is not in the dump")
-                ref, tensors = _backward(record, forward_record, load, policy, known)
+                ref, tensors = _backward(record, forward_record, load, policy, known, shortcut)
             else:
-                ref, tensors = _forward(record, load, policy, known)
+                ref, tensors = _forward(record, load, policy, known, shortcut)
     except NotReplayable as exc:
         return LocalError(record["name"], False, reason=str(exc),
                           seconds=time.perf_counter() - start)
@@ -364,31 +341,88 @@ def _device_load(load: Callable[[str], Any], device: str) -> Callable[[str], Any
 
 
 def _forward(record: dict[str, Any], load: Callable[[str], Any], policy: Any,
-             known: Optional[dict[str, Optional[torch.dtype]]] = None
+             known: Optional[dict[str, Optional[torch.dtype]]] = None, shortcut: bool = True
              ) -> tuple[str, list[TensorLocalError]]:
-    rep = _forward_tensors(record, load, None, known)
-    return rep.reference, [judge_tensor(n, t, e, r, policy) for n, t, e, r in rep.outputs]
+    outputs, recorded, exact = _forward_exact(record, load)
+    targets = [_load_target(load, d, name) for name, d in outputs]
+    out = _checked([name for name, _ in outputs], targets, exact)
+    settled = [settle(n, t, e, policy) if shortcut else None for n, t, e in out]
+    if all(s is not None for s in settled):
+        return _floor_name(recorded), [s for s in settled if s is not None]
+    with _shielded():
+        autocast, reference = _reference(record, load, recorded, known)
+    return _reference_name(recorded, autocast), [
+        s if s is not None else judge_tensor(n, t, e, r, policy)
+        for s, (n, t, e), r in zip(settled, out, reference)]
 
 
 def _backward(record: dict[str, Any], fwd: dict[str, Any], load: Callable[[str], Any],
-              policy: Any, known: Optional[dict[str, Optional[torch.dtype]]] = None
-              ) -> tuple[str, list[TensorLocalError]]:
-    rep = _backward_tensors(record, fwd, load, None, known)
-    return rep.reference, [judge_tensor(n, t, e, r, policy) for n, t, e, r in rep.outputs]
+              policy: Any, known: Optional[dict[str, Optional[torch.dtype]]] = None,
+              shortcut: bool = True) -> tuple[str, list[TensorLocalError]]:
+    leaves, g_plain, recorded, exact = _backward_exact(record, fwd, load)
+    names = [f"{record['name']}.output.{i}" for i in leaves]
+    targets = [_load_target(load, record["outputs"][i], n) for i, n in zip(leaves, names)]
+    out = _checked(names, targets, exact)
+    settled = [settle(n, t, e, policy) if shortcut else None for n, t, e in out]
+    if all(s is not None for s in settled):
+        return _floor_name(recorded), [s for s in settled if s is not None]
+    # The reference computes only the gradients not settled (a conv's weight gradient, say).
+    need = [i for i, s in zip(leaves, settled) if s is None]
+    with _shielded():
+        autocast, needed = _backward_reference(fwd, load, need, g_plain, known)
+    by_leaf = dict(zip(need, needed))
+    judged = []
+    for i, s, (n, t, e) in zip(leaves, settled, out):
+        if s is None:
+            r = by_leaf.get(i)
+            if r is None or t.dtype != r.dtype:
+                raise NotReplayable(f"{n}: replayed {r.dtype if r is not None else None}, dump "
+                                    f"{t.dtype}")
+            s = judge_tensor(n, t, e, r, policy)
+        judged.append(s)
+    return _reference_name(recorded, autocast), judged
 
 
-def _forward_tensors(record: dict[str, Any], load: Callable[[str], Any],
-                     device: Optional[str],
-                     known: Optional[dict[str, Optional[torch.dtype]]] = None) -> Replayed:
+def _checked(names: list[str], targets: list[torch.Tensor], exact: list[Any]
+             ) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """(name, target, float64 result) per output; NotReplayable when a shape differs."""
+    out = []
+    for name, t, e in zip(names, targets, exact):
+        if e is None:
+            raise NotReplayable(f"{name}: the forward call has no such tensor argument")
+        if tuple(t.shape) != tuple(e.shape):
+            raise NotReplayable(f"{name}: replayed shape {list(e.shape)}, dump {list(t.shape)}")
+        out.append((name, t, e))
+    return out
+
+
+def _floor_name(dtypes: list[Optional[torch.dtype]]) -> str:
+    floats = [d for d in dtypes if d is not None and d.is_floating_point]
+    low = min(floats, key=lambda d: torch.finfo(d).bits) if floats else None
+    return f"rounding to {str(low).replace('torch.', '')}" if low else "exact result"
+
+
+def _forward_exact(record: dict[str, Any], load: Callable[[str], Any]
+                   ) -> tuple[list[tuple[str, dict[str, Any]]], list[Optional[torch.dtype]],
+                              list[Any]]:
+    """The record's outputs (name, descriptor), their recorded dtypes and the float64 run."""
     outputs = [(name, d) for name, role, d in iter_tensors(record) if role == "output"]
     if not outputs:
         raise NotReplayable("it has no output tensor to compare")
     recorded = [_dtype(d) for _, d in outputs]
     with _shielded():
         exact = _run(record, load, torch.float64, None)
-        autocast, reference = _reference(record, load, recorded, known)
     if len(exact) != len(outputs):
         raise NotReplayable(f"the replay returns {len(exact)} tensors, the dump {len(outputs)}")
+    return outputs, recorded, exact
+
+
+def _forward_tensors(record: dict[str, Any], load: Callable[[str], Any],
+                     device: Optional[str],
+                     known: Optional[dict[str, Optional[torch.dtype]]] = None) -> Replayed:
+    outputs, recorded, exact = _forward_exact(record, load)
+    with _shielded():
+        autocast, reference = _reference(record, load, recorded, known)
     targets: list[Optional[torch.Tensor]]
     if device is not None:
         targets = [o.cpu() for o in _run(record, _device_load(load, device), None, autocast,
@@ -404,9 +438,11 @@ def _forward_tensors(record: dict[str, Any], load: Callable[[str], Any],
     return Replayed(_reference_name(recorded, autocast), tuple(out))
 
 
-def _backward_tensors(record: dict[str, Any], fwd: dict[str, Any], load: Callable[[str], Any],
-                      device: Optional[str],
-                      known: Optional[dict[str, Optional[torch.dtype]]] = None) -> Replayed:
+def _backward_exact(record: dict[str, Any], fwd: dict[str, Any], load: Callable[[str], Any]
+                    ) -> tuple[list[int], dict[int, torch.Tensor], list[Optional[torch.dtype]],
+                               list[Any]]:
+    """The argument indices that got gradients, the recorded output gradients, the dtypes of
+    the recorded input gradients and the float64 gradients."""
     grads_in = record.get("outputs") or []
     leaves = [i for i, d in enumerate(grads_in) if isinstance(d, dict) and d.get("type") == "tensor"]
     if not leaves:
@@ -420,12 +456,25 @@ def _backward_tensors(record: dict[str, Any], fwd: dict[str, Any], load: Callabl
     recorded = [_dtype(grads_in[i]) for i in leaves]
     with _shielded():
         exact = _run(fwd, load, torch.float64, None, leaves, g_exact)
-        if known is not None and fwd.get("name") in known:
-            autocast = known[fwd["name"]]
-        else:
-            autocast, _ = _reference(fwd, load, [_dtype(d) for _, r, d in iter_tensors(fwd)
-                                                 if r == "output"], known)
-        reference = _run(fwd, load, None, autocast, leaves, g_plain)
+    return leaves, g_plain, recorded, exact
+
+
+def _backward_reference(fwd: dict[str, Any], load: Callable[[str], Any], leaves: list[int],
+                        g_plain: dict[int, torch.Tensor],
+                        known: Optional[dict[str, Optional[torch.dtype]]]
+                        ) -> tuple[Optional[torch.dtype], list[Any]]:
+    """The reference kernel's gradients (and the autocast dtype that reproduces the forward)."""
+    return _reference(fwd, load, [_dtype(d) for _, r, d in iter_tensors(fwd) if r == "output"],
+                      known, leaves, g_plain)
+
+
+def _backward_tensors(record: dict[str, Any], fwd: dict[str, Any], load: Callable[[str], Any],
+                      device: Optional[str],
+                      known: Optional[dict[str, Optional[torch.dtype]]] = None) -> Replayed:
+    leaves, g_plain, recorded, exact = _backward_exact(record, fwd, load)
+    grads_in = record["outputs"]
+    with _shielded():
+        autocast, reference = _backward_reference(fwd, load, leaves, g_plain, known)
     targets: list[Optional[torch.Tensor]]
     if device is not None:
         g_dev = {j: g.to(device) for j, g in g_plain.items()}

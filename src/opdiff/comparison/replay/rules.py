@@ -1,0 +1,120 @@
+"""The rules a replayed output is judged by (see `opdiff.comparison.replay.local`'s docstring).
+
+    from opdiff.comparison.replay.rules import judge_tensor, settle
+    judge_tensor(name, target, float64_result, reference_result, policy)
+    settle(name, target, float64_result, policy)     # the same verdict, or None
+
+`settle` gives `judge_tensor`'s verdict without the reference kernel's result whenever that
+result cannot change it, which is most of the time for a healthy op: running the reference (a
+bfloat16 convolution on a CPU without bf16 units, say) was most of the compare's replay time.
+
+The reference's error against float64 only ever raises the bars (`judge_measured`):
+
+    scale:   |s_t| > |s_ref| + max(scale_tolerance, SIGMAS * err_ref / sqrt(n))
+    random:  err_t > RATIO * err_ref + tolerance / 10
+
+and no tensor of the output's dtype, the reference's included, is closer to the float64 result
+than that result rounded to the dtype: err_ref >= floor (`errors.rounding_floor`, a proven lower
+bound). So a target with
+
+    |s_t| <= max(scale_tolerance, SIGMAS * floor / sqrt(n))   and   err_t <= RATIO * floor + tolerance / 10
+
+passes both rules whatever the reference gives: it is settled as passing. Anything else (a
+borderline or bad target, inf/NaN anywhere, a complex output, a value beyond the dtype's range)
+is left to the full rules with the reference run: a verdict never changes, only the reference's
+errors of a settled output are not known (`reference_run` False; `reference_error` holds the
+floor, a lower bound of it, and `reference_scale_error` 0).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from .errors import errors_against, rounding_floor
+
+RATIO = 3.0
+SIGMAS = 4.0
+
+
+@dataclass(frozen=True)
+class TensorLocalError:
+    """One output tensor of a replayed op: the target's and the reference kernel's error."""
+    name: str                   # the target tensor's name in the dump (the compare row's name)
+    dtype: str
+    numel: int
+    error: float                # target vs float64 replay, relative L2
+    scale_error: float          # target vs float64 replay, <t,e>/<e,e> - 1
+    reference_error: float      # CPU kernel in the target's dtype vs float64 replay
+    reference_scale_error: float
+    culprit: str = ""           # "" | "random" | "scale" | "nonfinite" | "integer"
+    reference_run: bool = True  # False: settled without it (`settle`); reference_error is then
+    #                             the rounding floor, a lower bound of the reference's error
+
+
+def judge_tensor(name: str, target: torch.Tensor, exact: torch.Tensor, reference: torch.Tensor,
+                 policy: Any) -> TensorLocalError:
+    """Compare one target tensor and the reference kernel's with the float64 result."""
+    dtype = str(target.dtype).replace("torch.", "")
+    n = target.numel()
+    if not (target.is_floating_point() or target.is_complex()):
+        wrong = not torch.equal(target, exact.to(target.dtype)) and \
+            torch.equal(reference, exact.to(reference.dtype))
+        err = 0.0 if torch.equal(target, exact.to(target.dtype)) else 1.0
+        return TensorLocalError(name, dtype, n, err, 0.0, 0.0, 0.0, "integer" if wrong else "")
+    return judge_measured(name, dtype, n, errors_against(target, exact),
+                          errors_against(reference, exact), policy)
+
+
+def judge_measured(name: str, dtype: str, n: int, m_t: Any, m_r: Any, policy: Any
+                   ) -> TensorLocalError:
+    """`judge_tensor`'s rules on measurements already taken (`errors_against`, or
+    `opdiff.comparison.metrics.measure`, of the target and of the reference against the
+    float64 result: anything with error, scale_error and nonfinite_mismatch)."""
+    culprit = ""
+    if m_t.nonfinite_mismatch:
+        # inf/NaN made here from inputs the float64 replay handles finitely: the op is the
+        # origin, whether or not its dtype's range explains it (the reference then says so).
+        return TensorLocalError(name, dtype, n, m_t.error, m_t.scale_error, m_r.error,
+                                m_r.scale_error, "nonfinite")
+    if m_r.nonfinite_mismatch:          # the dtype itself overflows here: nothing to calibrate
+        return TensorLocalError(name, dtype, n, m_t.error, m_t.scale_error, m_r.error,
+                                m_r.scale_error, "")
+    tol = policy.tolerance_for(dtype, dtype)
+    stol = policy.scale_tolerance_for(dtype, dtype)
+    if abs(m_t.scale_error) > abs(m_r.scale_error) + max(
+            stol, SIGMAS * m_r.error / math.sqrt(max(n, 1))):
+        culprit = "scale"
+    elif m_t.error > RATIO * m_r.error + tol / 10:
+        culprit = "random"
+    return TensorLocalError(name, dtype, n, m_t.error, m_t.scale_error, m_r.error,
+                            m_r.scale_error, culprit)
+
+
+def settle(name: str, target: torch.Tensor, exact: torch.Tensor, policy: Any
+           ) -> Optional[TensorLocalError]:
+    """`judge_tensor`'s verdict when it holds whatever the reference kernel gives (a passing
+    one: see the module docstring), else None (run the reference)."""
+    dtype = str(target.dtype).replace("torch.", "")
+    n = target.numel()
+    if not (target.is_floating_point() or target.is_complex()):
+        if exact.dtype == target.dtype and torch.equal(target, exact):
+            return TensorLocalError(name, dtype, n, 0.0, 0.0, 0.0, 0.0, "", reference_run=False)
+        return None
+    if target.is_complex() or exact.is_complex():
+        return None
+    m_t = errors_against(target, exact)
+    if m_t.nonfinite_mismatch or not (math.isfinite(m_t.error) and math.isfinite(m_t.scale_error)):
+        return None
+    floor = rounding_floor(exact, target.dtype)
+    if floor is None:
+        return None
+    tol = policy.tolerance_for(dtype, dtype)
+    stol = policy.scale_tolerance_for(dtype, dtype)
+    if abs(m_t.scale_error) <= max(stol, SIGMAS * floor / math.sqrt(max(n, 1))) and \
+            m_t.error <= RATIO * floor + tol / 10:
+        return TensorLocalError(name, dtype, n, m_t.error, m_t.scale_error, floor, 0.0, "",
+                                reference_run=False)
+    return None
