@@ -285,8 +285,16 @@ def _reduce_small(pending: list) -> None:
     with np.errstate(all="ignore"):
         columns = (np.minimum.reduceat(flat, starts), np.maximum.reduceat(flat, starts),
                    np.add.reduceat(flat, starts), np.add.reduceat(flat * flat, starts))
-    for p, mn, mx, total, squares in zip(pending, *(c.tolist() for c in columns)):
-        p.stats = _finish(p.values, p.values.size, mn, mx, total, squares)
+    finite = np.isfinite(columns[0]) & np.isfinite(columns[1]) & np.isfinite(columns[2]) \
+        & np.isfinite(columns[3])
+    for p, mn, mx, total, squares, ok in zip(pending, *(c.tolist() for c in columns),
+                                            finite.tolist()):
+        n = p.values.size
+        if ok:      # the common case, without _finish's checks (all four numbers are finite)
+            p.stats = {"max": mx, "min": mn, "mean": total / n, "norm": math.sqrt(squares),
+                       "nan": 0, "inf": 0}
+        else:
+            p.stats = _finish(p.values, n, mn, mx, total, squares)
         for desc in p.descs:
             desc["stats"] = p.stats
         p.values = None
@@ -313,12 +321,17 @@ class StatsBatch:
 
     def add(self, desc: dict, t: torch.Tensor):
         """Describe t's statistics into desc; returns a handle that `share` can reuse."""
-        if t.device.type == "cpu" and not self._cpu_as_device:
-            values = _small_snapshot(t)
-            if values is not None:
-                small = _Small(values, desc)
-                self._small.append(small)
-                return small
+        if t.is_cpu and not self._cpu_as_device:
+            n = t.numel()
+            if 0 < n <= _SMALL and t.dtype in _NUMPY_EXACT and t.layout == torch.strided:
+                try:    # a copy of its values now, reduced with the others at flush
+                    values = t.numpy(force=True).astype(np.float64).reshape(-1)
+                except (RuntimeError, TypeError):   # tensor subclasses
+                    values = None
+                if values is not None:
+                    small = _Small(values, desc)
+                    self._small.append(small)
+                    return small
             # small bf16 (NumPy has no bfloat16): staged like a device tensor's, not reduced alone
             pending = self._stage(desc, t) if t.dtype not in _NUMPY_EXACT and _small(t) else None
             if pending is not None:
