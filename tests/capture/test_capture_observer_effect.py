@@ -193,3 +193,18 @@ def test_a_library_wrapper_of_a_torch_function_runs_once_per_call(level, tmp_pat
         assert "Functional.silu.0.forward" in names and "Functional.silu.1.forward" in names
         assert "Tensor.__mul__.0.forward" in names     # the library's own op, recorded once each
         assert "Tensor.__mul__.2.forward" not in names
+
+
+@pytest.mark.parametrize("task", ["statistics", "overflow_check"])
+@pytest.mark.parametrize("level", ["L1", "mix"])
+def test_described_tensors_stay_resizable(task, level, tmp_path):
+    """Capture's statistics copy values without a NumPy view of the user's tensors (a view makes
+    a storage unresizable for good: FSDP2's `storage.resize_(0)` then fails)."""
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU())
+    x = torch.randn(2, 3)
+    with opdiff.dump(model, str(tmp_path / "d"), level=level, task=task):
+        y = model(x)
+        y.sum().backward()
+    for t in (x, y.detach(), model[0].weight.detach(), model[0].weight.grad):
+        storage = t.untyped_storage()
+        storage.resize_(storage.nbytes())      # raises on an unresizable storage

@@ -27,6 +27,30 @@ class Describer:
         self._stats: dict = {}   # id(tensor) -> (weakref, version, stats handle)
         self._blocks: dict = {}  # (address, numel, dtype) of a dense tensor -> same as _stats
         self._by_storage: dict = {}   # storage address -> ids of cached tensors viewing it
+        # A read is verified (outside.py) unless the tensor was described or verified since the
+        # last op began (`epoch`, advanced by Session.describe_inputs): a module's output read
+        # right after its last op made it, a parameter read by its op and its module.
+        self.epoch = 0
+        self._seen: dict = {}    # id(tensor) -> epoch it was last described or verified in
+        if stats is not None:
+            stats.on_outside = self._changed_outside
+
+    def _changed_outside(self, desc: dict, values, where: tuple) -> None:
+        """A shared description's tensor held other values when it was read again (outside.py):
+        mark the reader's descriptor, forget the tensor's cached description, and with
+        task="tensor" save the values the reader saw (`values`: their float64 copy, or None
+        when the tensor was saved again as it was read)."""
+        record, role, slot, key, dtype = where
+        name = tensor_name(record, role, slot)
+        desc["outside"] = True
+        desc["leaf"] = "outside"
+        desc["fqn"] = name
+        self._stats.pop(key, None)
+        self._saved.pop(key, None)
+        self._seen.pop(key, None)
+        if self.save and values is not None and "key" in desc:
+            self.writer.save_tensor(name, torch.from_numpy(values).view(desc["shape"]).to(dtype))
+            desc["key"] = name
 
     def forget(self, values) -> None:
         """Drop what is known about tensors sharing memory with `values`: called once an op
@@ -108,14 +132,21 @@ class Describer:
             key = id(t)
             cached = self._stats.get(key)
             if cached is not None and cached[1] == version and cached[0]() is t:
-                self.stats.share(desc, cached[2])
+                if self._seen.get(key) == self.epoch:    # no user code ran since it was read
+                    self.stats.share(desc, cached[2])
+                else:   # verified: a write outside torch leaves the version counter as it was
+                    # (against its first description: every later reader of changed values is
+                    # marked, the comparison names the first)
+                    self._seen[key] = self.epoch
+                    self.stats.share(desc, cached[2], t, (record, role, slot, key, dtype))
             else:
-                self._add_stats(desc, t, key, version)
+                self._add_stats(desc, t, key, version, record, role, slot)
         if self.save and t.layout == torch.strided:
             desc["key"] = self._save(t, record, role, slot)
         return desc
 
-    def _add_stats(self, desc: dict, t: torch.Tensor, key: int, version: int) -> None:
+    def _add_stats(self, desc: dict, t: torch.Tensor, key: int, version: int, record: str,
+                   role: str, slot) -> None:
         """Statistics of a tensor not described before (or changed since): shared with a live,
         unchanged tensor over exactly the same elements, else queued; remembered either way."""
         if t.layout != torch.strided:
@@ -133,7 +164,7 @@ class Describer:
         block = (ptr, t.numel(), t.dtype) if t.is_contiguous() or _dense(t) else None
         handle = self._same_block(block, version) if block is not None else None
         if handle is not None:
-            self.stats.share(desc, handle)
+            self.stats.share(desc, handle, t, (record, role, slot, key, t.dtype))
             block = None     # the block's entry stays its first tensor's
         else:
             handle = self.stats.add(desc, t)
@@ -142,6 +173,7 @@ class Describer:
         except TypeError:
             return
         self._stats[key] = entry
+        self._seen[key] = self.epoch
         keys = self._by_storage.get(address)
         if keys is None:
             keys = self._by_storage[address] = set()

@@ -141,6 +141,7 @@ class ModuleCapture:
                 pending = PendingRecord(record, index)
                 backward = s.selection.want_backward and torch.is_grad_enabled()
                 with s.own():
+                    s.sink.describer.epoch += 1    # user code may have run since the last call
                     record["inputs"] = s.describe_all(args, name, Role.INPUT)
                     tag_leaves(s, zip(args, record["inputs"]), record)
                     if backward:

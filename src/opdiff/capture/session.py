@@ -155,6 +155,7 @@ class Session:
         of a fill or copy_, an `out=` tensor) by dtype and shape only (see ops.OpTraits).
         With `record` (the op's), leaves among the arguments are tagged and recorded at their
         first read (see leaves.py)."""
+        cast("Describer", self.sink.describer).epoch += 1   # user code may have run since the last op
         inputs, described = self._describe_inputs(op, args, kwargs, name)
         if record is not None and (self.leaves.table or self.leaves.has_inputs):
             tag_leaves(self, zip(args, inputs), record)
