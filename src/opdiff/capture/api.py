@@ -22,6 +22,7 @@ class ApiCapture(TorchFunctionMode):
 
     # the layer's lifecycle (see debugger.LEVELS)
     def start(self, model=None) -> None:
+        self.session.ops_advance_epoch = True
         self.__enter__()
 
     def stop(self) -> None:

@@ -39,7 +39,7 @@ def verify(batch: Any, desc: dict, handle: Any, t: torch.Tensor, where: Any) -> 
     if isinstance(handle, st._Small):
         if handle.values is None and handle.stats is None:    # its reduction failed
             return None
-        if handle.digest is not None and t.is_contiguous() and digest(t) == handle.digest:
+        if handle.digest is not None and one_block(t) and digest(t) == handle.digest:
             return None
         check = batch.snapshot(desc, t)
         if check is not None:
@@ -58,9 +58,22 @@ def verify(batch: Any, desc: dict, handle: Any, t: torch.Tensor, where: Any) -> 
 
 
 def digest(t: torch.Tensor) -> int:
-    """A hash of a contiguous CPU tensor's bytes, read where they lie (a NumPy view would make
-    its storage unresizable; a torch op would cost more than the hash)."""
+    """A hash of the bytes of a CPU tensor that fills one memory block (`one_block`), read where
+    they lie (a NumPy view would make its storage unresizable; a torch op costs more)."""
     return hash(ctypes.string_at(t.data_ptr(), t.numel() * t.element_size()))
+
+
+def one_block(t: torch.Tensor) -> bool:
+    """Whether t's elements fill one memory block from data_ptr() on: contiguous, or dense in
+    another order of its dimensions with positive strides (a transpose, a permute)."""
+    if t.is_contiguous():
+        return True
+    expected = 1
+    for stride, size in sorted((st_, sz) for st_, sz in zip(t.stride(), t.shape) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def _same_sum(t: torch.Tensor, stats: dict) -> bool:
@@ -85,4 +98,4 @@ def settle(pending: list, on_outside: Optional[Callable]) -> None:
         p.values, p.descs, p.original, p.where = None, [], None, None
 
 
-__all__ = ["verify", "settle", "digest"]
+__all__ = ["verify", "settle", "digest", "one_block"]
