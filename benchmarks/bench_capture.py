@@ -1,9 +1,11 @@
 """Capture overhead: the same training step with and without opdiff, side by side in one process.
 
-    python benchmarks/bench_capture.py [--steps 7] [--models cnn,transformer] [--autocast bf16]
+    python benchmarks/bench_capture.py [--steps 9] [--models cnn,transformer,llama,gpt2] [--autocast bf16]
 
 Prints, per model and setting, the median step time and its ratio to the plain step measured
-in the same rounds (plain and captured steps alternate, so machine noise hits both).
+in the same rounds (plain and captured steps alternate, so machine noise hits both), on one
+thread (`torch.set_num_threads(1)`, `--threads` to change), after a warm-up captured step.
+`llama` and `gpt2` are tiny Hugging Face models built from configs (transformers installed).
 """
 from __future__ import annotations
 
@@ -35,8 +37,9 @@ def run_step(model, batch, loss_fn, opt, autocast=None):
     opt.step()
 
 
-def bench(name, workload, steps, settings, warmup=2, autocast=None):
-    """Per setting, `steps` rounds of (plain step, captured step); ratio of the two medians.
+def bench(name, workload, steps, settings, warmup=2, autocast=None, clock=time.perf_counter):
+    """Per setting, a warm-up captured step, then `steps` rounds of (plain step, captured
+    step); ratio of the two medians.
 
     Each setting gets its own plain steps, taken right beside its captured ones. Dirty pages
     from the tensor task are synced to disk outside the timed region: the kernel writing them
@@ -51,18 +54,21 @@ def bench(name, workload, steps, settings, warmup=2, autocast=None):
     try:
         for level, task in settings:
             plain, captured = [], []
-            for i in range(steps):
-                t0 = time.perf_counter()
+            for i in range(-1, steps):      # round -1: the warm-up captured step, not timed
+                t0 = clock()
                 run_step(model, batch, loss_fn, opt, autocast)
-                plain.append(time.perf_counter() - t0)
+                plain.append(clock() - t0)
                 path = root / f"{level}-{task}-{i}"
-                t0 = time.perf_counter()
+                t0 = clock()
                 dbg = opdiff.PrecisionDebugger(dump_path=str(path), level=level, task=task)
                 dbg.start(model)
                 run_step(model, batch, loss_fn, opt, autocast)
                 dbg.stop()
                 dbg.step()
-                captured.append(time.perf_counter() - t0)
+                if i >= 0:
+                    captured.append(clock() - t0)
+                else:
+                    plain.pop()
                 shutil.rmtree(path, ignore_errors=True)
                 if hasattr(os, "sync"):
                     os.sync()
@@ -126,8 +132,11 @@ def parts(name, workload, steps, warmup=2):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=7, help="measured steps per setting (median)")
-    parser.add_argument("--models", default="cnn,transformer")
+    parser.add_argument("--steps", type=int, default=9, help="measured steps per setting (median)")
+    parser.add_argument("--models", default="cnn,transformer", help="of cnn, transformer, llama, gpt2")
+    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="cpu: this process's CPU time (steadier on a shared machine)")
     parser.add_argument("--settings", default=None, help="e.g. mix:statistics,L1:tensor")
     parser.add_argument("--autocast", choices=["bf16"], default=None,
                         help="run every step (plain and captured) under CPU bf16 autocast")
@@ -135,8 +144,10 @@ def main(argv=None):
                         help="instead: where mix statistics' time goes (statistics of small "
                              "tensors, of large ones, the rest)")
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
     autocast = torch.bfloat16 if args.autocast == "bf16" else None
-    workloads = {"cnn": models.cnn_workload, "transformer": models.transformer_workload}
+    workloads = {"cnn": models.cnn_workload, "transformer": models.transformer_workload,
+                 "llama": models.llama_workload, "gpt2": models.gpt2_workload}
     if args.parts:
         print(f"mix statistics, {args.steps} rounds, median of per-round ratios to the plain step")
         for name in args.models.split(","):
@@ -146,11 +157,13 @@ def main(argv=None):
     settings = SETTINGS
     if args.settings:
         settings = [tuple(s.split(":")) for s in args.settings.split(",")]
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.steps} steps, median"
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.steps} steps, median, "
+          f"{args.clock} clock"
           + (", bf16 autocast" if autocast else ""))
     print(f"{'model':<12} {'level':<5} {'task':<15} {'plain ms':>9} {'step ms':>9} {'x plain':>8}")
     for name in args.models.split(","):
-        for row in bench(name, workloads[name], args.steps, settings, autocast=autocast):
+        clock = time.process_time if args.clock == "cpu" else time.perf_counter
+        for row in bench(name, workloads[name], args.steps, settings, autocast=autocast, clock=clock):
             print(f"{row[0]:<12} {row[1]:<5} {row[2]:<15} {row[3] * 1000:9.1f} {row[4] * 1000:9.1f} "
                   f"{row[5]:8.2f}")
 

@@ -6,7 +6,7 @@ A deep MLP of tiny layers (width 16, batch 4): the plain step is almost all Pyth
 dispatch, so (captured step - plain step) / records per step is opdiff's own cost per record,
 free of the memory traffic that makes ratios on real models noisy here. On a GPU, where kernels
 run asynchronously, this host time is what capture adds to a step. Plain and captured steps
-alternate; medians.
+alternate (one thread); medians.
 """
 from __future__ import annotations
 
@@ -36,7 +36,11 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=31)
     parser.add_argument("--level", default="mix")
     parser.add_argument("--task", default="statistics")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="cpu: this process's CPU time (steadier on a shared machine)")
     args = parser.parse_args(argv)
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    torch.set_num_threads(1)
     torch.manual_seed(0)
     model = tiny_mlp()
     x = torch.randn(4, 16)
@@ -53,24 +57,24 @@ def main(argv=None):
     plain, captured, records = [], [], 0
     try:
         for i in range(args.steps):
-            t0 = time.perf_counter()
+            t0 = clock()
             step()
-            plain.append(time.perf_counter() - t0)
+            plain.append(clock() - t0)
             path = root / str(i)
-            t0 = time.perf_counter()
+            t0 = clock()
             dbg = opdiff.PrecisionDebugger(dump_path=str(path), level=args.level, task=args.task)
             dbg.start(model)
             step()
             dbg.stop()
             dbg.step()
-            captured.append(time.perf_counter() - t0)
+            captured.append(clock() - t0)
             if i == 0:
                 records = sum(1 for _ in open_dump(path / "step0" / "rank0").records())
             shutil.rmtree(path, ignore_errors=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     p, c = statistics.median(plain), statistics.median(captured)
-    print(f"level {args.level}, task {args.task}: plain step {p * 1e3:.2f} ms, captured "
+    print(f"level {args.level}, task {args.task}, {args.clock} clock: plain step {p * 1e3:.2f} ms, captured "
           f"{c * 1e3:.2f} ms, {records} records: {(c - p) / records * 1e6:.1f} us per record")
 
 

@@ -70,3 +70,27 @@ def transformer_workload(batch: int = 8, seq: int = 64):
     model = Transformer()
     tokens = torch.randint(0, 1000, (batch, seq))
     return model, (tokens,), lambda m, b: F.cross_entropy(m(b[0]).flatten(0, 1), b[0].flatten())
+
+
+def _hf_causal_lm(config):
+    """A tiny Hugging Face causal LM built from a config (no download), with a batch of tokens."""
+    from transformers import AutoModelForCausalLM
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    tokens = torch.randint(0, config.vocab_size, (2, 32))
+    return model, (tokens,), lambda m, b: m(input_ids=b[0], labels=b[0]).loss
+
+
+def llama_workload():
+    """A 2-layer Llama (hidden 64, 4 heads) built from LlamaConfig: a plain step of ~10 ms."""
+    from transformers import LlamaConfig
+    return _hf_causal_lm(LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128,
+                                     num_hidden_layers=2, num_attention_heads=4,
+                                     num_key_value_heads=4, max_position_embeddings=128))
+
+
+def gpt2_workload():
+    """A 2-layer GPT-2 (hidden 64, 4 heads) built from GPT2Config: a plain step of ~10 ms."""
+    from transformers import GPT2Config
+    return _hf_causal_lm(GPT2Config(vocab_size=1000, n_embd=64, n_layer=2, n_head=4, n_positions=128,
+                                    bos_token_id=0, eos_token_id=0))

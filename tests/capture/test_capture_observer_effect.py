@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import opdiff
-from opdiff.store import find_dumps
+from opdiff.store import find_dumps, open_dump
 
 TRAINING_FAMILIES = ("cnn", "res3d", "lstm", "transformer")   # tests/conftest.py model families
 TASKS = ("statistics", "tensor", "overflow_check")
@@ -143,3 +143,68 @@ def test_shared_weights_and_micro_batches_are_bitwise_unchanged(level, tmp_path)
     want = run()
     got = run(opdiff.PrecisionDebugger(dump_path=str(tmp_path / "d"), level=level, task="statistics"))
     assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+class _Gated(torch.nn.Module):
+    """A block whose activation goes through `torch.nn.functional.silu` at call time (as
+    nn.SiLU and Hugging Face's activations do), so a library's replacement of it is used."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+        self.act = torch.nn.SiLU()
+
+    def forward(self, x):
+        return self.act(self.fc(x)) + torch.nn.functional.silu(x)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_a_library_wrapper_of_a_torch_function_runs_once_per_call(level, tmp_path, monkeypatch):
+    """A library that replaces F.silu by its own function (which calls the original and scales
+    its result) must see its function called as often as without opdiff, with the same result;
+    the torch op it wraps is still recorded under torch's name."""
+    original = torch.nn.functional.silu
+    calls = []
+
+    def library_silu(input, inplace=False):
+        calls.append(1)
+        return original(input, inplace) * 2.0
+
+    monkeypatch.setattr(torch.nn.functional, "silu", library_silu)
+    torch.manual_seed(0)
+    model = _Gated()
+    x = torch.randn(3, 4, requires_grad=True)
+
+    def run():
+        calls.clear()
+        x.grad = None
+        out = model(x)
+        out.sum().backward()
+        return len(calls), _bits(out), _bits(x.grad)
+
+    want_calls, want_out, want_grad = run()
+    assert want_calls == 2
+    with opdiff.dump(model, str(tmp_path / "d"), level=level):
+        got_calls, got_out, got_grad = run()
+    assert got_calls == want_calls, f"the library's silu ran {got_calls} times, {want_calls} without opdiff"
+    assert torch.equal(got_out, want_out) and torch.equal(got_grad, want_grad)
+    names = [r["name"] for r in open_dump(tmp_path / "d" / "step0" / "rank0").records()]
+    if level in ("L1", "mix"):
+        assert "Functional.silu.0.forward" in names and "Functional.silu.1.forward" in names
+        assert "Tensor.__mul__.0.forward" in names     # the library's own op, recorded once each
+        assert "Tensor.__mul__.2.forward" not in names
+
+
+@pytest.mark.parametrize("task", ["statistics", "overflow_check"])
+@pytest.mark.parametrize("level", ["L1", "mix"])
+def test_described_tensors_stay_resizable(task, level, tmp_path):
+    """Capture's statistics copy values without a NumPy view of the user's tensors (a view makes
+    a storage unresizable for good: FSDP2's `storage.resize_(0)` then fails)."""
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU())
+    x = torch.randn(2, 3)
+    with opdiff.dump(model, str(tmp_path / "d"), level=level, task=task):
+        y = model(x)
+        y.sum().backward()
+    for t in (x, y.detach(), model[0].weight.detach(), model[0].weight.grad):
+        storage = t.untyped_storage()
+        storage.resize_(storage.nbytes())      # raises on an unresizable storage

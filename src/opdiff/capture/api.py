@@ -7,7 +7,7 @@ from torch.overrides import TorchFunctionMode
 from ..store.schema import Kind, Phase, Role, record_name
 from . import collectives, naming
 from .backward import hook_api_backward, in_backward, input_edges
-from .callsite import api_caller, call_as
+from .callsite import api_caller, call_as, dispatched
 from .guards import capturing_graph
 from .randomness import draws, fingerprint
 from .sink import PendingRecord
@@ -22,6 +22,7 @@ class ApiCapture(TorchFunctionMode):
 
     # the layer's lifecycle (see debugger.LEVELS)
     def start(self, model=None) -> None:
+        self.session.ops_advance_epoch = True
         self.__enter__()
 
     def stop(self) -> None:
@@ -37,6 +38,7 @@ class ApiCapture(TorchFunctionMode):
             # Python for every op. Compiled regions run uncaptured at L1 (use L2 for them).
             return func(*args, **kwargs)
         s = self.session
+        func = dispatched(func)    # a library's wrapper of a torch function runs once, not twice
         op = naming.api_name(func)
         if op is None or s.own.active:
             # Attribute reads (`.shape`, `.grad`: most of the calls a mode sees) as cheaply as

@@ -20,6 +20,8 @@ before an op reaches the dispatcher.
 """
 from __future__ import annotations
 
+import gc
+import os
 import sys
 import types
 from typing import Any, cast
@@ -28,6 +30,7 @@ import torch.overrides
 
 CALL_NAME = "<opdiff call>"
 _OVERRIDES = torch.overrides.__file__     # handle_torch_function's file
+_TORCH_DIR = os.path.dirname(torch.overrides.__file__) + os.sep
 
 
 def _call(func, args, kwargs): return func(*args, **kwargs)   # noqa: E704 (one line: one line number)
@@ -82,3 +85,53 @@ def api_caller():
         f = f.f_back
         f = f.f_back if f is not None else None
     return f
+
+
+_running: dict = {}    # id(code of a torch function) -> (that code, its function or None)
+
+
+def dispatched(func):
+    """The function torch is running when it hands `func` to `__torch_function__`.
+
+    A torch function written in Python (`F.silu`) dispatches with `handle_torch_function(silu,
+    ...)`, `silu` read from its module's globals. A library that replaced `F.silu` by its own
+    wrapper (which calls the original) then gets its wrapper back as `func`: calling `func` from
+    the mode would run the wrapper a second time, inside itself. Here the torch function whose
+    frame called `handle_torch_function` is returned instead, so that user code runs exactly as
+    often as without opdiff (and the op is recorded under torch's name). Called from
+    `__torch_function__`; one frame lookup per call of a Python-level torch function.
+    """
+    code = getattr(func, "__code__", None)
+    if code is None:        # a C function: it calls the mode itself
+        return func
+    try:
+        f = sys._getframe(2)
+    except ValueError:
+        return func
+    if f.f_code.co_filename != _OVERRIDES or f.f_back is None:
+        return func
+    running = f.f_back.f_code
+    if running is code or code.co_filename.startswith(_TORCH_DIR) \
+            or not running.co_filename.startswith(_TORCH_DIR):
+        return func         # torch's own function (or dispatch helper), as torch wrote it
+    entry = _running.get(id(running))
+    if entry is None:
+        owners = _functions_of(running)
+        entry = _running[id(running)] = (running, owners[0] if len(owners) == 1 else None)
+    return entry[1] if entry[1] is not None else func
+
+
+def _functions_of(code) -> list:
+    """The function objects running `code` (once per replaced torch function: a heap scan)."""
+    def scan() -> list:
+        return [o for o in gc.get_referrers(code)
+                if isinstance(o, types.FunctionType) and o.__code__ is code]
+    owners = scan()
+    if not owners and gc.get_freeze_count():
+        # objects frozen at step start (sink.py) are invisible to get_referrers
+        gc.unfreeze()
+        try:
+            owners = scan()
+        finally:
+            gc.freeze()
+    return owners

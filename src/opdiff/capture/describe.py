@@ -27,6 +27,30 @@ class Describer:
         self._stats: dict = {}   # id(tensor) -> (weakref, version, stats handle)
         self._blocks: dict = {}  # (address, numel, dtype) of a dense tensor -> same as _stats
         self._by_storage: dict = {}   # storage address -> ids of cached tensors viewing it
+        # A read is verified (outside.py) unless the tensor was described or verified since the
+        # last op began (`epoch`, advanced by Session.describe_inputs): a module's output read
+        # right after its last op made it, a parameter read by its op and its module.
+        self.epoch = 0
+        self._seen: dict = {}    # id(tensor) -> epoch it was last described or verified in
+        if stats is not None:
+            stats.on_outside = self._changed_outside
+
+    def _changed_outside(self, desc: dict, values, where: tuple) -> None:
+        """A shared description's tensor held other values when it was read again (outside.py):
+        mark the reader's descriptor, forget the tensor's cached description, and with
+        task="tensor" save the values the reader saw (`values`: their float64 copy, or None
+        when the tensor was saved again as it was read)."""
+        record, role, slot, key, dtype = where
+        name = tensor_name(record, role, slot)
+        desc["outside"] = True
+        desc["leaf"] = "outside"
+        desc["fqn"] = name
+        self._stats.pop(key, None)
+        self._saved.pop(key, None)
+        self._seen.pop(key, None)
+        if self.save and values is not None and "key" in desc:
+            self.writer.save_tensor(name, torch.from_numpy(values).view(desc["shape"]).to(dtype))
+            desc["key"] = name
 
     def forget(self, values) -> None:
         """Drop what is known about tensors sharing memory with `values`: called once an op
@@ -47,22 +71,6 @@ class Describer:
         except TypeError:
             return
         self._by_storage.setdefault(_storage(t), set()).add(id(t))
-
-    def _remember_stats(self, t: torch.Tensor, version: int, handle, block) -> None:
-        """One entry for t, under its id and, when it is new, under its memory block."""
-        try:
-            entry = (weakref.ref(t), version, handle)
-        except TypeError:
-            return
-        self._stats[id(t)] = entry
-        address = _storage(t)
-        keys = self._by_storage.get(address)
-        if keys is None:
-            keys = self._by_storage[address] = set()
-        keys.add(id(t))
-        if block is not None:
-            self._blocks[block] = entry
-            keys.add(block)
 
     def describe(self, value, record: str, role: str, slot, depth: int = 0) -> dict:
         """The descriptor of one argument or result: tensor `record.role.slot` (see
@@ -103,7 +111,10 @@ class Describer:
     def tensor(self, t: torch.Tensor, record: str, role: str, slot) -> dict:
         if _is_wrapped(t):
             t = _unwrapped(t)
-        desc = _head(t)
+        dtype = t.dtype
+        desc = {"type": "tensor", "dtype": _DTYPE_NAMES.get(dtype) or _dtype_name(dtype),
+                "shape": list(t.shape), "device": "cpu" if t.is_cpu else str(t.device),
+                "requires_grad": t.requires_grad}
         if t.is_meta or (type(t) not in _PLAIN_TYPES and getattr(t, "_is_fake", False)):
             desc["stats"] = None
             return desc
@@ -111,26 +122,65 @@ class Describer:
             return desc
         # The same unchanged tensor is often described several times (an op's output is the
         # next op's input and its module's output): reduce it once.
-        version = _version(t)
-        cached = self._stats.get(id(t)) if version is not None else None
-        if cached is not None and cached[0]() is t and cached[1] == version:
-            self.stats.share(desc, cached[2])
-        elif version is not None:
-            # A view over exactly the same elements (a transpose, a reshape) holds the same
-            # values, and statistics do not depend on their order.
-            block = _block(t)
-            handle = self._same_block(block, version) if block is not None else None
-            if handle is not None:
-                self.stats.share(desc, handle)
-                block = None     # the block's entry stays its first tensor's
-            else:
-                handle = self.stats.add(desc, t)
-            self._remember_stats(t, version, handle, block)
-        else:
+        try:
+            version = t._version      # inference tensors have none: never cached
+        except RuntimeError:
+            version = None
+        if version is None:
             self.stats.add(desc, t)
+        else:
+            key = id(t)
+            cached = self._stats.get(key)
+            if cached is not None and cached[1] == version and cached[0]() is t:
+                if self._seen.get(key) == self.epoch:    # no user code ran since it was read
+                    self.stats.share(desc, cached[2])
+                else:   # verified: a write outside torch leaves the version counter as it was
+                    # (against its first description: every later reader of changed values is
+                    # marked, the comparison names the first)
+                    self._seen[key] = self.epoch
+                    self.stats.share(desc, cached[2], t, (record, role, slot, key, dtype))
+            else:
+                self._add_stats(desc, t, key, version, record, role, slot)
         if self.save and t.layout == torch.strided:
             desc["key"] = self._save(t, record, role, slot)
         return desc
+
+    def _add_stats(self, desc: dict, t: torch.Tensor, key: int, version: int, record: str,
+                   role: str, slot) -> None:
+        """Statistics of a tensor not described before (or changed since): shared with a live,
+        unchanged tensor over exactly the same elements, else queued; remembered either way."""
+        if t.layout != torch.strided:
+            self.stats.add(desc, t)
+            return
+        try:
+            ptr = t.data_ptr()
+            # SymInt only under symbolic tracing (torch.compile), which hands capture no tensors
+            address = ptr - t.storage_offset() * t.element_size()
+        except (RuntimeError, NotImplementedError):   # storage-less tensors
+            self.stats.add(desc, t)
+            return
+        # A view over exactly the same elements (a transpose, a reshape) holds the same values,
+        # and statistics do not depend on their order.
+        block = (ptr, t.numel(), t.dtype) if t.is_contiguous() or _dense(t) else None
+        handle = self._same_block(block, version) if block is not None else None
+        if handle is not None:
+            self.stats.share(desc, handle, t, (record, role, slot, key, t.dtype))
+            block = None     # the block's entry stays its first tensor's
+        else:
+            handle = self.stats.add(desc, t)
+        try:
+            entry = (weakref.ref(t), version, handle)
+        except TypeError:
+            return
+        self._stats[key] = entry
+        self._seen[key] = self.epoch
+        keys = self._by_storage.get(address)
+        if keys is None:
+            keys = self._by_storage[address] = set()
+        keys.add(key)
+        if block is not None:
+            self._blocks[block] = entry
+            keys.add(block)
 
     def _same_block(self, block: tuple, version: int):
         """The statistics handle of a live tensor over the same memory block, unchanged since."""
@@ -184,21 +234,15 @@ def _storage(t: torch.Tensor) -> int:
         return -1
 
 
-def _block(t: torch.Tensor):
-    """(address, numel, dtype) when t's elements fill one memory block exactly (contiguous in
-    some order of its dimensions), else None."""
-    if t.layout != torch.strided or t.is_meta:
-        return None
-    if not t.is_contiguous():
-        expected = 1
-        for stride, size in sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz != 1):
-            if stride != expected:
-                return None
-            expected *= size
-    try:
-        return (t.data_ptr(), t.numel(), t.dtype)
-    except (RuntimeError, NotImplementedError):
-        return None
+def _dense(t: torch.Tensor) -> bool:
+    """Whether a strided tensor that is not contiguous still fills one memory block exactly
+    (contiguous in some order of its dimensions: a transpose, a permute)."""
+    expected = 1
+    for stride, size in sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)   # never fake tensors
@@ -231,13 +275,22 @@ def _short_repr(value) -> str:
     return text if len(text) <= _MAX_REPR else text[:_MAX_REPR - 3] + "..."
 
 
-def tensors_in(value, depth: int = 0):
-    """Every tensor in a (nested) argument, in order."""
+def tensors_in(value, depth: int = 0) -> list:
+    """Every tensor in a (nested) argument, in order (lists, tuples and dicts, 4 levels deep)."""
     if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)) and depth < 4:
-        for v in value:
-            yield from tensors_in(v, depth + 1)
-    elif isinstance(value, dict) and depth < 4:
-        for v in value.values():
-            yield from tensors_in(v, depth + 1)
+        return [value]
+    out: list = []
+    _collect(value, out, depth)
+    return out
+
+
+def _collect(value, out: list, depth: int) -> None:
+    if depth >= 4:
+        return
+    items = value if isinstance(value, (list, tuple)) else \
+        value.values() if isinstance(value, dict) else ()
+    for v in items:
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif isinstance(v, (list, tuple, dict)):
+            _collect(v, out, depth + 1)

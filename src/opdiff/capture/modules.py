@@ -141,6 +141,8 @@ class ModuleCapture:
                 pending = PendingRecord(record, index)
                 backward = s.selection.want_backward and torch.is_grad_enabled()
                 with s.own():
+                    if not s.ops_advance_epoch:    # L0: user code may have run since the last call
+                        s.sink.describer.epoch += 1
                     record["inputs"] = s.describe_all(args, name, Role.INPUT)
                     tag_leaves(s, zip(args, record["inputs"]), record)
                     if backward:

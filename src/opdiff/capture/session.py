@@ -48,6 +48,10 @@ class Session:
         self.overflow: OverflowMonitor | None = None   # set by the overflow_check task (see overflow.py)
         self.at_close: list = []        # undo at step close: hooks on leaves, nodes held (backward.py)
         self.leaves = Leaves()          # the model's parameters and buffers, the root call's inputs
+        # Which layer advances the describer's epoch (outside.py): each op's inputs when the API
+        # layer records (a module's inputs, read in its pre-hook, are checked again by its first
+        # op), each module call at L0.
+        self.ops_advance_epoch = False
 
     # -- what the layers read on every op ------------------------------------------------------
     @property
@@ -155,6 +159,7 @@ class Session:
         of a fill or copy_, an `out=` tensor) by dtype and shape only (see ops.OpTraits).
         With `record` (the op's), leaves among the arguments are tagged and recorded at their
         first read (see leaves.py)."""
+        cast("Describer", self.sink.describer).epoch += 1   # user code may have run since the last op
         inputs, described = self._describe_inputs(op, args, kwargs, name)
         if record is not None and (self.leaves.table or self.leaves.has_inputs):
             tag_leaves(self, zip(args, inputs), record)

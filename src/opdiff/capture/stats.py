@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ..store.records import encode_float
+from . import outside
 
 _FLOATING_WIDE = (torch.float32, torch.float64)
 
@@ -208,11 +209,12 @@ def vector_stats(row, numel: int) -> dict:
 
 
 def _small_snapshot(t: torch.Tensor):
-    """A float64 NumPy copy of a small CPU tensor (its values now), or None."""
+    """A float64 NumPy copy of a small CPU tensor (its values now), or None. The copy is made
+    by torch: a NumPy view of the user's tensor would make its storage unresizable."""
     if t.numel() > _SMALL or t.dtype not in _NUMPY_EXACT or t.layout != torch.strided or t.numel() == 0:
         return None
     try:
-        return t.detach().numpy().astype(np.float64).reshape(-1)   # astype copies
+        return t.detach().to(torch.float64, copy=True).reshape(-1).numpy()
     except (RuntimeError, TypeError):   # conjugate/negative views, tensor subclasses
         return None
 
@@ -221,10 +223,13 @@ class _Small:
     """A small tensor waiting to be reduced with the others of its flush: its values (a float64
     NumPy copy), or _STAGED while they wait in a device staging buffer."""
 
-    __slots__ = ("values", "stats", "descs")
+    __slots__ = ("values", "stats", "descs", "original", "where", "digest")
 
     def __init__(self, values, desc: dict):
         self.values, self.stats, self.descs = values, None, [desc]
+        self.original: _Small | None = None   # a check (see outside.py): the first description
+        self.where = None
+        self.digest: int | None = None     # a contiguous CPU tensor's bytes, hashed (outside.py)
 
 
 def _settle(device: torch.device) -> None:
@@ -285,12 +290,40 @@ def _reduce_small(pending: list) -> None:
     with np.errstate(all="ignore"):
         columns = (np.minimum.reduceat(flat, starts), np.maximum.reduceat(flat, starts),
                    np.add.reduceat(flat, starts), np.add.reduceat(flat * flat, starts))
-    for p, mn, mx, total, squares in zip(pending, *(c.tolist() for c in columns)):
-        p.stats = _finish(p.values, p.values.size, mn, mx, total, squares)
+    finite = np.isfinite(columns[0]) & np.isfinite(columns[1]) & np.isfinite(columns[2]) \
+        & np.isfinite(columns[3])
+    for p, mn, mx, total, squares, ok in zip(pending, *(c.tolist() for c in columns),
+                                            finite.tolist()):
+        n = p.values.size
+        if ok:      # the common case, without _finish's checks (all four numbers are finite)
+            p.stats = {"max": mx, "min": mn, "mean": total / n, "norm": math.sqrt(squares),
+                       "nan": 0, "inf": 0}
+        else:
+            p.stats = _finish(p.values, n, mn, mx, total, squares)
         for desc in p.descs:
             desc["stats"] = p.stats
-        p.values = None
-        p.descs = []
+        if p.original is None:      # (a check keeps its values until it is settled)
+            p.values = None
+            p.descs = []
+
+
+def _host_values(pending: list) -> None:
+    """Clones of small CPU tensors (see StatsBatch.snapshot) as float64 NumPy values: one
+    concatenation and one conversion per dtype."""
+    groups: dict = {}
+    for p in pending:
+        if isinstance(p.values, torch.Tensor):
+            groups.setdefault(p.values.dtype, []).append(p)
+    for dtype, group in groups.items():
+        flat = torch.cat([p.values.reshape(-1) for p in group])
+        if dtype not in _NUMPY_EXACT:      # bf16, fp8: exact in float32
+            flat = flat.float()
+        host = flat.numpy().astype(np.float64)
+        start = 0
+        for p in group:
+            n = p.values.numel()
+            p.values = host[start:start + n]
+            start += n
 
 
 def _small(t: torch.Tensor) -> bool:
@@ -310,25 +343,18 @@ class StatsBatch:
         self._staging: dict = {}          # (device, staging dtype) -> _Staging
         self._unstageable: set = set()    # (device, dtype) whose copy into staging failed
         self._cpu_as_device = cpu_as_device   # tests: take the device path with CPU tensors
+        # on_outside(desc, values, where): a tensor shared from an earlier description holds
+        # other values now (see outside.py); None: shared descriptions are not verified
+        self.on_outside = None
 
     def add(self, desc: dict, t: torch.Tensor):
         """Describe t's statistics into desc; returns a handle that `share` can reuse."""
-        if t.device.type == "cpu" and not self._cpu_as_device:
-            values = _small_snapshot(t)
-            if values is not None:
-                small = _Small(values, desc)
-                self._small.append(small)
-                return small
-            # small bf16 (NumPy has no bfloat16): staged like a device tensor's, not reduced alone
-            pending = self._stage(desc, t) if t.dtype not in _NUMPY_EXACT and _small(t) else None
-            if pending is not None:
-                return pending
+        small = self.snapshot(desc, t)
+        if small is not None:
+            return small
+        if t.is_cpu and not self._cpu_as_device:
             desc["stats"] = cpu_stats(t)
             return desc["stats"]
-        if _small(t):
-            pending = self._stage(desc, t)
-            if pending is not None:
-                return pending
         vec = device_vector(t)
         if vec is None:
             desc["stats"] = None
@@ -337,6 +363,28 @@ class StatsBatch:
         self._descs.append(desc)
         self._vectors.append(handle)
         return handle
+
+    def snapshot(self, desc: dict, t: torch.Tensor) -> _Small | None:
+        """Queue a copy of a small tensor's values as they are now (reduced at flush with the
+        others), copied by torch into a staging buffer of its device. None for a tensor that is
+        not small (or cannot be staged).
+
+        Never through `t.numpy()`: NumPy's view makes the user's storage unresizable for good
+        (FSDP2 frees its unsharded parameters with `storage.resize_(0)`). A CPU tensor is
+        cloned (one call; capture runs without grad) and read by NumPy at flush."""
+        if not _small(t):
+            return None
+        if t.is_cpu and not self._cpu_as_device and not t.is_complex():
+            try:
+                values = t.clone()
+            except (RuntimeError, TypeError, NotImplementedError):   # tensor subclasses
+                return None
+            small = _Small(values, desc)
+            if outside.one_block(t):
+                small.digest = outside.digest(t)
+            self._small.append(small)
+            return small
+        return self._stage(desc, t)
 
     def _stage(self, desc: dict, t: torch.Tensor) -> _Small | None:
         """Queue a small device tensor's copy into its staging buffer; None where it cannot be
@@ -361,8 +409,15 @@ class StatsBatch:
         self._small.append(pending)
         return pending
 
-    def share(self, desc: dict, handle) -> None:
-        """Give desc the statistics of a tensor already described (same object, unchanged)."""
+    def share(self, desc: dict, handle, t: torch.Tensor | None = None, where=None):
+        """Give desc the statistics of a tensor already described (same object, same version
+        counter). With `t`, verify that its values did not change outside torch meanwhile (see
+        outside.py; `where` comes back to `on_outside` if they did). Returns the handle desc
+        was filled from: `handle`, or the check made of t's values now."""
+        if t is not None and self.on_outside is not None:
+            check = outside.verify(self, desc, handle, t, where)
+            if check is not None:
+                return check
         if handle is None or isinstance(handle, dict):
             desc["stats"] = handle
         elif isinstance(handle, _Small):
@@ -373,6 +428,7 @@ class StatsBatch:
         else:
             self._descs.append(desc)
             self._vectors.append(handle)
+        return handle
 
     def __len__(self) -> int:
         return len(self._descs) + len(self._small)
@@ -386,7 +442,9 @@ class StatsBatch:
                 for stage in self._staging.values():
                     if stage.waiting:
                         stage.fetch()
+                _host_values(pending)
                 _reduce_small(pending)
+                outside.settle(pending, self.on_outside)
             except Exception:
                 for p in pending:   # the records keep their descriptors, without numbers
                     for desc in p.descs:

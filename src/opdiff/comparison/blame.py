@@ -267,6 +267,7 @@ def analyse(op_scores: list[OpScore], rows: list[TensorRow], policy: Policy,
         second_opinion(op_scores, rows, policy, replay, replay_all)
     for name in explained(op_scores, policy):
         by_name[name].local = False
+    origins.judge_outside(op_scores, rows, policy, run_dtype)   # inputs changed outside torch
     for op in op_scores:
         _revise_rows(op, rows)
     return first_divergence(op_scores, rows)
@@ -281,6 +282,8 @@ def first_divergence(op_scores: list[OpScore], rows: list[TensorRow]) -> Optiona
     if first.kind == Kind.LEAF:
         return origins.leaf_divergence(first, rows, op_scores,
                                        reasons.source_context(first.location))
+    if first.blame == origins.OUTSIDE:
+        return origins.outside_divergence(first, rows, reasons.source_context(first.location))
     random = origins.random_reason(first)
     out = rows[first.worst_out] if first.worst_out is not None else None
     inp = rows[first.worst_in] if first.worst_in is not None else None

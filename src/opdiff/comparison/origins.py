@@ -9,6 +9,9 @@ rounding), so a leaf that differs is the origin, whatever the ops after it do:
     "op"        an op's own computation (the blame rules of `opdiff.comparison.blame`)
     "number"    a Python number argument of the op named (`Divergence.kind == "number"`)
     "parameter" / "buffer" / "input"   a leaf, before any op read it (`Divergence.tensor`: its FQN)
+    "outside"   a tensor whose values changed between two recorded ops without a recorded op
+                writing it (capture marks the reader's input, see opdiff.capture.outside):
+                `Divergence.tensor` is that input, name/op/location the op that reads it
     "optimizer" parameters at the start of step S, although step S-1 agreed throughout
                 (`optimizer_origin`, applied across steps)
 
@@ -18,17 +21,18 @@ reads it.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence, cast
 
 from ..numbers import human
 from ..store.schema import Kind, RecordName
-from .result import LEAF_KIND, NUMBER, Divergence, TensorRow
+from .result import ERROR, LEAF_KIND, NUMBER, WARNING, Divergence, TensorRow
 
 if TYPE_CHECKING:       # (blame imports this module)
     from .blame import OpScore
 
 OP, PARAMETER, BUFFER, INPUT, OPTIMIZER = "op", "parameter", "buffer", "input", "optimizer"
-ORIGINS = (OP, NUMBER, PARAMETER, BUFFER, INPUT, "outside", "random", OPTIMIZER)
+OUTSIDE = "outside"
+ORIGINS = (OP, NUMBER, PARAMETER, BUFFER, INPUT, OUTSIDE, "random", OPTIMIZER)
 
 # A leaf's statistics, compared in one dtype, move by more than this (relative to its
 # magnitude) only when its values differ: the same tensor gives the same statistics.
@@ -64,6 +68,56 @@ def judge_leaf(op: "OpScore", policy: Any, run_dtype: Optional[str] = None) -> N
             best = (m.error, row_index)
     if best is not None:
         op.local, op.worst_out, op.blame = True, best[1], LEAF_KIND
+
+
+def _beyond_tolerance(op: "OpScore", m: Any, tdt: Optional[str], gdt: Optional[str],
+                      policy: Any, run_dtype: Optional[str]) -> bool:
+    """A tensor differs beyond what the two dtypes (and statistics' own rounding) allow."""
+    if m.nonfinite_mismatch:
+        return True
+    run = run_dtype or gdt
+    tol = max(policy.tolerance_for(tdt, gdt), policy.tolerance_for(run, run))
+    if m.mode == "statistics":
+        tol = max(tol, policy.statistics_tolerance_for(tdt, gdt, op.phase, m.numel),
+                  policy.statistics_tolerance_for(run, run, op.phase, m.numel))
+    return bool(m.error > tol)
+
+
+def judge_outside(op_scores: Sequence["OpScore"], rows: list[TensorRow], policy: Any,
+                  run_dtype: Optional[str] = None) -> None:
+    """An op whose input was changed outside torch after a recorded op described it (capture
+    marks that input `"leaf": "outside"`) and differs from golden's is not to blame for it: the
+    difference enters there (origin "outside"), whatever the op computes from it."""
+    for op in op_scores:
+        marked = {i for i, what in op.leaf_inputs.items() if what.startswith(OUTSIDE + " ")}
+        if not marked:
+            continue
+        best: Optional[tuple[float, int]] = None
+        for row_index, m, tdt, gdt in op.inputs:
+            if row_index in marked and _beyond_tolerance(op, m, tdt, gdt, policy, run_dtype):
+                if best is None or m.error > best[0]:
+                    best = (m.error, row_index)
+        if best is not None:
+            op.local, op.blame, op.worst_in, op.worst_out = True, OUTSIDE, best[1], None
+            for row_index, _, _, _ in op.outputs:    # what it computed from them: inherited
+                row = rows[row_index]
+                if row.result == ERROR:
+                    rows[row_index] = replace(row, result=WARNING, reason=(
+                        f"{row.reason}; inherited from an input changed outside torch"))
+
+
+def outside_divergence(op: "OpScore", rows: list[TensorRow],
+                       context: tuple[Any, ...]) -> Divergence:
+    """The first divergence when a tensor changed outside torch (see judge_outside): named
+    after the op that reads it, the tensor being the input it read."""
+    from .reasons import outside_reason
+
+    row = rows[cast(int, op.worst_in)]
+    return Divergence(
+        name=op.name, op=op.op, phase=op.phase, reason=outside_reason(op, row),
+        location=op.location, metrics=dict(row.metrics), tensor=row.target_name,
+        input_metrics=dict(row.metrics), module=op.module, context=context, kind=LEAF_KIND,
+        origin=OUTSIDE)
 
 
 def _what(op: "OpScore") -> str:
@@ -112,7 +166,10 @@ def leaf_divergence(op: "OpScore", rows: list[TensorRow], op_scores: Sequence["O
 
 
 def leaf_input_reason(reason: str, leaf: str) -> str:
-    """An op's input that differs because it is a differing leaf (not 'made earlier')."""
+    """An op's input that differs because it is a differing leaf (not 'made earlier'), or
+    because it changed outside torch after it was recorded (`leaf` "outside <name>")."""
+    if leaf.startswith(OUTSIDE + " "):
+        return f"{reason}; changed outside torch after the op that made it was recorded (the origin)"
     return f"{reason}; {leaf}: differs before any op (its own row is the origin)"
 
 
@@ -166,5 +223,6 @@ def _previous(current: Divergence) -> str:
     return str(current.step - 1) if current.step is not None else "S-1"
 
 
-__all__ = ["ORIGINS", "judge_leaf", "leaf_reason", "leaf_divergence", "leaf_input_reason",
+__all__ = ["ORIGINS", "OUTSIDE", "judge_leaf", "judge_outside", "outside_divergence",
+           "leaf_reason", "leaf_divergence", "leaf_input_reason",
            "optimizer_origin", "across_steps", "random_reason", "STATISTICS_LEAF_TOLERANCE", "MOST_PARAMETERS"]

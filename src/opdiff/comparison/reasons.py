@@ -115,6 +115,21 @@ def made_earlier(reason: str) -> str:
     return f"{reason}; already differs when it reaches this op (made earlier)"
 
 
+def outside_reason(op: "OpScore", row: TensorRow) -> str:
+    """The sentence of a tensor whose values changed between two recorded ops without a
+    recorded op writing them (origin "outside"), read by `op`."""
+    if row.mode == "statistics":
+        numbers = f"its statistics differ from golden's by {human(row.error)} of its size"
+    else:
+        numbers = (f"max abs err {human(row.metrics.get('MaxAbsErr'))}, cosine "
+                   f"{human(row.metrics.get('Cosine'))}")
+    return (f"{row.target_name} changed between two recorded ops without a recorded op writing "
+            f"it: its values when {op.name} read them are not those the op that made it "
+            f"recorded ({numbers}); something outside torch wrote into it (a .numpy() or DLPack "
+            f"view, an extension kernel writing through data_ptr()), so {op.op} is not to blame "
+            f"for what it was handed")
+
+
 def source_context(location: Optional[Location], radius: int = 2) -> tuple[tuple[int, str], ...]:
     """(line number, text) pairs around a location, when the file is readable."""
     if location is None or not location.file or not os.path.isfile(location.file):
@@ -159,4 +174,4 @@ def statistics_limits(rows: list[TensorRow], policy: "Policy", replayed: bool = 
 
 
 __all__ = ["describe", "describe_statistics", "local_row", "not_this_op", "made_earlier",
-           "source_context", "statistics_limits"]
+           "outside_reason", "source_context", "statistics_limits"]
