@@ -12,6 +12,10 @@ from .guards import capturing_graph
 from .randomness import draws, fingerprint
 from .sink import PendingRecord
 
+# The collectives `collectives.record_ddp_allreduce`'s comm hook issues inside backward are let
+# through below (DDP's bucket all-reduce runs in its C++ reducer, where no mode is active).
+collectives.BACKWARD_COLLECTIVES = True
+
 
 class ApiCapture(TorchFunctionMode):
     """Records the outermost torch API call: inputs before it runs, outputs after."""
@@ -24,8 +28,10 @@ class ApiCapture(TorchFunctionMode):
     def start(self, model=None) -> None:
         self.session.ops_advance_epoch = True
         self.__enter__()
+        collectives.entered(self)
 
     def stop(self) -> None:
+        collectives.left(self)
         self.__exit__(None, None, None)
 
     def end_step(self) -> None:
@@ -47,7 +53,8 @@ class ApiCapture(TorchFunctionMode):
             if op is not None or getattr(func, "__name__", None) == "__get__":
                 return func(*args, **kwargs)
             return call_as(api_caller(), func, args, kwargs)
-        if s.sink.writer is None or in_backward() or capturing_graph():
+        if s.sink.writer is None or (in_backward() and not collectives.in_comm_hook(op)) or \
+                capturing_graph():
             # (ops captured into a CUDA graph run on replay, not now: see guards.py)
             return call_as(api_caller(), func, args, kwargs)
         pending = None
