@@ -5,26 +5,30 @@ Records are buffered and appended to records.jsonl every `flush_every` records a
 record up to the last flush readable. Tensors go into safetensors shards, each written under a
 temporary name as tensors arrive and renamed once its header is in place: a shard is either whole
 or absent. CPU tensors are written by the calling thread when they are saved, device tensors
-through a bounded queue by a background thread (see _TensorSink).
+through a bounded queue by a background thread (see _TensorSink). A tensor that views the same
+bytes of one saved before is a reference in its shard's header instead (see _Aliases).
 """
 from __future__ import annotations
 
 import json
 import logging
+import mmap
 import os
 import queue
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Union
+from typing import TYPE_CHECKING, Any, Callable, Union, cast
 
 from ..dtypes import SAFETENSORS_CODES, short_dtype
 from . import layout
 from .records import dumps
+from .reader import REF_PREFIX
 
 if TYPE_CHECKING:
     import torch
 
-_Item = Union[None, str, "tuple[str, torch.Tensor, int]"]     # queued: a tensor, "flush", or None (stop)
+# queued: (key, tensor, bytes, alias link), "flush", or None (stop)
+_Item = Union[None, str, "tuple[str, torch.Tensor, int, Any]"]
 
 log = logging.getLogger("opdiff")
 
@@ -44,8 +48,9 @@ class _TensorSink(threading.Thread):
     which copies them to the host while the device computes; it is started by the first one.
     """
 
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, references: bool = True):
         super().__init__(name="opdiff-tensor-writer", daemon=True)
+        self.aliases: _Aliases | None = _Aliases() if references else None
         self.directory = directory
         self.queue: queue.Queue[_Item] = queue.Queue()
         self.pending_bytes = 0
@@ -56,16 +61,26 @@ class _TensorSink(threading.Thread):
         self.error: BaseException | None = None
         self._shard: _StreamingShard | None = None
         self._batch: dict[str, Any] = {}     # dtypes the streaming writer does not know (complex)
+        self.referenced_bytes = 0            # tensor bytes stored as references, not written
 
-    def put(self, key: str, tensor: torch.Tensor) -> None:
+    def put(self, key: str, tensor: torch.Tensor, origin: torch.Tensor | None = None) -> None:
         """Save `tensor` under `key`: a CPU tensor is written now (the caller may change it right
-        after), a device tensor must be a private copy (it is written later)."""
+        after), a device tensor must be a private copy (it is written later). `origin`, the
+        tensor that copy was made from, lets a view of a saved tensor be stored as a reference
+        (a CPU tensor that shares the original's storage is its own origin)."""
         if self.error is not None:
             return
         nbytes = tensor.numel() * tensor.element_size()
+        link = None
+        if self.aliases is not None and (origin is not None or tensor.device.type == "cpu"):
+            link = self.aliases.link(key, origin if origin is not None else tensor)
         if tensor.device.type == "cpu":
-            self._guarded(self._add, key, tensor, nbytes)
-            return
+            self._guarded(self._add, key, tensor, nbytes, link)
+        else:
+            self._enqueue(key, tensor, nbytes, link)
+
+    def _enqueue(self, key: str, tensor: torch.Tensor, nbytes: int, link: Any) -> None:
+        """Hand a tensor to the background thread (started by the first one)."""
         if not self.started:
             self.started = True
             self.start()
@@ -74,7 +89,7 @@ class _TensorSink(threading.Thread):
             while self.pending_bytes > _QUEUE_BYTES and self.is_alive():
                 self.cond.wait(timeout=1.0)
             self.pending_bytes += nbytes
-        self.queue.put((key, tensor, nbytes))
+        self.queue.put((key, tensor, nbytes, link))
 
     def flush(self, wait: bool) -> None:
         """Write what is held as a shard (with `wait`, including every queued device tensor)."""
@@ -91,6 +106,8 @@ class _TensorSink(threading.Thread):
             self.join()
         else:
             self._guarded(self._write_shard)
+        if self.aliases is not None:
+            self.aliases._sweep(everything=True)
 
     def run(self) -> None:
         while True:
@@ -101,12 +118,12 @@ class _TensorSink(threading.Thread):
                     if item is None:
                         return
                     continue
-                key, tensor, nbytes = item
+                key, tensor, nbytes, link = item
                 host = tensor.detach().to("cpu")
                 with self.cond:
                     self.pending_bytes -= nbytes
                     self.cond.notify_all()
-                self._guarded(self._add, key, host, nbytes)
+                self._guarded(self._add, key, host, nbytes, link)
             except BaseException as exc:  # never raise into the user's process
                 self._failed(exc)
             finally:
@@ -130,18 +147,30 @@ class _TensorSink(threading.Thread):
             self._shard.abandon()
             self._shard = None
 
-    def _add(self, key: str, tensor: torch.Tensor, nbytes: int) -> None:
+    def _add(self, key: str, tensor: torch.Tensor, nbytes: int, link: Any = None) -> None:
         if _dtype_name(tensor) is None:      # kept (a copy) for a shard of its own at flush
             self._batch[key] = tensor.clone()
             return
-        if self._shard is None or not self._shard.add(key, tensor):   # none open, or header full
+        ref = link.entry(tensor) if isinstance(link, _Ref) else None   # None unless same bytes
+        if ref is not None:
+            self._place(lambda shard: shard.add_ref(key, ref), key)
+            self.referenced_bytes += nbytes
+            return
+        shard = self._place(lambda shard: shard.add(key, tensor), key)
+        if isinstance(link, _Base):        # views of it may refer to it from now on
+            link.shard, link.offset = shard, shard.HEADER_BYTES + shard.header[key]["data_offsets"][0]
+        if shard.data_bytes >= _SHARD_BYTES:
+            self._finish_shard()
+
+    def _place(self, add: Callable[[_StreamingShard], bool], key: str) -> _StreamingShard:
+        """add() to the open shard, or to a new one when none is open or its header is full."""
+        if self._shard is None or not add(self._shard):
             self._finish_shard()
             self.directory.mkdir(parents=True, exist_ok=True)
             self._shard = _StreamingShard(self._next_path().with_suffix(".tmp"))
-            if not self._shard.add(key, tensor):
+            if not add(self._shard):
                 raise ValueError(f"tensor name too long for a shard header: {key[:80]}...")
-        if self._shard.data_bytes >= _SHARD_BYTES:
-            self._finish_shard()
+        return self._shard
 
     def _next_path(self) -> Path:
         path = self.directory / f"shard_{self.shard_index:05d}.safetensors"
@@ -183,11 +212,37 @@ class _StreamingShard:
 
     def __init__(self, tmp: Path):
         self.tmp = tmp
+        self.path = tmp              # where its bytes are now: tmp, then the final name
         self.file = open(tmp, "wb")
         self.file.seek(self.HEADER_BYTES)
-        self.header: dict[str, dict[str, Any]] = {}
+        self.header: dict[str, Any] = {}
+        self.refs: dict[str, str] = {}     # key -> JSON of a reference, in "__metadata__"
         self.header_len = 2          # "{}"
         self.data_bytes = 0
+        self.open = True
+
+    def add_ref(self, key: str, ref: dict[str, Any]) -> bool:
+        """Note that `key` is `ref["base"]`'s bytes seen through `ref`'s offset, shape and
+        strides (see reader.REF_PREFIX); False when the header is full."""
+        value = json.dumps(ref, separators=(",", ":"))
+        size = len(json.dumps({REF_PREFIX + key: value}, separators=(",", ":"))) - 1
+        size += 0 if self.refs else len('"__metadata__":{},')
+        if self.header_len + size > self.HEADER_BYTES - 8:
+            return False
+        self.refs[REF_PREFIX + key] = value
+        self.header_len += size
+        return True
+
+    def read(self, offset: int, nbytes: int) -> Any:
+        """`nbytes` of the shard from `offset` (written already), as a uint8 tensor mapping them."""
+        import torch
+
+        if self.open:
+            self.file.flush()
+        base = offset - offset % mmap.ALLOCATIONGRANULARITY
+        with open(self.path, "rb") as f:
+            mapped = mmap.mmap(f.fileno(), offset - base + nbytes, access=mmap.ACCESS_COPY, offset=base)
+        return torch.frombuffer(mapped, dtype=torch.uint8, count=nbytes, offset=offset - base)
 
     def add(self, key: str, t: torch.Tensor) -> bool:
         """Write t's bytes and note its entry; False (nothing written) when the header is full."""
@@ -209,19 +264,126 @@ class _StreamingShard:
         return True
 
     def finish(self) -> None:
-        text = json.dumps(self.header, separators=(",", ":")).encode()
+        header = {"__metadata__": self.refs, **self.header} if self.refs else self.header
+        text = json.dumps(header, separators=(",", ":")).encode()
         text += b" " * (self.HEADER_BYTES - 8 - len(text))
         self.file.seek(0)
         self.file.write((self.HEADER_BYTES - 8).to_bytes(8, "little"))
         self.file.write(text)
         self.file.close()
-        os.replace(self.tmp, self.tmp.with_suffix(".safetensors"))
+        self.open = False
+        final = self.tmp.with_suffix(".safetensors")
+        os.replace(self.tmp, final)
+        self.path = final
 
     def abandon(self) -> None:
+        self.open = False
         try:
             self.file.close()
         except OSError:
             pass
+
+
+_SAME_SIZE_INTS: dict[int, str] = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
+
+
+class _Base:
+    """A tensor written whole from contiguous memory, which later views of it may refer to; its
+    `shard` and `offset` once written (None until then, or for good if that failed)."""
+
+    __slots__ = ("key", "weak", "start", "nbytes", "dtype", "version", "shard", "offset")
+
+    def __init__(self, key: str, weak: int, start: int, nbytes: int, dtype: Any, version: int):
+        self.key, self.weak, self.start, self.nbytes, self.dtype = key, weak, start, nbytes, dtype
+        self.version, self.shard, self.offset = version, cast("_StreamingShard | None", None), 0
+
+
+class _Ref:
+    """A view of a saved base: its elements at `offset`, `shape`, `stride` (of the base, flat)."""
+
+    __slots__ = ("base", "offset", "shape", "stride")
+
+    def __init__(self, base: _Base, offset: int, shape: list[int], stride: list[int]):
+        self.base, self.offset, self.shape, self.stride = base, offset, shape, stride
+
+    def entry(self, t: torch.Tensor) -> dict[str, Any] | None:
+        """The reference to write for `t`, or None unless its bytes are those written for the base."""
+        import torch
+
+        base = self.base
+        if base.shard is None:         # not written (it failed): write t itself
+            return None
+        size = base.dtype.itemsize
+        data = base.shard.read(base.offset, base.nbytes)
+        if base.offset % size:      # after an odd-sized tensor: aligned in a copy
+            data = data.clone()
+        ints = getattr(torch, _SAME_SIZE_INTS[size])
+        seen = data.view(ints).as_strided(self.shape, self.stride, self.offset)
+        if not torch.equal(seen, t.view(ints)):
+            return None
+        return {"base": base.key, "offset": self.offset, "shape": self.shape, "stride": self.stride}
+
+
+class _Aliases:
+    """Which saved tensor's memory a new tensor views (a view, transpose, reshape, expand or
+    getitem of it): it is then stored as a reference to that tensor, not as its bytes again.
+
+    Bases are found by storage (alive: a weak reference to it) and version counter (unchanged
+    as far as autograd counts); the bytes are then compared with those written for the base
+    (`_Ref.entry`), so writes the counter misses (`.data`, numpy) cannot make one wrong."""
+
+    def __init__(self) -> None:
+        self.by_storage: dict[int, list[_Base]] = {}
+        self.added = 0
+
+    def link(self, key: str, t: torch.Tensor) -> _Base | _Ref | None:
+        """A `_Ref` when t views a saved base; else the `_Base` t becomes once written (when
+        its memory is contiguous), else None."""
+        import torch
+
+        if (t.layout != torch.strided or t.is_meta or not t.numel()
+                or t.dtype.itemsize not in _SAME_SIZE_INTS or t.is_neg() or t.is_conj()):
+            return None
+        try:
+            version = t._version
+            storage = t.untyped_storage()
+            start = t.data_ptr() - storage.data_ptr()
+        except (RuntimeError, NotImplementedError):   # inference tensors, storage-less layouts
+            return None
+        cdata, size = storage._cdata, t.dtype.itemsize
+        bases = self.by_storage.get(cdata)
+        if bases and torch.UntypedStorage._expired(bases[0].weak):   # freed; cdata reused
+            self._forget(cdata)
+            bases = None
+        if bases:
+            extent = sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+            for base in reversed(bases):
+                if (base.dtype == t.dtype and base.version == version and base.start <= start
+                        and start + (extent + 1) * size <= base.start + base.nbytes
+                        and (start - base.start) % size == 0):
+                    return _Ref(base, (start - base.start) // size, list(t.shape), list(t.stride()))
+        if not t.is_contiguous():
+            return None
+        base = _Base(key, cast(int, storage._weak_ref()), start, t.numel() * size, t.dtype, version)
+        self.by_storage.setdefault(cdata, []).append(base)
+        self.added += 1
+        if self.added % 1024 == 0:
+            self._sweep()
+        return base
+
+    def _sweep(self, everything: bool = False) -> None:
+        """Forget the bases of freed storages (with `everything`, all)."""
+        import torch
+
+        for cdata, bases in list(self.by_storage.items()):
+            if everything or torch.UntypedStorage._expired(bases[0].weak):
+                self._forget(cdata)
+
+    def _forget(self, cdata: int) -> None:
+        import torch
+
+        for base in self.by_storage.pop(cdata):
+            torch.UntypedStorage._free_weak_ref(base.weak)
 
 
 def write_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
@@ -232,6 +394,8 @@ def write_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
 
 class DumpWriter:
     """Writes one step of one rank: `DumpWriter(dir, meta)`, then `write()`, `save_tensor()`, `close()`."""
+
+    references = True     # store views of saved tensors as references (False: bytes again)
 
     def __init__(self, directory: str | os.PathLike[str], meta: dict[str, Any], flush_every: int = 256):
         self.directory = Path(directory)
@@ -283,14 +447,20 @@ class DumpWriter:
         if len(self._buffer) >= self.flush_every:
             self.flush()
 
-    def save_tensor(self, key: str, tensor: torch.Tensor) -> None:
+    def save_tensor(self, key: str, tensor: torch.Tensor, origin: torch.Tensor | None = None) -> None:
         """Save a tensor: a CPU tensor is written at once; a device tensor is queued for the
-        background writer and must be a private copy (see _TensorSink.put)."""
+        background writer and must be a private copy, made from `origin` (see _TensorSink.put).
+        A tensor viewing the very bytes of one saved before is stored as a reference to it."""
         if self.disabled:
             return
         if self._sink is None:
-            self._sink = _TensorSink(self.directory / layout.TENSORS)
-        self._sink.put(key, tensor)
+            self._sink = _TensorSink(self.directory / layout.TENSORS, self.references)
+        self._sink.put(key, tensor, origin)
+
+    @property
+    def referenced_bytes(self) -> int:
+        """Bytes of saved tensors stored as references to others instead of written again."""
+        return self._sink.referenced_bytes if self._sink is not None else 0
 
     def flush(self, wait_for_tensors: bool = False) -> None:
         """Append buffered records and stacks to disk (stacks first, so ids always resolve).
