@@ -3,19 +3,21 @@
     python benchmarks/bench_dump_size.py [--models cnn,transformer,llama] [--level L1]
                                          [--rounds 5] [--top 15] [--no-hash]
 
-Per model, one training step (forward, backward, SGD step) is dumped twice, with references to
-views on and off (`DumpWriter.references`), and the two dumps are checked to read back the same
-tensors. Printed: bytes on disk; the tensor bytes by role, by phase and by op (largest first) of
-the dump without references, and how many of them each way of saving less would remove:
+Per model, one training step (forward, backward, SGD step) is dumped three times: without
+references (`DumpWriter.references = False`), with references to views only
+(`DumpWriter.same_bytes = False`) and with both kinds (the default); the three are checked to
+read back the same tensors. Printed: bytes on disk; the tensor bytes by role, by phase and by op
+(largest first) of the dump without references, and what each kind of reference removed:
 
-- "views": tensors stored as references to the saved tensor whose bytes they view (what the
-  writer does);
-- "same bytes": further tensors whose bytes equal, byte for byte, another saved tensor's (found
-  here with a blake2b hash of every tensor; the hashing time is printed, per MB, to tell what
-  doing it at capture would cost).
+- "views": tensors viewing the memory of a saved tensor, unchanged (view, transpose, reshape,
+  expand, getitem outputs);
+- "same bytes": further tensors holding the very bytes of one written before (copies, zeros).
+  As a check of the writer's sampled search, every tensor of the views-only dump is hashed
+  (blake2b): the bytes it finds repeated should be what the writer found; the hashing time per
+  MB says what hashing everything at capture would have cost instead.
 
-Then the captured step time with references on and off, alternating in one process
-(torch.set_num_threads(1), median of `--rounds` after a warm-up).
+Then the captured step time of each, alternating in one process (torch.set_num_threads(1),
+median of `--rounds` after a warm-up).
 """
 from __future__ import annotations
 
@@ -58,11 +60,15 @@ WORKLOADS = {"cnn": models.cnn_workload, "transformer": models.transformer_workl
              "llama": llama_workload}
 
 
-def dump_step(workload, path: Path, level: str, references: bool) -> float:
-    """Dump one training step into path; the captured step's seconds."""
+MODES = {"none": (False, False), "views": (True, False), "all": (True, True)}
+
+
+def dump_step(workload, path: Path, level: str, mode: str) -> float:
+    """Dump one training step into path with references `mode`; the captured step's seconds."""
     model, batch, loss_fn = workload()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    old, DumpWriter.references = DumpWriter.references, references
+    old = DumpWriter.references, DumpWriter.same_bytes
+    DumpWriter.references, DumpWriter.same_bytes = MODES[mode]
     try:
         t0 = time.perf_counter()
         dbg = opdiff.PrecisionDebugger(dump_path=str(path), level=level, task="tensor")
@@ -74,7 +80,7 @@ def dump_step(workload, path: Path, level: str, references: bool) -> float:
         dbg.step()
         return time.perf_counter() - t0
     finally:
-        DumpWriter.references = old
+        DumpWriter.references, DumpWriter.same_bytes = old
 
 
 def disk_bytes(path: Path) -> int:
@@ -85,51 +91,57 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().reshape(-1).view(torch.uint8)
 
 
-def analyse(plain_dir: Path, ref_dir: Path, top: int, hashing: bool) -> dict:
-    """Bytes by role / phase / op of the plain dump, what references and equal bytes remove."""
-    plain, refd = open_dump(plain_dir), open_dump(ref_dir)
-    pindex, rindex = plain._index(), refd._index()
+def analyse(dirs: dict[str, Path], hashing: bool) -> dict:
+    """Bytes by role / phase / op of the dump without references, what each kind removed."""
+    dumps = {mode: open_dump(d) for mode, d in dirs.items()}
+    plain = dumps["none"]
+    pindex = plain._index()
+    vindex, aindex = dumps["views"]._index(), dumps["all"]._index()
     by = {"role": collections.Counter(), "phase": collections.Counter(), "op": collections.Counter()}
-    views = collections.Counter()
+    views, same = collections.Counter(), collections.Counter()
+    names = {mode: [(r["name"], [d.get("key") for _, _, d in iter_tensors(r)]) for r in dump.records()]
+             for mode, dump in dumps.items()}
     owner: dict[str, tuple[str, str, str]] = {}
     for record in plain.records():
         for _, role, desc in iter_tensors(record):
             key = desc.get("key")
-            if key is None or key in owner or key not in pindex:
-                continue
-            owner[key] = (record["op"], role, record.get("phase") or "")
+            if key is not None and key not in owner and key in pindex:
+                owner[key] = (record["op"], role, record.get("phase") or "")
     total = 0
     for key, (op, role, phase) in owner.items():
-        n = pindex[key].nbytes
+        n, row = pindex[key].nbytes, f"{op} {role} {phase}"
         total += n
         by["role"][role] += n
         by["phase"][phase] += n
-        by["op"][f"{op} {role} {phase}"] += n
-        if isinstance(rindex.get(key), _Ref):
-            views[f"{op} {role} {phase}"] += n
-    mismatched = [k for k in owner if not _same(plain.tensor(k), refd.tensor(k))]
+        by["op"][row] += n
+        views[row] += n if isinstance(vindex.get(key), _Ref) else 0
+        same[row] += n if isinstance(aindex.get(key), _Ref) and not isinstance(vindex.get(key), _Ref) else 0
+    mismatched = []
+    for mode in ("views", "all"):     # record by record: the same tensors (keys may differ a little)
+        for (name, ka), (_, kb) in zip(names["none"], names[mode]):
+            for i, (a, b) in enumerate(zip(ka, kb)):
+                if (a or b) and not _same(plain.tensor(a), dumps[mode].tensor(b)):
+                    mismatched.append(f"{mode}: {name} #{i}")
     dup_bytes, hash_s, hashed = 0, 0.0, 0
-    dups: collections.Counter = collections.Counter()
     if hashing:
-        seen: dict[bytes, str] = {}
-        for key, (op, role, phase) in owner.items():
-            if isinstance(rindex.get(key), _Ref):
+        seen: set[bytes] = set()
+        views_dump = dumps["views"]
+        for key, entry in vindex.items():
+            if isinstance(entry, _Ref):
                 continue
-            t = plain.tensor(key)
+            t = views_dump.tensor(key)
             data = _bits(t).numpy()
             t0 = time.perf_counter()
-            digest = hashlib.blake2b(memoryview(data), digest_size=16).digest() + bytes(str(t.dtype), "ascii")
+            digest = hashlib.blake2b(memoryview(data), digest_size=16).digest() + str(t.dtype).encode()
             hash_s += time.perf_counter() - t0
             hashed += data.nbytes
-            if digest in seen:
+            if digest in seen and data.nbytes >= 256:
                 dup_bytes += data.nbytes
-                dups[f"{op} {role} {phase}"] += data.nbytes
-            else:
-                seen[digest] = key
-    return {"total": total, "by": by, "views": views, "dups": dups, "dup_bytes": dup_bytes,
+            seen.add(digest)
+    return {"total": total, "by": by, "views": views, "same": same, "dup_bytes": dup_bytes,
             "hash_s_per_mb": hash_s / max(hashed / MB, 1e-9), "mismatched": mismatched,
-            "tensors": len(owner), "refs": sum(isinstance(e, _Ref)
-                                               for e in rindex.values())}
+            "tensors": len(owner), "refs": {m: sum(isinstance(e, _Ref) for e in dumps[m]._index().values())
+                                            for m in ("views", "all")}}
 
 
 def _same(a, b) -> bool:
@@ -137,37 +149,39 @@ def _same(a, b) -> bool:
             and torch.equal(_bits(a), _bits(b)))
 
 
-def timing(workload, root: Path, level: str, rounds: int) -> tuple[float, float]:
-    """Median captured-step seconds with references on and off, alternating (after a warm-up)."""
-    times: dict[bool, list[float]] = {True: [], False: []}
+def timing(workload, root: Path, level: str, rounds: int) -> dict[str, float]:
+    """Median captured-step seconds per mode, the modes alternating (after a warm-up round)."""
+    times: dict[str, list[float]] = {mode: [] for mode in MODES}
     for i in range(rounds + 1):
-        for refs in (False, True):
-            path = root / f"t{i}-{refs}"
-            took = dump_step(workload, path, level, refs)
+        for mode in MODES:
+            path = root / f"t{i}-{mode}"
+            took = dump_step(workload, path, level, mode)
             shutil.rmtree(path, ignore_errors=True)
             if i:
-                times[refs].append(took)
-    return statistics.median(times[False]), statistics.median(times[True])
+                times[mode].append(took)
+    return {mode: statistics.median(t) for mode, t in times.items()}
 
 
-def report(name: str, level: str, plain: int, refd: int, a: dict, top: int, t_off: float, t_on: float) -> None:
+def report(name: str, level: str, disk: dict[str, int], a: dict, top: int, times: dict[str, float]) -> None:
     print(f"\n== {name} ({level}, task=tensor): {a['tensors']} saved tensors, {a['total'] / MB:.1f} MB")
-    print(f"on disk: {plain / MB:.1f} MB without references, {refd / MB:.1f} MB with "
-          f"({a['refs']} references, {100 * (1 - refd / plain):.1f}% less)")
+    print(f"on disk: {disk['none'] / MB:.1f} MB without references, {disk['views'] / MB:.1f} MB with "
+          f"references to views ({a['refs']['views']}), {disk['all'] / MB:.1f} MB with those to "
+          f"equal bytes too ({a['refs']['all']}): {100 * (1 - disk['all'] / disk['none']):.1f}% less")
     print(f"read back the same: {'yes' if not a['mismatched'] else 'NO: ' + ', '.join(a['mismatched'][:3])}")
-    view_bytes = sum(a["views"].values())
-    print(f"views (references): {view_bytes / MB:.1f} MB = {100 * view_bytes / a['total']:.1f}% of tensor bytes")
+    view_bytes, same_bytes = sum(a["views"].values()), sum(a["same"].values())
+    print(f"views: {view_bytes / MB:.1f} MB = {100 * view_bytes / a['total']:.1f}%; same bytes: "
+          f"{same_bytes / MB:.1f} MB = {100 * same_bytes / a['total']:.1f}% of tensor bytes")
     if a["hash_s_per_mb"]:
-        print(f"same bytes as another saved tensor, beyond views: {a['dup_bytes'] / MB:.1f} MB = "
-              f"{100 * a['dup_bytes'] / a['total']:.1f}%; blake2b costs {1e3 * a['hash_s_per_mb']:.2f} ms/MB")
+        print(f"hashing every tensor of the views-only dump finds {a['dup_bytes'] / MB:.1f} MB repeated "
+              f"(tensors of 256 bytes or more); blake2b costs {1e3 * a['hash_s_per_mb']:.2f} ms/MB")
     for what in ("role", "phase"):
         print(f"by {what}: " + ", ".join(f"{k} {v / MB:.1f} MB" for k, v in a["by"][what].most_common()))
     print("largest by op (MB: all, views, same bytes):")
     for k, v in a["by"]["op"].most_common(top):
-        print(f"  {v / MB:8.1f} {a['views'][k] / MB:8.1f} {a['dups'][k] / MB:8.1f}  {k}")
-    if t_off:
-        print(f"captured step: {1e3 * t_off:.0f} ms without references, {1e3 * t_on:.0f} ms with "
-              f"({t_on / t_off:.2f}x)")
+        print(f"  {v / MB:8.1f} {a['views'][k] / MB:8.1f} {a['same'][k] / MB:8.1f}  {k}")
+    if times:
+        print("captured step: " + ", ".join(f"{1e3 * t:.0f} ms ({mode} references)" for mode, t in times.items())
+              + f"; all/none {times['all'] / times['none']:.2f}x")
 
 
 def main() -> None:
@@ -176,22 +190,22 @@ def main() -> None:
     ap.add_argument("--level", default="L1")
     ap.add_argument("--rounds", type=int, default=5, help="timed rounds (0: sizes only)")
     ap.add_argument("--top", type=int, default=15)
-    ap.add_argument("--no-hash", action="store_true", help="skip the equal-bytes search")
+    ap.add_argument("--no-hash", action="store_true", help="skip the hashing check")
     args = ap.parse_args()
     torch.set_num_threads(1)
     root = Path(tempfile.mkdtemp(prefix="opdiff-dump-size-"))
     try:
         for name in args.models.split(","):
             workload = WORKLOADS[name]
-            pdir, rdir = root / f"{name}-plain", root / f"{name}-refs"
-            dump_step(workload, pdir, args.level, False)
-            dump_step(workload, rdir, args.level, True)
-            step = "step0/rank0"
-            a = analyse(pdir / step, rdir / step, args.top, not args.no_hash)
-            t_off, t_on = timing(workload, root, args.level, args.rounds) if args.rounds else (0.0, 0.0)
-            report(name, args.level, disk_bytes(pdir), disk_bytes(rdir), a, args.top, t_off, t_on)
-            shutil.rmtree(pdir, ignore_errors=True)
-            shutil.rmtree(rdir, ignore_errors=True)
+            dirs = {mode: root / f"{name}-{mode}" for mode in MODES}
+            for mode, path in dirs.items():
+                dump_step(workload, path, args.level, mode)
+            disk = {mode: disk_bytes(path) for mode, path in dirs.items()}
+            a = analyse({mode: path / "step0/rank0" for mode, path in dirs.items()}, not args.no_hash)
+            times = timing(workload, root, args.level, args.rounds) if args.rounds else {}
+            report(name, args.level, disk, a, args.top, times)
+            for path in dirs.values():
+                shutil.rmtree(path, ignore_errors=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -170,7 +170,7 @@ class WritesAfterView(nn.Module):
 
 
 def test_a_view_of_memory_written_since_is_not_a_reference(tmp_path):
-    x = torch.randn(3, 4, requires_grad=True)
+    x = torch.randn(16, 8, requires_grad=True)        # views over 256 bytes: worth a reference
     plain, refs = _pair(WritesAfterView, x, tmp_path)
     _assert_same_tensors(plain, refs)
     records = {r["name"]: r for r in refs.records()}
@@ -219,7 +219,7 @@ def test_a_full_header_of_references_opens_the_next_shard(tmp_path):
     sink.put("base", base)
     n = _StreamingShard.HEADER_BYTES // 120 + 50             # more references than one header holds
     for i in range(n):
-        sink.put(f"a fairly long name for reference number {i:05d} of the base tensor", base[i:i + 3])
+        sink.put(f"a fairly long name for reference number {i:05d} of the base tensor", base[i:i + 64])
     sink.close()
     from opdiff.store.reader import Dump
     (tmp_path / "records.jsonl").write_text("")
@@ -227,7 +227,8 @@ def test_a_full_header_of_references_opens_the_next_shard(tmp_path):
     assert len(list((tmp_path / "tensors").glob("*.safetensors"))) >= 2
     for i in (0, n // 2, n - 1):
         got = dump.tensor(f"a fairly long name for reference number {i:05d} of the base tensor")
-        assert torch.equal(got, base[i:i + 3])
+        assert torch.equal(got, base[i:i + 64])
+    assert all(isinstance(e, _Ref) for k, e in dump._index().items() if k != "base")
 
 
 def test_the_background_thread_makes_references_from_the_origin(tmp_path):
@@ -235,7 +236,7 @@ def test_the_background_thread_makes_references_from_the_origin(tmp_path):
     tells which saved tensor it views. No device here: the thread is fed as put() feeds it."""
     from opdiff.store.writer import _TensorSink
     sink = _TensorSink(tmp_path / "tensors")
-    base = torch.randn(6, 5)
+    base = torch.randn(16, 10)
     view = base.t()[1:]
     for key, t in (("base", base), ("view", view)):
         copy = t.clone()
@@ -256,7 +257,7 @@ def test_a_reference_whose_base_is_lost_is_reported_not_loaded(tmp_path, monkeyp
     monkeypatch.setattr(writer, "_SHARD_BYTES", 1024)
     from opdiff.store.writer import _TensorSink
     sink = _TensorSink(tmp_path / "tensors")
-    base = torch.randn(32, 32)
+    base = torch.randn(32, 64)
     sink.put("base", base)
     sink.put("view", base[3])
     sink.put("alone", torch.ones(3))
@@ -362,3 +363,56 @@ def test_a_run_killed_mid_dump_leaves_every_reference_readable(tmp_path, monkeyp
     keys = set(dump.tensor_keys())
     first = [r for r in dump.records()][:50]
     assert all(d.get("key") in keys for r in first for _, _, d in iter_tensors(r) if "key" in d)
+
+
+def _sink_dump(tmp_path, feed, **kwargs):
+    """Feed a tensor writer, then open what it wrote."""
+    from opdiff.store.reader import Dump
+    from opdiff.store.writer import _TensorSink
+    sink = _TensorSink(tmp_path / "tensors", **kwargs)
+    feed(sink)
+    sink.close()
+    (tmp_path / "records.jsonl").write_text("")
+    return sink, Dump(path=tmp_path, meta={})
+
+
+def test_a_copy_of_written_bytes_is_a_reference_and_a_near_copy_is_not(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(32, 32, generator=g)
+    near = x.clone()
+    near[0, 1] += 1            # not one of the sampled elements (every 64th): only the whole compare sees it
+    nan = torch.full((300,), float("nan"))
+    wanted = {"x": x, "copy": x.clone(), "near": near, "zeros": torch.zeros(8, 40),
+              "zeros again": torch.zeros(8, 40), "other shape": x.clone().view(16, 64),
+              "other dtype": x.view(torch.int32).clone(), "nan": nan, "nan again": nan.clone(),
+              "copy's view": None}
+
+    def feed(sink):
+        for key, t in wanted.items():
+            if key == "copy's view":                 # views of a copy stored as a reference
+                t = wanted[key] = wanted["copy"].t()[3:]
+            sink.put(key, t)
+
+    sink, dump = _sink_dump(tmp_path, feed)
+    index = dump._index()
+    refs = {k: e.base for k, e in index.items() if isinstance(e, _Ref)}
+    assert refs == {"copy": "x", "zeros again": "zeros", "nan again": "nan", "copy's view": "x"}
+    for key, t in wanted.items():
+        assert _same(dump.tensor(key), t), key
+    assert sink.referenced_bytes == sum(wanted[k].numel() * 4 for k in refs)
+    _, alone = _sink_dump(tmp_path / "views only", feed, same_bytes=False)
+    assert {k: e.base for k, e in alone._index().items() if isinstance(e, _Ref)} == {"copy's view": "copy"}
+    assert _same(alone.tensor("copy's view"), wanted["copy's view"])
+
+
+def test_a_tiny_tensor_is_written_not_referenced(tmp_path):
+    base = torch.randn(100)
+
+    def feed(sink):
+        sink.put("base", base)
+        sink.put("small view", base[:8])      # 32 bytes: its reference would cost more
+        sink.put("small copy", base[:8].clone())
+        sink.put("big view", base[10:90])
+
+    _, dump = _sink_dump(tmp_path, feed)
+    assert [k for k, e in dump._index().items() if isinstance(e, _Ref)] == ["big view"]

@@ -6,7 +6,7 @@ record up to the last flush readable. Tensors go into safetensors shards, each w
 temporary name as tensors arrive and renamed once its header is in place: a shard is either whole
 or absent. CPU tensors are written by the calling thread when they are saved, device tensors
 through a bounded queue by a background thread (see _TensorSink). A tensor that views the same
-bytes of one saved before is a reference in its shard's header instead (see _Aliases).
+bytes of one saved before is a reference in its shard's header instead (see Aliases).
 """
 from __future__ import annotations
 
@@ -17,12 +17,13 @@ import os
 import queue
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Union, cast
+from typing import TYPE_CHECKING, Any, Callable, Union
 
 from ..dtypes import SAFETENSORS_CODES, short_dtype
 from . import layout
-from .records import dumps
 from .reader import REF_PREFIX
+from .records import dumps
+from .references import Aliases, Base, Ref
 
 if TYPE_CHECKING:
     import torch
@@ -48,9 +49,9 @@ class _TensorSink(threading.Thread):
     which copies them to the host while the device computes; it is started by the first one.
     """
 
-    def __init__(self, directory: Path, references: bool = True):
+    def __init__(self, directory: Path, references: bool = True, same_bytes: bool = True):
         super().__init__(name="opdiff-tensor-writer", daemon=True)
-        self.aliases: _Aliases | None = _Aliases() if references else None
+        self.aliases: Aliases | None = Aliases(same_bytes) if references else None
         self.directory = directory
         self.queue: queue.Queue[_Item] = queue.Queue()
         self.pending_bytes = 0
@@ -151,14 +152,24 @@ class _TensorSink(threading.Thread):
         if _dtype_name(tensor) is None:      # kept (a copy) for a shard of its own at flush
             self._batch[key] = tensor.clone()
             return
-        ref = link.entry(tensor) if isinstance(link, _Ref) else None   # None unless same bytes
+        ref = link.entry(tensor) if isinstance(link, Ref) else None   # None unless same bytes
+        tensor, fingerprint = tensor.contiguous(), None
+        if ref is None and self.aliases is not None:      # the bytes of one written before?
+            copy, fingerprint = self.aliases.same_bytes(tensor)
+            if copy is not None:
+                ref = copy.entry(tensor)
+                if ref is not None and isinstance(link, Base):   # its views: to those bytes
+                    link.key, link.shard, link.offset = copy.base.key, copy.base.shard, copy.base.offset
         if ref is not None:
             self._place(lambda shard: shard.add_ref(key, ref), key)
             self.referenced_bytes += nbytes
             return
         shard = self._place(lambda shard: shard.add(key, tensor), key)
-        if isinstance(link, _Base):        # views of it may refer to it from now on
-            link.shard, link.offset = shard, shard.HEADER_BYTES + shard.header[key]["data_offsets"][0]
+        if isinstance(link, Base) or fingerprint is not None:   # later views, copies may refer to it
+            base = link if isinstance(link, Base) else Base(key, 0, 0, nbytes, tensor.dtype, 0)
+            base.shard, base.offset = shard, shard.HEADER_BYTES + shard.header[key]["data_offsets"][0]
+            if fingerprint is not None and self.aliases is not None:
+                self.aliases.written(fingerprint, base)
         if shard.data_bytes >= _SHARD_BYTES:
             self._finish_shard()
 
@@ -189,7 +200,8 @@ class _TensorSink(threading.Thread):
             self.directory.mkdir(parents=True, exist_ok=True)
             final = self._next_path()
             tmp = final.with_suffix(".tmp")
-            write_safetensors(self._batch, tmp)
+            from safetensors.torch import save_file    # dtypes the streaming writer lacks
+            save_file({k: t.contiguous() for k, t in self._batch.items()}, str(tmp))
             os.replace(tmp, final)
             self._batch = {}
 
@@ -284,118 +296,11 @@ class _StreamingShard:
             pass
 
 
-_SAME_SIZE_INTS: dict[int, str] = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
-
-
-class _Base:
-    """A tensor written whole from contiguous memory, which later views of it may refer to; its
-    `shard` and `offset` once written (None until then, or for good if that failed)."""
-
-    __slots__ = ("key", "weak", "start", "nbytes", "dtype", "version", "shard", "offset")
-
-    def __init__(self, key: str, weak: int, start: int, nbytes: int, dtype: Any, version: int):
-        self.key, self.weak, self.start, self.nbytes, self.dtype = key, weak, start, nbytes, dtype
-        self.version, self.shard, self.offset = version, cast("_StreamingShard | None", None), 0
-
-
-class _Ref:
-    """A view of a saved base: its elements at `offset`, `shape`, `stride` (of the base, flat)."""
-
-    __slots__ = ("base", "offset", "shape", "stride")
-
-    def __init__(self, base: _Base, offset: int, shape: list[int], stride: list[int]):
-        self.base, self.offset, self.shape, self.stride = base, offset, shape, stride
-
-    def entry(self, t: torch.Tensor) -> dict[str, Any] | None:
-        """The reference to write for `t`, or None unless its bytes are those written for the base."""
-        import torch
-
-        base = self.base
-        if base.shard is None:         # not written (it failed): write t itself
-            return None
-        size = base.dtype.itemsize
-        data = base.shard.read(base.offset, base.nbytes)
-        if base.offset % size:      # after an odd-sized tensor: aligned in a copy
-            data = data.clone()
-        ints = getattr(torch, _SAME_SIZE_INTS[size])
-        seen = data.view(ints).as_strided(self.shape, self.stride, self.offset)
-        if not torch.equal(seen, t.view(ints)):
-            return None
-        return {"base": base.key, "offset": self.offset, "shape": self.shape, "stride": self.stride}
-
-
-class _Aliases:
-    """Which saved tensor's memory a new tensor views (a view, transpose, reshape, expand or
-    getitem of it): it is then stored as a reference to that tensor, not as its bytes again.
-
-    Bases are found by storage (alive: a weak reference to it) and version counter (unchanged
-    as far as autograd counts); the bytes are then compared with those written for the base
-    (`_Ref.entry`), so writes the counter misses (`.data`, numpy) cannot make one wrong."""
-
-    def __init__(self) -> None:
-        self.by_storage: dict[int, list[_Base]] = {}
-        self.added = 0
-
-    def link(self, key: str, t: torch.Tensor) -> _Base | _Ref | None:
-        """A `_Ref` when t views a saved base; else the `_Base` t becomes once written (when
-        its memory is contiguous), else None."""
-        import torch
-
-        if (t.layout != torch.strided or t.is_meta or not t.numel()
-                or t.dtype.itemsize not in _SAME_SIZE_INTS or t.is_neg() or t.is_conj()):
-            return None
-        try:
-            version = t._version
-            storage = t.untyped_storage()
-            start = t.data_ptr() - storage.data_ptr()
-        except (RuntimeError, NotImplementedError):   # inference tensors, storage-less layouts
-            return None
-        cdata, size = storage._cdata, t.dtype.itemsize
-        bases = self.by_storage.get(cdata)
-        if bases and torch.UntypedStorage._expired(bases[0].weak):   # freed; cdata reused
-            self._forget(cdata)
-            bases = None
-        if bases:
-            extent = sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
-            for base in reversed(bases):
-                if (base.dtype == t.dtype and base.version == version and base.start <= start
-                        and start + (extent + 1) * size <= base.start + base.nbytes
-                        and (start - base.start) % size == 0):
-                    return _Ref(base, (start - base.start) // size, list(t.shape), list(t.stride()))
-        if not t.is_contiguous():
-            return None
-        base = _Base(key, cast(int, storage._weak_ref()), start, t.numel() * size, t.dtype, version)
-        self.by_storage.setdefault(cdata, []).append(base)
-        self.added += 1
-        if self.added % 1024 == 0:
-            self._sweep()
-        return base
-
-    def _sweep(self, everything: bool = False) -> None:
-        """Forget the bases of freed storages (with `everything`, all)."""
-        import torch
-
-        for cdata, bases in list(self.by_storage.items()):
-            if everything or torch.UntypedStorage._expired(bases[0].weak):
-                self._forget(cdata)
-
-    def _forget(self, cdata: int) -> None:
-        import torch
-
-        for base in self.by_storage.pop(cdata):
-            torch.UntypedStorage._free_weak_ref(base.weak)
-
-
-def write_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    """Write tensors of dtypes the streaming writer does not know (complex) through safetensors."""
-    from safetensors.torch import save_file
-    save_file({k: t.contiguous() for k, t in tensors.items()}, str(path))
-
-
 class DumpWriter:
     """Writes one step of one rank: `DumpWriter(dir, meta)`, then `write()`, `save_tensor()`, `close()`."""
 
     references = True     # store views of saved tensors as references (False: bytes again)
+    same_bytes = True     # ... and tensors repeating the bytes of one written before
 
     def __init__(self, directory: str | os.PathLike[str], meta: dict[str, Any], flush_every: int = 256):
         self.directory = Path(directory)
@@ -454,7 +359,7 @@ class DumpWriter:
         if self.disabled:
             return
         if self._sink is None:
-            self._sink = _TensorSink(self.directory / layout.TENSORS, self.references)
+            self._sink = _TensorSink(self.directory / layout.TENSORS, self.references, self.same_bytes)
         self._sink.put(key, tensor, origin)
 
     @property
