@@ -63,14 +63,15 @@ WORKLOADS = {"cnn": models.cnn_workload, "transformer": models.transformer_workl
 MODES = {"none": (False, False), "views": (True, False), "all": (True, True)}
 
 
-def dump_step(workload, path: Path, level: str, mode: str) -> float:
-    """Dump one training step into path with references `mode`; the captured step's seconds."""
+def dump_step(workload, path: Path, level: str, mode: str) -> tuple[float, float]:
+    """Dump one training step into path with references `mode`; the captured step's wall and
+    CPU seconds (this process's; on a shared machine the CPU time is the steadier of the two)."""
     model, batch, loss_fn = workload()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     old = DumpWriter.references, DumpWriter.same_bytes
     DumpWriter.references, DumpWriter.same_bytes = MODES[mode]
     try:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         dbg = opdiff.PrecisionDebugger(dump_path=str(path), level=level, task="tensor")
         dbg.start(model)
         opt.zero_grad(set_to_none=True)
@@ -78,7 +79,7 @@ def dump_step(workload, path: Path, level: str, mode: str) -> float:
         opt.step()
         dbg.stop()
         dbg.step()
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, time.process_time() - c0
     finally:
         DumpWriter.references, DumpWriter.same_bytes = old
 
@@ -149,20 +150,24 @@ def _same(a, b) -> bool:
             and torch.equal(_bits(a), _bits(b)))
 
 
-def timing(workload, root: Path, level: str, rounds: int) -> dict[str, float]:
-    """Median captured-step seconds per mode, the modes alternating (after a warm-up round)."""
-    times: dict[str, list[float]] = {mode: [] for mode in MODES}
+def timing(workload, root: Path, level: str, rounds: int) -> dict[str, tuple[float, float]]:
+    """Median captured-step (wall, CPU) seconds per mode; the modes alternate, their order
+    rotating from round to round, after a warm-up round."""
+    times: dict[str, list[tuple[float, float]]] = {mode: [] for mode in MODES}
+    modes = list(MODES)
     for i in range(rounds + 1):
-        for mode in MODES:
+        for mode in modes[i % 3:] + modes[:i % 3]:
             path = root / f"t{i}-{mode}"
             took = dump_step(workload, path, level, mode)
             shutil.rmtree(path, ignore_errors=True)
             if i:
                 times[mode].append(took)
-    return {mode: statistics.median(t) for mode, t in times.items()}
+    return {mode: (statistics.median(w for w, _ in t), statistics.median(c for _, c in t))
+            for mode, t in times.items()}
 
 
-def report(name: str, level: str, disk: dict[str, int], a: dict, top: int, times: dict[str, float]) -> None:
+def report(name: str, level: str, disk: dict[str, int], a: dict, top: int,
+           times: dict[str, tuple[float, float]]) -> None:
     print(f"\n== {name} ({level}, task=tensor): {a['tensors']} saved tensors, {a['total'] / MB:.1f} MB")
     print(f"on disk: {disk['none'] / MB:.1f} MB without references, {disk['views'] / MB:.1f} MB with "
           f"references to views ({a['refs']['views']}), {disk['all'] / MB:.1f} MB with those to "
@@ -180,8 +185,10 @@ def report(name: str, level: str, disk: dict[str, int], a: dict, top: int, times
     for k, v in a["by"]["op"].most_common(top):
         print(f"  {v / MB:8.1f} {a['views'][k] / MB:8.1f} {a['same'][k] / MB:8.1f}  {k}")
     if times:
-        print("captured step: " + ", ".join(f"{1e3 * t:.0f} ms ({mode} references)" for mode, t in times.items())
-              + f"; all/none {times['all'] / times['none']:.2f}x")
+        print("captured step, wall / CPU: " + ", ".join(f"{mode} {1e3 * w:.0f} / {1e3 * c:.0f} ms"
+                                                      for mode, (w, c) in times.items())
+              + f"; all/none {times['all'][0] / times['none'][0]:.2f}x wall, "
+              f"{times['all'][1] / times['none'][1]:.2f}x CPU")
 
 
 def main() -> None:

@@ -202,6 +202,14 @@ def test_references_span_shard_rotation(tmp_path, monkeypatch):
     sink.close()
     shards = sorted((tmp_path / "tensors").glob("*.safetensors"))
     assert len(shards) > 5
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+    written = {}
+    for shard in shards:             # still plain safetensors: references are header metadata
+        written.update(load_file(str(shard)))
+        with safe_open(str(shard), framework="pt") as f:
+            assert all(k.startswith("ref:view") for k in (f.metadata() or {}))
+    assert set(written) == {"base"} | {f"other{i}" for i in range(40)}
     from opdiff.store.reader import Dump
     (tmp_path / "records.jsonl").write_text("")
     dump = Dump(path=tmp_path, meta={})

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import mmap
 import os
 import queue
 import threading
@@ -232,6 +231,7 @@ class _StreamingShard:
         self.header_len = 2          # "{}"
         self.data_bytes = 0
         self.open = True
+        self.reader: Any = None      # a second handle, to read back what was written (references)
 
     def add_ref(self, key: str, ref: dict[str, Any]) -> bool:
         """Note that `key` is `ref["base"]`'s bytes seen through `ref`'s offset, shape and
@@ -246,15 +246,26 @@ class _StreamingShard:
         return True
 
     def read(self, offset: int, nbytes: int) -> Any:
-        """`nbytes` of the shard from `offset` (written already), as a uint8 tensor mapping them."""
+        """`nbytes` of the shard from `offset` (written already), copied into a uint8 tensor."""
         import torch
 
+        data = torch.empty(nbytes, dtype=torch.uint8)
         if self.open:
             self.file.flush()
-        base = offset - offset % mmap.ALLOCATIONGRANULARITY
-        with open(self.path, "rb") as f:
-            mapped = mmap.mmap(f.fileno(), offset - base + nbytes, access=mmap.ACCESS_COPY, offset=base)
-        return torch.frombuffer(mapped, dtype=torch.uint8, count=nbytes, offset=offset - base)
+            if self.reader is None:
+                self.reader = open(self.tmp, "rb")
+            got = self._read_at(self.reader, offset, data)
+        else:
+            with open(self.path, "rb") as f:
+                got = self._read_at(f, offset, data)
+        if got != nbytes:
+            raise ValueError(f"{self.path}: shorter than what was written to it")
+        return data
+
+    @staticmethod
+    def _read_at(f: Any, offset: int, data: Any) -> int:
+        f.seek(offset)
+        return int(f.readinto(data.numpy()))
 
     def add(self, key: str, t: torch.Tensor) -> bool:
         """Write t's bytes and note its entry; False (nothing written) when the header is full."""
@@ -283,17 +294,23 @@ class _StreamingShard:
         self.file.write((self.HEADER_BYTES - 8).to_bytes(8, "little"))
         self.file.write(text)
         self.file.close()
-        self.open = False
+        self._close_reader()
         final = self.tmp.with_suffix(".safetensors")
         os.replace(self.tmp, final)
         self.path = final
 
     def abandon(self) -> None:
-        self.open = False
         try:
             self.file.close()
+            self._close_reader()
         except OSError:
             pass
+
+    def _close_reader(self) -> None:
+        self.open = False
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
 
 
 class DumpWriter:
