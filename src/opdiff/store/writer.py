@@ -6,7 +6,7 @@ record up to the last flush readable. Tensors go into safetensors shards, each w
 temporary name as tensors arrive and renamed once its header is in place: a shard is either whole
 or absent. CPU tensors are written by the calling thread when they are saved, device tensors
 through a bounded queue by a background thread (see _TensorSink). A tensor that views the same
-bytes of one saved before is a reference in its shard's header instead (see Aliases).
+bytes of one saved before is a reference in its shard's header instead (see .references).
 """
 from __future__ import annotations
 
