@@ -395,7 +395,7 @@ def test_a_copy_of_written_bytes_is_a_reference_and_a_near_copy_is_not(tmp_path)
     wanted = {"x": x, "copy": x.clone(), "near": near, "zeros": torch.zeros(8, 40),
               "zeros again": torch.zeros(8, 40), "other shape": x.clone().view(16, 64),
               "other dtype": x.view(torch.int32).clone(), "nan": nan, "nan again": nan.clone(),
-              "copy's view": None}
+              "bf16": x.bfloat16(), "bf16 again": x.bfloat16(), "copy's view": None}
 
     def feed(sink):
         for key, t in wanted.items():
@@ -406,10 +406,11 @@ def test_a_copy_of_written_bytes_is_a_reference_and_a_near_copy_is_not(tmp_path)
     sink, dump = _sink_dump(tmp_path, feed)
     index = dump._index()
     refs = {k: e.base for k, e in index.items() if isinstance(e, _Ref)}
-    assert refs == {"copy": "x", "zeros again": "zeros", "nan again": "nan", "copy's view": "x"}
+    assert refs == {"copy": "x", "zeros again": "zeros", "nan again": "nan", "bf16 again": "bf16",
+                    "copy's view": "x"}
     for key, t in wanted.items():
         assert _same(dump.tensor(key), t), key
-    assert sink.referenced_bytes == sum(wanted[k].numel() * 4 for k in refs)
+    assert sink.referenced_bytes == sum(wanted[k].numel() * wanted[k].element_size() for k in refs)
     _, alone = _sink_dump(tmp_path / "views only", feed, same_bytes=False)
     assert {k: e.base for k, e in alone._index().items() if isinstance(e, _Ref)} == {"copy's view": "copy"}
     assert _same(alone.tensor("copy's view"), wanted["copy's view"])

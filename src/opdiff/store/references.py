@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 _SAME_SIZE_INTS: dict[int, str] = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
 _MIN_REF_BYTES = 256     # a reference's header entry costs about as much as this many bytes
 _SAMPLE: Any = None      # the element indices a fingerprint samples (times a large odd number)
+_NUMPY_DTYPES: set[Any] = set()     # torch dtypes whose tensors .numpy() takes as they are
 
 
 class Base:
@@ -74,10 +75,15 @@ class Aliases:
             import numpy as np
 
             _SAMPLE = (np.arange(32, dtype=np.int64) * 2654435761 + 7919)
+            import torch
+
+            _NUMPY_DTYPES.update({torch.float32, torch.float64, torch.float16, torch.bool, torch.uint8,
+                                  torch.int8, torch.int16, torch.int32, torch.int64})
         self.same_bytes_too = same_bytes
         self.by_storage: dict[int, list[Base]] = {}
         self.by_content: dict[tuple[Any, ...], list[Base]] = {}   # fingerprint -> written tensors
         self.added = 0
+        self.picks: dict[int, Any] = {}      # numel -> the elements a fingerprint samples
 
     def same_bytes(self, t: torch.Tensor) -> tuple[Ref | None, tuple[Any, ...] | None]:
         """For a contiguous tensor about to be written: a `Ref` to a written one with the same
@@ -87,10 +93,16 @@ class Aliases:
             return None, None
         import torch
 
-        data = t.reshape(-1).view(torch.uint8).numpy().reshape(n, size)    # t's bytes, not a copy
-        # scattered, not evenly spaced: every 1/16th of an activation is the same pixel of
-        # another image, often a zero of a padded border in all of them
-        fingerprint = (t.dtype, tuple(t.shape), data[_SAMPLE % n].tobytes())
+        if t.dtype in _NUMPY_DTYPES:
+            data = t.numpy()                 # t's elements (t is contiguous), not a copy
+        else:                                # bfloat16 and others numpy lacks: as integers
+            data = t.view(getattr(torch, _SAME_SIZE_INTS[size])).numpy()
+        picks = self.picks.get(n)
+        if picks is None:
+            # scattered, not evenly spaced: every 1/16th of an activation is the same pixel of
+            # another image, often a zero of a padded border in all of them
+            picks = self.picks[n] = _SAMPLE % n
+        fingerprint = (t.dtype, tuple(t.shape), data.reshape(-1)[picks].tobytes())
         for base in reversed(self.by_content.get(fingerprint, ())):
             if base.shard is not None:
                 stride = [math.prod(t.shape[i + 1:]) for i in range(t.dim())]
