@@ -179,10 +179,13 @@ def test_a_view_of_memory_written_since_is_not_a_reference(tmp_path):
     base = refs.tensor(records["Tensor.__mul__.0.forward"]["outputs"][0]["key"])
     assert torch.allclose(t, ((base + 1) * 5).t())      # what the op really read
     assert exp_input not in _refs(refs)
-    # v after y.add_: a reference to add_'s output (the bytes as they are now), not to y's old ones
+    # v after y.add_: a reference to bytes as they are now (add_'s output, or w = v + 1 which
+    # equals it), never to y's old ones
     mul3 = records["Tensor.__mul__.1.forward"]["inputs"][0]["key"]
     first = records["Tensor.__mul__.0.forward"]["outputs"][0]["key"]
-    assert _refs(refs)[mul3].base == records["Tensor.add_.0.forward"]["outputs"][0]["key"] != first
+    assert _refs(refs)[mul3].base in {records["Tensor.add_.0.forward"]["outputs"][0]["key"],
+                                      records["Tensor.__add__.0.forward"]["outputs"][0]["key"]}
+    assert _refs(refs)[mul3].base != first
 
 
 def test_references_span_shard_rotation(tmp_path, monkeypatch):
@@ -407,7 +410,7 @@ def test_a_copy_of_written_bytes_is_a_reference_and_a_near_copy_is_not(tmp_path)
     index = dump._index()
     refs = {k: e.base for k, e in index.items() if isinstance(e, _Ref)}
     assert refs == {"copy": "x", "zeros again": "zeros", "nan again": "nan", "bf16 again": "bf16",
-                    "copy's view": "x"}
+                    "copy's view": "x", "other shape": "x"}       # the same bytes, seen as (16, 64)
     for key, t in wanted.items():
         assert _same(dump.tensor(key), t), key
     assert sink.referenced_bytes == sum(wanted[k].numel() * wanted[k].element_size() for k in refs)

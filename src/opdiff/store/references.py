@@ -4,7 +4,7 @@ reference to it (`reader.REF_PREFIX`) instead of the bytes again.
 Two ways to repeat them: a view of a saved tensor's memory, unchanged since (the output of view,
 transpose, reshape, expand, getitem; found by storage and version counter, `Aliases.link`), and
 a tensor of its own holding the very bytes of one written before (a clone, a copy, zeros again;
-found by dtype, shape and sampled elements, `Aliases.same_bytes`). Either way the reference is
+found by dtype, size and sampled elements, `Aliases.same_bytes`). Either way the reference is
 only made once all its bytes have been compared with those written for the other (`Ref.entry`),
 so writes the version counter misses (`.data`, numpy) or a sample that happens to agree cannot
 make one wrong. A reference is always to a tensor written before it, in the same shard or an
@@ -85,12 +85,13 @@ class Aliases:
         self.added = 0
         self.picks: dict[int, Any] = {}      # numel -> the elements a fingerprint samples
 
-    def same_bytes(self, t: torch.Tensor) -> tuple[Ref | None, tuple[Any, ...] | None]:
-        """For a contiguous tensor about to be written: a `Ref` to a written one with the same
-        dtype, shape and sampled elements (to be compared whole), and t's fingerprint."""
+    def same_bytes(self, t: torch.Tensor) -> tuple[list[Ref], tuple[Any, ...] | None]:
+        """For a contiguous tensor about to be written: `Ref`s to the written ones with the same
+        dtype, size and sampled elements (to be compared whole), latest first, and t's
+        fingerprint."""
         n, size = t.numel(), t.dtype.itemsize
         if not self.same_bytes_too or n * size < _MIN_REF_BYTES or size not in _SAME_SIZE_INTS:
-            return None, None
+            return [], None
         import torch
 
         if t.dtype in _NUMPY_DTYPES:
@@ -102,12 +103,11 @@ class Aliases:
             # scattered, not evenly spaced: every 1/16th of an activation is the same pixel of
             # another image, often a zero of a padded border in all of them
             picks = self.picks[n] = _SAMPLE % n
-        fingerprint = (t.dtype, tuple(t.shape), data.reshape(-1)[picks].tobytes())
-        for base in reversed(self.by_content.get(fingerprint, ())):
-            if base.shard is not None:
-                stride = [math.prod(t.shape[i + 1:]) for i in range(t.dim())]
-                return Ref(base, 0, list(t.shape), stride), fingerprint
-        return None, fingerprint
+        # numel, not shape: a reshape's copy (on a device, every view is one) has the same bytes
+        fingerprint = (t.dtype, n, data.reshape(-1)[picks].tobytes())
+        stride = [math.prod(t.shape[i + 1:]) for i in range(t.dim())]
+        return [Ref(base, 0, list(t.shape), stride) for base in reversed(self.by_content.get(fingerprint, ()))
+                if base.shard is not None], fingerprint
 
     def written(self, fingerprint: tuple[Any, ...], base: Base) -> None:
         """Note a tensor written whole, under its fingerprint (the last 4 of each)."""

@@ -152,13 +152,17 @@ class _TensorSink(threading.Thread):
             self._batch[key] = tensor.clone()
             return
         ref = link.entry(tensor) if isinstance(link, Ref) else None   # None unless same bytes
-        tensor, fingerprint = tensor.contiguous(), None
+        fingerprint = None
+        if ref is None:
+            tensor = tensor.contiguous()
         if ref is None and self.aliases is not None:      # the bytes of one written before?
-            copy, fingerprint = self.aliases.same_bytes(tensor)
-            if copy is not None:
+            copies, fingerprint = self.aliases.same_bytes(tensor)
+            for copy in copies:
                 ref = copy.entry(tensor)
-                if ref is not None and isinstance(link, Base):   # its views: to those bytes
-                    link.key, link.shard, link.offset = copy.base.key, copy.base.shard, copy.base.offset
+                if ref is not None:
+                    if isinstance(link, Base):       # its views: to those bytes
+                        link.key, link.shard, link.offset = copy.base.key, copy.base.shard, copy.base.offset
+                    break
         if ref is not None:
             self._place(lambda shard: shard.add_ref(key, ref), key)
             self.referenced_bytes += nbytes
