@@ -255,12 +255,17 @@ def test_the_background_thread_makes_references_from_the_origin(tmp_path):
     changed = base.t()[2:].clone()
     changed[0, 0] += 1                 # claims to view base but holds other bytes: written whole
     sink._enqueue("changed", changed, changed.numel() * 4, sink.aliases.link("changed", base.t()[2:]))
+    flat = base.reshape(-1).clone()    # without its origin: found by its bytes
+    sink._enqueue("flat", flat, flat.numel() * 4, None)
     sink.close()
     from opdiff.store.reader import Dump
     (tmp_path / "records.jsonl").write_text("")
     dump = Dump(path=tmp_path, meta={})
-    assert isinstance(dump._index()["view"], _Ref) and not isinstance(dump._index()["changed"], _Ref)
+    index = dump._index()
+    assert isinstance(index["view"], _Ref) and not isinstance(index["changed"], _Ref)
+    assert index["flat"].base == "base"
     assert _same(dump.tensor("view"), view) and _same(dump.tensor("changed"), changed)
+    assert _same(dump.tensor("flat"), flat)
 
 
 def test_a_reference_whose_base_is_lost_is_reported_not_loaded(tmp_path, monkeypatch, caplog):
