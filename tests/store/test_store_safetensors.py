@@ -73,15 +73,13 @@ def test_dump_reader_reads_the_shards(tmp_path):
 
 def test_queued_tensors_and_inline_tensors_land_in_the_same_shards(tmp_path):
     """Device tensors go through the background thread, CPU tensors are written inline; there is
-    no device here, so the queue is fed directly, as put() does for a device tensor."""
+    no device here, so the thread is fed directly, as put() does for a device tensor."""
     from opdiff.store.writer import _TensorSink
     sink = _TensorSink(tmp_path / "tensors")
     inline = torch.randn(4, 4)
     sink.put("inline", inline)
-    sink.started = True
-    sink.start()
     queued = torch.arange(6, dtype=torch.int32)
-    sink.queue.put(("queued", queued, queued.numel() * queued.element_size()))
+    sink._enqueue("queued", queued, queued.numel() * queued.element_size(), None)
     sink.flush(wait=True)
     sink.put("after", torch.ones(2))
     sink.close()

@@ -13,6 +13,13 @@ Tensors are mapped, not read: `tensor(key)` maps just that tensor's bytes of its
 (copy-on-write, so the caller may modify it and the file never changes) and the mapping goes away
 with the tensor. A compare that holds one pair at a time therefore keeps one pair's pages in
 memory, however large the dump; keeping a shard open instead would keep every page read so far.
+
+A tensor that viewed the bytes of one saved before it (a view, transpose, reshape, expand or
+getitem output, unchanged since) is not written again: its shard's `__metadata__` holds
+`"ref:<key>": '{"base": <key>, "offset": n, "shape": [...], "stride": [...]}'` (in elements of
+the base, flattened), and `tensor(key)` gives it built from the base's bytes, contiguous like any
+other. The base is in the same shard or an earlier one, so a reference is durable when its base
+is; one whose base cannot be read is left out with a warning.
 """
 from __future__ import annotations
 
@@ -33,6 +40,8 @@ from .source import DumpFormat
 
 log = logging.getLogger("opdiff")
 
+REF_PREFIX = "ref:"      # a `__metadata__` key naming a tensor stored as a reference
+
 
 @dataclass
 class Dump:
@@ -43,7 +52,7 @@ class Dump:
     step: int | None = None
     rank: int | None = None
     _stacks: dict[int, list[dict[str, Any]]] | None = field(default=None, repr=False)
-    _tensor_index: dict[str, _Entry] | None = field(default=None, repr=False)
+    _tensor_index: dict[str, _Entry | _Ref] | None = field(default=None, repr=False)
 
     format = "opdiff"
 
@@ -100,16 +109,29 @@ class Dump:
         """Keys of every saved tensor."""
         return list(self._index())
 
-    def _index(self) -> dict[str, "_Entry"]:
+    def _index(self) -> dict[str, "_Entry | _Ref"]:
         if self._tensor_index is None:
-            self._tensor_index = {}
+            index: dict[str, _Entry | _Ref] = {}
+            refs: dict[str, _Ref] = {}
             tdir = self.path / layout.TENSORS
             if tdir.is_dir():
                 for shard in sorted(tdir.glob("*.safetensors")):
                     try:
-                        self._tensor_index.update(_shard_entries(shard))
+                        entries, found = _shard_header(shard)
                     except (OSError, ValueError) as exc:  # a shard cut short by a crash
                         log.warning("opdiff: skipping unreadable tensor shard %s (%s)", shard, exc)
+                        continue
+                    index.update(entries)
+                    refs.update(found)
+            lost = [key for key, ref in refs.items() if not isinstance(index.get(ref.base), _Entry)
+                    or not _fits(ref, index[ref.base])]     # type: ignore[arg-type]
+            if lost:
+                log.warning("opdiff: %s: %d saved tensors refer to tensors this dump lacks or that "
+                            "cannot hold them (an unreadable shard?); they are not available, "
+                            "e.g. %s", self.path, len(lost), lost[0])
+            gone = set(lost)
+            index.update((k, r) for k, r in refs.items() if k not in gone)
+            self._tensor_index = index
         return self._tensor_index
 
     def tensor(self, key: str) -> Any:
@@ -117,9 +139,12 @@ class Dump:
 
         Raises OSError or ValueError when the shard changed or broke since the dump was opened.
         """
-        entry = self._index().get(key)
+        index = self._index()
+        entry = index.get(key)
         if entry is None:
             return None
+        if isinstance(entry, _Ref):
+            return _load_ref(entry, index[entry.base])     # type: ignore[arg-type]
         return _load(entry)
 
 
@@ -131,6 +156,43 @@ class _Entry(NamedTuple):
     shape: tuple[int, ...]
     offset: int         # from the start of the file
     nbytes: int
+
+
+class _Ref(NamedTuple):
+    """A tensor stored as a view of another's bytes (see the module's docstring)."""
+    key: str
+    base: str
+    offset: int                 # in elements of the base
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+
+
+def _fits(ref: _Ref, base: _Entry) -> bool:
+    """The reference's elements all lie inside its base."""
+    numel = math.prod(base.shape)
+    if any(n == 0 for n in ref.shape):
+        return 0 <= ref.offset <= numel
+    last = ref.offset + sum((n - 1) * st for n, st in zip(ref.shape, ref.stride))
+    return ref.offset >= 0 and all(st >= 0 for st in ref.stride) and last < numel
+
+
+def _load_ref(ref: _Ref, base: _Entry) -> Any:
+    """The referenced elements, contiguous: a contiguous run is mapped by itself, other views
+    are copied out of the mapped base (which is then unmapped with it)."""
+    import torch
+
+    numel = math.prod(ref.shape)
+    size = base.nbytes // max(1, math.prod(base.shape))
+    expected, contiguous = 1, True
+    for n, st in reversed(list(zip(ref.shape, ref.stride))):
+        if n != 1 and st != expected:
+            contiguous = False
+        expected *= n
+    if contiguous or numel == 0:
+        return _load(base._replace(key=ref.key, shape=ref.shape, offset=base.offset + ref.offset * size,
+                                   nbytes=numel * size))
+    whole = _load(base).reshape(-1)
+    return torch.as_strided(whole, ref.shape, ref.stride, ref.offset).contiguous()
 
 
 def _torch_dtypes() -> dict[str, Any]:
@@ -147,7 +209,13 @@ _MAX_HEADER = 100 << 20     # safetensors' own limit on the JSON header
 
 
 def _shard_entries(shard: Path) -> dict[str, _Entry]:
-    """Parse a shard's header (8-byte little-endian length, then JSON) without mapping its data."""
+    """The tensors whose bytes a shard holds (not its references), from its header."""
+    return _shard_header(shard)[0]
+
+
+def _shard_header(shard: Path) -> tuple[dict[str, _Entry], dict[str, _Ref]]:
+    """Parse a shard's header (8-byte little-endian length, then JSON) without mapping its data:
+    the tensors it holds and those it stores as references."""
     size = shard.stat().st_size
     with open(shard, "rb") as f:
         raw = f.read(8)
@@ -160,6 +228,7 @@ def _shard_entries(shard: Path) -> dict[str, _Entry]:
     if not isinstance(header, dict):
         raise ValueError("header is not a JSON object")
     start, entries = 8 + length, {}
+    refs = _refs(shard, header.get("__metadata__"))
     for key, info in header.items():
         if key == "__metadata__":
             continue
@@ -172,7 +241,26 @@ def _shard_entries(shard: Path) -> dict[str, _Entry]:
         if not 0 <= begin <= end <= size - start:
             raise ValueError(f"{key}: data offsets {begin}..{end} lie outside the file")
         entries[key] = entry
-    return entries
+    return entries, refs
+
+
+def _refs(shard: Path, metadata: Any) -> dict[str, _Ref]:
+    refs: dict[str, _Ref] = {}
+    if not isinstance(metadata, dict):
+        return refs
+    for name, value in metadata.items():
+        if not (isinstance(name, str) and name.startswith(REF_PREFIX)):
+            continue
+        key = name[len(REF_PREFIX):]
+        try:
+            info = json.loads(value)
+            refs[key] = _Ref(key, str(info["base"]), int(info["offset"]),
+                             tuple(int(x) for x in info["shape"]), tuple(int(x) for x in info["stride"]))
+            if len(refs[key].shape) != len(refs[key].stride):
+                raise ValueError
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"{key}: malformed reference {value!r}") from None
+    return refs
 
 
 def _load(entry: _Entry) -> Any:

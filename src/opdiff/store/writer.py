@@ -5,7 +5,8 @@ Records are buffered and appended to records.jsonl every `flush_every` records a
 record up to the last flush readable. Tensors go into safetensors shards, each written under a
 temporary name as tensors arrive and renamed once its header is in place: a shard is either whole
 or absent. CPU tensors are written by the calling thread when they are saved, device tensors
-through a bounded queue by a background thread (see _TensorSink).
+through a bounded queue by a background thread (see _TensorSink). A tensor that views the same
+bytes of one saved before is a reference in its shard's header instead (see .references).
 """
 from __future__ import annotations
 
@@ -19,12 +20,15 @@ from typing import TYPE_CHECKING, Any, Callable, Union
 
 from ..dtypes import SAFETENSORS_CODES, short_dtype
 from . import layout
+from .reader import REF_PREFIX
 from .records import dumps
+from .references import Aliases, Base, Ref
 
 if TYPE_CHECKING:
     import torch
 
-_Item = Union[None, str, "tuple[str, torch.Tensor, int]"]     # queued: a tensor, "flush", or None (stop)
+# queued: (key, tensor, bytes, alias link), "flush", or None (stop)
+_Item = Union[None, str, "tuple[str, torch.Tensor, int, Any]"]
 
 log = logging.getLogger("opdiff")
 
@@ -44,8 +48,9 @@ class _TensorSink(threading.Thread):
     which copies them to the host while the device computes; it is started by the first one.
     """
 
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, references: bool = True, same_bytes: bool = True):
         super().__init__(name="opdiff-tensor-writer", daemon=True)
+        self.aliases: Aliases | None = Aliases(same_bytes) if references else None
         self.directory = directory
         self.queue: queue.Queue[_Item] = queue.Queue()
         self.pending_bytes = 0
@@ -56,16 +61,26 @@ class _TensorSink(threading.Thread):
         self.error: BaseException | None = None
         self._shard: _StreamingShard | None = None
         self._batch: dict[str, Any] = {}     # dtypes the streaming writer does not know (complex)
+        self.referenced_bytes = 0            # tensor bytes stored as references, not written
 
-    def put(self, key: str, tensor: torch.Tensor) -> None:
+    def put(self, key: str, tensor: torch.Tensor, origin: torch.Tensor | None = None) -> None:
         """Save `tensor` under `key`: a CPU tensor is written now (the caller may change it right
-        after), a device tensor must be a private copy (it is written later)."""
+        after), a device tensor must be a private copy (it is written later). `origin`, the
+        tensor that copy was made from, lets a view of a saved tensor be stored as a reference
+        (a CPU tensor that shares the original's storage is its own origin)."""
         if self.error is not None:
             return
         nbytes = tensor.numel() * tensor.element_size()
+        link = None
+        if self.aliases is not None and (origin is not None or tensor.device.type == "cpu"):
+            link = self.aliases.link(key, origin if origin is not None else tensor)
         if tensor.device.type == "cpu":
-            self._guarded(self._add, key, tensor, nbytes)
-            return
+            self._guarded(self._add, key, tensor, nbytes, link)
+        else:
+            self._enqueue(key, tensor, nbytes, link)
+
+    def _enqueue(self, key: str, tensor: torch.Tensor, nbytes: int, link: Any) -> None:
+        """Hand a tensor to the background thread (started by the first one)."""
         if not self.started:
             self.started = True
             self.start()
@@ -74,7 +89,7 @@ class _TensorSink(threading.Thread):
             while self.pending_bytes > _QUEUE_BYTES and self.is_alive():
                 self.cond.wait(timeout=1.0)
             self.pending_bytes += nbytes
-        self.queue.put((key, tensor, nbytes))
+        self.queue.put((key, tensor, nbytes, link))
 
     def flush(self, wait: bool) -> None:
         """Write what is held as a shard (with `wait`, including every queued device tensor)."""
@@ -91,6 +106,8 @@ class _TensorSink(threading.Thread):
             self.join()
         else:
             self._guarded(self._write_shard)
+        if self.aliases is not None:
+            self.aliases._sweep(everything=True)
 
     def run(self) -> None:
         while True:
@@ -101,12 +118,12 @@ class _TensorSink(threading.Thread):
                     if item is None:
                         return
                     continue
-                key, tensor, nbytes = item
+                key, tensor, nbytes, link = item
                 host = tensor.detach().to("cpu")
                 with self.cond:
                     self.pending_bytes -= nbytes
                     self.cond.notify_all()
-                self._guarded(self._add, key, host, nbytes)
+                self._guarded(self._add, key, host, nbytes, link)
             except BaseException as exc:  # never raise into the user's process
                 self._failed(exc)
             finally:
@@ -130,18 +147,44 @@ class _TensorSink(threading.Thread):
             self._shard.abandon()
             self._shard = None
 
-    def _add(self, key: str, tensor: torch.Tensor, nbytes: int) -> None:
+    def _add(self, key: str, tensor: torch.Tensor, nbytes: int, link: Any = None) -> None:
         if _dtype_name(tensor) is None:      # kept (a copy) for a shard of its own at flush
             self._batch[key] = tensor.clone()
             return
-        if self._shard is None or not self._shard.add(key, tensor):   # none open, or header full
+        ref = link.entry(tensor) if isinstance(link, Ref) else None   # None unless same bytes
+        fingerprint = None
+        if ref is None:
+            tensor = tensor.contiguous()
+        if ref is None and self.aliases is not None:      # the bytes of one written before?
+            copies, fingerprint = self.aliases.same_bytes(tensor)
+            for copy in copies:
+                ref = copy.entry(tensor)
+                if ref is not None:
+                    if isinstance(link, Base):       # its views: to those bytes
+                        link.key, link.shard, link.offset = copy.base.key, copy.base.shard, copy.base.offset
+                    break
+        if ref is not None:
+            self._place(lambda shard: shard.add_ref(key, ref), key)
+            self.referenced_bytes += nbytes
+            return
+        shard = self._place(lambda shard: shard.add(key, tensor), key)
+        if isinstance(link, Base) or fingerprint is not None:   # later views, copies may refer to it
+            base = link if isinstance(link, Base) else Base(key, 0, 0, nbytes, tensor.dtype, 0)
+            base.shard, base.offset = shard, shard.HEADER_BYTES + shard.header[key]["data_offsets"][0]
+            if fingerprint is not None and self.aliases is not None:
+                self.aliases.written(fingerprint, base)
+        if shard.data_bytes >= _SHARD_BYTES:
+            self._finish_shard()
+
+    def _place(self, add: Callable[[_StreamingShard], bool], key: str) -> _StreamingShard:
+        """add() to the open shard, or to a new one when none is open or its header is full."""
+        if self._shard is None or not add(self._shard):
             self._finish_shard()
             self.directory.mkdir(parents=True, exist_ok=True)
             self._shard = _StreamingShard(self._next_path().with_suffix(".tmp"))
-            if not self._shard.add(key, tensor):
+            if not add(self._shard):
                 raise ValueError(f"tensor name too long for a shard header: {key[:80]}...")
-        if self._shard.data_bytes >= _SHARD_BYTES:
-            self._finish_shard()
+        return self._shard
 
     def _next_path(self) -> Path:
         path = self.directory / f"shard_{self.shard_index:05d}.safetensors"
@@ -160,7 +203,8 @@ class _TensorSink(threading.Thread):
             self.directory.mkdir(parents=True, exist_ok=True)
             final = self._next_path()
             tmp = final.with_suffix(".tmp")
-            write_safetensors(self._batch, tmp)
+            from safetensors.torch import save_file    # dtypes the streaming writer lacks
+            save_file({k: t.contiguous() for k, t in self._batch.items()}, str(tmp))
             os.replace(tmp, final)
             self._batch = {}
 
@@ -183,11 +227,49 @@ class _StreamingShard:
 
     def __init__(self, tmp: Path):
         self.tmp = tmp
+        self.path = tmp              # where its bytes are now: tmp, then the final name
         self.file = open(tmp, "wb")
         self.file.seek(self.HEADER_BYTES)
-        self.header: dict[str, dict[str, Any]] = {}
+        self.header: dict[str, Any] = {}
+        self.refs: dict[str, str] = {}     # key -> JSON of a reference, in "__metadata__"
         self.header_len = 2          # "{}"
         self.data_bytes = 0
+        self.open = True
+        self.reader: Any = None      # a second handle, to read back what was written (references)
+
+    def add_ref(self, key: str, ref: dict[str, Any]) -> bool:
+        """Note that `key` is `ref["base"]`'s bytes seen through `ref`'s offset, shape and
+        strides (see reader.REF_PREFIX); False when the header is full."""
+        value = json.dumps(ref, separators=(",", ":"))
+        size = len(json.dumps({REF_PREFIX + key: value}, separators=(",", ":"))) - 1
+        size += 0 if self.refs else len('"__metadata__":{},')
+        if self.header_len + size > self.HEADER_BYTES - 8:
+            return False
+        self.refs[REF_PREFIX + key] = value
+        self.header_len += size
+        return True
+
+    def read(self, offset: int, nbytes: int) -> Any:
+        """`nbytes` of the shard from `offset` (written already), copied into a uint8 tensor."""
+        import torch
+
+        data = torch.empty(nbytes, dtype=torch.uint8)
+        if self.open:
+            self.file.flush()
+            if self.reader is None:
+                self.reader = open(self.tmp, "rb")
+            got = self._read_at(self.reader, offset, data)
+        else:
+            with open(self.path, "rb") as f:
+                got = self._read_at(f, offset, data)
+        if got != nbytes:
+            raise ValueError(f"{self.path}: shorter than what was written to it")
+        return data
+
+    @staticmethod
+    def _read_at(f: Any, offset: int, data: Any) -> int:
+        f.seek(offset)
+        return int(f.readinto(data.numpy()))
 
     def add(self, key: str, t: torch.Tensor) -> bool:
         """Write t's bytes and note its entry; False (nothing written) when the header is full."""
@@ -209,29 +291,37 @@ class _StreamingShard:
         return True
 
     def finish(self) -> None:
-        text = json.dumps(self.header, separators=(",", ":")).encode()
+        header = {"__metadata__": self.refs, **self.header} if self.refs else self.header
+        text = json.dumps(header, separators=(",", ":")).encode()
         text += b" " * (self.HEADER_BYTES - 8 - len(text))
         self.file.seek(0)
         self.file.write((self.HEADER_BYTES - 8).to_bytes(8, "little"))
         self.file.write(text)
         self.file.close()
-        os.replace(self.tmp, self.tmp.with_suffix(".safetensors"))
+        self._close_reader()
+        final = self.tmp.with_suffix(".safetensors")
+        os.replace(self.tmp, final)
+        self.path = final
 
     def abandon(self) -> None:
         try:
             self.file.close()
+            self._close_reader()
         except OSError:
             pass
 
-
-def write_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    """Write tensors of dtypes the streaming writer does not know (complex) through safetensors."""
-    from safetensors.torch import save_file
-    save_file({k: t.contiguous() for k, t in tensors.items()}, str(path))
+    def _close_reader(self) -> None:
+        self.open = False
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
 
 
 class DumpWriter:
     """Writes one step of one rank: `DumpWriter(dir, meta)`, then `write()`, `save_tensor()`, `close()`."""
+
+    references = True     # store views of saved tensors as references (False: bytes again)
+    same_bytes = True     # ... and tensors repeating the bytes of one written before
 
     def __init__(self, directory: str | os.PathLike[str], meta: dict[str, Any], flush_every: int = 256):
         self.directory = Path(directory)
@@ -283,14 +373,20 @@ class DumpWriter:
         if len(self._buffer) >= self.flush_every:
             self.flush()
 
-    def save_tensor(self, key: str, tensor: torch.Tensor) -> None:
+    def save_tensor(self, key: str, tensor: torch.Tensor, origin: torch.Tensor | None = None) -> None:
         """Save a tensor: a CPU tensor is written at once; a device tensor is queued for the
-        background writer and must be a private copy (see _TensorSink.put)."""
+        background writer and must be a private copy, made from `origin` (see _TensorSink.put).
+        A tensor viewing the very bytes of one saved before is stored as a reference to it."""
         if self.disabled:
             return
         if self._sink is None:
-            self._sink = _TensorSink(self.directory / layout.TENSORS)
-        self._sink.put(key, tensor)
+            self._sink = _TensorSink(self.directory / layout.TENSORS, self.references, self.same_bytes)
+        self._sink.put(key, tensor, origin)
+
+    @property
+    def referenced_bytes(self) -> int:
+        """Bytes of saved tensors stored as references to others instead of written again."""
+        return self._sink.referenced_bytes if self._sink is not None else 0
 
     def flush(self, wait_for_tensors: bool = False) -> None:
         """Append buffered records and stacks to disk (stacks first, so ids always resolve).
