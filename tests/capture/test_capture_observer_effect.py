@@ -195,13 +195,14 @@ def test_a_library_wrapper_of_a_torch_function_runs_once_per_call(level, tmp_pat
         assert "Tensor.__mul__.2.forward" not in names
 
 
-@pytest.mark.parametrize("task", ["statistics", "overflow_check"])
+@pytest.mark.parametrize("task", ["statistics", "overflow_check", "tensor"])
 @pytest.mark.parametrize("level", ["L1", "mix"])
 def test_described_tensors_stay_resizable(task, level, tmp_path):
     """Capture's statistics copy values without a NumPy view of the user's tensors (a view makes
     a storage unresizable for good: FSDP2's `storage.resize_(0)` then fails)."""
-    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU())
-    x = torch.randn(2, 3)
+    # (64 wide: the tensor writer's reference search looks only at tensors of 256 bytes and more)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU())
+    x = torch.randn(2, 64)
     with opdiff.dump(model, str(tmp_path / "d"), level=level, task=task):
         y = model(x)
         y.sum().backward()

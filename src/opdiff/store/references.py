@@ -21,7 +21,31 @@ if TYPE_CHECKING:
 _SAME_SIZE_INTS: dict[int, str] = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
 _MIN_REF_BYTES = 256     # a reference's header entry costs about as much as this many bytes
 _SAMPLE: Any = None      # the element indices a fingerprint samples (times a large odd number)
-_NUMPY_DTYPES: set[Any] = set()     # torch dtypes whose tensors .numpy() takes as they are
+
+
+class _Memory:
+    """A CPU tensor's bytes as NumPy sees them through `__array_interface__`: unlike
+    `Tensor.numpy()`, which marks the tensor's storage unresizable for good (FSDP2's
+    `storage.resize_(0)` then fails on the user's parameters), it leaves the storage alone."""
+
+    __slots__ = ("__array_interface__",)
+
+    def __init__(self, t: torch.Tensor, size: int) -> None:
+        self.__array_interface__ = {"data": (t.data_ptr(), True),
+                                    "shape": (t.numel() * t.element_size() // size,),
+                                    "typestr": f"<u{size}", "version": 3}
+
+
+def host_elements(t: torch.Tensor, size: int | None = None) -> Any:
+    """A NumPy array over the memory of a contiguous CPU tensor, as unsigned integers of `size`
+    bytes (default: its element size, which must then be 1, 2, 4 or 8), without a copy: the
+    tensor must stay alive while it is used."""
+    import numpy as np
+
+    size = size or t.element_size()
+    if t.numel() == 0:
+        return np.empty(0, dtype=f"<u{size}")
+    return np.asarray(_Memory(t, size))
 
 
 class Base:
@@ -75,10 +99,6 @@ class Aliases:
             import numpy as np
 
             _SAMPLE = (np.arange(32, dtype=np.int64) * 2654435761 + 7919)
-            import torch
-
-            _NUMPY_DTYPES.update({torch.float32, torch.float64, torch.float16, torch.bool, torch.uint8,
-                                  torch.int8, torch.int16, torch.int32, torch.int64})
         self.same_bytes_too = same_bytes
         self.by_storage: dict[int, list[Base]] = {}
         self.by_content: dict[tuple[Any, ...], list[Base]] = {}   # fingerprint -> written tensors
@@ -92,12 +112,7 @@ class Aliases:
         n, size = t.numel(), t.dtype.itemsize
         if not self.same_bytes_too or n * size < _MIN_REF_BYTES or size not in _SAME_SIZE_INTS:
             return [], None
-        import torch
-
-        if t.dtype in _NUMPY_DTYPES:
-            data = t.numpy()                 # t's elements (t is contiguous), not a copy
-        else:                                # bfloat16 and others numpy lacks: as integers
-            data = t.view(getattr(torch, _SAME_SIZE_INTS[size])).numpy()
+        data = host_elements(t)              # t's elements (t is contiguous), not a copy
         picks = self.picks.get(n)
         if picks is None:
             # scattered, not evenly spaced: every 1/16th of an activation is the same pixel of

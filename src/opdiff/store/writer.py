@@ -22,7 +22,7 @@ from ..dtypes import SAFETENSORS_CODES, short_dtype
 from . import layout
 from .reader import REF_PREFIX
 from .records import dumps
-from .references import Aliases, Base, Ref
+from .references import Aliases, Base, Ref, host_elements
 
 if TYPE_CHECKING:
     import torch
@@ -273,8 +273,6 @@ class _StreamingShard:
 
     def add(self, key: str, t: torch.Tensor) -> bool:
         """Write t's bytes and note its entry; False (nothing written) when the header is full."""
-        import torch
-
         nbytes = t.numel() * t.element_size()
         entry = {"dtype": _dtype_name(t), "shape": list(t.shape),
                  "data_offsets": [self.data_bytes, self.data_bytes + nbytes]}
@@ -284,7 +282,7 @@ class _StreamingShard:
         t = t.contiguous()
         if t.numel():
             # (numpy's arrays are buffers; its stubs do not say so to every mypy)
-            self.file.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))  # type: ignore[arg-type]
+            self.file.write(memoryview(host_elements(t, 1)))
         self.header[key] = entry
         self.header_len += size
         self.data_bytes += nbytes
