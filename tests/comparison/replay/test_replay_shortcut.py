@@ -111,3 +111,31 @@ def test_healthy_bf16_is_settled_mostly_without_the_reference(cnn_golden, tmp_pa
     assert len(settled) > len(replayable) / 2, quick.summary()
     assert "needed the reference kernel" in quick.summary()
     assert "within what rounding to bfloat16 alone makes" in a[settled[0]].describe()
+
+
+@pytest.mark.parametrize("bf16", [True, False], ids=["bf16-autocast", "fp32"])
+def test_direct_conv_backward_reference_is_autograds_bitwise(tmp_path, bf16):
+    """`replay.direct`'s conv2d gradients (no forward run) are the autograd run's, for every
+    conv of the CNN, all gradients or only the weight's."""
+    from opdiff.comparison.replay.direct import backward_reference
+    from opdiff.comparison.replay.local import _run, read_once
+
+    run("cnn", tmp_path / "t", bf16=bf16)
+    dump = _target(tmp_path / "t")
+    records = {r["name"]: r for r in dump.records()}
+    backward = [r for r in records.values() if r["op"] == "Functional.conv2d"
+                and r["phase"] == "backward"]
+    assert len(backward) >= 3
+    autocast = torch.bfloat16 if bf16 else None
+    load = read_once(dump.tensor)
+    for rec in backward:
+        fwd = records[rec["forward"]]
+        grads = {0: dump.tensor(rec["inputs"][0]["key"])}
+        leaves = [i for i, d in enumerate(rec["outputs"]) if d.get("type") == "tensor"]
+        for want in (leaves, leaves[1:2]):
+            direct = backward_reference(fwd, load, want, grads, autocast)
+            assert direct is not None, rec["name"]
+            with torch.autocast("cpu", enabled=False):
+                slow = _run(fwd, load, None, autocast, want, grads)
+            assert [d.dtype for d in direct] == [s.dtype for s in slow]
+            assert all(torch.equal(d, s) for d, s in zip(direct, slow)), rec["name"]

@@ -14,17 +14,11 @@ record's outputs (one per tensor argument of the forward call).
 How much error the op's dtype explains is measured, not assumed (the "dual benchmark"): the same
 call also runs on CPU in the target's dtypes (under CPU autocast when that is what reproduces
 the recorded output dtypes), and the target's kernel is blamed only when its error against
-float64 is well above that reference kernel's:
-
-    scale:   |s_t| > |s_ref| + max(scale_tolerance(dtype), sigmas * err_ref / sqrt(n))
-    random:  err_t > ratio * err_ref + tolerance(dtype) / 10
-
-err is the relative L2 error and s the scale error <t,e>/<e,e> - 1 against the float64 result
-(see `opdiff.comparison.metrics`). ratio = 3 follows `torch._dynamo.utils.same` for reduced
-precision (RMSE within 3x the reference's, plus tol/10). A wrong scale (a broken kernel off by
-1%) shows fully in s_t while rounding noise averages out of it, by about err / sqrt(n): hence
-the second rule, which finds a 1e-2 scale fault in a bf16 op whose rounding error alone is
-larger than 1e-2 (BatchNorm backward).
+float64 is well above that reference kernel's (the rules, in `opdiff.comparison.replay.rules`:
+within 3x the reference's relative L2 error as `torch._dynamo.utils.same` has it, and a scale
+rule that finds a 1e-2 fault in a bf16 op whose rounding error alone is larger). The compare's
+replay runs that reference only where the float64 result alone cannot settle the verdict
+(`rules.settle`: the same verdicts); `replay_tensors` (`opdiff check`) always runs it.
 
 Ops that consume random numbers (the CPU generator advances while replaying them) are not
 replayed, nor are ops whose recorded dtypes or shapes the replay cannot reproduce.
@@ -50,6 +44,7 @@ from ...numbers import human
 from ...store.records import iter_tensors
 from .calls import (NotReplayable, dtype_signature, flat_descriptors, flat_tensors, read_once,
                     rebuild_call)
+from .direct import backward_reference
 from .rules import RATIO, SIGMAS, TensorLocalError, judge_measured, judge_tensor, settle
 
 REPLAY_THREADS = 1
@@ -463,9 +458,16 @@ def _backward_reference(fwd: dict[str, Any], load: Callable[[str], Any], leaves:
                         g_plain: dict[int, torch.Tensor],
                         known: Optional[dict[str, Optional[torch.dtype]]]
                         ) -> tuple[Optional[torch.dtype], list[Any]]:
-    """The reference kernel's gradients (and the autocast dtype that reproduces the forward)."""
-    return _reference(fwd, load, [_dtype(d) for _, r, d in iter_tensors(fwd) if r == "output"],
-                      known, leaves, g_plain)
+    """The reference kernel's gradients (and the autocast dtype that reproduces the forward).
+    Once that dtype is known, an op `replay.direct` knows skips the forward run."""
+    recorded = [_dtype(d) for _, r, d in iter_tensors(fwd) if r == "output"]
+    for key in (fwd.get("name", ""), dtype_signature(fwd, recorded)):
+        if known is not None and key in known:
+            grads = backward_reference(fwd, load, leaves, g_plain, known[key])
+            if grads is not None:
+                return known[key], grads
+            break
+    return _reference(fwd, load, recorded, known, leaves, g_plain)
 
 
 def _backward_tensors(record: dict[str, Any], fwd: dict[str, Any], load: Callable[[str], Any],
