@@ -201,8 +201,12 @@ class Describer:
             if ref() is t and saved_version == version:
                 return key
         name = tensor_name(record, role, slot)
-        # CPU tensors are written at once; a device tensor is written later, from a copy.
-        self.writer.save_tensor(name, t.detach() if t.is_cpu else t.detach().clone())
+        # CPU tensors are written at once; a device tensor is written later, from a copy (the
+        # original tells the writer which saved tensor's memory it views, if any).
+        if t.is_cpu:
+            self.writer.save_tensor(name, t.detach())
+        else:
+            self.writer.save_tensor(name, t.detach().clone(), origin=t)
         if version is not None:
             self._remember(self._saved, t, (version, name))
         return name
