@@ -116,7 +116,7 @@ def test_healthy_bf16_is_settled_mostly_without_the_reference(cnn_golden, tmp_pa
 @pytest.mark.parametrize("bf16", [True, False], ids=["bf16-autocast", "fp32"])
 def test_direct_conv_backward_reference_is_autograds_bitwise(tmp_path, bf16):
     """`replay.direct`'s conv2d gradients (no forward run) are the autograd run's, for every
-    conv of the CNN, all gradients or only the weight's."""
+    conv of the CNN, all gradients or only the weight's, and in the float64 run."""
     from opdiff.comparison.replay.direct import backward_reference
     from opdiff.comparison.replay.local import _run, read_once
 
@@ -139,3 +139,8 @@ def test_direct_conv_backward_reference_is_autograds_bitwise(tmp_path, bf16):
                 slow = _run(fwd, load, None, autocast, want, grads)
             assert [d.dtype for d in direct] == [s.dtype for s in slow]
             assert all(torch.equal(d, s) for d, s in zip(direct, slow)), rec["name"]
+        exact = {0: grads[0].double()}
+        direct = backward_reference(fwd, load, leaves, exact, None, cast=torch.float64)
+        slow = _run(fwd, load, torch.float64, None, leaves, exact)
+        assert direct is not None and [d.dtype for d in direct] == [torch.float64] * len(leaves)
+        assert all(torch.equal(d, s) for d, s in zip(direct, slow)), rec["name"]

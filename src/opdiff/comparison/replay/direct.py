@@ -12,7 +12,7 @@ against the autograd run) without the forward convolution, which in bfloat16 on 
 bf16 units was about 80% of a conv backward's reference. Under CPU autocast the arguments are
 cast to its dtype first and the gradients cast back, as autocast's casts do in autograd.
 Anything else (string padding, unbatched input, one tensor passed twice) returns None: the
-caller runs autograd.
+caller runs autograd. The float64 run of a conv backward takes the same way.
 """
 from __future__ import annotations
 
@@ -43,14 +43,16 @@ def _pair(v: Any) -> Optional[list[int]]:
 
 
 def backward_reference(fwd: dict[str, Any], load: Callable[[str], Any], leaves: list[int],
-                       grads: dict[int, torch.Tensor], autocast: Optional[torch.dtype]
+                       grads: dict[int, torch.Tensor], autocast: Optional[torch.dtype],
+                       cast: Optional[torch.dtype] = None
                        ) -> Optional[list[Optional[torch.Tensor]]]:
     """The gradients of the forward call's argument tensors `leaves` (capture order) for the
-    recorded output gradients `grads`, as `local._run` computes them, or None when this module
-    has no direct way for the op."""
+    recorded output gradients `grads`, as `local._run` computes them (`cast`: the floating
+    arguments cast to it first, float64 for the exact run), or None when this module has no
+    direct way for the op."""
     if fwd.get("op") not in _CONV2D or set(grads) != {0}:
         return None
-    call = rebuild_call(fwd, load, None)
+    call = rebuild_call(fwd, load, cast)
     try:
         bound = _SIG.bind(*call.args, **call.kwargs)
     except TypeError:
@@ -76,12 +78,12 @@ def backward_reference(fwd: dict[str, Any], load: Callable[[str], Any], leaves: 
         if len({t.dtype for t in (x, w, b) if t is not None}) != 1:
             return None
         compute = x.dtype
-    cast = [t.to(compute) if t is not None and t.is_floating_point() else t for t in (x, w, b)]
+    args = [t.to(compute) if t is not None and t.is_floating_point() else t for t in (x, w, b)]
     wanted = {index[i] for i in leaves}
     mask = [k in wanted for k in range(3)]
     g = grads[0].to(compute)
     got = torch.ops.aten.convolution_backward(
-        g, cast[0], cast[1], [w.shape[0]] if b is not None else None, stride, padding,
+        g, args[0], args[1], [w.shape[0]] if b is not None else None, stride, padding,
         dilation, False, [0, 0], a["groups"], mask)
     originals = (x, w, b)
     out: list[Optional[torch.Tensor]] = []
