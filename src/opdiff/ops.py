@@ -158,6 +158,9 @@ register_method("bernoulli_", "uniform_", "normal_", "random_", "exponential_", 
 register_method("fill_", "zero_", "copy_", overwrites_first=True)
 register_method("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
                 uninitialized=True)
+# FSDP2's all-gather staging: a fresh buffer holding this rank's shards, the other ranks' slots
+# uninitialised until the all-gather fills them.
+register_method("all_gather_copy_in", uninitialized=True)
 # Ops that draw random numbers (a replay would draw new ones).
 register_method("dropout", "dropout_", "alpha_dropout", "feature_alpha_dropout", "dropout1d",
                 "dropout2d", "dropout3d", "bernoulli", "rand", "rand_like", "randn", "randn_like",

@@ -100,10 +100,7 @@ def _run(tmp: Path, kind: str, name: str, faulty: int) -> tuple[str, str]:
 
 
 @pytest.mark.parametrize("kind", [
-    pytest.param("fsdp2", marks=pytest.mark.xfail(
-        strict=False, reason="a healthy FSDP2 pair sometimes names Torch.all_gather_copy_in "
-                             "(FSDP's all-gather output buffer is uninitialised memory; needs an "
-                             "ops.py trait), measured 20:30 UTC; the fault itself is found")),
+    "fsdp2",
     pytest.param("tp", marks=pytest.mark.xfail(
         strict=False, reason="under TP the capture now runs but saves no statistics of DTensor "
                              "tensors: all 74 rows read 'neither tensor nor statistics saved "
