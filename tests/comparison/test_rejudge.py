@@ -172,10 +172,6 @@ def _origin_run(path, spoil=False, reseed=False):
     return path
 
 
-@pytest.mark.xfail(strict=True, reason="rows.jsonl lacks what the origin rules read from leaf and "
-                   "random records (leaf kind, FQN, first reader, generator fingerprints): a "
-                   "re-judged parameter origin loses its FQN and reader, a random origin becomes "
-                   "op (requests.md: TensorRow fields, for lead and ranks)")
 @pytest.mark.parametrize("case", ["parameter", "random"])
 def test_a_rejudged_origin_keeps_its_origin_tensor_and_reader(tmp_path, case):
     golden = _origin_run(tmp_path / "golden")

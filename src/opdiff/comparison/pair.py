@@ -150,7 +150,11 @@ class _PairCompare:
         base: dict[str, Any] = dict(
             op_name=name, phase=rec.get("phase", Phase.FORWARD), kind=rec.get("kind", Kind.API),
             index=position, module=rec.get("module"), stack=stack, forward=rec.get("forward"),
-            differing_numbers=tuple(differ), dtype_limits=tuple(limits))
+            differing_numbers=tuple(differ), dtype_limits=tuple(limits), leaf=rec.get("leaf"),
+            leaf_tensor=rec.get("tensor"), reader=rec.get("reader"),
+            leaf_strict=self.t.step in (None, 0),
+            rng=(t_rec.get("rng"), g_rec.get("rng")) if t_rec is not None and g_rec is not None
+            and (t_rec.get("rng") or g_rec.get("rng")) else ())
         op: Optional[OpScore] = None
         # Target-only ops get an OpScore too, with no measured tensors: the comparison cannot
         # judge them, replay can (a cast that only the bf16 run makes, say).
@@ -158,11 +162,9 @@ class _PairCompare:
             op = OpScore(name=name, op=rec.get("op", ""), phase=base["phase"], kind=base["kind"],
                          module=rec.get("module"), forward=rec.get("forward"), seq=position,
                          location=stack[0] if stack else None, paired=g_rec is not None,
-                         arg_diffs=differ, const_diffs=limits, leaf=rec.get("leaf"),
-                         fqn=rec.get("tensor"), reader=rec.get("reader"),
-                         leaf_strict=self.t.step in (None, 0),
-                         rng=(t_rec.get("rng"), g_rec.get("rng")) if g_rec is not None and (
-                             t_rec.get("rng") or g_rec.get("rng")) else ())
+                         arg_diffs=differ, const_diffs=limits, leaf=base["leaf"],
+                         fqn=base["leaf_tensor"], reader=base["reader"],
+                         leaf_strict=base["leaf_strict"], rng=base["rng"])
             self.ops.append(op)
         for suffix in list(t_tensors) + [s for s in g_tensors if s not in t_tensors]:
             t_item, g_item = t_tensors.get(suffix), g_tensors.get(suffix)
@@ -184,6 +186,7 @@ class _PairCompare:
             leaf = t_item[2].get("leaf")
             if leaf and not is_output:   # a parameter, buffer or input (see capture/leaves.py)
                 scored.leaf_inputs[row_index] = f"{leaf} {t_item[2].get('fqn')}"
+                self.rows[row_index] = replace(row, leaf_input=scored.leaf_inputs[row_index])
 
     def _unmatched(self, base: dict[str, Any], t_item: Optional[_Item], g_item: Optional[_Item],
                    paired_op: bool) -> TensorRow:

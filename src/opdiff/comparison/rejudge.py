@@ -16,9 +16,9 @@ What it cannot redo, because it needs the dumps:
   empty or unread tensors, tensors with neither values nor statistics saved;
 - an inf/NaN mismatch is recognised from its infinite error; its row says "inf/NaN positions
   differ" instead of how many;
-- leaf and random origins: the rows do not carry a leaf's kind, FQN and first reader, nor a random
-  op's generator fingerprints, so such an origin is found again only as the leaf record itself
-  (or, for a random op, as its own error);
+- rows.jsonl written before the rows carried `leaf`, `leaf_tensor`, `reader`, `leaf_strict`,
+  `rng` and `leaf_input` (what the origin rules read): there a leaf origin is found again only
+  as the leaf record itself, and a random op as its own error;
 - the noise-around-zero rule takes its scale from the statistics' norms (a compare measures it
   from the tensors: the same number in the dump's precision).
 
@@ -82,6 +82,8 @@ def _pair(result: CompareResult, rows: list[TensorRow], policy: Policy, step: Op
                                                 and row.kind == Kind.PARAM_GRAD)
         (score.outputs if is_output else score.inputs).append(
             (i, m, row.target_dtype, row.golden_dtype))
+        if row.leaf_input and not is_output:
+            score.leaf_inputs[i] = row.leaf_input
     divergence = analyse(list(scores.values()), rows, policy)
     if divergence is not None:
         divergence = replace(divergence, step=step, rank=rank)
@@ -98,7 +100,8 @@ def _score(row: TensorRow) -> OpScore:
                    kind=row.kind, module=row.module, forward=row.forward, seq=row.index,
                    location=row.stack[0] if row.stack else None,
                    paired=row.result != UNMATCHED, arg_diffs=list(row.differing_numbers),
-                   const_diffs=list(row.dtype_limits))
+                   const_diffs=list(row.dtype_limits), leaf=row.leaf, fqn=row.leaf_tensor,
+                   reader=row.reader, leaf_strict=row.leaf_strict, rng=tuple(row.rng))
 
 
 def measurement(row: TensorRow) -> Optional[Measurement]:

@@ -55,6 +55,12 @@ class TensorRow:
     forward: Optional[str] = None       # backward records: their forward call's record name
     differing_numbers: tuple[str, ...] = ()       # the op's number arguments that differ ("input.1: 2 vs 1")
     dtype_limits: tuple[str, ...] = ()            # ... that are dtype limits (finfo(fp16).min vs fp32's)
+    leaf: Optional[str] = None          # Kind.LEAF records: "parameter" | "buffer" | "input"
+    leaf_tensor: Optional[str] = None   # ... its FQN (or the input's slot)
+    reader: Optional[str] = None        # ... the record of the first op that reads it
+    leaf_strict: bool = True            # ... judged exactly (step 0: nothing trained it yet)
+    rng: tuple[Any, ...] = ()           # random ops: (target's, golden's) generator fingerprints
+    leaf_input: Optional[str] = None    # an input row that is a leaf: "parameter <fqn>", "outside <name>"
 
 
 @dataclass(frozen=True)
