@@ -42,6 +42,10 @@ def test_the_origin_is_random_and_points_to_seed_all(demo):
         rows = [dict(zip(fields, json.loads(line))) for line in f]
     first = next(i for i, r in enumerate(rows) if r["op_name"] == DROPOUT)
     assert first > 0 and all(r["error"] == 0 for r in rows[:first] if r["error"] is not None)
+    # the dropout's own row says why, as the divergence does: its draws, not a local error
+    blamed = [r for r in rows if r["op_name"] == DROPOUT and r["result"] == "error"]
+    assert blamed and all(r["reason"].startswith("random draws differ") for r in blamed)
+    assert not any("local error" in (r["reason"] or "") for r in blamed)
 
 
 @pytest.mark.slow

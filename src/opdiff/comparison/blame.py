@@ -440,8 +440,12 @@ def _revise_rows(op: OpScore, rows: list[TensorRow]) -> None:
                                       reason=f"{op.leaf or 'leaf'} {op.fqn} differs before any "
                                              f"op reads it: the origin")
         elif op.local and row_index == op.worst_out:
+            # a random op whose generators were in other states: its draws differ, not its
+            # arithmetic (the row says so, as the divergence does)
+            random = origins.random_reason(op)
             rows[row_index] = replace(row, result=ERROR, accuracy_reached="No",
-                                      reason=reasons.local_row(op, rows))
+                                      reason=reasons.local_row(op, rows) if random is None
+                                      else f"random draws differ: {random}")
         elif row.result == ERROR and not op.local:
             rows[row_index] = replace(row, result=WARNING,
                                       reason=reasons.not_this_op(op, row.reason))
