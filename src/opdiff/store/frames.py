@@ -27,6 +27,8 @@ _INTERNAL_ANYWHERE = re.compile(
     r"|[\\/]lib[\\/]python3(?:\.\d+)?[\\/](?!site-packages|dist-packages)[^\\/]+\.py$"
     r"|^<frozen ")
 
+_SITE_PACKAGES = re.compile(r"[\\/](?:site|dist)-packages[\\/]")
+
 _user_dirs: list[str] = []
 _framework_dirs: list[str] = [_OPDIFF_DIR]
 _cache: dict[str, bool] = {}
@@ -61,7 +63,9 @@ def _classify(filename: str) -> bool:
         return False
     if filename.startswith(tuple(_framework_dirs)) or filename.startswith("<frozen"):
         return True
-    if filename.startswith(_SITE_DIRS):
+    if filename.startswith(_SITE_DIRS) or _SITE_PACKAGES.search(filename):
+        # (any site-packages: a venv made with --system-site-packages also imports from the
+        # base interpreter's, which sits inside the stdlib directory)
         return bool(_INTERNAL_ANYWHERE.search(filename))
     if filename.startswith(_STDLIB_DIR):
         return True
