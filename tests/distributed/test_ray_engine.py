@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -122,9 +123,20 @@ def test_an_address_where_nothing_listens_is_one_line_at_once(roots):
     assert time.monotonic() - start < 60
 
 
+def _ray_command() -> list[str]:
+    """Ray's CLI: beside this interpreter, else on PATH, else its entry point run by this
+    interpreter (a venv made with --system-site-packages has Ray's package but not its script)."""
+    beside = Path(sys.executable).with_name("ray")
+    if beside.exists():
+        return [str(beside)]
+    found = shutil.which("ray")
+    if found:
+        return [found]
+    return [sys.executable, "-c", "import sys; from ray.scripts.scripts import main; sys.exit(main())"]
+
+
 def _ray_cli(*args: str) -> None:
-    ray_bin = Path(sys.executable).with_name("ray")
-    proc = subprocess.run([str(ray_bin), *args], capture_output=True, text=True, timeout=180,
+    proc = subprocess.run([*_ray_command(), *args], capture_output=True, text=True, timeout=180,
                           env={**os.environ, "RAY_AUTH_MODE": "disabled"})
     assert proc.returncode == 0, proc.stderr[-2000:]
 
