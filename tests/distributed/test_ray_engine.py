@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -124,14 +123,12 @@ def test_an_address_where_nothing_listens_is_one_line_at_once(roots):
 
 
 def _ray_command() -> list[str]:
-    """Ray's CLI: beside this interpreter, else on PATH, else its entry point run by this
-    interpreter (a venv made with --system-site-packages has Ray's package but not its script)."""
+    """Ray's CLI: beside this interpreter, else its entry point run by this interpreter (a venv
+    made with --system-site-packages has Ray's package but not its script)."""
     beside = Path(sys.executable).with_name("ray")
     if beside.exists():
         return [str(beside)]
-    found = shutil.which("ray")
-    if found:
-        return [found]
+    # this interpreter, not a `ray` on PATH: the nodes' workers must import this opdiff
     return [sys.executable, "-c", "import sys; from ray.scripts.scripts import main; sys.exit(main())"]
 
 
