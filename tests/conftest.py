@@ -246,3 +246,21 @@ def pytest_runtest_makereport(item, call):
         if "chromium" in reason.lower():
             report.outcome = "failed"
             report.longrepr = f"OPDIFF_REQUIRE_BROWSER=1 but the browser test was skipped: {reason}"
+
+
+# A capture step freezes the objects older than it out of full garbage collections and gives
+# them back when it closes. A test that leaves objects frozen (a step opened and never closed)
+# would change what later tests see, so the freeze is undone here and the test is named: the
+# warning summary of the run says which test leaked it.
+@pytest.fixture(autouse=True)
+def _gc_freeze_left_behind(request):
+    import gc
+    import warnings
+
+    before = gc.get_freeze_count()
+    yield
+    frozen = gc.get_freeze_count()
+    if before == 0 and frozen:
+        gc.unfreeze()
+        warnings.warn(f"{request.node.nodeid} left {frozen} objects frozen out of the garbage "
+                      "collector (a capture step not closed?)", stacklevel=1)
