@@ -105,3 +105,30 @@ def origin_line(cls, tag: str) -> int:
         if f"# ORIGIN {tag}" in text:
             return start + i
     raise LookupError(tag)
+
+
+def scaler_training(dbg, init_scale: float, steps: int) -> list[float]:
+    """`steps` fp16-autocast steps of a small MLP under a real `torch.amp.GradScaler`, each
+    recorded by the debugger `dbg` (started and stopped around it, even when a step raises);
+    returns the scale after each step (it drops when the scaler skipped the step)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
+    x = torch.randn(4, 8)
+    scales = []
+    try:
+        for _ in range(steps):
+            dbg.start(model)
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(x).float().pow(2).mean()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+            dbg.stop()
+            dbg.step()
+            scales.append(scaler.get_scale())
+    finally:
+        dbg.stop()
+    return scales

@@ -109,25 +109,9 @@ def test_nan_in_input_data_is_inherited(tmp_path):
 
 
 def _scaler_run(tmp_path, init_scale, steps=2, level="mix"):
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
-    x = torch.randn(4, 8)
     path = tmp_path / f"scaler_{init_scale:g}_{level}"
     dbg = opdiff.PrecisionDebugger(dump_path=str(path), task="statistics", level=level)
-    scales = []
-    for _ in range(steps):
-        dbg.start(model)
-        with torch.autocast("cpu", dtype=torch.float16):
-            loss = model(x).float().pow(2).mean()
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        opt.zero_grad()
-        dbg.stop()
-        dbg.step()
-        scales.append(scaler.get_scale())
+    scales = models.scaler_training(dbg, init_scale, steps)
     records = (path / "step0" / "rank0" / "records.jsonl").read_text()
     if "_amp_" not in records:
         pytest.xfail(f"level {level}: capture does not record GradScaler's torch._amp_* calls yet "

@@ -130,27 +130,10 @@ def test_intentional_mask_is_not_an_alarm(tmp_path):
 
 
 def test_loss_scaler_skip_is_not_an_alarm(tmp_path):
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 40)
-    x = torch.randn(4, 8)
     path = tmp_path / "scaler"
     dbg = opdiff.PrecisionDebugger(dump_path=str(path), task="overflow_check", level="mix",
                                    overflow_nums=1)
-    try:
-        for _ in range(2):
-            dbg.start(model)
-            with torch.autocast("cpu", dtype=torch.float16):
-                loss = model(x).float().pow(2).mean()
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-            opt.zero_grad()
-            dbg.stop()
-            dbg.step()
-    finally:
-        dbg.stop()
+    models.scaler_training(dbg, 2.0 ** 40, steps=2)
     assert dbg.overflows == [] and dbg.session.overflow.skipped_by_scaler >= 1
     result = analyze(path)
     assert {s.status for s in result.steps} == {"skipped_by_loss_scaler"}
