@@ -2,6 +2,9 @@
 processes, captured at L1 with a gelu fault on rank 1: the first divergence names rank 1's gelu,
 and a healthy pair names nothing.
 
+Under FSDP2 the workers call `record_fsdp_reduce_scatter`, so rank 0's gradients are received
+through the recorded `Distributed.reduce_scatter_single` from rank 1 (origin "collective").
+
 Both run on torch 2.13 CPU/gloo without opdiff. With the capture of 19:xx UTC, FSDP2's
 post-forward reshard failed ("Trying to resize storage that is not resizable") and TP never
 finished (statistics of DTensor inputs reduced through DTensor ops); with the capture merged at
@@ -19,9 +22,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 import torch.distributed as dist
 
 import opdiff
+from opdiff.capture import collectives
+from opdiff.errors import ConfigError
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not built")]
@@ -43,6 +49,8 @@ _WORKER = textwrap.dedent('''
             fully_shard(model[0], mesh=mesh)
             fully_shard(model[2], mesh=mesh)
             fully_shard(model, mesh=mesh)
+            from opdiff.capture.collectives import record_fsdp_reduce_scatter
+            record_fsdp_reduce_scatter(model)        # FSDP2's gradient reduce-scatter, recorded
             torch.manual_seed(1 + rank)              # data parallel: each rank its own batch
         else:
             from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
@@ -113,6 +121,19 @@ def test_fault_on_one_rank_is_named_and_a_healthy_pair_names_nothing(kind, tmp_p
     assert not why, why
     again, why = _run(tmp_path, kind, "golden2", faulty=-1)
     assert not why, why
-    fd = opdiff.compare(target, golden).first_divergence
+    result = opdiff.compare(target, golden)
+    fd = result.first_divergence
     assert fd is not None and fd.rank == 1 and fd.op == "Functional.gelu"
-    assert opdiff.compare(again, golden).first_divergence is None
+    if kind == "fsdp2":
+        # rank 0's own gradients agree; their reduce-scatter brings in rank 1's
+        got = {p["rank"]: p["first_divergence"] for p in result.pairs}[0]
+        assert got is not None and got.origin == "collective", got
+        assert got.op == "Distributed.reduce_scatter_single" and "from rank 1" in got.reason
+    healthy = opdiff.compare(again, golden)
+    assert healthy.first_divergence is None
+    assert [p["first_divergence"] for p in healthy.pairs] == [None, None]
+
+
+def test_recording_the_reduce_scatter_needs_an_fsdp2_model():
+    with pytest.raises(ConfigError, match="holds no FSDP2 module"):
+        collectives.record_fsdp_reduce_scatter(torch.nn.Linear(2, 2))

@@ -17,7 +17,10 @@ no op call anyway: it is invisible by default. `record_ddp_allreduce(ddp_model)`
 registers a DDP comm hook doing what DDP's default does (divide by the group size, all_reduce),
 issued through `dist.all_reduce` with the running capture's mode re-entered, so the bucket's
 all_reduce becomes a `Distributed.all_reduce` record with its group and number like any other.
-It needs capture/api.py's side: the running ApiCapture registers itself here (`entered`/`left`)
+FSDP2's gradient reduce-scatter runs in its post-backward hooks, also with an empty mode stack
+(letting `Distributed.*` through capture's in-backward skip records nothing: measured);
+`record_fsdp_reduce_scatter(model)` opts in the same way, through `set_custom_reduce_scatter`.
+Both need capture/api.py's side: the running ApiCapture registers itself here (`entered`/`left`)
 and lets a collective through during backward when `in_comm_hook(op)`; it sets
 `BACKWARD_COLLECTIVES` to say it does.
 """
@@ -27,7 +30,7 @@ import contextlib
 import inspect
 import threading
 import weakref
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from ..errors import ConfigError
 
@@ -119,9 +122,32 @@ def left(mode: Any) -> None:
 
 
 def in_comm_hook(op: str) -> bool:
-    """Whether `op` is a collective issued by `record_ddp_allreduce`'s hook: capture records it
+    """Whether `op` is a collective issued by `record_ddp_allreduce`'s hook or
+    `record_fsdp_reduce_scatter`'s reduce-scatter: capture records it
     although autograd's engine is running a node."""
     return bool(getattr(_hook_state, "on", False)) and op.startswith("Distributed.")
+
+
+@contextlib.contextmanager
+def _recorded() -> Iterator[None]:
+    """Run a collective issued inside backward under the innermost capture mode (autograd's
+    engine runs hooks with an empty mode stack), marked so capture/api.py records it."""
+    mode = _active_modes[-1] if _active_modes else None
+    _hook_state.on = True
+    try:
+        with mode if mode is not None else contextlib.nullcontext():
+            yield
+    finally:
+        _hook_state.on = False
+
+
+def _needs_backward_collectives(what: str) -> None:
+    from . import api  # noqa: F401 - the capture says whether it lets the hook's collective through
+
+    if not BACKWARD_COLLECTIVES:
+        raise ConfigError(f"this opdiff's capture does not record collectives issued inside "
+                          f"backward, so {what} cannot be recorded; the gradients it carries are "
+                          f"compared as usual, without the collective")
 
 
 def record_ddp_allreduce(ddp_model: Any, process_group: Any = None) -> None:
@@ -134,24 +160,14 @@ def record_ddp_allreduce(ddp_model: Any, process_group: Any = None) -> None:
     its own comm hook already cannot take a second one (DDP raises). A ConfigError when this
     opdiff's capture cannot record collectives issued inside backward.
     """
-    from . import api  # noqa: F401 - the capture says whether it lets the hook's collective through
-
-    if not BACKWARD_COLLECTIVES:
-        raise ConfigError("this opdiff's capture does not record collectives issued inside "
-                          "backward, so DDP's bucket all-reduce cannot be recorded; the gradients "
-                          "it carries are compared as usual, without the collective")
+    _needs_backward_collectives("DDP's bucket all-reduce")
     import torch
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     def hook(state: Any, bucket: Any) -> Any:
-        mode = _active_modes[-1] if _active_modes else None
-        _hook_state.on = True
-        try:
-            with mode if mode is not None else contextlib.nullcontext():
-                return default_hooks.allreduce_hook(state, bucket)
-        finally:
-            _hook_state.on = False
+        with _recorded():
+            return default_hooks.allreduce_hook(state, bucket)
 
     # DDP checks the hook's annotations as objects (this module's are strings).
     hook.__annotations__ = {"state": object, "bucket": dist.GradBucket,
@@ -159,5 +175,62 @@ def record_ddp_allreduce(ddp_model: Any, process_group: Any = None) -> None:
     ddp_model.register_comm_hook(process_group, hook)
 
 
-__all__ = ["annotate", "group_of", "record_ddp_allreduce", "in_comm_hook", "entered", "left",
-           "BACKWARD_COLLECTIVES"]
+def record_fsdp_reduce_scatter(model: Any) -> int:
+    """Opt in to recording FSDP2's gradient reduce-scatter (one `Distributed.reduce_scatter_tensor`
+    (`reduce_scatter_single` in torch 2.13)
+    record per FSDP parameter group and backward, with its group and per-group number) while
+    opdiff captures at L1. Returns how many FSDP modules it was set on.
+
+    Call it once after `fully_shard`, before training. FSDP2 reduce-scatters in its post-backward
+    hooks, where no capture mode is active; this gives every `FSDPModule` under `model`
+    (`set_custom_reduce_scatter`) a reduce-scatter doing what FSDP2's default does
+    under the running capture. Its buffers are zero-filled, not
+    `torch.empty`: the padding FSDP2 never writes and the output's old contents are then the same
+    in every run, so they cannot differ between two dumps. A ConfigError when `model` holds no
+    FSDP2 module, when one already has a custom reduce-scatter, or when this capture cannot record
+    collectives issued inside backward.
+    """
+    _needs_backward_collectives("FSDP2's gradient reduce-scatter")
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
+
+    modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    if not modules:
+        raise ConfigError("record_fsdp_reduce_scatter: the model holds no FSDP2 module; call it "
+                          "after fully_shard(...)")
+    for module in modules:
+        for group in module._get_fsdp_state()._fsdp_param_groups:
+            if type(group._reduce_scatter_comm) is not DefaultReduceScatter:
+                raise ConfigError(f"record_fsdp_reduce_scatter: {type(module).__name__} already has "
+                                  f"a custom reduce-scatter ({type(group._reduce_scatter_comm).__name__})"
+                                  f"; opdiff cannot record it without replacing it")
+        module.set_custom_reduce_scatter(_recorded_reduce_scatter())
+    return len(modules)
+
+
+def _recorded_reduce_scatter() -> Any:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
+
+    # torch 2.13 names it reduce_scatter_single (reduce_scatter_tensor is deprecated there)
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+    class RecordedReduceScatter(ReduceScatter):
+        """FSDP2's default reduce-scatter, issued under the running capture."""
+
+        def allocate(self, size: Any, *, dtype: Any, device: Any) -> Any:
+            return torch.zeros(*size, dtype=dtype, device=device)
+
+        def __call__(self, output_tensor: Any, input_tensor: Any, group: Any, op: Any,
+                     async_op: bool = False) -> Any:
+            with _recorded():
+                # positionally: capture finds a collective's output as its first argument
+                return reduce_scatter(output_tensor, input_tensor, op=op, group=group,
+                                      async_op=async_op)
+
+    return RecordedReduceScatter()
+
+
+__all__ = ["annotate", "group_of", "record_ddp_allreduce", "record_fsdp_reduce_scatter",
+           "in_comm_hook", "entered", "left", "BACKWARD_COLLECTIVES"]
