@@ -19,8 +19,9 @@ Pairs:
 Every compare runs in a child process (so its peak RSS is its own) with `--replay` (default
 "auto": what `opdiff compare` does by default, i.e. measuring plus the replays a verdict needs;
 "off": the measuring path alone). MB/s per side = bytes of saved tensors in one side's dump /
-compare wall time; records/s = records of one side / wall time; median of --runs, (min-max)
-beside it. `--replay-jobs N` sets OPDIFF_REPLAY_JOBS for the child (the compare's replay
+compare time (`--clock wall`, the default, or `--clock cpu`: user+sys CPU seconds of the
+compare and its replay processes); records/s = records of one side / that time; median of
+--runs, (min-max) beside it. `--replay-jobs N` sets OPDIFF_REPLAY_JOBS for the child (the compare's replay
 processes). `--against SRC` (repeatable) also times the opdiff package found under
 SRC (the `src` directory of another checkout, e.g. `git archive <commit> src | tar -x -C
 /tmp/old`), run for run interleaved with this one, so all see the same machine load; the load
@@ -56,9 +57,12 @@ assert opdiff.__file__.startswith(sys.argv[1]), opdiff.__file__
 kwargs = {"progress": False}
 if "replay" in inspect.signature(compare).parameters:
     kwargs["replay"] = sys.argv[4]
-start = time.perf_counter()
+def cpu():  # this process and its finished children (the replay's worker processes)
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+start, cpu_start = time.perf_counter(), cpu()
 result = compare(sys.argv[2], sys.argv[3], **kwargs)
-wall = time.perf_counter() - start
+wall, cpu_s = time.perf_counter() - start, cpu() - cpu_start
 fd = result.first_divergence
 try:  # VmHWM: this process's own peak. ru_maxrss would start at the parent's RSS (kept over exec)
     with open("/proc/self/status") as f:
@@ -66,7 +70,7 @@ try:  # VmHWM: this process's own peak. ru_maxrss would start at the parent's RS
 except OSError:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 replayed = [n for n in result.notes if n.startswith("replayed")]
-print(json.dumps({"wall": wall, "rows": len(result.rows), "first": fd and fd.name, "rss_mb": peak,
+print(json.dumps({"wall": wall, "cpu": cpu_s, "rows": len(result.rows), "first": fd and fd.name, "rss_mb": peak,
                   "replayed": replayed[0] if replayed else ""}))
 """
 
@@ -158,6 +162,9 @@ def main(argv=None) -> int:
                     help="the compare's replay mode (default auto, as `opdiff compare`)")
     ap.add_argument("--replay-jobs", type=int, default=None,
                     help="OPDIFF_REPLAY_JOBS for the compares (default: opdiff's own choice)")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="time the compares by wall clock or by CPU time (user+sys of the "
+                         "compare and its replay processes: steadier on a shared machine)")
     ap.add_argument("--only", nargs="+", default=None,
                     help="time only these pairs (synthetic cnn tf cnn-bf16 tf-bf16 cnn-stat tf-stat)")
     ap.add_argument("--against", type=Path, action="append", default=[],
@@ -202,16 +209,17 @@ def main(argv=None) -> int:
         print(f"load average after:  {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         print()
         width = max(len(i) for i in impls) + 2
-        print(f"replay={args.replay}, replay jobs={args.replay_jobs or 'default'}, {args.runs} runs")
+        print(f"replay={args.replay}, replay jobs={args.replay_jobs or 'default'}, {args.runs} runs, "
+              f"clock={args.clock}")
         header = (f"{'pair':<10}{'impl':<{width}}{'MB/side':>8}{'records':>8}{'rows':>6}"
-                  f"{'wall s':>8}{'(min-max)':>14}{'MB/s per side':>15}{'(min-max)':>12}"
+                  f"{args.clock + ' s':>8}{'(min-max)':>14}{'MB/s per side':>15}{'(min-max)':>12}"
                   f"{'records/s':>10}{'(min-max)':>14}{'peak RSS MB':>13}  first divergence")
         print(header)
         print("-" * len(header))
         for (pair, impl), results in runs.items():
             mb = tensor_bytes(pairs[pair] / "golden") / 1e6
             recs = record_count(pairs[pair] / "target")
-            walls = [r["wall"] for r in results]
+            walls = [r[args.clock] for r in results]
             wall = statistics.median(walls)
             rss = max(r["rss_mb"] for r in results)
             mbs = (f"{mb / wall:15.0f}{f'({mb / max(walls):.0f}-{mb / min(walls):.0f})':>12}"
@@ -226,8 +234,8 @@ def main(argv=None) -> int:
         for impl, src in impls.items():
             print(f"{impl}: {src}")
         print("\ngoal: >= 200 MB/s per side; peak RSS near a few tensors' worth "
-              "(import torch alone: ~250 MB). msprobe's compare is not measured here (msprobe is "
-              "not installed on this machine)")
+              "(import torch alone: ~250 MB). msprobe's compare of the same step: "
+              "benchmarks/bench_msprobe_compare.py")
     finally:
         if not args.keep and args.dir is None:
             shutil.rmtree(root, ignore_errors=True)

@@ -13,10 +13,23 @@ bf16 units was about 80% of a conv backward's reference. Under CPU autocast the 
 cast to its dtype first and the gradients cast back, as autocast's casts do in autograd.
 Anything else (string padding, unbatched input, one tensor passed twice) returns None: the
 caller runs autograd. The float64 run of a conv backward takes the same way.
+
+    from opdiff.comparison.replay.direct import forward_float32
+    approx, slack = forward_float32(record, load)         # or None
+
+The float64 conv forward was the largest cost left in a healthy pair's replay (77 ms against
+12 ms in float32 for a 24x32x32x32 batch, one thread). `forward_float32` gives the conv in
+float32 with a proven bound on its distance to the float64 result, for `rules.settle(slack=)`:
+every input (float32, bfloat16 or float16) is exact in float32, and a summation-based kernel
+(direct or im2col+GEMM, what torch runs for float32 on a CPU at "highest" precision; FMA or not,
+in any order) computing y = sum of K products has |fl(y) - y| <= gamma_K * sum |x||w| with
+gamma_K = K u / (1 - K u), u = 2^-24 (Higham, Accuracy and Stability, section 3.1). The sums
+of |x||w| are a second float32 conv of |x| and |w|, itself within gamma_K of its exact value.
 """
 from __future__ import annotations
 
 import inspect
+import math
 from typing import Any, Callable, Optional
 
 import torch
@@ -93,3 +106,64 @@ def backward_reference(fwd: dict[str, Any], load: Callable[[str], Any], leaves: 
         original = originals[k]
         out.append(None if grad is None or original is None else grad.to(original.dtype))
     return out
+
+
+_EXACT_IN_FLOAT32 = (torch.float32, torch.bfloat16, torch.float16)
+_U32 = 2.0 ** -24
+_TINY32 = 2.0 ** -149      # float32's smallest subnormal: what underflow may lose per operation
+
+
+def _conv2d_arguments(call: Any) -> Optional[dict[str, Any]]:
+    """The bound arguments of a conv2d call this module handles, else None."""
+    try:
+        bound = _SIG.bind(*call.args, **call.kwargs)
+    except TypeError:
+        return None
+    bound.apply_defaults()
+    a = dict(bound.arguments)
+    x, w, b = a["input"], a["weight"], a["bias"]
+    a["stride"], a["padding"], a["dilation"] = (_pair(a[k]) for k in ("stride", "padding",
+                                                                      "dilation"))
+    if not (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor) and x.dim() == 4
+            and w.dim() == 4 and a["stride"] and a["padding"] and a["dilation"]
+            and isinstance(a["groups"], int) and (b is None or isinstance(b, torch.Tensor))):
+        return None
+    return a
+
+
+def _ieee_float32() -> bool:
+    """Does torch compute float32 convolutions in float32 (no TF32 or bf16 shortcuts)?"""
+    conv = getattr(getattr(torch.backends, "mkldnn", None), "conv", None)
+    precision = getattr(conv, "fp32_precision", "none")
+    return torch.get_float32_matmul_precision() == "highest" and precision in ("none", "ieee")
+
+
+def forward_float32(record: dict[str, Any], load: Callable[[str], Any]
+                    ) -> Optional[tuple[list[torch.Tensor], list[float]]]:
+    """([output in float32], [L2 bound of its distance to the float64 result]) for a conv2d
+    forward record (see the module docstring), or None: another op, an input that float32
+    cannot hold exactly, inf/NaN, or float32 not computed as IEEE float32 here."""
+    if record.get("op") not in _CONV2D or not _ieee_float32():
+        return None
+    a = _conv2d_arguments(rebuild_call(record, load, None))
+    if a is None:
+        return None
+    x, w, b = a["input"], a["weight"], a["bias"]
+    if any(t is not None and (t.dtype not in _EXACT_IN_FLOAT32 or t.is_complex())
+           for t in (x, w, b)):
+        return None
+    x, w = x.float(), w.float()
+    b = b.float() if b is not None else None
+    rest = (a["stride"], a["padding"], a["dilation"], a["groups"])
+    with torch._C.DisableTorchFunction():
+        out = torch.conv2d(x, w, b, *rest)
+        sums = torch.conv2d(x.abs(), w.abs(), b.abs() if b is not None else None, *rest)
+    k = (w.shape[1] * w.shape[2] * w.shape[3]) + (1 if b is not None else 0)
+    gamma = k * _U32 / (1 - k * _U32)
+    norm = float(torch.linalg.vector_norm(sums.reshape(-1), dtype=torch.float64))
+    if not (math.isfinite(norm) and bool(torch.isfinite(out).all())) or gamma >= 0.5:
+        return None
+    # |error| <= gamma * exact sums <= gamma / (1 - gamma) * computed sums, plus what gradual
+    # underflow may lose (k operations per element); 1e-6 for the float64 norm's own rounding
+    slack = (gamma / (1 - gamma) * norm + 2 * k * _TINY32 * math.sqrt(out.numel())) * (1 + 1e-6)
+    return [out], [slack]

@@ -63,13 +63,41 @@ def _sums(t: torch.Tensor, g: torch.Tensor) -> list[float]:
     return out
 
 
-def rounding_floor(exact: torch.Tensor, dtype: torch.dtype) -> float | None:
+def bounds_against(target: torch.Tensor, approx: torch.Tensor, slack: float) -> Errors | None:
+    """Upper bounds of `errors_against(target, exact)`'s error and |scale_error| for every
+    `exact` within L2 distance `slack` of `approx` (a float32 result with a proven error bound,
+    `replay.direct.forward_float32`). With t - exact = (t - a) - D, ||D|| <= slack:
+
+        error <= (||t - a|| + slack) / max(||t||, ||a|| - slack)
+        |scale| = |<t - e, e>| / ||e||^2 <= (|<t - a, a>| + slack (||t - a|| + ||a||) + slack^2)
+                                            / (||a|| - slack)^2
+
+    None when nothing is bounded: inf/NaN on either side, or ||a|| <= slack."""
+    t, a = target.detach().reshape(-1), approx.detach().reshape(-1)
+    if t.is_complex() or a.is_complex():
+        return None
+    sd2, stt, sgg, stg = _sums(t, a)
+    if not all(math.isfinite(v) for v in (sd2, stt, sgg, stg)):
+        return None
+    d, tn, an = math.sqrt(sd2), math.sqrt(stt), math.sqrt(sgg)
+    if an <= slack:
+        return None
+    error = (d + slack) / max(tn, an - slack)
+    scale = (abs(stg - sgg) + slack * (d + an) + slack * slack) / (an - slack) ** 2
+    return Errors(error, scale)
+
+
+def rounding_floor(exact: torch.Tensor, dtype: torch.dtype, slack: float = 0.0) -> float | None:
     """A lower bound on the error (`errors_against`'s `error`) of ANY tensor of `dtype` against
     the float64 result `exact`, a correct reference kernel's included: Q / (E + Q), where
     Q = ||round(exact) - exact|| (round to nearest, the closest `dtype` tensor there is) and
     E = ||exact||. Why it bounds: a tensor r of `dtype` has D = ||r - exact|| >= Q, and its
     error D / max(||r||, E) >= D / (E + D) >= Q / (E + Q). Scaled by `FLOOR_SAFETY` for torch's
     float64 -> float32 -> dtype double rounding and the summation order.
+
+    slack: `exact` is only known within this L2 distance (`bounds_against`); the distance to
+    the nearest `dtype` tensor moves by at most as much, so Q >= Q(exact) - slack and
+    E <= E(exact) + slack bound it.
 
     None when no bound is known: a non-floating or complex dtype, inf/NaN in `exact`, or a
     value that overflows `dtype`."""
@@ -84,8 +112,8 @@ def rounding_floor(exact: torch.Tensor, dtype: torch.dtype) -> float | None:
         qq, ee = qq + q2, ee + e2
     if not (math.isfinite(qq) and math.isfinite(ee)):
         return None
-    q = math.sqrt(qq)
-    e_norm = math.sqrt(ee)
+    q = max(0.0, math.sqrt(qq) - slack)
+    e_norm = math.sqrt(ee) + slack
     return FLOOR_SAFETY * q / (e_norm + q) if e_norm + q > 0 else 0.0
 
 

@@ -33,7 +33,7 @@ from typing import Any, Optional
 
 import torch
 
-from .errors import errors_against, rounding_floor
+from .errors import bounds_against, errors_against, rounding_floor
 
 RATIO = 3.0
 SIGMAS = 4.0
@@ -93,10 +93,15 @@ def judge_measured(name: str, dtype: str, n: int, m_t: Any, m_r: Any, policy: An
                             m_r.scale_error, culprit)
 
 
-def settle(name: str, target: torch.Tensor, exact: torch.Tensor, policy: Any
-           ) -> Optional[TensorLocalError]:
+def settle(name: str, target: torch.Tensor, exact: torch.Tensor, policy: Any,
+           slack: float = 0.0) -> Optional[TensorLocalError]:
     """`judge_tensor`'s verdict when it holds whatever the reference kernel gives (a passing
-    one: see the module docstring), else None (run the reference)."""
+    one: see the module docstring), else None (run the reference).
+
+    slack > 0: `exact` is a float32 result within that L2 distance of the float64 one
+    (`direct.forward_float32`); the rules are then applied to the worst case the bound allows
+    (`errors.bounds_against`, `errors.rounding_floor(slack=)`), so what settles here settles
+    against float64 too, and None sends the caller to the float64 run."""
     dtype = str(target.dtype).replace("torch.", "")
     n = target.numel()
     if not (target.is_floating_point() or target.is_complex()):
@@ -105,10 +110,11 @@ def settle(name: str, target: torch.Tensor, exact: torch.Tensor, policy: Any
         return None
     if target.is_complex() or exact.is_complex():
         return None
-    m_t = errors_against(target, exact)
-    if m_t.nonfinite_mismatch or not (math.isfinite(m_t.error) and math.isfinite(m_t.scale_error)):
+    m_t = errors_against(target, exact) if slack == 0.0 else bounds_against(target, exact, slack)
+    if m_t is None or m_t.nonfinite_mismatch or not (
+            math.isfinite(m_t.error) and math.isfinite(m_t.scale_error)):
         return None
-    floor = rounding_floor(exact, target.dtype)
+    floor = rounding_floor(exact, target.dtype, slack)
     if floor is None:
         return None
     tol = policy.tolerance_for(dtype, dtype)
