@@ -1,19 +1,19 @@
 """FSDP2 (`fully_shard`) and tensor parallelism (DTensor `parallelize_module`) on 2 gloo CPU
 processes, captured at L1 with a gelu fault on rank 1: the first divergence names rank 1's gelu,
-and a healthy pair names nothing.
+rank 0's differences are received through the collective that carried them (origin
+"collective", from rank 1), and a healthy pair names nothing.
 
-Under FSDP2 the workers call `record_fsdp_reduce_scatter`, so rank 0's gradients are received
-through the recorded `Distributed.reduce_scatter_single` from rank 1 (origin "collective").
-
-Both run on torch 2.13 CPU/gloo without opdiff. With the capture of 19:xx UTC, FSDP2's
-post-forward reshard failed ("Trying to resize storage that is not resizable") and TP never
-finished (statistics of DTensor inputs reduced through DTensor ops); with the capture merged at
-20:15 UTC FSDP2 runs and its fault is named, but a healthy pair sometimes names
-Torch.all_gather_copy_in (xfail), and TP runs but DTensor tensors get no statistics, so its fault is not
-found (xfail). Each test runs the real
-thing (TP for at most `TP_LIMIT_S`) and skips with what actually happened when capture cannot."""
+- FSDP2: the workers call `record_fsdp_reduce_scatter`, so FSDP2's gradient reduce-scatter is a
+  `Distributed.reduce_scatter_single` record; rank 0's own gradients agree, its reduced shard
+  does not. The optimizer step reads FSDP2's sharded DTensor parameters (local shards too).
+- TP: DTensors are described by their local shard with its placement and mesh coordinate
+  (`collectives.local_shard`), and RowwiseParallel's functional all_reduce is a
+  `Distributed.all_reduce` record with its group, described once it has finished
+  (`collectives.waited`). Before that every TP row read "neither tensor nor statistics saved".
+"""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -57,12 +57,14 @@ _WORKER = textwrap.dedent('''
                                                            parallelize_module)
             parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
         x = torch.randn(4, 8)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)   # steps DTensor parameters (both kinds)
         fault = inject_fault("Functional.gelu", call=0, scale=1.05) if rank == faulty \\
             else contextlib.nullcontext()
         with fault:
             dbg = opdiff.PrecisionDebugger(dump_path=root, level="L1", task="statistics")
             dbg.start()
             model(x).sum().backward()
+            opt.step()
             dbg.stop()
             dbg.step()
         dist.barrier()
@@ -74,9 +76,8 @@ _WORKER = textwrap.dedent('''
 ''')
 
 
-# A 2-rank TP step without capture takes ~20 s here under load; with capture today it does not
-# end in 250 s. A capture that works but is slower than this is skipped, not failed.
-TP_LIMIT_S = 45
+# Both kinds take ~20 s a run here without load.
+LIMIT_S = 300
 
 
 def _run(tmp: Path, kind: str, name: str, faulty: int) -> tuple[str, str]:
@@ -84,7 +85,7 @@ def _run(tmp: Path, kind: str, name: str, faulty: int) -> tuple[str, str]:
     script = tmp / "worker.py"
     script.write_text(_WORKER)
     root = tmp / name
-    limit = TP_LIMIT_S if kind == "tp" else 300
+    limit = LIMIT_S
     # Its own session, so that on a timeout the spawned ranks go too (killpg of this group).
     proc = subprocess.Popen([sys.executable, str(script), str(root), str(tmp / f"store_{name}"),
                              str(faulty), kind], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -94,9 +95,7 @@ def _run(tmp: Path, kind: str, name: str, faulty: int) -> tuple[str, str]:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
-        return str(root), (f"{kind} under opdiff capture does not finish a 2-rank step in "
-                           f"{limit} s (capture reduces DTensor inputs' statistics through "
-                           f"DTensor ops)")
+        return str(root), f"{kind} under opdiff capture does not finish a 2-rank step in {limit} s"
     if proc.returncode != 0:
         lines = [ln for ln in stderr.splitlines() if "Error" in ln and ":" in ln]
         return str(root), f"{kind} under opdiff capture fails: {lines[-1] if lines else stderr[-300:]}"
@@ -107,16 +106,14 @@ def _run(tmp: Path, kind: str, name: str, faulty: int) -> tuple[str, str]:
     return str(root), ""
 
 
-@pytest.mark.parametrize("kind", [
-    "fsdp2",
-    pytest.param("tp", marks=pytest.mark.xfail(
-        strict=False, reason="under TP the capture now runs but saves no statistics of DTensor "
-                             "tensors: all 74 rows read 'neither tensor nor statistics saved "
-                             "on both sides', so the fault is not found (20:20 UTC)"))])
+# the collective that brings rank 1's difference to rank 0
+CARRIER = {"fsdp2": "Distributed.reduce_scatter_single", "tp": "Distributed.all_reduce"}
+
+
+@pytest.mark.parametrize("kind", ["fsdp2", "tp"])
 def test_fault_on_one_rank_is_named_and_a_healthy_pair_names_nothing(kind, tmp_path):
     target, why = _run(tmp_path, kind, "target", faulty=1)
-    if why:
-        pytest.skip(why)
+    assert not why, why
     golden, why = _run(tmp_path, kind, "golden", faulty=-1)
     assert not why, why
     again, why = _run(tmp_path, kind, "golden2", faulty=-1)
@@ -124,11 +121,16 @@ def test_fault_on_one_rank_is_named_and_a_healthy_pair_names_nothing(kind, tmp_p
     result = opdiff.compare(target, golden)
     fd = result.first_divergence
     assert fd is not None and fd.rank == 1 and fd.op == "Functional.gelu"
-    if kind == "fsdp2":
-        # rank 0's own gradients agree; their reduce-scatter brings in rank 1's
-        got = {p["rank"]: p["first_divergence"] for p in result.pairs}[0]
-        assert got is not None and got.origin == "collective", got
-        assert got.op == "Distributed.reduce_scatter_single" and "from rank 1" in got.reason
+    if kind == "tp":     # a DTensor is described by this rank's shard, with where it sits
+        recs = [json.loads(line) for line in
+                (Path(target) / "step0" / "rank1" / "records.jsonl").open()]
+        weight = next(r for r in recs if r["op"] == "Functional.linear")["inputs"][1]
+        assert weight["shape"] == [8, 8] and weight["stats"] is not None
+        assert weight["placement"] == {"placements": ["S(0)"], "coordinate": [1],
+                                       "global_shape": [16, 8]}
+    got = {p["rank"]: p["first_divergence"] for p in result.pairs}[0]
+    assert got is not None and got.origin == "collective", got
+    assert got.op == CARRIER[kind] and "from rank 1" in got.reason
     healthy = opdiff.compare(again, golden)
     assert healthy.first_divergence is None
     assert [p["first_divergence"] for p in healthy.pairs] == [None, None]

@@ -116,6 +116,8 @@ class ApiCapture(TorchFunctionMode):
             # async_op=True: the buffers are only meaningful once the collective is done. Waiting
             # here costs overlap while dumping, never numerics; the user's own wait() is a no-op.
             out.wait()
+        elif facts.collective and isinstance(out, torch.Tensor):
+            out = collectives.waited(out)    # a functional collective's result (DTensor's)
         if args and (facts.returns_first_argument or
                      (facts.collective and not isinstance(out, torch.Tensor))):
             # These write into their first argument and return None (or a Work handle).

@@ -57,6 +57,8 @@ def group_of(func: Callable[..., Any], args: tuple[Any, ...],
 
     if not dist.is_available() or not dist.is_initialized():
         return None
+    if getattr(func, "__module__", "") == _FUNCTIONAL:
+        return _functional_group(func, args, kwargs)
     sig = _signature(func)
     if sig is None:
         return None
@@ -74,6 +76,37 @@ def group_of(func: Callable[..., Any], args: tuple[Any, ...],
     peer_arg = _P2P_PEER.get(getattr(func, "__name__", ""))
     peer = bound.get(peer_arg) if peer_arg else None
     return ranks, (int(peer) if peer is not None else None)
+
+
+# torch.distributed's functional collectives (torch.ops._c10d_functional.*: DTensor's
+# redistribution, tensor parallelism's all_reduce) name their group by its registered name.
+_FUNCTIONAL = "torch._ops._c10d_functional"
+
+
+def _functional_group(func: Any, args: tuple[Any, ...],
+                      kwargs: dict[str, Any]) -> Optional[tuple[list[int], Optional[int]]]:
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    try:
+        names = [a.name for a in func.default._schema.arguments]
+        at = names.index("group_name")
+        group_name = args[at] if at < len(args) else kwargs["group_name"]
+        return sorted(dist.get_process_group_ranks(_resolve_process_group(group_name))), None
+    except Exception:  # noqa: BLE001 - a group torch cannot describe: not numbered
+        return None
+
+
+def waited(out: Any) -> Any:
+    """A functional collective's result once it is there: `torch.ops._c10d_functional` ops
+    return before the collective ends (the tensor is filled at `wait_tensor`), so capture waits
+    before describing it. Waiting again later (DTensor does) is a no-op."""
+    import torch
+
+    try:
+        return torch.ops._c10d_functional.wait_tensor(out)
+    except Exception:  # noqa: BLE001 - not a collective's pending result: as it is
+        return out
 
 
 def annotate(pending: Any, func: Callable[..., Any], args: tuple[Any, ...],
@@ -232,5 +265,36 @@ def _recorded_reduce_scatter() -> Any:
     return RecordedReduceScatter()
 
 
-__all__ = ["annotate", "group_of", "record_ddp_allreduce", "record_fsdp_reduce_scatter",
+_dtensor_type: list[Any] = []
+
+
+def local_shard(t: Any) -> tuple[Any, Optional[dict[str, Any]]]:
+    """(this rank's shard of a DTensor, where it sits), or (t, None) for any other tensor.
+
+    capture/describe.py describes a DTensor by its local shard: its statistics are this rank's
+    elements only (reducing the DTensor itself would run DTensor ops, collectives included, and
+    cannot mix with plain tensors), and `placement` says which part of the global tensor they
+    are: `{"placements": ["Shard(dim=0)"], "coordinate": [1], "global_shape": [16, 8]}`.
+    Golden's rank r is compared with the target's rank r, so the shards match when both runs
+    use the same mesh and placements (the placement is in the record to check it).
+    """
+    if not _dtensor_type:
+        try:
+            from torch.distributed.tensor import DTensor
+        except ImportError:          # torch built without distributed
+            DTensor = ()             # type: ignore[assignment,misc]  # noqa: N806
+        _dtensor_type.append(DTensor)
+    if not isinstance(t, _dtensor_type[0]):
+        return t, None
+    try:
+        coordinate = t.device_mesh.get_coordinate()
+        placed = {"placements": [str(p) for p in t.placements],
+                  "coordinate": list(coordinate) if coordinate is not None else None,
+                  "global_shape": list(t.shape)}
+        return t._local_tensor, placed
+    except Exception:  # noqa: BLE001 - a DTensor we cannot read: described as it is
+        return t, None
+
+
+__all__ = ["local_shard", "waited", "annotate", "group_of", "record_ddp_allreduce", "record_fsdp_reduce_scatter",
            "in_comm_hook", "entered", "left", "BACKWARD_COLLECTIVES"]

@@ -7,6 +7,7 @@ import torch
 
 from ..store.records import scalar_descriptor
 from ..store.schema import tensor_name
+from . import collectives
 
 _MAX_REPR = 120
 
@@ -111,10 +112,14 @@ class Describer:
     def tensor(self, t: torch.Tensor, record: str, role: str, slot) -> dict:
         if _is_wrapped(t):
             t = _unwrapped(t)
+        # a DTensor: this rank's shard, and where it sits (collectives.local_shard)
+        t, placed = collectives.local_shard(t) if type(t) not in _PLAIN_TYPES else (t, None)
         dtype = t.dtype
         desc = {"type": "tensor", "dtype": _DTYPE_NAMES.get(dtype) or _dtype_name(dtype),
                 "shape": list(t.shape), "device": "cpu" if t.is_cpu else str(t.device),
                 "requires_grad": t.requires_grad}
+        if placed is not None:
+            desc["placement"] = placed
         if t.is_meta or (type(t) not in _PLAIN_TYPES and getattr(t, "_is_fake", False)):
             desc["stats"] = None
             return desc

@@ -101,7 +101,7 @@ def _resolve(func) -> str | None:
     if name in _RNN:
         return f"VF.{name}"
     module = getattr(func, "__module__", "") or ""
-    if module.startswith("torch.distributed"):
+    if module.startswith("torch.distributed") or module == "torch._ops._c10d_functional":
         return f"Distributed.{name}" if name not in ops.SKIPPED_DISTRIBUTED else None
     if getattr(F, name, None) is func:
         return f"Functional.{name}"
