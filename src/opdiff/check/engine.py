@@ -22,7 +22,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
 from ..comparison.replay.calls import NotReplayable
-from ..comparison.replay.local import one_thread, replay_tensors
+from ..comparison.replay.local import one_thread
+from ..comparison.replay.tensors import replay_tensors
 from ..comparison.verdicts import Policy
 from ..store.schema import Kind, Location, locations_from_frames
 from .standards import FAIL, PASS, OutputCheck, judge_output
@@ -127,7 +128,7 @@ def check_record(record: dict[str, Any], records: dict[str, dict[str, Any]],
                  device: Optional[str] = None, location: Optional[Location] = None,
                  known: Optional[dict[str, Any]] = None) -> OpCheck:
     """Check one record; never raises for a record that cannot be replayed. `known`: a dict
-    kept across the records of one dump (see `opdiff.comparison.replay.local.replay_tensors`)."""
+    kept across the records of one dump (see `opdiff.comparison.replay.tensors.replay_tensors`)."""
     policy = policy or Policy()
     start = time.perf_counter()
     base = dict(name=record["name"], op=record.get("op", ""), phase=record.get("phase", ""),

@@ -81,3 +81,50 @@ def test_conv_forward_fault_just_above_the_threshold_is_found(tmp_path):
     rec = next(r for r in dump.records() if r["name"] == "Functional.conv2d.2.forward")
     verdicts = [replay_record(rec, dump.tensor, Policy(), shortcut=s) for s in (True, False)]
     assert all(v.culprit for v in verdicts), [v.describe() for v in verdicts]
+
+
+def test_float32_conv_weight_gradient_is_within_its_bound_of_float64(bf16_cnn):
+    from opdiff.comparison.replay.direct import backward_float32
+    from opdiff.comparison.replay.local import _exact_leaves
+
+    records = {r["name"]: r for r in bf16_cnn.records()}
+    backward = [r for r in records.values()
+                if r["op"] == "Functional.conv2d" and r["phase"] == "backward"]
+    load = read_once(bf16_cnn.tensor)
+    for rec in backward[:4]:
+        fwd = records[rec["forward"]]
+        grads = {0: load(rec["inputs"][0]["key"])}
+        leaves = [i for i, d in enumerate(rec["outputs"]) if d.get("type") == "tensor"]
+        got = backward_float32(fwd, load, leaves, grads)
+        assert got is not None and len(got) == 1, rec["name"]
+        (leaf, (approx, slack)), = got.items()
+        exact = _exact_leaves(fwd, load, [leaf], grads)[0]
+        distance = float((approx - exact).norm())
+        assert distance <= slack < 0.05 * float(exact.norm()), (rec["name"], distance, slack)
+
+
+@pytest.mark.parametrize("fault", [0.0, 0.003, 0.005, 0.01, 0.05, 0.2])
+@pytest.mark.parametrize("relative_slack", [1e-4, 1e-2, 5e-2])
+def test_judge_bounded_never_passes_what_the_float64_rules_blame(fault, relative_slack):
+    """A float32 'weight gradient' whose reference is a bf16 kernel: the target scaled by
+    1 + fault or given random error; whenever the bounded rules pass, the float64 rules pass
+    for every exact result within the slack."""
+    from opdiff.comparison.replay.local import judge_tensor
+    from opdiff.comparison.replay.rules import judge_bounded
+
+    g = torch.Generator().manual_seed(int(fault * 1000) + int(relative_slack * 1e5))
+    a = torch.randn(4096, 64, generator=g).bfloat16()
+    b = torch.randn(4096, 32, generator=g).bfloat16()
+    exact = a.double().T @ b.double()
+    reference = (a.T @ b).float()
+    noise = 1 + fault * torch.randn(exact.shape, generator=g, dtype=torch.float64)
+    for target in ((reference.double() * (1 + fault)).float(), (reference.double() * noise).float()):
+        slack = relative_slack * float(exact.norm())
+        push = torch.randn(exact.shape, generator=g, dtype=torch.float64)
+        approx = exact + push * (0.9 * slack / float(push.norm()))
+        quick = judge_bounded("w.output.1", target, approx, slack, reference, Policy())
+        full = judge_tensor("w.output.1", target, exact, reference, Policy())
+        if quick is not None:
+            assert quick.culprit == "" and full.culprit == "", (fault, relative_slack, full)
+        if fault == 0.0 and relative_slack < 1e-3:     # (far below the reference's 2e-3)
+            assert quick is not None          # a healthy one passes without float64

@@ -63,14 +63,16 @@ def _sums(t: torch.Tensor, g: torch.Tensor) -> list[float]:
     return out
 
 
-def bounds_against(target: torch.Tensor, approx: torch.Tensor, slack: float) -> Errors | None:
-    """Upper bounds of `errors_against(target, exact)`'s error and |scale_error| for every
-    `exact` within L2 distance `slack` of `approx` (a float32 result with a proven error bound,
-    `replay.direct.forward_float32`). With t - exact = (t - a) - D, ||D|| <= slack:
+def error_interval(target: torch.Tensor, approx: torch.Tensor, slack: float
+                   ) -> tuple[Errors, Errors, Errors] | None:
+    """(lower bounds, values against `approx`, upper bounds) of `errors_against(target,
+    exact)`'s error and |scale_error| for every `exact` within L2 distance `slack` of `approx`
+    (a float32 result with a proven error bound, `replay.direct`). With t - exact = (t - a) - D
+    and ||D|| <= slack:
 
-        error <= (||t - a|| + slack) / max(||t||, ||a|| - slack)
-        |scale| = |<t - e, e>| / ||e||^2 <= (|<t - a, a>| + slack (||t - a|| + ||a||) + slack^2)
-                                            / (||a|| - slack)^2
+        (||t - a|| - slack) / max(||t||, ||a|| + slack) <= error
+                                                       <= (||t - a|| + slack) / max(||t||, ||a|| - slack)
+        |scale| = |<t - e, e>| / ||e||^2, and |<t - e, e> - <t - a, a>| <= slack (||t - a|| + ||a||) + slack^2
 
     None when nothing is bounded: inf/NaN on either side, or ||a|| <= slack."""
     t, a = target.detach().reshape(-1), approx.detach().reshape(-1)
@@ -82,9 +84,37 @@ def bounds_against(target: torch.Tensor, approx: torch.Tensor, slack: float) -> 
     d, tn, an = math.sqrt(sd2), math.sqrt(stt), math.sqrt(sgg)
     if an <= slack:
         return None
-    error = (d + slack) / max(tn, an - slack)
-    scale = (abs(stg - sgg) + slack * (d + an) + slack * slack) / (an - slack) ** 2
-    return Errors(error, scale)
+    moved = slack * (d + an) + slack * slack
+    low = Errors(max(0.0, d - slack) / max(tn, an + slack),
+                 max(0.0, abs(stg - sgg) - moved) / (an + slack) ** 2)
+    mid = Errors(d / max(tn, an) if max(tn, an) > 0 else 0.0, (stg - sgg) / sgg)
+    high = Errors((d + slack) / max(tn, an - slack), (abs(stg - sgg) + moved) / (an - slack) ** 2)
+    return low, mid, high
+
+
+def bounds_against(target: torch.Tensor, approx: torch.Tensor, slack: float) -> Errors | None:
+    """The upper bounds of `error_interval`."""
+    got = error_interval(target, approx, slack)
+    return got[2] if got is not None else None
+
+
+def scale_gap(target: torch.Tensor, reference: torch.Tensor, approx: torch.Tensor,
+              slack: float) -> float | None:
+    """An upper bound of |scale(target) - scale(reference)| against every exact result within
+    `slack` of `approx`: the difference is <t - r, e> / ||e||^2, bounded by
+    (|<t - r, a>| + ||t - r|| slack) / (||a|| - slack)^2. None when not finite or ||a|| <= slack."""
+    t, r, a = (x.detach().reshape(-1) for x in (target, reference, approx))
+    if t.is_complex() or r.is_complex() or a.is_complex():
+        return None
+    uu = ua = aa = 0.0
+    for start in range(0, t.numel(), _CHUNK):
+        u = t[start:start + _CHUNK].to(torch.float64) - r[start:start + _CHUNK].to(torch.float64)
+        b = a[start:start + _CHUNK].to(torch.float64)
+        p_uu, p_ua, p_aa = torch.stack([u.dot(u), u.dot(b), b.dot(b)]).tolist()
+        uu, ua, aa = uu + p_uu, ua + p_ua, aa + p_aa
+    if not all(math.isfinite(v) for v in (uu, ua, aa)) or math.sqrt(aa) <= slack:
+        return None
+    return (abs(ua) + math.sqrt(uu) * slack) / (math.sqrt(aa) - slack) ** 2
 
 
 def rounding_floor(exact: torch.Tensor, dtype: torch.dtype, slack: float = 0.0) -> float | None:

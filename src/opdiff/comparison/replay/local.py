@@ -18,7 +18,7 @@ float64 is well above that reference kernel's (the rules, in `opdiff.comparison.
 within 3x the reference's relative L2 error as `torch._dynamo.utils.same` has it, and a scale
 rule that finds a 1e-2 fault in a bf16 op whose rounding error alone is larger). The compare's
 replay runs that reference only where the float64 result alone cannot settle the verdict
-(`rules.settle`: the same verdicts); `replay_tensors` (`opdiff check`) always runs it.
+(`rules.settle`: the same verdicts); `replay.tensors.replay_tensors` (`opdiff check`) always runs it.
 
 Ops that consume random numbers (the CPU generator advances while replaying them) are not
 replayed, nor are ops whose recorded dtypes or shapes the replay cannot reproduce.
@@ -44,14 +44,15 @@ from ...numbers import human
 from ...store.records import iter_tensors
 from .calls import (NotReplayable, dtype_signature, flat_descriptors, flat_tensors, read_once,
                     rebuild_call)
-from .direct import backward_reference, forward_float32
+from .direct import backward_float32, backward_reference, forward_float32
 from .running import autocast_to, rng_guard, shielded, threads, vjp
-from .rules import RATIO, SIGMAS, TensorLocalError, judge_measured, judge_tensor, settle
+from .rules import (RATIO, SIGMAS, TensorLocalError, judge_bounded, judge_measured, judge_tensor,
+                    settle)
 
 REPLAY_THREADS = 1
 
 __all__ = ["RATIO", "SIGMAS", "TensorLocalError", "LocalError", "judge_tensor", "judge_measured",
-           "settle", "replay_record", "replay_tensors", "Replayed", "one_thread"]
+           "settle", "replay_record", "one_thread"]
 
 _LOW = (torch.bfloat16, torch.float16)
 
@@ -259,43 +260,6 @@ def _reference_name(dtypes: list[Optional[torch.dtype]], autocast: Optional[torc
     return f"{str(low).replace('torch.', '')} CPU kernel" if low else "CPU kernel"
 
 
-@dataclass(frozen=True)
-class Replayed:
-    """The raw tensors of one replayed record, before any judgement: per compared output,
-    (tensor name, target, float64 result, reference kernel's result); `reference` names the
-    reference kernel ("bfloat16 CPU kernel (autocast)")."""
-    reference: str
-    outputs: tuple[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor], ...]
-
-
-def replay_tensors(record: dict[str, Any], load: Callable[[str], Any],
-                   forward_record: Optional[dict[str, Any]] = None,
-                   device: Optional[str] = None,
-                   known: Optional[dict[str, Optional[torch.dtype]]] = None) -> Replayed:
-    """Re-run one record in float64 and as the CPU reference kernel and return the tensors.
-
-    The target is the recorded output (gradient), or, with `device`, the same call re-run on
-    that device in the recorded dtypes on the same inputs (statistics dumps: `load` then
-    makes up the inputs). The float64 and reference runs are shielded from the user's
-    TorchFunctionModes (a test's planted fault), the device run is not. `known`: a dict kept
-    across calls, {record name: the CPU autocast dtype (or None) that reproduces its dtypes},
-    which saves the reference forward run of a backward record whose forward was replayed.
-    Raises NotReplayable with the reason."""
-    with one_thread():
-        if record.get("phase") == "backward" and record.get("kind") != "aten":
-            if forward_record is None:
-                raise NotReplayable("its forward call is not in the dump")
-            return _backward_tensors(record, forward_record, load, device, known)
-        return _forward_tensors(record, load, device, known)
-
-
-def _device_load(load: Callable[[str], Any], device: str) -> Callable[[str], Any]:
-    def on_device(key: str) -> Any:
-        t = load(key)
-        return t.to(device) if isinstance(t, torch.Tensor) else t
-    return on_device
-
-
 def _forward(record: dict[str, Any], load: Callable[[str], Any], policy: Any,
              known: Optional[dict[str, Optional[torch.dtype]]] = None, shortcut: bool = True
              ) -> tuple[str, list[TensorLocalError]]:
@@ -339,11 +303,12 @@ def _settled_float32(record: dict[str, Any], load: Callable[[str], Any], policy:
 def _backward(record: dict[str, Any], fwd: dict[str, Any], load: Callable[[str], Any],
               policy: Any, known: Optional[dict[str, Optional[torch.dtype]]] = None,
               shortcut: bool = True) -> tuple[str, list[TensorLocalError]]:
-    leaves, g_plain, recorded, exact = _backward_exact(record, fwd, load)
+    leaves, g_plain, recorded, exact, slacks = _backward_exact(record, fwd, load, shortcut)
     names = [f"{record['name']}.output.{i}" for i in leaves]
     targets = [_load_target(load, record["outputs"][i], n) for i, n in zip(leaves, names)]
     out = _checked(names, targets, exact)
-    settled = [settle(n, t, e, policy) if shortcut else None for n, t, e in out]
+    settled = [settle(n, t, e, policy, slack) if shortcut else None
+               for (n, t, e), slack in zip(out, slacks)]
     if all(s is not None for s in settled):
         return _floor_name(recorded), [s for s in settled if s is not None]
     # The reference computes only the gradients not settled (a conv's weight gradient, say).
@@ -352,13 +317,17 @@ def _backward(record: dict[str, Any], fwd: dict[str, Any], load: Callable[[str],
         autocast, needed = _backward_reference(fwd, load, need, g_plain, known)
     by_leaf = dict(zip(need, needed))
     judged = []
-    for i, s, (n, t, e) in zip(leaves, settled, out):
+    for i, s, (n, t, e), slack in zip(leaves, settled, out, slacks):
         if s is None:
             r = by_leaf.get(i)
             if r is None or t.dtype != r.dtype:
                 raise NotReplayable(f"{n}: replayed {r.dtype if r is not None else None}, dump "
                                     f"{t.dtype}")
-            s = judge_tensor(n, t, e, r, policy)
+            s = judge_bounded(n, t, e, slack, r, policy) if slack > 0 else None
+            if s is None:     # (a bounded float32 result that cannot decide: float64 does)
+                e = e if slack == 0 else _checked([n], [t], _exact_leaves(fwd, load, [i],
+                                                                          g_plain))[0][2]
+                s = judge_tensor(n, t, e, r, policy)
         judged.append(s)
     return _reference_name(recorded, autocast), judged
 
@@ -397,32 +366,14 @@ def _forward_exact(record: dict[str, Any], load: Callable[[str], Any]
     return outputs, recorded, exact
 
 
-def _forward_tensors(record: dict[str, Any], load: Callable[[str], Any],
-                     device: Optional[str],
-                     known: Optional[dict[str, Optional[torch.dtype]]] = None) -> Replayed:
-    outputs, recorded, exact = _forward_exact(record, load)
-    with shielded():
-        autocast, reference = _reference(record, load, recorded, known)
-    targets: list[Optional[torch.Tensor]]
-    if device is not None:
-        targets = [o.cpu() for o in _run(record, _device_load(load, device), None, autocast,
-                                         device=device)]
-    else:
-        targets = [_load_target(load, d, name) for name, d in outputs]
-    out = []
-    for (name, _d), e, r, t in zip(outputs, exact, reference, targets):
-        if t is None or tuple(t.shape) != tuple(e.shape):
-            raise NotReplayable(f"{name}: replayed shape {list(e.shape)}, dump "
-                                f"{list(t.shape) if t is not None else None}")
-        out.append((name, t, e, r))
-    return Replayed(_reference_name(recorded, autocast), tuple(out))
-
-
-def _backward_exact(record: dict[str, Any], fwd: dict[str, Any], load: Callable[[str], Any]
+def _backward_exact(record: dict[str, Any], fwd: dict[str, Any], load: Callable[[str], Any],
+                    bounded: bool = False
                     ) -> tuple[list[int], dict[int, torch.Tensor], list[Optional[torch.dtype]],
-                               list[Any]]:
+                               list[Any], list[float]]:
     """The argument indices that got gradients, the recorded output gradients, the dtypes of
-    the recorded input gradients and the float64 gradients."""
+    the recorded input gradients, the float64 gradients and their slacks: 0, or with `bounded`
+    a gradient `direct.backward_float32` gives within that L2 distance of float64 (a conv's
+    weight gradient; `_exact_leaf` gives its float64 run when the bound cannot decide)."""
     grads_in = record.get("outputs") or []
     leaves = [i for i, d in enumerate(grads_in) if isinstance(d, dict) and d.get("type") == "tensor"]
     if not leaves:
@@ -432,13 +383,24 @@ def _backward_exact(record: dict[str, Any], fwd: dict[str, Any], load: Callable[
     if not grad_out:
         raise NotReplayable("no gradient w.r.t. its outputs was recorded")
     g_plain = {j: _load_target(load, d, f"input {j}") for j, d in grad_out.items()}
-    g_exact = {j: g.to(torch.float64) for j, g in g_plain.items()}
     recorded = [_dtype(grads_in[i]) for i in leaves]
+    with shielded():
+        approx = (backward_float32(fwd, load, leaves, g_plain) if bounded else None) or {}
+        rest = [i for i in leaves if i not in approx]
+        found = dict(zip(rest, _exact_leaves(fwd, load, rest, g_plain))) if rest else {}
+    exact = [approx[i][0] if i in approx else found[i] for i in leaves]
+    return leaves, g_plain, recorded, exact, [approx[i][1] if i in approx else 0.0 for i in leaves]
+
+
+def _exact_leaves(fwd: dict[str, Any], load: Callable[[str], Any], leaves: list[int],
+                  g_plain: dict[int, torch.Tensor]) -> list[Any]:
+    """The float64 gradients of `leaves`."""
+    g_exact = {j: g.to(torch.float64) for j, g in g_plain.items()}
     with shielded():
         exact = backward_reference(fwd, load, leaves, g_exact, None, cast=torch.float64)
         if exact is None:
             exact = _run(fwd, load, torch.float64, None, leaves, g_exact)
-    return leaves, g_plain, recorded, exact
+    return exact
 
 
 def _backward_reference(fwd: dict[str, Any], load: Callable[[str], Any], leaves: list[int],
@@ -455,31 +417,3 @@ def _backward_reference(fwd: dict[str, Any], load: Callable[[str], Any], leaves:
                 return known[key], grads
             break
     return _reference(fwd, load, recorded, known, leaves, g_plain)
-
-
-def _backward_tensors(record: dict[str, Any], fwd: dict[str, Any], load: Callable[[str], Any],
-                      device: Optional[str],
-                      known: Optional[dict[str, Optional[torch.dtype]]] = None) -> Replayed:
-    leaves, g_plain, recorded, exact = _backward_exact(record, fwd, load)
-    grads_in = record["outputs"]
-    with shielded():
-        autocast, reference = _backward_reference(fwd, load, leaves, g_plain, known)
-    targets: list[Optional[torch.Tensor]]
-    if device is not None:
-        g_dev = {j: g.to(device) for j, g in g_plain.items()}
-        targets = [g.cpu() if g is not None else None for g in
-                   _run(fwd, _device_load(load, device), None, autocast, leaves, g_dev,
-                        device=device)]
-    else:
-        targets = [_load_target(load, grads_in[i], f"{record['name']}.output.{i}")
-                   for i in leaves]
-    out = []
-    for i, e, r, t in zip(leaves, exact, reference, targets):
-        name = f"{record['name']}.output.{i}"
-        if e is None or r is None or t is None:
-            raise NotReplayable(f"{name}: the forward call has no such tensor argument")
-        if tuple(t.shape) != tuple(e.shape) or t.dtype != r.dtype:
-            raise NotReplayable(f"{name}: replayed {r.dtype} {list(e.shape)}, "
-                                f"dump {t.dtype} {list(t.shape)}")
-        out.append((name, t, e, r))
-    return Replayed(_reference_name(recorded, autocast), tuple(out))

@@ -33,7 +33,7 @@ from typing import Any, Optional
 
 import torch
 
-from .errors import bounds_against, errors_against, rounding_floor
+from .errors import bounds_against, error_interval, errors_against, rounding_floor, scale_gap
 
 RATIO = 3.0
 SIGMAS = 4.0
@@ -123,4 +123,35 @@ def settle(name: str, target: torch.Tensor, exact: torch.Tensor, policy: Any,
             m_t.error <= RATIO * floor + tol / 10:
         return TensorLocalError(name, dtype, n, m_t.error, m_t.scale_error, floor, 0.0, "",
                                 reference_run=False)
+    return None
+
+
+def judge_bounded(name: str, target: torch.Tensor, approx: torch.Tensor, slack: float,
+                  reference: torch.Tensor, policy: Any) -> Optional[TensorLocalError]:
+    """`judge_tensor`'s passing verdict when it holds for every float64 result within `slack`
+    of `approx` (a float32 result with a proven bound, `direct.backward_float32`), else None:
+    the caller runs float64. The rules on the worst case:
+
+        err_t <= max err_t <= RATIO * min err_ref + tolerance / 10
+        |s_t| - |s_ref| <= |s_t - s_ref| <= max gap <= max(scale_tolerance, SIGMAS * min err_ref / sqrt(n))
+
+    (the scale gap is bounded as one quantity, <t - ref, e> / ||e||^2: a target and a
+    reference that agree stay together however e moves). The errors kept are measured against
+    `approx`, which is within `slack` of float64."""
+    if not (target.is_floating_point() and reference.is_floating_point()) or \
+            target.dtype != reference.dtype:
+        return None
+    t_int, r_int = error_interval(target, approx, slack), error_interval(reference, approx, slack)
+    gap = scale_gap(target, reference, approx, slack)
+    if t_int is None or r_int is None or gap is None:
+        return None
+    dtype = str(target.dtype).replace("torch.", "")
+    n = target.numel()
+    tol = policy.tolerance_for(dtype, dtype)
+    stol = policy.scale_tolerance_for(dtype, dtype)
+    r_low = r_int[0].error
+    if t_int[2].error <= RATIO * r_low + tol / 10 and \
+            gap <= max(stol, SIGMAS * r_low / math.sqrt(max(n, 1))):
+        return TensorLocalError(name, dtype, n, t_int[1].error, t_int[1].scale_error,
+                                r_int[1].error, r_int[1].scale_error, "")
     return None
