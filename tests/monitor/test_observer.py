@@ -3,10 +3,6 @@ every loss are bitwise equal to a run without it, and no random generator moves.
 no graph, go away on close(), and a failure of its own never reaches the training loop."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import logging
 import os
 import weakref
@@ -18,14 +14,7 @@ import opdiff
 from opdiff.errors import ConfigError, OverflowDetected
 from opdiff.trend import read_run
 
-# tests/conftest.py: the tiny model families. Loaded by path: other folders' conftest.py
-# modules are also named `conftest`, and whichever pytest imported last would answer.
-_spec = importlib.util.spec_from_file_location("opdiff_test_models", Path(__file__).parents[1] / "conftest.py")
-_models = sys.modules.setdefault("opdiff_test_models", importlib.util.module_from_spec(_spec))
-if not hasattr(_models, "MODEL_CASES"):
-    _spec.loader.exec_module(_models)
-MODEL_CASES = _models.MODEL_CASES
-TRAINING_FAMILIES = _models.TRAINING_FAMILIES
+from .conftest import MODEL_CASES, TRAINING_FAMILIES
 
 STEPS = 4
 

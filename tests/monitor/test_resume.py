@@ -4,12 +4,7 @@ records, and trend reads it like any other run."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import textwrap
-import time
 
 import numpy as np
 import pytest
@@ -17,6 +12,8 @@ import torch
 
 import opdiff
 from opdiff.trend import read_run, trend
+
+from .conftest import kill_after, start_python
 
 CHECKPOINT, STOP = 12, 24
 
@@ -60,12 +57,7 @@ TRAIN = textwrap.dedent("""
 def _python(tmp_path, *args, wait=True):
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    cmd = [sys.executable, str(script), *map(str, args)]
-    if wait:
-        subprocess.run(cmd, env=env, check=True, timeout=300)
-        return None
-    return subprocess.Popen(cmd, env=env)
+    return start_python(script, *args, wait=wait)
 
 
 @pytest.mark.slow
@@ -74,20 +66,8 @@ def test_a_killed_run_resumed_from_its_checkpoint_has_every_step_once(tmp_path):
     progress = tmp_path / "progress.txt"
     # 1. Train "for ever", checkpointing after step CHECKPOINT-1; SIGKILL it well past that.
     proc = _python(tmp_path, tmp_path / "mon", ckpt, 0, 10 ** 6, CHECKPOINT, progress, wait=False)
-    try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            if progress.exists() and len(progress.read_text().split()) >= CHECKPOINT + 6:
-                break
-            if proc.poll() is not None:
-                pytest.fail(f"the training process ended with {proc.returncode}")
-            time.sleep(0.05)
-        else:
-            pytest.fail("the training process made no progress")
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    assert proc.returncode == -signal.SIGKILL and ckpt.is_file()
+    kill_after(proc, progress, CHECKPOINT + 6)
+    assert ckpt.is_file()
     killed = read_run(tmp_path / "mon").ranks[0]
     assert killed.steps[-1] >= CHECKPOINT + 5        # steps after the checkpoint were recorded
     # 2. Restart from the checkpoint: the steps the killed run did after it are done again.

@@ -3,17 +3,9 @@ that pandas reads in one call, NaN/inf and "not measured" survive the round trip
 killed with SIGKILL leaves every step up to the last flush."""
 from __future__ import annotations
 
-import importlib.util
-
 import json
 import math
-import os
-import signal
-import subprocess
-import sys
 import textwrap
-import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,13 +15,7 @@ import opdiff
 from opdiff.monitor.stream import StreamWriter, format_line
 from opdiff.trend import read_run
 
-# tests/conftest.py: the tiny model families. Loaded by path: other folders' conftest.py
-# modules are also named `conftest`, and whichever pytest imported last would answer.
-_spec = importlib.util.spec_from_file_location("opdiff_test_models", Path(__file__).parents[1] / "conftest.py")
-_models = sys.modules.setdefault("opdiff_test_models", importlib.util.module_from_spec(_spec))
-if not hasattr(_models, "MODEL_CASES"):
-    _spec.loader.exec_module(_models)
-MODEL_CASES = _models.MODEL_CASES
+from .conftest import MODEL_CASES, kill_after, start_python
 
 
 def _run(path, steps=3, **options):
@@ -131,24 +117,8 @@ def test_a_killed_run_keeps_every_step_up_to_the_last_flush(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(KILLED)
     progress = tmp_path / "progress.txt"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "mon"), str(progress)],
-                            env=env)
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if progress.exists() and len(progress.read_text().split()) >= 40:
-                break
-            if proc.poll() is not None:
-                pytest.fail(f"the training process ended with {proc.returncode}")
-            time.sleep(0.05)
-        else:
-            pytest.fail("the training process made no progress")
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    assert proc.returncode == -signal.SIGKILL
-    done = [int(s) for s in progress.read_text().split()]
+    proc = start_python(script, tmp_path / "mon", progress, wait=False)
+    done = kill_after(proc, progress, 40, timeout=120)
     stream = read_run(tmp_path / "mon").ranks[0]
     steps = list(stream.steps)
     assert steps == list(range(len(steps)))          # nothing lost, nothing torn
