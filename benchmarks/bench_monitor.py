@@ -1,8 +1,7 @@
-"""Overhead of opdiff.Monitor per training step, and the speed of `opdiff trend` on long streams.
+"""Overhead of opdiff.Monitor per training step (`opdiff trend`'s speed: bench_trend.py).
 
     python benchmarks/bench_monitor.py [--rounds 11] [--runs 3] [--models cnn,transformer]
-                                       [--every 4] [--tensorboard] [--parts]
-    python benchmarks/bench_monitor.py --trend [--steps 10000 --modules 200]
+                                       [--every 4] [--tensorboard] [--parts] [--floor]
 
 Overhead: two identical copies of each model (the ResNet-style CNN and the small transformer of
 benchmarks/models.py), each with its own Adam optimizer, one of them monitored (every step, all
@@ -13,9 +12,10 @@ One thread (torch.set_num_threads(1)), forward + backward + Adam step. `--tensor
 measures Monitor(tensorboard=True) (event files written every step). Wall time and this thread's
 CPU time are both reported: on a shared machine the CPU-time ratio is the steadier one.
 
-Trend: writes two synthetic streams (`--steps` x `--modules` modules, one weight per module,
-Adam state), the target departing at a known step in a known module, and times
-`opdiff.trend.trend()` on them (reading both streams, analysis, summary, HTML page).
+`--floor`: what reading the monitored tensors costs at the least. Inside a plain step, every
+tensor the monitor reduces is read once by torch.sum (the cheapest full read there is): each
+monitored module's forward output and output gradient, and the parameters, gradients, Adam's two
+states and the update; the time of those reads is given as a share of the step.
 """
 from __future__ import annotations
 
@@ -29,7 +29,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -93,7 +92,7 @@ def run_overhead(args) -> None:
     if args.parts:      # where the time goes: some work left out
         settings["update_norm=False"] = {"update_norm": False}
         settings["no max|x| (diagnostic)"] = {"_parts": ("extremes",)}
-        settings["no module norms (diag.)"] = {"_parts": ("extremes", "norm2")}
+        settings["no module norms (diag.)"] = {"_parts": ("extremes", "norm2", "sum_of_squares")}
     for name in args.models.split(","):
         for label, options in settings.items():
             wall, cpu, plains, mons = [], [], [], []
@@ -119,7 +118,8 @@ def _without(parts):
 
     saved = {p: getattr(modules, p) for p in parts}
     zero = torch.zeros(())
-    stubs = {"extremes": lambda t: (zero, zero), "norm2": lambda t: zero}
+    stubs = {"extremes": lambda t: (zero, zero), "norm2": lambda t: zero,
+             "sum_of_squares": lambda t: 0.0}
     try:
         for p in parts:
             setattr(modules, p, stubs[p])
@@ -129,76 +129,74 @@ def _without(parts):
             setattr(modules, p, f)
 
 
-# -- trend on synthetic streams ------------------------------------------------------------------
+# -- the floor: one read of everything the monitor reads --------------------------------------
 
-def write_synthetic(root: Path, steps: int, n_modules: int, depart_at=None, depart_module=None,
-                    seed: int = 0) -> None:
-    """A stream as Monitor writes it: per module forward/backward quantities, one weight per
-    module with Adam state; the golden and target share the same noise (a deterministic pair
-    that drifts by 1e-6) and the target departs by 1e-2 at `depart_at` in `depart_module`."""
-    from opdiff.monitor.stream import (MODULE_QUANTITIES, StreamWriter, column,
-                                       rank_directory)
+def floor(workload, rounds: int, warmup: int = 3) -> tuple[float, float, float, float]:
+    """(step s, forward reads s, backward reads s, parameter-side reads s) per step, CPU time,
+    medians: one torch.sum per tensor the monitor reduces, timed inside a plain step."""
+    from opdiff.monitor.modules import floating_tensors, select_modules
 
-    rng = np.random.default_rng(seed)
-    names = [f"layers.{i}" for i in range(n_modules)]
-    cols = ["loss", "grad_norm", "step_time"]
-    for n in names:
-        cols += [column(n, q) for q in MODULE_QUANTITIES]
-    for n in names:
-        cols += [column(f"{n}.weight", q) for q in ("norm", "grad_norm", "update_norm",
-                                                     "exp_avg_norm", "exp_avg_sq_norm")]
-    directory = rank_directory(root, 0)
-    writer = StreamWriter(directory, flush_every=64)
-    writer.write_meta({"format": "opdiff-monitor", "version": 1, "rank": 0, "world_size": 1,
-                       "compute_dtype": "float32",
-                       "modules": [{"name": n, "type": "Linear", "dtype": "float32"} for n in names],
-                       "backward_order": names[::-1],
-                       "parameters": [{"name": f"{n}.weight", "dtype": "float32", "shape": [64, 64],
-                                       "updated": True} for n in names],
-                       "config": {"every": 1}})
-    writer.open(cols)
-    base = rng.uniform(0.5, 2.0, len(cols))
-    is_count = np.array([c.endswith(("_nan", "_inf")) for c in cols])
-    base[is_count] = 0.0
-    drift = np.random.default_rng(seed + 1)
-    depart = None
-    if depart_at is not None:
-        depart = np.array([c.startswith(f"{depart_module}:") for c in cols])
-    for s in range(steps):
-        row = base * (1 + 0.01 * np.sin(s / 50.0)) * (1 + 1e-6 * drift.standard_normal(len(cols)))
-        row[is_count] = 0.0
-        if depart is not None and s >= depart_at:
-            row = np.where(depart, row * 1.01, row)
-        writer.append(s, row)
-    writer.close()
+    model, batch, loss_fn = workload()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    spent = {"fwd": 0.0, "bwd": 0.0}
 
+    def read(key, tensors):
+        c0 = time.thread_time()
+        with torch.no_grad():
+            for t in tensors:
+                t.sum()
+        spent[key] += time.thread_time() - c0
 
-def run_trend(args) -> None:
-    from opdiff.trend import trend
+    def on_grad(grads):
+        read("bwd", [g for g in grads[:1] if g is not None])
 
-    root = Path(tempfile.mkdtemp(prefix="opdiff-bench-trend-"))
+    def on_output(module, args, output):
+        tensors = floating_tensors(output, [])
+        read("fwd", tensors)
+        if tensors and tensors[0].grad_fn is not None:
+            tensors[0].grad_fn.register_prehook(on_grad)
+
+    handles = [m.register_forward_hook(on_output) for _, m in select_modules(model, None)]
+    params = [p for p in model.parameters() if p.requires_grad]
+    steps, fwd, bwd, par = [], [], [], []
     try:
-        t0 = time.perf_counter()
-        write_synthetic(root / "golden", args.steps, args.modules, seed=0)
-        depart_at, module = args.steps * 3 // 4, f"layers.{args.modules // 3}"
-        write_synthetic(root / "target", args.steps, args.modules, depart_at, module, seed=0)
-        size = sum(p.stat().st_size for p in root.rglob("metrics.csv")) / 2 / 1e6
-        print(f"wrote two streams of {args.steps} steps x {args.modules} modules "
-              f"({size:.0f} MB each) in {time.perf_counter() - t0:.1f} s")
-        times = []
-        for _ in range(args.runs):
-            t0 = time.perf_counter()
-            result = trend(root / "target", root / "golden", output=root / "out")
-            times.append(time.perf_counter() - t0)
-        found = result.first_divergence
-        print(f"trend: median {statistics.median(times):.2f} s (runs {min(times):.2f}-"
-              f"{max(times):.2f} s); found step {found.step if found else None} in "
-              f"{found.module if found else None} (planted: step {depart_at} in {module})")
-        t0 = time.perf_counter()
-        trend(root / "target", output=root / "out1")
-        print(f"trend, one run: {time.perf_counter() - t0:.2f} s")
+        for i in range(warmup + rounds):
+            spent["fwd"] = spent["bwd"] = 0.0
+            c0 = time.thread_time()
+            loss = loss_fn(model, batch)
+            loss.backward()
+            opt.step()
+            c1 = time.thread_time()
+            state = [opt.state[p][k] for p in params for k in ("exp_avg", "exp_avg_sq")]
+            with torch.no_grad():       # parameters, gradients, the update (read like a copy)
+                for t in params + [p.grad for p in params] + state + params:
+                    t.sum()
+            c2 = time.thread_time()
+            opt.zero_grad(set_to_none=True)
+            if i >= warmup:
+                steps.append(c1 - c0 + time.thread_time() - c2)
+                fwd.append(spent["fwd"])
+                bwd.append(spent["bwd"])
+                par.append(c2 - c1)
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        for h in handles:
+            h.remove()
+    med = statistics.median
+    return med(steps) - med(fwd) - med(bwd), med(fwd), med(bwd), med(par)
+
+
+def run_floor(args) -> None:
+    print("the least the monitor's reads cost: one torch.sum per tensor it reduces, CPU time, "
+          f"median of {args.rounds} steps, {args.runs} runs")
+    for name in args.models.split(","):
+        shares = [floor(WORKLOADS[name], args.rounds) for _ in range(args.runs)]
+        step = statistics.median(s[0] for s in shares)
+        parts = [statistics.median(s[k] / s[0] for s in shares) for k in (1, 2, 3)]
+        total = [sum(s[1:]) / s[0] for s in shares]
+        print(f"{name:<12} step {step * 1e3:6.1f} ms; forward outputs {parts[0]:.1%}, output "
+              f"gradients {parts[1]:.1%}, parameter side {parts[2]:.1%}: in all "
+              f"{statistics.median(total):.1%} ({min(total):.1%}-{max(total):.1%}) of the step",
+              flush=True)
 
 
 def main(argv=None) -> int:
@@ -212,13 +210,12 @@ def main(argv=None) -> int:
     ap.add_argument("--parts", action="store_true",
                     help="also measure without update norms, and with some reductions replaced "
                          "by constants")
-    ap.add_argument("--trend", action="store_true", help="time opdiff trend on synthetic streams")
-    ap.add_argument("--steps", type=int, default=10000, help="synthetic stream length (--trend)")
-    ap.add_argument("--modules", type=int, default=200, help="synthetic module count (--trend)")
+    ap.add_argument("--floor", action="store_true",
+                    help="measure the least the monitor's reads cost (one read of each tensor)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    if args.trend:
-        run_trend(args)
+    if args.floor:
+        run_floor(args)
     else:
         run_overhead(args)
     return 0
