@@ -231,6 +231,10 @@ def main(argv=None) -> int:
             for r in results:
                 if r.get("replayed"):
                     print(f"{'':<10}  {r['replayed']}")
+            both = "  ".join(
+                f"{clock} {statistics.median(v):.2f} s ({min(v):.2f}-{max(v):.2f})"
+                for clock in ("wall", "cpu") if (v := [r[clock] for r in results if clock in r]))
+            print(f"{'':<10}  {both}")
         for impl, src in impls.items():
             print(f"{impl}: {src}")
         print("\ngoal: >= 200 MB/s per side; peak RSS near a few tensors' worth "

@@ -128,3 +128,19 @@ def test_judge_bounded_never_passes_what_the_float64_rules_blame(fault, relative
             assert quick.culprit == "" and full.culprit == "", (fault, relative_slack, full)
         if fault == 0.0 and relative_slack < 1e-3:     # (far below the reference's 2e-3)
             assert quick is not None          # a healthy one passes without float64
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_errors_and_floor_in_one_sweep_are_the_two_functions_numbers(dtype):
+    from opdiff.comparison.replay.errors import errors_and_floor
+
+    g = torch.Generator().manual_seed(5)
+    for n in (7, (1 << 20) + 3, 3 << 20):
+        exact = torch.randn(n, generator=g, dtype=torch.float64) * 3
+        target = (exact * (1 + 1e-3 * torch.randn(n, generator=g, dtype=torch.float64))).to(dtype)
+        (m, floor) = errors_and_floor(target, exact, dtype)
+        one = errors_against(target, exact)
+        assert (m.error, m.scale_error, floor) == (one.error, one.scale_error,
+                                                   rounding_floor(exact, dtype))
+    inf = torch.tensor([1.0, float("inf")], dtype=torch.float64)
+    assert errors_and_floor(inf.to(dtype), inf, dtype) is None      # the slow ways decide

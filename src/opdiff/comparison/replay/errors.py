@@ -63,6 +63,34 @@ def _sums(t: torch.Tensor, g: torch.Tensor) -> list[float]:
     return out
 
 
+def errors_and_floor(target: torch.Tensor, exact: torch.Tensor, dtype: torch.dtype
+                     ) -> tuple[Errors, float] | None:
+    """`errors_against(target, exact)` and `rounding_floor(exact, dtype)`, the same numbers, in
+    one sweep (each chunk of `exact` widened once; ||exact||^2 is both's): what `rules.settle`
+    reads, at about 60% of the two sweeps' cost. None where either would take its slow way
+    (inf/NaN, complex, a non-floating dtype, a value beyond `dtype`): call them then."""
+    t, g = target.detach().reshape(-1), exact.detach().reshape(-1)
+    if t.is_complex() or g.is_complex() or not (dtype.is_floating_point and g.is_floating_point()):
+        return None
+    total = [0.0] * 5
+    for start in range(0, t.numel(), _CHUNK):
+        a = t[start:start + _CHUNK].to(torch.float64)
+        b = g[start:start + _CHUNK].to(torch.float64)
+        d = a - b
+        q = b.to(dtype).to(torch.float64) - b
+        part = torch.stack([d.dot(d), a.dot(a), b.dot(b), a.dot(b), q.dot(q)]).tolist()
+        total = [x + y for x, y in zip(total, part)]
+    if not all(math.isfinite(v) for v in total):
+        return None
+    sd2, stt, sgg, stg, qq = total
+    denom = max(math.sqrt(stt), math.sqrt(sgg))
+    error = math.sqrt(sd2) / denom if denom > 0 else 0.0
+    scale = (stg - sgg) / sgg if sgg > 0 else (0.0 if stt == 0 else 1.0)
+    q_norm, e_norm = math.sqrt(qq), math.sqrt(sgg)
+    floor = FLOOR_SAFETY * q_norm / (e_norm + q_norm) if e_norm + q_norm > 0 else 0.0
+    return Errors(error, scale), floor
+
+
 def error_interval(target: torch.Tensor, approx: torch.Tensor, slack: float
                    ) -> tuple[Errors, Errors, Errors] | None:
     """(lower bounds, values against `approx`, upper bounds) of `errors_against(target,

@@ -33,7 +33,8 @@ from typing import Any, Optional
 
 import torch
 
-from .errors import bounds_against, error_interval, errors_against, rounding_floor, scale_gap
+from .errors import (Errors, bounds_against, error_interval, errors_against, errors_and_floor,
+                     rounding_floor, scale_gap)
 
 RATIO = 3.0
 SIGMAS = 4.0
@@ -110,11 +111,18 @@ def settle(name: str, target: torch.Tensor, exact: torch.Tensor, policy: Any,
         return None
     if target.is_complex() or exact.is_complex():
         return None
-    m_t = errors_against(target, exact) if slack == 0.0 else bounds_against(target, exact, slack)
-    if m_t is None or m_t.nonfinite_mismatch or not (
-            math.isfinite(m_t.error) and math.isfinite(m_t.scale_error)):
-        return None
-    floor = rounding_floor(exact, target.dtype, slack)
+    fused = errors_and_floor(target, exact, target.dtype) if slack == 0.0 else None
+    m_t: Optional[Errors]
+    floor: Optional[float]
+    if fused is not None:
+        m_t, floor = fused
+    else:
+        m_t = errors_against(target, exact) if slack == 0.0 else bounds_against(target, exact,
+                                                                                slack)
+        if m_t is None or m_t.nonfinite_mismatch or not (
+                math.isfinite(m_t.error) and math.isfinite(m_t.scale_error)):
+            return None
+        floor = rounding_floor(exact, target.dtype, slack)
     if floor is None:
         return None
     tol = policy.tolerance_for(dtype, dtype)
