@@ -27,7 +27,8 @@ from .store.adapters import discover
 def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bool = False,
             fail_on: str | None = None, progress: bool | None = None,
             replay: str = "auto", engine: str = "local", ray_address: str | None = None,
-            ray_pins: dict | None = None, replay_jobs: int | None = None) -> CompareResult:
+            ray_pins: dict | None = None, replay_jobs: int | None = None,
+            ray_shard_mb: float | None = None) -> CompareResult:
     """Compare the target dump (the run under suspicion) with the golden (trusted) dump.
 
     target, golden: a step/rank directory or a dump root of any format opdiff reads; with roots
@@ -50,6 +51,9 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
         `pip install opdiff[ray]`): the same result either way. ray_address: the cluster to use
         ("auto", "host:6379"; None: a local one for this call). ray_pins: {path prefix: Ray
         custom resource}: pairs whose target lies under the prefix run on the node offering it.
+        ray_shard_mb: a pair whose saved tensors hold more than this many MiB is measured in
+        shards of about that size, each its own Ray task (None: one task per pair); the result
+        is the same.
 
     Raises `DumpError` (an `OpdiffError`) for missing, empty or corrupt dumps and for dumps of
     different models.
@@ -63,6 +67,11 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
                           f"{replay_jobs!r}")
     if engine not in ("local", "ray"):
         raise OpdiffError(f"engine must be 'local' or 'ray', not {engine!r}")
+    if ray_shard_mb is not None and (engine != "ray" or isinstance(ray_shard_mb, bool) or
+                                     not isinstance(ray_shard_mb, (int, float)) or
+                                     not ray_shard_mb > 0):
+        raise OpdiffError(f"ray_shard_mb must be a positive number of MiB, with engine='ray', "
+                          f"not {ray_shard_mb!r} (engine {engine!r})")
     policy = Policy(thresholds)
     targets, goldens = discover(target), discover(golden)
     pairs, notes = pair_dumps(targets, goldens)
@@ -76,7 +85,9 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
             results = run_pairs_ray(pairs, policy, shape_flag=shape_flag, replay=replay,
                                     replay_jobs=replay_jobs,
                                     address=ray_address, pins=ray_pins, tick=bar.advance,
-                                    on_pair=bar.pair_done)
+                                    on_pair=bar.pair_done,
+                                    shard_bytes=int(ray_shard_mb * 2**20) if ray_shard_mb
+                                    else None)
         else:
             results = run_pairs(pairs, policy, shape_flag=shape_flag, replay=replay,
                                 replay_jobs=replay_jobs, tick=bar.advance, on_pair=bar.pair_done)

@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -18,12 +15,15 @@ from checkmodels import dump
 
 from opdiff.check import check_dump
 from opdiff.check.outputs import csv_rows
-from opdiff.check.ray_tasks import reachable
 from opdiff.cli import main
-from opdiff.comparison.ray_engine import EngineError
+from opdiff.comparison.ray_engine import EngineError, reachable
 
-ray = pytest.importorskip("ray")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
+import ray_cluster  # noqa: E402
+from ray_cluster import killing_a_worker, one_line_exit_2  # noqa: E402
+
 pytestmark = pytest.mark.slow
+cluster = ray_cluster.cluster      # the shared fixture, by its name
 
 FAULT = dict(op="Functional.conv2d", call=2, phase="forward", scale=1.001)
 
@@ -36,17 +36,6 @@ def faulty(tmp_path_factory):
 @pytest.fixture(scope="module")
 def local(faulty):
     return check_dump(faulty)
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        yield
-    finally:
-        ray.shutdown()
 
 
 def _untimed(result) -> list[dict]:
@@ -82,46 +71,9 @@ def test_cli_ray_writes_the_local_csv_and_summary(cluster, faulty, tmp_path, cap
     assert len(names) == len(set(names)) and set(names) == {r[1] for r in rows["local"][1:]}
 
 
-def _ray_workers() -> list[int]:
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if cmd.startswith(b"ray::check_batch"):
-            found.append(int(pid))
-    return found
-
-
 def test_a_worker_killed_mid_check_is_retried(cluster, faulty, local):
-    killed: list[int] = []
-    # A batch can finish before the killer sees its worker: every attempt must still give the
-    # local result, and one of them must lose a worker for the retry to be tested.
-    for _attempt in range(4):
-        done = threading.Event()
-
-        def kill_one(done: threading.Event = done) -> None:
-            while not done.is_set() and not killed:
-                busy = _ray_workers()
-                if busy:
-                    os.kill(busy[0], signal.SIGKILL)
-                    killed.append(busy[0])
-                time.sleep(0.002)
-
-        killer = threading.Thread(target=kill_one)
-        killer.start()
-        try:
-            again = check_dump(faulty, engine="ray")
-        finally:
-            done.set()
-            killer.join()
-        _same(again, local)
-        if killed:
-            break
-    assert killed, "no Ray worker was seen checking a batch"
+    killing_a_worker(lambda: check_dump(faulty, engine="ray"), (b"ray::check_batch",),
+                     lambda again: _same(again, local))
 
 
 def _cli(args: list[str], prelude: str = "") -> subprocess.CompletedProcess:
@@ -131,24 +83,17 @@ def _cli(args: list[str], prelude: str = "") -> subprocess.CompletedProcess:
                           timeout=180)
 
 
-def _one_line_exit_2(proc: subprocess.CompletedProcess, words: str) -> None:
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    err = proc.stderr.strip()
-    assert words in err and "Traceback" not in err
-    assert len(err.splitlines()) == 1, err
-
-
 def test_without_ray_the_cli_says_how_to_get_it(faulty):
     proc = _cli(["check", str(faulty), "--engine", "ray", "--no-progress"],
                 prelude="sys.modules['ray'] = None")
-    _one_line_exit_2(proc, "pip install opdiff[ray]")
+    one_line_exit_2(proc, "pip install opdiff[ray]")
 
 
-def test_bad_ray_address_is_one_line_exit_2(faulty):
+def test_bad_ray_address_isone_line_exit_2(faulty):
     start = time.perf_counter()
     proc = _cli(["check", str(faulty), "--engine", "ray", "--ray-address", "127.0.0.1:1",
                  "--no-progress"])
-    _one_line_exit_2(proc, "cannot reach the Ray cluster at 127.0.0.1:1")
+    one_line_exit_2(proc, "cannot reach the Ray cluster at 127.0.0.1:1")
     assert time.perf_counter() - start < 60      # Ray alone would wait for minutes
 
 

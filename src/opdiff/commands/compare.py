@@ -53,6 +53,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--ray-pin", metavar="PATH=RESOURCE", action="append", default=[],
                    help="run the pairs whose target dump lies under PATH on the Ray node offering "
                         "the custom resource RESOURCE (node-local dumps); repeatable")
+    p.add_argument("--shard-mb", metavar="MB", default=None,
+                   help="with --engine ray: measure a step/rank pair whose saved tensors exceed "
+                        "MB MiB in shards of about MB MiB, each its own Ray task (default: one "
+                        "task per pair)")
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     p.set_defaults(run=run)
 
@@ -95,6 +99,23 @@ def _jobs(text):
     return jobs
 
 
+def _shard_mb(text, engine: str):
+    from ..errors import ConfigError
+
+    if text is None:
+        return None
+    try:
+        mb = float(text)
+    except ValueError:
+        mb = 0.0
+    if not mb > 0 or mb == float("inf"):
+        raise ConfigError(f"--shard-mb expects a size in MiB (more than 0), got {text!r}")
+    if engine != "ray":
+        raise ConfigError("--shard-mb is for --engine ray (the local engine compares each pair "
+                          "in one process)")
+    return mb
+
+
 def run(args) -> int:
     from ..api import compare
     from ..comparison.verdicts import Thresholds
@@ -106,6 +127,7 @@ def run(args) -> int:
                      fail_on="divergence" if args.fail_on_divergence else None,
                      progress=False if args.no_progress else None, replay=args.replay,
                      engine=args.engine, ray_address=args.ray_address,
-                     ray_pins=_pins(args.ray_pin), replay_jobs=_jobs(args.replay_jobs))
+                     ray_pins=_pins(args.ray_pin), replay_jobs=_jobs(args.replay_jobs),
+                     ray_shard_mb=_shard_mb(args.shard_mb, args.engine))
     print_result(result)
     return 1 if result.failed else 0

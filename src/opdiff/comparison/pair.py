@@ -77,7 +77,8 @@ class _PairCompare:
 
     def __init__(self, target_dump: DumpSource, golden_dump: DumpSource, policy: Policy,
                  shape_flag: bool, tick: Optional[Callable[[int], None]] = None,
-                 replay: str = "auto", replay_jobs: Optional[int] = None) -> None:
+                 replay: str = "auto", replay_jobs: Optional[int] = None,
+                 measured: Optional[dict[tuple[Any, Any], Measurement]] = None) -> None:
         self.t, self.g = target_dump, golden_dump
         self.policy, self.shape_flag, self.replay = policy, shape_flag, replay
         self.replay_jobs = replay_jobs
@@ -86,7 +87,7 @@ class _PairCompare:
         self.ops: list[OpScore] = []
         # A saved tensor is referenced by every record that saw it (an op's output is the next
         # op's input and its module's output): measure each pair of saved tensors once.
-        self._measured: dict[tuple[Any, Any], Measurement] = {}
+        self._measured: dict[tuple[Any, Any], Measurement] = dict(measured or {})  # shards.py
 
     def run(self) -> CompareResult:
         t_records = list(self.t.records())
@@ -259,7 +260,8 @@ class _PairCompare:
 
 def compare_pair(target_dump: DumpSource, golden_dump: DumpSource, *, policy: Policy | None = None,
                  shape_flag: bool = False, tick: Optional[Callable[[int], None]] = None,
-                 replay: str = "auto", replay_jobs: Optional[int] = None) -> CompareResult:
+                 replay: str = "auto", replay_jobs: Optional[int] = None,
+                 measured: Optional[dict[tuple[Any, Any], Measurement]] = None) -> CompareResult:
     """Compare two opened Dump-like objects (one step/rank each) and return the result.
 
     policy: a `opdiff.comparison.verdicts.Policy` (default thresholds when None).
@@ -267,11 +269,12 @@ def compare_pair(target_dump: DumpSource, golden_dump: DumpSource, *, policy: Po
     tick: called with the number of op calls done, for progress bars.
     replay: "auto", "all" or "off" (see `compare`).
     replay_jobs: processes the replay uses (None: OPDIFF_REPLAY_JOBS, default 1).
+    measured: tensor pairs measured already, by (target key, golden key) (`shards.py`).
     """
     check_replay(replay)
     with one_thread():
         return _PairCompare(target_dump, golden_dump, policy or Policy(), shape_flag, tick,
-                            replay, replay_jobs).run()
+                            replay, replay_jobs, measured).run()
 
 
 REPLAY_MODES = ("auto", "all", "off")

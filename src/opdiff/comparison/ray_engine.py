@@ -18,13 +18,16 @@ only when this engine is chosen (`pip install opdiff[ray]`).
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import socket
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 from ..errors import OpdiffError
 from .result import CompareResult
 from .runs import Pair, _worker, count_records, unspooled
+from .shards import Scores, measure_shard, merged, plan
 from .spool import Spool, SpoolFile
 from .verdicts import Policy
 
@@ -45,24 +48,72 @@ def _ray() -> Any:
     return ray
 
 
-PROBE_S = 5.0
+REACH_TIMEOUT_S = 5.0
+_ADDRESS = re.compile(r"^(?:ray://)?(\[[^\]]+\]|[^:/\s]+):(\d+)$")
 
 
-def _probe(address: Optional[str]) -> None:
-    """An EngineError when `address` names a host:port where nothing listens (`ray.init` would
-    retry its GCS for minutes there). "auto", None and addresses without a port are Ray's."""
-    if not address or address == "auto":
+def one_line(exc: BaseException) -> str:
+    """`Type: first line of the message`: how a Ray failure is quoted in an EngineError."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
+def reachable(address: Optional[str]) -> None:
+    """Raise EngineError (one line) unless `address` is None, "auto" or a host:port (also
+    ray://host:port) that accepts a connection within REACH_TIMEOUT_S: Ray itself retries its
+    GCS for minutes on an address where nothing listens."""
+    if address is None or address == "auto":
         return
-    where = address.split("://", 1)[-1]
-    host, sep, port = where.rpartition(":")
-    if not sep or not port.isdigit():
-        return
+    m = _ADDRESS.match(address.strip())
+    if m is None:
+        raise EngineError(f"--ray-address {address!r}: expected auto, HOST:PORT or "
+                          "ray://HOST:PORT")
+    host, port = m.group(1).strip("[]"), int(m.group(2))
     try:
-        socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), PROBE_S).close()
+        socket.create_connection((host, port), timeout=REACH_TIMEOUT_S).close()
     except OSError as exc:
         raise EngineError(f"cannot reach the Ray cluster at {address}: nothing answers there "
                           f"({exc.strerror or type(exc).__name__}); start it with `ray start "
                           f"--head` or pass the address `ray status` shows") from None
+
+
+@contextlib.contextmanager
+def joined(address: Optional[str]) -> Iterator[Any]:
+    """Ray, joined to the cluster at `address` ("auto", "host:6379", "ray://host:10001"; None
+    starts a local one), or to the one this process joined already; a cluster joined here is
+    left on exit. Used by compare's and check's Ray engines."""
+    ray = _ray()
+    started = False
+    if not ray.is_initialized():
+        reachable(address)
+        try:
+            ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                     configure_logging=False)
+        except Exception as exc:  # noqa: BLE001 - Ray raises many kinds for an unreachable head
+            raise EngineError(f"cannot start or reach the Ray cluster at {address or 'local'}: "
+                              f"{one_line(exc)}") from None
+        started = True
+    try:
+        yield ray
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def fetched(ray: Any, ref: Any, what: str) -> Any:
+    """`ray.get(ref)`, with a task's failure as one line: the dump's own OpdiffError as the
+    local engine raises it, else an EngineError saying `what` failed (after MAX_RETRIES for a
+    worker or node lost). Never a partial result."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as exc:
+        cause = exc.cause if getattr(exc, "cause", None) is not None else exc
+        if isinstance(cause, OpdiffError):
+            raise cause from None     # the dump's own error, as the local engine says it
+        raise EngineError(f"{what} failed in its Ray task: {one_line(cause)}") from None
+    except ray.exceptions.RayError as exc:   # the worker died MAX_RETRIES + 1 times, node lost...
+        raise EngineError(f"{what} failed on the Ray cluster after {MAX_RETRIES} retries "
+                          f"({one_line(exc)}); no partial result is written") from None
 
 
 def _pin(path: str, pins: Mapping[str, str]) -> Optional[str]:
@@ -82,36 +133,35 @@ def run_pairs_ray(pairs: list[Pair], policy: Policy, *, shape_flag: bool = False
                   address: Optional[str] = None,
                   pins: Optional[Mapping[str, str]] = None,
                   tick: Optional[Callable[[int], None]] = None,
-                  on_pair: Optional[Callable[[Pair], None]] = None) -> list[CompareResult]:
+                  on_pair: Optional[Callable[[Pair], None]] = None,
+                  shard_bytes: Optional[int] = None) -> list[CompareResult]:
     """Every (target, golden) pair compared in a Ray task; results in the order of `pairs`.
 
     address: a running cluster ("auto", "ray://host:10001", "host:6379"); None starts a local
     one for this call (or uses the one this process already joined).
+    shard_bytes: a pair whose saved tensors hold more is measured in shards of about this many
+    bytes, each its own task (`shards.py`), before its pair task aligns, judges and blames;
+    None: one task per pair.
     tick, on_pair, replay_jobs: as for `runs.run_pairs`.
     """
-    ray = _ray()
     advance: Callable[[int], None] = tick or (lambda n: None)
     finished: Callable[[Pair], None] = on_pair or (lambda p: None)
-    started = False
-    if not ray.is_initialized():
-        _probe(address)
-        try:
-            ray.init(address=address, include_dashboard=False, log_to_driver=False,
-                     configure_logging=False)
-        except Exception as exc:  # noqa: BLE001 - Ray raises many kinds for an unreachable head
-            raise EngineError(f"cannot start or reach the Ray cluster at {address or 'local'}: "
-                              f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
-                              ) from exc
-        started = True
-    try:
+    with joined(address) as ray:
         task = ray.remote(num_cpus=1, max_retries=MAX_RETRIES, retry_exceptions=False,
                           num_returns=2)(_remote)
+        opts = [_options(str(t.path), pins or {}) for t, _g in pairs]
+        plans = _plans(ray, pairs, opts, shard_bytes, shape_flag)
+        measure = ray.remote(num_cpus=1, max_retries=MAX_RETRIES,
+                             retry_exceptions=False)(measure_shard)
         refs = []
-        for t, g in pairs:
-            resource = _pin(str(t.path), pins or {})
-            opts: dict[str, Any] = {"resources": {resource: PIN_SHARE}} if resource else {}
-            refs.append(task.options(**opts).remote(str(t.path), str(g.path), policy.thresholds,
-                                                    shape_flag, replay, replay_jobs))
+        for i, (t, g) in enumerate(pairs):
+            groups = _get(ray, plans[i], pairs[i]) if plans else []
+            # the shards' scores go straight to the pair task (Ray passes them), not through here
+            parts = [measure.options(**opts[i]).remote(str(t.path), str(g.path), group)
+                     for group in groups]
+            refs.append(task.options(**opts[i]).remote(str(t.path), str(g.path),
+                                                       policy.thresholds, shape_flag, replay,
+                                                       replay_jobs, *parts))
         where = {outcome: i for i, (outcome, _rows) in enumerate(refs)}
         spool = Spool()
         results: list[Optional[CompareResult]] = [None] * len(refs)
@@ -129,36 +179,37 @@ def run_pairs_ray(pairs: list[Pair], policy: Policy, *, shape_flag: bool = False
             advance(count_records(pairs[i][0]))
             finished(pairs[i])
         return [r for r in results if r is not None]
-    finally:
-        if started:
-            ray.shutdown()
+
+
+def _options(path: str, pins: Mapping[str, str]) -> dict[str, Any]:
+    """A pair's task options: on the node offering its pin's resource, if it has one."""
+    resource = _pin(path, pins)
+    return {"resources": {resource: PIN_SHARE}} if resource else {}
+
+
+def _plans(ray: Any, pairs: list[Pair], opts: list[dict[str, Any]], shard_bytes: Optional[int],
+           shape_flag: bool) -> list[Any]:
+    """Each pair's shard plan, as a task beside its dumps (refs); [] when not sharding."""
+    if not shard_bytes:
+        return []
+    planner = ray.remote(num_cpus=1, max_retries=MAX_RETRIES, retry_exceptions=False)(plan)
+    return [planner.options(**o).remote(str(t.path), str(g.path), shard_bytes, shape_flag)
+            for (t, g), o in zip(pairs, opts)]
 
 
 def _remote(target_path: str, golden_path: str, thresholds: Any, shape_flag: bool,
-            replay: str, replay_jobs: Optional[int] = None
+            replay: str, replay_jobs: Optional[int] = None, *parts: Scores
             ) -> tuple[tuple[CompareResult, SpoolFile], bytes]:
-    """A Ray task: (the pair's outcome without rows, where they lie), the spool bytes."""
+    """A Ray task: (the pair's outcome without rows, where they lie), the spool bytes. `parts`:
+    its shards' scores (Ray hands the shard tasks' results over once they are done)."""
     compact, meta, blob = _worker(target_path, golden_path, thresholds, shape_flag, replay, None,
-                                  replay_jobs)
+                                  replay_jobs, merged(parts) if parts else None)
     return (compact, meta), blob or b""
 
 
 def _get(ray: Any, ref: Any, pair: Pair) -> Any:
-    t = pair[0]
-    try:
-        return ray.get(ref)
-    except ray.exceptions.RayTaskError as exc:
-        cause = exc.cause if getattr(exc, "cause", None) is not None else exc
-        if isinstance(cause, OpdiffError):
-            raise cause from None     # the dump's own error, as the local engine says it
-        raise EngineError(f"comparing step {t.step} rank {t.rank} failed in its Ray task: "
-                          f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
-                          ) from None
-    except ray.exceptions.RayError as exc:   # the worker died MAX_RETRIES + 1 times, node lost...
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise EngineError(f"comparing step {t.step} rank {t.rank} failed on the Ray cluster after "
-                          f"{MAX_RETRIES} retries ({type(exc).__name__}: {first}); no partial "
-                          f"result is written") from None
+    return fetched(ray, ref, f"comparing step {pair[0].step} rank {pair[0].rank}")
 
 
-__all__ = ["run_pairs_ray", "EngineError", "MAX_RETRIES"]
+__all__ = ["run_pairs_ray", "EngineError", "MAX_RETRIES", "joined", "reachable", "fetched",
+           "one_line"]

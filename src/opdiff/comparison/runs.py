@@ -119,10 +119,11 @@ def count_records(dump: DumpSource) -> int:
 
 def _worker(target_path: str, golden_path: str, thresholds: Thresholds, shape_flag: bool,
             replay: str = "auto", spool_path: Optional[str] = None,
-            replay_jobs: Optional[int] = None
+            replay_jobs: Optional[int] = None, measured: Optional[dict[Any, Any]] = None
             ) -> tuple[CompareResult, SpoolFile, Optional[bytes]]:
     """Compare one pair in a worker; its rows go to `spool_path` (this machine's disk) or, when
-    None, come back as the spool file's bytes (a remote task: the driver writes them)."""
+    None, come back as the spool file's bytes (a remote task: the driver writes them).
+    measured: its tensor pairs measured already by shard tasks (`shards.py`)."""
     import torch
 
     torch.set_num_threads(1)  # the processes already use every core
@@ -132,7 +133,7 @@ def _worker(target_path: str, golden_path: str, thresholds: Thresholds, shape_fl
 
     t, g = discover(target_path)[0], discover(golden_path)[0]
     result = compare_pair(t, g, policy=Policy(thresholds), shape_flag=shape_flag, replay=replay,
-                          replay_jobs=replay_jobs)
+                          replay_jobs=replay_jobs, measured=measured)
     return spooled(result, spool_path)
 
 
