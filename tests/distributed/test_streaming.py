@@ -11,12 +11,11 @@ import json
 import os
 import pickle
 import re
-import shutil
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import torch
+from rank_dumps import dump_ranks
 
 import opdiff
 from opdiff.comparison.pair import compare_pair
@@ -28,44 +27,17 @@ from opdiff.report import write_outputs
 from opdiff.report.console import verdict_line
 from opdiff.report.html import page_view
 from opdiff.store.adapters import discover
-from opdiff.testing.faults import inject_fault
 
 pytestmark = pytest.mark.slow
 
 
-def _stats_root(root: Path, ranks: int, faulty: int | None) -> Path:
-    """step0/rank{r}: each rank its own input (as data-parallel ranks have), one rank faulty."""
-    for r in range(ranks):
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(),
-                                    torch.nn.Linear(16, 16), torch.nn.GELU(),
-                                    torch.nn.Linear(16, 2))
-        torch.manual_seed(100 + r)
-        x = torch.randn(4, 8)
-        tmp = root / f"_r{r}"
-        dbg = opdiff.PrecisionDebugger(dump_path=str(tmp), level="L1", task="statistics")
-        with inject_fault("Functional.gelu", call=1, scale=1.05) if r == faulty \
-                else _nothing():
-            dbg.start()
-            model(x).sum().backward()
-            dbg.stop()
-        shutil.copytree(tmp / "step0" / "rank0", root / "step0" / f"rank{r}")
-        shutil.rmtree(tmp)
-    return root
-
-
-class _nothing:  # noqa: N801
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
 @pytest.fixture(scope="module")
 def stats_roots(tmp_path_factory):
+    """3 ranks, each its own batch, a gelu fault on rank 2 of the target (statistics)."""
     tmp = tmp_path_factory.mktemp("stream")
-    return _stats_root(tmp / "target", 3, faulty=2), _stats_root(tmp / "golden", 3, None)
+    return tuple(dump_ranks(tmp / name, task="statistics", ranks=3, hidden=2, faulty=faulty,
+                            call=1, own_inputs=True)
+                 for name, faulty in (("target", {2}), ("golden", set())))
 
 
 def _in_memory(target: str, golden: str, out: Path):
