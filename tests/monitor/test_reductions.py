@@ -1,7 +1,7 @@
 """The numbers the monitor records are the norms and maxima of what ran, whichever kernel took
-them: BLAS dot for aligned contiguous float32 on CPU, vector_norm for views, transposes and
-bf16, float64 when float32 squares overflow on finite values, for module outputs, gradients and
-parameters alike."""
+them: BLAS dot for aligned contiguous float32 module outputs and gradients on CPU, vector_norm for
+views, transposes and bf16, float64 when float32 squares overflow on finite values; and
+_foreach_norm for parameters, gradients and optimizer state."""
 from __future__ import annotations
 
 import math
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import opdiff
-from opdiff.monitor.parameters import foreach_norms
+from opdiff.monitor.parameters import ParameterProbe
 from opdiff.trend import read_run
 
 
@@ -92,12 +92,20 @@ def test_finite_values_whose_float32_squares_overflow_are_measured_in_float64(tm
     assert stream.series("0.weight:norm")[0] == pytest.approx(expected, rel=1e-6)   # parameter
 
 
-def test_parameter_side_norms_agree_with_float64_on_every_path():
+def test_parameter_side_norms_agree_with_float64_and_survive_float32_overflow():
     torch.manual_seed(0)
-    tensors = [torch.randn(8192), torch.randn(100, 50).t(), torch.randn(8193)[1:],
-               torch.randn(4096).to(torch.bfloat16), torch.randn(7), torch.full((5000,), 1e20),
-               torch.tensor([1.0, math.inf] * 3000), torch.tensor([1.0, math.nan] * 3000)]
-    got = [n if type(n) is float else n.item() for n in foreach_norms(tensors)]
-    for t, n in zip(tensors[:6], got):
-        assert n == pytest.approx(_norm64(t), rel=1e-2 if t.dtype == torch.bfloat16 else 1e-6)
-    assert got[6] == math.inf and math.isnan(got[7])
+    model = torch.nn.Module()
+    values = {"plain": torch.randn(8192), "large": torch.full((5000,), 1e20),
+              "low": torch.randn(4096).to(torch.bfloat16), "small": torch.randn(7),
+              "inf": torch.tensor([1.0, math.inf] * 3000), "nan": torch.tensor([1.0, math.nan] * 3000)}
+    for name, v in values.items():
+        model.register_parameter(name, torch.nn.Parameter(v))
+        getattr(model, name).grad = v * 2
+    probe = ParameterProbe(model)
+    out, grad_norm = probe.finish([t.item() for t in probe.pending()])
+    for name, v in list(values.items())[:4]:
+        rel = 1e-2 if v.dtype == torch.bfloat16 else 1e-6
+        assert out[f"{name}:norm"] == pytest.approx(_norm64(v), rel=rel), name
+        assert out[f"{name}:grad_norm"] == pytest.approx(2 * _norm64(v), rel=rel), name
+    assert out["inf:norm"] == math.inf and math.isnan(out["nan:norm"])
+    assert math.isnan(grad_norm)

@@ -334,15 +334,16 @@ class Monitor:
 
 
 def _to_host(tensors: list) -> list:
-    """Python floats of the step's 0-d tensors (and of the floats already read on the host): read
-    directly on CPU (a read there is free, cheaper than stacking them), one transfer per device
-    elsewhere."""
+    """Python floats of the step's 0-d tensors: read directly on CPU (a read there is free,
+    cheaper than stacking them), one transfer per device elsewhere."""
+    if not tensors:
+        return []
+    if all(t.is_cpu for t in tensors):
+        return [t.item() for t in tensors]
     out: list = [None] * len(tensors)
     by_device: dict = {}
     for i, t in enumerate(tensors):
-        if type(t) is float:
-            out[i] = t
-        elif t.is_cpu:
+        if t.is_cpu:
             out[i] = t.item()
         else:
             by_device.setdefault(t.device, []).append(i)

@@ -23,30 +23,18 @@ import torch
 from .stream import column
 
 
-# On CPU, tensors of at least this many elements are reduced one by one with BLAS dot (a third
-# cheaper than _foreach_norm there, which is a loop over vector_norm); smaller ones together.
-_DOT_MIN = 4096
-_DOT_DTYPES = (torch.float32, torch.float64)
-
-
 def foreach_norms(tensors: list) -> list:
-    """L2 norms of `tensors`, in as few kernels as the dtypes allow: float32 0-d tensors, or, for
-    large float32/float64 CPU tensors, host floats (sqrt of dot(x, x), read at once: a scalar read
-    on CPU is free)."""
+    """L2 norms of `tensors` as float32 0-d tensors, in as few kernels as the dtypes allow."""
     if not tensors:
         return []
     groups: dict = {}
-    out: list = [None] * len(tensors)
     if all(t.is_cpu for t in tensors):      # t.device makes a Python object per call
         for i, t in enumerate(tensors):
-            if t.numel() >= _DOT_MIN and t.dtype in _DOT_DTYPES and t.is_contiguous() and \
-                    not t.data_ptr() % 64:     # aligned: the same bits in every run
-                out[i] = _dot_norm(t)
-            else:
-                groups.setdefault(t.dtype, []).append(i)
+            groups.setdefault(t.dtype, []).append(i)
     else:
         for i, t in enumerate(tensors):
             groups.setdefault((t.device, t.dtype), []).append(i)
+    out: list = [None] * len(tensors)
     for key, idxs in groups.items():
         dtype = key if isinstance(key, torch.dtype) else key[1]
         chunk = [tensors[i] for i in idxs]
@@ -57,15 +45,6 @@ def foreach_norms(tensors: list) -> list:
         for i, n in zip(idxs, norms):
             out[i] = n if n.dtype == torch.float32 else n.float()
     return out
-
-
-def _dot_norm(t: torch.Tensor) -> float:
-    flat = t.view(-1)
-    sq = torch.dot(flat, flat).item()
-    if sq < math.inf:
-        return math.sqrt(sq)
-    # inf/NaN, or finite values whose float32 sum of squares overflows: the wider norm says which
-    return torch.linalg.vector_norm(t, dtype=torch.float64).item()
 
 
 class ParameterProbe:
@@ -93,6 +72,7 @@ class ParameterProbe:
         self._grad_columns: list = []
         self._column_names: dict = {}             # quantity -> column per parameter, made once
         self._state_cache: Optional[tuple] = None
+        self._sources: list = []                  # the tensors of the last pending(), in order
         if optimizer is not None and self.update_norm:
             self._handle = optimizer.register_step_pre_hook(self._before_step)
 
@@ -131,25 +111,29 @@ class ParameterProbe:
         layout: list = []
         tensors: list = []
 
-        def add(norms, columns):
-            layout.extend(zip(columns, range(len(tensors), len(tensors) + len(norms))))
-            tensors.extend(norms)
+        sources: list = []
+
+        def add(of, columns):
+            layout.extend(zip(columns, range(len(tensors), len(tensors) + len(of))))
+            tensors.extend(foreach_norms(of))
+            sources.extend(of)
 
         every = range(len(self.params))
         with torch.no_grad():
-            add(foreach_norms(self.params), self._columns("norm", every))
+            add(self.params, self._columns("norm", every))
             with_grad = [i for i, p in enumerate(self.params) if p.grad is not None]
             grad_columns = self._columns("grad_norm", with_grad)
-            add(foreach_norms([self.params[i].grad for i in with_grad]), grad_columns)
+            add([self.params[i].grad for i in with_grad], grad_columns)
             if self.update_norm and self._copied:
                 params: list[torch.Tensor] = [self.params[i] for i in self.updated]
                 before = cast(list, self._before)   # _copied: the pre-hook filled it
                 torch._foreach_sub_(before, params)     # now minus the update
-                add(foreach_norms(before), self._columns("update_norm", self.updated))
+                add(before, self._columns("update_norm", self.updated))
             for key, idxs, states in self._state_tensors():
-                add(foreach_norms(states), self._columns(f"{key}_norm", idxs))
+                add(states, self._columns(f"{key}_norm", idxs))
         self._layout = layout
         self._grad_columns = grad_columns
+        self._sources = sources
         return tensors
 
     def _state_tensors(self):
@@ -189,6 +173,13 @@ class ParameterProbe:
     def finish(self, host: list) -> tuple[dict, Optional[float]]:
         """({column: value}, global gradient norm or None) from the host copies of `pending()`."""
         out = {col: host[pos] for col, pos in self._layout}
+        if math.inf in host:
+            # A float32 norm that overflowed, maybe on finite values (Adam's exp_avg_sq of large
+            # gradients): the float64 norm says which (the tensors are as pending() saw them).
+            for col, pos in self._layout:
+                if host[pos] == math.inf:
+                    out[col] = torch.linalg.vector_norm(self._sources[pos], dtype=torch.float64).item()
+        self._sources = []
         sq = [out[c] ** 2 for c in self._grad_columns]
         grad_norm = math.sqrt(math.fsum(sq)) if sq else None
         return out, grad_norm
