@@ -1,8 +1,10 @@
 """Multi-rank compare: wall time of the local engine (process pool) against the Ray engine
-(one task per step/rank pair), and the driver's peak memory, on synthetic many-rank dumps.
+(one task per step/rank pair, or `ray-shards`: each pair's tensor measurements cut into shard
+tasks of `--shard-mb`), the driver's peak memory, and how the work spread over Ray's tasks and
+workers (Ray's timeline), on synthetic many-rank dumps.
 
     python benchmarks/bench_ranks.py [--ranks 8 64] [--tensor-ranks 8] [--layers 24] [--dir DIR]
-                                     [--repeat 3]
+                                     [--repeat 3] [--engines local ray ray-shards]
 
 The dumps are generated, not trained: one forward+backward step of a `--layers`-deep MLP is
 recorded by opdiff's own writer (PrecisionDebugger, task statistics or tensor), target with a
@@ -78,28 +80,50 @@ def _rss_mib() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def measure(target: str, golden: str, engine: str) -> dict:
+def _spread_over_tasks(ray) -> dict:
+    """From Ray's timeline (task events of this cluster, which ran only this compare): tasks by
+    function, and each worker's seconds executing them."""
+    time.sleep(2.0)                  # task events reach the GCS after a short delay
+    kinds: dict[str, int] = {}
+    busy: dict[str, float] = {}
+    for e in ray.timeline():
+        if str(e.get("cat", "")).startswith("task::"):
+            kind = str(e["name"]).rsplit(".", 1)[-1]
+            kinds[kind] = kinds.get(kind, 0) + 1
+        elif e.get("cat") == "task:execute":
+            busy[e["tid"]] = busy.get(e["tid"], 0.0) + float(e["dur"]) / 1e6
+    return {"tasks": kinds, "worker_s": sorted(busy.values())}
+
+
+def measure(target: str, golden: str, engine: str, shard_mb: float = 0.5) -> dict:
     """One compare in this process, report files written: wall seconds, driver peak RSS and its
-    growth during the compare (MiB), rows, first divergence."""
+    growth during the compare (MiB), rows, first divergence; for Ray, how the work was spread
+    over its tasks and workers. engine "ray-shards": Ray with `ray_shard_mb=shard_mb`."""
     import opdiff
     import opdiff.comparison.pair  # noqa: F401 - torch and the comparison, before the baseline
     import opdiff.report.html  # noqa: F401
 
-    if engine == "ray":
+    ray = None
+    if engine.startswith("ray"):
         import ray
 
         ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+    extra = {"ray_shard_mb": shard_mb} if engine == "ray-shards" else {}
     out = tempfile.mkdtemp(prefix="bench_ranks_out_")
     before = _rss_mib()
     start = time.perf_counter()
-    result = opdiff.compare(target, golden, output_path=out, engine=engine, progress=False)
+    result = opdiff.compare(target, golden, output_path=out, engine=engine.split("-")[0],
+                            progress=False, **extra)
     wall = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     fd = result.first_divergence
     rows = len(result.rows)
     shutil.rmtree(out)
-    return {"wall": wall, "peak_mib": peak, "growth_mib": peak - before, "rows": rows,
-            "first": f"{fd.name} rank {fd.rank}" if fd else None}
+    got = {"wall": wall, "peak_mib": peak, "growth_mib": peak - before, "rows": rows,
+           "first": f"{fd.name} rank {fd.rank}" if fd else None}
+    if ray is not None:
+        got.update(_spread_over_tasks(ray))
+    return got
 
 
 def _spread(values: list[float], digits: int) -> str:
@@ -111,21 +135,24 @@ def _spread(values: list[float], digits: int) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--ranks", type=int, nargs="+", default=[8, 64])
+    p.add_argument("--ranks", type=int, nargs="*", default=[8, 64])
     p.add_argument("--tensor-ranks", type=int, nargs="*", default=[8])
     p.add_argument("--layers", type=int, default=24)
     p.add_argument("--dir", default=None)
     p.add_argument("--repeat", type=int, default=1, help="runs per case (median and range)")
-    p.add_argument("--engines", nargs="+", default=["local", "ray"])
+    p.add_argument("--engines", nargs="+", default=["local", "ray", "ray-shards"],
+                   help="local, ray (a task per pair), ray-shards (pairs cut by --shard-mb)")
+    p.add_argument("--shard-mb", type=float, default=0.5,
+                   help="ray-shards: MiB of saved tensors per shard task (tensor dumps)")
     p.add_argument("--one", nargs=3, metavar=("TARGET", "GOLDEN", "ENGINE"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
-        print(json.dumps(measure(*args.one)))
+        print(json.dumps(measure(*args.one, shard_mb=args.shard_mb)))
         return
     base = Path(args.dir or tempfile.mkdtemp(prefix="bench_ranks_"))
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; "
           f"{args.repeat} run(s) per case: median (min-max)")
-    print(f"{'dump':<18} {'engine':<6} {'wall s':>18} {'driver peak MiB':>18} "
+    print(f"{'dump':<18} {'engine':<10} {'wall s':>18} {'driver peak MiB':>18} "
           f"{'compare growth MiB':>20} {'rows':>6}  first divergence")
     cases = [("statistics", n) for n in args.ranks] + [("tensor", n) for n in args.tensor_ranks]
     for task, n in cases:
@@ -137,20 +164,26 @@ def main() -> None:
             env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
             runs = []
             for _ in range(args.repeat):
-                out = subprocess.run([sys.executable, __file__, "--one", str(t), str(g), engine],
+                out = subprocess.run([sys.executable, __file__, "--one", str(t), str(g), engine,
+                                      "--shard-mb", str(args.shard_mb)],
                                      capture_output=True, text=True, env=env)
                 if out.returncode != 0:
-                    print(f"{task} {n:>3} ranks  {engine:<6} failed: {out.stderr.strip()[-300:]}")
+                    print(f"{task} {n:>3} ranks  {engine:<10} failed: {out.stderr.strip()[-300:]}")
                     break
                 runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
             if not runs:
                 continue
             m = runs[0]
-            print(f"{task + ' ' + str(n) + ' ranks':<18} {engine:<6} "
+            print(f"{task + ' ' + str(n) + ' ranks':<18} {engine:<10} "
                   f"{_spread([r['wall'] for r in runs], 1):>18} "
                   f"{_spread([r['peak_mib'] for r in runs], 0):>18} "
                   f"{_spread([r['growth_mib'] for r in runs], 0):>20} {m['rows']:>6}  {m['first']}",
                   flush=True)
+            if "tasks" in m:      # the work spread over Ray's tasks and workers (first run)
+                busy = m["worker_s"]
+                print(f"{'':<25} tasks {m['tasks']}; {len(busy)} workers busy "
+                      f"{min(busy):.1f}-{max(busy):.1f} s each ({sum(busy):.1f} s in all)",
+                      flush=True)
     if not args.dir:
         shutil.rmtree(base)
 

@@ -11,8 +11,11 @@ the ranks whose own input to the same collective (same group, same seq, same ste
 When no participating rank's input differs, opdiff cannot tell where the difference came from
 and says so in the reason; the collective is still not called a local error.
 
-Collectives issued inside C++ (DDP's bucketed gradient all-reduce) are not recorded at L1, so
-a gradient difference they carry is not attributed here.
+Collectives issued inside backward hooks (DDP's bucketed gradient all-reduce, FSDP2's gradient
+reduce-scatter) are recorded only when the user opts in (`capture.collectives`'s
+`record_ddp_allreduce(ddp)`, `record_fsdp_reduce_scatter(model)`); without that, a gradient
+difference they carry is not attributed here. Tensor parallelism's functional collectives
+(DTensor's all_reduce) are recorded as `Distributed.*` like the others.
 """
 from __future__ import annotations
 
