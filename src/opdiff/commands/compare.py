@@ -6,6 +6,7 @@ import argparse
 EXAMPLE = """example:
   opdiff compare ./dump/npu ./dump/cpu -o ./out
   opdiff compare ./dump/npu ./dump/gpu -o ./out --engine ray --ray-address auto
+  opdiff compare ./dump/npu ./dump/gpu -o ./out --engine ray --shard-mb 256   # big tensor dumps
   opdiff compare ./dump/bf16/step0/rank0 ./dump/fp32/step0/rank0 --threshold bf16=0.02 \\
       --fail-on-divergence
 
