@@ -158,3 +158,28 @@ def test_single_rank_group_records_collectives_and_rank(tmp_path, dump_root):
     assert names == ["Distributed.all_reduce.0.forward", "Distributed.broadcast.0.forward",
                      "Distributed.all_gather.0.forward", "Distributed.reduce_scatter.0.forward"]
     assert find_dumps(dump_root)[0].name == "rank0"
+
+
+def test_a_dtensor_is_its_local_shard_and_a_functional_collective_is_numbered(tmp_path,
+                                                                            dump_root):
+    # (2 and 4 gloo processes under TP: tests/distributed/test_fsdp_tp.py)
+    from torch.distributed import _functional_collectives as funcol
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        dt = distribute_tensor(torch.arange(8.0).reshape(4, 2), mesh, [Shard(0)])
+        with opdiff.dump(None, dump_root, level="L1"):
+            torch.mul(dt, 2.0)
+            reduced = funcol.all_reduce(torch.full((3,), 2.0), "sum", dist.group.WORLD)
+        recs = _records(find_dumps(dump_root)[0])
+    finally:
+        dist.destroy_process_group()
+    shard = recs["Torch.mul.0.forward"]["inputs"][0]
+    assert shard["placement"] == {"placements": ["S(0)"], "coordinate": [0], "global_shape": [4, 2]}
+    assert shard["shape"] == [4, 2] and _max(shard) == 7.0
+    got = recs["Distributed.all_reduce.0.forward"]
+    assert got["group"] == {"ranks": [0], "seq": 0}
+    assert _max(got["outputs"][0]) == 2.0 and float(reduced.max()) == 2.0
