@@ -162,7 +162,7 @@ def test_single_rank_group_records_collectives_and_rank(tmp_path, dump_root):
 
 def test_a_dtensor_is_its_local_shard_and_a_functional_collective_is_numbered(tmp_path,
                                                                             dump_root):
-    # (2 and 4 gloo processes under TP: tests/distributed/test_fsdp_tp.py)
+    # (2 gloo processes under TP and FSDP2: tests/distributed/test_fsdp_tp.py)
     from torch.distributed import _functional_collectives as funcol
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
