@@ -1,7 +1,7 @@
-"""The numbers the monitor records are the norms and maxima of what ran, whichever kernel took
-them: BLAS dot for aligned contiguous float32 module outputs and gradients on CPU, vector_norm for
-views, transposes and bf16, float64 when float32 squares overflow on finite values; and
-_foreach_norm for parameters, gradients and optimizer state."""
+"""The numbers the monitor records are the norms and maxima of what ran, whatever the layout
+(contiguous, transposed, a view that does not start at its allocation, bf16), and finite values
+whose float32 squares overflow are measured in float64: for module outputs and gradients, and
+for parameters, gradients and optimizer state."""
 from __future__ import annotations
 
 import math
@@ -64,8 +64,7 @@ def test_every_reduction_path_records_the_norm_and_max_of_the_output(tmp_path):
         model(x).backward()
         mon.step()
     stream = read_run(tmp_path).ranks[0]
-    assert seen["dense"][1:] == (True, 0)                         # BLAS dot
-    assert not seen["turn"][1] and seen["view"][2]                # vector_norm
+    assert seen["dense"][1] and not seen["turn"][1] and seen["view"][2]     # the layouts
     for name in ("dense", "turn", "view", "low"):
         out = seen[name][0]
         rel = 1e-2 if out.dtype == torch.bfloat16 else 1e-6

@@ -9,12 +9,11 @@ NaN/inf counts, and the L2 norm of the gradient flowing back into that output.
 
 The reductions run as each module returns: an output can be overwritten in place right after
 (BatchNorm then ReLU(inplace=True)), and the tensor is still in the cache. Two passes forward
-(sum of squares, aminmax; on CPU the inf-norm costs twenty times aminmax), one backward (sum of
-squares). On CPU the sum of squares of a float32/float64 tensor is BLAS dot(x, x), a third
-cheaper than vector_norm there, and the values are read at once (a scalar read there is free;
-keeping 0-d tensors and stacking them cost more); NaN/inf are counted only when the sum is not
-finite. On an accelerator, where reading would sync, the counts are taken on the device too and
-everything stays there as 0-d tensors until the Monitor's one transfer per step.
+(norm, aminmax; on CPU the inf-norm costs twenty times aminmax), one backward (norm). On CPU
+the values are read at once (a scalar read there is free; keeping 0-d tensors and stacking them
+cost more) and NaN/inf are counted only when a norm is not finite; on an accelerator, where
+reading would sync, the counts are taken on the device too and everything stays there as 0-d
+tensors until the Monitor's one transfer per step.
 
 Gradients are taken with a pre-hook on the autograd node that made each output, never a module
 backward hook (those change how autograd accumulates and break with in-place ops). Hooks hold
@@ -34,7 +33,6 @@ from ..errors import OverflowDetected
 from .stream import column
 
 _NO_DTYPE = (torch.float32,)        # reduce these without a dtype argument
-_DOT_DTYPES = (torch.float32, torch.float64)
 
 
 class quiet:
@@ -69,18 +67,6 @@ def norm2(t: torch.Tensor) -> torch.Tensor:
     if t.dtype == torch.float64:
         return torch.linalg.vector_norm(t).float()
     return torch.linalg.vector_norm(t, dtype=torch.float32)
-
-
-def sum_of_squares(t: torch.Tensor) -> float:
-    """sum(x * x) of a CPU tensor as a host float, accumulated in float32 or wider. A contiguous
-    float32/float64 tensor that starts on the allocator's 64-byte alignment goes through BLAS dot
-    (MKL's rounding depends on where the data starts, so only aligned ones: the same tensor gives
-    the same bits in every run); anything else through vector_norm."""
-    if t.dtype in _DOT_DTYPES and t.is_contiguous() and not t.data_ptr() % 64:
-        flat = t.view(-1)
-        return torch.dot(flat, flat).item()
-    n = norm2(t).item()
-    return n * n
 
 
 def extremes(t: torch.Tensor) -> tuple:
@@ -183,21 +169,20 @@ class _Calls:
             lo, hi = extremes(t) if self.with_max else (None, None)
             self._device_last = (norm2(t), lo, hi, torch.isnan(t).sum(), torch.isinf(t).sum())
             return None
-        sq = sum_of_squares(t)
+        n: float = norm2(t).item()
         if self.with_max:
             lo_t, hi_t = extremes(t)
             lo, hi = lo_t.item(), hi_t.item()
             peak = math.nan if (lo != lo or hi != hi) else max(-lo, hi)
         else:
             peak = 0.0
-        if sq < math.inf:           # finite (NaN compares false)
-            return sq, peak, 0, 0
-        # Counting costs ten times a norm on CPU: only when the sum says something is off.
+        if math.isfinite(n):
+            return n * n, peak, 0, 0
+        # Counting costs ten times a norm on CPU: only when the norm says something is off.
         nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
-        if not (nan or inf):        # finite values whose float32 sum of squares overflows
+        if not (nan or inf):        # finite values whose float32 norm overflows
             n = torch.linalg.vector_norm(t, dtype=torch.float64).item()
-            sq = n * n
-        return sq, peak, nan, inf
+        return n * n, peak, nan, inf
 
     def pending(self) -> list:
         out: list = []
