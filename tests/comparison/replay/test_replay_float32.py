@@ -144,3 +144,26 @@ def test_errors_and_floor_in_one_sweep_are_the_two_functions_numbers(dtype):
                                                    rounding_floor(exact, dtype))
     inf = torch.tensor([1.0, float("inf")], dtype=torch.float64)
     assert errors_and_floor(inf.to(dtype), inf, dtype) is None      # the slow ways decide
+
+
+def test_a_conv_backward_finds_its_autocast_on_one_sample_with_the_same_verdict(bf16_cnn):
+    """The first conv backward (its forward settled without the reference, so the autocast
+    dtype is not known) takes it from one sample: the verdict is the one a backward gets
+    whose forward ran the reference over the whole batch."""
+    from opdiff.comparison.replay.direct import sample_autocast
+
+    records = {r["name"]: r for r in bf16_cnn.records()}
+    rec = next(r for r in records.values()
+               if r["op"] == "Functional.conv2d" and r["phase"] == "backward")
+    fwd = records[rec["forward"]]
+    load = read_once(bf16_cnn.tensor)
+    assert sample_autocast(fwd, load, [torch.bfloat16], [None, torch.bfloat16]) == (
+        torch.bfloat16,)
+    assert sample_autocast(fwd, load, [torch.float16], [None]) is None
+    fresh = replay_record(rec, bf16_cnn.tensor, Policy(), forward_record=fwd, known={})
+    known: dict = {}
+    replay_record(fwd, bf16_cnn.tensor, Policy(), known=known, shortcut=False)
+    assert known                                     # the forward's reference found it
+    warm = replay_record(rec, bf16_cnn.tensor, Policy(), forward_record=fwd, known=known)
+    assert fresh.replayed and fresh.reference == warm.reference
+    assert fresh.tensors == warm.tensors

@@ -236,3 +236,27 @@ def backward_float32(fwd: dict[str, Any], load: Callable[[str], Any], leaves: li
     slack = ((gamma / (1 - gamma) + 2 * chunks * 2.0 ** -53) * norm * (1 + gamma)
              + 2 * k * chunks * _TINY32 * math.sqrt(total.numel())) * (1 + 1e-6)
     return {leaf: (total, slack)}
+
+
+def sample_autocast(fwd: dict[str, Any], load: Callable[[str], Any],
+                    recorded: list[Optional[torch.dtype]], candidates: list[Optional[torch.dtype]]
+                    ) -> Optional[tuple[Optional[torch.dtype]]]:
+    """(the first of `candidates`, a CPU autocast dtype or None for none, under which a conv2d
+    forward gives the recorded output dtypes,) found on the batch's first sample (dtypes do not
+    depend on the batch size), or None: another op, or no candidate reproduces them."""
+    if fwd.get("op") not in _CONV2D or len(recorded) != 1:
+        return None
+    a = _conv2d_arguments(rebuild_call(fwd, load, None))
+    if a is None:
+        return None
+    x = a["input"][:1]
+    for dtype in candidates:
+        try:
+            with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+                out = torch.conv2d(x, a["weight"], a["bias"], a["stride"], a["padding"],
+                                   a["dilation"], a["groups"])
+        except RuntimeError:
+            continue
+        if [out.dtype] == recorded:
+            return (dtype,)
+    return None
