@@ -23,6 +23,7 @@ import torch
 
 from ..store.records import encode_float
 from . import outside
+from .host_stage import HostStaging, stageable
 
 _FLOATING_WIDE = (torch.float32, torch.float64)
 
@@ -223,13 +224,14 @@ class _Small:
     """A small tensor waiting to be reduced with the others of its flush: its values (a float64
     NumPy copy), or _STAGED while they wait in a device staging buffer."""
 
-    __slots__ = ("values", "stats", "descs", "original", "where", "digest")
+    __slots__ = ("values", "stats", "descs", "original", "where", "digest", "staged")
 
     def __init__(self, values, desc: dict):
         self.values, self.stats, self.descs = values, None, [desc]
         self.original: _Small | None = None   # a check (see outside.py): the first description
         self.where = None
         self.digest: int | None = None     # a contiguous CPU tensor's bytes, hashed (outside.py)
+        self.staged: tuple | None = None   # (host buffer, offset, bytes) until flush (host_stage.py)
 
 
 def _settle(device: torch.device) -> None:
@@ -341,6 +343,7 @@ class StatsBatch:
         self._vectors: list[tuple] = []     # (device_vector, numel)
         self._small: list[_Small] = []
         self._staging: dict = {}          # (device, staging dtype) -> _Staging
+        self._host: dict = {}             # dtype -> HostStaging (small CPU tensors, host_stage.py)
         self._unstageable: set = set()    # (device, dtype) whose copy into staging failed
         self._cpu_as_device = cpu_as_device   # tests: take the device path with CPU tensors
         # on_outside(desc, values, where): a tensor shared from an earlier description holds
@@ -370,11 +373,20 @@ class StatsBatch:
         not small (or cannot be staged).
 
         Never through `t.numpy()`: NumPy's view makes the user's storage unresizable for good
-        (FSDP2 frees its unsharded parameters with `storage.resize_(0)`). A CPU tensor is
-        cloned (one call; capture runs without grad) and read by NumPy at flush."""
+        (FSDP2 frees its unsharded parameters with `storage.resize_(0)`). A CPU tensor's bytes
+        are copied into a host buffer (host_stage.py), or, where they do not fill one block or
+        NumPy cannot read the dtype, it is cloned; either is read by NumPy at flush."""
         if not _small(t):
             return None
         if t.is_cpu and not self._cpu_as_device and not t.is_complex():
+            if stageable(t):
+                stage = self._host.get(t.dtype)
+                if stage is None:
+                    stage = self._host[t.dtype] = HostStaging(t.dtype)
+                small = _Small(_STAGED, desc)
+                stage.put(small, t)
+                self._small.append(small)
+                return small
             try:
                 values = t.clone()
             except (RuntimeError, TypeError, NotImplementedError):   # tensor subclasses
@@ -442,6 +454,9 @@ class StatsBatch:
                 for stage in self._staging.values():
                     if stage.waiting:
                         stage.fetch()
+                for host in self._host.values():
+                    if host.waiting:
+                        host.fetch()
                 _host_values(pending)
                 _reduce_small(pending)
                 outside.settle(pending, self.on_outside)
@@ -451,6 +466,7 @@ class StatsBatch:
                         desc["stats"] = None
                     p.values, p.descs = None, []
                 self._staging.clear()
+                self._host.clear()
                 raise
         if not self._descs:
             return

@@ -1,0 +1,105 @@
+"""Small CPU tensors copied, byte for byte, into host staging buffers when they are described.
+
+A small tensor's statistics cost more in per-call overhead than in arithmetic, so its values are
+kept as they are at the moment of description and reduced with the others at flush (stats.py).
+The copy is one `memmove` from the tensor's memory block into a NumPy buffer of its dtype: no
+torch op (a clone is a dispatcher round trip, twice the host time), no NumPy view of the user's
+storage (that would make it unresizable for good), the version counter untouched. At flush each
+buffer becomes float64 values in one conversion, and the bytes of every tensor are hashed there
+(outside.py compares a later read with that hash), not when it is described.
+
+Only tensors whose elements fill one memory block from `data_ptr()` (contiguous, or dense in
+another order of dimensions: statistics do not depend on the order) of a dtype NumPy reads
+exactly are staged; `put` returns False for the others, which are cloned as before.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import torch
+
+# torch dtype -> the NumPy dtype its bytes are read as (bfloat16: as uint16, widened at flush)
+_NUMPY = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16,
+          torch.bfloat16: np.uint16, torch.int8: np.int8, torch.uint8: np.uint8,
+          torch.int16: np.int16, torch.int32: np.int32, torch.int64: np.int64,
+          torch.bool: np.bool_}
+_CHUNK_BYTES = 1 << 20
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_memmove = ctypes.memmove
+
+
+def stageable(t: torch.Tensor) -> bool:
+    """Whether `put` can take t (a small, non-empty, strided CPU tensor is assumed)."""
+    return (type(t) in _PLAIN and t.dtype in _NUMPY and not t.is_neg() and not t.is_conj()
+            and _one_block(t))
+
+
+def _one_block(t: torch.Tensor) -> bool:
+    if t.is_contiguous():
+        return True
+    expected = 1
+    for stride, size in sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+class HostStaging:
+    """Byte copies of small CPU tensors of one dtype, in reusable buffers of 1 MB."""
+
+    def __init__(self, dtype: torch.dtype):
+        self.dtype = dtype
+        self.np_dtype = _NUMPY[dtype]
+        self.itemsize = np.dtype(self.np_dtype).itemsize
+        self.chunks: list = []     # [uint8 buffer, its address, bytes used]
+        self.waiting: list = []    # (_Small, chunk index, byte offset, bytes)
+
+    def put(self, pending, t: torch.Tensor) -> None:
+        """Copy t's values now (the caller checked `stageable`)."""
+        nbytes = t.numel() * self.itemsize
+        chunks = self.chunks
+        if not chunks or chunks[-1][2] + nbytes > chunks[-1][0].size:
+            buf = np.empty(max(_CHUNK_BYTES, nbytes), dtype=np.uint8)
+            chunks.append([buf, buf.ctypes.data, 0])
+        chunk = chunks[-1]
+        start = chunk[2]
+        _memmove(chunk[1] + start, t.data_ptr(), nbytes)
+        chunk[2] = start + nbytes
+        pending.staged = (chunk[0], start, nbytes)
+        self.waiting.append((pending, len(chunks) - 1, start, nbytes))
+
+    def fetch(self) -> None:
+        """Hand each waiting tensor its values as float64 and the hash of its bytes."""
+        hosts = [_wide(buf[:used], self.np_dtype) for buf, _, used in self.chunks]
+        size = self.itemsize
+        for pending, i, start, nbytes in self.waiting:
+            raw = self.chunks[i][0][start:start + nbytes]
+            pending.digest = hash(raw.tobytes())
+            pending.staged = None
+            pending.values = hosts[i][start // size:(start + nbytes) // size]
+        self.waiting.clear()
+        del self.chunks[1:]        # keep one buffer for the next flush
+        if self.chunks:
+            self.chunks[0][2] = 0
+
+
+def same_bytes(pending, t: torch.Tensor) -> bool:
+    """Whether t's memory block holds the bytes staged for `pending` (still waiting for its
+    flush); False when t does not fill one block (outside.py then copies it again)."""
+    buf, start, nbytes = pending.staged
+    if t.numel() * t.element_size() != nbytes or not _one_block(t):
+        return False
+    return ctypes.string_at(t.data_ptr(), nbytes) == buf[start:start + nbytes].tobytes()
+
+
+def _wide(raw: np.ndarray, np_dtype) -> np.ndarray:
+    """float64 values of a buffer's bytes (a copy: the buffer is reused by the next flush)."""
+    values = raw.view(np_dtype)
+    if np_dtype is np.uint16:      # bfloat16: the upper half of a float32, exactly
+        return (values.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return values.astype(np.float64)
+
+
+__all__ = ["HostStaging", "same_bytes", "stageable"]
