@@ -8,9 +8,9 @@ storage (that would make it unresizable for good), the version counter untouched
 buffer becomes float64 values in one conversion, and the bytes of every tensor are hashed there
 (outside.py compares a later read with that hash), not when it is described.
 
-Only tensors whose elements fill one memory block from `data_ptr()` (contiguous, or dense in
-another order of dimensions: statistics do not depend on the order) of a dtype NumPy reads
-exactly are staged; `put` returns False for the others, which are cloned as before.
+Only contiguous tensors of a dtype NumPy reads exactly are staged (`stageable`); the others are
+cloned as before. (A transposed tensor fills one block too, but its values would be summed in
+memory order rather than in its own: the same statistics up to the last bit, not bit for bit.)
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ _NUMPY = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: n
           torch.bfloat16: np.uint16, torch.int8: np.int8, torch.uint8: np.uint8,
           torch.int16: np.int16, torch.int32: np.int32, torch.int64: np.int64,
           torch.bool: np.bool_}
+HOST_DTYPES = frozenset(_NUMPY)
 _CHUNK_BYTES = 1 << 20
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _memmove = ctypes.memmove
@@ -32,7 +33,7 @@ _memmove = ctypes.memmove
 def stageable(t: torch.Tensor) -> bool:
     """Whether `put` can take t (a small, non-empty, strided CPU tensor is assumed)."""
     return (type(t) in _PLAIN and t.dtype in _NUMPY and not t.is_neg() and not t.is_conj()
-            and _one_block(t))
+            and t.is_contiguous())
 
 
 def _one_block(t: torch.Tensor) -> bool:
@@ -71,14 +72,24 @@ class HostStaging:
         self.waiting.append((pending, len(chunks) - 1, start, nbytes))
 
     def fetch(self) -> None:
-        """Hand each waiting tensor its values as float64 and the hash of its bytes."""
-        hosts = [_wide(buf[:used], self.np_dtype) for buf, _, used in self.chunks]
+        """Hand each waiting tensor its values as float64, the hash of its bytes, and its
+        reductions (`columns`): each buffer is reduced where it lies, its tensors being
+        consecutive segments of it."""
         size = self.itemsize
-        for pending, i, start, nbytes in self.waiting:
-            raw = self.chunks[i][0][start:start + nbytes]
-            pending.digest = hash(raw.tobytes())
-            pending.staged = None
-            pending.values = hosts[i][start // size:(start + nbytes) // size]
+        by_chunk: list = [[] for _ in self.chunks]
+        for entry in self.waiting:
+            by_chunk[entry[1]].append(entry)
+        for (buf, _, used), entries in zip(self.chunks, by_chunk):
+            if not entries:
+                continue
+            native = _native(buf[:used], self.np_dtype)
+            wide = native.astype(np.float64)
+            starts = np.fromiter((e[2] // size for e in entries), dtype=np.intp, count=len(entries))
+            for (pending, _, start, nbytes), columns in zip(entries, columns_of(native, wide, starts)):
+                pending.digest = hash(buf[start:start + nbytes].tobytes())
+                pending.staged = None
+                pending.values = wide[start // size:(start + nbytes) // size]
+                pending.columns = columns
         self.waiting.clear()
         del self.chunks[1:]        # keep one buffer for the next flush
         if self.chunks:
@@ -94,12 +105,28 @@ def same_bytes(pending, t: torch.Tensor) -> bool:
     return ctypes.string_at(t.data_ptr(), nbytes) == buf[start:start + nbytes].tobytes()
 
 
-def _wide(raw: np.ndarray, np_dtype) -> np.ndarray:
-    """float64 values of a buffer's bytes (a copy: the buffer is reused by the next flush)."""
+def _native(raw: np.ndarray, np_dtype) -> np.ndarray:
+    """A buffer's bytes as values of their dtype (bfloat16: as the float32 it is the upper half
+    of, exactly)."""
     values = raw.view(np_dtype)
-    if np_dtype is np.uint16:      # bfloat16: the upper half of a float32, exactly
-        return (values.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    return values.astype(np.float64)
+    if np_dtype is np.uint16:
+        return (values.astype(np.uint32) << 16).view(np.float32)
+    return values
 
 
-__all__ = ["HostStaging", "same_bytes", "stageable"]
+def columns_of(native: np.ndarray, wide: np.ndarray, starts: np.ndarray) -> list:
+    """(min, max, sum, sum of squares, all four finite) of each segment of a 1-D array that
+    begins at `starts` (ascending, the first 0), as Python numbers: `native` holds the values
+    in any exact dtype, `wide` the same values as float64. Min and max are taken on `native`
+    (a widening conversion keeps order: the same numbers, half the memory read); the sums
+    accumulate in float64."""
+    with np.errstate(all="ignore"):
+        mn = np.minimum.reduceat(native, starts).astype(np.float64, copy=False)
+        mx = np.maximum.reduceat(native, starts).astype(np.float64, copy=False)
+        total = np.add.reduceat(wide, starts)
+        squares = np.add.reduceat(np.multiply(wide, wide), starts)
+    finite = np.isfinite(mn) & np.isfinite(mx) & np.isfinite(total) & np.isfinite(squares)
+    return list(zip(mn.tolist(), mx.tolist(), total.tolist(), squares.tolist(), finite.tolist()))
+
+
+__all__ = ["HOST_DTYPES", "HostStaging", "columns_of", "same_bytes", "stageable"]
