@@ -384,13 +384,10 @@ class StatsBatch:
 
     def snapshot(self, desc: dict, t: torch.Tensor) -> _Small | None:
         """Queue a copy of a small tensor's values as they are now (reduced at flush with the
-        others), copied by torch into a staging buffer of its device. None for a tensor that is
-        not small (or cannot be staged).
-
-        Never through `t.numpy()`: NumPy's view makes the user's storage unresizable for good
-        (FSDP2 frees its unsharded parameters with `storage.resize_(0)`). A CPU tensor's bytes
-        are copied into a host buffer (host_stage.py), or, where they do not fill one block or
-        NumPy cannot read the dtype, it is cloned; either is read by NumPy at flush."""
+        others): a device tensor's into a staging buffer there; a contiguous CPU tensor's bytes
+        into a host buffer (host_stage.py), other CPU tensors cloned. None for a tensor that is
+        not small (or cannot be staged). Never through `t.numpy()`: NumPy's view makes the
+        user's storage unresizable for good (FSDP2 frees its parameters with `resize_(0)`)."""
         if not _small(t):
             return None
         if t.is_cpu and not self._cpu_as_device and not t.is_complex():
