@@ -71,3 +71,40 @@ def test_a_pending_record_keeps_its_call_facts_off_the_record():
     assert pending.record is record and record == {"name": "Tensor.add_.0.forward"}
     with pytest.raises(AttributeError):       # __slots__: no stray fields
         pending.extra = 1
+
+
+def _walk(skip: int = 1) -> tuple:
+    """The user frames as the uncached walk finds them (the reference for stacks.user_frames)."""
+    import sys
+
+    from opdiff.capture.callsite import is_call_frame
+    from opdiff.store.frames import is_internal
+    f, out = sys._getframe(skip), []
+    while f is not None and len(out) < 12:
+        if not is_internal(f.f_code.co_filename) and not is_call_frame(f.f_code):
+            out.append((f.f_code.co_filename, f.f_lineno, f.f_code.co_name))
+        f = f.f_back
+    return tuple(out)
+
+
+def test_user_frames_cached_per_site_equal_the_walk_and_follow_registrations(tmp_path):
+    import importlib.util
+
+    from opdiff.capture.stacks import user_frames
+    from opdiff.store.frames import register_user_code
+    first = [(user_frames(1), _walk(1)) for _ in range(3)]        # one site, three times
+    other = (user_frames(1), _walk(1))                             # another line
+    assert all(cached == walked for cached, walked in first + [other])
+    assert first[0][0][0][1] != other[0][0][1] and first[0][0] == first[2][0]
+    # a file that looks like torch's is internal until its directory is registered as user code
+    pkg = tmp_path / "site-packages" / "torch"
+    pkg.mkdir(parents=True)
+    (pkg / "looks_internal.py").write_text(
+        "from opdiff.capture.stacks import user_frames\n"
+        "def where():\n    return user_frames(1)\n")
+    spec = importlib.util.spec_from_file_location("looks_internal", pkg / "looks_internal.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert all(f[0] != str(pkg / "looks_internal.py") for f in module.where())
+    register_user_code(str(pkg))
+    assert module.where()[0][:3] == (str(pkg / "looks_internal.py"), 3, "where")

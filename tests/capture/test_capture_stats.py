@@ -490,3 +490,36 @@ def test_an_accelerator_is_settled_before_its_statistics_are_read(monkeypatch):
     stats_mod._settle(torch.device("cuda", 1))
     stats_mod._settle(torch.device("cpu"))
     assert waited == [torch.device("cuda", 1)]
+
+
+def test_host_staged_statistics_equal_the_cloned_path_bit_for_bit():
+    # Small contiguous CPU tensors are copied byte for byte into host buffers and reduced where
+    # they lie (min/max in their own dtype); the cloned path (cpu_stats, non-contiguous tensors)
+    # concatenates float64 copies. Both must give the very same numbers, specials included.
+    from opdiff.capture import stats as stats_mod
+    gen = torch.Generator().manual_seed(3)
+    tensors = []
+    for i, dtype in enumerate([torch.float32, torch.float64, torch.float16, torch.bfloat16,
+                               torch.int64, torch.int8, torch.uint8, torch.bool] * 6):
+        n = [1, 7, 8, 129, 1000, 8193][i % 6]
+        if dtype.is_floating_point:
+            t = (torch.randn(n, generator=gen) * 10.0 ** (i % 7 - 2)).to(dtype)
+            if i % 5 == 0:
+                t[n // 2] = float("nan")
+            if i % 7 == 0:
+                t[0] = float("-inf")
+        elif dtype == torch.bool:
+            t = torch.rand(n, generator=gen) > 0.5
+        else:
+            t = torch.randint(0, 100, (n,), generator=gen, dtype=dtype)
+        tensors.append(t)
+    batch = stats_mod.StatsBatch()
+    staged, cloned = [{} for _ in tensors], [{} for _ in tensors]
+    for d, e, t in zip(staged, cloned, tensors):
+        assert isinstance(batch.add(d, t), stats_mod._Small)
+        strided = torch.stack([t, t], 1)[:, 0]       # the same values, not contiguous: cloned
+        assert not strided.is_contiguous() or t.numel() == 1
+        assert isinstance(batch.add(e, strided), stats_mod._Small)
+    batch.resolve()
+    for d, e, t in zip(staged, cloned, tensors):
+        assert d["stats"] == e["stats"], t.dtype

@@ -167,7 +167,8 @@ class Describer:
         # A view over exactly the same elements (a transpose, a reshape) holds the same values,
         # and statistics do not depend on their order.
         block = (ptr, t.numel(), t.dtype) if t.is_contiguous() or _dense(t) else None
-        handle = self._same_block(block, version) if block is not None else None
+        handle = self._same_block(block, version) if block is not None and block in self._blocks \
+            else None
         if handle is not None:
             self.stats.share(desc, handle, t, (record, role, slot, key, t.dtype))
             block = None     # the block's entry stays its first tensor's

@@ -114,7 +114,13 @@ class ModuleCapture:
             mod = ref()
             if mod is None:
                 continue
-            params = [(n, p) for n, p in mod.named_parameters(recurse=False) if p.requires_grad]
+            # (what named_parameters(recurse=False) yields, without its generators: this runs
+            # for every module at every start)
+            params, seen = [], set()
+            for n, p in mod._parameters.items():
+                if p is not None and p.requires_grad and id(p) not in seen:
+                    seen.add(id(p))
+                    params.append((n, p))
             for pname, p in params:
                 def on_grad(param, label=label, pname=pname, expected=len(params)):
                     if s.sink.writer is not None and param.grad is not None and not capturing_graph():

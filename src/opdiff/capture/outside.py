@@ -6,8 +6,9 @@ version counter (through `.numpy()`, DLPack, an extension kernel writing through
 leaves the cache stale: the next op's input would show the earlier values, and that op would be
 blamed for a difference it was handed. So a shared description is verified, cheaply:
 
-- a small contiguous CPU tensor (<= 16k elements, most of a step's tensors): a hash of its bytes,
-  read in place (no torch op), is compared with the one taken when it was first described;
+- a small contiguous CPU tensor (<= 16k elements, most of a step's tensors): its bytes, read in
+  place (no torch op), are compared with those copied when it was first described (host_stage.py),
+  or, once they were reduced at a flush, with their hash;
 - another small tensor (or one whose hash differs): its values are copied again when it is read
   (a clone, or one staging copy on a device) and its statistics, reduced at flush with the
   others, are compared with those of its first description;
@@ -27,6 +28,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from ..store.records import encode_float
+from . import host_stage
 from . import stats as st
 
 
@@ -41,6 +43,8 @@ def verify(batch: Any, desc: dict, handle: Any, t: torch.Tensor, where: Any) -> 
             return None
         if handle.digest is not None and one_block(t) and digest(t) == handle.digest:
             return None
+        if handle.staged is not None and host_stage.same_bytes(handle, t):
+            return None     # (its bytes, copied when first described, still wait for the flush)
         check = batch.snapshot(desc, t)
         if check is not None:
             check.original, check.where = handle, where

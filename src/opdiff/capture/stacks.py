@@ -19,20 +19,47 @@ frames.register_framework_dir(os.path.dirname(torch.__file__))
 _internal = frames.cache()   # the predicate's answers so far: one dict lookup per frame
 
 
+_MAX_SITES = 1 << 16
+_sites: dict = {}     # (id(code), lasti) -> (code, its (file, line, function) or None: not the user's)
+_registered = (-1, -1)   # frames' registered directories when _sites was filled
+
+
 def user_frames(skip: int = 1, limit: int = MAX_FRAMES) -> tuple:
-    """(file, line, function) of up to `limit` user frames, innermost first; cheap, no source read."""
+    """(file, line, function) of up to `limit` user frames, innermost first; cheap, no source read.
+
+    What each frame contributes is looked up by its code object and instruction offset (the line
+    follows from them): one dictionary lookup per frame instead of a line-table decode and the
+    internal-file test. The entry holds the code object, so its id is not reused meanwhile.
+    """
+    global _registered
     f: FrameType | None = sys._getframe(skip)
     out: list[tuple[str, int, str]] = []
-    cache = _internal
-    while f is not None and len(out) < limit:
+    sites = _sites
+    if _registered != (len(frames._user_dirs), len(frames._framework_dirs)):
+        sites.clear()    # a directory was registered since (the lists only grow): ask again
+        _registered = (len(frames._user_dirs), len(frames._framework_dirs))
+    while f is not None:
         code = f.f_code
-        internal = cache.get(code.co_filename)
-        if internal is None:
-            internal = frames.is_internal(code.co_filename)
-        if not internal and not is_call_frame(code):
-            out.append((code.co_filename, f.f_lineno, code.co_name))
+        entry = sites.get((id(code), f.f_lasti))
+        if entry is None or entry[0] is not code:
+            entry = _site(f, code)
+        if entry[1] is not None:
+            out.append(entry[1])
+            if len(out) >= limit:
+                break
         f = f.f_back
     return tuple(out)
+
+
+def _site(f: FrameType, code) -> tuple:
+    internal = _internal.get(code.co_filename)
+    if internal is None:
+        internal = frames.is_internal(code.co_filename)
+    where = None if internal or is_call_frame(code) else (code.co_filename, f.f_lineno, code.co_name)
+    if len(_sites) >= _MAX_SITES:      # generated code (exec in a loop) must not grow this forever
+        _sites.clear()
+    entry = _sites[(id(code), f.f_lasti)] = (code, where)
+    return entry
 
 
 def with_source(frames_: tuple) -> tuple:

@@ -23,6 +23,8 @@ import torch
 
 from ..store.records import encode_float
 from . import outside
+from .host_stage import HOST_DTYPES as _HOST_DTYPES
+from .host_stage import HostStaging, columns_of, stageable
 
 _FLOATING_WIDE = (torch.float32, torch.float64)
 
@@ -223,13 +225,15 @@ class _Small:
     """A small tensor waiting to be reduced with the others of its flush: its values (a float64
     NumPy copy), or _STAGED while they wait in a device staging buffer."""
 
-    __slots__ = ("values", "stats", "descs", "original", "where", "digest")
+    __slots__ = ("values", "stats", "descs", "original", "where", "digest", "staged", "columns")
 
     def __init__(self, values, desc: dict):
         self.values, self.stats, self.descs = values, None, [desc]
         self.original: _Small | None = None   # a check (see outside.py): the first description
         self.where = None
         self.digest: int | None = None     # a contiguous CPU tensor's bytes, hashed (outside.py)
+        self.staged: tuple | None = None   # (host buffer, offset, bytes) until flush (host_stage.py)
+        self.columns: tuple | None = None  # its reductions, when its buffer made them at flush
 
 
 def _settle(device: torch.device) -> None:
@@ -244,6 +248,7 @@ def _settle(device: torch.device) -> None:
 
 
 _STAGED = object()
+_PLAIN_CPU = (torch.Tensor, torch.nn.Parameter)
 _STAGE_CHUNK = 1 << 18      # elements per staging buffer (1 MB of float32)
 
 
@@ -283,17 +288,18 @@ class _Staging:
 
 
 def _reduce_small(pending: list) -> None:
-    """All pending small tensors at once: four NumPy calls for the lot instead of four each."""
-    flat = np.concatenate([p.values for p in pending])
-    starts = np.zeros(len(pending), dtype=np.intp)
-    np.cumsum([p.values.size for p in pending[:-1]], out=starts[1:])
-    with np.errstate(all="ignore"):
-        columns = (np.minimum.reduceat(flat, starts), np.maximum.reduceat(flat, starts),
-                   np.add.reduceat(flat, starts), np.add.reduceat(flat * flat, starts))
-    finite = np.isfinite(columns[0]) & np.isfinite(columns[1]) & np.isfinite(columns[2]) \
-        & np.isfinite(columns[3])
-    for p, mn, mx, total, squares, ok in zip(pending, *(c.tolist() for c in columns),
-                                            finite.tolist()):
+    """All pending small tensors at once: four NumPy calls for the lot instead of four each
+    (those reduced in their host staging buffer already, see host_stage.py, are not copied)."""
+    rest = [p for p in pending if p.columns is None]
+    if rest:
+        flat = np.concatenate([p.values for p in rest])
+        starts = np.zeros(len(rest), dtype=np.intp)
+        np.cumsum([p.values.size for p in rest[:-1]], out=starts[1:])
+        for p, columns in zip(rest, columns_of(flat, flat, starts)):
+            p.columns = columns
+    for p in pending:
+        mn, mx, total, squares, ok = p.columns
+        p.columns = None
         n = p.values.size
         if ok:      # the common case, without _finish's checks (all four numbers are finite)
             p.stats = {"max": mx, "min": mn, "mean": total / n, "norm": math.sqrt(squares),
@@ -341,6 +347,7 @@ class StatsBatch:
         self._vectors: list[tuple] = []     # (device_vector, numel)
         self._small: list[_Small] = []
         self._staging: dict = {}          # (device, staging dtype) -> _Staging
+        self._host: dict = {}             # dtype -> HostStaging (small CPU tensors, host_stage.py)
         self._unstageable: set = set()    # (device, dtype) whose copy into staging failed
         self._cpu_as_device = cpu_as_device   # tests: take the device path with CPU tensors
         # on_outside(desc, values, where): a tensor shared from an earlier description holds
@@ -349,6 +356,17 @@ class StatsBatch:
 
     def add(self, desc: dict, t: torch.Tensor):
         """Describe t's statistics into desc; returns a handle that `share` can reuse."""
+        if t.is_cpu and not self._cpu_as_device:    # the common case first, in one place
+            dtype = t.dtype
+            if dtype in _HOST_DTYPES and 0 < t.numel() <= _SMALL and type(t) in _PLAIN_CPU \
+                    and t.layout == torch.strided and t.is_contiguous() and not t.is_neg():
+                stage = self._host.get(dtype)
+                if stage is None:
+                    stage = self._host[dtype] = HostStaging(dtype)
+                staged = _Small(_STAGED, desc)
+                stage.put(staged, t)
+                self._small.append(staged)
+                return staged
         small = self.snapshot(desc, t)
         if small is not None:
             return small
@@ -366,15 +384,21 @@ class StatsBatch:
 
     def snapshot(self, desc: dict, t: torch.Tensor) -> _Small | None:
         """Queue a copy of a small tensor's values as they are now (reduced at flush with the
-        others), copied by torch into a staging buffer of its device. None for a tensor that is
-        not small (or cannot be staged).
-
-        Never through `t.numpy()`: NumPy's view makes the user's storage unresizable for good
-        (FSDP2 frees its unsharded parameters with `storage.resize_(0)`). A CPU tensor is
-        cloned (one call; capture runs without grad) and read by NumPy at flush."""
+        others): a device tensor's into a staging buffer there; a contiguous CPU tensor's bytes
+        into a host buffer (host_stage.py), other CPU tensors cloned. None for a tensor that is
+        not small (or cannot be staged). Never through `t.numpy()`: NumPy's view makes the
+        user's storage unresizable for good (FSDP2 frees its parameters with `resize_(0)`)."""
         if not _small(t):
             return None
         if t.is_cpu and not self._cpu_as_device and not t.is_complex():
+            if stageable(t):
+                stage = self._host.get(t.dtype)
+                if stage is None:
+                    stage = self._host[t.dtype] = HostStaging(t.dtype)
+                small = _Small(_STAGED, desc)
+                stage.put(small, t)
+                self._small.append(small)
+                return small
             try:
                 values = t.clone()
             except (RuntimeError, TypeError, NotImplementedError):   # tensor subclasses
@@ -442,6 +466,9 @@ class StatsBatch:
                 for stage in self._staging.values():
                     if stage.waiting:
                         stage.fetch()
+                for host in self._host.values():
+                    if host.waiting:
+                        host.fetch()
                 _host_values(pending)
                 _reduce_small(pending)
                 outside.settle(pending, self.on_outside)
@@ -449,8 +476,9 @@ class StatsBatch:
                 for p in pending:   # the records keep their descriptors, without numbers
                     for desc in p.descs:
                         desc["stats"] = None
-                    p.values, p.descs = None, []
+                    p.values, p.descs, p.columns = None, [], None
                 self._staging.clear()
+                self._host.clear()
                 raise
         if not self._descs:
             return

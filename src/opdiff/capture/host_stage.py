@@ -1,0 +1,132 @@
+"""Small CPU tensors copied, byte for byte, into host staging buffers when they are described.
+
+A small tensor's statistics cost more in per-call overhead than in arithmetic, so its values are
+kept as they are at the moment of description and reduced with the others at flush (stats.py).
+The copy is one `memmove` from the tensor's memory block into a NumPy buffer of its dtype: no
+torch op (a clone is a dispatcher round trip, twice the host time), no NumPy view of the user's
+storage (that would make it unresizable for good), the version counter untouched. At flush each
+buffer becomes float64 values in one conversion, and the bytes of every tensor are hashed there
+(outside.py compares a later read with that hash), not when it is described.
+
+Only contiguous tensors of a dtype NumPy reads exactly are staged (`stageable`); the others are
+cloned as before. (A transposed tensor fills one block too, but its values would be summed in
+memory order rather than in its own: the same statistics up to the last bit, not bit for bit.)
+"""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import torch
+
+# torch dtype -> the NumPy dtype its bytes are read as (bfloat16: as uint16, widened at flush)
+_NUMPY = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16,
+          torch.bfloat16: np.uint16, torch.int8: np.int8, torch.uint8: np.uint8,
+          torch.int16: np.int16, torch.int32: np.int32, torch.int64: np.int64,
+          torch.bool: np.bool_}
+HOST_DTYPES = frozenset(_NUMPY)
+_CHUNK_BYTES = 1 << 20
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_memmove = ctypes.memmove
+
+
+def stageable(t: torch.Tensor) -> bool:
+    """Whether `put` can take t (a small, non-empty, strided CPU tensor is assumed)."""
+    return (type(t) in _PLAIN and t.dtype in _NUMPY and not t.is_neg() and not t.is_conj()
+            and t.is_contiguous())
+
+
+def _one_block(t: torch.Tensor) -> bool:
+    if t.is_contiguous():
+        return True
+    expected = 1
+    for stride, size in sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+class HostStaging:
+    """Byte copies of small CPU tensors of one dtype, in reusable buffers of 1 MB."""
+
+    def __init__(self, dtype: torch.dtype):
+        self.dtype = dtype
+        self.np_dtype = _NUMPY[dtype]
+        self.itemsize = np.dtype(self.np_dtype).itemsize
+        self.chunks: list = []     # [uint8 buffer, its address, bytes used]
+        self.waiting: list = []    # (_Small, chunk index, byte offset, bytes)
+
+    def put(self, pending, t: torch.Tensor) -> None:
+        """Copy t's values now (the caller checked `stageable`)."""
+        nbytes = t.numel() * self.itemsize
+        chunks = self.chunks
+        if not chunks or chunks[-1][2] + nbytes > chunks[-1][0].size:
+            buf = np.empty(max(_CHUNK_BYTES, nbytes), dtype=np.uint8)
+            chunks.append([buf, buf.ctypes.data, 0])
+        chunk = chunks[-1]
+        start = chunk[2]
+        _memmove(chunk[1] + start, t.data_ptr(), nbytes)
+        chunk[2] = start + nbytes
+        pending.staged = (chunk[0], start, nbytes)
+        self.waiting.append((pending, len(chunks) - 1, start, nbytes))
+
+    def fetch(self) -> None:
+        """Hand each waiting tensor its values as float64, the hash of its bytes, and its
+        reductions (`columns`): each buffer is reduced where it lies, its tensors being
+        consecutive segments of it."""
+        size = self.itemsize
+        by_chunk: list = [[] for _ in self.chunks]
+        for entry in self.waiting:
+            by_chunk[entry[1]].append(entry)
+        for (buf, _, used), entries in zip(self.chunks, by_chunk):
+            if not entries:
+                continue
+            native = _native(buf[:used], self.np_dtype)
+            wide = native.astype(np.float64)
+            starts = np.fromiter((e[2] // size for e in entries), dtype=np.intp, count=len(entries))
+            for (pending, _, start, nbytes), columns in zip(entries, columns_of(native, wide, starts)):
+                pending.digest = hash(buf[start:start + nbytes].tobytes())
+                pending.staged = None
+                pending.values = wide[start // size:(start + nbytes) // size]
+                pending.columns = columns
+        self.waiting.clear()
+        del self.chunks[1:]        # keep one buffer for the next flush
+        if self.chunks:
+            self.chunks[0][2] = 0
+
+
+def same_bytes(pending, t: torch.Tensor) -> bool:
+    """Whether t's memory block holds the bytes staged for `pending` (still waiting for its
+    flush); False when t does not fill one block (outside.py then copies it again)."""
+    buf, start, nbytes = pending.staged
+    if t.numel() * t.element_size() != nbytes or not _one_block(t):
+        return False
+    return ctypes.string_at(t.data_ptr(), nbytes) == buf[start:start + nbytes].tobytes()
+
+
+def _native(raw: np.ndarray, np_dtype) -> np.ndarray:
+    """A buffer's bytes as values of their dtype (bfloat16: as the float32 it is the upper half
+    of, exactly)."""
+    values = raw.view(np_dtype)
+    if np_dtype is np.uint16:
+        return (values.astype(np.uint32) << 16).view(np.float32)
+    return values
+
+
+def columns_of(native: np.ndarray, wide: np.ndarray, starts: np.ndarray) -> list:
+    """(min, max, sum, sum of squares, all four finite) of each segment of a 1-D array that
+    begins at `starts` (ascending, the first 0), as Python numbers: `native` holds the values
+    in any exact dtype, `wide` the same values as float64. Min and max are taken on `native`
+    (a widening conversion keeps order: the same numbers, half the memory read); the sums
+    accumulate in float64."""
+    with np.errstate(all="ignore"):
+        mn = np.minimum.reduceat(native, starts).astype(np.float64, copy=False)
+        mx = np.maximum.reduceat(native, starts).astype(np.float64, copy=False)
+        total = np.add.reduceat(wide, starts)
+        squares = np.add.reduceat(np.multiply(wide, wide), starts)
+    finite = np.isfinite(mn) & np.isfinite(mx) & np.isfinite(total) & np.isfinite(squares)
+    return list(zip(mn.tolist(), mx.tolist(), total.tolist(), squares.tolist(), finite.tolist()))
+
+
+__all__ = ["HOST_DTYPES", "HostStaging", "columns_of", "same_bytes", "stageable"]
