@@ -1,7 +1,7 @@
 """Overhead of opdiff.Monitor per training step (`opdiff trend`'s speed: bench_trend.py).
 
     python benchmarks/bench_monitor.py [--rounds 11] [--runs 3] [--models cnn,transformer]
-                                       [--every 4] [--tensorboard] [--parts] [--floor]
+                                       [--every 4] [--tensorboard] [--parts] [--floor] [--split]
 
 Overhead: two identical copies of each model (the ResNet-style CNN and the small transformer of
 benchmarks/models.py), each with its own Adam optimizer, one of them monitored (every step, all
@@ -16,6 +16,10 @@ CPU time are both reported: on a shared machine the CPU-time ratio is the steadi
 tensor the monitor reduces is read once by torch.sum (the cheapest full read there is): each
 monitored module's forward output and output gradient, and the parameters, gradients, Adam's two
 states and the update; the time of those reads is given as a share of the step.
+
+`--split`: where the monitor's own time goes, this thread's CPU time inside each of its entry
+points (forward hooks, gradient hooks, the optimizer pre-step copy, mon.step) and inside the
+reductions they call (vector_norm, aminmax, _foreach_norm), per step, medians.
 """
 from __future__ import annotations
 
@@ -198,6 +202,75 @@ def run_floor(args) -> None:
               flush=True)
 
 
+# -- the split: the monitor's own time, by where it is spent ----------------------------------
+
+def split(workload, rounds: int, warmup: int = 3) -> dict:
+    """{part: median CPU seconds per step} inside the monitor's entry points and reductions."""
+    from opdiff.monitor import modules, parameters
+
+    model, batch, loss_fn = workload()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    root = Path(tempfile.mkdtemp(prefix="opdiff-bench-monitor-"))
+    mon = opdiff.Monitor(model, root / "mon", optimizer=opt)
+    spent: dict = {}
+
+    def timed(key, f):
+        def call(*a, **k):
+            c0 = time.thread_time()
+            try:
+                return f(*a, **k)
+            finally:
+                spent[key] = spent.get(key, 0.0) + time.thread_time() - c0
+        return call
+
+    probe, params = mon._modules, mon._params
+    probe._after_forward = timed("forward hooks", probe._after_forward)
+    probe._grad_hooks = [timed("gradient hooks", h) for h in probe._grad_hooks]
+    probe.remove()
+    probe.install()
+    if params._handle is not None:
+        params._handle.remove()
+        params._handle = opt.register_step_pre_hook(timed("pre-step copy", params._before_step))
+    step = timed("mon.step", mon.step)
+    saved = modules.norm2, modules.extremes, parameters.foreach_norms
+    modules.norm2 = timed("  vector_norm (hooks)", modules.norm2)
+    modules.extremes = timed("  aminmax (forward hooks)", modules.extremes)
+    parameters.foreach_norms = timed("  _foreach_norm (mon.step)", parameters.foreach_norms)
+    per: dict = {}
+    try:
+        for i in range(warmup + rounds):
+            spent.clear()
+            c0 = time.thread_time()
+            loss = loss_fn(model, batch)
+            loss.backward()
+            opt.step()
+            step(loss)
+            opt.zero_grad(set_to_none=True)
+            total = time.thread_time() - c0
+            if i >= warmup:
+                per.setdefault("step", []).append(total)
+                for key, v in spent.items():
+                    per.setdefault(key, []).append(v)
+    finally:
+        modules.norm2, modules.extremes, parameters.foreach_norms = saved
+        mon.close()
+        shutil.rmtree(root, ignore_errors=True)
+    return {key: statistics.median(v) for key, v in per.items()}
+
+
+def run_split(args) -> None:
+    print(f"where the monitor's time goes: CPU time per step, median of {args.rounds} steps")
+    for name in args.models.split(","):
+        parts = split(WORKLOADS[name], args.rounds)
+        own = sum(v for k, v in parts.items() if k not in ("step",) and not k.startswith(" "))
+        rest = parts["step"] - own
+        print(f"{name}: step without the monitor {rest * 1e3:.1f} ms, the monitor {own * 1e3:.1f} ms "
+              f"({own / rest:.1%})")
+        for key, v in parts.items():
+            if key != "step":
+                print(f"  {key:<28} {v * 1e3:6.2f} ms  {v / rest:6.1%}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=11, help="timed rounds per run (median)")
@@ -211,9 +284,13 @@ def main(argv=None) -> int:
                          "by constants")
     ap.add_argument("--floor", action="store_true",
                     help="measure the least the monitor's reads cost (one read of each tensor)")
+    ap.add_argument("--split", action="store_true",
+                    help="measure where the monitor's own time goes (hooks, reductions, mon.step)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    if args.floor:
+    if args.split:
+        run_split(args)
+    elif args.floor:
         run_floor(args)
     else:
         run_overhead(args)
