@@ -13,3 +13,11 @@ def roots(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("incomplete")
     return (dump_ranks(tmp / "target", task="tensor", ranks=2, steps=2, faulty={0}),
             dump_ranks(tmp / "golden", task="tensor", ranks=2, steps=2))
+
+
+@pytest.fixture(scope="session")
+def local(roots):
+    """The local engine's compare of `roots`: what the Ray engine must give row for row."""
+    import opdiff
+
+    return opdiff.compare(str(roots[0]), str(roots[1]))

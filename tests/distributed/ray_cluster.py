@@ -10,6 +10,7 @@ cluster, and the one-line exit-2 check of a failing CLI run.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -39,6 +40,19 @@ def cluster():
             yield
         finally:
             ray.shutdown()
+
+
+def same_result(a: Any, b: Any) -> None:
+    """Two compares of one pair of roots gave the same result: rows, first divergence (one was
+    found), pairs, counts and notes (less replay's timings, whose grouping varies run to run)."""
+    assert a.rows == b.rows and len(a.rows) > 0
+    assert a.first_divergence == b.first_divergence and a.first_divergence is not None
+    assert a.pairs == b.pairs and a.counts == b.counts
+    assert _untimed(a.notes) == _untimed(b.notes)
+
+
+def _untimed(notes: list[str]) -> list[str]:
+    return [n for n in notes if not re.search(r"replayed .* in [0-9.]+ s", n)]
 
 
 def ray_workers(prefixes: tuple[bytes, ...]) -> list[int]:

@@ -3,7 +3,6 @@ result row for row, a worker killed mid-compare is retried, node-pinned dumps ru
 that offers their resource, and without Ray the CLI says `pip install opdiff[ray]` (exit 2)."""
 from __future__ import annotations
 
-import re
 import socket
 import subprocess
 import sys
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import ray_cluster
-from ray_cluster import killing_a_worker, one_line_exit_2, ray, ray_cli
+from ray_cluster import killing_a_worker, one_line_exit_2, ray, ray_cli, same_result
 
 import opdiff
 
@@ -20,30 +19,13 @@ pytestmark = pytest.mark.slow
 cluster = ray_cluster.cluster      # the shared fixture, by its name
 
 
-@pytest.fixture(scope="module")
-def local(roots):
-    return opdiff.compare(str(roots[0]), str(roots[1]))
-
-
-def _same(a, b) -> None:
-    assert a.rows == b.rows and len(a.rows) > 0
-    assert a.first_divergence == b.first_divergence and a.first_divergence is not None
-    assert a.pairs == b.pairs and a.counts == b.counts
-    assert _untimed(a.notes) == _untimed(b.notes)
-
-
-def _untimed(notes: list[str]) -> list[str]:
-    # replay's notes say how long it took (so which pairs share one note varies run to run)
-    return [n for n in notes if not re.search(r"replayed .* in [0-9.]+ s", n)]
-
-
 def test_ray_gives_the_local_result_row_for_row(cluster, roots, local):
-    _same(opdiff.compare(str(roots[0]), str(roots[1]), engine="ray"), local)
+    same_result(opdiff.compare(str(roots[0]), str(roots[1]), engine="ray"), local)
 
 
 def test_a_worker_killed_mid_compare_is_retried(cluster, roots, local):
     killing_a_worker(lambda: opdiff.compare(str(roots[0]), str(roots[1]), engine="ray"),
-                     (b"ray::_remote", b"ray::_worker"), lambda again: _same(again, local))
+                     (b"ray::_remote", b"ray::_worker"), lambda again: same_result(again, local))
 
 
 def test_without_ray_the_cli_says_how_to_get_it(roots):
@@ -84,7 +66,7 @@ def test_two_nodes_dumps_pinned_to_the_second(roots, local, monkeypatch):
                  '--resources={"dumpB": 1}', "--disable-usage-stats")
         pinned = opdiff.compare(str(roots[0]), str(roots[1]), engine="ray",
                                 ray_address=f"127.0.0.1:{port}", ray_pins={str(roots[0]): "dumpB"})
-        _same(pinned, local)
+        same_result(pinned, local)
     finally:
         if ray.is_initialized():
             ray.shutdown()
