@@ -256,7 +256,11 @@ def analyse(op_scores: list[OpScore], rows: list[TensorRow], policy: Policy,
     """
     by_name = {op.name: op for op in op_scores}
     run_dtype = run_precision(rows)
+    # ops with DTensor shards placed differently in the two runs: nothing to judge them by
+    unjudged = reasons.incomparable_ops(rows)
     for op in op_scores:
+        if op.name in unjudged:
+            continue
         if op.kind == Kind.LEAF:
             origins.judge_leaf(op, policy, run_dtype)
             continue
@@ -268,8 +272,10 @@ def analyse(op_scores: list[OpScore], rows: list[TensorRow], policy: Policy,
     for name in explained(op_scores, policy):
         by_name[name].local = False
     origins.judge_outside(op_scores, rows, policy, run_dtype)   # inputs changed outside torch
+    for name in unjudged & set(by_name):
+        by_name[name].local = False
     for op in op_scores:
-        _revise_rows(op, rows)
+        _revise_rows(op, rows, op.name in unjudged)
     return first_divergence(op_scores, rows)
 
 
@@ -432,7 +438,7 @@ def _take(op: OpScore, local: LocalError, rows: list[TensorRow]) -> bool:
     return True
 
 
-def _revise_rows(op: OpScore, rows: list[TensorRow]) -> None:
+def _revise_rows(op: OpScore, rows: list[TensorRow], unjudged: bool = False) -> None:
     for row_index, _, _, _ in op.outputs:
         row = rows[row_index]
         if op.local and row_index == op.worst_out and op.kind == Kind.LEAF:
@@ -447,8 +453,8 @@ def _revise_rows(op: OpScore, rows: list[TensorRow]) -> None:
                                       reason=reasons.local_row(op, rows) if random is None
                                       else f"random draws differ: {random}")
         elif row.result == ERROR and not op.local:
-            rows[row_index] = replace(row, result=WARNING,
-                                      reason=reasons.not_this_op(op, row.reason))
+            rows[row_index] = replace(row, result=WARNING, reason=reasons.not_judged(row.reason)
+                                      if unjudged else reasons.not_this_op(op, row.reason))
     for row_index, _, _, _ in op.inputs:
         row = rows[row_index]
         if row.result == ERROR and row_index in op.leaf_inputs:

@@ -23,7 +23,7 @@ from ..environment import diff_meta
 from .align import align
 from .blame import OpScore, analyse, differing_numbers
 from .metrics import Measurement, measure, stats_measure
-from .reasons import statistics_limits
+from .reasons import not_comparable, placement_note, statistics_limits
 from .result import ERROR, PASS, UNMATCHED, WARNING, CompareResult, TensorRow, count
 from .verdicts import Policy
 
@@ -119,6 +119,9 @@ class _PairCompare:
         limits = statistics_limits(self.rows, self.policy, replayed=replayer is not None)
         if limits:
             notes.append(limits)
+        placed = placement_note(self.rows)
+        if placed:
+            notes.append(placed)
         return CompareResult(
             target=str(self.t.path), golden=str(self.g.path), rows=self.rows,
             first_divergence=divergence, counts=count(self.rows),
@@ -215,6 +218,10 @@ class _PairCompare:
             target_dtype=td.get("dtype"), golden_dtype=gd.get("dtype"),
             target_shape=t_shape, golden_shape=g_shape,
             target_stats=decoded_stats(td), golden_stats=decoded_stats(gd), **base)
+        tp, gp = td.get("placement"), gd.get("placement")
+        if tp and gp and tp != gp:     # DTensor shards of different parts: blame.analyse skips the op
+            return TensorRow(result=WARNING, accuracy_reached="", reason=not_comparable(tp, gp),
+                             **common), None
         if t_shape != g_shape:
             return TensorRow(result=ERROR, accuracy_reached="No",
                              reason=f"shapes differ: {list(t_shape)} vs {list(g_shape)}",

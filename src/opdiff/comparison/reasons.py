@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import linecache
 import os
-from typing import TYPE_CHECKING, Optional, cast
+from typing import TYPE_CHECKING, Any, Optional, cast
 
 from ..numbers import human
 from ..store.schema import Location, Phase
@@ -173,5 +173,47 @@ def statistics_limits(rows: list[TensorRow], policy: "Policy", replayed: bool = 
             f"errors cannot be told apart from {dtype} rounding here; {how}")
 
 
-__all__ = ["describe", "describe_statistics", "local_row", "not_this_op", "made_earlier",
+# The row reason of a tensor pair whose DTensor shards are placed differently (`not_comparable`).
+NOT_COMPARABLE = "not comparable: "
+
+
+def _placed(p: dict[str, Any]) -> str:
+    placements = ", ".join(str(x) for x in p.get("placements") or ()) or "?"
+    return (f"{placements} on mesh coordinate {p.get('coordinate')} of global shape "
+            f"{p.get('global_shape')}")
+
+
+def not_comparable(tp: dict[str, Any], gp: dict[str, Any]) -> str:
+    """The row reason of a tensor pair whose DTensor shards (capture's `placement`) are placed
+    differently: rank r of each run holds a different part of the global tensor."""
+    return (f"{NOT_COMPARABLE}target placement {_placed(tp)}, golden {_placed(gp)}: the two "
+            f"local shards hold different parts of the global tensor")
+
+
+def incomparable_ops(rows: list[TensorRow]) -> set[str]:
+    """The record names of ops with a tensor `not_comparable` left uncompared."""
+    return {r.op_name for r in rows if r.reason.startswith(NOT_COMPARABLE)}
+
+
+def not_judged(reason: str) -> str:
+    """An output beyond its tolerance whose op has tensors `not_comparable`: nothing to judge by."""
+    return (f"{reason}; the op is not judged: some of its tensors are not comparable (the runs "
+            f"were sharded differently)")
+
+
+def placement_note(rows: list[TensorRow]) -> Optional[str]:
+    """The pair's note when some tensors were sharded differently in the two runs, else None."""
+    odd = [r for r in rows if r.reason.startswith(NOT_COMPARABLE)]
+    if not odd:
+        return None
+    return (f"the runs were sharded differently (another device mesh or DTensor placements): "
+            f"{len(odd)} tensor(s) of {len(incomparable_ops(odd))} op(s) are not comparable (first: "
+            f"{odd[0].target_name}, {odd[0].reason[len(NOT_COMPARABLE):]}); those ops are not "
+            f"judged, and the pair is inconclusive where it depends on them; dump both runs "
+            f"with the same mesh and placements")
+
+
+__all__ = ["NOT_COMPARABLE", "not_comparable", "incomparable_ops", "not_judged",
+           "placement_note",
+           "describe", "describe_statistics", "local_row", "not_this_op", "made_earlier",
            "outside_reason", "source_context", "statistics_limits"]
