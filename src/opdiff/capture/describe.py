@@ -8,6 +8,7 @@ import torch
 from ..store.records import scalar_descriptor
 from ..store.schema import tensor_name
 from . import collectives
+from .host_stage import one_block
 
 _MAX_REPR = 120
 
@@ -166,7 +167,7 @@ class Describer:
             return
         # A view over exactly the same elements (a transpose, a reshape) holds the same values,
         # and statistics do not depend on their order.
-        block = (ptr, t.numel(), t.dtype) if t.is_contiguous() or _dense(t) else None
+        block = (ptr, t.numel(), t.dtype) if one_block(t) else None
         handle = self._same_block(block, version) if block is not None and block in self._blocks \
             else None
         if handle is not None:
@@ -242,17 +243,6 @@ def _storage(t: torch.Tensor) -> int:
         return t.data_ptr() - t.storage_offset() * t.element_size()  # type: ignore[return-value]
     except (RuntimeError, NotImplementedError):  # sparse and other storage-less layouts
         return -1
-
-
-def _dense(t: torch.Tensor) -> bool:
-    """Whether a strided tensor that is not contiguous still fills one memory block exactly
-    (contiguous in some order of its dimensions: a transpose, a permute)."""
-    expected = 1
-    for stride, size in sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz != 1):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
 
 
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)   # never fake tensors

@@ -36,7 +36,9 @@ def stageable(t: torch.Tensor) -> bool:
             and t.is_contiguous())
 
 
-def _one_block(t: torch.Tensor) -> bool:
+def one_block(t: torch.Tensor) -> bool:
+    """Whether t's elements fill one memory block from data_ptr() on: contiguous, or dense in
+    another order of its dimensions with positive strides (a transpose, a permute)."""
     if t.is_contiguous():
         return True
     expected = 1
@@ -100,7 +102,7 @@ def same_bytes(pending, t: torch.Tensor) -> bool:
     """Whether t's memory block holds the bytes staged for `pending` (still waiting for its
     flush); False when t does not fill one block (outside.py then copies it again)."""
     buf, start, nbytes = pending.staged
-    if t.numel() * t.element_size() != nbytes or not _one_block(t):
+    if t.numel() * t.element_size() != nbytes or not one_block(t):
         return False
     return ctypes.string_at(t.data_ptr(), nbytes) == buf[start:start + nbytes].tobytes()
 

@@ -29,6 +29,7 @@ import torch
 
 from ..store.records import encode_float
 from . import host_stage
+from .host_stage import one_block
 from . import stats as st
 
 
@@ -65,19 +66,6 @@ def digest(t: torch.Tensor) -> int:
     """A hash of the bytes of a CPU tensor that fills one memory block (`one_block`), read where
     they lie (a NumPy view would make its storage unresizable; a torch op costs more)."""
     return hash(ctypes.string_at(t.data_ptr(), t.numel() * t.element_size()))
-
-
-def one_block(t: torch.Tensor) -> bool:
-    """Whether t's elements fill one memory block from data_ptr() on: contiguous, or dense in
-    another order of its dimensions with positive strides (a transpose, a permute)."""
-    if t.is_contiguous():
-        return True
-    expected = 1
-    for stride, size in sorted((st_, sz) for st_, sz in zip(t.stride(), t.shape) if sz != 1):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
 
 
 def _same_sum(t: torch.Tensor, stats: dict) -> bool:
