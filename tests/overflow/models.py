@@ -107,21 +107,26 @@ def origin_line(cls, tag: str) -> int:
     raise LookupError(tag)
 
 
-def scaler_training(dbg, init_scale: float, steps: int) -> list[float]:
-    """`steps` fp16-autocast steps of a small MLP under a real `torch.amp.GradScaler`, each
-    recorded by the debugger `dbg` (started and stopped around it, even when a step raises);
-    returns the scale after each step (it drops when the scaler skipped the step)."""
+def scaler_training(dbg, init_scale: float = 2.0 ** 16, steps: int = 2, model=None, x=None,
+                    lr: float = 0.01, fp16: bool = True):
+    """`steps` training steps under a real `torch.amp.GradScaler`, each recorded by the debugger
+    `dbg` (started and stopped around it, even when a step raises): by default of a small MLP
+    under fp16 autocast, loss mean(out^2); with `fp16=False` in fp32, loss mean(|out|).
+    Returns (the scale after each step: it drops when the scaler skipped the step, the losses)."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    if model is None:
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    if x is None:
+        x = torch.randn(4, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
     scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
-    x = torch.randn(4, 8)
-    scales = []
+    scales, losses = [], []
     try:
         for _ in range(steps):
             dbg.start(model)
-            with torch.autocast("cpu", dtype=torch.float16):
-                loss = model(x).float().pow(2).mean()
+            with torch.autocast("cpu", dtype=torch.float16, enabled=fp16):
+                out = model(x).float()
+            loss = out.pow(2).mean() if fp16 else out.abs().mean()
             scaler.scale(loss).backward()
             scaler.step(opt)
             scaler.update()
@@ -129,6 +134,7 @@ def scaler_training(dbg, init_scale: float, steps: int) -> list[float]:
             dbg.stop()
             dbg.step()
             scales.append(scaler.get_scale())
+            losses.append(loss.item())
     finally:
         dbg.stop()
-    return scales
+    return scales, losses

@@ -111,7 +111,7 @@ def test_nan_in_input_data_is_inherited(tmp_path):
 def _scaler_run(tmp_path, init_scale, steps=2, level="mix"):
     path = tmp_path / f"scaler_{init_scale:g}_{level}"
     dbg = opdiff.PrecisionDebugger(dump_path=str(path), task="statistics", level=level)
-    scales = models.scaler_training(dbg, init_scale, steps)
+    scales, _ = models.scaler_training(dbg, init_scale, steps)
     records = (path / "step0" / "rank0" / "records.jsonl").read_text()
     if "_amp_" not in records:
         pytest.xfail(f"level {level}: capture does not record GradScaler's torch._amp_* calls yet "

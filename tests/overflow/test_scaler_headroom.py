@@ -24,24 +24,12 @@ SCALE = 2.0 ** 16          # GradScaler's default init_scale
 def scaler_dump(tmp_path_factory):
     """Two recorded fp32 training steps of ExpNet (exp(12 h) is finite in fp32, beyond fp16,
     and its scaled gradients stay finite) with loss scaling, statistics dump."""
-    torch.manual_seed(0)
-    model, x = models.ExpNet(gain=12.0), torch.randn(4, 8)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-9)
-    scaler = torch.amp.GradScaler("cpu")
     path = tmp_path_factory.mktemp("scaler") / "dump"
     dbg = opdiff.PrecisionDebugger(dump_path=str(path), task="statistics", level="mix")
-    losses = []
-    for _ in range(2):
-        dbg.start(model)
-        loss = model(x).float().abs().mean()
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        opt.zero_grad()
-        dbg.stop()
-        dbg.step()
-        losses.append(loss.item())
-    assert scaler.get_scale() == SCALE        # no step was skipped: the scale stayed
+    torch.manual_seed(0)
+    scales, losses = models.scaler_training(dbg, SCALE, steps=2, model=models.ExpNet(gain=12.0),
+                                            x=torch.randn(4, 8), lr=1e-9, fp16=False)
+    assert scales[-1] == SCALE                # no step was skipped: the scale stayed
     return path, losses
 
 
