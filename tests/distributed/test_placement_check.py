@@ -46,9 +46,19 @@ def dumps(tmp_path_factory):
                 else contextlib.nullcontext()
             with fault, opdiff.dump(None, tmp / name, level="L1"):
                 torch.tanh(torch.mm(xd, wd).full_tensor())
+        # row-parallel mm: a partial sum against a single-device golden (below); the fault
+        # stands for what rank r's partial sum lacks on a 2-device mesh
+        torch.manual_seed(0)
+        x, w = torch.randn(2, 4), torch.randn(4, 3)
+        xd, wd = distribute_tensor(x, mesh, [Shard(1)]), distribute_tensor(w, mesh, [Shard(0)])
+        with inject_fault("Torch.mm", call=0, scale=1.05), opdiff.dump(None, tmp / "partial",
+                                                                      level="L1"):
+            torch.tanh(torch.mm(xd, wd).full_tensor())
     finally:
         dist.destroy_process_group()
-    return {name: str(tmp / name) for name in runs}
+    with opdiff.dump(None, tmp / "plain", level="L1"):
+        torch.tanh(torch.mm(x, w))
+    return {name: str(tmp / name) for name in [*runs, "partial", "plain"]}
 
 
 def _rows(result, op):
@@ -94,3 +104,15 @@ def test_equal_placements_compare_as_before(dumps):
     assert faulty.first_divergence is not None
     assert faulty.first_divergence.name == "Torch.tanh.0.forward"
     assert not any(row.reason.startswith("not comparable") for row in faulty.rows)
+
+
+def test_a_partial_sum_against_a_plain_tensor_is_not_compared(dumps):
+    result = opdiff.compare(dumps["partial"], dumps["plain"])
+    mm = _rows(result, "Torch.mm.0.forward")
+    # x and w: shards that are the whole tensor on a one-device mesh: compared with golden's
+    assert mm["input.0"].result == PASS and mm["input.1"].result == PASS
+    out = mm["output.0"]
+    assert out.result == WARNING and out.reason.startswith(NOT_COMPARABLE)
+    assert "P(sum)" in out.reason and "golden none (a plain tensor)" in out.reason
+    assert result.first_divergence is None   # without the check: mm, a local error
+    assert any("sharded differently" in note for note in result.notes)

@@ -58,6 +58,16 @@ def _numel(shape: Any) -> int:
     return n
 
 
+def _whole(desc: dict[str, Any]) -> bool:
+    """Does the tensor hold all of its values: a plain tensor, or a DTensor whose local shard is
+    the global tensor (replicated, or sharded over one device) and not a partial sum?"""
+    placed = desc.get("placement")
+    if not placed:
+        return True
+    return (list(desc.get("shape") or ()) == list(placed.get("global_shape") or ())
+            and not any(str(p).startswith("P") for p in placed.get("placements") or ()))
+
+
 def _load(dump: DumpSource, desc: dict[str, Any]) -> Any:
     key = desc.get("key")
     if not key:
@@ -219,7 +229,9 @@ class _PairCompare:
             target_shape=t_shape, golden_shape=g_shape,
             target_stats=decoded_stats(td), golden_stats=decoded_stats(gd), **base)
         tp, gp = td.get("placement"), gd.get("placement")
-        if tp and gp and tp != gp:     # DTensor shards of different parts: blame.analyse skips the op
+        if (tp and gp and tp != gp) or (bool(tp) != bool(gp) and not (_whole(td) and _whole(gd))):
+            # DTensor shards of different parts (or a part against a whole tensor): the op is
+            # not judged (blame.analyse)
             return TensorRow(result=WARNING, accuracy_reached="", reason=not_comparable(tp, gp),
                              **common), None
         if t_shape != g_shape:

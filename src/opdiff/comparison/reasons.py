@@ -177,17 +177,19 @@ def statistics_limits(rows: list[TensorRow], policy: "Policy", replayed: bool = 
 NOT_COMPARABLE = "not comparable: "
 
 
-def _placed(p: dict[str, Any]) -> str:
+def _placed(p: Optional[dict[str, Any]]) -> str:
+    if not p:
+        return "none (a plain tensor)"
     placements = ", ".join(str(x) for x in p.get("placements") or ()) or "?"
     return (f"{placements} on mesh coordinate {p.get('coordinate')} of global shape "
             f"{p.get('global_shape')}")
 
 
-def not_comparable(tp: dict[str, Any], gp: dict[str, Any]) -> str:
-    """The row reason of a tensor pair whose DTensor shards (capture's `placement`) are placed
-    differently: rank r of each run holds a different part of the global tensor."""
-    return (f"{NOT_COMPARABLE}target placement {_placed(tp)}, golden {_placed(gp)}: the two "
-            f"local shards hold different parts of the global tensor")
+def not_comparable(tp: Optional[dict[str, Any]], gp: Optional[dict[str, Any]]) -> str:
+    """The row reason of a tensor pair whose DTensor shards (capture's `placement`; None: a
+    plain tensor) are placed differently: rank r of each run holds another part of the tensor."""
+    return (f"{NOT_COMPARABLE}target placement {_placed(tp)}, golden {_placed(gp)}: rank r of "
+            f"the two runs holds different parts of the global tensor")
 
 
 def incomparable_ops(rows: list[TensorRow]) -> set[str]:
