@@ -17,6 +17,7 @@ import torch.distributed as dist
 import opdiff
 from opdiff.comparison.rejudge import rejudge
 from opdiff.comparison.result import PASS, WARNING
+from opdiff.report.console import verdict_line
 from opdiff.testing import inject_fault
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not built")
@@ -81,6 +82,7 @@ def test_other_placements_are_not_compared_and_their_op_not_blamed(dumps):
     assert result.first_divergence is None
     assert not any(row.reason.startswith("local error") for row in result.rows)
     assert any("sharded differently" in note and "1 op(s)" in note for note in result.notes)
+    assert verdict_line(result).startswith("inconclusive: the runs were sharded differently")
     again = rejudge(result)                      # from the saved rows: still not blamed
     assert again.first_divergence is None
     assert _rows(again, "Torch.mm.0.forward")["input.0"].reason == x.reason
@@ -98,6 +100,7 @@ def test_a_fault_on_tensors_that_compare_is_still_found(dumps):
 def test_equal_placements_compare_as_before(dumps):
     same = opdiff.compare(dumps["same"], dumps["golden"])
     assert same.first_divergence is None
+    assert not verdict_line(same).startswith("inconclusive")
     assert all(row.result == PASS for row in same.rows)
     assert not any("sharded differently" in note for note in same.notes)
     faulty = opdiff.compare(dumps["same_fault"], dumps["golden"])
