@@ -178,7 +178,8 @@ def test_a_dtensor_is_its_local_shard_and_a_functional_collective_is_numbered(tm
     finally:
         dist.destroy_process_group()
     shard = recs["Torch.mul.0.forward"]["inputs"][0]
-    assert shard["placement"] == {"placements": ["S(0)"], "coordinate": [0], "global_shape": [4, 2]}
+    assert shard["placement"] == {"placements": ["S(0)"], "coordinate": [0], "global_shape": [4, 2],
+                                  "whole": True}     # one device: the shard is all of it
     assert shard["shape"] == [4, 2] and _max(shard) == 7.0
     got = recs["Distributed.all_reduce.0.forward"]
     assert got["group"] == {"ranks": [0], "seq": 0}

@@ -127,7 +127,7 @@ def test_fault_on_one_rank_is_named_and_a_healthy_pair_names_nothing(kind, tmp_p
         weight = next(r for r in recs if r["op"] == "Functional.linear")["inputs"][1]
         assert weight["shape"] == [8, 8] and weight["stats"] is not None
         assert weight["placement"] == {"placements": ["S(0)"], "coordinate": [1],
-                                       "global_shape": [16, 8]}
+                                       "global_shape": [16, 8], "whole": False}
     got = {p["rank"]: p["first_divergence"] for p in result.pairs}[0]
     assert got is not None and got.origin == "collective", got
     assert got.op == CARRIER[kind] and "from rank 1" in got.reason

@@ -274,7 +274,8 @@ def local_shard(t: Any) -> tuple[Any, Optional[dict[str, Any]]]:
     capture/describe.py describes a DTensor by its local shard: its statistics are this rank's
     elements only (reducing the DTensor itself would run DTensor ops, collectives included, and
     cannot mix with plain tensors), and `placement` says which part of the global tensor they
-    are: `{"placements": ["Shard(dim=0)"], "coordinate": [1], "global_shape": [16, 8]}`.
+    are: `{"placements": ["Shard(dim=0)"], "coordinate": [1], "global_shape": [16, 8],
+    "whole": false}` (`whole`: the shard holds every value of the global tensor as it is).
     Golden's rank r is compared with the target's rank r, so the shards match when both runs
     use the same mesh and placements (the placement is in the record to check it).
     """
@@ -288,10 +289,14 @@ def local_shard(t: Any) -> tuple[Any, Optional[dict[str, Any]]]:
         return t, None
     try:
         coordinate = t.device_mesh.get_coordinate()
+        local = t._local_tensor
         placed = {"placements": [str(p) for p in t.placements],
                   "coordinate": list(coordinate) if coordinate is not None else None,
-                  "global_shape": list(t.shape)}
-        return t._local_tensor, placed
+                  "global_shape": list(t.shape),
+                  # every value of the global tensor, as it is: no slice, no partial sum
+                  "whole": (list(local.shape) == list(t.shape)
+                            and not any(p.is_partial() for p in t.placements))}
+        return local, placed
     except Exception:  # noqa: BLE001 - a DTensor we cannot read: described as it is
         return t, None
 

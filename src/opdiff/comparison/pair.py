@@ -62,10 +62,7 @@ def _whole(desc: dict[str, Any]) -> bool:
     """Does the tensor hold all of its values: a plain tensor, or a DTensor whose local shard is
     the global tensor (replicated, or sharded over one device) and not a partial sum?"""
     placed = desc.get("placement")
-    if not placed:
-        return True
-    return (list(desc.get("shape") or ()) == list(placed.get("global_shape") or ())
-            and not any(str(p).startswith("P") for p in placed.get("placements") or ()))
+    return not placed or bool(placed.get("whole"))
 
 
 def _load(dump: DumpSource, desc: dict[str, Any]) -> Any:

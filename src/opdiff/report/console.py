@@ -93,7 +93,7 @@ def print_result(result, console: Console | None = None, *, worst: int = 5) -> N
 
 def verdict_line(result: CompareResult) -> str:
     """One sentence on what the compare found."""
-    from ..comparison.reasons import NOT_COMPARABLE
+    from ..comparison.reasons import incomparable_ops
     from ..comparison.result import MIN_COVERAGE
 
     fd = result.first_divergence
@@ -107,7 +107,7 @@ def verdict_line(result: CompareResult) -> str:
         # Statistics cannot show small errors: say so rather than claim the run is clean.
         caveat = (" — as far as statistics can tell (see the note on their limits)"
                   if any(r.mode == "statistics" for r in result.rows) else "")
-        if any(r.reason.startswith(NOT_COMPARABLE) for r in result.rows):
+        if incomparable_ops(result.rows):
             return ("inconclusive: the runs were sharded differently (see the note); no op is "
                     "blamed among the tensors that compare" + caveat)
         if result.counts.get(ERROR, 0) or result.counts.get(WARNING, 0):
