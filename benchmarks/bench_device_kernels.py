@@ -60,12 +60,7 @@ def count(workload) -> tuple[int, int]:
         dbg.session.stats = stats.StatsBatch(cpu_as_device=True)
         stats.StatsBatch.add, stats.StatsBatch.resolve = counted_add, counted_resolve
         try:
-            dbg.start(model)
-            opt.zero_grad(set_to_none=True)
-            loss_fn(model, batch).backward()
-            opt.step()
-            dbg.stop()
-            dbg.step()
+            models.captured_step(dbg, model, batch, loss_fn, opt)
         finally:
             stats.StatsBatch.add, stats.StatsBatch.resolve = add, resolve
     return described[0], counter.kernels

@@ -73,12 +73,7 @@ def dump_step(workload, path: Path, level: str, mode: str) -> tuple[float, float
     try:
         t0, c0 = time.perf_counter(), time.process_time()
         dbg = opdiff.PrecisionDebugger(dump_path=str(path), level=level, task="tensor")
-        dbg.start(model)
-        opt.zero_grad(set_to_none=True)
-        loss_fn(model, batch).backward()
-        opt.step()
-        dbg.stop()
-        dbg.step()
+        models.captured_step(dbg, model, batch, loss_fn, opt)
         return time.perf_counter() - t0, time.process_time() - c0
     finally:
         DumpWriter.references, DumpWriter.same_bytes = old

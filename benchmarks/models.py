@@ -1,4 +1,5 @@
-"""The benchmark workloads (DESIGN.md "How good is good"): a ResNet-style CNN and a small transformer."""
+"""The benchmark workloads (DESIGN.md "How good is good"): a ResNet-style CNN and a small transformer,
+and `captured_step`, one training step recorded by a debugger."""
 from __future__ import annotations
 
 import torch
@@ -94,3 +95,13 @@ def gpt2_workload():
     from transformers import GPT2Config
     return _hf_causal_lm(GPT2Config(vocab_size=1000, n_embd=64, n_layer=2, n_head=4, n_positions=128,
                                     bos_token_id=0, eos_token_id=0))
+
+
+def captured_step(dbg, model, batch, loss_fn, opt) -> None:
+    """One training step (forward, backward, optimizer step) recorded by the debugger `dbg`."""
+    dbg.start(model)
+    opt.zero_grad(set_to_none=True)
+    loss_fn(model, batch).backward()
+    opt.step()
+    dbg.stop()
+    dbg.step()
