@@ -109,14 +109,20 @@ class _PairCompare:
             raise DumpError(f"{self.t.path} and {self.g.path} look like dumps of different models: "
                             f"only {paired} of {len(t_records)} target and {len(g_records)} golden "
                             f"ops line up; compare dumps of the same model and step")
-        for position, (ti, gi) in enumerate(pairs):
-            t_rec = t_records[ti] if ti is not None else None
-            g_rec = g_records[gi] if gi is not None else None
-            self._record(position, t_rec, g_rec)
-            self.tick(1)
         replayer = self._replayer(t_records)
-        divergence = analyse(self.ops, self.rows, self.policy, replay=replayer,
-                             replay_all=self.replay == "all")
+        try:
+            if replayer is not None:    # replay on a second thread while this one measures
+                replayer.prefetch([r["name"] for r in t_records])
+            for position, (ti, gi) in enumerate(pairs):
+                t_rec = t_records[ti] if ti is not None else None
+                g_rec = g_records[gi] if gi is not None else None
+                self._record(position, t_rec, g_rec)
+                self.tick(1)
+            divergence = analyse(self.ops, self.rows, self.policy, replay=replayer,
+                                 replay_all=self.replay == "all")
+        finally:
+            if replayer is not None:
+                replayer.close()
         if divergence is not None:
             divergence = replace(divergence, step=self.t.step, rank=self.t.rank)
         notes = []

@@ -128,6 +128,40 @@ def test_judge_bounded_never_passes_what_the_float64_rules_blame(fault, relative
             assert quick.culprit == "" and full.culprit == "", (fault, relative_slack, full)
         if fault == 0.0 and relative_slack < 1e-3:     # (far below the reference's 2e-3)
             assert quick is not None          # a healthy one passes without float64
+    # the reference kernel's own result (a CPU target) passes however loose the bound
+    assert judge_bounded("w.output.1", reference.clone(), approx, slack, reference, Policy())
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_target_near_the_reference_passes_for_every_exact_result(seed):
+    """`near_reference`: within the distance it allows, the float64 rules pass whatever the
+    exact result is (near the reference, far from it, zero); just beyond, some exact result
+    makes the rules blame the target, so the rule is not looser than it says."""
+    from opdiff.comparison.replay.local import judge_tensor
+    from opdiff.comparison.replay.rules import RATIO, near_reference
+
+    g = torch.Generator().manual_seed(seed)
+    tol = Policy().tolerance_for("float32", "float32")
+    tau = tol / 10
+    reference = torch.randn(2000, generator=g, dtype=torch.float64).float()
+    r_norm = float(reference.double().norm())
+    step = torch.randn(2000, generator=g, dtype=torch.float64)
+    allowed = tau * r_norm / (1 + tau) * 0.999
+    assert near_reference(allowed, r_norm, tau) and not near_reference(allowed * 1.01, r_norm, tau)
+    assert RATIO * allowed <= (RATIO - 1) * r_norm
+    target = (reference.double() + step * (allowed / float(step.norm()))).float()
+    u = float((target.double() - reference.double()).norm())
+    if not near_reference(u, r_norm, tau):       # (float32 rounding moved it a little)
+        pytest.skip("rounding moved the target beyond the allowed distance")
+    for e in (reference.double(), reference.double() * 1.3, torch.zeros(2000, dtype=torch.float64),
+              torch.randn(2000, generator=g, dtype=torch.float64) * 10,
+              reference.double() + 1e-4 * torch.randn(2000, generator=g, dtype=torch.float64)):
+        full = judge_tensor("w", target, e, reference, Policy())
+        assert full.culprit == "", (full, seed)
+        assert full.error <= RATIO * full.reference_error + tau
+    # three times the distance, against the reference itself as the exact result: blamed
+    far = (reference.double() + step * (3 * tau * r_norm / float(step.norm()))).float()
+    assert judge_tensor("w", far, reference.double(), reference, Policy()).culprit == "random"
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])

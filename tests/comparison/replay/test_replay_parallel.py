@@ -1,5 +1,7 @@
 """Replayer.judge_many: the same verdicts in two processes as in one, cached for judge(); a
 compare with OPDIFF_REPLAY_JOBS=2 gives the one-process answer."""
+import re
+
 import pytest
 
 import opdiff
@@ -55,3 +57,54 @@ def test_bad_replay_jobs_is_a_config_error(monkeypatch):
         replay_jobs()
     monkeypatch.setenv("OPDIFF_REPLAY_JOBS", "3")
     assert replay_jobs() == 3
+
+
+def _everything(result):
+    """Rows, divergence and notes, with the replay's timing taken out of its note."""
+    notes = [re.sub(r"; \d+ more replayed ahead.*", "", re.sub(r" in [0-9.]+ s", "", n))
+             for n in result.notes]
+    return result.rows, result.first_divergence, notes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", [None, dict(op="Functional.conv2d", call=2, phase="backward",
+                                              scale=1.02),
+                                   dict(op="Functional.batch_norm", call=1, scale=1.02)])
+def test_compare_with_a_replay_thread_gives_the_one_thread_answer(tmp_path, monkeypatch, fault):
+    """`Replayer.prefetch`: replaying on a second thread while the first measures (and the
+    first helping once it has measured) changes no row, verdict or note, healthy or not."""
+    run("cnn", tmp_path / "g")
+    run("cnn", tmp_path / "t", bf16=True, fault=fault)
+    monkeypatch.setenv("OPDIFF_REPLAY_THREADS", "1")
+    one = opdiff.compare(tmp_path / "t", tmp_path / "g")
+    monkeypatch.setenv("OPDIFF_REPLAY_THREADS", "2")
+    two = opdiff.compare(tmp_path / "t", tmp_path / "g")
+    assert _everything(two) == _everything(one)
+    fd = two.first_divergence
+    if fault is None:
+        assert fd is None, two.verdict
+    else:
+        assert fd is not None and fd.op == fault["op"], two.verdict
+
+
+def test_prefetch_replays_each_record_once_with_judges_verdicts(tmp_path, monkeypatch):
+    """The thread ahead and the caller share the queue: every record is replayed once (the
+    summary counts it once) and its verdict is the serial one."""
+    monkeypatch.setenv("OPDIFF_REPLAY_THREADS", "2")
+    run("cnn", tmp_path / "d", bf16=True, fault=dict(op="Functional.relu", call=1, scale=1.05))
+    dump = open_dump(tmp_path / "d" / "step0" / "rank0")
+    names = [r["name"] for r in dump.records()]
+    ahead = Replayer(dump)
+    assert ahead.prefetch(names)
+    got = {n: ahead.judge(n) for n in reversed(names)}     # the caller takes the other end
+    ahead.close()
+    serial = Replayer(dump)
+    for name in names:
+        one = serial.judge(name)
+        assert (one.replayed, one.culprit, one.reason) == (got[name].replayed, got[name].culprit,
+                                                           got[name].reason)
+        assert [t.error for t in one.tensors] == [t.error for t in got[name].tensors]
+    assert len(ahead.done) == len(serial.done)
+    assert sum(v.culprit for v in got.values()) >= 1
+    monkeypatch.setenv("OPDIFF_REPLAY_THREADS", "1")
+    assert not Replayer(dump).prefetch(names)          # one thread: nothing started

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 import weakref
 from typing import Any, Optional
@@ -53,6 +54,14 @@ class Replayer:
         self.jobs = replay_jobs() if jobs is None else max(1, jobs)
         self._pool: Any = None
         self.shortcut = shortcut
+        # `prefetch`: a thread replaying ahead; `judge` claims a record before replaying it, so
+        # no record is replayed twice and the walk waits for one a thread has in hand
+        self._cond = threading.Condition()
+        self._claimed: set[str] = set()
+        self._queue: list[str] = []
+        self._ahead: Optional[threading.Thread] = None
+        self._stop = False
+        self._asked: set[str] = set()       # what judge / judge_many were asked for
 
     def can_replay(self, name: str) -> bool:
         """Cheap pre-check: a record of a kind that replay handles (modules and parameter
@@ -61,25 +70,94 @@ class Replayer:
         return rec is not None and rec.get("kind", Kind.API) in Kind.REPLAYABLE
 
     def judge(self, name: str) -> LocalError:
-        """The LocalError of one record (replayed once, then cached)."""
-        if name in self.done:
-            return self.done[name]
+        """The LocalError of one record (replayed once, then cached). While `prefetch`'s thread
+        has this record in hand, the caller replays the next record of its queue meanwhile
+        (both cores busy) and then takes the thread's verdict."""
+        while True:
+            with self._cond:
+                self._asked.add(name)
+                if name in self.done:
+                    return self.done[name]
+                todo = name
+                if name in self._claimed:
+                    other = self._next_queued()
+                    if other is None:
+                        self._cond.wait()
+                        continue
+                    todo = other
+                self._claimed.add(todo)
+            self._settle(todo)
+            if todo == name:
+                return self.done[name]
+
+    def _settle(self, name: str) -> None:
+        """Replay one claimed record and publish its verdict (the claim is dropped on error)."""
+        try:
+            local = self._replay(name)
+        except BaseException:
+            with self._cond:
+                self._claimed.discard(name)
+                self._cond.notify_all()
+            raise
+        with self._cond:
+            self.done[name] = local
+            self._cond.notify_all()
+
+    def _next_queued(self) -> Optional[str]:
+        """The first record of the prefetch queue nobody has claimed (under the lock)."""
+        while self._queue and (self._queue[0] in self._claimed or self._queue[0] in self.done):
+            self._queue.pop(0)
+        return self._queue.pop(0) if self._queue else None
+
+    def _replay(self, name: str) -> LocalError:
         rec = self.records.get(name)
         if rec is None:
-            local = LocalError(name, False, reason="not in the target dump")
-        elif rec.get("kind", Kind.API) not in Kind.REPLAYABLE:
-            local = LocalError(name, False, reason=f"a {rec.get('kind')} record is made of other "
-                                                   f"ops and is not replayed as a unit")
-        else:
-            start = time.perf_counter()
-            fwd = self.records.get(rec.get("forward")) if rec.get("forward") else None
-            local = replay_record(rec, self.dump.tensor, self.policy, forward_record=fwd,
-                                  known=self.autocast, shortcut=self.shortcut)
+            return LocalError(name, False, reason="not in the target dump")
+        if rec.get("kind", Kind.API) not in Kind.REPLAYABLE:
+            return LocalError(name, False, reason=f"a {rec.get('kind')} record is made of other "
+                                                  f"ops and is not replayed as a unit")
+        start = time.perf_counter()
+        fwd = self.records.get(rec.get("forward")) if rec.get("forward") else None
+        local = replay_record(rec, self.dump.tensor, self.policy, forward_record=fwd,
+                              known=self.autocast, shortcut=self.shortcut)
+        with self._cond:
             self.seconds += time.perf_counter() - start
-            log.debug("opdiff: replayed %s: %s", name,
-                      local.describe() if local.replayed else local.reason)
-        self.done[name] = local
+        log.debug("opdiff: replayed %s: %s", name,
+                  local.describe() if local.replayed else local.reason)
         return local
+
+    def prefetch(self, names: list[str]) -> bool:
+        """Replay `names` in this order on a second thread, ahead of the `judge` calls that
+        will want them (the compare starts it before measuring: replay and measuring overlap,
+        torch kernels release the GIL). Every replay runs on one intra-op thread and the CPU
+        generator is checked under a lock (`running.rng_guard`), so each verdict is the one a
+        single thread gives. False (nothing started) with OPDIFF_REPLAY_THREADS=1, one usable
+        core, worker processes (`jobs` > 1) or a thread already running. `close` stops it."""
+        if self._ahead is not None or self.jobs > 1 or replay_threads() < 2:
+            return False
+        with self._cond:
+            self._queue = [n for n in dict.fromkeys(names) if self.can_replay(n)
+                           and n not in self.done and n not in self._claimed]
+            self._stop = False
+        self._ahead = threading.Thread(target=self._run_ahead, name="opdiff-replay", daemon=True)
+        self._ahead.start()
+        return True
+
+    def _run_ahead(self) -> None:
+        import torch
+
+        torch.set_num_threads(1)        # (this thread's intra-op setting: one, as every replay)
+        while True:
+            with self._cond:
+                todo = None if self._stop else self._next_queued()
+                if todo is None:
+                    return
+                self._claimed.add(todo)
+            try:
+                self._settle(todo)
+            except Exception:          # the caller's judge() replays it and sees the error
+                log.debug("opdiff: replay thread stopped at %s", todo, exc_info=True)
+                return
 
     def judge_many(self, names: list[str], jobs: Optional[int] = None) -> dict[str, LocalError]:
         """The LocalErrors of several records, replayed in `jobs` processes (default
@@ -113,7 +191,14 @@ class Replayer:
         return self._pool[0]
 
     def close(self) -> None:
-        """Stop the worker processes of `judge_many` (the verdicts stay cached)."""
+        """Stop the worker processes of `judge_many` and `prefetch`'s thread (after the record
+        it has in hand; the verdicts stay cached)."""
+        if self._ahead is not None:
+            with self._cond:
+                self._stop = True
+                self._queue = []
+            self._ahead.join()
+            self._ahead = None
         if self._pool is not None:
             pool, _, finalizer = self._pool
             finalizer.detach()
@@ -122,8 +207,12 @@ class Replayer:
 
     def summary(self) -> str:
         """One line: how many ops were replayed, in how long, and how many could not be."""
-        ok = [v for v in self.done.values() if v.replayed]
-        skipped = [v for v in self.done.values() if not v.replayed]
+        order = {n: i for i, n in enumerate(self.records)}
+        asked = sorted((n for n in self.done if n in self._asked),
+                       key=lambda n: order.get(n, len(order)))
+        ok = [self.done[n] for n in asked if self.done[n].replayed]
+        skipped = [self.done[n] for n in asked if not self.done[n].replayed]
+        ahead = sum(1 for n, v in self.done.items() if n not in self._asked and v.replayed)
         text = f"replayed {len(ok)} op(s) in float64 in {self.seconds:.2f} s"
         referenced = sum(1 for v in ok if any(t.reference_run for t in v.tensors))
         if self.shortcut and ok:
@@ -131,6 +220,8 @@ class Replayer:
         if skipped:
             text += (f"; {len(skipped)} not replayed (e.g. {skipped[0].name}: "
                      f"{skipped[0].reason})")
+        if ahead:
+            text += f"; {ahead} more replayed ahead on a second thread and not needed"
         return text
 
 
@@ -146,6 +237,23 @@ def replay_jobs() -> int:
     except ValueError:
         from ...errors import ConfigError
         raise ConfigError(f"OPDIFF_REPLAY_JOBS must be a whole number, not {text!r}") from None
+
+
+def replay_threads() -> int:
+    """Threads the compare's replay may use in one process (`Replayer.prefetch`):
+    OPDIFF_REPLAY_THREADS, default 2 where this process may run on two cores or more, else 1."""
+    text = os.environ.get("OPDIFF_REPLAY_THREADS", "").strip()
+    if not text:
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cores = os.cpu_count() or 1
+        return 2 if cores >= 2 else 1
+    try:
+        return max(1, int(text))
+    except ValueError:
+        from ...errors import ConfigError
+        raise ConfigError(f"OPDIFF_REPLAY_THREADS must be a whole number, not {text!r}") from None
 
 
 _WORKER: Optional[Replayer] = None
@@ -165,5 +273,5 @@ def _worker_judge(names: list[str]) -> dict[str, LocalError]:
     return {n: _WORKER.judge(n) for n in names}
 
 
-__all__ = ["Replayer", "replay_jobs", "LocalError", "TensorLocalError", "NotReplayable", "replay_record",
-           "rebuild_call", "resolve"]
+__all__ = ["Replayer", "replay_jobs", "replay_threads", "LocalError", "TensorLocalError",
+           "NotReplayable", "replay_record", "rebuild_call", "resolve"]

@@ -131,18 +131,29 @@ def scale_gap(target: torch.Tensor, reference: torch.Tensor, approx: torch.Tenso
     """An upper bound of |scale(target) - scale(reference)| against every exact result within
     `slack` of `approx`: the difference is <t - r, e> / ||e||^2, bounded by
     (|<t - r, a>| + ||t - r|| slack) / (||a|| - slack)^2. None when not finite or ||a|| <= slack."""
+    got = gap_to_reference(target, reference, approx, slack)
+    return got[0] if got is not None else None
+
+
+def gap_to_reference(target: torch.Tensor, reference: torch.Tensor, approx: torch.Tensor,
+                     slack: float) -> tuple[float, float, float, float] | None:
+    """(`scale_gap`'s bound, ||t - r||, ||r||, ||a||) in one sweep (`rules.judge_bounded` reads the
+    middle two: a target this close to the reference kernel's result passes whatever the exact
+    result is). None as `scale_gap`, or when t or r is not finite."""
     t, r, a = (x.detach().reshape(-1) for x in (target, reference, approx))
     if t.is_complex() or r.is_complex() or a.is_complex():
         return None
-    uu = ua = aa = 0.0
+    uu = ua = aa = rr = 0.0
     for start in range(0, t.numel(), _CHUNK):
-        u = t[start:start + _CHUNK].to(torch.float64) - r[start:start + _CHUNK].to(torch.float64)
+        rc = r[start:start + _CHUNK].to(torch.float64)
+        u = t[start:start + _CHUNK].to(torch.float64) - rc
         b = a[start:start + _CHUNK].to(torch.float64)
-        p_uu, p_ua, p_aa = torch.stack([u.dot(u), u.dot(b), b.dot(b)]).tolist()
-        uu, ua, aa = uu + p_uu, ua + p_ua, aa + p_aa
-    if not all(math.isfinite(v) for v in (uu, ua, aa)) or math.sqrt(aa) <= slack:
+        p_uu, p_ua, p_aa, p_rr = torch.stack([u.dot(u), u.dot(b), b.dot(b), rc.dot(rc)]).tolist()
+        uu, ua, aa, rr = uu + p_uu, ua + p_ua, aa + p_aa, rr + p_rr
+    if not all(math.isfinite(v) for v in (uu, ua, aa, rr)) or math.sqrt(aa) <= slack:
         return None
-    return (abs(ua) + math.sqrt(uu) * slack) / (math.sqrt(aa) - slack) ** 2
+    gap = (abs(ua) + math.sqrt(uu) * slack) / (math.sqrt(aa) - slack) ** 2
+    return gap, math.sqrt(uu), math.sqrt(rr), math.sqrt(aa)
 
 
 def rounding_floor(exact: torch.Tensor, dtype: torch.dtype, slack: float = 0.0) -> float | None:

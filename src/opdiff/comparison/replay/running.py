@@ -10,6 +10,7 @@ autograd.grad's output-gradient check (which imports sympy).
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Any, Iterator, Optional
 
 import torch
@@ -31,18 +32,26 @@ def threads(n: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+# One guarded call at a time: the CPU generator is the process's, so a call on another replay
+# thread (`Replayer.prefetch`) must not draw between this one's before and after.
+_RNG_LOCK = threading.RLock()
+
+
 @contextlib.contextmanager
 def rng_guard() -> Iterator[dict[str, bool]]:
-    """Detect (and undo) any draw from the CPU generator: such an op cannot be replayed."""
-    before = torch.get_rng_state()
-    state = {"consumed": False}
-    try:
-        yield state
-    finally:
-        after = torch.get_rng_state()
-        if not torch.equal(before, after):
-            state["consumed"] = True
-            torch.set_rng_state(before)
+    """Detect (and undo) any draw from the CPU generator: such an op cannot be replayed. The
+    block holds a process-wide lock (see `_RNG_LOCK`): replay threads run their guarded calls
+    one at a time, everything else (reading, measuring, direct kernels) side by side."""
+    with _RNG_LOCK:
+        before = torch.get_rng_state()
+        state = {"consumed": False}
+        try:
+            yield state
+        finally:
+            after = torch.get_rng_state()
+            if not torch.equal(before, after):
+                state["consumed"] = True
+                torch.set_rng_state(before)
 
 
 def autocast_to(dtype: Optional[torch.dtype], device: str = "cpu") -> torch.autocast:
