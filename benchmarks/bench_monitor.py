@@ -226,6 +226,7 @@ def split(workload, rounds: int, warmup: int = 3) -> dict:
     probe, params = mon._modules, mon._params
     probe._after_forward = timed("forward hooks", probe._after_forward)
     probe._grad_hooks = [timed("gradient hooks", h) for h in probe._grad_hooks]
+    probe._leave_root = timed("forward hooks", probe._leave_root)    # the deferred registrations
     probe.remove()
     probe.install()
     if params._handle is not None:
