@@ -144,3 +144,57 @@ def test_direct_conv_backward_reference_is_autograds_bitwise(tmp_path, bf16):
         slow = _run(fwd, load, torch.float64, None, leaves, exact)
         assert direct is not None and [d.dtype for d in direct] == [torch.float64] * len(leaves)
         assert all(torch.equal(d, s) for d, s in zip(direct, slow)), rec["name"]
+
+
+def test_ops_exact_in_their_dtype_run_there_bit_for_bit_the_float64_result(tmp_path):
+    """relu and flatten (`direct.exact_in_dtype`), and an addition's backward, run in the
+    target's dtype: the same values as the float64 run and the same verdicts as the full
+    rules."""
+    from opdiff.comparison.replay.direct import exact_in_dtype
+    from opdiff.comparison.replay.local import _exact_leaves, _forward_exact, read_once
+
+    run("cnn", tmp_path / "d", bf16=True)
+    dump = open_dump(tmp_path / "d" / "step0" / "rank0")
+    records = {r["name"]: r for r in dump.records()}
+    load = read_once(dump.tensor)
+    seen, kinds = 0, set()
+    for rec in records.values():
+        if rec["op"] not in ("Functional.relu", "Tensor.flatten", "Tensor.__iadd__"):
+            continue
+        if rec["phase"] == "forward" and rec["op"] == "Tensor.__iadd__":
+            assert not exact_in_dtype(rec)        # a rounded sum: only its gradients are exact
+            continue
+        if rec["phase"] == "forward":
+            assert exact_in_dtype(rec), rec["name"]
+            native = _forward_exact(rec, load, native=True)[2]
+            exact = _forward_exact(rec, load)[2]
+        else:
+            fwd = records[rec["forward"]]
+            grads = {0: load(rec["inputs"][0]["key"])}
+            if not exact_in_dtype(fwd, grads):
+                continue
+            leaves = [i for i, d in enumerate(rec["outputs"]) if d.get("type") == "tensor"]
+            native = _exact_leaves(fwd, load, leaves, grads, native=True)
+            exact = _exact_leaves(fwd, load, leaves, grads)
+        assert [n.dtype for n in native] != [e.dtype for e in exact]       # (it did run natively)
+        assert all(torch.equal(n.double(), e) for n, e in zip(native, exact)), rec["name"]
+        quick, full = (replay_record(rec, dump.tensor, Policy(), shortcut=s,
+                                     forward_record=records.get(rec.get("forward")))
+                       for s in (True, False))
+        assert (quick.culprit, quick.replayed) == (full.culprit, full.replayed) == (False, True)
+        seen += 1
+        kinds.add((rec["op"], rec["phase"]))
+    assert seen >= 6 and ("Tensor.__iadd__", "backward") in kinds, kinds
+    mixed = dict(next(r for r in records.values() if r["op"] == "Functional.relu"))
+    assert not exact_in_dtype(mixed, {0: torch.zeros(1, dtype=torch.float64)})   # cast on the way
+    assert not exact_in_dtype(dict(mixed, op="Functional.gelu"))
+
+
+@pytest.mark.parametrize("phase", ["forward", "backward"])
+def test_a_relu_fault_is_found_with_the_exact_dtype_run(cnn_golden, tmp_path, phase):
+    """A bf16 relu scaled by 1.02: the run in bf16 does not hide it; the compare names it."""
+    run("cnn", tmp_path / "t", bf16=True,
+        fault=dict(op="Functional.relu", call=2, phase=phase, scale=1.02))
+    result = opdiff.compare(tmp_path / "t", cnn_golden)
+    fd = result.first_divergence
+    assert fd is not None and fd.name == f"Functional.relu.2.{phase}", result.verdict

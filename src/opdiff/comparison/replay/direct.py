@@ -42,9 +42,42 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from .calls import rebuild_call
+from .calls import flat_descriptors, rebuild_call
 
 _CONV2D = ("Functional.conv2d", "Torch.conv2d")
+
+# Ops whose every output value is one of their floating inputs' values or 0 (relu keeps x or
+# writes 0, its backward keeps the gradient or writes 0, a reshape moves values): their result
+# in the inputs' own dtype IS the float64 result, and runs several times faster (no widening,
+# no float64 autograd). `exact_in_dtype`. An addition's gradients are the output gradient
+# itself (alpha 1, no broadcasting: same shapes): exact backward, not forward.
+_EXACT_OPS = frozenset({"Functional.relu", "Torch.relu", "Tensor.relu", "Tensor.relu_",
+                        "Torch.relu_", "Tensor.flatten", "Torch.flatten", "Tensor.view",
+                        "Tensor.reshape", "Torch.reshape"})
+_EXACT_BACKWARD = frozenset({"Tensor.__iadd__", "Tensor.__add__", "Tensor.__radd__",
+                             "Tensor.add", "Tensor.add_", "Torch.add"})
+
+
+def exact_in_dtype(record: dict[str, Any], grads: Optional[dict[int, torch.Tensor]] = None
+                   ) -> bool:
+    """Is the call's result in its inputs' dtype exactly its float64 result (with `grads`, the
+    output gradients of a backward: its gradients)? For the ops of `_EXACT_OPS` (and, backward,
+    `_EXACT_BACKWARD` with tensors of one shape and no alpha) whose tensor arguments and
+    gradients are all of one real floating dtype: a gradient of another dtype would be cast
+    on the way."""
+    op = record.get("op")
+    if op not in _EXACT_OPS and not (grads is not None and op in _EXACT_BACKWARD):
+        return False
+    descs = flat_descriptors(list(record.get("inputs") or [])
+                             + list((record.get("kwargs") or {}).values()))
+    if op in _EXACT_BACKWARD:
+        shapes = {tuple(d.get("shape") or ()) for d in descs}
+        shapes |= {tuple(g.shape) for g in (grads or {}).values()}
+        if len(shapes) != 1 or len(record.get("inputs") or []) != 2 or record.get("kwargs"):
+            return False
+    dtypes = {str(d.get("dtype", "")).replace("torch.", "") for d in descs}
+    dtypes |= {str(g.dtype).replace("torch.", "") for g in (grads or {}).values()}
+    return len(dtypes) == 1 and dtypes <= {"float32", "float64", "bfloat16", "float16"}
 
 
 def _conv2d_signature(input: Any, weight: Any, bias: Any = None, stride: Any = 1,
@@ -202,11 +235,18 @@ def backward_float32(fwd: dict[str, Any], load: Callable[[str], Any], leaves: li
         return None
     x, w, g = a["input"], a["weight"], grads[0]
     role = {id(t): i for i, (_k, t) in enumerate(call.tensors)}
-    leaf = role.get(id(w))
-    if len(role) != len(call.tensors) or leaf not in leaves or g.dim() != 4 or any(
+    leaf, x_leaf = role.get(id(w)), role.get(id(x))
+    if len(role) != len(call.tensors) or g.dim() != 4 or any(
             t.dtype not in _EXACT_IN_FLOAT32 or t.is_complex() for t in (x, w, g)):
         return None
     x, w, g = x.float(), w.float(), g.float()
+    out = {}
+    if x_leaf in leaves:
+        got = _input_gradient_float32(x, w, g, a)
+        if got is not None:
+            out[x_leaf] = got
+    if leaf not in leaves:
+        return out or None
     rest = (a["stride"], a["padding"], a["dilation"], False, [0, 0], a["groups"],
             [False, True, False])
     pixels = g.shape[2] * g.shape[3]
@@ -235,7 +275,30 @@ def backward_float32(fwd: dict[str, Any], load: Callable[[str], Any], leaves: li
     # float32 sums (gamma_k each, underflow 2k tiny per element) and their float64 total
     slack = ((gamma / (1 - gamma) + 2 * chunks * 2.0 ** -53) * norm * (1 + gamma)
              + 2 * k * chunks * _TINY32 * math.sqrt(total.numel())) * (1 + 1e-6)
-    return {leaf: (total, slack)}
+    out[leaf] = (total, slack)
+    return out
+
+
+def _input_gradient_float32(x: torch.Tensor, w: torch.Tensor, g: torch.Tensor,
+                            a: dict[str, Any]) -> Optional[tuple[torch.Tensor, float]]:
+    """(a conv2d's input gradient in float32, L2 bound of its distance to the float64 result):
+    a transposed convolution, each element a sum of at most K = C_out / groups * kh * kw
+    products w * g, so as `forward_float32` |error| <= gamma_K sum |w||g|, and by
+    Cauchy-Schwarz over the outputs the norm of those sums is at most ||w|| ||g|| sqrt(kh kw)
+    (each g element meets each weight of its channel at most once per input pixel, and an
+    input pixel sits under each of the kh kw kernel positions at most once). None where a
+    number is not finite."""
+    rest = (a["stride"], a["padding"], a["dilation"], False, [0, 0], a["groups"],
+            [True, False, False])
+    with torch._C.DisableTorchFunction():
+        grad = torch.ops.aten.convolution_backward(g, x, w, None, *rest)[0]
+    k = (w.shape[0] // max(a["groups"], 1)) * w.shape[2] * w.shape[3]
+    gamma = k * _U32 / (1 - k * _U32)
+    norm = _norm(w) * _norm(g) * math.sqrt(w.shape[2] * w.shape[3])
+    if not (math.isfinite(norm) and bool(torch.isfinite(grad).all())) or gamma >= 0.5:
+        return None
+    slack = (gamma / (1 - gamma) * norm + 2 * k * _TINY32 * math.sqrt(grad.numel())) * (1 + 1e-6)
+    return grad, slack
 
 
 def sample_autocast(fwd: dict[str, Any], load: Callable[[str], Any],

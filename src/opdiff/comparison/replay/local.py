@@ -44,7 +44,8 @@ from ...numbers import human
 from ...store.records import iter_tensors
 from .calls import (NotReplayable, dtype_signature, flat_descriptors, flat_tensors, read_once,
                     rebuild_call)
-from .direct import backward_float32, backward_reference, forward_float32, sample_autocast
+from .direct import (backward_float32, backward_reference, exact_in_dtype, forward_float32,
+                     sample_autocast)
 from .running import autocast_to, rng_guard, shielded, threads, vjp
 from .rules import (RATIO, SIGMAS, TensorLocalError, judge_bounded, judge_measured, judge_tensor,
                     settle)
@@ -266,7 +267,7 @@ def _forward(record: dict[str, Any], load: Callable[[str], Any], policy: Any,
     quick = _settled_float32(record, load, policy) if shortcut else None
     if quick is not None:
         return quick
-    outputs, recorded, exact = _forward_exact(record, load)
+    outputs, recorded, exact = _forward_exact(record, load, native=shortcut)
     targets = [_load_target(load, d, name) for name, d in outputs]
     out = _checked([name for name, _ in outputs], targets, exact)
     settled = [settle(n, t, e, policy) if shortcut else None for n, t, e in out]
@@ -351,16 +352,19 @@ def _floor_name(dtypes: list[Optional[torch.dtype]]) -> str:
     return f"rounding to {str(low).replace('torch.', '')}" if low else "exact result"
 
 
-def _forward_exact(record: dict[str, Any], load: Callable[[str], Any]
+def _forward_exact(record: dict[str, Any], load: Callable[[str], Any], native: bool = False
                    ) -> tuple[list[tuple[str, dict[str, Any]]], list[Optional[torch.dtype]],
                               list[Any]]:
-    """The record's outputs (name, descriptor), their recorded dtypes and the float64 run."""
+    """The record's outputs (name, descriptor), their recorded dtypes and the float64 run
+    (native: the run in the inputs' dtype where that is the float64 result exactly,
+    `direct.exact_in_dtype`; the compare's settle reads it, `opdiff check` gets float64)."""
     outputs = [(name, d) for name, role, d in iter_tensors(record) if role == "output"]
     if not outputs:
         raise NotReplayable("it has no output tensor to compare")
     recorded = [_dtype(d) for _, d in outputs]
     with shielded():
-        exact = _run(record, load, torch.float64, None)
+        cast = None if native and exact_in_dtype(record) else torch.float64
+        exact = _run(record, load, cast, None)
     if len(exact) != len(outputs):
         raise NotReplayable(f"the replay returns {len(exact)} tensors, the dump {len(outputs)}")
     return outputs, recorded, exact
@@ -387,14 +391,19 @@ def _backward_exact(record: dict[str, Any], fwd: dict[str, Any], load: Callable[
     with shielded():
         approx = (backward_float32(fwd, load, leaves, g_plain) if bounded else None) or {}
         rest = [i for i in leaves if i not in approx]
-        found = dict(zip(rest, _exact_leaves(fwd, load, rest, g_plain))) if rest else {}
+        found = dict(zip(rest, _exact_leaves(fwd, load, rest, g_plain, native=bounded))) \
+            if rest else {}
     exact = [approx[i][0] if i in approx else found[i] for i in leaves]
     return leaves, g_plain, recorded, exact, [approx[i][1] if i in approx else 0.0 for i in leaves]
 
 
 def _exact_leaves(fwd: dict[str, Any], load: Callable[[str], Any], leaves: list[int],
-                  g_plain: dict[int, torch.Tensor]) -> list[Any]:
-    """The float64 gradients of `leaves`."""
+                  g_plain: dict[int, torch.Tensor], native: bool = False) -> list[Any]:
+    """The float64 gradients of `leaves` (native: in the inputs' dtype where that is exact,
+    as `_forward_exact`)."""
+    if native and exact_in_dtype(fwd, g_plain):
+        with shielded():
+            return _run(fwd, load, None, None, leaves, g_plain)
     g_exact = {j: g.to(torch.float64) for j, g in g_plain.items()}
     with shielded():
         exact = backward_reference(fwd, load, leaves, g_exact, None, cast=torch.float64)
