@@ -1,7 +1,8 @@
 """Compare throughput: time `opdiff.compare` on tensor dump pairs of a few hundred MB per side.
 
     python benchmarks/bench_compare.py [--mb 300] [--models] [--runs 3] [--replay auto]
-                                       [--replay-jobs N] [--against SRC ...] [--dir DIR] [--keep]
+                                       [--replay-jobs N] [--threads N ...] [--against SRC ...]
+                                       [--dir DIR] [--keep]
 
 Pairs:
   synthetic   tanh ops on 4 MB float32 tensors; the target is the golden rounded through bf16,
@@ -22,7 +23,10 @@ Every compare runs in a child process (so its peak RSS is its own) with `--repla
 compare time (`--clock wall`, the default, or `--clock cpu`: user+sys CPU seconds of the
 compare and its replay processes); records/s = records of one side / that time; median of
 --runs, (min-max) beside it. `--replay-jobs N` sets OPDIFF_REPLAY_JOBS for the child (the compare's replay
-processes). `--against SRC` (repeatable) also times the opdiff package found under
+processes). `--threads 1 2` times this opdiff once per OPDIFF_REPLAY_THREADS value (1: replay
+after measuring on one thread; 2, the default on 2+ cores: replay on a second thread while the
+first measures), run for run interleaved; the cores this process may use are printed, since
+the design's target is per side on 2 cores. `--against SRC` (repeatable) also times the opdiff package found under
 SRC (the `src` directory of another checkout, e.g. `git archive <commit> src | tar -x -C
 /tmp/old`), run for run interleaved with this one, so all see the same machine load; the load
 average is printed, because on a shared machine it moves every number.
@@ -142,10 +146,12 @@ def record_count(dump_root: Path) -> int:
 
 
 def time_compare(src: Path, target: Path, golden: Path, replay: str = "auto",
-                 replay_jobs: int | None = None) -> dict:
+                 replay_jobs: int | None = None, threads: int | None = None) -> dict:
     env = dict(os.environ)
     if replay_jobs is not None:
         env["OPDIFF_REPLAY_JOBS"] = str(replay_jobs)
+    if threads is not None:
+        env["OPDIFF_REPLAY_THREADS"] = str(threads)
     proc = subprocess.run([sys.executable, "-c", _CHILD, str(src), str(target), str(golden),
                            replay], capture_output=True, text=True, env=env)
     if proc.returncode != 0:
@@ -162,6 +168,9 @@ def main(argv=None) -> int:
                     help="the compare's replay mode (default auto, as `opdiff compare`)")
     ap.add_argument("--replay-jobs", type=int, default=None,
                     help="OPDIFF_REPLAY_JOBS for the compares (default: opdiff's own choice)")
+    ap.add_argument("--threads", type=int, nargs="+", default=None,
+                    help="OPDIFF_REPLAY_THREADS values to time this opdiff with, interleaved "
+                         "(default: opdiff's own choice)")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                     help="time the compares by wall clock or by CPU time (user+sys of the "
                          "compare and its replay processes: steadier on a shared machine)")
@@ -174,13 +183,14 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the temporary dumps afterwards")
     args = ap.parse_args(argv)
     root = Path(args.dir or tempfile.mkdtemp(prefix="opdiff-bench-"))
-    impls = {}
+    impls: dict[str, tuple[Path, int | None]] = {}
     for src in args.against:
         if not (src / "opdiff" / "__init__.py").exists():
             raise SystemExit(f"--against {src}: no opdiff package there (give its src directory)")
         src = src.resolve()
-        impls[src.name if src.name != "src" else src.parent.name] = src
-    impls["this"] = THIS_SRC
+        impls[src.name if src.name != "src" else src.parent.name] = (src, None)
+    for n in args.threads or [None]:
+        impls["this" if n is None else f"this/t{n}"] = (THIS_SRC, n)
     try:
         pairs = {}
         if not args.only or "synthetic" in args.only:
@@ -198,14 +208,18 @@ def main(argv=None) -> int:
                         build_model(root / pair, name, task, bf16)
         if args.only:
             pairs = {k: v for k, v in pairs.items() if k in args.only}
+        try:
+            usable = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            usable = os.cpu_count() or 1
         print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
-              f"on {os.cpu_count()} cores")
+              f"on {os.cpu_count()} cores ({usable} usable by the compares)")
         runs: dict = {(p, i): [] for p in pairs for i in impls}
         for _ in range(args.runs):
             for pair, path in pairs.items():
-                for impl, src in impls.items():
+                for impl, (src, threads) in impls.items():
                     runs[(pair, impl)].append(time_compare(src, path / "target", path / "golden",
-                                                           args.replay, args.replay_jobs))
+                                                           args.replay, args.replay_jobs, threads))
         print(f"load average after:  {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         print()
         width = max(len(i) for i in impls) + 2
@@ -235,8 +249,8 @@ def main(argv=None) -> int:
                 f"{clock} {statistics.median(v):.2f} s ({min(v):.2f}-{max(v):.2f})"
                 for clock in ("wall", "cpu") if (v := [r[clock] for r in results if clock in r]))
             print(f"{'':<10}  {both}")
-        for impl, src in impls.items():
-            print(f"{impl}: {src}")
+        for impl, (src, threads) in impls.items():
+            print(f"{impl}: {src}" + (f" (OPDIFF_REPLAY_THREADS={threads})" if threads else ""))
         print("\ngoal: >= 200 MB/s per side; peak RSS near a few tensors' worth "
               "(import torch alone: ~250 MB). msprobe's compare of the same step: "
               "benchmarks/bench_msprobe_compare.py")
