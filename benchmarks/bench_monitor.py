@@ -226,7 +226,8 @@ def split(workload, rounds: int, warmup: int = 3) -> dict:
     probe, params = mon._modules, mon._params
     probe._after_forward = timed("forward hooks", probe._after_forward)
     probe._grad_hooks = [timed("gradient hooks", h) for h in probe._grad_hooks]
-    probe._leave_root = timed("forward hooks", probe._leave_root)    # the deferred registrations
+    if hasattr(probe, "_leave_root"):       # the registrations deferred to the model's return
+        probe._leave_root = timed("forward hooks", probe._leave_root)
     probe.remove()
     probe.install()
     if params._handle is not None:
