@@ -108,3 +108,16 @@ def test_prefetch_replays_each_record_once_with_judges_verdicts(tmp_path, monkey
     assert sum(v.culprit for v in got.values()) >= 1
     monkeypatch.setenv("OPDIFF_REPLAY_THREADS", "1")
     assert not Replayer(dump).prefetch(names)          # one thread: nothing started
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/loadavg"), reason="Linux only")
+def test_the_second_thread_waits_for_an_idle_core(monkeypatch):
+    """Default: a second replay thread only where a core is idle now (this process counts as
+    running, so one core is never enough); OPDIFF_REPLAY_THREADS decides when set."""
+    from opdiff.comparison.replay import _idle_core, replay_threads
+
+    assert not _idle_core(1) and _idle_core(10 ** 6)
+    monkeypatch.setenv("OPDIFF_REPLAY_THREADS", "2")
+    assert replay_threads() == 2
+    monkeypatch.delenv("OPDIFF_REPLAY_THREADS")
+    assert replay_threads() in (1, 2)

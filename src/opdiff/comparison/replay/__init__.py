@@ -241,19 +241,37 @@ def replay_jobs() -> int:
 
 def replay_threads() -> int:
     """Threads the compare's replay may use in one process (`Replayer.prefetch`):
-    OPDIFF_REPLAY_THREADS, default 2 where this process may run on two cores or more, else 1."""
+    OPDIFF_REPLAY_THREADS, default 2 where this process may run on two cores or more and one of
+    them is idle now, else 1. (On a machine whose cores other work keeps busy, a second thread
+    measured slower, not faster: each of the measuring's many short kernels takes the GIL back,
+    and waits whenever the thread holding it is descheduled.)"""
     text = os.environ.get("OPDIFF_REPLAY_THREADS", "").strip()
     if not text:
         try:
             cores = len(os.sched_getaffinity(0))
         except (AttributeError, OSError):
             cores = os.cpu_count() or 1
-        return 2 if cores >= 2 else 1
+        return 2 if cores >= 2 and _idle_core(cores) else 1
     try:
         return max(1, int(text))
     except ValueError:
         from ...errors import ConfigError
         raise ConfigError(f"OPDIFF_REPLAY_THREADS must be a whole number, not {text!r}") from None
+
+
+def _idle_core(cores: int, samples: int = 5) -> bool:
+    """Is a core free for a second thread: do at most `cores` - 1 tasks run, this one included
+    (Linux's /proc/loadavg, the median of a few samples 5 ms apart)? True where it cannot tell."""
+    seen = []
+    for i in range(samples):
+        try:
+            with open("/proc/loadavg") as f:
+                seen.append(int(f.read().split()[3].split("/")[0]))
+        except (OSError, ValueError, IndexError):
+            return True
+        if i + 1 < samples:
+            time.sleep(0.005)
+    return sorted(seen)[len(seen) // 2] <= cores - 1
 
 
 _WORKER: Optional[Replayer] = None
