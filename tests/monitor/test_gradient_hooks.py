@@ -121,3 +121,23 @@ def test_a_forward_that_raises_leaves_nothing_pending(tmp_path):
     mon.step()
     mon.close()
     assert _recorded(tmp_path, "first") > 0 and _recorded(tmp_path, "last") > 0
+
+
+@pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph=True")
+def test_a_backward_with_create_graph_is_recorded_and_left_as_it_was(tmp_path):
+    """With create_graph=True autograd runs the hooks with gradients on (the monitor turns them
+    off for its norms): the norms are right and the gradients come out as without it."""
+    torch.manual_seed(0)
+    model, twin = Net(), Net()
+    twin.load_state_dict(model.state_dict())
+    seen: dict = {}
+    _watch_grads(model, seen)
+    x = torch.randn(4, 16)
+    with opdiff.Monitor(model, tmp_path, update_norm=False) as mon:
+        model(x).square().sum().backward(create_graph=True)
+        mon.step()
+    twin(x).square().sum().backward(create_graph=True)
+    for p, q in zip(model.parameters(), twin.parameters()):
+        assert torch.equal(p.grad, q.grad) and p.grad.requires_grad == q.grad.requires_grad
+    for name in ("first", "act", "last"):
+        assert _recorded(tmp_path, name) == pytest.approx(_norm64(seen[name]), rel=1e-6), name

@@ -145,17 +145,28 @@ class _Calls:
 
     def add(self, idx: int, t: torch.Tensor) -> bool:
         """Reduce `t`; returns False when it holds NaN or inf (known at once on CPU only)."""
-        entry = self.acc.get(idx)
-        if entry is None:
-            entry = self.acc[idx] = [0.0, 0.0, 0, 0]
         ref = self._last_ref
         if ref is not None and ref() is t and self._last_version == t._version:
             # A container returning its last child's output (Sequential, a block ending in
             # that child): the very same values, reduced once.
             last = self._last
-        else:
-            last = self._reduce(t)
+        elif t.is_cpu:          # read at once; the reduction inline (a call costs, module doc)
+            n: float = norm2(t).item()
+            if self.with_max:
+                lo_t, hi_t = extremes(t)
+                lo, hi = lo_t.item(), hi_t.item()
+                peak = max(-lo, hi) if (lo == lo and hi == hi) else math.nan
+            else:
+                peak = 0.0
+            last = (n * n, peak, 0, 0) if n - n == 0.0 else self._count(t, n, peak)
             self._last_ref, self._last_version, self._last = weakref.ref(t), t._version, last
+        else:
+            self._device(t)
+            last = None
+            self._last_ref, self._last_version, self._last = weakref.ref(t), t._version, None
+        entry = self.acc.get(idx)
+        if entry is None:
+            entry = self.acc[idx] = [0.0, 0.0, 0, 0]
         if last is None:            # on an accelerator: stays there until the step's transfer
             self.device.append((idx, *self._device_last))
             return True
@@ -169,23 +180,15 @@ class _Calls:
             return False
         return True
 
-    def _reduce(self, t: torch.Tensor) -> Optional[tuple]:
-        """(sum of squares, max |x|, nan count, inf count) of a CPU tensor; None elsewhere (the
-        0-d tensors go to `_device_last`)."""
-        if not t.is_cpu:
-            lo, hi = extremes(t) if self.with_max else (None, None)
-            self._device_last = (norm2(t), lo, hi, torch.isnan(t).sum(), torch.isinf(t).sum())
-            return None
-        n: float = norm2(t).item()
-        if self.with_max:
-            lo_t, hi_t = extremes(t)
-            lo, hi = lo_t.item(), hi_t.item()
-            peak = math.nan if (lo != lo or hi != hi) else max(-lo, hi)
-        else:
-            peak = 0.0
-        if math.isfinite(n):
-            return n * n, peak, 0, 0
-        # Counting costs ten times a norm on CPU: only when the norm says something is off.
+    def _device(self, t: torch.Tensor) -> None:
+        """The 0-d tensors of a tensor on an accelerator, into `_device_last`."""
+        lo, hi = extremes(t) if self.with_max else (None, None)
+        self._device_last = (norm2(t), lo, hi, torch.isnan(t).sum(), torch.isinf(t).sum())
+
+    @staticmethod
+    def _count(t: torch.Tensor, n: float, peak: float) -> tuple:
+        """(sum of squares, max |x|, nan, inf) of a CPU tensor whose float32 norm `n` is not
+        finite. Counting costs ten times a norm on CPU: only when the norm says something is off."""
         nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
         if not (nan or inf):        # finite values whose float32 norm overflows
             n = torch.linalg.vector_norm(t, dtype=torch.float64).item()
@@ -342,10 +345,13 @@ class ModuleProbe:
             if self.on_first_backward is not None:
                 first, self.on_first_backward = self.on_first_backward, None
                 first()
-            with quiet():       # autograd runs hooks without gradients; modes may be on
+            if torch.is_grad_enabled() or torch._C._is_torch_function_mode_enabled():
+                with quiet():   # create_graph=True, or an opdiff debugger alongside
+                    finite = self.backward.add(idx, grad)
+            else:               # as autograd runs hooks: no gradients, no modes
                 finite = self.backward.add(idx, grad)
-                if self.raise_on_nan and not (finite and self._finite_now(self.backward, idx)):
-                    raise OverflowDetected(self._nan_message(idx, "output gradient"))
+            if self.raise_on_nan and not (finite and self._finite_now(self.backward, idx)):
+                raise OverflowDetected(self._nan_message(idx, "output gradient"))
         except OverflowDetected:
             raise
         except Exception as exc:
