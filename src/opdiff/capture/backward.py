@@ -14,6 +14,7 @@ Python's collector cannot see, and it keeps the whole graph (saved activations i
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import torch
 
@@ -76,9 +77,15 @@ def hook_api_backward(session, fwd_name: str, op: str, index: int, module, stack
     Outputs: the gradient this call sends to each of its tensor arguments, summed over the
     edges of the nodes it created (a composite op such as F.linear on 3-D input builds several).
     """
-    out_tensors = [outputs] if isinstance(outputs, torch.Tensor) else list(tensors_in(outputs))
-    if not any(t.requires_grad for t in out_tensors):
-        return
+    # (plain loops: this runs for every recorded op whose output requires grad)
+    if isinstance(outputs, torch.Tensor):
+        if not outputs.requires_grad:
+            return
+        out_tensors = [outputs]
+    else:
+        out_tensors = tensors_in(outputs)
+        if not any(t.requires_grad for t in out_tensors):
+            return
     name = record_name(op, Phase.BACKWARD, index)
     if not session.selected(name, forward_selected=True):
         return
@@ -88,29 +95,48 @@ def hook_api_backward(session, fwd_name: str, op: str, index: int, module, stack
     if not roots:
         return
     nodes, leaving = op_nodes(roots, first, last_seq)
-    node_ids = {id(n) for n in nodes}
-    targets = {(id(fn), nr): i for i, fn, nr, _ in edges if fn is not None}
-    leaves = {id(t): i for i, fn, _, t in edges if fn is None}
-    n_inputs = 1 + max((i for i, _, _, _ in edges), default=-1)
+    targets: dict = {}
+    leaves: dict = {}
+    n_inputs = 0
+    for i, fn, nr, t in edges:
+        if fn is not None:
+            targets[(id(fn), nr)] = i
+        else:
+            leaves[id(t)] = i
+        if i >= n_inputs:
+            n_inputs = i + 1
     # Boundary edges: from a node of this call to the node that owns one of its arguments' grads.
-    boundary: dict = {}
+    boundary: dict[int, tuple[Any, list]] = {}
+    fed: set = set()
+    summed: set = set()     # arguments fed by several edges
     for node, k, nxt, nr in leaving:
         i = targets.get((id(nxt), nr))
         if i is None and leaves and type(nxt).__name__ == "AccumulateGrad":
             i = leaves.get(id(nxt.variable))
         if i is not None:
-            boundary.setdefault(id(node), (node, []))[1].append((k, i))
+            entry = boundary.get(id(node))
+            if entry is None:
+                entry = boundary[id(node)] = (node, [])
+            entry[1].append((k, i))
+            if i in fed:
+                summed.add(i)
+            fed.add(i)
     record = {"name": name, "op": op, "kind": Kind.API, "phase": Phase.BACKWARD, "module": module,
               "forward": fwd_name, "stack": stack,
               "inputs": [None] * len(out_tensors), "outputs": [None] * n_inputs}
     # Gradients w.r.t. the outputs: what each output's node receives (a node pre-hook sees the
     # gradient of the value the op produced, even if the tensor was later changed in place).
-    by_node: dict = {}
+    # An output's node is the call's when it is one of the roots.
+    by_node: dict[int, tuple[Any, list]] = {}
+    root_ids = {id(fn) for fn in roots}
     for j, t in enumerate(out_tensors):
-        if t.requires_grad and t.grad_fn is not None and id(t.grad_fn) in node_ids:
-            by_node.setdefault(id(t.grad_fn), (t.grad_fn, []))[1].append((t.output_nr, j))
-    op_backward = _OpBackward(session, record, len(boundary), n_inputs,
-                              [i for _, positions in boundary.values() for _, i in positions])
+        fn = t.grad_fn if t.requires_grad else None
+        if fn is not None and id(fn) in root_ids:
+            entry = by_node.get(id(fn))
+            if entry is None:
+                entry = by_node[id(fn)] = (fn, [])
+            entry[1].append((t.output_nr, j))
+    op_backward = _OpBackward(session, record, len(boundary), n_inputs, summed)
     # A node with a post hook anyway sees the same gradients there (usually the op's only node).
     for key, (node, positions) in boundary.items():
         node.register_hook(op_backward.boundary(positions, by_node.pop(key, (None, ()))[1]))
@@ -133,14 +159,14 @@ class _OpBackward:
 
     __slots__ = ("session", "record", "waiting", "grads_out", "grads_in", "done", "summed", "keep")
 
-    def __init__(self, session, record: dict, waiting: int, n_inputs: int, targets: list):
+    def __init__(self, session, record: dict, waiting: int, n_inputs: int, summed: set):
         self.session = session
         self.record = record
         self.waiting = waiting
         self.keep = session.overflow is not None
         self.grads_out: list = [None] * len(record["inputs"])   # tensors, or their descriptors
         self.grads_in: list = [None] * n_inputs
-        self.summed = {i for i in targets if targets.count(i) > 1}   # fed by several edges
+        self.summed = summed     # arguments fed by several edges: their parts kept until summed
         self.done = False
 
     def _describe(self, g, role: str, slot):
