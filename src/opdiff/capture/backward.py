@@ -170,10 +170,10 @@ class _OpBackward:
         self.done = False
 
     def _describe(self, g, role: str, slot):
+        """(called under `own()`)"""
         if self.keep or g is None:
             return g
-        with self.session.own():
-            return self.session.sink.describer.describe(g, self.record["name"], role, slot)
+        return self.session.sink.describer.describe(g, self.record["name"], role, slot)
 
     def boundary(self, positions: list, slots=()):
         """The post hook of a node handing gradients to the call's arguments."""
@@ -184,20 +184,18 @@ class _OpBackward:
                 self.done = True
                 return
             try:
-                for nr, j in slots:     # this node also made some of the op's outputs
-                    self.grads_out[j] = self._describe(grad_outputs[nr], Role.INPUT, j)
-                grads_in, summed = self.grads_in, self.summed
-                for k, i in positions:
-                    g = grad_inputs[k]
-                    if g is None:
-                        continue
-                    if i not in summed:
-                        grads_in[i] = self._describe(g, Role.OUTPUT, i)
-                    elif grads_in[i] is None:
-                        grads_in[i] = g
-                    else:   # (a sum is a tensor op: opdiff's own)
-                        with self.session.own():
-                            grads_in[i] = grads_in[i] + g
+                with self.session.own():    # (a sum is a tensor op: opdiff's own)
+                    for nr, j in slots:     # this node also made some of the op's outputs
+                        self.grads_out[j] = self._describe(grad_outputs[nr], Role.INPUT, j)
+                    grads_in, summed = self.grads_in, self.summed
+                    for k, i in positions:
+                        g = grad_inputs[k]
+                        if g is None:
+                            continue
+                        if i not in summed:
+                            grads_in[i] = self._describe(g, Role.OUTPUT, i)
+                        else:
+                            grads_in[i] = g if grads_in[i] is None else grads_in[i] + g
             except Exception as exc:
                 self.session.failed(f"{self.record['name']} (backward)", exc, self.record)
             self.waiting -= 1
@@ -211,8 +209,9 @@ class _OpBackward:
             if self.done or self.session.writer is None:
                 return
             try:
-                for nr, j in slots:
-                    self.grads_out[j] = self._describe(grad_outputs[nr], Role.INPUT, j)
+                with self.session.own():
+                    for nr, j in slots:
+                        self.grads_out[j] = self._describe(grad_outputs[nr], Role.INPUT, j)
             except Exception as exc:
                 self.session.failed(f"{self.record['name']} (backward)", exc, self.record)
         return prehook
