@@ -38,6 +38,9 @@ def main(argv=None):
     parser.add_argument("--task", default="statistics")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                         help="cpu: this process's CPU time (steadier on a shared machine)")
+    parser.add_argument("--pattern", choices=["reuse", "construct"], default="reuse",
+                        help="reuse: one debugger, start/stop/step each step (what a user does); "
+                             "construct: a new PrecisionDebugger every step (the old figure)")
     args = parser.parse_args(argv)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     torch.set_num_threads(1)
@@ -55,22 +58,27 @@ def main(argv=None):
         step()
     root = Path(tempfile.mkdtemp(prefix="opdiff-bench-"))
     plain, captured, records = [], [], 0
+    shared = opdiff.PrecisionDebugger(dump_path=str(root / "shared"), level=args.level,
+                                      task=args.task)
     try:
         for i in range(args.steps):
             t0 = clock()
             step()
             plain.append(clock() - t0)
-            path = root / str(i)
-            t0 = clock()
-            dbg = opdiff.PrecisionDebugger(dump_path=str(path), level=args.level, task=args.task)
+            if args.pattern == "reuse":
+                path, dbg, t0 = root / "shared", shared, clock()
+            else:
+                path, t0 = root / str(i), clock()
+                dbg = opdiff.PrecisionDebugger(dump_path=str(path), level=args.level, task=args.task)
             dbg.start(model)
             step()
             dbg.stop()
             dbg.step()
             captured.append(clock() - t0)
+            directory = path / f"step{dbg.session.step_index - 1}" / "rank0"
             if i == 0:
-                records = sum(1 for _ in open_dump(path / "step0" / "rank0").records())
-            shutil.rmtree(path, ignore_errors=True)
+                records = sum(1 for _ in open_dump(directory).records())
+            shutil.rmtree(directory.parent if args.pattern == "reuse" else path, ignore_errors=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     p, c = statistics.median(plain), statistics.median(captured)

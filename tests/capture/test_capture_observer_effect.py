@@ -209,3 +209,44 @@ def test_described_tensors_stay_resizable(task, level, tmp_path):
     for t in (x, y.detach(), model[0].weight.detach(), model[0].weight.grad):
         storage = t.untyped_storage()
         storage.resize_(storage.nbytes())      # raises on an unresizable storage
+
+
+@pytest.mark.parametrize("task", ("statistics", "tensor"))
+def test_parameter_gradients_are_the_tensors_autograd_made(tmp_path, task):
+    """Capture holds no gradient while autograd runs: each `.grad` is the very tensor the
+    engine handed AccumulateGrad (torch takes a gradient only nobody else holds, and copies it
+    otherwise), as without opdiff. The biases of F.linear get theirs from a different node than
+    the weights, so a hook holding the op's gradients until its last node made every bias
+    gradient a copy. (overflow_check still holds them: its check reads the op's gradients
+    once all have arrived.)"""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16))
+    x = torch.randn(4, 16, requires_grad=True)
+    dbg = opdiff.PrecisionDebugger(dump_path=str(tmp_path), level="mix", task=task)
+    dbg.start(model)
+    y = model(x)
+    arriving: dict = {}
+    todo, seen = [y.grad_fn], set()
+    while todo:    # the gradient each AccumulateGrad node receives, by the address of its memory
+        node = todo.pop()
+        for nxt, _ in node.next_functions:
+            if nxt is None or id(nxt) in seen:
+                continue
+            seen.add(id(nxt))
+            if type(nxt).__name__ == "AccumulateGrad":
+                nxt.register_prehook(lambda grads, v=nxt.variable: arriving.__setitem__(
+                    id(v), grads[0].data_ptr()))
+            else:
+                todo.append(nxt)
+    y.sum().backward()
+    dbg.stop()
+    dbg.step()
+    params = dict(model.named_parameters())
+    assert {n for n, p in params.items() if id(p) in arriving} == set(params)
+    copied = [n for n, p in params.items() if p.grad.data_ptr() != arriving[id(p)]]
+    assert copied == []
+    records = {r["name"]: r for r in open_dump(find_dumps(tmp_path)[0]).records()}
+    grads = records["Functional.linear.0.backward"]["outputs"]   # to input, weight and bias
+    assert [g["shape"] for g in grads] == [[4, 16], [16, 16], [16]]
+    if task == "statistics":
+        assert grads[2]["stats"]["max"] >= grads[2]["stats"]["min"]

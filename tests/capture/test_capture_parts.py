@@ -4,11 +4,15 @@ from __future__ import annotations
 import threading
 
 import pytest
+import torch
+
+import opdiff
 
 from opdiff.capture.selection import Selection, name_matches
 from opdiff.capture.sink import PendingRecord
 from opdiff.capture.tracker import ModuleStack
 from opdiff.config import DumpConfig
+from opdiff.store import find_dumps, open_dump
 
 
 def test_module_stack_names_the_innermost_call_per_thread():
@@ -108,3 +112,46 @@ def test_user_frames_cached_per_site_equal_the_walk_and_follow_registrations(tmp
     assert all(f[0] != str(pkg / "looks_internal.py") for f in module.where())
     register_user_code(str(pkg))
     assert module.where()[0][:3] == (str(pkg / "looks_internal.py"), 3, "where")
+
+
+class _Block(torch.nn.Module):
+    """User code inside a module's forward, calling torch's modules and a user helper."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+        self.inner = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+
+    def forward(self, x):
+        return _helper(self.inner(self.fc(x)))
+
+
+def _helper(x):
+    return torch.tanh(x) * 2
+
+
+def _run_block(model, x):
+    return model(x).sum()
+
+
+def test_op_stacks_inside_modules_equal_the_full_walk(tmp_path):
+    """At mix the walk for an op stops at the module call it runs in and takes the user frames
+    outside it from that call (stacks.py `anchor`); the stacks recorded must be those the full
+    walk finds (L1 has no module calls: it always walks the whole stack)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(_Block(), _Block())
+    x = torch.randn(2, 8)
+    stacks = {}
+    for level in ("L1", "mix"):
+        dbg = opdiff.PrecisionDebugger(dump_path=str(tmp_path / level), level=level)
+        dbg.start(model)
+        _run_block(model, x).backward()
+        dbg.stop()
+        dbg.step()
+        dump = open_dump(find_dumps(tmp_path / level)[0])
+        stacks[level] = {r["name"]: [(f["file"], f["line"], f["function"]) for f in dump.stack(r["stack"])]
+                         for r in dump.records() if r["kind"] == "api" and r["phase"] == "forward"}
+    assert stacks["L1"] == stacks["mix"]
+    tanh = stacks["mix"]["Torch.tanh.1.forward"]
+    assert [f[2] for f in tanh[:4]] == ["_helper", "forward", "_run_block",
+                                        "test_op_stacks_inside_modules_equal_the_full_walk"]

@@ -17,6 +17,19 @@ from .sink import PendingRecord
 collectives.BACKWARD_COLLECTIVES = True
 
 
+_GETTERS: dict = {}   # the attribute getters seen (never recorded): answered first, in one lookup
+
+
+def _remember_getter(func) -> None:
+    """Let a tensor attribute's getter through at once from now on (a method-wrapper hashes and
+    compares by the descriptor it wraps, so each attribute is one entry)."""
+    try:
+        if len(_GETTERS) < 4096:
+            _GETTERS[func] = True
+    except TypeError:
+        pass
+
+
 class ApiCapture(TorchFunctionMode):
     """Records the outermost torch API call: inputs before it runs, outputs after."""
 
@@ -38,6 +51,8 @@ class ApiCapture(TorchFunctionMode):
         pass
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in _GETTERS:    # attribute reads (`.shape`, `.grad`): most of the calls a mode sees
+            return func(*args) if not kwargs else func(*args, **kwargs)
         kwargs = kwargs or {}
         if torch.compiler.is_compiling():
             # Dynamo traces modes: without this it would trace (and graph-break on) opdiff's own
@@ -50,7 +65,10 @@ class ApiCapture(TorchFunctionMode):
             # Attribute reads (`.shape`, `.grad`: most of the calls a mode sees) as cheaply as
             # possible, and opdiff's own work; other calls not recorded still warn from where
             # the user called them.
-            if op is not None or getattr(func, "__name__", None) == "__get__":
+            if op is None and getattr(func, "__name__", None) == "__get__":
+                _remember_getter(func)
+                return func(*args, **kwargs)
+            if op is not None:
                 return func(*args, **kwargs)
             return call_as(api_caller(), func, args, kwargs)
         if s.sink.writer is None or (in_backward() and not collectives.in_comm_hook(op)) or \

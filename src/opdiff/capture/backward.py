@@ -14,6 +14,7 @@ Python's collector cannot see, and it keeps the whole graph (saved activations i
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import torch
 
@@ -76,9 +77,15 @@ def hook_api_backward(session, fwd_name: str, op: str, index: int, module, stack
     Outputs: the gradient this call sends to each of its tensor arguments, summed over the
     edges of the nodes it created (a composite op such as F.linear on 3-D input builds several).
     """
-    out_tensors = [outputs] if isinstance(outputs, torch.Tensor) else list(tensors_in(outputs))
-    if not any(t.requires_grad for t in out_tensors):
-        return
+    # (plain loops: this runs for every recorded op whose output requires grad)
+    if isinstance(outputs, torch.Tensor):
+        if not outputs.requires_grad:
+            return
+        out_tensors = [outputs]
+    else:
+        out_tensors = tensors_in(outputs)
+        if not any(t.requires_grad for t in out_tensors):
+            return
     name = record_name(op, Phase.BACKWARD, index)
     if not session.selected(name, forward_selected=True):
         return
@@ -88,82 +95,152 @@ def hook_api_backward(session, fwd_name: str, op: str, index: int, module, stack
     if not roots:
         return
     nodes, leaving = op_nodes(roots, first, last_seq)
-    node_ids = {id(n) for n in nodes}
-    targets = {(id(fn), nr): i for i, fn, nr, _ in edges if fn is not None}
-    leaves = {id(t): i for i, fn, _, t in edges if fn is None}
-    n_inputs = 1 + max((i for i, _, _, _ in edges), default=-1)
+    targets: dict = {}
+    leaves: dict = {}
+    n_inputs = 0
+    for i, fn, nr, t in edges:
+        if fn is not None:
+            targets[(id(fn), nr)] = i
+        else:
+            leaves[id(t)] = i
+        if i >= n_inputs:
+            n_inputs = i + 1
     # Boundary edges: from a node of this call to the node that owns one of its arguments' grads.
-    boundary: dict = {}
+    boundary: dict[int, tuple[Any, list]] = {}
+    fed: set = set()
+    summed: set = set()     # arguments fed by several edges
     for node, k, nxt, nr in leaving:
         i = targets.get((id(nxt), nr))
         if i is None and leaves and type(nxt).__name__ == "AccumulateGrad":
             i = leaves.get(id(nxt.variable))
         if i is not None:
-            boundary.setdefault(id(node), (node, []))[1].append((k, i))
+            entry = boundary.get(id(node))
+            if entry is None:
+                entry = boundary[id(node)] = (node, [])
+            entry[1].append((k, i))
+            if i in fed:
+                summed.add(i)
+            fed.add(i)
     record = {"name": name, "op": op, "kind": Kind.API, "phase": Phase.BACKWARD, "module": module,
               "forward": fwd_name, "stack": stack,
               "inputs": [None] * len(out_tensors), "outputs": [None] * n_inputs}
-    state = {"waiting": len(boundary), "grads_out": [None] * len(out_tensors),
-             "grads_in": [None] * n_inputs, "done": False}
-
-    def emit():
-        if state["done"] or session.writer is None:
-            return
-        state["done"] = True
-        if capturing_graph():    # a backward captured into a CUDA graph: see guards.py
-            return
-        with session.own():
-            try:
-                record["inputs"] = session.describe_all(state["grads_out"], name, Role.INPUT)
-                record["outputs"] = session.describe_all(state["grads_in"], name, Role.OUTPUT)
-            except Exception as exc:
-                session.failed(f"{name} (backward)", exc, record)
-        session.emit(record)
-        session.check_overflow(record, state["grads_out"], state["grads_in"])
-        state["grads_out"] = state["grads_in"] = None   # the node may outlive this backward
-
-    def on_boundary(positions, slots=()):
-        def hook(grad_inputs, grad_outputs):
-            if state["done"]:   # a second backward through a retained graph: recorded once
-                return
-            for nr, j in slots:     # this node also made some of the op's outputs
-                state["grads_out"][j] = grad_outputs[nr]
-            try:
-                with session.own():
-                    for k, i in positions:
-                        g = grad_inputs[k]
-                        if g is not None:
-                            prev = state["grads_in"][i]
-                            state["grads_in"][i] = g if prev is None else prev + g
-            except Exception as exc:
-                session.failed(f"{name} (backward)", exc, record)
-            state["waiting"] -= 1
-            if state["waiting"] == 0:
-                emit()
-        return hook
-
     # Gradients w.r.t. the outputs: what each output's node receives (a node pre-hook sees the
     # gradient of the value the op produced, even if the tensor was later changed in place).
-    by_node: dict = {}
+    # An output's node is the call's when it is one of the roots.
+    by_node: dict[int, tuple[Any, list]] = {}
+    root_ids = {id(fn) for fn in roots}
     for j, t in enumerate(out_tensors):
-        if t.requires_grad and t.grad_fn is not None and id(t.grad_fn) in node_ids:
-            by_node.setdefault(id(t.grad_fn), (t.grad_fn, []))[1].append((t.output_nr, j))
-
-    def on_output_node(slots):
-        def prehook(grad_outputs):
-            if state["done"]:
-                return
-            for nr, j in slots:
-                state["grads_out"][j] = grad_outputs[nr]
-        return prehook
-
+        fn = t.grad_fn if t.requires_grad else None
+        if fn is not None and id(fn) in root_ids:
+            entry = by_node.get(id(fn))
+            if entry is None:
+                entry = by_node[id(fn)] = (fn, [])
+            entry[1].append((t.output_nr, j))
+    op_backward = _OpBackward(session, record, len(boundary), n_inputs, summed)
     # A node with a post hook anyway sees the same gradients there (usually the op's only node).
     for key, (node, positions) in boundary.items():
-        node.register_hook(on_boundary(positions, by_node.pop(key, (None, ()))[1]))
+        node.register_hook(op_backward.boundary(positions, by_node.pop(key, (None, ()))[1]))
     for node, slots in by_node.values():
-        node.register_prehook(on_output_node(slots))
+        node.register_prehook(op_backward.output_node(slots))
     if not boundary:  # no argument needs a gradient (e.g. a factory with requires_grad=True)
-        nodes[0].register_hook(lambda grad_inputs, grad_outputs: emit())
+        nodes[0].register_hook(lambda grad_inputs, grad_outputs: op_backward.emit())
+
+
+class _OpBackward:
+    """One API call's backward record while its gradients arrive (see hook_api_backward).
+
+    Each gradient is described as it arrives, and no hook keeps it afterwards: a gradient held
+    until the op's last node ran would make AccumulateGrad copy it into `.grad` instead of
+    taking it (torch takes a gradient only nobody else holds), a copy of every parameter's
+    gradient, which the parameter-gradient record then described again. Only an argument fed by
+    several edges of the call keeps its parts until they are summed. With task="overflow_check"
+    the tensors are kept for the check at the end, as the check reads them.
+    """
+
+    __slots__ = ("session", "record", "waiting", "grads_out", "grads_in", "done", "summed", "keep")
+
+    def __init__(self, session, record: dict, waiting: int, n_inputs: int, summed: set):
+        self.session = session
+        self.record = record
+        self.waiting = waiting
+        self.keep = session.overflow is not None
+        self.grads_out: list = [None] * len(record["inputs"])   # tensors, or their descriptors
+        self.grads_in: list = [None] * n_inputs
+        self.summed = summed     # arguments fed by several edges: their parts kept until summed
+        self.done = False
+
+    def _describe(self, g, role: str, slot):
+        """(called under `own()`)"""
+        if self.keep or g is None:
+            return g
+        return self.session.sink.describer.describe(g, self.record["name"], role, slot)
+
+    def boundary(self, positions: list, slots=()):
+        """The post hook of a node handing gradients to the call's arguments."""
+        def hook(grad_inputs, grad_outputs):
+            if self.done:   # a second backward through a retained graph: recorded once
+                return
+            if self.session.writer is None or capturing_graph():  # (see guards.py)
+                self.done = True
+                return
+            try:
+                with self.session.own():    # (a sum is a tensor op: opdiff's own)
+                    for nr, j in slots:     # this node also made some of the op's outputs
+                        self.grads_out[j] = self._describe(grad_outputs[nr], Role.INPUT, j)
+                    grads_in, summed = self.grads_in, self.summed
+                    for k, i in positions:
+                        g = grad_inputs[k]
+                        if g is None:
+                            continue
+                        if i not in summed:
+                            grads_in[i] = self._describe(g, Role.OUTPUT, i)
+                        else:
+                            grads_in[i] = g if grads_in[i] is None else grads_in[i] + g
+            except Exception as exc:
+                self.session.failed(f"{self.record['name']} (backward)", exc, self.record)
+            self.waiting -= 1
+            if self.waiting == 0:
+                self.emit()
+        return hook
+
+    def output_node(self, slots: list):
+        """The pre hook of a node that made some of the call's outputs (not a boundary node)."""
+        def prehook(grad_outputs):
+            if self.done or self.session.writer is None:
+                return
+            try:
+                with self.session.own():
+                    for nr, j in slots:
+                        self.grads_out[j] = self._describe(grad_outputs[nr], Role.INPUT, j)
+            except Exception as exc:
+                self.session.failed(f"{self.record['name']} (backward)", exc, self.record)
+        return prehook
+
+    def emit(self) -> None:
+        s, record = self.session, self.record
+        if self.done or s.writer is None:
+            return
+        self.done = True
+        if capturing_graph():    # a backward captured into a CUDA graph: see guards.py
+            return
+        name = record["name"]
+        grads_out, grads_in = self.grads_out, self.grads_in
+        with s.own():
+            try:
+                if self.keep:
+                    record["inputs"] = s.describe_all(grads_out, name, Role.INPUT)
+                    record["outputs"] = s.describe_all(grads_in, name, Role.OUTPUT)
+                else:
+                    d = s.sink.describer
+                    record["inputs"] = [g if type(g) is dict else d.describe(g, name, Role.INPUT, j)
+                                        for j, g in enumerate(grads_out)]
+                    record["outputs"] = [g if type(g) is dict else d.describe(g, name, Role.OUTPUT, i)
+                                         for i, g in enumerate(grads_in)]
+            except Exception as exc:
+                s.failed(f"{name} (backward)", exc, record)
+        s.emit(record)
+        s.check_overflow(record, grads_out, grads_in)
+        self.grads_out = self.grads_in = []   # the node may outlive this backward
 
 
 def grad_targets(values) -> list:

@@ -26,7 +26,7 @@ class Describer:
         self.writer = writer
         self.save = save
         self._saved: dict = {}   # id(tensor) -> (weakref, version, key)
-        self._stats: dict = {}   # id(tensor) -> (weakref, version, stats handle)
+        self._stats: dict = {}   # id(tensor) -> (weakref, version, stats handle, head or None)
         self._blocks: dict = {}  # (address, numel, dtype) of a dense tensor -> same as _stats
         self._by_storage: dict = {}   # storage address -> ids of cached tensors viewing it
         # A read is verified (outside.py) unless the tensor was described or verified since the
@@ -111,6 +111,19 @@ class Describer:
         return desc
 
     def tensor(self, t: torch.Tensor, record: str, role: str, slot) -> dict:
+        # Read again before any user op ran (a module's output after its last op, a parameter
+        # after its op, every gradient in backward): shape, dtype and device are as described,
+        # the statistics are shared unverified (see below).
+        key = id(t)
+        cached = self._stats.get(key)
+        if cached is not None and cached[3] is not None and self._seen.get(key) == self.epoch \
+                and cached[0]() is t and cached[1] == t._version:
+            desc = cached[3].copy()
+            desc["requires_grad"] = t.requires_grad
+            self.stats.share(desc, cached[2])
+            if self.save:
+                desc["key"] = self._save(t, record, role, slot)
+            return desc
         if _is_wrapped(t):
             t = _unwrapped(t)
         # a DTensor: this rank's shard, and where it sits (collectives.local_shard)
@@ -175,8 +188,13 @@ class Describer:
             block = None     # the block's entry stays its first tensor's
         else:
             handle = self.stats.add(desc, t)
+        # (what a read in the same epoch copies: not a DTensor's shard, described with its
+        # placement, nor a tensor subclass)
+        head = None if "placement" in desc or type(t) not in _PLAIN_TYPES else \
+            {"type": "tensor", "dtype": desc["dtype"], "shape": desc["shape"],
+             "device": desc["device"]}
         try:
-            entry = (weakref.ref(t), version, handle)
+            entry = (weakref.ref(t), version, handle, head)
         except TypeError:
             return
         self._stats[key] = entry

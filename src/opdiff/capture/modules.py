@@ -6,12 +6,14 @@ are held through weak references, and every hook handle is removed by `remove()`
 """
 from __future__ import annotations
 
+import sys
 import weakref
 
 import torch
 from torch.nn.modules import module as nn_module
 
 from ..store.schema import Kind, Phase, Role, module_op, record_name
+from . import stacks
 from .backward import grad_targets, hook_module_backward, in_backward
 from .guards import capturing_graph, tracing_or_capturing
 from .leaves import tag_leaves
@@ -138,12 +140,17 @@ class ModuleCapture:
         if label is None or s.own.active or s.sink.writer is None or in_backward():
             return None
         pending = None
+        anchor = None
         try:
             index = s.sink.next_index(f"{label}.forward")
             name = record_name(label, Phase.FORWARD, index, Kind.MODULE)
             if s.selection.selected(name):
+                # The frame running this call (it stays on the stack until the call returns)
+                # and the user frames from it outward: what every op inside it shares.
+                caller = sys._getframe(1)
+                anchor = (caller, stacks.frames_from(caller, anchor=s.modules.anchor))
                 record = {"name": name, "op": label, "kind": Kind.MODULE, "phase": Phase.FORWARD,
-                          "module": s.modules.current, "stack": s.stack_id(skip=3)}
+                          "module": s.modules.current, "stack": s.sink.stack_id(anchor[1])}
                 pending = PendingRecord(record, index)
                 backward = s.selection.want_backward and torch.is_grad_enabled()
                 with s.own():
@@ -160,7 +167,7 @@ class ModuleCapture:
             else:
                 name = label
             s.failed(label, exc, pending.record if pending is not None else None)
-        s.modules.push(module, name, (pending, args))
+        s.modules.push(module, name, (pending, args), anchor)
         return None
 
     def _post(self, module, args, *rest):

@@ -146,7 +146,7 @@ class Session:
         """The stack id of the user's call site, `skip` frames above the caller."""
         if self.sink.writer is None:
             return None
-        return self.sink.stack_id(stacks.user_frames(skip + 1))
+        return self.sink.stack_id(stacks.user_frames(skip + 1, anchor=self.modules.anchor))
 
     # -- records -------------------------------------------------------------------------------
     def describe_all(self, values, name: str, role: str) -> list:

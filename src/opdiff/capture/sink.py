@@ -59,12 +59,14 @@ class StepSink:
         self._stack_ids: dict = {}      # user frames -> stack id in this step's writer
         self._param_grads: dict = {}    # module op -> {parameter name: gradient}
         self._frozen = False            # objects older than the step kept out of full GCs
+        self._thresholds: tuple | None = None   # the collector's thresholds before the step
 
     # -- the step ----------------------------------------------------------------------------
     def open(self, directory, meta: dict, task: str) -> None:
         """Open the step's dump (OSError when it cannot be written)."""
         self.writer = DumpWriter(directory, meta)
         self._frozen = _freeze_older_objects()
+        self._thresholds = _fewer_young_collections()
         light = task == "overflow_check"
         self.forced_only = light
         self.describer = Describer(None if light else self.stats, self.writer, save=task == "tensor")
@@ -78,6 +80,10 @@ class StepSink:
         if self._frozen:
             gc.unfreeze()
             self._frozen = False
+        if self._thresholds is not None:
+            if gc.get_threshold()[0] == self._thresholds[0] * _YOUNG_FACTOR:  # not changed since
+                gc.set_threshold(*self._thresholds)
+            self._thresholds = None
 
     def end(self) -> None:
         """After the step closed: counters and stack ids start again."""
@@ -166,6 +172,25 @@ class StepSink:
             except Exception as exc:
                 self._failed("parameter gradients", exc, record)
         self.emit(record)
+
+
+_YOUNG_FACTOR = 8
+
+
+def _fewer_young_collections() -> tuple | None:
+    """Collect the youngest generation 8 times less often while the step is recorded: its
+    records and descriptors (some 20 small objects a record) triggered a collection every 35
+    records, each scanning what the step had allocated since (1.5 ms of a 50 ms step on the
+    per-op benchmark). They are freed by reference counting as before; the thresholds come back
+    when the step closes (unless the program changed them meanwhile). Returns the thresholds to
+    restore, or None where nothing was changed."""
+    if not gc.isenabled():
+        return None
+    thresholds = gc.get_threshold()
+    if thresholds[0] <= 0:
+        return None
+    gc.set_threshold(thresholds[0] * _YOUNG_FACTOR, *thresholds[1:])
+    return thresholds
 
 
 def _freeze_older_objects() -> bool:

@@ -24,21 +24,33 @@ _sites: dict = {}     # (id(code), lasti) -> (code, its (file, line, function) o
 _registered = (-1, -1)   # frames' registered directories when _sites was filled
 
 
-def user_frames(skip: int = 1, limit: int = MAX_FRAMES) -> tuple:
+def user_frames(skip: int = 1, limit: int = MAX_FRAMES, anchor: tuple | None = None) -> tuple:
     """(file, line, function) of up to `limit` user frames, innermost first; cheap, no source read.
 
     What each frame contributes is looked up by its code object and instruction offset (the line
     follows from them): one dictionary lookup per frame instead of a line-table decode and the
     internal-file test. The entry holds the code object, so its id is not reused meanwhile.
+
+    `anchor`: (a frame, the user frames from it outward), taken while that frame runs (the
+    module call an op runs in, see modules.py): the frames outside it cannot change while it
+    runs, so the walk stops there.
     """
+    return frames_from(sys._getframe(skip), limit, anchor)
+
+
+def frames_from(f: FrameType | None, limit: int = MAX_FRAMES, anchor: tuple | None = None) -> tuple:
+    """`user_frames` from frame `f` outward."""
     global _registered
-    f: FrameType | None = sys._getframe(skip)
+    stop, above = anchor if anchor is not None else (None, ())
     out: list[tuple[str, int, str]] = []
     sites = _sites
     if _registered != (len(frames._user_dirs), len(frames._framework_dirs)):
         sites.clear()    # a directory was registered since (the lists only grow): ask again
         _registered = (len(frames._user_dirs), len(frames._framework_dirs))
     while f is not None:
+        if f is stop:
+            out.extend(above[:limit - len(out)])
+            break
         code = f.f_code
         entry = sites.get((id(code), f.f_lasti))
         if entry is None or entry[0] is not code:

@@ -27,6 +27,7 @@ class ModuleStack:
         if calls is None:
             calls = self._local.calls = []
             self._local.names = []
+            self._local.anchors = []
         return calls
 
     @property
@@ -35,10 +36,19 @@ class ModuleStack:
         names = getattr(self._local, "names", None)
         return names[-1] if names else None
 
-    def push(self, module, name: str, state) -> None:
-        """A call of `module` began; `state` comes back from `pop`."""
+    @property
+    def anchor(self) -> tuple | None:
+        """The innermost running call's (frame, user frames from it outward), or None (see
+        stacks.user_frames)."""
+        anchors = getattr(self._local, "anchors", None)
+        return anchors[-1] if anchors else None
+
+    def push(self, module, name: str, state, anchor: tuple | None = None) -> None:
+        """A call of `module` began; `state` comes back from `pop`. `anchor`: the frame that
+        runs the call and the user frames from it outward (None: not known)."""
         self._calls().append((module, state))
         self._local.names.append(name)
+        self._local.anchors.append(anchor)
 
     def pop(self, module):
         """The state pushed with `module`'s call, if it is the innermost one; else None (and
@@ -47,4 +57,5 @@ class ModuleStack:
         if not calls or calls[-1][0] is not module:
             return None
         self._local.names.pop()
+        self._local.anchors.pop()
         return calls.pop()[1]
