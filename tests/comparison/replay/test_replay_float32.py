@@ -207,3 +207,15 @@ def test_a_conv_backward_finds_its_autocast_on_one_sample_with_the_same_verdict(
     warm = replay_record(rec, bf16_cnn.tensor, Policy(), forward_record=fwd, known=known)
     assert fresh.replayed and fresh.reference == warm.reference
     assert fresh.tensors == warm.tensors
+
+
+def test_all_finite_by_a_sum_never_says_finite_for_inf_or_nan():
+    from opdiff.comparison.replay.direct import _all_finite
+
+    x = torch.randn(1000)
+    assert _all_finite(x)
+    for bad in (float("inf"), float("-inf"), float("nan")):
+        y = x.clone()
+        y[17] = bad
+        assert not _all_finite(y)
+    assert not _all_finite(torch.full((4,), 3e38))    # an overflowing sum: float64 decides
