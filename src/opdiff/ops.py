@@ -34,6 +34,12 @@ class OpTraits:
     returns_first_argument: bool = False   # returns None, its result is its first argument
     not_replayable: str = ""          # why replay cannot rebuild it ("" = it can be tried)
     cpu_reference: Optional[Callable] = None   # a CPU implementation for a custom op
+    # Every output value is one of its floating inputs' values or 0 (relu, a reshape): its
+    # result in the inputs' own dtype is its float64 result, forward and backward.
+    exact_in_dtype: bool = False
+    # Its gradients are the output gradient itself when every tensor has one shape and no
+    # alpha is given (an addition): exact backward, not forward.
+    exact_backward: bool = False
 
     @property
     def replay_refusal(self) -> str:
@@ -173,6 +179,12 @@ register("Tensor.__setitem__", returns_first_argument=True)
 register("Tensor.__setitem__", mutates=True)
 register_method("_amp_foreach_non_finite_check_and_unscale_", "_amp_update_scale_",
                 loss_scaler=True)
+# What replay may run in the recorded dtype instead of float64 (the same values; see OpTraits).
+register("Functional.relu", "Torch.relu", "Tensor.relu", "Tensor.relu_", "Torch.relu_",
+         "Tensor.flatten", "Torch.flatten", "Tensor.view", "Tensor.reshape", "Torch.reshape",
+         exact_in_dtype=True)
+register("Tensor.__iadd__", "Tensor.__add__", "Tensor.__radd__", "Tensor.add", "Tensor.add_",
+         "Torch.add", exact_backward=True)
 
 
 __all__ = ["OpTraits", "traits", "register", "register_method", "register_prefix", "method_of",

@@ -42,35 +42,26 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from ...ops import traits
 from .calls import flat_descriptors, rebuild_call
 
 _CONV2D = ("Functional.conv2d", "Torch.conv2d")
-
-# Ops whose every output value is one of their floating inputs' values or 0 (relu keeps x or
-# writes 0, its backward keeps the gradient or writes 0, a reshape moves values): their result
-# in the inputs' own dtype IS the float64 result, and runs several times faster (no widening,
-# no float64 autograd). `exact_in_dtype`. An addition's gradients are the output gradient
-# itself (alpha 1, no broadcasting: same shapes): exact backward, not forward.
-_EXACT_OPS = frozenset({"Functional.relu", "Torch.relu", "Tensor.relu", "Tensor.relu_",
-                        "Torch.relu_", "Tensor.flatten", "Torch.flatten", "Tensor.view",
-                        "Tensor.reshape", "Torch.reshape"})
-_EXACT_BACKWARD = frozenset({"Tensor.__iadd__", "Tensor.__add__", "Tensor.__radd__",
-                             "Tensor.add", "Tensor.add_", "Torch.add"})
 
 
 def exact_in_dtype(record: dict[str, Any], grads: Optional[dict[int, torch.Tensor]] = None
                    ) -> bool:
     """Is the call's result in its inputs' dtype exactly its float64 result (with `grads`, the
-    output gradients of a backward: its gradients)? For the ops of `_EXACT_OPS` (and, backward,
-    `_EXACT_BACKWARD` with tensors of one shape and no alpha) whose tensor arguments and
-    gradients are all of one real floating dtype: a gradient of another dtype would be cast
-    on the way."""
-    op = record.get("op")
-    if op not in _EXACT_OPS and not (grads is not None and op in _EXACT_BACKWARD):
+    output gradients of a backward: its gradients)? For the ops `ops.traits` calls
+    `exact_in_dtype` (and, backward, `exact_backward` with tensors of one shape and no alpha)
+    whose tensor arguments and gradients are all of one real floating dtype: a gradient of
+    another dtype would be cast on the way. No widening, no float64 autograd: several times
+    faster."""
+    known = traits(str(record.get("op")))
+    if not (known.exact_in_dtype or (grads is not None and known.exact_backward)):
         return False
     descs = flat_descriptors(list(record.get("inputs") or [])
                              + list((record.get("kwargs") or {}).values()))
-    if op in _EXACT_BACKWARD:
+    if known.exact_backward:
         shapes = {tuple(d.get("shape") or ()) for d in descs}
         shapes |= {tuple(g.shape) for g in (grads or {}).values()}
         if len(shapes) != 1 or len(record.get("inputs") or []) != 2 or record.get("kwargs"):
