@@ -226,16 +226,12 @@ class _OpBackward:
         name = record["name"]
         grads_out, grads_in = self.grads_out, self.grads_in
         with s.own():
-            try:
-                if self.keep:
-                    record["inputs"] = s.describe_all(grads_out, name, Role.INPUT)
-                    record["outputs"] = s.describe_all(grads_in, name, Role.OUTPUT)
-                else:
-                    d = s.sink.describer
-                    record["inputs"] = [g if type(g) is dict else d.describe(g, name, Role.INPUT, j)
-                                        for j, g in enumerate(grads_out)]
-                    record["outputs"] = [g if type(g) is dict else d.describe(g, name, Role.OUTPUT, i)
-                                         for i, g in enumerate(grads_in)]
+            try:    # (what `_describe` described on arrival is a dict already)
+                d = s.sink.describer
+                record["inputs"] = [g if type(g) is dict else d.describe(g, name, Role.INPUT, j)
+                                    for j, g in enumerate(grads_out)]
+                record["outputs"] = [g if type(g) is dict else d.describe(g, name, Role.OUTPUT, i)
+                                     for i, g in enumerate(grads_in)]
             except Exception as exc:
                 s.failed(f"{name} (backward)", exc, record)
         s.emit(record)
