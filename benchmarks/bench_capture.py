@@ -1,6 +1,7 @@
 """Capture overhead: the same training step with and without opdiff, side by side in one process.
 
     python benchmarks/bench_capture.py [--steps 9] [--models cnn,transformer,llama,gpt2] [--autocast bf16]
+    python benchmarks/bench_capture.py --floor [--models ...]   # what any Python capture pays
 
 Prints, per model and setting, the median step time and its ratio to the plain step measured
 in the same rounds (plain and captured steps alternate, so machine noise hits both), on one
@@ -130,6 +131,43 @@ def parts(name, workload, steps, warmup=2):
     return [(name, v, statistics.median(r)) for v, r in ratios.items()]
 
 
+def floor(name, workload, steps, warmup=2, clock=time.perf_counter):
+    """What any Python capture pays on this model: each round times a plain step, the step under
+    a torch-function mode that only calls through, under bench_per_op.FloorRecorder (the records
+    opdiff writes, as tuples of tensor heads: no statistics, stacks or files) and under opdiff at
+    mix statistics; ratios of the medians to the plain step's."""
+    from bench_per_op import BareMode, FloorRecorder
+    model, batch, loss_fn = workload()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(warmup):
+        run_step(model, batch, loss_fn, opt)
+    recorder = FloorRecorder().watching(model)
+    times: dict = {"plain": [], "bare mode": [], "floor recorder": [], "opdiff mix": []}
+    with tempfile.TemporaryDirectory(prefix="opdiff-bench-") as root:
+        for i in range(-1, steps):      # round -1: warm-up, not timed
+            t0 = clock()
+            run_step(model, batch, loss_fn, opt)
+            times["plain"].append(clock() - t0)
+            t0 = clock()
+            with BareMode():
+                run_step(model, batch, loss_fn, opt)
+            times["bare mode"].append(clock() - t0)
+            t0 = clock()
+            with recorder:
+                run_step(model, batch, loss_fn, opt)
+            times["floor recorder"].append(clock() - t0)
+            t0 = clock()
+            dbg = opdiff.PrecisionDebugger(dump_path=f"{root}/{i}", level="mix", task="statistics")
+            dbg.start(model)
+            run_step(model, batch, loss_fn, opt)
+            dbg.stop()
+            dbg.step()
+            times["opdiff mix"].append(clock() - t0)
+    base = statistics.median(times["plain"][1:])
+    return [(name, variant, statistics.median(t[1:]) / base, base) for variant, t in times.items()
+            if variant != "plain"], len(recorder.records)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=9, help="measured steps per setting (median)")
@@ -143,6 +181,9 @@ def main(argv=None):
     parser.add_argument("--parts", action="store_true",
                         help="instead: where mix statistics' time goes (statistics of small "
                              "tensors, of large ones, the rest)")
+    parser.add_argument("--floor", action="store_true",
+                        help="instead: the floor of any Python capture (a bare torch-function "
+                             "mode, bench_per_op.FloorRecorder) beside opdiff at mix statistics")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     autocast = torch.bfloat16 if args.autocast == "bf16" else None
@@ -153,6 +194,15 @@ def main(argv=None):
         for name in args.models.split(","):
             for model_name, variant, ratio in parts(name, workloads[name], args.steps):
                 print(f"{model_name:<12} {variant:<28} {ratio:6.2f}")
+        return
+    if args.floor:
+        clock = time.process_time if args.clock == "cpu" else time.perf_counter
+        print(f"{args.steps} rounds, {args.clock} clock, median step / median plain step")
+        for name in args.models.split(","):
+            rows, records = floor(name, workloads[name], args.steps, clock=clock)
+            for model_name, variant, ratio, base in rows:
+                print(f"{model_name:<12} {variant:<16} {ratio:6.2f}x  (plain {base * 1e3:.1f} ms"
+                      + (f", {records} floor records)" if variant == "floor recorder" else ")"))
         return
     settings = SETTINGS
     if args.settings:
