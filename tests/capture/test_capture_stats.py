@@ -425,6 +425,59 @@ def test_staging_overflows_into_more_buffers():
     assert [d["stats"]["mean"] for d in descs] == [float(i) for i in range(40)]
 
 
+def test_host_staging_memory_is_reused_by_later_flushes_without_mixing_values(check_stats):
+    """Host staging keeps its buffers from one flush to the next (fresh pages every step cost
+    more than the reductions). Flushes of growing and shrinking sizes, several buffers deep,
+    each give the numbers of their own tensors at the moment they were described; what is kept
+    stays bounded."""
+    from opdiff.capture import host_stage
+    from opdiff.capture import stats as stats_mod
+    batch = stats_mod.StatsBatch()
+    gen = torch.Generator().manual_seed(5)
+    for flush, count in enumerate([3, 90, 1, 200, 40, 2]):    # up to 3 MB of float32: 4 buffers
+        tensors = [(torch.randn(stats_mod._SMALL // (1 + i % 4), generator=gen) * (flush + 1)).to(
+            (torch.float32, torch.float64, torch.bfloat16)[i % 3]) for i in range(count)]
+        tensors[0][1] = float("nan")      # their counts are taken from the values kept at flush
+        tensors[count // 2][-1] = float("inf")
+        originals = [t.clone() for t in tensors]
+        descs = [{} for _ in tensors]
+        for d, t in zip(descs, tensors):
+            assert isinstance(batch.add(d, t), stats_mod._Small)
+        for t in tensors:
+            t.mul_(-7)                  # written over after being described
+        batch.resolve()
+        for d, t in zip(descs, originals):
+            check_stats({"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape),
+                         "stats": d["stats"]}, t, what=f"flush {flush}")
+    for stage in batch._host.values():
+        assert not stage.chunks and not stage.waiting
+        assert sum(buf.size for buf in stage._spare) <= host_stage._KEEP_BYTES
+        assert stage._work[0].size <= host_stage._KEEP_ELEMENTS
+
+
+def test_values_changed_outside_torch_are_saved_as_read_in_float64(tmp_path):
+    """Two float64 activations changed through NumPy views (no version bump) are read by later
+    ops: with task="tensor" each reader's saved input holds the values it read, its own, though
+    both were reduced in one work buffer that later flushes reuse."""
+    from opdiff.store import open_dump
+    torch.manual_seed(0)
+    lin1, lin2, lin3 = (torch.nn.Linear(4, 4).double() for _ in range(3))
+    x = torch.randn(3, 4, dtype=torch.float64)
+    with opdiff.dump(None, str(tmp_path), level="L1", task="tensor"):
+        a, b = torch.relu(lin1(x)), torch.tanh(lin2(x))
+        a.detach().numpy()[0, 0] += 1.0
+        b.detach().numpy()[2, 3] -= 2.0
+        seen_a, seen_b = a.clone(), b.clone()
+        lin3(a)
+        lin3(b)
+    dump = open_dump(tmp_path / "step0" / "rank0")
+    recs = {r["name"]: r for r in dump.records()}
+    for name, seen in (("Functional.linear.2.forward", seen_a), ("Functional.linear.3.forward", seen_b)):
+        read = recs[name]["inputs"][0]
+        assert read.get("outside") is True, name
+        assert torch.equal(dump.tensor(read["key"]), seen), name
+
+
 def test_a_dtype_the_device_cannot_stage_is_reduced_on_its_own(monkeypatch, check_stats):
     # Some devices refuse some copies (float64 on a few NPUs, fp8): that dtype falls back to
     # the device reduction, the others stay staged.
