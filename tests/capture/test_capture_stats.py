@@ -426,9 +426,10 @@ def test_staging_overflows_into_more_buffers():
 
 
 def test_host_staging_memory_is_reused_by_later_flushes_without_mixing_values(check_stats):
-    """Host staging keeps its buffers from one flush to the next (fresh pages every step cost
-    more than the reductions). Flushes of growing and shrinking sizes, several buffers deep,
-    each give the numbers of their own tensors at the moment they were described; what is kept
+    """Host staging keeps its buffers from one flush to the next, for every debugger of the
+    process (fresh pages every step cost more than the reductions). Flushes of growing and
+    shrinking sizes, several buffers deep, in three dtypes reduced one after the other, each
+    give the numbers of their own tensors at the moment they were described; what is kept
     stays bounded."""
     from opdiff.capture import host_stage
     from opdiff.capture import stats as stats_mod
@@ -450,9 +451,10 @@ def test_host_staging_memory_is_reused_by_later_flushes_without_mixing_values(ch
             check_stats({"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape),
                          "stats": d["stats"]}, t, what=f"flush {flush}")
     for stage in batch._host.values():
-        assert not stage.chunks and not stage.waiting
-        assert sum(buf.size for buf in stage._spare) <= host_stage._KEEP_BYTES
-        assert stage._work[0].size <= host_stage._KEEP_ELEMENTS
+        assert not stage.chunks and not stage.waiting and stage._work is None
+    pool = host_stage._pool
+    assert pool.chunks and sum(buf.size for buf in pool.chunks) <= host_stage._KEEP_BYTES
+    assert len(pool.work) == 1 and pool.work[0][0].size <= host_stage._KEEP_ELEMENTS
 
 
 def test_values_changed_outside_torch_are_saved_as_read_in_float64(tmp_path):

@@ -15,6 +15,7 @@ memory order rather than in its own: the same statistics up to the last bit, not
 from __future__ import annotations
 
 import ctypes
+import threading
 
 import numpy as np
 import torch
@@ -26,11 +27,54 @@ _NUMPY = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: n
           torch.bool: np.bool_}
 HOST_DTYPES = frozenset(_NUMPY)
 _CHUNK_BYTES = 1 << 20
-# Staging memory kept from one flush to the next: chunk buffers (bytes) and fetch's float64 work
+# Staging memory kept from one flush to the next, for the whole process (a debugger made per
+# step, as `opdiff.dump()` does, finds it too): chunk buffers (bytes) and fetch's float64 work
 # buffers (elements). Fresh memory at every flush cost more than the reductions (its pages are
 # faulted in again: 7 of 26 ms of capture per step on a tiny Llama at L0, measured).
 _KEEP_BYTES = 16 << 20
-_KEEP_ELEMENTS = 4 << 20
+_KEEP_ELEMENTS = 2 << 20
+
+
+class _Pool:
+    """Emptied staging buffers, shared by every HostStaging of the process (threads take and
+    give under a lock: a buffer is only ever in one staging's hands)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.chunks: list = []                  # uint8 buffers
+        self.work: list = []                    # at most one (float64 values, squares) pair
+
+    def chunk(self, nbytes: int) -> np.ndarray:
+        with self._lock:
+            for i, buf in enumerate(self.chunks):
+                if buf.size >= nbytes:
+                    return self.chunks.pop(i)
+        return np.empty(nbytes, dtype=np.uint8)
+
+    def give_chunks(self, buffers) -> None:
+        with self._lock:
+            kept = sum(buf.size for buf in self.chunks)
+            for buf in buffers:
+                if kept + buf.size <= _KEEP_BYTES:
+                    self.chunks.append(buf)
+                    kept += buf.size
+
+    def take_work(self, n: int) -> tuple:
+        with self._lock:
+            for i, pair in enumerate(self.work):
+                if pair[0].size >= n:
+                    return self.work.pop(i)
+        return np.empty(n), np.empty(n)
+
+    def give_work(self, pair: tuple) -> None:
+        if pair[0].size > _KEEP_ELEMENTS:
+            return
+        with self._lock:        # the largest pair is kept
+            if not self.work or self.work[0][0].size < pair[0].size:
+                self.work = [pair]
+
+
+_pool = _Pool()
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _memmove = ctypes.memmove
 
@@ -63,15 +107,14 @@ class HostStaging:
         self.itemsize = np.dtype(self.np_dtype).itemsize
         self.chunks: list = []     # [uint8 buffer, its address, bytes used]
         self.waiting: list = []    # (_Small, chunk index, byte offset, bytes)
-        self._spare: list = []     # emptied chunk buffers, for put to fill again
-        self._work = (np.empty(0), np.empty(0))   # fetch's float64 values and squares
+        self._work: tuple | None = None   # fetch's float64 work buffers, until release()
 
     def put(self, pending, t: torch.Tensor) -> None:
         """Copy t's values now (the caller checked `stageable`)."""
         nbytes = t.numel() * self.itemsize
         chunks = self.chunks
         if not chunks or chunks[-1][2] + nbytes > chunks[-1][0].size:
-            buf = self._buffer(max(_CHUNK_BYTES, nbytes))
+            buf = _pool.chunk(max(_CHUNK_BYTES, nbytes))
             chunks.append([buf, buf.ctypes.data, 0])
         chunk = chunks[-1]
         start = chunk[2]
@@ -80,28 +123,22 @@ class HostStaging:
         pending.staged = (chunk[0], start, nbytes)
         self.waiting.append((pending, len(chunks) - 1, start, nbytes))
 
-    def _buffer(self, nbytes: int) -> np.ndarray:
-        """A chunk buffer of at least `nbytes`: an emptied one when there is one."""
-        for i, buf in enumerate(self._spare):
-            if buf.size >= nbytes:
-                return self._spare.pop(i)
-        return np.empty(nbytes, dtype=np.uint8)
-
     def fetch(self) -> None:
         """Hand each waiting tensor its values as float64, the hash of its bytes, and its
         reductions (`columns`): each buffer is reduced where it lies, its tensors being
         consecutive segments of it.
 
-        The values are views of a work buffer that the next fetch overwrites: they are read
-        before this flush ends (stats.StatsBatch.resolve), and copied by whatever keeps them."""
+        The values are views of a work buffer that is reused once `release` gives it back: they
+        are read before this flush ends (stats.StatsBatch.resolve), and copied by whatever
+        keeps them."""
         size = self.itemsize
         by_chunk: list = [[] for _ in self.chunks]
         for entry in self.waiting:
             by_chunk[entry[1]].append(entry)
         total = sum(used for _, _, used in self.chunks) // size
+        # (a second fetch before release leaves the first one's buffers to whoever reads them)
+        self._work = _pool.take_work(total)
         wide_all, squares_all = self._work
-        if wide_all.size < total:
-            wide_all, squares_all = np.empty(total), np.empty(total)
         offset = 0
         for (buf, _, used), entries in zip(self.chunks, by_chunk):
             n = used // size
@@ -120,14 +157,15 @@ class HostStaging:
                 pending.columns = columns
             offset += n
         self.waiting.clear()
-        kept = sum(buf.size for buf in self._spare)
-        for buf, _, _ in self.chunks:
-            if kept + buf.size <= _KEEP_BYTES:
-                self._spare.append(buf)
-                kept += buf.size
+        _pool.give_chunks([buf for buf, _, _ in self.chunks])
         self.chunks.clear()
-        if wide_all.size <= _KEEP_ELEMENTS:
-            self._work = (wide_all, squares_all)
+
+    def release(self) -> None:
+        """The values handed out by fetch are no longer read: their work buffer goes back to
+        the process's pool."""
+        if self._work is not None:
+            _pool.give_work(self._work)
+            self._work = None
 
 
 def same_bytes(pending, t: torch.Tensor) -> bool:

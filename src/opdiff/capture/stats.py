@@ -480,6 +480,9 @@ class StatsBatch:
                 self._staging.clear()
                 self._host.clear()
                 raise
+            finally:
+                for host in self._host.values():   # (the values viewing its buffers are read)
+                    host.release()
         if not self._descs:
             return
         by_device: dict = {}
