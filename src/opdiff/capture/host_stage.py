@@ -33,6 +33,7 @@ _CHUNK_BYTES = 1 << 20
 # faulted in again: 7 of 26 ms of capture per step on a tiny Llama at L0, measured).
 _KEEP_BYTES = 16 << 20
 _KEEP_ELEMENTS = 2 << 20
+_SMALL_WORK = 1 << 16     # work buffers below this are made fresh (no page faults to save)
 
 
 class _Pool:
@@ -42,7 +43,7 @@ class _Pool:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.chunks: list = []                  # uint8 buffers
-        self.work: list = []                    # at most one (float64 values, squares) pair
+        self.work: list = []                    # (float64 values, float64 squares) pairs
 
     def chunk(self, nbytes: int) -> np.ndarray:
         with self._lock:
@@ -60,18 +61,24 @@ class _Pool:
                     kept += buf.size
 
     def take_work(self, n: int) -> tuple:
-        with self._lock:
-            for i, pair in enumerate(self.work):
-                if pair[0].size >= n:
-                    return self.work.pop(i)
+        """Two float64 buffers of at least n elements: the smallest kept pair that fits (a
+        flush reduces one dtype after another, each holding its pair until the flush ends)."""
+        if n >= _SMALL_WORK:
+            with self._lock:
+                fits = [i for i, pair in enumerate(self.work) if pair[0].size >= n]
+                if fits:
+                    return self.work.pop(min(fits, key=lambda i: self.work[i][0].size))
+            n = 1 << (n - 1).bit_length()      # room for the next flushes' growth
         return np.empty(n), np.empty(n)
 
     def give_work(self, pair: tuple) -> None:
-        if pair[0].size > _KEEP_ELEMENTS:
+        if not _SMALL_WORK <= pair[0].size <= _KEEP_ELEMENTS:
             return
-        with self._lock:        # the largest pair is kept
-            if not self.work or self.work[0][0].size < pair[0].size:
-                self.work = [pair]
+        with self._lock:        # the largest pairs are kept, _KEEP_ELEMENTS in all
+            self.work.append(pair)
+            self.work.sort(key=lambda p: -p[0].size)
+            while sum(p[0].size for p in self.work) > _KEEP_ELEMENTS:
+                self.work.pop()
 
 
 _pool = _Pool()
