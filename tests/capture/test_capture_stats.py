@@ -425,15 +425,17 @@ def test_staging_overflows_into_more_buffers():
     assert [d["stats"]["mean"] for d in descs] == [float(i) for i in range(40)]
 
 
-def test_host_staging_memory_is_reused_by_later_flushes_without_mixing_values(check_stats):
-    """Host staging keeps its buffers from one flush to the next, for every debugger of the
-    process (fresh pages every step cost more than the reductions). Flushes of growing and
+@pytest.mark.parametrize("device_path", [False, True], ids=["host", "device"])
+def test_staging_memory_is_reused_by_later_flushes_without_mixing_values(device_path, check_stats):
+    """Staging keeps its host memory from one flush to the next, for every debugger of the
+    process (fresh pages every step cost more than the reductions); on the device path (run
+    here on CPU tensors) the device buffers' landing memory too. Flushes of growing and
     shrinking sizes, several buffers deep, in three dtypes reduced one after the other, each
     give the numbers of their own tensors at the moment they were described; what is kept
     stays bounded."""
     from opdiff.capture import host_stage
     from opdiff.capture import stats as stats_mod
-    batch = stats_mod.StatsBatch()
+    batch = stats_mod.StatsBatch(cpu_as_device=device_path)
     gen = torch.Generator().manual_seed(5)
     for flush, count in enumerate([3, 90, 1, 200, 40, 2]):    # up to 3 MB of float32: 4 buffers
         tensors = [(torch.randn(stats_mod._SMALL // (1 + i % 4), generator=gen) * (flush + 1)).to(
@@ -452,7 +454,10 @@ def test_host_staging_memory_is_reused_by_later_flushes_without_mixing_values(ch
                          "stats": d["stats"]}, t, what=f"flush {flush}")
     for stage in batch._host.values():
         assert not stage.chunks and not stage.waiting and stage._work is None
-    pool = host_stage._pool
+    for device_stage in batch._staging.values():
+        assert not device_stage.waiting and device_stage._work is None
+    assert bool(batch._staging) == device_path and bool(batch._host) != device_path
+    pool = host_stage.pool
     assert pool.chunks and sum(buf.size for buf in pool.chunks) <= host_stage._KEEP_BYTES
     assert pool.work and sum(pair[0].size for pair in pool.work) <= host_stage._KEEP_ELEMENTS
 

@@ -81,7 +81,7 @@ class _Pool:
                 self.work.pop()
 
 
-_pool = _Pool()
+pool = _Pool()
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _memmove = ctypes.memmove
 
@@ -121,7 +121,7 @@ class HostStaging:
         nbytes = t.numel() * self.itemsize
         chunks = self.chunks
         if not chunks or chunks[-1][2] + nbytes > chunks[-1][0].size:
-            buf = _pool.chunk(max(_CHUNK_BYTES, nbytes))
+            buf = pool.chunk(max(_CHUNK_BYTES, nbytes))
             chunks.append([buf, buf.ctypes.data, 0])
         chunk = chunks[-1]
         start = chunk[2]
@@ -144,7 +144,7 @@ class HostStaging:
             by_chunk[entry[1]].append(entry)
         total = sum(used for _, _, used in self.chunks) // size
         # (a second fetch before release leaves the first one's buffers to whoever reads them)
-        self._work = _pool.take_work(total)
+        self._work = pool.take_work(total)
         wide_all, squares_all = self._work
         offset = 0
         for (buf, _, used), entries in zip(self.chunks, by_chunk):
@@ -164,14 +164,14 @@ class HostStaging:
                 pending.columns = columns
             offset += n
         self.waiting.clear()
-        _pool.give_chunks([buf for buf, _, _ in self.chunks])
+        pool.give_chunks([buf for buf, _, _ in self.chunks])
         self.chunks.clear()
 
     def release(self) -> None:
         """The values handed out by fetch are no longer read: their work buffer goes back to
         the process's pool."""
         if self._work is not None:
-            _pool.give_work(self._work)
+            pool.give_work(self._work)
             self._work = None
 
 

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ..store.records import encode_float
-from . import outside
+from . import host_stage, outside
 from .host_stage import HOST_DTYPES as _HOST_DTYPES
 from .host_stage import HostStaging, columns_of, stageable
 
@@ -261,6 +261,9 @@ class _Staging:
         self.device, self.dtype = device, dtype
         self.chunks: list = []     # [buffer tensor, elements used]
         self.waiting: list = []    # (_Small, chunk index, offset, numel)
+        with torch.inference_mode(False):
+            self.landing = torch.empty(0, dtype=dtype)   # host memory the buffers are copied into
+        self._work: tuple | None = None              # float64 work buffers, until release()
 
     def put(self, pending: _Small, t: torch.Tensor) -> None:
         n = t.numel()
@@ -276,15 +279,47 @@ class _Staging:
         self.waiting.append((pending, len(self.chunks) - 1, start, n))
 
     def fetch(self) -> None:
-        """Copy the buffers to the host (one transfer each) and hand each tensor its values."""
+        """Copy the buffers to the host (one transfer each) and hand each tensor its values and
+        reductions, made there one buffer at a time (as host_stage.HostStaging.fetch does).
+
+        The host memory is kept from one flush to the next: a landing tensor of this staging's
+        own, and float64 work buffers from host_stage's pool, given back by `release` once the
+        flush has read the values viewing them (fresh memory at every flush is faulted in again).
+        """
         _settle(self.device)
-        hosts = [buf[:used].cpu().numpy().astype(np.float64, copy=False) for buf, used in self.chunks]
-        for pending, i, start, n in self.waiting:
-            pending.values = hosts[i][start:start + n]
+        total = sum(used for _, used in self.chunks)
+        if self.landing.numel() < total:
+            with torch.inference_mode(False):     # (as the buffers: see put)
+                self.landing = torch.empty(1 << (total - 1).bit_length(), dtype=self.dtype)
+        self._work = host_stage.pool.take_work(total)
+        wide_all, squares_all = self._work
+        by_chunk: list = [[] for _ in self.chunks]
+        for entry in self.waiting:
+            by_chunk[entry[1]].append(entry)
+        offset = 0
+        for (buf, used), entries in zip(self.chunks, by_chunk):
+            if entries:
+                native = self.landing[offset:offset + used]
+                native.copy_(buf[:used])
+                values = native.numpy()
+                wide = wide_all[offset:offset + used]
+                np.copyto(wide, values)
+                starts = np.fromiter((e[2] for e in entries), dtype=np.intp, count=len(entries))
+                for (pending, _, start, n), columns in zip(
+                        entries, columns_of(values, wide, starts, squares_all[offset:offset + used])):
+                    pending.values = wide[start:start + n]
+                    pending.columns = columns
+            offset += used
         self.waiting.clear()
         del self.chunks[1:]        # keep one buffer for the next flush
         if self.chunks:
             self.chunks[0][1] = 0
+
+    def release(self) -> None:
+        """The values handed out by fetch are no longer read (see fetch)."""
+        if self._work is not None:
+            host_stage.pool.give_work(self._work)
+            self._work = None
 
 
 def _reduce_small(pending: list) -> None:
@@ -480,9 +515,9 @@ class StatsBatch:
                 self._staging.clear()
                 self._host.clear()
                 raise
-            finally:
-                for host in self._host.values():   # (the values viewing its buffers are read)
-                    host.release()
+            finally:     # (the values viewing their buffers are read)
+                for stage in list(self._host.values()) + list(self._staging.values()):
+                    stage.release()
         if not self._descs:
             return
         by_device: dict = {}
