@@ -6,7 +6,7 @@ and every pending vector is copied to the host in one transfer per device at flu
 no sync per tensor). A small device tensor (biases, norms' weights, scalars: most of what a step
 describes) is instead copied, in stream order, into a staging buffer on its device: one kernel
 where its own reduction would launch some twenty. The buffers reach the host in one copy each
-at flush and are reduced there with the small CPU tensors.
+at flush, into host memory kept from flush to flush, and are reduced where they land.
 
 On the CPU there is no transfer to save, so the cheap part (aminmax, sum, sum of squares) is
 read at once, and the NaN/inf counts, which need extra passes, are computed only when those
