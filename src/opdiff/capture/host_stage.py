@@ -37,8 +37,9 @@ _SMALL_WORK = 1 << 16     # work buffers below this are made fresh (no page faul
 
 
 class _Pool:
-    """Emptied staging buffers, shared by every HostStaging of the process (threads take and
-    give under a lock: a buffer is only ever in one staging's hands)."""
+    """Emptied staging buffers, shared by every staging of the process: HostStaging's chunks,
+    and the float64 work buffers of its fetch and of stats._Staging's (threads take and give
+    under a lock: a buffer is only ever in one staging's hands). At most 48 MB are kept."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
