@@ -454,8 +454,8 @@ def test_staging_memory_is_reused_by_later_flushes_without_mixing_values(device_
                          "stats": d["stats"]}, t, what=f"flush {flush}")
     for stage in batch._host.values():
         assert not stage.chunks and not stage.waiting and stage._work is None
-    for device_stage in batch._staging.values():
-        assert not device_stage.waiting and device_stage._work is None
+    for staging in batch._staging.values():
+        assert not staging.waiting and staging._work is None
     assert bool(batch._staging) == device_path and bool(batch._host) != device_path
     pool = host_stage.pool
     assert pool.chunks and sum(buf.size for buf in pool.chunks) <= host_stage._KEEP_BYTES
@@ -488,15 +488,16 @@ def test_values_changed_outside_torch_are_saved_as_read_in_float64(tmp_path):
 def test_a_dtype_the_device_cannot_stage_is_reduced_on_its_own(monkeypatch, check_stats):
     # Some devices refuse some copies (float64 on a few NPUs, fp8): that dtype falls back to
     # the device reduction, the others stay staged.
+    from opdiff.capture import device_stage
     from opdiff.capture import stats as stats_mod
-    put = stats_mod._Staging.put
+    put = device_stage.DeviceStaging.put
 
     def refuse_half(self, pending, t):
         if t.dtype == torch.float16:
             raise RuntimeError("copy not supported")
         put(self, pending, t)
 
-    monkeypatch.setattr(stats_mod._Staging, "put", refuse_half)
+    monkeypatch.setattr(device_stage.DeviceStaging, "put", refuse_half)
     batch = stats_mod.StatsBatch(cpu_as_device=True)
     half, single = torch.randn(10).half(), torch.randn(10)
     d_half, d_half2, d_single = {}, {}, {}
@@ -544,11 +545,11 @@ def test_an_accelerator_is_settled_before_its_statistics_are_read(monkeypatch):
     # Copies and kernels were queued on whatever stream was current at each description; the
     # flush reads on the current stream, so every stream of the device is waited for first.
     # (No GPU here: the call is what is checked.)
-    from opdiff.capture import stats as stats_mod
+    from opdiff.capture import device_stage
     waited = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waited.append(device))
-    stats_mod._settle(torch.device("cuda", 1))
-    stats_mod._settle(torch.device("cpu"))
+    device_stage.settle(torch.device("cuda", 1))
+    device_stage.settle(torch.device("cpu"))
     assert waited == [torch.device("cuda", 1)]
 
 

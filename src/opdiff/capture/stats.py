@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from ..store.records import encode_float
-from . import host_stage, outside
+from . import outside
+from .device_stage import DeviceStaging, settle
 from .host_stage import HOST_DTYPES as _HOST_DTYPES
 from .host_stage import HostStaging, columns_of, stageable
 
@@ -236,90 +237,8 @@ class _Small:
         self.columns: tuple | None = None  # its reductions, when its buffer made them at flush
 
 
-def _settle(device: torch.device) -> None:
-    """Wait for every stream of an accelerator before reading what capture queued on it: the
-    staging copies and statistics kernels ran on whichever stream was current when each tensor
-    was described, the host copy at flush runs on the current one."""
-    if device.type == "cpu":
-        return
-    synchronize = getattr(getattr(torch, device.type, None), "synchronize", None)
-    if synchronize is not None:
-        synchronize(device)
-
-
 _STAGED = object()
 _PLAIN_CPU = (torch.Tensor, torch.nn.Parameter)
-_STAGE_CHUNK = 1 << 18      # elements per staging buffer (1 MB of float32)
-
-
-class _Staging:
-    """Small tensors of one device copied into buffers there, of one width: float32 for
-    floating dtypes up to 32 bits, float64 for float64, integers and bools (exact to 2**53).
-    Copies are queued on the current stream like any op, so they see the values of the moment."""
-
-    def __init__(self, device, dtype: torch.dtype):
-        self.device, self.dtype = device, dtype
-        self.chunks: list = []     # [buffer tensor, elements used]
-        self.waiting: list = []    # (_Small, chunk index, offset, numel)
-        with torch.inference_mode(False):
-            self.landing = torch.empty(0, dtype=dtype)   # host memory the buffers are copied into
-        self._work: tuple | None = None              # float64 work buffers, until release()
-
-    def put(self, pending: _Small, t: torch.Tensor) -> None:
-        n = t.numel()
-        if not self.chunks or self.chunks[-1][1] + n > self.chunks[-1][0].numel():
-            # a normal tensor even when made in inference mode: later flushes write it outside
-            with torch.inference_mode(False):
-                buf = torch.empty(max(_STAGE_CHUNK, n), dtype=self.dtype, device=self.device)
-            self.chunks.append([buf, 0])
-        chunk = self.chunks[-1]
-        start = chunk[1]
-        chunk[0][start:start + n].view(t.shape).copy_(t)
-        chunk[1] = start + n
-        self.waiting.append((pending, len(self.chunks) - 1, start, n))
-
-    def fetch(self) -> None:
-        """Copy the buffers to the host (one transfer each) and hand each tensor its values and
-        reductions, made there one buffer at a time (as host_stage.HostStaging.fetch does).
-
-        The host memory is kept from one flush to the next: a landing tensor of this staging's
-        own, and float64 work buffers from host_stage's pool, given back by `release` once the
-        flush has read the values viewing them (fresh memory at every flush is faulted in again).
-        """
-        _settle(self.device)
-        total = sum(used for _, used in self.chunks)
-        if self.landing.numel() < total:
-            with torch.inference_mode(False):     # (as the buffers: see put)
-                self.landing = torch.empty(1 << (total - 1).bit_length(), dtype=self.dtype)
-        self._work = host_stage.pool.take_work(total)
-        wide_all, squares_all = self._work
-        by_chunk: list = [[] for _ in self.chunks]
-        for entry in self.waiting:
-            by_chunk[entry[1]].append(entry)
-        offset = 0
-        for (buf, used), entries in zip(self.chunks, by_chunk):
-            if entries:
-                native = self.landing[offset:offset + used]
-                native.copy_(buf[:used])
-                values = native.numpy()
-                wide = wide_all[offset:offset + used]
-                np.copyto(wide, values)
-                starts = np.fromiter((e[2] for e in entries), dtype=np.intp, count=len(entries))
-                for (pending, _, start, n), columns in zip(
-                        entries, columns_of(values, wide, starts, squares_all[offset:offset + used])):
-                    pending.values = wide[start:start + n]
-                    pending.columns = columns
-            offset += used
-        self.waiting.clear()
-        del self.chunks[1:]        # keep one buffer for the next flush
-        if self.chunks:
-            self.chunks[0][1] = 0
-
-    def release(self) -> None:
-        """The values handed out by fetch are no longer read (see fetch)."""
-        if self._work is not None:
-            host_stage.pool.give_work(self._work)
-            self._work = None
 
 
 def _reduce_small(pending: list) -> None:
@@ -381,7 +300,7 @@ class StatsBatch:
         self._descs: list[dict] = []
         self._vectors: list[tuple] = []     # (device_vector, numel)
         self._small: list[_Small] = []
-        self._staging: dict = {}          # (device, staging dtype) -> _Staging
+        self._staging: dict = {}          # (device, staging dtype) -> DeviceStaging
         self._host: dict = {}             # dtype -> HostStaging (small CPU tensors, host_stage.py)
         self._unstageable: set = set()    # (device, dtype) whose copy into staging failed
         self._cpu_as_device = cpu_as_device   # tests: take the device path with CPU tensors
@@ -457,7 +376,7 @@ class StatsBatch:
         try:
             stage = self._staging.get((t.device, wide))
             if stage is None:
-                stage = self._staging[(t.device, wide)] = _Staging(t.device, wide)
+                stage = self._staging[(t.device, wide)] = DeviceStaging(t.device, wide)
             stage.put(pending, t.detach())
         except torch.OutOfMemoryError:
             return None     # this once: reduced on its own
@@ -525,7 +444,7 @@ class StatsBatch:
             by_device.setdefault(v.device, []).append(i)
         rows: list = [None] * len(self._descs)
         for device, idx in by_device.items():
-            _settle(device)
+            settle(device)
             block = torch.stack([self._vectors[i][0] for i in idx]).cpu().tolist()
             for i, row in zip(idx, block):
                 rows[i] = row
