@@ -7,10 +7,9 @@ Used by stats.StatsBatch; run on CPU tensors in the tests (StatsBatch(cpu_as_dev
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from .host_stage import columns_of, pool
+from .host_stage import PooledWork, reduce_segments
 
 
 def settle(device: torch.device) -> None:
@@ -27,7 +26,7 @@ def settle(device: torch.device) -> None:
 _STAGE_CHUNK = 1 << 18      # elements per staging buffer (1 MB of float32)
 
 
-class DeviceStaging:
+class DeviceStaging(PooledWork):
     """Small tensors of one device copied into buffers there, of one width: float32 for
     floating dtypes up to 32 bits, float64 for float64, integers and bools (exact to 2**53).
     Copies are queued on the current stream like any op, so they see the values of the moment."""
@@ -38,7 +37,6 @@ class DeviceStaging:
         self.waiting: list = []    # (_Small, chunk index, offset, numel)
         with torch.inference_mode(False):
             self.landing = torch.empty(0, dtype=dtype)   # host memory the buffers are copied into
-        self._work: tuple | None = None              # float64 work buffers, until release()
 
     def put(self, pending, t: torch.Tensor) -> None:
         """Queue the copy of t into a buffer (`pending`: its stats._Small, given its values and
@@ -68,8 +66,7 @@ class DeviceStaging:
         if self.landing.numel() < total:
             with torch.inference_mode(False):     # (as the buffers: see put)
                 self.landing = torch.empty(1 << (total - 1).bit_length(), dtype=self.dtype)
-        self._work = pool.take_work(total)
-        wide_all, squares_all = self._work
+        wide_all, squares_all = self._take_work(total)
         by_chunk: list = [[] for _ in self.chunks]
         for entry in self.waiting:
             by_chunk[entry[1]].append(entry)
@@ -78,25 +75,16 @@ class DeviceStaging:
             if entries:
                 native = self.landing[offset:offset + used]
                 native.copy_(buf[:used])
-                values = native.numpy()
-                wide = wide_all[offset:offset + used]
-                np.copyto(wide, values)
-                starts = np.fromiter((e[2] for e in entries), dtype=np.intp, count=len(entries))
-                for (pending, _, start, n), columns in zip(
-                        entries, columns_of(values, wide, starts, squares_all[offset:offset + used])):
-                    pending.values = wide[start:start + n]
-                    pending.columns = columns
+                reduced = reduce_segments(native.numpy(), wide_all[offset:offset + used],
+                                          squares_all[offset:offset + used],
+                                          [(start, n) for _, _, start, n in entries])
+                for (pending, _, _, _), (values, columns) in zip(entries, reduced):
+                    pending.values, pending.columns = values, columns
             offset += used
         self.waiting.clear()
         del self.chunks[1:]        # keep one buffer for the next flush
         if self.chunks:
             self.chunks[0][1] = 0
-
-    def release(self) -> None:
-        """The values handed out by fetch are no longer read (see fetch)."""
-        if self._work is not None:
-            pool.give_work(self._work)
-            self._work = None
 
 
 __all__ = ["DeviceStaging", "settle"]

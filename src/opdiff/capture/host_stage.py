@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -106,7 +107,37 @@ def one_block(t: torch.Tensor) -> bool:
     return True
 
 
-class HostStaging:
+class PooledWork:
+    """A staging whose fetch reduces its buffers in float64 work buffers from the pool: the
+    values it hands out view them, so they are held until `release` (the flush has read them)."""
+
+    _work: tuple | None = None
+
+    def _take_work(self, total: int) -> tuple:
+        # (a second fetch before release leaves the first one's buffers to whoever reads them)
+        self._work = pool.take_work(total)
+        return self._work
+
+    def release(self) -> None:
+        """The values handed out by fetch are no longer read: their work buffers go back to
+        the process's pool."""
+        if self._work is not None:
+            pool.give_work(self._work)
+            self._work = None
+
+
+def reduce_segments(native: np.ndarray, wide: np.ndarray, squares: np.ndarray,
+                    segments: list) -> Iterator[tuple[np.ndarray, tuple]]:
+    """(values, columns_of reductions) of each consecutive segment (start, numel) of one staging
+    buffer's values `native`: the values as float64 views of `wide`, filled here (`squares`: a
+    work buffer of its size)."""
+    np.copyto(wide, native)
+    starts = np.fromiter((start for start, _ in segments), dtype=np.intp, count=len(segments))
+    for (start, n), columns in zip(segments, columns_of(native, wide, starts, squares)):
+        yield wide[start:start + n], columns
+
+
+class HostStaging(PooledWork):
     """Byte copies of small CPU tensors of one dtype, in reusable buffers of 1 MB."""
 
     def __init__(self, dtype: torch.dtype):
@@ -115,7 +146,6 @@ class HostStaging:
         self.itemsize = np.dtype(self.np_dtype).itemsize
         self.chunks: list = []     # [uint8 buffer, its address, bytes used]
         self.waiting: list = []    # (_Small, chunk index, byte offset, bytes)
-        self._work: tuple | None = None   # fetch's float64 work buffers, until release()
 
     def put(self, pending, t: torch.Tensor) -> None:
         """Copy t's values now (the caller checked `stageable`)."""
@@ -144,36 +174,22 @@ class HostStaging:
         for entry in self.waiting:
             by_chunk[entry[1]].append(entry)
         total = sum(used for _, _, used in self.chunks) // size
-        # (a second fetch before release leaves the first one's buffers to whoever reads them)
-        self._work = pool.take_work(total)
-        wide_all, squares_all = self._work
+        wide_all, squares_all = self._take_work(total)
         offset = 0
         for (buf, _, used), entries in zip(self.chunks, by_chunk):
             n = used // size
-            if not entries:
-                offset += n
-                continue
-            native = _native(buf[:used], self.np_dtype)
-            wide = wide_all[offset:offset + n]
-            np.copyto(wide, native)
-            starts = np.fromiter((e[2] // size for e in entries), dtype=np.intp, count=len(entries))
-            for (pending, _, start, nbytes), columns in zip(
-                    entries, columns_of(native, wide, starts, squares_all[offset:offset + n])):
-                pending.digest = hash(buf[start:start + nbytes].tobytes())
-                pending.staged = None
-                pending.values = wide[start // size:(start + nbytes) // size]
-                pending.columns = columns
+            if entries:
+                segments = [(start // size, nbytes // size) for _, _, start, nbytes in entries]
+                reduced = reduce_segments(_native(buf[:used], self.np_dtype), wide_all[offset:offset + n],
+                                          squares_all[offset:offset + n], segments)
+                for (pending, _, start, nbytes), (values, columns) in zip(entries, reduced):
+                    pending.digest = hash(buf[start:start + nbytes].tobytes())
+                    pending.staged = None
+                    pending.values, pending.columns = values, columns
             offset += n
         self.waiting.clear()
         pool.give_chunks([buf for buf, _, _ in self.chunks])
         self.chunks.clear()
-
-    def release(self) -> None:
-        """The values handed out by fetch are no longer read: their work buffer goes back to
-        the process's pool."""
-        if self._work is not None:
-            pool.give_work(self._work)
-            self._work = None
 
 
 def same_bytes(pending, t: torch.Tensor) -> bool:
@@ -210,4 +226,5 @@ def columns_of(native: np.ndarray, wide: np.ndarray, starts: np.ndarray,
     return list(zip(mn.tolist(), mx.tolist(), total.tolist(), squares.tolist(), finite.tolist()))
 
 
-__all__ = ["HOST_DTYPES", "HostStaging", "columns_of", "same_bytes", "stageable"]
+__all__ = ["HOST_DTYPES", "HostStaging", "PooledWork", "columns_of", "pool", "reduce_segments", "same_bytes",
+           "stageable"]
