@@ -1,0 +1,3 @@
+from opdiff.cli import main
+
+raise SystemExit(main())
