@@ -16,23 +16,31 @@ TESTS = Path(__file__).resolve().parents[1]
 ROOT = TESTS.parent
 
 
-def opdiff(*args, cwd=None) -> subprocess.CompletedProcess:
+def start(*args) -> subprocess.Popen:
+    """`python -m opdiff ARGS` started in its own process (this checkout's opdiff)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-m", "opdiff", *map(str, args)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"opdiff {' '.join(map(str, args))}: rc {proc.returncode}\n{proc.stderr[-2000:]}"
-    return proc
+    return subprocess.Popen([sys.executable, "-m", "opdiff", *map(str, args)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen) -> None:
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, f"{' '.join(proc.args[2:])}: rc {proc.returncode}\n{err[-2000:]}"
+
+
+def opdiff(*args) -> None:
+    finish(start(*args))
 
 
 @pytest.fixture(scope="session")
 def demo_outputs(tmp_path_factory):
     """{scenario: its output directory} for the demos that write every kind of file."""
     root = tmp_path_factory.mktemp("demos")
-    out = {}
-    for scenario in ("iadd", "trend", "fp16-overflow"):
-        out[scenario] = root / scenario
-        opdiff("demo", "--scenario", scenario, "-o", out[scenario])
+    out = {scenario: root / scenario for scenario in ("iadd", "trend", "fp16-overflow")}
+    running = [start("demo", "--scenario", scenario, "-o", path) for scenario, path in out.items()]
+    for proc in running:
+        finish(proc)
     return out
 
 
@@ -52,15 +60,16 @@ def overflow_output(demo_outputs, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def ranks_output(tmp_path_factory):
-    """A compare of two 2-step, 3-rank tensor dump roots, a fault on rank 2."""
+    """A compare of two 2-step, 3-rank statistics dump roots, each rank its own batch, a fault
+    on rank 2."""
     sys.path.insert(0, str(TESTS / "distributed"))
     try:
         from rank_dumps import dump_ranks
     finally:
         sys.path.remove(str(TESTS / "distributed"))
     d = tmp_path_factory.mktemp("ranks")
-    dump_ranks(d / "target", task="tensor", ranks=3, steps=2, faulty={2}, own_inputs=True)
-    dump_ranks(d / "golden", task="tensor", ranks=3, steps=2, own_inputs=True)
+    dump_ranks(d / "target", task="statistics", ranks=3, steps=2, faulty={2}, own_inputs=True)
+    dump_ranks(d / "golden", task="statistics", ranks=3, steps=2, own_inputs=True)
     opdiff("compare", d / "target", d / "golden", "-o", d / "out")
     return d / "out"
 
