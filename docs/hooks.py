@@ -23,8 +23,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
-if str(SRC) not in sys.path:            # a checkout without `pip install -e .`
-    sys.path.append(str(SRC))
+if str(SRC) not in sys.path:            # document this checkout, whatever opdiff is installed
+    sys.path.insert(0, str(SRC))
 
 # What each environment variable does. A variable the source reads that is missing here still gets
 # a row (with where it is read); tests/docs/test_reference.py fails until it is described.
