@@ -163,7 +163,8 @@ def exit_codes_page() -> str:
            "Every command (from `opdiff.cli.main`):", "",
            "| code | meaning |", "| --- | --- |",
            "| 0 | done. A divergence, a failing op or an overflow is a finding, not a failure. |",
-           "| 1 | a `--fail-on-*` option below held, or an internal error (a bug: rerun with `-v` for the traceback and report it) |",
+           "| 1 | a `--fail-on-*` option below held, or an internal error (a bug: rerun with `-v` for the "
+           "traceback and report it) |",
            "| 2 | bad input: a one-line message says what to do (also for unknown options) |",
            "| 130 | interrupted (Ctrl-C) |", "",
            "## Options that turn a finding into exit 1", "", "| command | option | when |", "| --- | --- | --- |"]
@@ -203,6 +204,7 @@ def dump_format_page() -> str:
            "## records.jsonl: one record per line", "",
            "| field | type | meaning |", "| --- | --- | --- |"]
     for name, kind, comment in record_fields():
+        comment = comment.replace("|", "\\|")     # a pipe would end the table cell
         out.append(f"| `{name}` | `{kind}` | {comment} |")
     out += ["", "Schema of a line: [`dump-record.schema.json`](outputs.md#dump-record).", "",
             "## Record names", "", "::: opdiff.store.schema", "    options:", "      show_root_heading: false",

@@ -17,7 +17,7 @@ if ! command -v chromium >/dev/null 2>&1; then
   fi
 fi
 
-python -m ruff check src tests benchmarks
+python -m ruff check src tests benchmarks docs
 python -m mypy
 # The docs site: a broken link, a missing API reference or a page generated from a parser that
 # changed fails here (docs/hooks.py writes the reference pages from the code).

@@ -66,3 +66,11 @@ def test_every_schema_is_on_the_outputs_page(hooks):
 def test_exit_codes_page_lists_the_fail_on_options(hooks):
     page = hooks.exit_codes_page()
     assert "`--fail-on-divergence`" in page and "`opdiff check`" in page
+
+
+def test_the_record_schema_names_every_record_field():
+    from opdiff import schemas
+    from opdiff.store.schema import Record
+    properties = schemas.load("dump-record")["properties"]
+    assert set(Record.__annotations__) <= set(properties)
+    assert all(p.get("description") for p in properties.values())
