@@ -38,6 +38,12 @@ ENVIRONMENT = {
                               "thread take chunks too).",
     "OPDIFF_SPOOL_DIR": "where a many-pair compare keeps each pair's rows on disk while it runs (default: "
                         "the system's temporary directory); removed with the result.",
+    "OPDIFF_MAX_TENSOR_MB": "the largest tensor, in megabytes, opdiff makes from what a dump claims "
+                            "(`--max-tensor-mb` sets it for worker processes too); a larger one is not made: "
+                            "the compare falls back to statistics, replay and check report the op as not "
+                            "replayed / not checked.",
+    "OPDIFF_RUN_CONFIG": "set by `opdiff run` for every process it launches: the capture settings as one "
+                         "JSON object (read by the start-up hook; not meant to be set by hand).",
     "OPDIFF_REQUIRE_BROWSER": "tests only: 1 makes the HTML report's browser tests fail instead of skipping "
                               "when chromium is missing (CI sets it).",
 }
