@@ -14,7 +14,6 @@ from __future__ import annotations
 import csv
 import json
 import logging
-import math
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Optional
@@ -22,6 +21,7 @@ from typing import Any, Optional
 from ..comparison.reasons import source_context
 from ..comparison.result import ERROR, PASS, REPLAY, CompareResult, Divergence, TensorRow, count
 from ..report import outputs
+from ..store.records import SCHEMA_VERSION, json_text, strict_json
 from .engine import NOT_CHECKED, CheckResult
 
 log = logging.getLogger("opdiff")
@@ -30,16 +30,6 @@ PROGRESS = "check_progress.jsonl"
 CSV_COLUMNS = ("index", "name", "op", "phase", "tensor", "dtype", "numel", "standard", "status",
                "target_error", "reference_error", "ratio", "reference", "reason", "location",
                "metrics")
-
-
-def _json_safe(v: Any) -> Any:
-    if isinstance(v, float) and not math.isfinite(v):
-        return "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
-    if isinstance(v, dict):
-        return {k: _json_safe(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_json_safe(x) for x in v]
-    return v
 
 
 def csv_rows(result: CheckResult) -> list[list[Any]]:
@@ -56,7 +46,7 @@ def csv_rows(result: CheckResult) -> list[list[Any]]:
             rows.append([op.index, op.name, op.op, op.phase, o.name, o.dtype, o.numel, o.standard,
                          o.status, repr(o.error), repr(o.reference_error),
                          "" if ratio is None else repr(ratio), op.reference, o.reason, where,
-                         json.dumps(_json_safe(o.metrics), sort_keys=True)])
+                         json.dumps(strict_json(o.metrics), sort_keys=True)])
     return rows
 
 
@@ -131,9 +121,9 @@ def write_check_outputs(result: CheckResult, out_dir: Any) -> dict[str, str]:
     except Exception as exc:  # the CSV and summary are still worth having
         log.warning("opdiff: writing report.html failed (%s)", exc)
         files.pop("html")
-    summary = dict(result.summary(), files=files)
+    summary = {"schema_version": SCHEMA_VERSION, **result.summary(), "files": files}
     outputs.atomic_write_text(out / "summary.json",
-                              json.dumps(_json_safe(summary), indent=1) + "\n", "summary.json")
+                              json_text(summary, indent=1) + "\n", "summary.json")
     return files
 
 

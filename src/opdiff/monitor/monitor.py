@@ -23,6 +23,7 @@ import torch
 
 from .. import __version__
 from ..errors import ConfigError, OverflowDetected
+from ..store.records import SCHEMA_VERSION
 from .modules import ModuleProbe
 from .parameters import ParameterProbe
 from .stream import FORMAT, MODULE_QUANTITIES, STEP_COLUMNS, VERSION, StreamWriter, column, \
@@ -310,7 +311,7 @@ class Monitor:
         from ..environment import fingerprint
 
         meta = {
-            "format": FORMAT, "version": VERSION, "opdiff": __version__,
+            "format": FORMAT, "version": VERSION, "schema_version": SCHEMA_VERSION, "opdiff": __version__,
             "rank": self.rank, "world_size": self.world_size,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "config": self._config,

@@ -29,6 +29,8 @@ from typing import BinaryIO, Optional, cast
 import numpy as np
 import orjson
 
+from ..store.records import json_text, strict_json
+
 FORMAT = "opdiff-monitor"
 VERSION = 1
 META = "meta.json"
@@ -79,16 +81,10 @@ def format_line(step: int, values: np.ndarray, missing: Optional[np.ndarray] = N
 
 
 def json_safe(obj):
-    """`obj` with non-finite floats as strings and unknown objects as their repr (strict JSON)."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else repr(obj)
-    if isinstance(obj, dict):
-        return {str(k): json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [json_safe(v) for v in obj]
-    if obj is None or isinstance(obj, (bool, int, str)):
-        return obj
-    return repr(obj)
+    """`obj` as strict JSON: non-finite floats as "NaN"/"Infinity"/"-Infinity" (older streams
+    wrote "nan"/"inf", which `opdiff.store.records.decode_float` still reads), unknown objects as
+    their repr."""
+    return strict_json(obj, default=repr)
 
 
 def read_meta(directory: Path) -> Optional[dict]:
@@ -103,7 +99,7 @@ def read_meta(directory: Path) -> Optional[dict]:
 def write_json_atomic(path: Path, obj) -> None:
     """Write strict JSON so that a reader never sees half a file."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(json_safe(obj), indent=1, allow_nan=False, ensure_ascii=False))
+    tmp.write_text(json_text(obj, indent=1, default=repr))
     os.replace(tmp, path)
 
 

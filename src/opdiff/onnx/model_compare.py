@@ -12,14 +12,13 @@ timings) and the shared summary.json / report.html.
 """
 from __future__ import annotations
 
-import json
 import logging
-import math
 import time
 from pathlib import Path
 from typing import Optional
 
 from ..comparison.result import ERROR
+from ..store.records import SCHEMA_VERSION, json_text
 from .deps import require
 from .dumping import write_onnx_dump
 from .graph import GraphIndex
@@ -179,8 +178,8 @@ def write_outputs(cmp: ModelComparison, out: Path, stamp: str) -> None:
              "html": str(out / "report.html"), "rows": str(out / "rows.jsonl")}
     outputs.remember(out, [csv_path, details, *files.values()])
     cmp.files["msit_csv"] = str(write_msit_csv(csv_path, cmp.msit_rows))
-    outputs.atomic_write_text(details, json.dumps(details_of(cmp), indent=2, allow_nan=False,
-                                                  default=str), "onnx_details.json")
+    outputs.atomic_write_text(details, json_text({"schema_version": SCHEMA_VERSION, **details_of(cmp)},
+                                                 indent=2), "onnx_details.json")
     cmp.files["details"] = str(details)
     write_rows(cmp.result.rows, files["rows"])
     cmp.result.files = dict(files)           # the summary and the page list every file written
@@ -195,9 +194,7 @@ def write_outputs(cmp: ModelComparison, out: Path, stamp: str) -> None:
 
 
 def _finite(v):
-    """onnx_details.json is strict JSON: NaN as null, infinities as strings."""
-    if isinstance(v, float) and not math.isfinite(v):
-        return None if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
+    """A metric as onnx_details.json keeps it: `json_text` spells the non-finite ones."""
     return v
 
 

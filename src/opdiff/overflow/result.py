@@ -2,12 +2,12 @@
 fp16 headroom warnings. The console summary and overflow.json are made only from these."""
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from ..store.records import SCHEMA_VERSION, json_text
 from ..store.schema import Location
 
 # Status of one step/rank, worst first.
@@ -126,7 +126,7 @@ class OverflowResult:
         out.mkdir(parents=True, exist_ok=True)
         path = out / "overflow.json"
         tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1, allow_nan=False, ensure_ascii=False))
+        tmp.write_text(json_text({"schema_version": SCHEMA_VERSION, **self.to_dict()}, indent=1))
         os.replace(tmp, path)       # a reader never sees half a file
         return path
 

@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable
 
 from ..comparison.result import TensorRow
 from ..errors import DumpError
-from ..store.records import decode_float, encode_float
+from ..store.records import SCHEMA_VERSION, decode_float, strict_json
 from ..store.schema import Location
 from .outputs import atomic_open
 
@@ -40,7 +40,8 @@ def write_rows(rows: Iterable, path) -> Path:
     path = Path(path)
     fields = [f.name for f in dataclasses.fields(TensorRow)]
     stack_at = fields.index("stack")
-    head = {"format": FORMAT, "version": VERSION, "fields": fields, "location": LOCATION_FIELDS}
+    head = {"format": FORMAT, "version": VERSION, "schema_version": SCHEMA_VERSION, "fields": fields,
+            "location": LOCATION_FIELDS}
     dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
     with atomic_open(path, "the rows file") as f:
         f.write(dumps(head) + "\n")
@@ -50,7 +51,7 @@ def write_rows(rows: Iterable, path) -> Path:
             try:
                 line = dumps(values)
             except ValueError:      # a NaN or an infinity: spelled out (rare, so not up front)
-                line = dumps(_strict(values))
+                line = dumps(strict_json(values))
             f.write(line + "\n")
     return path
 
@@ -78,16 +79,6 @@ def read_rows(path) -> list:
         raise DumpError(f"{path}: cannot read the rows of this compare ({exc.strerror})") from exc
     except (ValueError, TypeError) as exc:
         raise DumpError(f"{path}: corrupt rows file ({exc})") from exc
-
-
-def _strict(v: Any) -> Any:
-    if isinstance(v, float):
-        return encode_float(v)
-    if isinstance(v, dict):
-        return {k: _strict(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_strict(x) for x in v]
-    return v
 
 
 def _decoders(fields: list, location_fields) -> list[tuple[str, Callable[[Any], Any] | None]]:

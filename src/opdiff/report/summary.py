@@ -33,7 +33,7 @@ from typing import Any
 
 from ..comparison.result import CompareResult, Divergence
 from ..errors import DumpError
-from ..store.records import decode_float, encode_float
+from ..store.records import SCHEMA_VERSION, decode_float, encode_float, json_text
 from ..store.schema import Location
 from .outputs import atomic_write_text
 from .rows import read_rows
@@ -89,7 +89,8 @@ def summary_dict(result, files: dict | None = None) -> dict:
     worst = [{"name": r.target_name, "result": r.result, "error": r.error,
               "cosine": r.metrics.get("Cosine"), "max_abs_err": r.metrics.get("MaxAbsErr"),
               "reason": r.reason, "step": r.step, "rank": r.rank} for r in scored]
-    out: dict[str, Any] = {"first_divergence": _divergence(result.first_divergence)}
+    out: dict[str, Any] = {"schema_version": SCHEMA_VERSION,
+                           "first_divergence": _divergence(result.first_divergence)}
     out.update({name: getattr(result, name) for name in _RESULT_FIELDS})
     out["counts"] = dict(result.counts)
     out["pairs"] = [_pair(p) for p in result.pairs or [] if isinstance(p, dict)]
@@ -102,7 +103,7 @@ def summary_dict(result, files: dict | None = None) -> dict:
 
 def write_summary(result, path, files: dict | None = None) -> Path:
     """Write summary.json for `result` at `path`, listing `files` (default `result.files`)."""
-    text = json.dumps(summary_dict(result, files), indent=2, allow_nan=False, ensure_ascii=False)
+    text = json_text(summary_dict(result, files), indent=2)
     return atomic_write_text(path, text, "summary.json")
 
 

@@ -24,7 +24,10 @@ A descriptor describes one argument::
     {"type": "object", "value": "<repr, truncated>"}
 
 Floats that are not finite are written as the strings "NaN", "Infinity", "-Infinity" so the
-file stays strict JSON; `decode_float` turns them back.
+file stays strict JSON; `decode_float` turns them back (and the spelling older monitor files used,
+"nan", "inf", "-inf"). This module is the one strict-JSON encoder of the package: every JSON file
+opdiff writes goes through `dumps` (records, one line) or `json_text` (documents), and every
+document carries `SCHEMA_VERSION` under "schema_version" (its schema: `opdiff/schemas/`).
 """
 from __future__ import annotations
 
@@ -41,7 +44,13 @@ except ImportError:   # installed without dependencies: the standard library's e
 
 STAT_KEYS = ("max", "min", "mean", "norm", "nan", "inf")
 
-_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+# The one spelling written, then the one older monitor files wrote (read, never written).
+_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf,
+              "nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+# The version of every JSON document opdiff writes (summary.json, overflow.json, meta.json ...);
+# a change to a document is a change to its schema in opdiff/schemas/ and a CHANGELOG line.
+SCHEMA_VERSION = 1
 
 
 def encode_float(x: float) -> float | str:
@@ -53,8 +62,32 @@ def encode_float(x: float) -> float | str:
     return "Infinity" if x > 0 else "-Infinity"
 
 
+def strict_json(obj: Any, default: Callable[[Any], Any] = str) -> Any:
+    """`obj` as strict JSON allows it: non-finite floats spelled by `encode_float`, tuples as
+    lists, dict keys as strings, numpy scalars as numbers, anything else through `default`."""
+    if isinstance(obj, float):
+        return encode_float(obj)
+    if obj is None or isinstance(obj, (str, bool, int)):
+        return obj
+    if isinstance(obj, dict):
+        return {str(k): strict_json(v, default) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict_json(v, default) for v in obj]
+    item = getattr(obj, "item", None)       # numpy / torch scalars
+    if callable(item) and getattr(obj, "shape", None) == ():
+        return strict_json(item(), default)
+    return default(obj)
+
+
+def json_text(obj: Any, indent: Optional[int] = None, default: Callable[[Any], Any] = str) -> str:
+    """One strict-JSON document (summary.json, meta.json ...): `strict_json(obj)` written with
+    `indent`, non-ASCII text kept as it is."""
+    return json.dumps(strict_json(obj, default), indent=indent, allow_nan=False, ensure_ascii=False)
+
+
 def decode_float(x: Any) -> Any:
-    """Inverse of encode_float; other values pass through."""
+    """Inverse of encode_float (also for the old spelling "nan", "inf", "-inf"); other values
+    pass through."""
     if isinstance(x, str) and x in _NONFINITE:
         return _NONFINITE[x]
     return x

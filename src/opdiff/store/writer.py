@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Union
 from ..dtypes import SAFETENSORS_CODES, short_dtype
 from . import layout
 from .reader import REF_PREFIX
-from .records import dumps
+from .records import SCHEMA_VERSION, dumps, json_text
 from .references import Aliases, Base, Ref, host_elements
 
 if TYPE_CHECKING:
@@ -325,9 +325,9 @@ class DumpWriter:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.flush_every = flush_every
-        meta = {"format_version": layout.FORMAT_VERSION, **meta}
+        meta = {"format_version": layout.FORMAT_VERSION, "schema_version": SCHEMA_VERSION, **meta}
         tmp = self.directory / (layout.META + ".tmp")
-        tmp.write_text(json.dumps(meta, indent=2, allow_nan=False, default=str))
+        tmp.write_text(json_text(meta, indent=2))
         os.replace(tmp, self.directory / layout.META)
         self._records = open(self.directory / layout.RECORDS, "a", encoding="utf-8")
         self._stacks = open(self.directory / layout.STACKS, "a", encoding="utf-8")

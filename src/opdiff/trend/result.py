@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from ..monitor.stream import write_json_atomic
+from ..store.records import SCHEMA_VERSION
 from .layout import phase_rank
 
 if TYPE_CHECKING:
@@ -105,6 +106,7 @@ class TrendResult:
     def to_dict(self) -> dict:
         first = self.first_divergence
         return {
+            "schema_version": SCHEMA_VERSION,
             "first_divergence": first.to_dict() if first is not None else None,
             "alerts": [a.to_dict() for a in self.alerts],
             "verdict": self.verdict,
