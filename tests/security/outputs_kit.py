@@ -22,26 +22,32 @@ def _tensor(v: float) -> dict:
             "stats": {"max": v, "min": -v, "mean": v / 10, "norm": 2 * v, "nan": 0, "inf": 0}}
 
 
-def write_dump(path, ops, *, wrong: int | None = None, frame=("/work/model.py", 3, "forward",
-                                                                "y = f(x)")) -> Path:
+def write_dump(path, ops, *, wrong: int | tuple = (), overflow: int | None = None, step: int = 0,
+               frame=("/work/model.py", 3, "forward", "y = f(x)")) -> Path:
     """One step/rank of a statistics dump: op i reads a tensor of max i+1 and returns it, except
-    op `wrong`, whose output is three times too large (a local error there)."""
-    path = Path(path) / "step0" / "rank0"
-    w = DumpWriter(path, {"config": {"task": "statistics"}, "environment": {}})
+    op(s) `wrong`, whose output is three times too large (a local error there), and op `overflow`,
+    whose output holds an inf. Returns the dump root."""
+    root = Path(path)
+    w = DumpWriter(root / f"step{step}" / "rank0", {"config": {"task": "statistics"},
+                                                    "environment": {}})
     stack = w.stack_id((tuple(frame),))
+    wrong = (wrong,) if isinstance(wrong, int) else wrong
     for seq, op in enumerate(ops):
         v = 1.0 + seq
+        out = _tensor(v * 3 if seq in wrong else v)
+        if seq == overflow:
+            out["stats"].update(max="Infinity", norm="Infinity", mean="Infinity", inf=1)
         w.write({"seq": seq, "name": f"{op}.0.forward", "op": op, "kind": "api",
-                 "phase": "forward", "module": None, "inputs": [_tensor(v)],
-                 "outputs": [_tensor(v * 3 if seq == wrong else v)], "stack": stack})
+                 "phase": "forward", "module": None, "inputs": [_tensor(v)], "outputs": [out],
+                 "stack": stack})
     w.close()
-    return path.parent.parent
+    return root
 
 
-def cli(*args, timeout: float = 300, **popen) -> subprocess.CompletedProcess:
+def cli(*args, timeout: float = 300, extra_env: dict | None = None) -> subprocess.CompletedProcess:
     """`opdiff ARGS` in a new process (this checkout's opdiff), its output captured as text."""
     return subprocess.run([sys.executable, "-c", RUN_CLI, *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout, env=env(), **popen)
+                          text=True, timeout=timeout, env={**env(), **(extra_env or {})})
 
 
 def start_cli(*args, **popen) -> subprocess.Popen:

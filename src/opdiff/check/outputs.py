@@ -12,7 +12,6 @@ failure, so it shows the same verdict box, source context and table. OUT is prep
 from __future__ import annotations
 
 import contextlib
-import csv
 import json
 import logging
 import math
@@ -23,6 +22,7 @@ from typing import Any, Iterator, Optional
 from ..comparison.reasons import source_context
 from ..comparison.result import ERROR, PASS, REPLAY, CompareResult, Divergence, TensorRow, count
 from ..report import outputs
+from ..report.csv_report import safe_writer
 from .engine import NOT_CHECKED, CheckResult
 
 log = logging.getLogger("opdiff")
@@ -124,7 +124,7 @@ def write_check_outputs(result: CheckResult, out_dir: Any) -> dict[str, str]:
              "html": str(out / "report.html")}
     outputs.remember(out, files.values())
     with outputs.atomic_open(csv_path, "the CSV", newline="") as f:
-        w = csv.writer(f)
+        w = safe_writer(f)           # op names from the dump: no formulas
         w.writerow(CSV_COLUMNS)
         w.writerows(csv_rows(result))
     try:
