@@ -15,8 +15,9 @@ from typing import Iterator
 
 from ..report import outputs
 
-# The folders a demo writes besides the reports (which are declared by their own writers).
-ENTRIES = ("dump", "checkpoint", "mon")
+# The folders a demo writes besides the reports (which are declared by their own writers):
+# dumps, checkpoints, monitor streams, and the trend story's op-level compare.
+ENTRIES = ("dump", "checkpoint", "mon", "compare")
 
 
 @contextlib.contextmanager
@@ -25,7 +26,7 @@ def hold(output) -> Iterator[Path]:
     record every file the demo writes there when the block ends.
 
     Raises ConfigError when `output` is a file, a non-empty directory opdiff did not write, or
-    holds a `dump`, `checkpoint` or `mon` that opdiff did not write."""
+    holds a `dump`, `checkpoint`, `mon` or `compare` that opdiff did not write."""
     with outputs.session(output, fresh=True) as out:
         outputs.remember(out, [out / n for n in ENTRIES])
         yield out

@@ -148,9 +148,12 @@ def check_free(out, names: Iterable[str]) -> None:
     out = Path(os.fspath(out))
     if not out.is_dir():
         return
-    entries = read_manifest(out) or {}
+    s = _sessions.get(key(out))
+    entries = s.entries if s is not None else read_manifest(out) or {}
     for name in names:
-        if os.path.lexists(out / name) and not proven(out, name, entries.get(name)):
+        if not os.path.lexists(out / name) or (s is not None and name in s.made):
+            continue
+        if not proven(out, name, entries.get(name), same_run=s is not None):
             raise conflict(out, name)
 
 
