@@ -184,6 +184,33 @@ def test_overflow_check_and_trend_refuse_a_users_file(dumps, tmp_path, capsys):
     assert (out / "summary.json").read_text() == "my summary"
 
 
+def test_onnx_refuses_a_users_file_and_replaces_only_its_own_dump(tmp_path, capsys):
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["r"], name="relu"),
+                               helper.make_node("Neg", ["r"], ["y"], name="neg")], "g", [x], [y])
+    model = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(model))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "onnx_details.json").write_text("my notes")
+    code = main(["onnx", str(model), str(model), "-o", str(out)])
+    assert_one_line_refusal(code, capsys.readouterr().err, "onnx_details.json")
+    assert [p.name for p in out.iterdir()] == ["onnx_details.json"]
+    (out / "onnx_details.json").unlink()
+    (out / "onnx_dump_mine").mkdir()                 # the user's, though named alike
+    for _ in range(2):
+        assert main(["onnx", str(model), str(model), "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert len(list(out.glob("onnx_dump_2*"))) == 1 and (out / "onnx_dump_mine").is_dir()
+    entries = read_manifest(out)
+    assert entries and all(proven(out, n, r) for n, r in entries.items())
+
+
 @pytest.mark.slow
 def test_trend_and_demo_refuse_a_users_file(tmp_path, capsys):
     from opdiff.demo.trend_runs import train

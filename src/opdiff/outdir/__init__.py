@@ -179,11 +179,11 @@ def atomic_open(path, what: str, newline: str | None = None) -> Iterator[IO[str]
     except OSError as exc:
         raise OpdiffError(f"cannot write {what} {path} ({exc.strerror}); choose a writable "
                           "output path") from exc
-    if s is not None:
-        s.entries[tmp.name] = {"type": "file", **identity(os.fstat(fd))}
-        _save(s)
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline=newline) as f:
+            if s is not None:       # recorded before a byte is written: a kill leaves it ours
+                s.entries[tmp.name] = {"type": "file", **identity(os.fstat(fd))}
+                _save(s)
             yield f
         os.replace(tmp, path)
         if s is not None:
