@@ -23,13 +23,14 @@ def _tensor(v: float) -> dict:
 
 
 def write_dump(path, ops, *, wrong: int | tuple = (), overflow: int | None = None, step: int = 0,
-               frame=("/work/model.py", 3, "forward", "y = f(x)")) -> Path:
+               frame=("/work/model.py", 3, "forward", "y = f(x)"),
+               environment: dict | None = None) -> Path:
     """One step/rank of a statistics dump: op i reads a tensor of max i+1 and returns it, except
     op(s) `wrong`, whose output is three times too large (a local error there), and op `overflow`,
-    whose output holds an inf. Returns the dump root."""
+    whose output holds an inf; `environment` is its recorded fingerprint. Returns the dump root."""
     root = Path(path)
     w = DumpWriter(root / f"step{step}" / "rank0", {"config": {"task": "statistics"},
-                                                    "environment": {}})
+                                                    "environment": environment or {}})
     stack = w.stack_id((tuple(frame),))
     wrong = (wrong,) if isinstance(wrong, int) else wrong
     for seq, op in enumerate(ops):

@@ -128,3 +128,17 @@ def test_error_messages_and_warnings_are_one_clean_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "\x1b" not in err and "\x07" not in err
     assert "\\x1b]0;pwned\\x07" in err
+
+
+def test_a_dumps_environment_is_printed_escaped(tmp_path, capsys):
+    import torch
+
+    evil = {"torch": torch.__version__ + "\x1b]0;pwned\x07", "python": "3\x1b[2J"}
+    target = write_dump(tmp_path / "t", ["Functional.relu"], environment=evil)
+    golden = write_dump(tmp_path / "g", ["Functional.relu"], environment={"torch": "1.0",
+                                                                          "python": "3.8"})
+    assert main(["env", "--diff", str(target)]) == 0
+    assert main(["compare", str(target), str(golden), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out
+    assert out.count("\\x1b]0;pwned\\x07") == 2        # opdiff env, and the compare's header
