@@ -72,6 +72,9 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
                                      not ray_shard_mb > 0):
         raise OpdiffError(f"ray_shard_mb must be a positive number of MiB, with engine='ray', "
                           f"not {ray_shard_mb!r} (engine {engine!r})")
+    if output_path is not None:     # before a long compare: a user's summary.json is refused now
+        from .report.outputs import check_free
+        check_free(output_path, ("summary.json", "report.html", "rows.jsonl"))
     policy = Policy(thresholds)
     targets, goldens = discover(target), discover(golden)
     pairs, notes = pair_dumps(targets, goldens)

@@ -40,15 +40,19 @@ def main(argv: list[str] | None = None) -> int:
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="replace")
+    from .terminal import SafeFormatter, one_line
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(SafeFormatter("%(message)s"))   # names from a dump: no escape codes
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(message)s")
+                        handlers=[handler])
     if not getattr(args, "run", None):
         parser.print_help()
         return 2
     try:
         return int(args.run(args) or 0)
     except OpdiffError as exc:
-        print(f"opdiff: error: {exc}", file=sys.stderr)
+        print(f"opdiff: error: {one_line(exc)}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `opdiff ... | head` closed the pipe: not an error
         import os
@@ -60,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a bug in opdiff: say so plainly; the traceback helps with -v
         if args.verbose:
             raise
-        print(f"opdiff: internal error: {type(exc).__name__}: {exc} (rerun with -v for the "
-              f"traceback and report it)", file=sys.stderr)
+        print(f"opdiff: internal error: {type(exc).__name__}: {one_line(exc)} (rerun with -v for "
+              f"the traceback and report it)", file=sys.stderr)
         return 1
 
 

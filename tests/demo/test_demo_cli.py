@@ -3,11 +3,13 @@ touching a directory the demo did not write."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
 from opdiff.cli import main
 from opdiff.demo import workspace
+from opdiff.report import outputs
 from opdiff.errors import ConfigError
 
 SCENARIOS = ("iadd", "lstm-backward", "fp16-overflow", "bf16-healthy", "wrong-weights", "dropout",
@@ -47,7 +49,7 @@ def test_refuses_a_non_empty_directory_it_did_not_write(tmp_path, capsys):
     mine.write_text("epoch,loss\n1,0.5\n")
     assert main(["demo", "-o", str(out)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "not written by 'opdiff demo'" in err
+    assert err.count("\n") == 1 and "not written by opdiff" in err
     assert "Traceback" not in err
     assert sorted(p.name for p in out.iterdir()) == ["experiment.csv"]
     assert mine.read_text() == "epoch,loss\n1,0.5\n"
@@ -64,32 +66,36 @@ def test_refuses_a_file(tmp_path, capsys):
 def test_empty_directory_is_accepted_and_marked(tmp_path):
     out = tmp_path / "empty"
     out.mkdir()
-    assert workspace.prepare(out) == out
-    assert json.loads((out / workspace.MARKER).read_text())["written_by"] == "opdiff demo"
+    with workspace.hold(out) as held:
+        assert held == out
+        (out / "dump").mkdir()
+        (out / "dump" / "records.jsonl").write_text("{}\n")
+    assert outputs.written(out) == ["dump", "dump/records.jsonl"]
 
 
 def test_previous_demo_files_are_replaced_and_nothing_else(tmp_path):
-    out = workspace.prepare(tmp_path / "demo")
-    before = {p.name for p in out.iterdir()}
-    (out / "dump" / "golden").mkdir(parents=True)
-    (out / "dump" / "golden" / "records.jsonl").write_text("{}\n")
-    (out / "summary.json").write_text("{}")
-    assert workspace.record_created(out, before) == ["dump", "summary.json"]
+    with workspace.hold(tmp_path / "demo") as out:
+        (out / "dump" / "golden").mkdir(parents=True)
+        (out / "dump" / "golden" / "records.jsonl").write_text("{}\n")
+        outputs.atomic_write_text(out / "summary.json", "{}", "summary.json")
     (out / "notes.md").write_text("my notes")                 # added by the user afterwards
-    workspace.prepare(out)
-    assert sorted(p.name for p in out.iterdir()) == [workspace.MARKER, "notes.md"]
+    with workspace.hold(out):
+        assert sorted(p.name for p in out.iterdir()) == [outputs.LOCK, outputs.MANIFEST, "notes.md"]
     assert (out / "notes.md").read_text() == "my notes"
 
 
-def test_a_tampered_marker_cannot_delete_outside_the_directory(tmp_path):
+def test_a_tampered_manifest_cannot_delete_outside_the_directory(tmp_path):
     outside = tmp_path / "precious"
     outside.mkdir()
     (outside / "data.bin").write_bytes(b"\x00")
+    st = os.stat(outside)
     out = tmp_path / "demo"
     out.mkdir()
-    (out / workspace.MARKER).write_text(json.dumps(
-        {"created": ["../precious", str(outside), "..", "."]}))
-    workspace.prepare(out)
+    rec = {"type": "dir", "dev": st.st_dev, "ino": st.st_ino}
+    (out / outputs.MANIFEST).write_text(json.dumps({"written_by": "opdiff", "format": 2, "entries": {
+        "../precious": rec, str(outside): rec, "..": rec, ".": rec}}))
+    with workspace.hold(out):
+        pass
     assert (outside / "data.bin").read_bytes() == b"\x00"
 
 

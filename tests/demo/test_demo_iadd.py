@@ -12,6 +12,7 @@ import pytest
 
 from opdiff.cli import main
 from opdiff.demo import models
+from opdiff.report import outputs
 
 from .helpers import model_line, needs_demo_as_user_code
 
@@ -42,7 +43,7 @@ def _summary(demo) -> dict:
 def test_exit_code_and_default_output_directory(demo):
     assert demo["code"] == 0, demo["stderr"]
     out = demo["out"]
-    assert (out / ".opdiff-demo.json").is_file()
+    assert "dump/golden/step0/rank0/records.jsonl" in outputs.written(out)   # opdiff's, proven
     for side in ("golden", "target"):
         assert (out / "dump" / side / "step0" / "rank0" / "records.jsonl").is_file()
         assert not (out / "dump" / side / "step1").exists()     # only step 0 is recorded

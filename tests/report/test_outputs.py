@@ -52,13 +52,14 @@ def test_a_reused_output_directory_holds_one_compare(cnn_result, tmp_path):
 
 
 def test_an_onnx_run_before_is_cleared_by_the_next_compare(cnn_result, tmp_path):
-    out = outputs.prepare(tmp_path / "out")
-    # what `opdiff onnx -o out` writes, declared as it writes it
-    dump, csv = out / "onnx_dump_20250101_120000", out / "result_20250101_120000.csv"
-    outputs.remember(out, [dump, csv])
-    (dump / "golden" / "step0" / "rank0").mkdir(parents=True)
-    (dump / "golden" / "step0" / "rank0" / "records.jsonl").write_text("{}\n")
-    csv.write_text("msit")
+    with outputs.session(tmp_path / "out") as out:
+        # what `opdiff onnx -o out` writes, declared as it writes it
+        dump = outputs.make_dir(out / "onnx_dump_20250101_120000")
+        csv = out / "result_20250101_120000.csv"
+        outputs.remember(out, [csv])
+        (dump / "golden" / "step0" / "rank0").mkdir(parents=True)
+        (dump / "golden" / "step0" / "rank0" / "records.jsonl").write_text("{}\n")
+        csv.write_text("msit")
     (out / "onnx_dump_mine").mkdir()        # the user's, though named alike
     files = write_outputs(cnn_result(), out)
     assert not dump.exists() and not csv.exists()
@@ -66,17 +67,18 @@ def test_an_onnx_run_before_is_cleared_by_the_next_compare(cnn_result, tmp_path)
     assert Path(files["csv"]).exists()
 
 
-def test_a_directory_from_before_the_manifest_loses_only_the_files_its_summary_lists(cnn_result, tmp_path):
+def test_a_directory_from_before_the_manifest_is_never_cleared_from_its_summary(cnn_result, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "compare_result_20240101000000.csv").write_text("listed")
-    (out / "compare_result_20230101000000.csv").write_text("not listed: may be the user's")
     (out / "summary.json").write_text(json.dumps({"counts": {}, "files": {
         "csv": "/somewhere/else/out/compare_result_20240101000000.csv",
         "summary": "/somewhere/else/out/summary.json", "html": "/etc/passwd"}}))
-    write_outputs(cnn_result(), out)
-    assert not (out / "compare_result_20240101000000.csv").exists()
-    assert (out / "compare_result_20230101000000.csv").read_text() == "not listed: may be the user's"
+    with pytest.raises(outputs.OutputConflict, match="summary.json exists and was not written"):
+        write_outputs(cnn_result(), out)
+    assert (out / "compare_result_20240101000000.csv").read_text() == "listed"
+    assert sorted(p.name for p in out.iterdir()) == ["compare_result_20240101000000.csv",
+                                                     "summary.json"]
 
 
 def test_the_manifest_cannot_name_anything_outside_the_directory(tmp_path):
@@ -84,29 +86,40 @@ def test_the_manifest_cannot_name_anything_outside_the_directory(tmp_path):
     out.mkdir()
     victim = tmp_path / "victim.txt"
     victim.write_text("keep")
-    (out / outputs.MANIFEST).write_text(json.dumps({"written": ["../victim.txt", str(victim), "..", "."]}))
-    outputs.prepare(out)
+    st = os.stat(victim)
+    rec = {"type": "file", "dev": st.st_dev, "ino": st.st_ino}
+    (out / outputs.MANIFEST).write_text(json.dumps({"written_by": "opdiff", "format": 2, "entries": {
+        "../victim.txt": rec, str(victim): rec, "..": rec, ".": rec}}))
+    with outputs.session(out):
+        with pytest.raises(ValueError):
+            outputs.remember(out, [victim])
     assert victim.read_text() == "keep" and out.is_dir()
-    with pytest.raises(ValueError):
-        outputs.remember(out, [victim])
 
 
 def test_the_dumps_being_compared_are_kept(tmp_path):
-    out = outputs.prepare(tmp_path / "out")
-    dump = out / "onnx_dump_1"
-    outputs.remember(out, [dump])
-    (dump / "target").mkdir(parents=True)
-    outputs.prepare(out, keep=[dump / "target"])      # `opdiff compare out/onnx_dump_1/target ...`
-    assert (dump / "target").is_dir()
+    with outputs.session(tmp_path / "out") as out:
+        dump = outputs.make_dir(out / "onnx_dump_1")
+        (dump / "target").mkdir(parents=True)
+        (dump / "target" / "records.jsonl").write_text("{}\n")
+    with outputs.session(out, keep=[dump / "target"]):    # `opdiff compare out/onnx_dump_1/target ...`
+        assert (dump / "target" / "records.jsonl").is_file()
+    assert "onnx_dump_1/target/records.jsonl" in outputs.written(out)
+    with outputs.session(out):                              # kept records stay opdiff's
+        pass
+    assert not dump.exists()
 
 
-def test_an_interrupted_run_is_cleared_too(tmp_path):
-    out = outputs.prepare(tmp_path / "out")
-    half = out / "compare_result_1.csv"
-    outputs.remember(out, [half])          # declared before writing: then the run died
-    half.write_text("half a CSV")
-    outputs.prepare(out)
-    assert not half.exists()
+def test_an_interrupted_atomic_write_is_cleared_too(tmp_path):
+    with outputs.session(tmp_path / "out") as out:
+        with pytest.raises(KeyboardInterrupt):
+            with outputs.atomic_open(out / "compare_result_1.csv", "the CSV") as f:
+                f.write("half a CSV")
+                # the temporary file, recorded, would be left by a kill here
+                tmp = next(p for p in out.iterdir() if p.name.endswith(".tmp")
+                           and not p.name.startswith(outputs.MANIFEST))
+                assert tmp.name in outputs.written(out)
+                raise KeyboardInterrupt
+    assert sorted(p.name for p in out.iterdir()) == []      # nothing written: no trace
 
 
 def test_output_path_that_is_a_file_is_a_user_error(cnn_result, tmp_path):

@@ -6,6 +6,7 @@ from typing import Optional
 from rich.console import Console
 from rich.markup import escape
 
+from .. import terminal
 from .engine import CheckResult
 from .outputs import not_checked_notes
 
@@ -13,7 +14,7 @@ from .outputs import not_checked_notes
 def print_check(result: CheckResult, console: Optional[Console] = None) -> None:
     """How many ops were checked and failed, the first failure with its source line and why,
     and what could not be checked and why."""
-    console = console or Console()
+    console = console or terminal.console()   # a dump's control characters shown, not sent
     checked, failed = len(result.checked), len(result.failures)
     colour = "red" if failed else "green"
     console.print(f"[bold]opdiff check[/bold] {escape(result.dump)} ({result.mode} dump"

@@ -11,16 +11,17 @@ failure, so it shows the same verdict box, source context and table. OUT is prep
 """
 from __future__ import annotations
 
-import csv
+import contextlib
 import json
 import logging
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from ..comparison.reasons import source_context
 from ..comparison.result import ERROR, PASS, REPLAY, CompareResult, Divergence, TensorRow, count
 from ..report import outputs
+from ..report.csv_report import safe_writer
 from ..store.records import SCHEMA_VERSION, json_text, strict_json
 from .engine import NOT_CHECKED, CheckResult
 
@@ -113,7 +114,7 @@ def write_check_outputs(result: CheckResult, out_dir: Any) -> dict[str, str]:
              "html": str(out / "report.html")}
     outputs.remember(out, files.values())
     with outputs.atomic_open(csv_path, "the CSV", newline="") as f:
-        w = csv.writer(f)
+        w = safe_writer(f)           # op names from the dump: no formulas
         w.writerow(CSV_COLUMNS)
         w.writerows(csv_rows(result))
     try:
@@ -127,14 +128,14 @@ def write_check_outputs(result: CheckResult, out_dir: Any) -> dict[str, str]:
     return files
 
 
-def prepare(out_dir: Any, keep: tuple[Any, ...] = (), resume: bool = False) -> Path:
-    """Create OUT and clear what opdiff wrote there before (the progress file too, unless
-    resuming); return it."""
+@contextlib.contextmanager
+def prepare(out_dir: Any, keep: tuple[Any, ...] = (), resume: bool = False) -> Iterator[Path]:
+    """Hold OUT for the whole check (`opdiff.report.outputs.session`): what opdiff wrote there
+    before goes (the progress file too, unless resuming), a summary.json or report.html opdiff
+    did not write is refused before the check starts; yields OUT."""
     out = Path(out_dir)
     progress = out / PROGRESS
-    saved = progress.read_bytes() if resume and progress.exists() else None
-    out = outputs.prepare(out, keep=keep)
-    outputs.remember(out, [progress])
-    if saved is not None:
-        progress.write_bytes(saved)
-    return out
+    with outputs.session(out, keep=(*keep, progress) if resume else keep) as out:
+        outputs.remember(out, [out / "summary.json", out / "report.html"])
+        outputs.make_file(progress)
+        yield out

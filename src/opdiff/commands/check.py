@@ -3,6 +3,7 @@ float64 replay on the CPU."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 from typing import Any
 
 EXAMPLE = """example:
@@ -54,12 +55,9 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: Any) -> int:
     """Run the check and print the summary; the return value is the exit code."""
-    from ..check import check_dump
-    from ..check.outputs import PROGRESS, prepare, write_check_outputs
-    from ..errors import ConfigError
-    from ..report.console import Progress, stdout_console
-    from ..check.console import print_check
     from ..check.device import usable_device
+    from ..check.outputs import prepare
+    from ..errors import ConfigError
 
     if args.ray_address is not None and args.engine != "ray":
         raise ConfigError("--ray-address is for --engine ray")
@@ -70,7 +68,18 @@ def run(args: Any) -> int:
         usable_device(args.device)        # before OUT is cleared: a typo costs nothing
     if args.resume and not args.output:
         raise ConfigError("--resume needs -o OUT (the progress of the interrupted check is there)")
-    out = prepare(args.output, keep=(args.dump,), resume=args.resume) if args.output else None
+    with contextlib.ExitStack() as held:
+        out = held.enter_context(prepare(args.output, keep=(args.dump,), resume=args.resume)) \
+            if args.output else None
+        return _check(args, out)
+
+
+def _check(args: Any, out: Any) -> int:
+    from ..check import check_dump
+    from ..check.console import print_check
+    from ..check.outputs import PROGRESS, write_check_outputs
+    from ..report.console import Progress, stdout_console
+
     bar: list[Progress] = []
 
     def on_total(n: int) -> None:

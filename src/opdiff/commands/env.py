@@ -38,7 +38,9 @@ def run(args) -> int:
     elif not changes:
         print("same environment as the dump")
     else:
+        from ..terminal import one_line
+
         print(f"{'key':28} {'here':30} dump")
-        for c in changes:
-            print(f"{c['key']:28} {str(c['target'])[:30]:30} {c['golden']}")
+        for c in changes:       # the dump's side is untrusted: its control characters shown
+            print(one_line(f"{c['key']:28} {str(c['target'])[:30]:30} {c['golden']}"))
     return 0

@@ -195,9 +195,11 @@ def compare(pkl_path1, pkl_path2, output_path, shape_flag: bool = False):
     result = engine_compare(target, golden, shape_flag=bool(shape_flag))
     # The tool's CSV held op tensors only: not the leaves opdiff checks before them.
     rows = [r for r in result.rows if r.target_name and r.golden_name and r.kind != Kind.LEAF]
+    from ..report.csv_report import safe_writer
+
     tmp = out.with_name(out.name + ".partial")
     with open(tmp, "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
+        w = safe_writer(f)           # op names from the dump: no formulas
         w.writerow(CSV_COLUMNS)
         for r in rows:
             w.writerow([r.target_name, _dtype(r.target_dtype), _dtype(r.golden_dtype),

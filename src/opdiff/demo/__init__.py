@@ -58,15 +58,10 @@ def run(scenario: str = DEFAULT_SCENARIO, output=DEFAULT_OUTPUT,
     if chosen is None:
         raise ConfigError(f"unknown demo scenario {scenario!r}; choose one of "
                           f"{', '.join(SCENARIOS)} (opdiff demo --list)")
-    out = workspace.prepare(output).resolve()
-    before = {p.name for p in out.iterdir()}
     story = Story(console)
     start = time.perf_counter()
-    try:
-        with _demo_process_state():
-            result = chosen.player()(out, story)
-    finally:
-        workspace.record_created(out, before)
+    with workspace.hold(output) as out, _demo_process_state():
+        result = chosen.player()(out.resolve(), story)
     result.seconds = time.perf_counter() - start
     story.closing(result.files, result.seconds, chosen.advice)
     return result

@@ -12,7 +12,9 @@ timings) and the shared summary.json / report.html.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Optional
@@ -60,32 +62,36 @@ def compare_models(golden, target, *, inputs=None, output_path=None,
     cmp = score(golden_side, target_side, matching, policy, prepared.notes)
     cmp.local_check = locate(cmp, t_model, t, golden_side, target_side, target_options, policy)
     clock["compare"] = time.perf_counter()
-    if output_path is not None:
-        out, root, stamp = output_folder(output_path, [golden, target, *prepared.sources.values()])
-        meta = {"tool": TITLE, "inputs": prepared.sources}
-        cmp.dumps["golden"] = dump_side(root, "golden", g, g_run, golden, golden_options, meta,
-                                        save_tensors)
-        cmp.dumps["target"] = dump_side(root, "target", t, t_run, target, target_options, meta,
-                                        save_tensors)
-        clock["dump"] = time.perf_counter()
-    finish(cmp, clock)
-    annotate(cmp)
-    if output_path is not None:
-        write_outputs(cmp, out, stamp)
+    with contextlib.ExitStack() as held:   # OUT is held from the dumps to the reports
+        if output_path is not None:
+            keep = [golden, target, *prepared.sources.values()]
+            out, root, stamp = output_folder(held, output_path, keep)
+            meta = {"tool": TITLE, "inputs": prepared.sources}
+            cmp.dumps["golden"] = dump_side(root, "golden", g, g_run, golden, golden_options, meta,
+                                            save_tensors)
+            cmp.dumps["target"] = dump_side(root, "target", t, t_run, target, target_options, meta,
+                                            save_tensors)
+            clock["dump"] = time.perf_counter()
+        finish(cmp, clock)
+        annotate(cmp)
+        if output_path is not None:
+            write_outputs(cmp, out, stamp)
     return cmp
 
 
-def output_folder(output_path, keep) -> tuple:
-    """(OUT, the onnx_dump_{stamp} folder for this run's dumps, stamp). OUT is made ready by the
-    shared output owner: what opdiff wrote there the last time (CSVs, dumps, reports) is removed,
-    the user's files and `keep` (the models and input files) are not; the dump folder is listed
-    as opdiff's before anything is written into it, so an interrupted run is cleaned up too."""
+def output_folder(held: contextlib.ExitStack, output_path, keep) -> tuple:
+    """(OUT, the onnx_dump_{stamp} folder for this run's dumps, stamp). OUT is held by the
+    shared output owner until `held` closes: what opdiff wrote there the last time (CSVs, dumps,
+    reports) is removed, the user's files and `keep` (the models and input files) are not; the
+    dump folder is created and recorded before anything is written into it, so an interrupted
+    run's folder is recognised too."""
     from ..report import outputs
 
-    out = outputs.prepare(output_path, keep=[str(k) for k in keep])
+    out = held.enter_context(outputs.session(output_path, keep=[str(k) for k in keep]))
+    outputs.remember(out, [out / n for n in ("summary.json", "report.html", "rows.jsonl",
+                                             "onnx_details.json")])
     stamp = time.strftime("%Y%m%d_%H%M%S")
-    root = fresh_path(out / f"onnx_dump_{stamp}")
-    outputs.remember(out, [root])
+    root = outputs.make_dir(fresh_path(out / f"onnx_dump_{stamp}"))
     return out, root, stamp
 
 
@@ -153,7 +159,7 @@ def fresh_path(path: Path) -> Path:
     """A path that does not exist yet: a dump is append-only and must never mix two runs, and an
     earlier CSV is never overwritten."""
     candidate, n = path, 1
-    while candidate.exists():
+    while os.path.lexists(candidate):
         candidate = path.with_name(f"{path.stem}_{n}{path.suffix}")
         n += 1
     return candidate

@@ -8,7 +8,6 @@ it is read here, in report.html or in a dump compare.
 """
 from __future__ import annotations
 
-import csv
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,11 +62,12 @@ def _cell(v) -> str:
 
 def write_msit_csv(path: Path, rows: list) -> Path:
     """Write rows (MsitRow) to path; returns path."""
+    from ..report.csv_report import safe_writer
     from ..report.outputs import atomic_open
 
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_open(path, "the msit CSV", newline="") as f:
-        w = csv.writer(f)
+        w = safe_writer(f)           # node names from the models: no formulas
         w.writerow(HEADER)
         for i, r in enumerate(rows):
             flag = "" if r.is_error is None else ("YES" if r.is_error else "NO")

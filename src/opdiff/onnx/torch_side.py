@@ -12,6 +12,7 @@ the Conv's ONNX output is compared with the BatchNorm module's output, not the C
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import sys
@@ -295,22 +296,23 @@ def compare_torch(builder: str, target, *, inputs=None, output_path=None,
     cmp = score(golden, target_side, matching, policy, notes)
     cmp.local_check = locate(cmp, t_model, t, golden, target_side, target_options, policy)
     clock["compare"] = time.perf_counter()
-    if output_path is not None:
-        out, root, stamp = output_folder(output_path, [builder.rpartition(":")[0], target,
-                                                       *prepared.sources.values()])
-        meta = {"tool": TITLE, "inputs": prepared.sources}
-        dump = OnnxDump(root / "golden", {**meta, "side": "golden", "model": builder,
-                                          "runtime": f"PyTorch {torch.__version__}"}, save_tensors)
-        for c in calls:
-            if c.output is not None:
-                dump.record(c.record_name, c.op, [], [c.tensor_name], golden_tensors,
-                            module=c.path or None, location=c.location, kind=Kind.MODULE)
-        cmp.dumps["golden"] = str(dump.close())
-        cmp.dumps["target"] = dump_side(root, "target", t, t_run, target, target_options, meta,
-                                        save_tensors)
-        clock["dump"] = time.perf_counter()
-    finish(cmp, clock)
-    annotate(cmp)
-    if output_path is not None:
-        write_outputs(cmp, out, stamp)
+    with contextlib.ExitStack() as held:   # OUT is held from the dumps to the reports
+        if output_path is not None:
+            keep = [builder.rpartition(":")[0], target, *prepared.sources.values()]
+            out, root, stamp = output_folder(held, output_path, keep)
+            meta = {"tool": TITLE, "inputs": prepared.sources}
+            dump = OnnxDump(root / "golden", {**meta, "side": "golden", "model": builder,
+                                              "runtime": f"PyTorch {torch.__version__}"}, save_tensors)
+            for c in calls:
+                if c.output is not None:
+                    dump.record(c.record_name, c.op, [], [c.tensor_name], golden_tensors,
+                                module=c.path or None, location=c.location, kind=Kind.MODULE)
+            cmp.dumps["golden"] = str(dump.close())
+            cmp.dumps["target"] = dump_side(root, "target", t, t_run, target, target_options, meta,
+                                            save_tensors)
+            clock["dump"] = time.perf_counter()
+        finish(cmp, clock)
+        annotate(cmp)
+        if output_path is not None:
+            write_outputs(cmp, out, stamp)
     return cmp

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from .. import terminal
 from .result import CLEAN, DISCARDED, INHERITED, OVERFLOW, SKIPPED
 
 _STYLE = {OVERFLOW: "bold red", INHERITED: "bold red", SKIPPED: "yellow", DISCARDED: "yellow",
@@ -18,7 +19,7 @@ _STYLE = {OVERFLOW: "bold red", INHERITED: "bold red", SKIPPED: "yellow", DISCAR
 
 def print_overflow(result, console: Console | None = None, *, chain: int = 8, headroom: int = 8) -> None:
     """Print the origin, the start of its chain, per-step verdicts and the top headroom warnings."""
-    con = console or Console(highlight=False)
+    con = console or terminal.console()      # a dump's control characters shown, not sent
     con.print(Text(f"Overflow check of {result.dump}: {result.status}", style=_STYLE[result.status]))
     origin = result.origin
     first = next((s for s in result.steps if s.status in (OVERFLOW, INHERITED)), None)
@@ -49,7 +50,8 @@ def print_overflow(result, console: Console | None = None, *, chain: int = 8, he
         for col in ("step", "rank", "status", "finding"):
             table.add_column(col)
         for s in result.steps:
-            table.add_row(str(s.step), str(s.rank), Text(s.status, style=_STYLE[s.status]), s.message)
+            table.add_row(str(s.step), str(s.rank), Text(s.status, style=_STYLE[s.status]),
+                          Text(s.message))       # not markup: it names ops from the dump
         con.print(table)
     if result.headroom:
         con.print(Text(f"fp16 headroom: {len(result.headroom)} op(s) at or beyond "

@@ -117,18 +117,15 @@ class OverflowResult:
         }
 
     def write_json(self, out_dir: str | os.PathLike) -> Path:
-        """Write `out_dir/overflow.json` (strict JSON) and return its path."""
-        from ..errors import ConfigError
+        """Write `out_dir/overflow.json` (strict JSON) through the output owner
+        (`opdiff.outdir`: the user's files there are never overwritten) and return its path."""
+        from .. import outdir as outputs
 
-        out = Path(out_dir)
-        if out.exists() and not out.is_dir():
-            raise ConfigError(f"output path {out} is a file; give a directory for overflow.json")
-        out.mkdir(parents=True, exist_ok=True)
-        path = out / "overflow.json"
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json_text({"schema_version": SCHEMA_VERSION, **self.to_dict()}, indent=1))
-        os.replace(tmp, path)       # a reader never sees half a file
-        return path
+        with outputs.session(out_dir, keep=[self.dump] if self.dump else []) as out:
+            return outputs.atomic_write_text(
+                out / "overflow.json",
+                json_text({"schema_version": SCHEMA_VERSION, **self.to_dict()}, indent=1),
+                "overflow.json")
 
 
 def _plain(obj):

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from datetime import datetime
 
 from . import outputs
@@ -29,33 +30,34 @@ def write_outputs(result, output_path) -> dict:
     "rows"} to paths ("html" absent when the page could not be written). `result` is left
     as it is; summary.json and the page list the files.
 
-    What opdiff wrote into output_path before (an earlier compare's CSV, an `opdiff onnx`
-    dump) is removed first, the user's own files are not (`opdiff.report.outputs`); a file of
-    the CSV's name that opdiff did not write is never overwritten (a suffix is added).
+    What opdiff provably wrote into output_path before (an earlier compare's CSV, an `opdiff
+    onnx` dump) is removed first, the user's own files are not (`opdiff.report.outputs`); a
+    summary.json, report.html or rows.jsonl that opdiff did not write is an OutputConflict
+    (nothing is overwritten), a CSV of the same name gets a suffix.
     """
     from .csv_report import write_csv
     from .html import write_html
     from .rows import write_rows
     from .summary import write_summary
 
-    out = outputs.prepare(output_path, keep=(result.target, result.golden))
-    stamp = _stamp()
-    csv_path = out / f"compare_result_{stamp}.csv"
-    n = 1
-    while csv_path.exists():
-        csv_path = out / f"compare_result_{stamp}_{n}.csv"
-        n += 1
-    files = {"csv": str(csv_path), "summary": str(out / "summary.json"),
-             "html": str(out / "report.html"), "rows": str(out / "rows.jsonl")}
-    outputs.remember(out, files.values())
-    write_csv(result, csv_path)
-    write_rows(result.rows, files["rows"])
-    try:
-        write_html(result, files["html"], files=files)
-    except Exception as exc:  # the CSV and summary are still worth having
-        log.warning("opdiff: writing report.html failed (%s)", exc)
-        files.pop("html")
-    write_summary(result, files["summary"], files=files)
+    with outputs.session(output_path, keep=(result.target, result.golden)) as out:
+        stamp = _stamp()
+        csv_path = out / f"compare_result_{stamp}.csv"
+        n = 1
+        while os.path.lexists(csv_path):
+            csv_path = out / f"compare_result_{stamp}_{n}.csv"
+            n += 1
+        files = {"csv": str(csv_path), "summary": str(out / "summary.json"),
+                 "html": str(out / "report.html"), "rows": str(out / "rows.jsonl")}
+        outputs.remember(out, files.values())
+        write_csv(result, csv_path)
+        write_rows(result.rows, files["rows"])
+        try:
+            write_html(result, files["html"], files=files)
+        except Exception as exc:  # the CSV and summary are still worth having
+            log.warning("opdiff: writing report.html failed (%s)", exc)
+            files.pop("html")
+        write_summary(result, files["summary"], files=files)
     return files
 
 

@@ -18,25 +18,24 @@ from rich.text import Text
 
 from ..comparison.result import ERROR, WARNING, CompareResult
 from ..numbers import human
+from ..terminal import console as _safe_console
+from ..terminal import one_line, safe
 
 _STYLE = {"pass": "green", "warning": "yellow", "error": "bold red", "unmatched": "dim"}
-# Width for output that is not a terminal: wide enough that no line is ever wrapped.
-_UNWRAPPED = 1 << 20
 
 
 def stdout_console() -> Console:
     """A rich Console on stdout. On a terminal it wraps to the terminal's width; into a pipe or
     a file it does not wrap at all (rich would wrap at 80 columns), so `grep` and scripts see
-    every line whole."""
-    con = Console(highlight=False)
-    if con.is_terminal:
-        return con
-    return Console(highlight=False, soft_wrap=True, width=_UNWRAPPED)
+    every line whole. It is an `opdiff.terminal.SafeConsole`: control characters and escape
+    sequences from a dump are shown, not sent to the terminal."""
+    return _safe_console()
 
 
 def print_result(result, console: Console | None = None, *, worst: int = 5) -> None:
     """Print the short verdict of a compare to the terminal (stdout by default, see
-    `stdout_console`)."""
+    `stdout_console`). Names, paths, source lines and messages come from the dumps: they are
+    printed as plain text (no rich markup) with their control characters made visible."""
     con = console or stdout_console()
     c = result.counts
     line = Text(f"{result.title}: ", style="bold")
@@ -44,37 +43,38 @@ def print_result(result, console: Console | None = None, *, worst: int = 5) -> N
         line.append(f"{c.get(key, 0)} {key}", style=_STYLE[key])
         line.append("  ")
     con.print(line)
-    con.print(Text(f"  target {result.target}\n  golden {result.golden}", style="dim"))
+    con.print(Text(f"  target {one_line(result.target)}\n  golden {one_line(result.golden)}",
+                   style="dim"))
     if result.environment_diff:
         con.print(Text("Environment differs:", style="yellow"))
         for d in result.environment_diff[:12]:
-            con.print(Text(f"  {d['key']}: {d['target']}  vs  {d['golden']}"))
+            con.print(Text(one_line(f"  {d['key']}: {d['target']}  vs  {d['golden']}")))
         if len(result.environment_diff) > 12:
             con.print(Text(f"  ... and {len(result.environment_diff) - 12} more", style="dim"))
     for note in result.notes:
-        con.print(Text(f"note: {note}", style="yellow"))
+        con.print(Text(f"note: {safe(note)}", style="yellow"))
 
     fd = result.first_divergence
     if fd is None:
-        con.print(Text(result.verdict or "no divergence found", style="green"))
+        con.print(Text(safe(result.verdict or "no divergence found"), style="green"))
     else:
         head = Text("First divergence: ", style="bold red")
-        head.append(fd.name, style="bold")
+        head.append(one_line(fd.name), style="bold")
         if fd.step is not None or fd.rank is not None:
             head.append(f" (step {fd.step}, rank {fd.rank})")
         con.print(head)
-        con.print(Text(f"  {fd.reason}"))
+        con.print(Text(f"  {safe(fd.reason)}"))
         if fd.location is not None:
-            where = Text(f"  at {fd.location.file}:{fd.location.line}", style="cyan")
+            where = Text(f"  at {one_line(fd.location.file)}:{fd.location.line}", style="cyan")
             if fd.location.code:
-                where.append(f"  `{fd.location.code.strip()}`", style="bold")
+                where.append(f"  `{one_line(fd.location.code.strip())}`", style="bold")
             con.print(where)
             for n, text in fd.context:
                 mark = ">" if n == fd.location.line else " "
-                con.print(Text(f"  {mark} {n:5d} | {text}",
+                con.print(Text(f"  {mark} {n:5d} | {one_line(text)}",
                                style="bold" if mark == ">" else "dim"))
         if fd.module:
-            con.print(Text(f"  inside {fd.module}", style="dim"))
+            con.print(Text(f"  inside {one_line(fd.module)}", style="dim"))
     # (the first `worst` only: a many-rank result's rows are streamed from disk, not copied)
     bad = list(islice((r for r in result.rows if r.result == "error"), worst)) if worst else []
     if bad:
@@ -82,9 +82,9 @@ def print_result(result, console: Console | None = None, *, worst: int = 5) -> N
         for col in ("tensor", "cosine", "max abs err", "rel err", "why"):
             table.add_column(col, overflow="fold")
         for r in bad[:worst]:
-            table.add_row(Text(r.target_name or r.golden_name or "", style="red"),
+            table.add_row(Text(one_line(r.target_name or r.golden_name or ""), style="red"),
                           human(r.metrics.get("Cosine")), human(r.metrics.get("MaxAbsErr")),
-                          human(r.error), r.reason[:160])
+                          human(r.error), Text(one_line(r.reason[:160])))
         con.print(table)
     if result.files:
         con.print(Text("Wrote " + ", ".join(os.path.basename(p) for p in result.files.values())
@@ -154,12 +154,13 @@ class Progress:
         return "comparing ops"
 
     def _open(self):
-        from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+        from ..terminal import SafeConsole
 
         self.bar = Progress("[progress.description]{task.description}", BarColumn(),
                             MofNCompleteColumn(), TimeRemainingColumn(),
-                            console=Console(stderr=True), transient=True)
+                            console=SafeConsole(stderr=True), transient=True)
         self.bar.start()
         self.task = self.bar.add_task(self.description(), total=self.total or None,
                                       completed=self.done)

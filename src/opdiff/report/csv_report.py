@@ -5,14 +5,50 @@ Importing this module does not import torch (a report can be written far from a 
 
     from opdiff.report.csv_report import write_csv
     write_csv(result, "out/compare_result_20250101120000.csv")
+
+Every CSV opdiff writes goes through `safe_writer`: a text cell a spreadsheet would run as a
+formula (one that starts with =, +, -, @, a tab or a carriage return: an op or module name from
+a hostile dump, say) is written with a leading apostrophe, so it is shown as text. A number stays
+a number ("-0.5", "-inf", "1e-05"), for the scripts that parse these columns.
 """
 from __future__ import annotations
 
 import csv
+import re
 from pathlib import Path
+from typing import IO, Any, Iterable
 
 from .columns import csv_columns
 from .outputs import atomic_open
+
+_FORMULA = frozenset("=+-@\t\r")
+_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?|inf|nan|NaN|"
+                     r"Infinity)")
+
+
+def safe_cell(value: Any) -> Any:
+    """`value` as a CSV cell that a spreadsheet shows and does not run: a text starting with
+    = + - @ tab or CR (and that is not a number) gets a leading apostrophe."""
+    if isinstance(value, str) and value and value[0] in _FORMULA and not _NUMBER.fullmatch(value):
+        return "'" + value
+    return value
+
+
+class _SafeWriter:
+    def __init__(self, f: IO[str]):
+        self._w = csv.writer(f)
+
+    def writerow(self, row: Iterable[Any]) -> Any:
+        return self._w.writerow([safe_cell(c) for c in row])
+
+    def writerows(self, rows: Iterable[Iterable[Any]]) -> None:
+        for row in rows:
+            self.writerow(row)
+
+
+def safe_writer(f: IO[str]) -> _SafeWriter:
+    """A csv.writer on `f` whose every cell goes through `safe_cell`."""
+    return _SafeWriter(f)
 
 
 def write_csv(result, path) -> Path:
@@ -21,10 +57,10 @@ def write_csv(result, path) -> Path:
     columns = csv_columns(result.rows)
     cells = [(c.value, c.write) for c in columns]      # Column.cell, one call less per cell
     with atomic_open(path, "the CSV", newline="") as f:
-        w = csv.writer(f)
+        w = safe_writer(f)
         w.writerow([c.header for c in columns])
         w.writerows([write(value(r)) for value, write in cells] for r in result.rows)
     return path
 
 
-__all__ = ["write_csv"]
+__all__ = ["write_csv", "safe_writer", "safe_cell"]

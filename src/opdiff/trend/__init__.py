@@ -90,21 +90,23 @@ def trend(target, golden=None, output=None, *, sigma: Optional[float] = None,
             target_run.first.meta.get("environment") or {},
             golden_run.first.meta.get("environment") or {})
     if output is not None:
-        # The output directory as every opdiff command has it: created, and what an earlier
-        # run wrote there (a next_dump.json this run does not find) removed, nothing else.
+        # The output directory as every opdiff command has it (`opdiff.report.outputs`): held,
+        # what an earlier run provably wrote there (a next_dump.json this run does not find)
+        # removed, nothing else; a summary.json opdiff did not write is refused.
         from ..report import outputs
-        out = outputs.prepare(output, keep=[p for p in (target, golden) if p is not None])
-        names = (["next_dump.json"] if result.next_dump is not None else []) + \
-            ["summary.json"] + (["trend.html"] if html else [])
-        outputs.remember(out, [out / n for n in names])
-        if result.next_dump is not None:
-            result.files["next_dump.json"] = str(write_next_dump(result.next_dump, out))
-        result.files["summary.json"] = str(out / "summary.json")
-        if html:
-            from .html import write_html
-            result.files["trend.html"] = str(write_html(result, target_run, golden_run,
-                                                        out / "trend.html"))
-        result.write_summary(out)
+        keep = [p for p in (target, golden) if p is not None]
+        with outputs.session(output, keep=keep) as out:
+            names = (["next_dump.json"] if result.next_dump is not None else []) + \
+                ["summary.json"] + (["trend.html"] if html else [])
+            outputs.remember(out, [out / n for n in names])
+            if result.next_dump is not None:
+                result.files["next_dump.json"] = str(write_next_dump(result.next_dump, out))
+            result.files["summary.json"] = str(out / "summary.json")
+            if html:
+                from .html import write_html
+                result.files["trend.html"] = str(write_html(result, target_run, golden_run,
+                                                            out / "trend.html"))
+            result.write_summary(out)
         result.output = out
     return result
 

@@ -10,9 +10,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from .. import terminal
+
 
 def print_trend(result, console: Console | None = None, *, alerts: int = 8) -> None:
-    con = console or Console(highlight=False)
+    con = console or terminal.console()      # a stream's control characters shown, not sent
     runs = f"{result.target}" + (f" against {result.golden}" if result.golden else "")
     steps = ", ".join(f"{v} {k}" for k, v in result.steps.items())
     con.print(Text(f"Trend of {runs} ({steps} steps)", style="bold"))
@@ -26,7 +28,7 @@ def print_trend(result, console: Console | None = None, *, alerts: int = 8) -> N
         for rank, c in sorted(result.ranks.items()):
             d = c.first
             table.add_row(str(rank), c.verdict, str(d.step) if d else "-",
-                          f"{d.module} ({d.phase})" if d else "-")
+                          Text(f"{d.module} ({d.phase})" if d else "-"))   # not markup
         con.print(table)
     shown = [a for a in result.alerts if a.kind != "scaler_skip"][:alerts]
     if shown and (result.golden is not None or len(shown) > 1):
