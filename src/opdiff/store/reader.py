@@ -101,12 +101,13 @@ class Dump:
 
     def cut(self) -> dict[str, Any] | None:
         """Where this step's dump ends early: {"why": "killed" | "disk full" | "write failed",
-        "records": how many it holds, "last_record": the last one's name}; None when the step
-        was closed cleanly (or whole at stop()), and for dumps older than the mark
-        (`opdiff.store.durable`)."""
-        mark = unfinished(self.path)
-        if mark is None:
+        "records": the whole records it holds, "last_record": the last one's name}; None when
+        the step was closed cleanly or was whole at stop() (`opdiff.store.durable`). A dump
+        without the mark (an older opdiff's) is cut when its last line is."""
+        mark, torn = unfinished(self.path), _ends_cut(self.path / layout.RECORDS)
+        if mark is None and not torn:
             return None
+        mark = {"state": "writing"} if mark is None or torn and mark.get("state") == "stopped" else mark
         count, last = 0, None
         for record in self.records():
             count, last = count + 1, record.get("name") if isinstance(record, dict) else None
@@ -167,6 +168,19 @@ class Dump:
         if isinstance(entry, _Ref):
             return _load_ref(entry, index[entry.base])     # type: ignore[arg-type]
         return _load(entry)
+
+
+def _ends_cut(path: Path) -> bool:
+    """records.jsonl ends in a line without its newline (a run killed mid-write)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell() == 0:
+                return False
+            f.seek(-1, os.SEEK_END)
+            return f.read(1) != b"\n"
+    except OSError:
+        return False
 
 
 class _Entry(NamedTuple):
