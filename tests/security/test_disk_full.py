@@ -140,6 +140,9 @@ def test_a_write_that_fills_the_disk_mid_step_cuts_that_step_only(tmp_path, full
                                       "records": len(records), "last_record": records[-1]["name"],
                                       "compared": True}]
     assert any(f"disk filled at record {len(records)}" in n for n in summary["notes"])
+    # Its records name tensors of the shard the disk could not hold: read as statistics.
+    assert result.first_divergence is None and result.counts["error"] == 0
+    assert {r.mode for r in result.rows if r.result != "unmatched"} == {"statistics"}
     assert f"disk filled at record {len(records)}" in (tmp_path / "out" / "report.html").read_text()
     # The whole step before it compares as before: nothing is said about it.
     result, summary = _compare(dump / "step0" / "rank0", golden / "step0" / "rank0", tmp_path / "o0")
@@ -147,12 +150,15 @@ def test_a_write_that_fills_the_disk_mid_step_cuts_that_step_only(tmp_path, full
 
 
 def test_a_run_whose_disk_fills_mid_step_ends_bitwise_equal_to_one_without_opdiff(
-        tmp_path, full_disk):
+        tmp_path, full_disk, caplog):
+    caplog.set_level(logging.WARNING, logger="opdiff")
     expected = _train(None, steps=4)
     for capacity in (0, 4100, 6_000, 150_000, 400_000, 900_000):   # mark, meta, records, tensors
+        caplog.clear()
         full_disk(capacity)
         params = _train(tmp_path / "dump", steps=4)
         assert _bitwise_equal(params, expected), capacity
+        assert len(_warnings(caplog)) == 1, capacity        # the disk did fill, once
         full_disk(None)
         assert not [f for f in _files(tmp_path / "dump") if f.endswith(".tmp")], capacity
         shutil.rmtree(tmp_path / "dump")

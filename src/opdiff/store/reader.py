@@ -172,6 +172,8 @@ class Dump:
 
 def _ends_cut(path: Path) -> bool:
     """records.jsonl ends in a line without its newline (a run killed mid-write)."""
+    if not path.is_file():      # (never opened if a FIFO or a device: it could block)
+        return False
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
