@@ -16,7 +16,8 @@ from .capture.debugger import PrecisionDebugger, dump
 from .comparison.pair import check_replay, compare_pair
 from .comparison.ranks import attribute_collectives
 from .comparison.result import ERROR, WARNING, CompareResult
-from .comparison.runs import count_records, merge, pair_dumps, run_pairs, split_incomplete, unpaired
+from .comparison.runs import (count_records, cut_sides, merge, pair_dumps, run_pairs,
+                              split_incomplete, unpaired)
 from .comparison.verdicts import Policy
 from .errors import OpdiffError
 from .report import write_outputs
@@ -80,6 +81,7 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
     pairs, notes = pair_dumps(targets, goldens)
     pairs, incomplete = split_incomplete(pairs)     # ranks that crashed before a step's first op
     incomplete += unpaired(targets, goldens)        # (pair_dumps notes these)
+    cut, damage = cut_sides(pairs)                  # a side killed mid-step, or its disk full
     total = sum(count_records(t) for t, _ in pairs)
     with Progress(total, progress, pairs=len(pairs)) as bar:
         if engine == "ray":
@@ -96,7 +98,8 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
                                 replay_jobs=replay_jobs, tick=bar.advance, on_pair=bar.pair_done)
     results = attribute_collectives(results, pairs)     # received through a collective
     # (the pairing's notes travel in result.notes: the console prints them, once)
-    result = merge(str(target), str(golden), results, notes, incomplete=incomplete)
+    result = merge(str(target), str(golden), results, notes + damage, incomplete=incomplete,
+                   cut=cut)
     result.verdict = verdict_line(result)
     result.failed = _failed(result, fail_on)
     if output_path is not None:

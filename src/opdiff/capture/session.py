@@ -19,6 +19,7 @@ from .. import __version__
 from ..config import DumpConfig
 from ..errors import ConfigError, OverflowDetected
 from ..store import layout
+from ..store.durable import disk_full
 from ..store.schema import Role
 from . import naming, stacks
 from .guards import OwnWork
@@ -41,6 +42,7 @@ class Session:
         self.config = config
         self.step_index = 0
         self.errors = 0
+        self.opened = False     # a step's dump was opened in this run
         self.own = OwnWork()
         self.modules = ModuleStack()
         self.selection = Selection(config)
@@ -89,8 +91,9 @@ class Session:
 
     # -- steps -------------------------------------------------------------------------------
     def open_step(self) -> None:
-        """Open this step's dump directory if the step and rank are selected."""
-        if self.sink.writer is not None:
+        """Open this step's dump directory if the step and rank are selected (and the disk did
+        not fill: then nothing more is recorded in this run, see sink.py)."""
+        if self.sink.writer is not None or self.sink.stopped_by is not None:
             return
         cfg = self.config
         if cfg.step and self.step_index not in cfg.step:
@@ -108,9 +111,17 @@ class Session:
                 "rank": rank, "environment": fingerprint()}
         try:
             self.sink.open(directory, meta, cfg.task)
-        except OSError as exc:  # a parent is a file, read-only or missing mount: the user's to fix
-            raise ConfigError(f"cannot write a dump into {directory} ({exc.strerror or exc}); "
-                              f"choose a writable dump_path") from None
+        except OSError as exc:
+            if not disk_full(exc) and not self.opened:
+                # a parent is a file, read-only or missing mount: the user's to fix, at once
+                raise ConfigError(f"cannot write a dump into {directory} ({exc.strerror or exc}); "
+                                  f"choose a writable dump_path") from None
+            self.sink.stopped_by = exc      # later in a run, or a full disk: training goes on
+            log.warning("opdiff: cannot write a dump into %s (%s); opdiff records nothing more "
+                        "in this run, and the training goes on untouched", directory,
+                        exc.strerror or exc)
+            return
+        self.opened = True
         naming.forget_facts()   # ops registered since the last step count from this one
         if cfg.task == "overflow_check":
             from .describe import Describer

@@ -6,16 +6,24 @@ counters, and the parameter gradients still arriving.
     sink.open(directory, meta, task="statistics")
     sink.emit(record)          # queued; written in batches once its statistics are known
     sink.close()               # everything on disk; counters start again for the next step
+
+A full disk cuts the step where it stands (`_cut`): the records emitted before the failing op are
+written if they fit, the writer closes (its `unfinished.json` says where the dump ends), one
+warning is logged, and `stopped_by` keeps the error: the session records nothing more in this
+run, and the user's training goes on untouched.
 """
 from __future__ import annotations
 
 import gc
+import logging
 
 from ..store.schema import PARAM_GRAD_WORD, Kind, Phase, Role, record_name
 from ..store.writer import DumpWriter
 from .describe import Describer
 from .stacks import with_source
 from .stats import StatsBatch
+
+log = logging.getLogger("opdiff")
 
 _FLUSH_EVERY = 256      # records queued before their statistics are resolved and written
 
@@ -60,6 +68,7 @@ class StepSink:
         self._param_grads: dict = {}    # module op -> {parameter name: gradient}
         self._frozen = False            # objects older than the step kept out of full GCs
         self._thresholds: tuple | None = None   # the collector's thresholds before the step
+        self.stopped_by: OSError | None = None  # a full disk: nothing more is recorded this run
 
     # -- the step ----------------------------------------------------------------------------
     def open(self, directory, meta: dict, task: str) -> None:
@@ -110,6 +119,9 @@ class StepSink:
         """Queue a finished record; statistics are resolved in a batch at flush."""
         if self.writer is None or (self.forced_only and not force):
             return
+        if self.writer.full is not None:    # this op's tensors did not fit: the dump ends before it
+            self._cut()
+            return
         record["seq"] = self.seq
         self.seq += 1
         if not self._selection.want_input:
@@ -126,6 +138,8 @@ class StepSink:
         if not self.pending and not len(self.stats):
             if wait_for_tensors and self.writer is not None:
                 self.writer.flush(wait_for_tensors=True)
+                if self.writer.full is not None:
+                    self._cut()
             return
         with self._own():
             try:
@@ -141,6 +155,21 @@ class StepSink:
         self.pending.clear()
         if writer is not None:
             writer.flush(wait_for_tensors=wait_for_tensors)
+            if writer.full is not None:
+                self._cut()
+
+    def _cut(self) -> None:
+        """The disk is full: end this step's dump here and record nothing more in this run."""
+        writer = self.writer
+        if writer is None or writer.full is None or self.stopped_by is not None:
+            return
+        self.stopped_by = writer.full
+        self.flush()                # the records emitted before the failure, if they fit
+        self.close_writer()
+        log.warning("opdiff: the disk is full (%s): the dump in %s ends at record %d (its "
+                    "unfinished.json says so); opdiff records nothing more in this run, and the "
+                    "training goes on untouched", writer.full.strerror or writer.full,
+                    writer.directory, writer.records_written)
 
     # -- parameter gradients -------------------------------------------------------------------
     def add_param_grad(self, module_op: str, expected: int, pname: str, grad) -> None:

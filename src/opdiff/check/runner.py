@@ -119,6 +119,14 @@ def check_dump(path: str | os.PathLike[str], device: Optional[str] = None,
         raise ConfigError(f"engine must be 'local' or 'ray', not {engine!r}")
     job = CheckJob(os.fspath(path), device)
     device = job.device
+    if job.mode == "statistics" and device is None and \
+            (job.dump.meta.get("config") or {}).get("task") == "tensor":
+        cut = job.dump.cut() if hasattr(job.dump, "cut") else None     # (disk full, killed)
+        raise DumpError(f"{path}: a tensor dump whose tensors are missing (no readable shard in "
+                        f"its {job.dump.path.name}/tensors"
+                        + (f"; {cut['why']} at record {cut['records']}" if cut else "") +
+                        "): nothing to judge; dump again, or check it on the device with "
+                        "--device DEV (ops re-run there on random inputs)")
     if job.mode == "statistics" and device is None:
         raise ConfigError(f"{path}: a statistics dump holds no tensors to judge; check it on "
                           "the device with --device DEV (ops re-run there on random inputs "

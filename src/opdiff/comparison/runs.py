@@ -11,6 +11,12 @@ began) is not compared; it is named in `result.notes` and in `result.pairs` (its
 `"incomplete": {"side", "why"}`), and every other pair is compared as usual. Only when no pair
 is left is it an error.
 
+A side whose step was cut (`cut_sides`: the run was killed mid-step, or its disk filled; the
+reader knows from the step's `unfinished.json`) is compared up to where it ends; the pair's
+entry carries `"cut": [{"side", "why", "records", "last_record"}]`, a note says which step,
+rank and record, and summary.json lists it under "incomplete" with `"compared": true`. An
+unreadable tensor shard is a note too (its tensors are compared by their statistics).
+
 With several pairs, each pair's rows stay on disk (`spool.py`): the worker writes them to a
 spool file and sends back its outcome only, and the merged result's `rows` streams those files,
 so the driver's memory does not grow with the number of ranks. The result is the same, row for
@@ -27,6 +33,7 @@ from dataclasses import replace
 from typing import Any, Callable, Optional, Sequence, cast
 
 from ..errors import DumpError
+from ..store.reader import Dump
 from ..store.source import DumpSource
 from .origins import across_steps
 from .ranks import received_from
@@ -81,6 +88,49 @@ def unpaired(targets: list[DumpSource], goldens: list[DumpSource]) -> list[Incom
     return out
 
 
+def _cut(dump: DumpSource) -> Optional[dict[str, Any]]:
+    """Where an opdiff dump's step ends early (`Dump.cut`); None for a whole one or another format."""
+    return dump.cut() if isinstance(dump, Dump) else None
+
+
+_CUT_WORDS = {"killed": "the run was killed there (or is still writing)",
+              "disk full": "the disk filled there",
+              "write failed": "writing the dump failed there"}
+
+
+_EMPTY_CUT = {"killed": "holds no op records: the run was killed before its first one (or is "
+                         "still writing)",
+              "disk full": "holds no op records: the disk filled before its first one",
+              "write failed": "holds no op records: writing the dump failed before its first one"}
+
+
+def cut_words(side: str, cut: dict[str, Any]) -> str:
+    """"the target's disk filled at record 28 (after Tensor.add_.3.forward)" and the like."""
+    after = f" (after {cut['last_record']})" if cut.get("last_record") else ""
+    if cut.get("why") == "disk full":
+        return f"the {side}'s disk filled at record {cut['records']}{after}"
+    return (f"the {side} dump was cut at record {cut['records']}{after}: "
+            f"{_CUT_WORDS.get(cut.get('why', ''), _CUT_WORDS['killed'])}")
+
+
+def cut_sides(pairs: list[Pair]) -> tuple[list[Incomplete], list[str]]:
+    """The sides of pairs whose step ends early, as {"step", "rank", "side", "why": "killed" |
+    "disk full" | "write failed", "records", "last_record", "compared": True}; and notes on
+    unreadable tensor shards."""
+    cut: list[Incomplete] = []
+    notes: list[str] = []
+    for t, g in pairs:
+        for side, d in (("target", t), ("golden", g)):
+            if not isinstance(d, Dump):
+                continue
+            where = d.cut()
+            if where is not None:
+                cut.append({"step": t.step, "rank": t.rank, "side": side, **where, "compared": True})
+            d.tensor_keys()         # reads the shards' headers: which are unreadable
+            notes += [f"step {t.step} rank {t.rank}: the {side}'s {p}" for p in d.problems]
+    return cut, notes
+
+
 def _is_empty(dump: DumpSource) -> bool:
     """True when the dump holds no op record (reads at most its first one)."""
     return next(iter(dump.records()), None) is None
@@ -99,10 +149,17 @@ def split_incomplete(pairs: list[Pair]) -> tuple[list[Pair], list[Incomplete]]:
             complete.append((t, g))
             continue
         side = empty[0] if len(empty) == 1 else "both"
-        incomplete.append({"step": t.step, "rank": t.rank, "side": side, "why": EMPTY_WHY})
+        cut = _cut(t if empty[0] == "target" else g)
+        why = EMPTY_WHY if cut is None else _EMPTY_CUT.get(cut["why"], _EMPTY_CUT["killed"])
+        incomplete.append({"step": t.step, "rank": t.rank, "side": side, "why": why})
     if not complete:
         t, g = pairs[0]
         dump = t if _is_empty(t) else g
+        cut = _cut(dump)
+        if cut is not None:
+            raise DumpError(f"{dump.path}: the dump "
+                            f"{_EMPTY_CUT.get(cut['why'], _EMPTY_CUT['killed'])}; dump again"
+                            + (" with more free space" if cut["why"] == "disk full" else ""))
         if len(pairs) == 1:
             raise DumpError(f"{dump.path}: the dump holds no op records; was the model run "
                             f"between start() and stop()?")
@@ -155,11 +212,12 @@ def unspooled(compact: CompareResult, spool: Spool, meta: SpoolFile) -> CompareR
 
 
 def merge(target: str, golden: str, results: list[CompareResult], notes: list[str], *,
-          incomplete: Sequence[Incomplete] = ()) -> CompareResult:
+          incomplete: Sequence[Incomplete] = (), cut: Sequence[Incomplete] = ()) -> CompareResult:
     """One CompareResult for many pairs: rows tagged with their step and rank, the earliest
-    first divergence, one `pairs` entry per step/rank pair (the incomplete ones included)."""
+    first divergence, one `pairs` entry per step/rank pair (the incomplete ones included;
+    `cut`: sides that end early, from `cut_sides`)."""
     across_steps(results)   # parameters changed between two agreeing steps: the optimizer (origins)
-    if len(results) == 1 and not notes and not incomplete:
+    if len(results) == 1 and not notes and not incomplete and not cut:
         return results[0]
     rows: list[TensorRow] = []
     if results and all(on_disk(r.rows) for r in results):
@@ -186,12 +244,18 @@ def merge(target: str, golden: str, results: list[CompareResult], notes: list[st
         first = best.first_divergence
     env = results[0].environment_diff if results else []
     pairs = [_pair_summary(r) for r in results] + [_incomplete_summary(i) for i in incomplete]
+    for p in pairs:
+        p["cut"] = [{k: c[k] for k in ("side", "why", "records", "last_record")} for c in cut
+                    if (c["step"], c["rank"]) == (p["step"], p["rank"])] or None
     pairs.sort(key=lambda p: (p["step"] if p["step"] is not None else -1,
                               p["rank"] if p["rank"] is not None else -1))
     return CompareResult(
         target=target, golden=golden, rows=rows, first_divergence=first, counts=counts,
         environment_diff=env, pairs=pairs,
-        notes=list(notes) + [_incomplete_note(i) for i in incomplete if i["why"] != MISSING_WHY] +
+        notes=[f"step {c['step']} rank {c['rank']}: {cut_words(c['side'], c)}; what it ran after "
+               f"that was not recorded, so only its first {c['records']} records are compared"
+               for c in cut] +
+        list(notes) + [_incomplete_note(i) for i in incomplete if i["why"] != MISSING_WHY] +
         _rank_notes(results, first) + _pair_notes(results))
 
 
@@ -287,5 +351,5 @@ def run_pairs(pairs: list[Pair], policy: Policy, *, shape_flag: bool = False,
             finished(pairs[i])
     return [r for r in results if r is not None]
 
-__all__ = ["pair_dumps", "unpaired", "split_incomplete", "run_pairs", "merge", "count_records",
-           "spooled", "unspooled"]
+__all__ = ["pair_dumps", "unpaired", "split_incomplete", "cut_sides", "cut_words", "run_pairs",
+           "merge", "count_records", "spooled", "unspooled"]

@@ -98,6 +98,12 @@ def verdict_line(result: CompareResult) -> str:
 
     fd = result.first_divergence
     covered = result.coverage
+    cut = [(p, c) for p in result.pairs or [] if isinstance(p, dict) for c in p.get("cut") or []]
+    if fd is None and cut:      # a side ends early (killed, disk full): the rest is unknown
+        from ..comparison.runs import cut_words
+        p, c = cut[0]
+        return (f"inconclusive: step {p['step']} rank {p['rank']}: {cut_words(c['side'], c)}; no "
+                f"divergence among the records before it (see the notes)")
     if fd is None and covered is not None and covered < MIN_COVERAGE:
         # Most tensors were not compared at all: finding nothing among the rest proves little.
         return (f"inconclusive: only {100 * covered:.0f}% of tensors have a partner in the other "

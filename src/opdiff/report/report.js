@@ -222,6 +222,12 @@
     var c = p.counts || {};
     return c.error ? "error" : c.warning ? "warning" : c.unmatched ? "unmatched" : "pass";
   }
+  function cutText(p) {
+    // a side that ends early (killed, disk full): compared up to that record only
+    return (p.cut || []).map(function (c) {
+      return " \u00b7 " + c.side + " cut at record " + c.records + " (" + c.why + ")";
+    }).join("");
+  }
   function countsText(c) {
     return ["pass", "warning", "error", "unmatched"].filter(function (k) { return c && c[k] !== undefined; })
       .map(function (k) { return fmtCount(c[k]) + " " + k; }).join(" \u00b7 ");
@@ -279,7 +285,7 @@
       [p.step === null || p.step === undefined ? "" : String(p.step),
        p.rank === null || p.rank === undefined ? "" : String(p.rank),
        pairStatus(p),
-       p.incomplete ? p.incomplete.side + " " + p.incomplete.why : countsText(p.counts),
+       p.incomplete ? p.incomplete.side + " " + p.incomplete.why : countsText(p.counts) + cutText(p),
        fd,
        basename(p.target), basename(p.golden)].forEach(function (v, i) {
         var td = el("td", i >= 5 ? "path" : null, v);

@@ -10,8 +10,11 @@ CompareResult.
      "verdict": "one sentence",
      "pairs": [{"step", "rank", "target", "golden", "counts",
                 "first_divergence": null | {the same fields as the top-level one},
-                "incomplete": null | {"side", "why"}}],      (one per step/rank pair)
-     "incomplete": [{"step", "rank", "side", "why"}],   (pairs not compared: a side held no ops)
+                "incomplete": null | {"side", "why"},        (one per step/rank pair)
+                "cut": null | [{"side", "why", "records", "last_record"}]}],  (a side ends early)
+     "incomplete": [{"step", "rank", "side", "why"}         (pairs not compared: a side held no ops)
+                    | {"step", "rank", "side", "why": "killed" | "disk full" | "write failed",
+                       "records", "last_record", "compared": true}],   (compared up to the cut)
      "notes": [...], "worst": [the 10 tensors with the largest error], "files": {...}}
 
 Non-finite numbers are written as the strings "NaN", "Infinity", "-Infinity" (strict JSON).
@@ -96,6 +99,8 @@ def summary_dict(result, files: dict | None = None) -> dict:
     out["pairs"] = [_pair(p) for p in result.pairs or [] if isinstance(p, dict)]
     out["incomplete"] = [{"step": p.get("step"), "rank": p.get("rank"), **p["incomplete"]}
                          for p in out["pairs"] if p.get("incomplete")]
+    out["incomplete"] += [{"step": p.get("step"), "rank": p.get("rank"), **c, "compared": True}
+                          for p in out["pairs"] for c in p.get("cut") or []]
     out["worst"] = worst
     out["files"] = dict(result.files if files is None else files)
     return _clean(out)

@@ -5,6 +5,8 @@
         records.jsonl      one op call per line, in execution order, appended and flushed
         stacks.jsonl       deduplicated call sites, referenced by id from records
         tensors/*.safetensors   task="tensor": shards written by a background thread
+        unfinished.json    only while the step is open, or when it was cut (killed, disk full):
+                           see opdiff.store.durable
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ META = "meta.json"
 RECORDS = "records.jsonl"
 STACKS = "stacks.jsonl"
 TENSORS = "tensors"
+UNFINISHED = "unfinished.json"
 
 _STEP_RE = re.compile(r"^step(\d+)$")
 _RANK_RE = re.compile(r"^rank(\d+)$")

@@ -36,6 +36,7 @@ from typing import Any, Iterator, NamedTuple
 from ..dtypes import SAFETENSORS_CODES
 from ..errors import DumpError
 from . import layout
+from .durable import unfinished
 from .source import DumpFormat
 
 log = logging.getLogger("opdiff")
@@ -53,6 +54,7 @@ class Dump:
     rank: int | None = None
     _stacks: dict[int, list[dict[str, Any]]] | None = field(default=None, repr=False)
     _tensor_index: dict[str, _Entry | _Ref] | None = field(default=None, repr=False)
+    problems: list[str] = field(default_factory=list, repr=False)   # unreadable shards, for notes
 
     format = "opdiff"
 
@@ -97,6 +99,24 @@ class Dump:
         """True for a tensor dump (task="tensor"): every recorded tensor was saved as it was."""
         return bool(self._index())
 
+    def cut(self) -> dict[str, Any] | None:
+        """Where this step's dump ends early: {"why": "killed" | "disk full" | "write failed",
+        "records": the whole records it holds, "last_record": the last one's name}; None when
+        the step was closed cleanly or was whole at stop() (`opdiff.store.durable`). A dump
+        without the mark (an older opdiff's) is cut when its last line is."""
+        mark, torn = unfinished(self.path), _ends_cut(self.path / layout.RECORDS)
+        if mark is None and not torn:
+            return None
+        mark = {"state": "writing"} if mark is None or torn and mark.get("state") == "stopped" else mark
+        count, last = 0, None
+        for record in self.records():
+            count, last = count + 1, record.get("name") if isinstance(record, dict) else None
+        state = mark.get("state")
+        if state == "stopped" and mark.get("records") == count:
+            return None
+        why = state if state in ("disk full", "write failed") else "killed"
+        return {"why": why, "records": count, "last_record": last}
+
     def record_count(self) -> int:
         """Lines of records.jsonl (0 when it cannot be read)."""
         try:
@@ -120,6 +140,8 @@ class Dump:
                         entries, found = _shard_header(shard)
                     except (OSError, ValueError) as exc:  # a shard cut short by a crash
                         log.warning("opdiff: skipping unreadable tensor shard %s (%s)", shard, exc)
+                        self.problems.append(f"tensor shard {shard.name} is unreadable ({exc}); "
+                                             "its tensors are compared by their statistics")
                         continue
                     index.update(entries)
                     refs.update(found)
@@ -146,6 +168,21 @@ class Dump:
         if isinstance(entry, _Ref):
             return _load_ref(entry, index[entry.base])     # type: ignore[arg-type]
         return _load(entry)
+
+
+def _ends_cut(path: Path) -> bool:
+    """records.jsonl ends in a line without its newline (a run killed mid-write)."""
+    if not path.is_file():      # (never opened if a FIFO or a device: it could block)
+        return False
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell() == 0:
+                return False
+            f.seek(-1, os.SEEK_END)
+            return f.read(1) != b"\n"
+    except OSError:
+        return False
 
 
 class _Entry(NamedTuple):

@@ -1,12 +1,18 @@
 """Append-only dump writer used by capture (and by the ONNX runner).
 
 Records are buffered and appended to records.jsonl every `flush_every` records and on
-`flush()`/`close()`, each time followed by an OS-level flush, so a killed process leaves every
-record up to the last flush readable. Tensors go into safetensors shards, each written under a
-temporary name as tensors arrive and renamed once its header is in place: a shard is either whole
-or absent. CPU tensors are written by the calling thread when they are saved, device tensors
-through a bounded queue by a background thread (see _TensorSink). A tensor that views the same
-bytes of one saved before is a reference in its shard's header instead (see .references).
+`flush()`/`close()`, straight to the OS (`durable.RawFile`), so a killed process leaves every
+record up to the last flush readable; records go before the tensors they name. Tensors go into
+safetensors shards, each written under a temporary name as tensors arrive and renamed once its
+header is in place: a shard is either whole or absent (a failed one is removed). CPU tensors are
+written by the calling thread when they are saved, device tensors through a bounded queue by a
+background thread (see _TensorSink). A tensor that views the same bytes of one saved before is a
+reference in its shard's header instead (see .references).
+
+A full disk ends the step's dump where it stands: a records line cut by it is cut back, the
+partial shard removed, `full` set, and `unfinished.json` says "disk full" at which record (see
+`durable`); a record whose tensor was not written reads as its statistics. A step closed
+cleanly leaves no `unfinished.json`.
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Union
 from ..dtypes import SAFETENSORS_CODES, short_dtype
 from . import layout
 from .reader import REF_PREFIX
+from .durable import RawFile, Unfinished, disk_full, write_replacing
 from .records import SCHEMA_VERSION, dumps, json_text
 from .references import Aliases, Base, Ref, host_elements
 
@@ -41,11 +48,10 @@ class _TensorSink(threading.Thread):
 
     CPU tensors are written in the calling thread, at once: their bytes are in the shard before
     the op can change them, so the caller need not copy them (a private copy of every saved
-    activation made the CNN's step fault in about 120 MB of fresh pages). A background writer
-    fighting the training thread for the GIL and the cores cost far more than the writes
-    themselves (on the benchmark transformer, 100 MB a step: about 230 ms added to the step by
-    the thread, about 30 ms written inline). Device tensors go through a queue to this thread,
-    which copies them to the host while the device computes; it is started by the first one.
+    activation made the CNN's step fault in about 120 MB of fresh pages), and a background
+    writer fighting the training thread for the GIL cost far more than the writes (benchmark
+    transformer, 100 MB a step: 230 ms added by the thread, 30 ms inline). Device tensors go
+    through a queue to this thread (started by the first), copied to the host meanwhile.
     """
 
     def __init__(self, directory: Path, references: bool = True, same_bytes: bool = True):
@@ -139,12 +145,12 @@ class _TensorSink(threading.Thread):
                 self._failed(exc)
 
     def _failed(self, exc: BaseException) -> None:
-        if self.error is None:
+        if self.error is None and not disk_full(exc):   # (a full disk: the DumpWriter says it)
             log.warning("opdiff: writing tensors failed (%s); tensors are no longer saved", exc)
         self.error = exc
         self._batch.clear()
         if self._shard is not None:
-            self._shard.abandon()
+            self._shard.abandon()       # removed: a partial shard must not keep filling the disk
             self._shard = None
 
     def _add(self, key: str, tensor: torch.Tensor, nbytes: int, link: Any = None) -> None:
@@ -194,18 +200,19 @@ class _TensorSink(threading.Thread):
     def _finish_shard(self) -> None:
         shard, self._shard = self._shard, None
         if shard is not None:
-            shard.finish()
+            try:
+                shard.finish()
+            except BaseException:
+                shard.abandon()
+                raise
 
     def _write_shard(self) -> None:
         """Close the shard being written (and write the odd-dtype ones): a flush point."""
         self._finish_shard()
         if self._batch:
             self.directory.mkdir(parents=True, exist_ok=True)
-            final = self._next_path()
-            tmp = final.with_suffix(".tmp")
-            from safetensors.torch import save_file    # dtypes the streaming writer lacks
-            save_file({k: t.contiguous() for k, t in self._batch.items()}, str(tmp))
-            os.replace(tmp, final)
+            from safetensors.torch import save    # dtypes the streaming writer lacks
+            write_replacing(self._next_path(), save({k: t.contiguous() for k, t in self._batch.items()}))
             self._batch = {}
 
 
@@ -218,9 +225,11 @@ class _StreamingShard:
     """A safetensors file written as tensors arrive, under a temporary name.
 
     The header goes first in the format, but is only known at the end: a fixed region is kept
-    for it at the front, filled at `finish()` with the JSON padded with spaces (which the format
-    allows), and the file is then renamed to its final name. A shard whose header would outgrow
-    the region is finished early.
+    for it at the front (written as zeros at once, so filling it needs no more space), filled at
+    `finish()` with the JSON padded with spaces (which the format allows), and the file is then
+    renamed to its final name. A shard whose header would outgrow the region is finished early.
+    Bytes go through `durable.RawFile` (small tensors gathered up to 1 MiB); `abandon()` removes
+    the file.
     """
 
     HEADER_BYTES = 128 << 10     # 8-byte length + JSON; about 1000 entries
@@ -228,14 +237,19 @@ class _StreamingShard:
     def __init__(self, tmp: Path):
         self.tmp = tmp
         self.path = tmp              # where its bytes are now: tmp, then the final name
-        self.file = open(tmp, "wb")
-        self.file.seek(self.HEADER_BYTES)
+        self.file = RawFile(tmp, append=False, buffer=1 << 20)
         self.header: dict[str, Any] = {}
         self.refs: dict[str, str] = {}     # key -> JSON of a reference, in "__metadata__"
         self.header_len = 2          # "{}"
         self.data_bytes = 0
         self.open = True
         self.reader: Any = None      # a second handle, to read back what was written (references)
+        try:
+            self.file.write(bytes(self.HEADER_BYTES))
+            self.file.flush()
+        except BaseException:
+            self.abandon()
+            raise
 
     def add_ref(self, key: str, ref: dict[str, Any]) -> bool:
         """Note that `key` is `ref["base"]`'s bytes seen through `ref`'s offset, shape and
@@ -292,9 +306,8 @@ class _StreamingShard:
         header = {"__metadata__": self.refs, **self.header} if self.refs else self.header
         text = json.dumps(header, separators=(",", ":")).encode()
         text += b" " * (self.HEADER_BYTES - 8 - len(text))
-        self.file.seek(0)
-        self.file.write((self.HEADER_BYTES - 8).to_bytes(8, "little"))
-        self.file.write(text)
+        self.file.flush()
+        self.file.pwrite((self.HEADER_BYTES - 8).to_bytes(8, "little") + text, 0)
         self.file.close()
         self._close_reader()
         final = self.tmp.with_suffix(".safetensors")
@@ -302,11 +315,14 @@ class _StreamingShard:
         self.path = final
 
     def abandon(self) -> None:
-        try:
-            self.file.close()
-            self._close_reader()
-        except OSError:
-            pass
+        """Give the shard up: close it and remove its file (the space goes back at once, even
+        while a reader still holds it open)."""
+        for step in (lambda: self.file.truncate(0), self.file.close, self._close_reader,
+                     lambda: os.unlink(self.tmp)):
+            try:
+                step()
+            except OSError:
+                pass
 
     def _close_reader(self) -> None:
         self.open = False
@@ -316,7 +332,11 @@ class _StreamingShard:
 
 
 class DumpWriter:
-    """Writes one step of one rank: `DumpWriter(dir, meta)`, then `write()`, `save_tensor()`, `close()`."""
+    """Writes one step of one rank: `DumpWriter(dir, meta)`, then `write()`, `save_tensor()`, `close()`.
+
+    Raises OSError when the step cannot even be opened (nothing of it is left behind then).
+    `full`: the OSError of a full disk, once one ended the dump (see the module docstring);
+    `records_written`, `last_record`: what records.jsonl holds."""
 
     references = True     # store views of saved tensors as references (False: bytes again)
     same_bytes = True     # ... and tensors repeating the bytes of one written before
@@ -325,16 +345,29 @@ class DumpWriter:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.flush_every = flush_every
-        meta = {"format_version": layout.FORMAT_VERSION, "schema_version": SCHEMA_VERSION, **meta}
-        tmp = self.directory / (layout.META + ".tmp")
-        tmp.write_text(json_text(meta, indent=2))
-        os.replace(tmp, self.directory / layout.META)
-        self._records = open(self.directory / layout.RECORDS, "a", encoding="utf-8")
-        self._stacks = open(self.directory / layout.STACKS, "a", encoding="utf-8")
-        self._buffer: list[tuple[str, str]] = []     # ("r" record | "s" stack, JSON line)
+        self.records_written = 0
+        self.last_record: str | None = None
+        self.full: OSError | None = None
+        self.disabled = False
+        self._failure: BaseException | None = None
+        self._buffer: list[tuple[str, str, str | None]] = []   # ("r" | "s", JSON line, record name)
         self._stack_ids: dict[tuple[tuple[str, int, str, str], ...], int] = {}
         self._sink: _TensorSink | None = None
-        self.disabled = False
+        self._mark = Unfinished(self.directory)     # first: a step cut from here on says so
+        meta = {"format_version": layout.FORMAT_VERSION, "schema_version": SCHEMA_VERSION, **meta}
+        opened: list[RawFile] = []
+        try:
+            write_replacing(self.directory / layout.META,
+                            json_text(meta, indent=2).encode())
+            opened += [RawFile(self.directory / n, append=True) for n in (layout.RECORDS, layout.STACKS)]
+        except BaseException:
+            for f in opened:
+                f.close()
+            for name in (layout.RECORDS, layout.STACKS, layout.META):
+                (self.directory / name).unlink(missing_ok=True)
+            self._mark.remove()
+            raise
+        self._records, self._stacks = opened
 
     # -- stacks -------------------------------------------------------------------------------
     def stack_id(self, frames: tuple[tuple[str, int, str, str], ...]) -> int:
@@ -348,7 +381,7 @@ class DumpWriter:
             self._stack_ids[frames] = sid
             entry = {"id": sid, "frames": [
                 {"file": f, "line": ln, "function": fn, "code": code} for f, ln, fn, code in frames]}
-            self._buffer.append(("s", dumps(entry)))
+            self._buffer.append(("s", dumps(entry), None))
         return sid
 
     def stack_frames(self, stack_id: int | None) -> list[dict[str, Any]]:
@@ -367,7 +400,7 @@ class DumpWriter:
         """Queue one record (already fully resolved: statistics are plain numbers)."""
         if self.disabled:
             return
-        self._buffer.append(("r", dumps(record)))
+        self._buffer.append(("r", dumps(record), record.get("name")))
         if len(self._buffer) >= self.flush_every:
             self.flush()
 
@@ -375,11 +408,13 @@ class DumpWriter:
         """Save a tensor: a CPU tensor is written at once; a device tensor is queued for the
         background writer and must be a private copy, made from `origin` (see _TensorSink.put).
         A tensor viewing the very bytes of one saved before is stored as a reference to it."""
-        if self.disabled:
+        if self.disabled or self.full is not None:
             return
         if self._sink is None:
             self._sink = _TensorSink(self.directory / layout.TENSORS, self.references, self.same_bytes)
         self._sink.put(key, tensor, origin)
+        if disk_full(self._sink.error):
+            self._stop(self._sink.error)        # (the records so far are still written)
 
     @property
     def referenced_bytes(self) -> int:
@@ -387,37 +422,76 @@ class DumpWriter:
         return self._sink.referenced_bytes if self._sink is not None else 0
 
     def flush(self, wait_for_tensors: bool = False) -> None:
-        """Append buffered records and stacks to disk (stacks first, so ids always resolve).
-
-        The tensor writer is asked to write a shard of what it holds; with `wait_for_tensors`
-        this returns once it has, so a crash afterwards loses none of the tensors recorded so far.
-        """
-        if self._sink is not None and not self.disabled:
+        """Append buffered stacks and records to disk (stacks first, so ids always resolve), then
+        ask the tensor writer to write a shard of what it holds; with `wait_for_tensors` this
+        returns once it has, so a crash afterwards loses none of the tensors recorded so far
+        (and `unfinished.json` says the step was whole then: see `durable`)."""
+        if self._buffer and not self.disabled:
+            self._write_buffer()
+        if self._sink is not None and not self.disabled and self.full is None:
             self._sink.flush(wait_for_tensors)
-        if not self._buffer or self.disabled:
-            return
-        stacks = [line for kind, line in self._buffer if kind == "s"]
-        records = [line for kind, line in self._buffer if kind == "r"]
+            if disk_full(self._sink.error):
+                self._stop(self._sink.error)
+        if wait_for_tensors and self._failure is None:
+            self._mark.set({"state": "stopped", "records": self.records_written})
+
+    def _write_buffer(self) -> None:
+        stacks = [line for kind, line, _ in self._buffer if kind == "s"]
+        records = [(line, name) for kind, line, name in self._buffer if kind == "r"]
         self._buffer.clear()
-        try:
-            if stacks:
-                self._stacks.write("\n".join(stacks) + "\n")
-                self._stacks.flush()
-            if records:
-                self._records.write("\n".join(records) + "\n")
-                self._records.flush()
-        except OSError as exc:  # disk full and friends: stop dumping, let training go on
+        for f, lines in ((self._stacks, stacks), (self._records, [line for line, _ in records])):
+            if not lines:
+                continue
+            size = f.size
+            try:
+                f.write(("\n".join(lines) + "\n").encode("utf-8"))
+            except OSError as exc:      # disk full and friends: stop dumping, let training go on
+                try:
+                    f.truncate(size)    # no half line is left behind
+                except OSError:
+                    pass
+                self._stop(exc)
+                self.disabled = True    # (after a full disk stopped the tensors too)
+                return
+        if records:
+            self.records_written += len(records)
+            self.last_record = records[-1][1]
+
+    def _stop(self, exc: BaseException | None) -> None:
+        """A write failed. A full disk: no more tensors, and `full` tells the caller to stop
+        queueing records (those queued go to disk if they still fit: the partial shard is
+        gone). Another error: nothing more is written."""
+        if self._failure is None and exc is not None:
+            self._failure = exc
+        else:
+            return
+        if isinstance(exc, OSError) and disk_full(exc):
+            self.full = exc
+        else:
             log.warning("opdiff: cannot write the dump any more (%s); dumping stopped", exc)
             self.disabled = True
 
     def close(self) -> None:
-        """Flush everything and wait for the tensor writer to finish its last shard."""
-        self.flush()
+        """Flush everything and wait for the tensor writer to finish its last shard. A step cut
+        by a failed write keeps `unfinished.json`, saying where it ends."""
+        try:
+            self.flush()
+        except OSError as exc:
+            self._stop(exc)
         if self._sink is not None:
             self._sink.close()
+            if disk_full(self._sink.error):
+                self._stop(self._sink.error)
             self._sink = None
         for f in (self._records, self._stacks):
             try:
                 f.close()
             except OSError:
                 pass
+        self.disabled, failure = True, self._failure
+        if failure is None:
+            return self._mark.remove()
+        self._mark.set({"state": "disk full" if disk_full(failure) else "write failed",
+                        "records": self.records_written, "last_record": self.last_record,
+                        "error": f"{type(failure).__name__}: {failure}"})
+        self._mark.keep()
