@@ -96,8 +96,23 @@ def _describe_error(op: "OpScore", rows: list[TensorRow], verdict: str = LOCAL_V
 
 
 def local_row(op: "OpScore", rows: list[TensorRow]) -> str:
-    """The reason of the output row an op is blamed for."""
-    return "local error: " + describe(op, rows)
+    """The reason of the output row an op is blamed for (a saved tensor that could not be
+    read, said by `unread_note` in the row's first reason, is still said)."""
+    text = "local error: " + describe(op, rows)
+    worst = op.worst_out
+    if worst is not None and 0 <= worst < len(rows):
+        kept = [part for part in (rows[worst].reason or "").split("; ") if part.startswith(UNREAD)]
+        text = "; ".join([text, *kept])
+    return text
+
+
+UNREAD = "saved tensor unreadable"
+
+
+def unread_note(key: str, exc: BaseException) -> str:
+    """A row's note for a saved tensor that could not be loaded (a broken file, a pickle that is
+    not plain tensor data): its statistics were compared instead."""
+    return f"{UNREAD}: {key} ({str(exc)[:300]}); its statistics are compared instead"
 
 
 def not_this_op(op: "OpScore", reason: str) -> str:
@@ -217,5 +232,5 @@ def placement_note(rows: list[TensorRow]) -> Optional[str]:
 
 __all__ = ["NOT_COMPARABLE", "not_comparable", "incomparable_ops", "not_judged",
            "placement_note",
-           "describe", "describe_statistics", "local_row", "not_this_op", "made_earlier",
+           "describe", "describe_statistics", "local_row", "unread_note", "UNREAD", "not_this_op", "made_earlier",
            "outside_reason", "source_context", "statistics_limits"]

@@ -179,3 +179,88 @@ def has_nonfinite_number(record: dict[str, Any]) -> bool:
     """True when the op was given inf or NaN as a plain number (masked_fill(mask, -inf),
     full(..., inf)): it makes inf/NaN on purpose, it is not where an overflow is born."""
     return any(isinstance(x, float) and not math.isfinite(x) for x in input_numbers(record).values())
+
+
+# -- checking what a dump says (reading side) ------------------------------------------------------
+# A record read from a dump is untrusted: `record_problem` says what in it is not what a record
+# is, before any stage walks it (a string where a list of descriptors belongs, a list where an
+# id belongs...). Only the fields opdiff reads are checked; other fields are left alone.
+_TEXT_FIELDS = ("name", "op", "kind", "phase")                  # required, text
+_OPTIONAL_TEXT = ("module", "forward", "error", "leaf", "tensor", "reader", "rng",
+                  "overflow", "autograd_node")
+_SCALAR = (str, int, float, type(None))
+
+
+def record_problem(record: Any) -> Optional[str]:
+    """What makes a parsed records.jsonl line not a record (None when it is one)."""
+    if not isinstance(record, dict):
+        return f"a JSON {type(record).__name__}, not a record object"
+    for key in _TEXT_FIELDS:
+        if not isinstance(record.get(key), str):
+            return f"no text {key!r}"
+    for key in _OPTIONAL_TEXT:
+        if not isinstance(record.get(key, ""), (str, type(None))):
+            return f"{key!r} is not text"
+    for key in ("seq", "stack"):
+        value = record.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            return f"{key!r} is not a whole number"
+    group = record.get("group")
+    if group is not None and not (isinstance(group, dict) and isinstance(group.get("ranks", []), list)):
+        return "'group' is not a {\"ranks\": [...]} object"
+    for key in ("inputs", "outputs"):
+        items = record.get(key, [])
+        if not isinstance(items, list):
+            return f"{key!r} is not a list"
+        for d in items:
+            problem = descriptor_problem(d)
+            if problem:
+                return f"{key}: {problem}"
+    for key in ("kwargs", "parameters"):
+        items = record.get(key, {})
+        if not isinstance(items, dict):
+            return f"{key!r} is not an object"
+        for d in items.values():
+            problem = descriptor_problem(d)
+            if problem:
+                return f"{key}: {problem}"
+    return None
+
+
+def descriptor_problem(desc: Any) -> Optional[str]:
+    """What makes a value not a descriptor (nested ones included, without recursion)."""
+    todo = [desc]
+    while todo:
+        d = todo.pop()
+        if not isinstance(d, dict) or not isinstance(d.get("type"), str):
+            return "a descriptor is not an object with a text 'type'"
+        t = d["type"]
+        if t in ("list", "tuple"):
+            items = d.get("items", [])
+            if not isinstance(items, list):
+                return f"a {t} descriptor's items are not a list"
+            todo.extend(items)
+        elif t == "dict":
+            items = d.get("items", {})
+            if not isinstance(items, dict):
+                return "a dict descriptor's items are not an object"
+            todo.extend(items.values())
+        elif t == "tensor":
+            shape, stats, key = d.get("shape"), d.get("stats"), d.get("key")
+            if shape is not None and not (isinstance(shape, list) and all(
+                    isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape)):
+                return "a tensor's shape is not a list of sizes"
+            if stats is not None and not (isinstance(stats, dict) and all(
+                    isinstance(v, _SCALAR) for v in stats.values())):
+                return "a tensor's stats are not an object of numbers"
+            if not isinstance(d.get("dtype", ""), (str, type(None))) or not isinstance(
+                    key if key is not None else "", str):
+                return "a tensor's dtype or key is not text"
+        elif t == "size":
+            value = d.get("value")
+            if value is not None and not (isinstance(value, list)
+                                          and all(isinstance(n, int) for n in value)):
+                return "a size's value is not a list of whole numbers"
+        elif not isinstance(d.get("value"), _SCALAR):
+            return f"a {t} descriptor's value is not a number or text"
+    return None
