@@ -337,17 +337,17 @@ class DumpWriter:
         self.disabled = False
 
     # -- stacks -------------------------------------------------------------------------------
-    def stack_id(self, frames: tuple[tuple[str, int, str, str], ...]) -> int:
+    def stack_id(self, frames: tuple[tuple[Any, ...], ...]) -> int:
         """Id of a call stack, writing it the first time it is seen.
 
-        frames: tuple of (file, line, function, code) tuples, innermost user frame first.
+        frames: tuple of (file, line, function, code) tuples, innermost user frame first; a
+        fifth item, ((line number, text), ...), is written as the frame's "context".
         """
         sid = self._stack_ids.get(frames)
         if sid is None:
             sid = len(self._stack_ids)
             self._stack_ids[frames] = sid
-            entry = {"id": sid, "frames": [
-                {"file": f, "line": ln, "function": fn, "code": code} for f, ln, fn, code in frames]}
+            entry = {"id": sid, "frames": [_frame(f) for f in frames]}
             self._buffer.append(("s", dumps(entry)))
         return sid
 
@@ -358,8 +358,7 @@ class DumpWriter:
             return []
         for frames, sid in self._stack_ids.items():
             if sid == stack_id:
-                return [{"file": f, "line": ln, "function": fn, "code": code}
-                        for f, ln, fn, code in frames]
+                return [_frame(f) for f in frames]
         return []
 
     # -- records ------------------------------------------------------------------------------
@@ -421,3 +420,11 @@ class DumpWriter:
                 f.close()
             except OSError:
                 pass
+
+
+def _frame(f: tuple[Any, ...]) -> dict[str, Any]:
+    """A stacks.jsonl frame from (file, line, function, code[, context])."""
+    frame = {"file": f[0], "line": f[1], "function": f[2], "code": f[3]}
+    if len(f) > 4 and f[4]:
+        frame["context"] = [list(c) for c in f[4]]
+    return frame
