@@ -163,3 +163,28 @@ def test_source_root_must_be_a_directory(dumps, tmp_path, capsys):
                  str(tmp_path / "nowhere")]) == 2
     err = capsys.readouterr().err
     assert "not a directory" in err and len(err.strip().splitlines()) == 1
+
+
+def _overflowing(path: Path) -> Path:
+    import torch
+
+    dbg = opdiff.PrecisionDebugger(dump_path=str(path), task="statistics")
+    dbg.start()
+    torch.exp(torch.full((4,), 100.0))          # exp(100) overflows float32: the origin
+    dbg.stop()
+    return path / "step0" / "rank0"
+
+
+def test_overflow_reads_a_missing_code_line_only_under_the_root(tmp_path, capsys):
+    dump = _overflowing(tmp_path / "ov")
+    lines = []
+    for raw in (dump / "stacks.jsonl").read_text().splitlines():
+        entry = json.loads(raw)
+        for frame in entry["frames"]:
+            frame["code"] = ""                  # a dump that holds no code line
+            frame.pop("context", None)
+        lines.append(json.dumps(entry))
+    (dump / "stacks.jsonl").write_text("\n".join(lines) + "\n")
+    assert "torch.exp(torch.full" not in _run(capsys, "overflow", str(dump))
+    text = _run(capsys, "overflow", str(dump), "--source-root", str(HERE))
+    assert "Origin: Torch.exp" in text and "torch.exp(torch.full((4,), 100.0))" in text

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from typing import TYPE_CHECKING, Any, Iterable, Optional, cast
+from typing import TYPE_CHECKING, Any, Iterable, Optional, TypeVar, cast
 
 from ..errors import OpdiffError
 from ..numbers import human
@@ -26,6 +26,7 @@ if TYPE_CHECKING:       # (blame imports this module: no import at run time)
     from .verdicts import Policy
 
 LOCAL_VERDICT = "local error in this op"
+_D = TypeVar("_D")        # a Divergence, or None
 
 
 def describe(op: "OpScore", rows: list[TensorRow]) -> str:
@@ -242,14 +243,15 @@ def with_code(location: Optional[Location], source_root: Optional[str | os.PathL
     return dataclasses.replace(location, code=line.strip()) if line else location
 
 
-def with_context(divergence: Optional[Any], source_root: Optional[str | os.PathLike[str]] = None,
-                 dumps: Iterable[Optional[str | os.PathLike[str]]] = ()) -> Optional[Any]:
+def with_context(divergence: _D, source_root: Optional[str | os.PathLike[str]] = None,
+                 dumps: Iterable[Optional[str | os.PathLike[str]]] = ()) -> _D:
     """A Divergence with its `context` (`source_context`: under `source_root`, else what
     `dumps` hold); unchanged when there is none."""
     if divergence is None:
         return divergence
-    context = source_context(divergence.location, source_root=source_root, dumps=dumps)
-    return dataclasses.replace(divergence, context=context) if context else divergence
+    found: Any = divergence
+    context = source_context(found.location, source_root=source_root, dumps=dumps)
+    return cast(_D, dataclasses.replace(found, context=context)) if context else divergence
 
 
 def statistics_limits(rows: list[TensorRow], policy: "Policy", replayed: bool = False) -> Optional[str]:
