@@ -189,9 +189,13 @@ def test_meta_of_the_wrong_shape(target, compare, run, meta, words):
     _bad_input(run("overflow", str(target)), *words)
 
 
-def test_meta_nested_deep(target, compare):
+def test_meta_nested_deep_or_too_large(target, compare):
+    from opdiff.store.dumpfiles import MAX_LINE_BYTES
+
     (target / "meta.json").write_text('{"config": ' + "[" * 100_000 + "]" * 100_000 + "}")
     _bad_input(compare(target), "meta.json", "nested")
+    (target / "meta.json").write_text('{"config": "' + "x" * (MAX_LINE_BYTES + 1) + '"}')
+    _bad_input(compare(target), "meta.json", "larger than")
 
 
 # -- stacks.jsonl ----------------------------------------------------------------------------------

@@ -164,10 +164,15 @@ def depth(value: Any, limit: int = MAX_DEPTH) -> int:
     return deepest
 
 
-def load(path: str | os.PathLike[str], root: Optional[str | os.PathLike[str]] = None) -> Any:
-    """A whole JSON file, read through `open_file` and `parse`. Raises DumpError."""
+def load(path: str | os.PathLike[str], root: Optional[str | os.PathLike[str]] = None,
+         max_bytes: Optional[int] = None) -> Any:
+    """A whole JSON file, read through `open_file` and `parse` (at most `max_bytes` of it: a
+    longer file is a DumpError). Raises DumpError."""
     with open_file(path, root) as f:
-        data = f.read()
+        data = f.read() if max_bytes is None else f.read(max_bytes + 1)
+    if max_bytes is not None and len(data) > max_bytes:
+        raise DumpError(f"{path}: larger than {max_bytes >> 20} MiB; not a dump file opdiff "
+                        "wrote, or corrupt")
     try:
         return parse(data)
     except TooDeep as exc:

@@ -334,7 +334,7 @@ def open_dump(path: str | os.PathLike[str]) -> Dump:
     meta_path = p / layout.META
     meta: Any = {}
     if os.path.lexists(meta_path):
-        meta = dumpfiles.load(meta_path, p)
+        meta = dumpfiles.load(meta_path, p, max_bytes=dumpfiles.MAX_LINE_BYTES)
         if not isinstance(meta, dict):
             raise DumpError(f"{meta_path}: a JSON {type(meta).__name__}, not an object; not an "
                             "opdiff meta.json")
