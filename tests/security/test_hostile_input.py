@@ -287,3 +287,21 @@ def _saved(path: Path) -> Path:
 
     np.save(path, np.arange(3.0))
     return path
+
+
+# -- foreign dumps (ptdbg_ascend .pkl) ---------------------------------------------------------------
+PTDBG = Path(__file__).resolve().parents[1] / "data" / "msprobe" / "legacy" / "ptdbg_v4"
+
+
+@pytest.mark.parametrize("bad,words", [(b"[" * 100_000 + b"]" * 100_000, ("line 2", "nested")),
+                                       (b'["Functional_conv2d_0_forward_input.9", 1, [], "\xff"]',
+                                        ("line 2", "not valid JSON"))],
+                         ids=["nested", "not-utf8"])
+def test_a_ptdbg_pkl_line_that_is_not_json(tmp_path, run, bad, words):
+    dump = Path(shutil.copytree(PTDBG, tmp_path / "p"))
+    pkl = next(dump.rglob("*.pkl"))
+    lines = _lines(pkl)
+    lines.insert(1, bad + b"\n")
+    pkl.write_bytes(b"".join(lines))
+    _bad_input(run("overflow", str(pkl)), *words)
+    _bad_input(run("compare", str(pkl), str(pkl)), *words)
