@@ -60,8 +60,9 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
         is the same.
     source_root: a directory holding the source files of the run: the report shows the lines
         around the culprit's line from the file under it that the dump's call stack names
-        (symlinks out of it are not followed). Without it, only the line the dump itself holds:
-        opdiff never reads a file just because a dump names it (SECURITY.md).
+        (symlinks out of it are not followed). Without it, the lines the dump itself holds
+        (opdiff's capture stores them): opdiff never reads a file just because a dump names it
+        (SECURITY.md).
 
     Raises `DumpError` (an `OpdiffError`) for missing, empty or corrupt dumps and for dumps of
     different models.

@@ -50,7 +50,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--fail-on-failure", action="store_true", help="exit 1 when an op failed")
     p.add_argument("--source-root", metavar="DIR", default=None,
                    help="show the source lines around a failure's line in report.html from "
-                        "the run's files under DIR (default: only the line the dump holds)")
+                        "the run's files under DIR (default: the lines the dump holds)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="show a progress bar (default: when slow and on a terminal)")
     p.set_defaults(run=run)

@@ -60,8 +60,8 @@ def add_parser(subparsers) -> None:
                         "task per pair)")
     p.add_argument("--source-root", metavar="DIR", default=None,
                    help="show the source lines around the culprit's line from the run's files "
-                        "under DIR (default: only the line the dump holds; opdiff never reads "
-                        "a file just because a dump names it)")
+                        "under DIR (default: the lines the dump holds, which opdiff's capture "
+                        "stores; opdiff never reads a file just because a dump names it)")
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     p.set_defaults(run=run)
 
