@@ -12,9 +12,12 @@ other backwards.
 """
 from __future__ import annotations
 
+import os
+
 from .capture.debugger import PrecisionDebugger, dump
 from .comparison.pair import check_replay, compare_pair
 from .comparison.ranks import attribute_collectives
+from .comparison.reasons import with_context
 from .comparison.result import ERROR, WARNING, CompareResult
 from .comparison.runs import (count_records, cut_sides, merge, pair_dumps, run_pairs,
                               split_incomplete, unpaired)
@@ -29,7 +32,8 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
             fail_on: str | None = None, progress: bool | None = None,
             replay: str = "auto", engine: str = "local", ray_address: str | None = None,
             ray_pins: dict | None = None, replay_jobs: int | None = None,
-            ray_shard_mb: float | None = None) -> CompareResult:
+            ray_shard_mb: float | None = None,
+            source_root: str | os.PathLike[str] | None = None) -> CompareResult:
     """Compare the target dump (the run under suspicion) with the golden (trusted) dump.
 
     target, golden: a step/rank directory or a dump root of any format opdiff reads; with roots
@@ -55,6 +59,11 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
         ray_shard_mb: a pair whose saved tensors hold more than this many MiB is measured in
         shards of about that size, each its own Ray task (None: one task per pair); the result
         is the same.
+    source_root: a directory holding the source files of the run: the report shows the lines
+        around the culprit's line from the file under it that the dump's call stack names
+        (symlinks out of it are not followed). Without it, the lines the dump itself holds
+        (opdiff's capture stores them): opdiff never reads a file just because a dump names it
+        (SECURITY.md).
 
     Raises `DumpError` (an `OpdiffError`) for missing, empty or corrupt dumps and for dumps of
     different models.
@@ -76,6 +85,9 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
     if output_path is not None:     # before a long compare: a user's summary.json is refused now
         from .report.outputs import check_free
         check_free(output_path, ("summary.json", "report.html", "rows.jsonl"))
+    if source_root is not None and not os.path.isdir(source_root):
+        raise OpdiffError(f"source_root {os.fspath(source_root)!r} is not a directory; name the "
+                          "directory that holds the run's source files")
     policy = Policy(thresholds)
     targets, goldens = discover(target), discover(golden)
     pairs, notes = pair_dumps(targets, goldens)
@@ -100,11 +112,27 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
     # (the pairing's notes travel in result.notes: the console prints them, once)
     result = merge(str(target), str(golden), results, notes + damage, incomplete=incomplete,
                    cut=cut)
+    _add_context(result, source_root)
     result.verdict = verdict_line(result)
     result.failed = _failed(result, fail_on)
     if output_path is not None:
         result.files = write_outputs(result, output_path)
     return result
+
+
+def _add_context(result: CompareResult, source_root: str | os.PathLike[str] | None) -> None:
+    """The source lines around each first divergence's line: those its dump holds, or those of
+    the file under `source_root` (`comparison.reasons.source_context`)."""
+    done = {}
+    for p in result.pairs:
+        first = p.get("first_divergence")
+        if first is not None:
+            p["first_divergence"] = done[id(first)] = with_context(
+                first, source_root, (p.get("target"), p.get("golden")))
+    first = result.first_divergence
+    if first is not None:
+        result.first_divergence = done.get(id(first)) or with_context(
+            first, source_root, (result.target, result.golden))
 
 
 def _failed(result: CompareResult, fail_on: str | None) -> bool:

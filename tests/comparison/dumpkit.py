@@ -49,9 +49,10 @@ class Recorder:
         return self
 
     def _stack(self):
+        from opdiff.capture.stacks import with_source   # code line and context, as capture
+
         frame = inspect.stack()[2]
-        code = (frame.code_context or [""])[0].strip()
-        return self.writer.stack_id(((frame.filename, frame.lineno, frame.function, code),))
+        return self.writer.stack_id(with_source(((frame.filename, frame.lineno, frame.function),)))
 
     def call(self, op: str, fn, *args, kind: str = "api", phase: str = "forward",
              module: str | None = None, params: dict | None = None, forward: str | None = None,

@@ -74,6 +74,21 @@ def _site(f: FrameType, code) -> tuple:
     return entry
 
 
+CONTEXT_RADIUS = 2     # lines kept around the innermost frame's line
+
+
 def with_source(frames_: tuple) -> tuple:
-    """Add the source text of each frame: (file, line, function, code)."""
-    return tuple((fn, ln, func, linecache.getline(fn, ln).strip()) for fn, ln, func in frames_)
+    """Add the source text of each frame: (file, line, function, code); the innermost frame
+    also gets the lines around its own, ((line number, text), ...), as a fifth item. Read here,
+    in the user's own process, once per call site: a compare shows source lines only from the
+    dump (or from the user's --source-root), never from a file a dump names (SECURITY.md)."""
+    out: list[tuple] = []
+    for i, (fn, ln, func) in enumerate(frames_):
+        code = linecache.getline(fn, ln).strip()
+        if i:
+            out.append((fn, ln, func, code))
+            continue
+        around = ((n, linecache.getline(fn, n).rstrip("\n"))
+                  for n in range(max(1, ln - CONTEXT_RADIUS), ln + CONTEXT_RADIUS + 1))
+        out.append((fn, ln, func, code, tuple((n, t) for n, t in around if t)))
+    return tuple(out)

@@ -51,7 +51,7 @@ def csv_rows(result: CheckResult) -> list[list[Any]]:
     return rows
 
 
-def as_compare_result(result: CheckResult) -> CompareResult:
+def as_compare_result(result: CheckResult, source_root: Optional[str] = None) -> CompareResult:
     """The CompareResult the compare's HTML writer shows for a check."""
     from ..comparison.metric_table import METRICS
 
@@ -76,7 +76,8 @@ def as_compare_result(result: CheckResult) -> CompareResult:
             name=first.name, op=first.op, phase=first.phase, reason=first.reason,
             location=first.location, metrics=dict(w.metrics) if w else {},
             tensor=w.name if w else None, module=first.module,
-            context=source_context(first.location), kind=REPLAY)
+            context=source_context(first.location, source_root=source_root,
+                                   dumps=(result.dump,)), kind=REPLAY)
     return CompareResult(target=result.dump, golden="float64 replay on the CPU", rows=rows,
                          first_divergence=divergence, counts=count(rows), title="opdiff check",
                          verdict=verdict(result), notes=not_checked_notes(result) + result.notes)
@@ -101,7 +102,8 @@ def not_checked_notes(result: CheckResult, limit: int = 10) -> list[str]:
     return notes
 
 
-def write_check_outputs(result: CheckResult, out_dir: Any) -> dict[str, str]:
+def write_check_outputs(result: CheckResult, out_dir: Any,
+                        source_root: Optional[str] = None) -> dict[str, str]:
     """Write the CSV, summary.json and report.html into out_dir; return {"csv", "summary",
     "html"} ("html" absent when the page could not be written). The progress file of a
     `--resume`-able check (`PROGRESS`) is kept."""
@@ -118,7 +120,7 @@ def write_check_outputs(result: CheckResult, out_dir: Any) -> dict[str, str]:
         w.writerow(CSV_COLUMNS)
         w.writerows(csv_rows(result))
     try:
-        write_html(as_compare_result(result), files["html"], files=files)
+        write_html(as_compare_result(result, source_root), files["html"], files=files)
     except Exception as exc:  # the CSV and summary are still worth having
         log.warning("opdiff: writing report.html failed (%s)", exc)
         files.pop("html")

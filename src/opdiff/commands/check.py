@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 from typing import Any
 
 EXAMPLE = """example:
@@ -48,6 +49,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted check in OUT (skips ops in OUT/check_progress.jsonl)")
     p.add_argument("--fail-on-failure", action="store_true", help="exit 1 when an op failed")
+    p.add_argument("--source-root", metavar="DIR", default=None,
+                   help="show the source lines around a failure's line in report.html from "
+                        "the run's files under DIR (default: the lines the dump holds)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="show a progress bar (default: when slow and on a terminal)")
     p.set_defaults(run=run)
@@ -66,6 +70,8 @@ def run(args: Any) -> int:
                           "decide how many ops run at once")
     if args.device is not None:
         usable_device(args.device)        # before OUT is cleared: a typo costs nothing
+    if args.source_root is not None and not os.path.isdir(args.source_root):
+        raise ConfigError(f"--source-root {args.source_root}: not a directory")
     if args.resume and not args.output:
         raise ConfigError("--resume needs -o OUT (the progress of the interrupted check is there)")
     with contextlib.ExitStack() as held:
@@ -97,6 +103,6 @@ def _check(args: Any, out: Any) -> int:
     console = stdout_console()
     print_check(result, console)
     if out is not None:
-        files = write_check_outputs(result, out)
+        files = write_check_outputs(result, out, source_root=args.source_root)
         console.print(f"wrote {', '.join(files.values())}")
     return 1 if args.fail_on_failure and result.failures else 0

@@ -58,6 +58,10 @@ def add_parser(subparsers) -> None:
                    help="with --engine ray: measure a step/rank pair whose saved tensors exceed "
                         "MB MiB in shards of about MB MiB, each its own Ray task (default: one "
                         "task per pair)")
+    p.add_argument("--source-root", metavar="DIR", default=None,
+                   help="show the source lines around the culprit's line from the run's files "
+                        "under DIR (default: the lines the dump holds, which opdiff's capture "
+                        "stores; opdiff never reads a file just because a dump names it)")
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     p.set_defaults(run=run)
 
@@ -129,6 +133,7 @@ def run(args) -> int:
                      progress=False if args.no_progress else None, replay=args.replay,
                      engine=args.engine, ray_address=args.ray_address,
                      ray_pins=_pins(args.ray_pin), replay_jobs=_jobs(args.replay_jobs),
-                     ray_shard_mb=_shard_mb(args.shard_mb, args.engine))
+                     ray_shard_mb=_shard_mb(args.shard_mb, args.engine),
+                     source_root=args.source_root)
     print_result(result)
     return 1 if result.failed else 0

@@ -30,7 +30,26 @@ def add_parser(subparsers) -> None:
                         "that would overflow; default 2)")
     p.add_argument("--fail-on-overflow", action="store_true",
                    help="exit 1 when an op created inf/NaN (for CI); scaler-skipped steps pass")
+    p.add_argument("--source-root", metavar="DIR", default=None,
+                   help="read the origin's source line from the run's files under DIR when the "
+                        "dump holds none (foreign dumps; opdiff never reads a file just because "
+                        "a dump names it)")
     p.set_defaults(run=run)
+
+
+def _read_code(result, source_root: str) -> None:
+    """Fill the origins' missing code lines from the files under --source-root."""
+    import dataclasses
+    import os
+
+    from ..comparison.reasons import with_code
+    from ..errors import ConfigError
+
+    if not os.path.isdir(source_root):
+        raise ConfigError(f"--source-root {source_root}: not a directory")
+    for step in result.steps:
+        step.origins = [dataclasses.replace(o, location=with_code(o.location, source_root))
+                        for o in step.origins]
 
 
 def run(args) -> int:
@@ -38,6 +57,8 @@ def run(args) -> int:
     from ..overflow.console import print_overflow
 
     result = analyze(args.dump, headroom_factor=args.headroom)
+    if args.source_root is not None:
+        _read_code(result, args.source_root)
     if args.output:
         path = result.write_json(args.output)
     print_overflow(result)

@@ -23,7 +23,7 @@ from ..environment import diff_meta
 from .align import align
 from .blame import OpScore, analyse, differing_numbers
 from .metrics import Measurement, measure, stats_measure
-from .reasons import not_comparable, placement_note, statistics_limits
+from .reasons import not_comparable, placement_note, statistics_limits, unread_note
 from .result import ERROR, PASS, UNMATCHED, WARNING, CompareResult, TensorRow, count
 from .verdicts import Policy
 
@@ -65,7 +65,7 @@ def _whole(desc: dict[str, Any]) -> bool:
     return not placed or bool(placed.get("whole"))
 
 
-def _load(dump: DumpSource, desc: dict[str, Any]) -> Any:
+def _load(dump: DumpSource, desc: dict[str, Any], unread: Optional[list[str]] = None) -> Any:
     key = desc.get("key")
     if not key:
         return None
@@ -73,9 +73,11 @@ def _load(dump: DumpSource, desc: dict[str, Any]) -> Any:
         return dump.tensor(key)
     except OpdiffError:
         raise
-    except Exception as exc:  # an unreadable shard: compare the statistics instead
+    except Exception as exc:  # an unreadable shard or file: compare the statistics instead
         log.warning("opdiff: cannot read tensor %s from %s (%s); using its statistics", key,
                     getattr(dump, "path", "?"), exc)
+        if unread is not None:   # the row says so too
+            unread.append(unread_note(key, exc))
         return None
 
 
@@ -247,13 +249,14 @@ class _PairCompare:
         if _numel(t_shape) == 0:             # capture saves neither statistics nor values of it
             return TensorRow(result=PASS, accuracy_reached="Yes", reason=EMPTY, **common), None
         pair = (td.get("key"), gd.get("key"))
+        unread: list[str] = []
         m = self._measured.get(pair)
         if m is not None:
             m = replace(m, metrics=dict(m.metrics))
         else:
-            tt = _load(self.t, td)
+            tt = _load(self.t, td, unread)
             if tt is not None:
-                gt = _load(self.g, gd)
+                gt = _load(self.g, gd, unread)
                 if gt is not None:
                     if tuple(tt.shape) != tuple(gt.shape):
                         return TensorRow(result=ERROR, accuracy_reached="No",
@@ -274,6 +277,8 @@ class _PairCompare:
         reason = verdict.reason
         if m.message and m.message not in reason:
             reason = f"{reason}; {m.message}" if reason else m.message
+        if unread:
+            reason = "; ".join([reason, *unread]) if reason else "; ".join(unread)
         row = TensorRow(metrics=m.metrics, result=verdict.result,
                         accuracy_reached=verdict.accuracy_reached, reason=reason, mode=m.mode,
                         error=m.error, scale_error=m.scale_error, **common)

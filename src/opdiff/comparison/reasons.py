@@ -9,11 +9,14 @@ Tests assert on `Divergence.kind` and the culprit's name, not on these phrases.
 """
 from __future__ import annotations
 
-import linecache
+import dataclasses
 import os
-from typing import TYPE_CHECKING, Any, Optional, cast
+import re
+from typing import TYPE_CHECKING, Any, Iterable, Optional, TypeVar, cast
 
+from ..errors import OpdiffError
 from ..numbers import human
+from ..store import dumpfiles
 from ..store.schema import Location, Phase
 from .result import NONFINITE, REPLAY, SCALE, LOCAL, INTEGER, UNMATCHED, TensorRow
 from .verdicts import run_precision
@@ -23,6 +26,7 @@ if TYPE_CHECKING:       # (blame imports this module: no import at run time)
     from .verdicts import Policy
 
 LOCAL_VERDICT = "local error in this op"
+_D = TypeVar("_D")        # a Divergence, or None
 
 
 def describe(op: "OpScore", rows: list[TensorRow]) -> str:
@@ -96,8 +100,23 @@ def _describe_error(op: "OpScore", rows: list[TensorRow], verdict: str = LOCAL_V
 
 
 def local_row(op: "OpScore", rows: list[TensorRow]) -> str:
-    """The reason of the output row an op is blamed for."""
-    return "local error: " + describe(op, rows)
+    """The reason of the output row an op is blamed for (a saved tensor that could not be
+    read, said by `unread_note` in the row's first reason, is still said)."""
+    text = "local error: " + describe(op, rows)
+    worst = op.worst_out
+    if worst is not None and 0 <= worst < len(rows):
+        kept = [part for part in (rows[worst].reason or "").split("; ") if part.startswith(UNREAD)]
+        text = "; ".join([text, *kept])
+    return text
+
+
+UNREAD = "saved tensor unreadable"
+
+
+def unread_note(key: str, exc: BaseException) -> str:
+    """A row's note for a saved tensor that could not be loaded (a broken file, a pickle that is
+    not plain tensor data): its statistics were compared instead."""
+    return f"{UNREAD}: {key} ({str(exc)[:300]}); its statistics are compared instead"
 
 
 def not_this_op(op: "OpScore", reason: str) -> str:
@@ -130,16 +149,109 @@ def outside_reason(op: "OpScore", row: TensorRow) -> str:
             f"for what it was handed")
 
 
-def source_context(location: Optional[Location], radius: int = 2) -> tuple[tuple[int, str], ...]:
-    """(line number, text) pairs around a location, when the file is readable."""
-    if location is None or not location.file or not os.path.isfile(location.file):
+def source_context(location: Optional[Location], radius: int = 2,
+                   source_root: Optional[str | os.PathLike[str]] = None,
+                   dumps: Iterable[Optional[str | os.PathLike[str]]] = ()
+                   ) -> tuple[tuple[int, str], ...]:
+    """(line number, text) pairs around a location's line: read from a file under
+    `source_root` (a directory the user named: `--source-root`), else the lines the dump holds
+    for it (capture stores them with the call site: `dumps` are the step/rank directories the
+    location came from), else (). Never from the path a dump names by itself: a dump is
+    untrusted, and a frame naming `/home/me/.ssh/id_rsa` must not put its lines into a report
+    (SECURITY.md). The line itself is `location.code`, shown by every report anyway."""
+    if location is None or not location.file or location.line < 1:
         return ()
-    lines = []
-    for n in range(max(1, location.line - radius), location.line + radius + 1):
-        text = linecache.getline(location.file, n)
-        if text:
-            lines.append((n, text.rstrip("\n")))
-    return tuple(lines)
+    if source_root is not None:
+        found = _read_under(location, radius, source_root)
+        if found:
+            return found
+    for dump in dumps:
+        if dump is not None:
+            found = stored_context(dump, location)
+            if found:
+                return found
+    return ()
+
+
+def _read_under(location: Location, radius: int,
+                source_root: str | os.PathLike[str]) -> tuple[tuple[int, str], ...]:
+    path = source_file(location.file, source_root)
+    if path is None:
+        return ()
+    try:
+        with dumpfiles.open_file(path, source_root) as f:
+            text = f.read(_MAX_SOURCE_BYTES).decode("utf-8", errors="replace")
+    except (OpdiffError, OSError):
+        return ()
+    lines = text.splitlines()
+    first, last = max(1, location.line - radius), min(len(lines), location.line + radius)
+    return tuple((n, lines[n - 1]) for n in range(first, last + 1))
+
+
+def stored_context(dump: str | os.PathLike[str], location: Location) -> tuple[tuple[int, str], ...]:
+    """The lines around `location` that an opdiff dump's stacks.jsonl holds for it (capture
+    reads them in the user's process); () for other dumps or when none match."""
+    from ..store.reader import find_dumps, open_dump
+
+    try:
+        stacks = [frames for path in find_dumps(dump)[:_MAX_DUMPS]
+                  for frames in open_dump(path).stacks().values()]
+    except (OpdiffError, OSError):
+        return ()
+    for frames in stacks:
+        inner = frames[0] if frames else None
+        if inner is None or inner.get("file") != location.file or inner.get("line") != location.line:
+            continue
+        context = inner.get("context")
+        if isinstance(context, list) and len(context) <= 2 * _MAX_RADIUS + 1 and all(
+                isinstance(c, list) and len(c) == 2 and isinstance(c[0], int)
+                and isinstance(c[1], str) for c in context):
+            return tuple((int(n), str(t)[:_MAX_LINE_CHARS]) for n, t in context)
+    return ()
+
+
+_MAX_RADIUS = 10
+_MAX_DUMPS = 8      # step/rank directories searched under a dump root
+_MAX_LINE_CHARS = 1000
+_MAX_SOURCE_BYTES = 8 << 20
+
+
+def source_file(file: str, source_root: str | os.PathLike[str]) -> Optional[str]:
+    """The regular file under `source_root` (symlinks resolved, never leaving it) that a dump's
+    frame path names: the path itself when it lies under the root, else the longest tail of its
+    parts found under the root (a dump from another machine: `/home/a/proj/model.py` is
+    `ROOT/proj/model.py` or `ROOT/model.py`). None when there is none."""
+    root = os.path.realpath(source_root)
+    if not os.path.isdir(root):
+        return None
+    parts = [p for p in re.split(r"[\\/]+", file) if p and p not in (".", "..")]
+    candidates = [file] if os.path.isabs(file) else []
+    candidates += [os.path.join(root, *parts[i:]) for i in range(len(parts))]
+    for candidate in candidates:
+        if dumpfiles.is_file(candidate, root):
+            return os.path.realpath(candidate)
+    return None
+
+
+def with_code(location: Optional[Location], source_root: Optional[str | os.PathLike[str]]
+              ) -> Optional[Location]:
+    """A location whose dump holds no code line (some foreign dumps) with its line read under
+    `source_root` (`source_context`); unchanged otherwise."""
+    if location is None or location.code or source_root is None:
+        return location
+    line = dict(source_context(location, 0, source_root)).get(location.line)
+    return dataclasses.replace(location, code=line.strip()) if line else location
+
+
+def with_context(divergence: _D, source_root: Optional[str | os.PathLike[str]] = None,
+                 dumps: Iterable[Optional[str | os.PathLike[str]]] = ()) -> _D:
+    """A Divergence with its `context` (`source_context`: under `source_root`, else what
+    `dumps` hold); unchanged when there is none."""
+    if divergence is None:
+        return divergence
+    found: Any = divergence
+    context = source_context(found.location, source_root=source_root, dumps=dumps)
+    return cast(_D, dataclasses.replace(found, context=context)) if context else divergence
 
 
 def statistics_limits(rows: list[TensorRow], policy: "Policy", replayed: bool = False) -> Optional[str]:
@@ -217,5 +329,6 @@ def placement_note(rows: list[TensorRow]) -> Optional[str]:
 
 __all__ = ["NOT_COMPARABLE", "not_comparable", "incomparable_ops", "not_judged",
            "placement_note",
-           "describe", "describe_statistics", "local_row", "not_this_op", "made_earlier",
-           "outside_reason", "source_context", "statistics_limits"]
+           "describe", "describe_statistics", "local_row", "unread_note", "UNREAD", "not_this_op", "made_earlier",
+           "outside_reason", "source_context", "source_file", "stored_context", "with_code",
+           "with_context", "statistics_limits"]

@@ -34,8 +34,8 @@ from typing import Any, Optional
 from ..store.schema import Kind, RecordName, Role
 from .blame import OpScore, analyse
 from .metric_table import Measurement
-from .reasons import statistics_limits
-from .result import UNMATCHED, CompareResult, TensorRow, count
+from .reasons import statistics_limits, with_context
+from .result import UNMATCHED, CompareResult, Divergence, TensorRow, count
 from .runs import merge
 from .verdicts import Policy, Thresholds
 
@@ -86,12 +86,25 @@ def _pair(result: CompareResult, rows: list[TensorRow], policy: Policy, step: Op
             score.leaf_inputs[i] = row.leaf_input
     divergence = analyse(list(scores.values()), rows, policy)
     if divergence is not None:
-        divergence = replace(divergence, step=step, rank=rank)
+        divergence = _with_context(result, replace(divergence, step=step, rank=rank))
     limits = statistics_limits(rows, policy)
     return CompareResult(target=result.target, golden=result.golden, rows=rows,
                          first_divergence=divergence, counts=count(rows),
                          environment_diff=list(result.environment_diff), step=step, rank=rank,
                          title=result.title, notes=[limits] if limits else [])
+
+
+def _with_context(result: CompareResult, divergence: Divergence) -> Divergence:
+    """The source lines around the divergence's line: those `result` showed for the same line,
+    else those its dump holds (`reasons.source_context`; no file a dump names is read)."""
+    if divergence.context or divergence.location is None:
+        return divergence
+    for old in [result.first_divergence, *(p.get("first_divergence") for p in result.pairs)]:
+        if old is not None and old.location == divergence.location and old.context:
+            return replace(divergence, context=old.context)
+    sides = [(p.get("target"), p.get("golden")) for p in result.pairs
+             if (p.get("step"), p.get("rank")) == (divergence.step, divergence.rank)]
+    return with_context(divergence, dumps=sides[0] if sides else (result.target, result.golden))
 
 
 def _score(row: TensorRow) -> OpScore:

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..comparison.result import (ERROR, INTEGER, LOCAL, NONFINITE, PASS, UNMATCHED, WARNING,
                                  CompareResult, Divergence, TensorRow)
 from ..comparison import result as result_module
+from ..comparison.reasons import source_context
 from ..dtypes import is_exact
 from ..store.schema import Kind, Phase, Role
 from .dumping import stats_of
@@ -204,10 +204,17 @@ def _kind(row: TensorRow) -> str:
     return LOCAL
 
 
+# Source files this process itself runs the user's model from (`torch_side._user_frame` adds
+# them): their lines may be shown. A file an ONNX model or a dump merely names is never read.
+LIVE_SOURCES: set[str] = set()
+
+
 def _context(location, around: int = 2) -> tuple:
-    """(line number, text) around the culprit's line, when the source file is on this machine."""
-    if location is None or not location.line or not os.path.isfile(location.file):
-        return ()
+    """(line number, text) around the culprit's line, for a file this process runs the user's
+    model from (`LIVE_SOURCES`); none read from a file a model or dump names
+    (`comparison.reasons.source_context`; the line itself is `location.code`)."""
+    if location is None or location.file not in LIVE_SOURCES or location.line < 1:
+        return source_context(location, around)
     import linecache
 
     lines = range(max(1, location.line - around), location.line + around + 1)

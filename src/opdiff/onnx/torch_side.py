@@ -35,7 +35,7 @@ from .matching import RULE_BATCHNORM, RULE_NAME, RULE_TORCH, Matching, TensorPai
 from .model_compare import annotate, dump_side, finish, output_folder, write_outputs
 from .policy import MsitPolicy, MsitThresholds
 from .runner import RuntimeOptions, load_model, run_model
-from .scoring import TITLE, ModelComparison, Side, locate, score
+from .scoring import LIVE_SOURCES, TITLE, ModelComparison, Side, locate, score
 
 log = logging.getLogger("opdiff")
 
@@ -155,6 +155,7 @@ def run_torch(module, args: list) -> list:
 def _user_frame() -> Optional[Location]:
     for frame in reversed(traceback.extract_stack()[:-2]):
         if not is_internal(frame.filename):
+            LIVE_SOURCES.add(frame.filename)    # this process runs it: its lines may be shown
             return Location(frame.filename, frame.lineno or 0, (frame.line or "").strip(), frame.name)
     return None
 

@@ -29,7 +29,10 @@ def tensor_health(desc: dict, dump=None) -> Health:
             return Health(nan=any(math.isnan(x) for x in extremes),
                           inf=any(math.isinf(x) for x in extremes))
     if dump is not None and desc.get("key"):
-        t = dump.tensor(desc["key"])
+        try:
+            t = dump.tensor(desc["key"])
+        except (OSError, ValueError):   # an unreadable file: that tensor's health is unknown
+            t = None
         if t is not None:
             return _health_of(t)
     return Health(unknown=True)

@@ -3,7 +3,10 @@
     DUMP_PATH/step{S}/rank{R}/
         meta.json          format version, opdiff version, config, environment fingerprint
         records.jsonl      one op call per line, in execution order, appended and flushed
-        stacks.jsonl       deduplicated call sites, referenced by id from records
+        stacks.jsonl       deduplicated call sites, referenced by id from records: {"id", "frames":
+                           [{"file", "line", "function", "code"[, "context": [[n, text], ...]]}]},
+                           innermost first; "context" (the innermost frame's lines around its
+                           own) is optional, read by capture in the user's process
         tensors/*.safetensors   task="tensor": shards written by a background thread
         unfinished.json    only while the step is open, or when it was cut (killed, disk full):
                            see opdiff.store.durable

@@ -23,7 +23,6 @@ is; one whose base cannot be read is left out with a warning.
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import mmap
@@ -35,8 +34,9 @@ from typing import Any, Iterator, NamedTuple
 
 from ..dtypes import SAFETENSORS_CODES
 from ..errors import DumpError
-from . import layout
+from . import dumpfiles, layout
 from .durable import unfinished
+from .records import record_problem
 from .source import DumpFormat
 
 log = logging.getLogger("opdiff")
@@ -59,33 +59,43 @@ class Dump:
     format = "opdiff"
 
     def records(self) -> Iterator[dict[str, Any]]:
-        """Records in execution order. A truncated or corrupt last line is skipped with a warning."""
+        """Records in execution order. A truncated or corrupt last line is skipped with a warning;
+        any other line that is not a record is a DumpError (`store.dumpfiles` reads the file)."""
         path = self.path / layout.RECORDS
-        with open(path, "rb") as f:
-            lines = f.readlines()
-        for i, raw in enumerate(lines):
-            if not raw.strip():
-                continue
-            try:
-                yield json.loads(raw)
-            except json.JSONDecodeError:
-                if i == len(lines) - 1:
-                    log.warning("opdiff: %s ends in a truncated line (the run was killed?); skipped", path)
+        with dumpfiles.open_file(path, self.path) as f:
+            for number, raw, last in dumpfiles.lines(f, path):
+                if not raw.strip():
+                    continue
+                record = _parse_line(path, number, raw, last)
+                if record is None:
                     return
-                raise DumpError(f"{path}: line {i + 1} is not valid JSON; the dump is corrupt")
+                problem = record_problem(record)
+                if problem is not None:
+                    raise DumpError(f"{path}: line {number} is not an opdiff record ({problem}); "
+                                    "the dump is corrupt")
+                yield record
 
     def stacks(self) -> dict[int, list[dict[str, Any]]]:
         """{stack id: [frame, ...]}, each frame {"file", "line", "function", "code"}, innermost first."""
         if self._stacks is None:
-            self._stacks = {}
+            stacks: dict[int, list[dict[str, Any]]] = {}
             path = self.path / layout.STACKS
-            if path.exists():
-                for raw in path.read_bytes().splitlines():
-                    try:
-                        entry = json.loads(raw)
-                    except json.JSONDecodeError:
-                        continue  # a truncated last line after a crash
-                    self._stacks[entry["id"]] = entry["frames"]
+            if os.path.lexists(path):
+                with dumpfiles.open_file(path, self.path) as f:
+                    for number, raw, last in dumpfiles.lines(f, path):
+                        if not raw.strip():
+                            continue
+                        entry = _parse_line(path, number, raw, last)
+                        if entry is None:
+                            break
+                        frames = entry.get("frames") if isinstance(entry, dict) else None
+                        sid = entry.get("id") if isinstance(entry, dict) else None
+                        if (not isinstance(sid, int) or not isinstance(frames, list)
+                                or not all(isinstance(fr, dict) for fr in frames)):
+                            raise DumpError(f"{path}: line {number} is not a call stack "
+                                            '({"id": n, "frames": [...]}); the dump is corrupt')
+                        stacks[sid] = frames
+            self._stacks = stacks
         return self._stacks
 
     def stack(self, stack_id: int | None) -> list[dict[str, Any]]:
@@ -119,10 +129,11 @@ class Dump:
 
     def record_count(self) -> int:
         """Lines of records.jsonl (0 when it cannot be read)."""
+        path = self.path / layout.RECORDS
         try:
-            with open(self.path / layout.RECORDS, "rb") as f:
-                return sum(1 for line in f if line.strip())
-        except OSError:
+            with dumpfiles.open_file(path, self.path) as f:
+                return sum(1 for _, line, _ in dumpfiles.lines(f, path) if line.strip())
+        except (OSError, DumpError):
             return 0
 
     def tensor_keys(self) -> list[str]:
@@ -137,8 +148,9 @@ class Dump:
             if tdir.is_dir():
                 for shard in sorted(tdir.glob("*.safetensors")):
                     try:
+                        dumpfiles.resolve(shard, self.path)     # a regular file of this dump
                         entries, found = _shard_header(shard)
-                    except (OSError, ValueError) as exc:  # a shard cut short by a crash
+                    except (OSError, ValueError, DumpError) as exc:  # cut short by a crash
                         log.warning("opdiff: skipping unreadable tensor shard %s (%s)", shard, exc)
                         self.problems.append(f"tensor shard {shard.name} is unreadable ({exc}); "
                                              "its tensors are compared by their statistics")
@@ -183,6 +195,21 @@ def _ends_cut(path: Path) -> bool:
             return f.read(1) != b"\n"
     except OSError:
         return False
+
+
+def _parse_line(path: Path, number: int, raw: bytes, last: bool) -> Any:
+    """One JSON line of a dump file; None for a broken last line (the run was killed while
+    writing it: skipped with a warning). DumpError for any other line that is not JSON."""
+    try:
+        return dumpfiles.parse(raw)
+    except dumpfiles.TooDeep as exc:
+        raise DumpError(f"{path}: line {number}: {exc}; the dump is corrupt") from None
+    except ValueError:          # not JSON, or not UTF-8 (a character cut in two by a kill)
+        if last:
+            log.warning("opdiff: %s ends in a truncated line (the run was killed?); skipped", path)
+            return None
+        raise DumpError(f"{path}: line {number} is not valid JSON (UTF-8); the dump is "
+                        "corrupt") from None
 
 
 class _Entry(NamedTuple):
@@ -253,15 +280,15 @@ def _shard_entries(shard: Path) -> dict[str, _Entry]:
 def _shard_header(shard: Path) -> tuple[dict[str, _Entry], dict[str, _Ref]]:
     """Parse a shard's header (8-byte little-endian length, then JSON) without mapping its data:
     the tensors it holds and those it stores as references."""
-    size = shard.stat().st_size
-    with open(shard, "rb") as f:
+    with dumpfiles.open_file(shard) as f:
+        size = os.fstat(f.fileno()).st_size
         raw = f.read(8)
         if len(raw) < 8:
             raise ValueError("file too short for a safetensors header")
         (length,) = struct.unpack("<Q", raw)
         if length > min(_MAX_HEADER, size - 8):
             raise ValueError(f"header length {length} does not fit in the file")
-        header = json.loads(f.read(length))
+        header = dumpfiles.parse(f.read(length))
     if not isinstance(header, dict):
         raise ValueError("header is not a JSON object")
     start, entries = 8 + length, {}
@@ -290,7 +317,7 @@ def _refs(shard: Path, metadata: Any) -> dict[str, _Ref]:
             continue
         key = name[len(REF_PREFIX):]
         try:
-            info = json.loads(value)
+            info = dumpfiles.parse(value)
             refs[key] = _Ref(key, str(info["base"]), int(info["offset"]),
                              tuple(int(x) for x in info["shape"]), tuple(int(x) for x in info["stride"]))
             if len(refs[key].shape) != len(refs[key].stride):
@@ -320,7 +347,7 @@ def _load(entry: _Entry) -> Any:
         return torch.empty(entry.shape, dtype=dtype)
     base = entry.offset - entry.offset % mmap.ALLOCATIONGRANULARITY
     skip = entry.offset - base
-    with open(entry.shard, "rb") as f:
+    with dumpfiles.open_file(entry.shard) as f:
         if skip % dtype.itemsize:   # misaligned data (safetensors aligns; others may not): copy
             data = torch.empty(entry.nbytes, dtype=torch.uint8)
             f.seek(entry.offset)
@@ -342,13 +369,16 @@ def open_dump(path: str | os.PathLike[str]) -> Dump:
     if not (p / layout.RECORDS).exists():
         raise DumpError(f"{p}: not an opdiff dump directory (no {layout.RECORDS})")
     meta_path = p / layout.META
-    meta: dict[str, Any] = {}
-    if meta_path.exists():
-        try:
-            meta = json.loads(meta_path.read_text())
-        except json.JSONDecodeError as exc:
-            raise DumpError(f"{meta_path}: not valid JSON ({exc.msg})") from None
+    meta: Any = {}
+    if os.path.lexists(meta_path):
+        meta = dumpfiles.load(meta_path, p, max_bytes=dumpfiles.MAX_LINE_BYTES)
+        if not isinstance(meta, dict):
+            raise DumpError(f"{meta_path}: a JSON {type(meta).__name__}, not an object; not an "
+                            "opdiff meta.json")
     version = meta.get("format_version", layout.FORMAT_VERSION)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise DumpError(f"{meta_path}: format_version {version!r} is not a whole number; not an "
+                        "opdiff meta.json")
     if version > layout.FORMAT_VERSION:
         raise DumpError(f"{p}: dump format v{version} is newer than this opdiff reads "
                         f"(v{layout.FORMAT_VERSION}); upgrade opdiff")

@@ -212,3 +212,95 @@ def has_nonfinite_number(record: dict[str, Any]) -> bool:
     """True when the op was given inf or NaN as a plain number (masked_fill(mask, -inf),
     full(..., inf)): it makes inf/NaN on purpose, it is not where an overflow is born."""
     return any(isinstance(x, float) and not math.isfinite(x) for x in input_numbers(record).values())
+
+
+# -- checking what a dump says (reading side) ------------------------------------------------------
+# A record read from a dump is untrusted: `record_problem` says what in it is not what a record
+# is, before any stage walks it (a string where a list of descriptors belongs, a list where an
+# id belongs...). Only the fields opdiff reads are checked; other fields are left alone.
+_TEXT_FIELDS = ("name", "op", "kind", "phase")                  # required, text
+_OPTIONAL_TEXT = frozenset(("module", "forward", "error", "leaf", "tensor", "reader", "rng",
+                            "overflow", "autograd_node"))
+
+
+def record_problem(record: Any) -> Optional[str]:
+    """What makes a parsed records.jsonl line not a record (None when it is one). Runs for every
+    record a compare reads: type tests and set operations rather than per-item Python."""
+    if type(record) is not dict:
+        return f"a JSON {type(record).__name__}, not a record object"
+    get = record.get
+    for key in _TEXT_FIELDS:
+        if type(get(key)) is not str:
+            return f"no text {key!r}"
+    for key in _OPTIONAL_TEXT.intersection(record):
+        if type(record[key]) not in _TEXT:
+            return f"{key!r} is not text"
+    for key in ("seq", "stack"):
+        if type(get(key)) not in _OPT_INT:
+            return f"{key!r} is not a whole number"
+    group = get("group")
+    if group is not None and not (type(group) is dict and type(group.get("ranks", [])) is list):
+        return "'group' is not a {\"ranks\": [...]} object"
+    inputs, outputs = get("inputs") or [], get("outputs") or []
+    kwargs, parameters = get("kwargs") or {}, get("parameters") or {}
+    if type(inputs) is not list or type(outputs) is not list:
+        return "'inputs' or 'outputs' is not a list"
+    if type(kwargs) is not dict or type(parameters) is not dict:
+        return "'kwargs' or 'parameters' is not an object"
+    return _descriptors_problem([*inputs, *outputs, *kwargs.values(), *parameters.values()])
+
+
+def descriptor_problem(desc: Any) -> Optional[str]:
+    """What makes a value not a descriptor (nested ones included)."""
+    return _descriptors_problem([desc])
+
+
+def _descriptors_problem(todo: list[Any]) -> Optional[str]:
+    """The first problem of the descriptors in `todo` and inside them, without recursion."""
+    while todo:
+        d = todo.pop()
+        if type(d) is not dict or type(d.get("type")) is not str:
+            return "a descriptor is not an object with a text 'type'"
+        t = d["type"]
+        if t == "tensor":
+            shape, stats = d.get("shape"), d.get("stats")
+            if shape is not None and (type(shape) is not list or not {type(n) for n in shape} <= _INT
+                                      or min(shape, default=0) < 0):
+                return "a tensor's shape is not a list of sizes"
+            if stats is not None and (type(stats) is not dict
+                                      or not {type(v) for v in stats.values()} <= _SCALARS):
+                return "a tensor's stats are not an object of numbers"
+            if type(d.get("dtype")) not in _TEXT or type(d.get("key")) not in _TEXT:
+                return "a tensor's dtype or key is not text"
+        elif t in ("list", "tuple"):
+            items = d.get("items", [])
+            if type(items) is not list:
+                return f"a {t} descriptor's items are not a list"
+            todo.extend(items)
+        elif t == "dict":
+            items = d.get("items", {})
+            if type(items) is not dict:
+                return "a dict descriptor's items are not an object"
+            todo.extend(items.values())
+        elif t == "size":
+            value = d.get("value")
+            if value is not None and (type(value) is not list or not {type(n) for n in value} <= _INT):
+                return "a size's value is not a list of whole numbers"
+        elif type(d.get("value")) not in _SCALARS:
+            return f"a {t} descriptor's value is not a number or text"
+    return None
+
+
+_INT = {int}
+_OPT_INT = {int, type(None)}
+_TEXT = {str, type(None)}
+_SCALARS = {str, int, float, bool, type(None)}
+
+
+def stack_frame(f: tuple[Any, ...]) -> dict[str, Any]:
+    """A stacks.jsonl frame from (file, line, function, code[, context]); context is
+    ((line number, text), ...) around the line, stored by capture so readers never open the file."""
+    frame = {"file": f[0], "line": f[1], "function": f[2], "code": f[3]}
+    if len(f) > 4 and f[4]:
+        frame["context"] = [list(c) for c in f[4]]
+    return frame

@@ -50,8 +50,9 @@ class DumpSource(Protocol):
         ...
 
     def stack(self, stack_id: Optional[int]) -> list[dict[str, Any]]:
-        """Frames ({"file", "line", "function", "code"}, innermost user frame first) of a
-        record's `stack` id; [] when unknown."""
+        """Frames ({"file", "line", "function", "code"}, innermost user frame first; opdiff's
+        own dumps may add "context", the lines around the innermost one) of a record's `stack`
+        id; [] when unknown. Untrusted: a report never reads the files they name."""
         ...
 
     @property

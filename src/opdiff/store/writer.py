@@ -28,7 +28,7 @@ from ..dtypes import SAFETENSORS_CODES, short_dtype
 from . import layout
 from .reader import REF_PREFIX
 from .durable import RawFile, Unfinished, disk_full, write_replacing
-from .records import SCHEMA_VERSION, dumps, json_text
+from .records import SCHEMA_VERSION, dumps, json_text, stack_frame
 from .references import Aliases, Base, Ref, host_elements
 
 if TYPE_CHECKING:
@@ -370,17 +370,17 @@ class DumpWriter:
         self._records, self._stacks = opened
 
     # -- stacks -------------------------------------------------------------------------------
-    def stack_id(self, frames: tuple[tuple[str, int, str, str], ...]) -> int:
+    def stack_id(self, frames: tuple[tuple[Any, ...], ...]) -> int:
         """Id of a call stack, writing it the first time it is seen.
 
-        frames: tuple of (file, line, function, code) tuples, innermost user frame first.
+        frames: tuple of (file, line, function, code) tuples, innermost user frame first; a
+        fifth item, ((line number, text), ...), is written as the frame's "context".
         """
         sid = self._stack_ids.get(frames)
         if sid is None:
             sid = len(self._stack_ids)
             self._stack_ids[frames] = sid
-            entry = {"id": sid, "frames": [
-                {"file": f, "line": ln, "function": fn, "code": code} for f, ln, fn, code in frames]}
+            entry = {"id": sid, "frames": [stack_frame(f) for f in frames]}
             self._buffer.append(("s", dumps(entry), None))
         return sid
 
@@ -391,8 +391,7 @@ class DumpWriter:
             return []
         for frames, sid in self._stack_ids.items():
             if sid == stack_id:
-                return [{"file": f, "line": ln, "function": fn, "code": code}
-                        for f, ln, fn, code in frames]
+                return [stack_frame(f) for f in frames]
         return []
 
     # -- records ------------------------------------------------------------------------------

@@ -43,7 +43,8 @@ from typing import Any, Iterator, Optional
 
 from ...dtypes import short_dtype
 from ...errors import DumpError
-from .. import layout
+from .. import dumpfiles, layout
+from ..dumpfiles import UnreadableTensor
 from ..schema import Phase, tensor_name
 from ..source import DumpFormat
 from . import frames as _frames
@@ -92,13 +93,13 @@ class _PklDump:
         if self._count is None:
             calls, count = Calls(swap_backward=self.swap_backward), 0
             try:
-                with open(self.path, "rb") as f:
-                    for raw in f:
+                with dumpfiles.open_file(self.path, self.path.parent) as f:
+                    for _, raw, _ in dumpfiles.lines(f, self.path):
                         m = _LINE_NAME.match(raw)
                         tn = self.parse(json.loads(b'"' + m.group(1) + b'"')) if m else None
                         if tn is not None:
                             count += calls.add(tn, desc={}) is not None
-            except (OSError, ValueError):
+            except (OSError, ValueError, DumpError):
                 return 0
             self._count = count + (calls.finish() is not None)
         return self._count
@@ -112,17 +113,19 @@ class _PklDump:
     def _lines(self) -> Iterator[tuple[int, int, list[Any]]]:
         """(line number, byte offset, parsed line); a truncated last line is skipped with a warning."""
         offset = 0
-        with open(self.path, "rb") as f:
+        with dumpfiles.open_file(self.path, self.path.parent) as f:
             pending = None
-            for number, raw in enumerate(f, 1):
+            for number, raw, _ in dumpfiles.lines(f, self.path):
                 if pending is not None:  # only the last line may be broken
                     raise DumpError(f"{self.path}: line {pending} is not valid JSON; the file is corrupt")
                 start, offset = offset, offset + len(raw)
                 if not raw.strip():
                     continue
                 try:
-                    item = json.loads(raw)
-                except (json.JSONDecodeError, UnicodeDecodeError):
+                    item = dumpfiles.parse(raw)
+                except dumpfiles.TooDeep as exc:
+                    raise DumpError(f"{self.path}: line {number}: {exc}; the file is corrupt") from None
+                except ValueError:          # not JSON, or not UTF-8
                     pending = number
                     continue
                 if not isinstance(item, list) or not item or not isinstance(item[0], str):
@@ -228,7 +231,7 @@ class PtdbgDump(_PklDump):
             return None
         from .msprobe import load_tensor_file
 
-        return load_tensor_file(self.data_dir / f"{key}.npy")
+        return load_tensor_file(self.data_dir / f"{key}.npy", self.path.parent)
 
 
 @dataclass
@@ -251,7 +254,11 @@ class NpuHooksDump(_PklDump):
             if tn is None or len(item) < 4:
                 log.debug("opdiff: %s line %d: unrecognised entry %r skipped", self.path, number, item[0])
                 continue
-            desc = _inline_descriptor(item)
+            try:
+                desc = _inline_descriptor(item)
+            except (TypeError, ValueError) as exc:
+                raise DumpError(f"{self.path}: line {number}: values that are not numbers "
+                                f"({str(exc)[:80]}); the file is corrupt") from None
             done = calls.add(tn, desc=desc)
             if done:
                 count += 1
@@ -277,10 +284,13 @@ class NpuHooksDump(_PklDump):
         offset = self._offsets.get(key)
         if offset is None:
             return None
-        with open(self.path, "rb") as f:
+        with dumpfiles.open_file(self.path, self.path.parent) as f:
             f.seek(offset)
-            item = json.loads(f.readline())
-        return _inline_tensor(item)
+            item = dumpfiles.parse(f.readline(dumpfiles.MAX_LINE_BYTES))
+        try:
+            return _inline_tensor(item)
+        except (TypeError, ValueError, IndexError, RuntimeError) as exc:
+            raise UnreadableTensor(f"{self.path}: {key}: not a tensor ({exc})") from None
 
 
 def _with_stack(record: dict[str, Any]) -> dict[str, Any]:
@@ -318,24 +328,26 @@ def _inline_descriptor(item: list[Any]) -> dict[str, Any]:
 def open_pkl(path: Path) -> PtdbgDump | NpuHooksDump:
     """Open a ptdbg_ascend or torch_npu.hooks `.pkl`, telling them apart by their first line."""
     try:
-        with open(path, "rb") as f:
+        with dumpfiles.open_file(path, path.parent) as f:
             head = f.read(2)
+            if head[:1] == b"\x80":
+                raise DumpError(f"{path}: is a real Python pickle, which opdiff never loads (it "
+                                "can run code); expected ptdbg_ascend / torch_npu.hooks JSON lines")
             f.seek(0)
             first = b""
-            for raw in f:
+            for _, raw, _ in dumpfiles.lines(f, path):
                 if raw.strip():
                     first = raw
                     break
     except OSError as exc:
         raise DumpError(f"{path}: cannot read ({exc.strerror})") from None
-    if head[:1] == b"\x80":
-        raise DumpError(f"{path}: is a real Python pickle, which opdiff never loads (it can run code); "
-                        "expected ptdbg_ascend / torch_npu.hooks JSON lines")
     if not first:
         raise DumpError(f"{path}: empty file; the dump run wrote nothing")
     try:
-        item = json.loads(first)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        item = dumpfiles.parse(first)
+    except dumpfiles.TooDeep as exc:
+        raise DumpError(f"{path}: line 1: {exc}; the file is corrupt") from None
+    except ValueError:
         raise DumpError(f"{path}: first line is not JSON; expected ptdbg_ascend / torch_npu.hooks "
                         "JSON lines like [\"Functional_conv2d_0_forward_input.0\", ...]") from None
     step, rank = layout.parse_step_rank(path.parent)

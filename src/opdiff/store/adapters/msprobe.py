@@ -27,17 +27,20 @@ replays 58% off), so replay would blame healthy ops.
 """
 from __future__ import annotations
 
-import json
 import logging
 import mmap
 import os
+import pickle
 import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 from ...dtypes import short_dtype
 from ...errors import DumpError
+from .. import dumpfiles
+from ..dumpfiles import UnreadableTensor
 from ..records import encode_float
 from ..schema import Kind, Phase, name_parts, record_name, record_op
 from ..source import DumpFormat
@@ -247,12 +250,12 @@ class MsprobeDump:
     def record_count(self) -> int:
         """dump.json's entries, counted by their names without parsing the file."""
         try:
-            with open(self.path / DUMP_JSON, "rb") as f:
+            with dumpfiles.open_file(self.path / DUMP_JSON, self.path) as f:
                 if os.fstat(f.fileno()).st_size == 0:
                     return 0
                 with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
                     return sum(1 for _ in _ENTRY.finditer(data))
-        except (OSError, ValueError):
+        except (OSError, ValueError, DumpError):
             return 0
 
     def tensor_keys(self) -> list[str]:
@@ -268,24 +271,38 @@ class MsprobeDump:
         fname = self._tensor_files().get(key)
         if fname is None:
             return None
-        return load_tensor_file(self.path / TENSOR_DIR / fname)
+        return load_tensor_file(self.path / TENSOR_DIR / fname, self.path)
 
 
-def load_tensor_file(path: Path) -> Any:
-    """A `.pt` or `.npy` tensor file as a CPU torch.Tensor (never unpickling code)."""
+def load_tensor_file(path: Path, root: Path | None = None) -> Any:
+    """A `.pt` or `.npy` tensor file as a CPU torch.Tensor, never unpickling code: `.pt` loads
+    with `weights_only=True`, `.npy` with `allow_pickle=False`, each from a regular file inside
+    `root` (`store.dumpfiles`). A file that is none of these, or holds something else, raises
+    `UnreadableTensor` (a ValueError): that tensor's problem, compared by its statistics, not
+    the dump's."""
     import torch
 
     try:
-        if path.suffix == ".npy":
-            import numpy as np
+        with dumpfiles.open_file(path, root) as f:
+            if path.suffix == ".npy":
+                import numpy as np
 
-            return torch.from_numpy(np.load(path, allow_pickle=False))
-        value = torch.load(path, map_location="cpu", weights_only=True)
+                value = torch.from_numpy(np.load(f, allow_pickle=False))
+            else:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")     # torch's notes on pickle protocols
+                    value = torch.load(f, map_location="cpu", weights_only=True)
+    except DumpError as exc:            # not a regular file of the dump
+        raise UnreadableTensor(f"cannot load tensor: {exc}") from None
+    except pickle.UnpicklingError:
+        raise UnreadableTensor(f"{path}: cannot load tensor (a pickle that is not plain tensor "
+                               "data; opdiff never runs what a pickle names)") from None
     except Exception as exc:
         first = str(exc).splitlines()[0] if str(exc) else ""
-        raise DumpError(f"{path}: cannot load tensor ({type(exc).__name__}: {first})")
+        raise UnreadableTensor(f"{path}: cannot load tensor ({type(exc).__name__}: "
+                               f"{first[:200]})") from None
     if not isinstance(value, torch.Tensor):
-        raise DumpError(f"{path}: holds a {type(value).__name__}, not a tensor")
+        raise UnreadableTensor(f"{path}: holds a {type(value).__name__}, not a tensor")
     return value
 
 
@@ -297,23 +314,17 @@ def _stem(file_name: str) -> str:
 
 
 def _load_json(path: Path) -> Any:
-    """Parse a (possibly non-strict: bare NaN/Infinity) JSON file, or raise a one-line DumpError."""
-    try:
-        with open(path, "rb") as f:
-            return json.load(f)
-    except json.JSONDecodeError as exc:
-        raise DumpError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); "
-                        "the file is truncated or corrupt, dump this step again") from None
-    except UnicodeDecodeError:
-        raise DumpError(f"{path}: not a text JSON file; expected msprobe's {path.name}") from None
+    """Parse a (possibly non-strict: bare NaN/Infinity) JSON file of an msprobe step/rank
+    directory, or raise a one-line DumpError (`store.dumpfiles.load`)."""
+    return dumpfiles.load(path, path.parent)
 
 
 def open_msprobe(directory: Path) -> MsprobeDump:
     """Open one msprobe step/rank directory; cheap checks now, full parse on `records()`."""
     path = directory / DUMP_JSON
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
+        with dumpfiles.open_file(path, directory) as f:
+            size = os.fstat(f.fileno()).st_size
             head = f.read(4096)
             f.seek(max(0, size - 64))
             tail = f.read()
