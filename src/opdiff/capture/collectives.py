@@ -28,11 +28,14 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 import threading
 import weakref
 from typing import Any, Callable, Iterator, Optional
 
 from ..errors import ConfigError
+
+log = logging.getLogger("opdiff")
 
 _P2P_PEER = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
 _signatures: dict[Callable[..., Any], Optional[inspect.Signature]] = {}
@@ -265,6 +268,49 @@ def _recorded_reduce_scatter() -> Any:
     return RecordedReduceScatter()
 
 
+_auto_done: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_auto_said: set[str] = set()
+
+
+def _say_once(key: str, text: str) -> None:
+    if key not in _auto_said:
+        _auto_said.add(key)
+        log.warning("opdiff: %s", text)
+
+
+def record_backward_collectives(model: Any) -> None:
+    """What `PrecisionDebugger.start(model)` calls at L1 and mix: DDP's gradient all-reduce and
+    FSDP2's reduce-scatter recorded without an opt-in call. A DDP model without a comm hook
+    gets `record_ddp_allreduce`'s; `fully_shard` modules with FSDP2's default reduce-scatter
+    get `record_fsdp_reduce_scatter`'s. A model with its own comm hook or reduce-scatter keeps
+    it, and says once that its collective is not recorded (the compare then infers it). Once per
+    model; never raises."""
+    try:
+        if model is None or model in _auto_done or not BACKWARD_COLLECTIVES:
+            return
+        _auto_done.add(model)
+        from torch.nn.parallel import DistributedDataParallel
+
+        if isinstance(model, DistributedDataParallel):
+            if getattr(model, "_comm_hooks", None):
+                _say_once("ddp", "this DDP model has its own comm hook: its gradient all-reduce is "
+                                 "not recorded (the compare infers it from the gradients)")
+            else:
+                record_ddp_allreduce(model)
+            return
+        try:
+            from torch.distributed.fsdp import FSDPModule
+        except ImportError:
+            return
+        if any(isinstance(m, FSDPModule) for m in model.modules()):
+            try:
+                record_fsdp_reduce_scatter(model)
+            except ConfigError as exc:
+                _say_once("fsdp", f"{exc} (the compare infers the reduce-scatter from the gradients)")
+    except Exception as exc:  # noqa: BLE001 - recording collectives must not stop training
+        _say_once("collectives", f"backward collectives are not recorded ({type(exc).__name__}: {exc})")
+
+
 _dtensor_type: list[Any] = []
 
 
@@ -302,4 +348,5 @@ def local_shard(t: Any) -> tuple[Any, Optional[dict[str, Any]]]:
 
 
 __all__ = ["local_shard", "waited", "annotate", "group_of", "record_ddp_allreduce", "record_fsdp_reduce_scatter",
+           "record_backward_collectives",
            "in_comm_hook", "entered", "left", "BACKWARD_COLLECTIVES"]
