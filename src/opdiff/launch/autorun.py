@@ -120,7 +120,7 @@ class Autorun:
         return not steps or self.step <= max(steps)
 
     def _arm(self) -> None:
-        if self.arm_handle is None and self._wanted(self.step):
+        if self.arm_handle is None and self.by_forward is None and self._wanted(self.step):
             self.arm_handle = nn_module.register_module_forward_pre_hook(self._first_forward)
 
     def _disarm(self) -> None:
@@ -150,10 +150,20 @@ class Autorun:
         def boundary(mod: Any, args: tuple) -> None:
             try:
                 if self.began:
+                    # torch took this call's pre-hooks before this one ran: the ended step's
+                    # input hook (with kwargs) is still called once, so it must stay marked as
+                    # such, and the next step gets a debugger of its own.
+                    marked = set(getattr(mod, "_forward_pre_hooks_with_kwargs", ()))
                     self._end_step()
-                    if self.arm_handle is not None:   # armed: this call begins the next step
-                        self._disarm()
-                        self._begin(mod, args)
+                    self.dbg = None
+                    for hid in marked - set(getattr(mod, "_forward_pre_hooks_with_kwargs", ())):
+                        mod._forward_pre_hooks_with_kwargs[hid] = True
+                if self.done:
+                    return
+                if self._wanted(self.step):
+                    self._begin(mod, args)
+                else:
+                    self.began = True
             except Exception as exc:  # noqa: BLE001
                 self._failed(exc)
 
