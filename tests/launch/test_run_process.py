@@ -9,7 +9,7 @@ import signal
 import textwrap
 
 import pytest
-from conftest import run
+from launchkit import run
 
 
 def _script(tmp_path, name: str, text: str) -> str:
