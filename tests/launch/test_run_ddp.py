@@ -54,6 +54,9 @@ PLAIN = SCRIPT.replace("DEBUGGER", "").replace("START", "").replace("STOP", "")
 IN_SCRIPT = SCRIPT.replace(
     "DEBUGGER", "import opdiff; dbg = opdiff.PrecisionDebugger(dump_path=sys.argv[1], level='mix', step=[0, 1])"
 ).replace("START", "dbg.start(ddp)").replace("STOP", "dbg.stop(); dbg.step()")
+OWN_HOOK = PLAIN.replace(
+    "opt = torch.optim", "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks; "
+    "ddp.register_comm_hook(None, default_hooks.allreduce_hook); opt = torch.optim")
 TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 
 
@@ -116,3 +119,18 @@ def test_precision_debugger_in_the_script_records_the_all_reduce_without_opt_in(
     target = _launch(tmp_path, "target", TORCHRUN + ["train.py", "dump"], fault=1, script=IN_SCRIPT)
     golden = _launch(tmp_path, "golden", TORCHRUN + ["train.py", "dump"], fault=-1, script=IN_SCRIPT)
     _check(target / "dump", golden / "dump")
+
+
+def test_an_unrecorded_all_reduce_is_inferred(tmp_path):
+    """The user's own comm hook stays (said once); rank 0 is still not blamed: what it read
+    after the all-reduce is origin "collective", inferred."""
+    args = TORCHRUN + ["-m", "opdiff", "run", "--dump", "dump", "--steps", "0", "--", "train.py"]
+    target = _launch(tmp_path, "target", args, fault=1, script=OWN_HOOK)
+    golden = _launch(tmp_path, "golden", args, fault=-1, script=OWN_HOOK)
+    result = opdiff.compare(str(target / "dump"), str(golden / "dump"))
+    fd = result.first_divergence
+    assert fd is not None and (fd.rank, fd.op, fd.origin) == (1, "Functional.gelu", "op")
+    got = {p["rank"]: p["first_divergence"] for p in result.pairs}[0]
+    assert got is not None and got.origin == "collective"
+    assert "inferred: not recorded" in got.reason and "from rank 1" in got.reason
+    assert got.location is not None and got.location.code == "opt.step()"
