@@ -109,3 +109,11 @@ def test_configured_steps_are_dumped_and_training_is_bitwise_the_same(tmp_path, 
     assert any(op.startswith("Module.") for op in forward)
     stacks = {s["id"]: s["frames"][0]["code"] for s in map(json.loads, (rank / "stacks.jsonl").open())}
     assert stacks[records[-1]["stack"]] == "opt.step()"
+    # --monitor: opdiff.Monitor on every step, training still bit for bit the same
+    proc = opdiff_run("--monitor", "mon", "--", "python", "train.py", "mon.pt")
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    rows = (tmp_path / "mon/rank0/metrics.csv").read_text().splitlines()
+    assert [row.split(",")[0] for row in rows[1:]] == ["0", "1", "2", "3"]
+    assert "0:fwd_norm" in rows[0] and "grad_norm" in rows[0]
+    c = torch.load(tmp_path / "mon.pt")
+    assert all(torch.equal(a[k], c[k]) for k in a)

@@ -13,7 +13,10 @@ leaves out too, so numbering does not depend on what was recorded.
 
 DDP's bucketed gradient all-reduce is issued by its C++ reducer inside backward, where no
 TorchFunctionMode is active (the mode stack is empty in the reducer's hook) and where L1 records
-no op call anyway: it is invisible by default. `record_ddp_allreduce(ddp_model)` opts in: it
+no op call anyway. `PrecisionDebugger.start(model)` at L1/mix calls
+`record_backward_collectives(model)`, which needs no opt-in: a DDP model without a comm hook
+gets `record_ddp_allreduce`'s, `fully_shard` modules `record_fsdp_reduce_scatter`'s (a model with
+its own keeps it, said once). `record_ddp_allreduce(ddp_model)` itself: it
 registers a DDP comm hook doing what DDP's default does (divide by the group size, all_reduce),
 issued through `dist.all_reduce` with the running capture's mode re-entered, so the bucket's
 all_reduce becomes a `Distributed.all_reduce` record with its group and number like any other.
