@@ -63,6 +63,42 @@ def test_the_configured_steps_are_dumped_with_every_micro_batch(dumps):
     assert any(op.startswith("Module.model.layers.0") for op in forward)
 
 
+SCRIPT = """
+import torch, transformers
+
+class Tokens(torch.utils.data.Dataset):
+    def __init__(self):
+        self.ids = torch.randint(0, 64, (8, 8), generator=torch.Generator().manual_seed(0))
+    def __len__(self):
+        return len(self.ids)
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+torch.manual_seed(0)
+config = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                  num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=16)
+args = transformers.TrainingArguments(output_dir="out", per_device_train_batch_size=2, gradient_accumulation_steps=2,
+                                      max_steps=3, learning_rate=1e-3, use_cpu=True, report_to=[], save_strategy="no",
+                                      logging_strategy="no", dataloader_num_workers=0, seed=0, disable_tqdm=True)
+transformers.Trainer(model=transformers.LlamaForCausalLM(config), args=args, train_dataset=Tokens()).train()
+"""
+
+
+@pytest.mark.slow
+def test_opdiff_run_finds_the_trainers_steps(tmp_path):
+    """The same Trainer with no callback, under `opdiff run`: the optimizer steps Accelerate
+    wraps bound the steps, both micro-batches in each."""
+    from integrationkit import run
+
+    (tmp_path / "hf_train.py").write_text(SCRIPT)
+    proc = run(["-m", "opdiff", "run", "--dump", "dump", "--steps", "0,1", "--", "python", "hf_train.py"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(p.name for p in (tmp_path / "dump").iterdir()) == ["step0", "step1"]
+    for step in (0, 1):
+        records = [json.loads(line) for line in (tmp_path / f"dump/step{step}/rank0/records.jsonl").open()]
+        assert [r["op"] for r in records if r.get("phase") == "forward"].count("Functional.silu") == 2
+
+
 def test_a_planted_fault_is_named(dumps):
     target, golden = dumps
     fd = opdiff.compare(str(target), str(golden)).first_divergence

@@ -76,3 +76,25 @@ def test_without_an_optimizer_each_model_call_is_a_step(tmp_path, autorun, capfd
     assert _forwards(tmp_path, 2) == 2
     err = capfd.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no torch.optim optimizer" in err[0]
+
+
+def test_a_control_file_switches_recording_while_running(tmp_path):
+    control = tmp_path / "control.json"
+    control.write_text('{"steps": []}')
+    runner = Autorun(RunSettings(dump={"dump_path": str(tmp_path / "dump"), "level": "L1", "step": [0]},
+                                 control=str(control)))
+    runner.install()
+    try:
+        model = _model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(5):
+            if step == 2:     # the bad step was found later: record steps 3 and 4 from now on
+                control.write_text('{"steps": [3, 4]}')
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        assert not runner.done        # a control file keeps the boundaries watched
+    finally:
+        runner.close()
+        runner.uninstall()
+    assert sorted(p.name for p in (tmp_path / "dump").iterdir()) == ["step3", "step4"]

@@ -27,6 +27,9 @@ def add_parser(sub) -> None:
     p.add_argument("--monitor", metavar="DIR", help="run opdiff.Monitor on every step into DIR instead")
     p.add_argument("--model", metavar="CLASS", help="class name of the model to record, when the "
                    "first module called in a step is not it")
+    p.add_argument("--control", metavar="JSON", help="a file read at every step boundary when it "
+                   "changed: {\"steps\": [120, 121]} records those steps from then on, "
+                   "{\"steps\": []} nothing")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command to run")
     p.set_defaults(run=run)
 
@@ -67,7 +70,7 @@ def settings_from(args):
         if not dump["dump_path"]:
             raise ConfigError("say where to write: --dump DIR (or --config dump.json, or --monitor DIR)")
     return RunSettings(dump={k: v for k, v in dump.items() if v is not None},
-                       config_path=args.config, model=args.model)
+                       config_path=args.config, model=args.model, control=args.control)
 
 
 def run(args) -> int:

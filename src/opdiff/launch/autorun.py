@@ -18,6 +18,8 @@ here raises into the user's program.
 from __future__ import annotations
 
 import atexit
+import json
+import os
 import sys
 import weakref
 from typing import Any, Optional
@@ -67,6 +69,8 @@ class Autorun:
         self.arm_handle: Any = None
         self.handles: list[Any] = []
         self.done = False
+        self.off = False                      # the control file said: record nothing now
+        self.control_stamp: Any = None
 
     # -- installation ------------------------------------------------------------------------
     def install(self) -> None:
@@ -83,6 +87,7 @@ class Autorun:
         self._restore_init = lambda: setattr(optim_module.Optimizer, "__init__", original)
         self.handles.append(optim_module.register_optimizer_step_pre_hook(self._before_opt_step))
         self.handles.append(optim_module.register_optimizer_step_post_hook(self._after_opt_step))
+        self._poll()
         self._arm()
         atexit.register(self.close)
 
@@ -110,11 +115,13 @@ class Autorun:
     def _wanted(self, step: int) -> bool:
         if self.monitor is not None or self.settings.monitor is not None:
             return True
+        if self.off:
+            return False
         steps = self.config.step if self.config is not None else []
         return not steps or step in steps
 
     def _more_to_come(self) -> bool:
-        if self.settings.monitor is not None:
+        if self.settings.monitor is not None or self.settings.control:
             return True
         steps = self.config.step if self.config is not None else []
         return not steps or self.step <= max(steps)
@@ -256,11 +263,39 @@ class Autorun:
         self.step += 1
         self.began = False
         self.stepped.clear()
+        self._poll()
         if not self._more_to_come():
             self.close()
             self.uninstall()
             return
         self._arm()
+
+    def _poll(self) -> None:
+        """Read the control file again when it changed (see settings.py); a file that cannot
+        be read or makes no sense is said once and changes nothing."""
+        path = self.settings.control
+        if not path or self.config is None:
+            return
+        try:
+            st = os.stat(path)
+        except OSError:
+            return                              # not there (yet): as configured
+        stamp = (st.st_mtime_ns, st.st_size)
+        if stamp == self.control_stamp:
+            return
+        self.control_stamp = stamp
+        try:
+            with open(path) as f:
+                steps = json.load(f)["steps"]
+            if not isinstance(steps, list) or not all(isinstance(x, int) and x >= 0 for x in steps):
+                raise ValueError("'steps' must be a list of step numbers")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            say(f"control-{stamp}", f"control file {path}: {exc}; expected {{\"steps\": [120, 121]}}")
+            return
+        self.off = not steps
+        self.config.step = sorted(set(steps))
+        if self.dbg is not None:
+            self.dbg.config.step = self.config.step
 
     def close(self) -> None:
         """Write what is open (at exit, or once the last configured step is done)."""

@@ -5,7 +5,9 @@
 
 `dump` holds PrecisionDebugger's arguments (`config_path`, when given, is read in each process
 with `dump`'s keys winning); `monitor` is `{"path": ...}` for `opdiff.Monitor` on every step;
-`model` the class name of the module to record when the first module called is not it.
+`model` the class name of the module to record when the first module called is not it;
+`control` a JSON file read again at every step boundary when it changed: `{"steps": [120, 121]}`
+records those steps from then on, `{"steps": []}` records nothing more (until it changes).
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ class RunSettings:
     config_path: Optional[str] = None
     monitor: Optional[dict[str, Any]] = None
     model: Optional[str] = None
+    control: Optional[str] = None
 
     def encode(self) -> str:
         return json.dumps(asdict(self))
@@ -33,7 +36,7 @@ class RunSettings:
         try:
             raw = json.loads(text)
             return cls(dump=dict(raw.get("dump") or {}), config_path=raw.get("config_path"),
-                       monitor=raw.get("monitor"), model=raw.get("model"))
+                       monitor=raw.get("monitor"), model=raw.get("model"), control=raw.get("control"))
         except (ValueError, AttributeError, TypeError) as exc:
             raise ConfigError(f"{ENV} is not opdiff run's JSON ({exc}); unset it") from None
 
