@@ -134,3 +134,42 @@ def test_an_unrecorded_all_reduce_is_inferred(tmp_path):
     assert got is not None and got.origin == "collective"
     assert "inferred: not recorded" in got.reason and "from rank 1" in got.reason
     assert got.location is not None and got.location.code == "opt.step()"
+
+
+FSDP = textwrap.dedent('''
+    import contextlib, os
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    mesh = init_device_mesh("cpu", (2,))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 2))
+    for module in (model[0], model[2], model):
+        fully_shard(module, mesh=mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    fault = contextlib.nullcontext()
+    if int(os.environ.get("FAULT_RANK", "-1")) == rank:
+        from opdiff.testing.faults import inject_fault
+        fault = inject_fault("Functional.gelu", call=0, scale=1.05)
+    torch.manual_seed(1 + rank)
+    with fault:
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+    dist.destroy_process_group()
+''')
+
+
+def test_fsdp2_reduce_scatter_is_recorded_without_opt_in(tmp_path):
+    args = TORCHRUN + ["-m", "opdiff", "run", "--dump", "dump", "--level", "L1", "--", "train.py"]
+    target = _launch(tmp_path, "target", args, fault=1, script=FSDP)
+    golden = _launch(tmp_path, "golden", args, fault=-1, script=FSDP)
+    result = opdiff.compare(str(target / "dump"), str(golden / "dump"))
+    fd = result.first_divergence
+    assert fd is not None and (fd.rank, fd.op) == (1, "Functional.gelu")
+    got = {p["rank"]: p["first_divergence"] for p in result.pairs}[0]
+    assert got is not None and got.origin == "collective" and got.op.startswith("Distributed.reduce_scatter")
+    assert "from rank 1" in got.reason

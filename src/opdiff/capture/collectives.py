@@ -212,6 +212,7 @@ def record_ddp_allreduce(ddp_model: Any, process_group: Any = None) -> None:
     hook.__annotations__ = {"state": object, "bucket": dist.GradBucket,
                             "return": torch.futures.Future[torch.Tensor]}
     ddp_model.register_comm_hook(process_group, hook)
+    _auto_done.add(ddp_model)        # start(ddp_model) need not (and cannot) add it again
 
 
 def record_fsdp_reduce_scatter(model: Any) -> int:
@@ -305,7 +306,11 @@ def record_backward_collectives(model: Any) -> None:
             from torch.distributed.fsdp import FSDPModule
         except ImportError:
             return
-        if any(isinstance(m, FSDPModule) for m in model.modules()):
+        fsdp = [m for m in model.modules() if isinstance(m, FSDPModule)]
+        if fsdp and all(type(g._reduce_scatter_comm).__name__ == "RecordedReduceScatter"
+                        for m in fsdp for g in m._get_fsdp_state()._fsdp_param_groups):
+            return                               # the user called record_fsdp_reduce_scatter
+        if fsdp:
             try:
                 record_fsdp_reduce_scatter(model)
             except ConfigError as exc:
