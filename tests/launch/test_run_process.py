@@ -30,6 +30,10 @@ def test_missing_options_and_missing_script_are_one_line(opdiff_run):
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "--dump" in proc.stderr
     proc = opdiff_run("--dump", "d", "--", "python", "missing_script.py")
     assert proc.returncode == 2 and "missing_script.py" in proc.stderr and "Traceback" not in proc.stderr
+    proc = opdiff_run("--config", "no_such.json", "--", "python", "train.py")
+    assert proc.returncode == 2 and "no_such.json" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    proc = opdiff_run("--dump", "d", "--steps", "x-1", "--", "python", "train.py")
+    assert proc.returncode == 2 and "--steps" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
 def test_arguments_stdin_and_stdout_are_the_programs(tmp_path, opdiff_run):
