@@ -42,6 +42,10 @@ ENVIRONMENT = {
                             "(`--max-tensor-mb` sets it for worker processes too); a larger one is not made: "
                             "the compare falls back to statistics, replay and check report the op as not "
                             "replayed / not checked.",
+    "OPDIFF_LIGHTNING": "a dump directory: with opdiff installed, every Lightning `Trainer` gets opdiff's "
+                        "callback through the `lightning.pytorch.callbacks_factory` entry point "
+                        "(`OPDIFF_LIGHTNING_STEPS`, `_TASK`, `_LEVEL` optional; see the how-to page "
+                        "*No code changes*).",
     "OPDIFF_RUN_CONFIG": "set by `opdiff run` for every process it launches: the capture settings as one "
                          "JSON object (read by the start-up hook; not meant to be set by hand).",
     "OPDIFF_REQUIRE_BROWSER": "tests only: 1 makes the HTML report's browser tests fail instead of skipping "

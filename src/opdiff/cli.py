@@ -13,7 +13,7 @@ import sys
 from . import __version__
 from .errors import OpdiffError
 
-COMMANDS = ("demo", "compare", "check", "trend", "overflow", "onnx", "env")
+COMMANDS = ("demo", "compare", "check", "trend", "overflow", "onnx", "env", "run")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -37,15 +37,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # Messages already say "opdiff: ..."; a terminal that cannot show "—" gets "?" instead of
     # an encoding error.
-    for stream in (sys.stdout, sys.stderr):
-        if hasattr(stream, "reconfigure"):
-            stream.reconfigure(errors="replace")
     from .terminal import SafeFormatter, one_line
 
-    handler = logging.StreamHandler()
-    handler.setFormatter(SafeFormatter("%(message)s"))   # names from a dump: no escape codes
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        handlers=[handler])
+    if args.command != "run":   # `opdiff run` leaves the user's program its streams and logging
+        for stream in (sys.stdout, sys.stderr):
+            if hasattr(stream, "reconfigure"):
+                stream.reconfigure(errors="replace")
+        handler = logging.StreamHandler()
+        handler.setFormatter(SafeFormatter("%(message)s"))   # names from a dump: no escape codes
+        logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                            handlers=[handler])
     if not getattr(args, "run", None):
         parser.print_help()
         return 2

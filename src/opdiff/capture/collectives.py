@@ -13,7 +13,10 @@ leaves out too, so numbering does not depend on what was recorded.
 
 DDP's bucketed gradient all-reduce is issued by its C++ reducer inside backward, where no
 TorchFunctionMode is active (the mode stack is empty in the reducer's hook) and where L1 records
-no op call anyway: it is invisible by default. `record_ddp_allreduce(ddp_model)` opts in: it
+no op call anyway. `PrecisionDebugger.start(model)` at L1/mix calls
+`record_backward_collectives(model)`, which needs no opt-in: a DDP model without a comm hook
+gets `record_ddp_allreduce`'s, `fully_shard` modules `record_fsdp_reduce_scatter`'s (a model with
+its own keeps it, said once). `record_ddp_allreduce(ddp_model)` itself: it
 registers a DDP comm hook doing what DDP's default does (divide by the group size, all_reduce),
 issued through `dist.all_reduce` with the running capture's mode re-entered, so the bucket's
 all_reduce becomes a `Distributed.all_reduce` record with its group and number like any other.
@@ -28,11 +31,14 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 import threading
 import weakref
 from typing import Any, Callable, Iterator, Optional
 
 from ..errors import ConfigError
+
+log = logging.getLogger("opdiff")
 
 _P2P_PEER = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
 _signatures: dict[Callable[..., Any], Optional[inspect.Signature]] = {}
@@ -206,6 +212,7 @@ def record_ddp_allreduce(ddp_model: Any, process_group: Any = None) -> None:
     hook.__annotations__ = {"state": object, "bucket": dist.GradBucket,
                             "return": torch.futures.Future[torch.Tensor]}
     ddp_model.register_comm_hook(process_group, hook)
+    _auto_done.add(ddp_model)        # start(ddp_model) need not (and cannot) add it again
 
 
 def record_fsdp_reduce_scatter(model: Any) -> int:
@@ -265,6 +272,53 @@ def _recorded_reduce_scatter() -> Any:
     return RecordedReduceScatter()
 
 
+_auto_done: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_auto_said: set[str] = set()
+
+
+def _say_once(key: str, text: str) -> None:
+    if key not in _auto_said:
+        _auto_said.add(key)
+        log.warning("opdiff: %s", text)
+
+
+def record_backward_collectives(model: Any) -> None:
+    """What `PrecisionDebugger.start(model)` calls at L1 and mix: DDP's gradient all-reduce and
+    FSDP2's reduce-scatter recorded without an opt-in call. A DDP model without a comm hook
+    gets `record_ddp_allreduce`'s; `fully_shard` modules with FSDP2's default reduce-scatter
+    get `record_fsdp_reduce_scatter`'s. A model with its own comm hook or reduce-scatter keeps
+    it, and says once that its collective is not recorded (the compare then infers it). Once per
+    model; never raises."""
+    try:
+        if model is None or model in _auto_done or not BACKWARD_COLLECTIVES:
+            return
+        _auto_done.add(model)
+        from torch.nn.parallel import DistributedDataParallel
+
+        if isinstance(model, DistributedDataParallel):
+            if getattr(model, "_comm_hooks", None):
+                _say_once("ddp", "this DDP model has its own comm hook: its gradient all-reduce is "
+                                 "not recorded (the compare infers it from the gradients)")
+            else:
+                record_ddp_allreduce(model)
+            return
+        try:
+            from torch.distributed.fsdp import FSDPModule
+        except ImportError:
+            return
+        fsdp = [m for m in model.modules() if isinstance(m, FSDPModule)]
+        if fsdp and all(type(g._reduce_scatter_comm).__name__ == "RecordedReduceScatter"
+                        for m in fsdp for g in m._get_fsdp_state()._fsdp_param_groups):
+            return                               # the user called record_fsdp_reduce_scatter
+        if fsdp:
+            try:
+                record_fsdp_reduce_scatter(model)
+            except ConfigError as exc:
+                _say_once("fsdp", f"{exc} (the compare infers the reduce-scatter from the gradients)")
+    except Exception as exc:  # noqa: BLE001 - recording collectives must not stop training
+        _say_once("collectives", f"backward collectives are not recorded ({type(exc).__name__}: {exc})")
+
+
 _dtensor_type: list[Any] = []
 
 
@@ -302,4 +356,5 @@ def local_shard(t: Any) -> tuple[Any, Optional[dict[str, Any]]]:
 
 
 __all__ = ["local_shard", "waited", "annotate", "group_of", "record_ddp_allreduce", "record_fsdp_reduce_scatter",
+           "record_backward_collectives",
            "in_comm_hook", "entered", "left", "BACKWARD_COLLECTIVES"]

@@ -102,6 +102,9 @@ class PrecisionDebugger:
             return  # this step or rank is not selected
         if model is not None:
             self.model = model
+            if ApiCapture in LEVELS[level]:     # DDP's / FSDP2's gradient collectives, no opt-in
+                from .collectives import record_backward_collectives
+                record_backward_collectives(model)
             self.session.leaves.follow(model)
             self.session.leaves.hook_inputs()
         started = []

@@ -12,19 +12,25 @@ When no participating rank's input differs, opdiff cannot tell where the differe
 and says so in the reason; the collective is still not called a local error.
 
 Collectives issued inside backward hooks (DDP's bucketed gradient all-reduce, FSDP2's gradient
-reduce-scatter) are recorded only when the user opts in (`capture.collectives`'s
-`record_ddp_allreduce(ddp)`, `record_fsdp_reduce_scatter(model)`); without that, a gradient
-difference they carry is not attributed here. Tensor parallelism's functional collectives
-(DTensor's all_reduce) are recorded as `Distributed.*` like the others.
+reduce-scatter) are recorded by `PrecisionDebugger.start(model)` on a DDP or FSDP2 model at L1
+and mix (`capture.collectives.record_backward_collectives`). When they are not recorded (the
+user's own comm hook, L0, a debugger started without the model), the difference is inferred
+(`infer_gradient_collectives`): a rank whose own ops all agree with golden until an op reads a
+tensor that differs (the gradients written by the all-reduce: the optimizer's update), while
+another rank of the same step has an error of its own, received it through the gradient
+collective: origin "collective", "received through DDP's all-reduce (inferred: not recorded)";
+the next step's "optimizer" origin on that rank is the same difference arriving there.
+Tensor parallelism's functional collectives (DTensor's all_reduce) are recorded as
+`Distributed.*` like the others.
 """
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import Any, Optional
 
-from ..store.schema import Role
+from ..store.schema import RecordName, Role
 from ..store.source import DumpSource
-from .result import ERROR, WARNING, CompareResult
+from .result import ERROR, WARNING, CompareResult, Divergence
 
 Pair = tuple[DumpSource, DumpSource]
 COLLECTIVE = "collective"
@@ -44,6 +50,7 @@ def _input_differs(result: CompareResult, name: str) -> bool:
 def attribute_collectives(results: list[CompareResult], pairs: list[Pair]) -> list[CompareResult]:
     """`results` (one per pair, in the order of `pairs`) with the first divergences that a rank
     received through a collective marked origin "collective" (see the module docstring)."""
+    results = infer_gradient_collectives(results, pairs)
     suspects = [i for i, r in enumerate(results) if r.first_divergence is not None
                 and r.first_divergence.op.startswith("Distributed.")]
     if not suspects:
@@ -99,9 +106,62 @@ def _reason(op: str, group: dict[str, Any], senders: list[int]) -> str:
             f"the difference came from)")
 
 
+_GRADIENT_COLLECTIVES = ("Distributed.all_reduce", "Distributed.reduce_scatter")
+INFERRED = "DDP's all-reduce (inferred: not recorded)"
+
+
+def _records_gradient_collective(dump: DumpSource) -> bool:
+    return any(str(r.get("op", "")).startswith(_GRADIENT_COLLECTIVES) for r in dump.records())
+
+
+def _received_row(result: CompareResult) -> Optional[Any]:
+    """The first differing row when it is an input (what a recorded op gave agrees, what
+    arrived does not); None when the first differing row is an op's own output or none differs."""
+    for row in result.rows:
+        if row.result in (ERROR, WARNING):
+            return row if row.role == Role.INPUT else None
+    return None
+
+
+def infer_gradient_collectives(results: list[CompareResult], pairs: list[Pair]) -> list[CompareResult]:
+    """Mark what a rank received through an unrecorded gradient collective (module docstring)."""
+    local = {r.step for r in results if r.first_divergence is not None
+             and r.first_divergence.origin not in (COLLECTIVE, "optimizer")}
+    out = list(results)
+    inferred: set[tuple[Optional[int], Optional[int]]] = set()
+    for i, r in sorted(enumerate(results), key=lambda e: (e[1].step or 0, e[1].rank or 0)):
+        fd = r.first_divergence
+        others = any(o.step == r.step and o.rank != r.rank and o.first_divergence is not None
+                     and o.first_divergence.origin not in (COLLECTIVE, "optimizer") for o in results)
+        if fd is None and others and r.step in local:
+            row = _received_row(r)
+            if row is None or _records_gradient_collective(pairs[i][0]):
+                continue
+            senders = sorted({o.rank for o in results if o.step == r.step and o.rank != r.rank
+                              and o.first_divergence is not None and o.rank is not None})
+            who = ", ".join(str(s) for s in senders)
+            parsed = RecordName.parse(row.op_name)
+            out[i] = replace(r, first_divergence=Divergence(
+                name=row.op_name, op=parsed.op if parsed is not None else row.op_name, phase=row.phase,
+                reason=(f"received through {INFERRED} from rank{'s' if len(senders) > 1 else ''} "
+                        f"{who}: this rank's own ops agree with golden, the gradients it reads "
+                        f"after the collective do not — not a local error"),
+                location=row.stack[0] if row.stack else None, metrics=dict(row.metrics),
+                tensor=row.target_name, module=row.module, step=r.step, rank=r.rank,
+                origin=COLLECTIVE))
+            inferred.add((r.step, r.rank))
+        elif fd is not None and fd.origin == "optimizer" and r.step is not None and \
+                (r.step - 1, r.rank) in inferred:
+            out[i] = replace(r, first_divergence=replace(fd, origin=COLLECTIVE, reason=(
+                f"the parameters differ before any op because step {r.step - 1}'s gradients "
+                f"were received through {INFERRED}, not because of this rank's optimizer")))
+            inferred.add((r.step, r.rank))
+    return out
+
+
 def received_from(fd: Any) -> bool:
     """Whether a first divergence was received through a collective (not a local error)."""
     return fd is not None and getattr(fd, "origin", None) == COLLECTIVE
 
 
-__all__ = ["attribute_collectives", "received_from", "COLLECTIVE"]
+__all__ = ["attribute_collectives", "infer_gradient_collectives", "received_from", "COLLECTIVE"]
