@@ -220,6 +220,11 @@ class Replayer:
         if skipped:
             text += (f"; {len(skipped)} not replayed (e.g. {skipped[0].name}: "
                      f"{skipped[0].reason})")
+        untrusted = [v.name for v in skipped if v.reason.startswith("untrusted:")]
+        if untrusted:       # a dump is untrusted input: say which records replay refused to run
+            text += (f"; {len(untrusted)} refused as untrusted (not pure tensor computations on "
+                     f"the dump's tensors): {', '.join(untrusted[:5])}"
+                     f"{' ...' if len(untrusted) > 5 else ''}")
         if ahead:
             text += f"; {ahead} more replayed ahead on a second thread and not needed"
         return text

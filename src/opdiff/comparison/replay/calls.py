@@ -22,6 +22,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from ... import ops
+from ...store.limits import TensorTooLarge, check_size
 from ...store.records import decode_float
 
 
@@ -38,14 +39,17 @@ _NAMESPACES: dict[str, Callable[[], Any]] = {
     "Tensor.": lambda: torch.Tensor,
 }
 _SLICE = re.compile(r"^slice\((-?\d+|None), (-?\d+|None), (-?\d+|None)\)$")
+_DEVICE = re.compile(r"^(cpu|cuda|xpu|mps|npu|hpu|privateuseone)(:\d{1,3})?$")
+_MEMORY_FORMATS = ("preserve_format", "contiguous_format", "channels_last", "channels_last_3d")
 
 
 def resolve(op: str) -> Callable[..., Any]:
     """The torch function an op name stands for (or its registered CPU reference). Raises
     NotReplayable when there is none, or when the op registry says it must not be re-run."""
     traits = ops.traits(op)
-    if traits.replay_refusal:
-        raise NotReplayable(traits.replay_refusal)
+    refusal = ops.replay_refusal(op)    # a dump is untrusted: only pure tensor computations
+    if refusal:
+        raise NotReplayable(refusal)
     if traits.cpu_reference is not None:
         return traits.cpu_reference
     func: Any = None
@@ -85,12 +89,41 @@ class Call:
         """Call the op."""
         return self.func(*self.args, **self.kwargs)
 
+    def check_size(self) -> None:
+        """Refuse (NotReplayable) a call whose results would be over `--max-tensor-mb` in
+        float64: found by running it on the meta device first, which allocates nothing (a
+        dump's `zeros([10**12])`, or an outer product of two long vectors). A call the meta
+        device cannot run is let through: its inputs are bounded already."""
+        def meta(value: Any, depth: int = 0) -> Any:
+            if isinstance(value, torch.Tensor):
+                return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype,
+                                           device="meta")
+            if isinstance(value, torch.device):
+                return torch.device("meta")
+            if isinstance(value, (list, tuple)) and depth < 4:
+                items = [meta(v, depth + 1) for v in value]
+                return items if isinstance(value, list) else tuple(items)
+            if isinstance(value, dict) and depth < 4:
+                return {k: meta(v, depth + 1) for k, v in value.items()}
+            return value
+        try:
+            with torch._C.DisableTorchFunction():
+                out = self.func(*meta(self.args), **meta(self.kwargs))
+        except Exception:  # noqa: BLE001 - no meta kernel, or a data-dependent op: not known
+            return
+        total = sum(o.numel() for o in flat_tensors([out] if not isinstance(out, (list, tuple))
+                                                     else out))
+        try:
+            check_size("results", total * 8, "what the call's arguments ask for, in float64")
+        except TensorTooLarge as exc:
+            raise NotReplayable(str(exc)) from None
+
 
 class _Builder:
     def __init__(self, load: Callable[[str], Any], cast: Optional[torch.dtype], name: str,
                  wrap: Optional[Callable[[str, torch.Tensor], torch.Tensor]] = None,
-                 device: str = "cpu"):
-        self.load, self.cast, self.name, self.wrap = load, cast, name, wrap
+                 device: str = "cpu", op: str = ""):
+        self.load, self.cast, self.name, self.wrap, self.op = load, cast, name, wrap, op
         self.device = torch.device(device)
         self.tensors: list[tuple[str, torch.Tensor]] = []
         self._by_key: dict[str, torch.Tensor] = {}
@@ -101,8 +134,13 @@ class _Builder:
         kind = desc.get("type")
         if kind == "tensor":
             return self.tensor(desc, where)
-        if kind in ("int", "bool", "str"):
-            return desc.get("value")
+        if kind in ("int", "bool"):
+            value = desc.get("value")
+            if not isinstance(value, (int, bool, type(None))):
+                raise NotReplayable(f"{where}: a {kind} argument recorded as {str(value)[:40]!r}")
+            return value
+        if kind == "str":
+            return self.text(desc.get("value"), where)
         if kind == "float":
             return float(decode_float(desc.get("value")))
         if kind == "none":
@@ -125,13 +163,29 @@ class _Builder:
             return _literal(str(desc.get("value", "")), where)
         raise NotReplayable(f"{where}: argument of unknown kind {kind!r}")
 
+    def text(self, value: Any, where: str) -> Any:
+        """A string argument: only the enums replay knows (`ops.replay_string`) and device names
+        (which become the replay's device); a dump is untrusted, any other string (a path, a
+        file name) refuses the op."""
+        if isinstance(value, str) and ops.replay_string(self.op, value):
+            return value
+        if isinstance(value, str) and _DEVICE.match(value):
+            return self.device
+        raise NotReplayable(f"untrusted: {where} is a string argument replay does not pass on "
+                            f"({str(value)[:40]!r}: only known enums such as reduction='mean')")
+
     def tensor(self, desc: dict[str, Any], where: str) -> torch.Tensor:
         key: str = desc.get("key") or ""
         if key in self._by_key:     # the same tensor passed twice stays one tensor (aliasing)
             shared = self._by_key[key]
             self.tensors.append((key, shared))
             return shared
-        t: Optional[torch.Tensor] = self.load(key) if key else None
+        try:
+            t: Optional[torch.Tensor] = self.load(key) if key else None
+        except TensorTooLarge as exc:
+            raise NotReplayable(str(exc)) from None
+        if not isinstance(t, torch.Tensor) and t is not None:
+            raise NotReplayable(f"tensor {where} did not load as a tensor")
         if t is None:
             raise NotReplayable(f"tensor {where} was not saved (dump with task='tensor')")
         # Always a private copy: the reader may hand out shared memory, and the call may write.
@@ -152,6 +206,8 @@ def _literal(text: str, where: str) -> Any:
     """The few argument objects that a repr describes exactly: slices and Ellipsis."""
     if text == "Ellipsis":
         return Ellipsis
+    if text.startswith("torch.") and text[len("torch."):] in _MEMORY_FORMATS:
+        return getattr(torch, text[len("torch."):])
     m = _SLICE.match(text)
     if m:
         return slice(*(None if g == "None" else int(g) for g in m.groups()))
@@ -173,11 +229,20 @@ def rebuild_call(record: dict[str, Any], load: Callable[[str], Any],
     """
     if record.get("error"):
         raise NotReplayable(f"capture failed partly for this op ({str(record['error'])[:80]})")
-    func = resolve(record.get("op", ""))
-    b = _Builder(load, cast, record["name"], wrap, device)
+    op = str(record.get("op", ""))
+    func = resolve(op)
+    given = record.get("kwargs") or {}
+    if not isinstance(given, dict):
+        raise NotReplayable("its keyword arguments are not a mapping")
+    if any(k == "out" and isinstance(d, dict) and d.get("type") not in (None, "none")
+           for k, d in given.items()):
+        raise NotReplayable("untrusted: it writes into an out= tensor")
+    b = _Builder(load, cast, record["name"], wrap, device, op)
     args = [b.value(d, f"input.{i}") for i, d in enumerate(record.get("inputs") or [])]
-    kwargs = {k: b.value(d, f"input.{k}") for k, d in (record.get("kwargs") or {}).items()}
-    return Call(func=func, args=args, kwargs=kwargs, tensors=b.tensors)
+    kwargs = {str(k): b.value(d, f"input.{k}") for k, d in given.items()}
+    call = Call(func=func, args=args, kwargs=kwargs, tensors=b.tensors)
+    call.check_size()
+    return call
 
 
 def flat_tensors(value: Any, depth: int = 0) -> list[torch.Tensor]:
