@@ -37,6 +37,9 @@ class OpTraits:
     # nothing it is given. Replay re-runs only these (a dump is untrusted: its op names must
     # not reach torch.load, torch.save, torch.from_file...). See `REPLAY_SAFE`.
     replay_safe: bool = False
+    # Its result's size comes from its (non-tensor) arguments: replay checks them against
+    # --max-tensor-mb before running it (`comparison/replay/calls.py`, `Call.check_size`).
+    sized_by_arguments: bool = False
     cpu_reference: Optional[Callable] = None   # a CPU implementation for a custom op
     # Every output value is one of its floating inputs' values or 0 (relu, a reshape): its
     # result in the inputs' own dtype is its float64 result, forward and backward.
@@ -315,6 +318,12 @@ bernoulli bernoulli_ rand rand_like randn randn_like randint randint_like randpe
 normal normal_ uniform_ poisson rrelu
 """.split())   # (the random ones last: replay refuses them when they draw, `running.rng_guard`)
 register_method(*REPLAY_SAFE, replay_safe=True)
+
+register_method("zeros", "ones", "full", "arange", "range", "linspace", "logspace", "eye",
+                "new_zeros", "new_ones", "new_full", "new_empty", "empty", "rand", "randn",
+                "randint", "randperm", "expand", "broadcast_to", "repeat", "tile",
+                "repeat_interleave", "resize_", "tril_indices", "triu_indices", "one_hot",
+                sized_by_arguments=True)
 
 # The string arguments replay passes on: enum values of torch's ops (reduction, approximate,
 # rounding_mode, padding and interpolation modes, norms, fft norms, sides, drivers...). Any other

@@ -58,6 +58,12 @@ def add_parser(subparsers) -> None:
                    help="with --engine ray: measure a step/rank pair whose saved tensors exceed "
                         "MB MiB in shards of about MB MiB, each its own Ray task (default: one "
                         "task per pair)")
+    p.add_argument("--max-tensor-mb", metavar="MB", default=None,
+                   help="the largest tensor opdiff makes from what a dump claims (a "
+                        "reference repeating its bytes, a statistics record's shape, a "
+                        "replayed op's result), in MiB (default: OPDIFF_MAX_TENSOR_MB, "
+                        "else 4096); a larger one is compared by its statistics or not "
+                        "replayed, with a one-line reason")
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     p.set_defaults(run=run)
 
@@ -122,6 +128,9 @@ def run(args) -> int:
     from ..comparison.verdicts import Thresholds
     from ..report.console import print_result
 
+    from ..store.limits import set_max_tensor_mb
+
+    set_max_tensor_mb(args.max_tensor_mb)     # in the environment: workers see it too
     thresholds = Thresholds.load(args.thresholds, _overrides(args.threshold))
     result = compare(args.target, args.golden, args.output, thresholds=thresholds,
                      shape_flag=args.shape_flag,

@@ -15,6 +15,7 @@ be rebuilt faithfully raises `NotReplayable` with the reason; nothing is guessed
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -89,34 +90,47 @@ class Call:
         """Call the op."""
         return self.func(*self.args, **self.kwargs)
 
-    def check_size(self) -> None:
-        """Refuse (NotReplayable) a call whose results would be over `--max-tensor-mb` in
-        float64: found by running it on the meta device first, which allocates nothing (a
-        dump's `zeros([10**12])`, or an outer product of two long vectors). A call the meta
-        device cannot run is let through: its inputs are bounded already."""
-        def meta(value: Any, depth: int = 0) -> Any:
-            if isinstance(value, torch.Tensor):
-                return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype,
-                                           device="meta")
-            if isinstance(value, torch.device):
-                return torch.device("meta")
-            if isinstance(value, (list, tuple)) and depth < 4:
-                items = [meta(v, depth + 1) for v in value]
-                return items if isinstance(value, list) else tuple(items)
-            if isinstance(value, dict) and depth < 4:
-                return {k: meta(v, depth + 1) for k, v in value.items()}
-            return value
+    def check_size(self, op: str) -> None:
+        """Refuse (NotReplayable) a call whose result would be over `--max-tensor-mb` in
+        float64, estimated from its arguments without running it: the broadcast of its tensor
+        arguments (an elementwise op of [N, 1] and [1, N]), and for ops sized by their
+        arguments (`ops.OpTraits.sized_by_arguments`: factories, expand, repeat, arange...) the
+        sizes they are given (a dump's `zeros([10**6, 10**6])`)."""
+        shapes = [tuple(t.shape) for _, t in self.tensors]
+        largest = max((math.prod(s) for s in shapes), default=1)
         try:
-            with torch._C.DisableTorchFunction():
-                out = self.func(*meta(self.args), **meta(self.kwargs))
-        except Exception:  # noqa: BLE001 - no meta kernel, or a data-dependent op: not known
-            return
-        total = sum(o.numel() for o in flat_tensors([out] if not isinstance(out, (list, tuple))
-                                                     else out))
+            total = math.prod(torch.broadcast_shapes(*shapes)) if shapes else 0
+        except RuntimeError:
+            total = 0
+        if ops.traits(op).sized_by_arguments:
+            total = max(total, _asked(ops.method_of(op), self.args, self.kwargs, largest))
         try:
-            check_size("results", total * 8, "what the call's arguments ask for, in float64")
+            check_size("result", total * 8, "what the call's arguments ask for, in float64")
         except TensorTooLarge as exc:
             raise NotReplayable(str(exc)) from None
+
+
+def _asked(method: str, args: list[Any], kwargs: dict[str, Any], largest: int) -> int:
+    """Elements an op sized by its arguments makes: a range's length, else the product of the
+    sizes it is given (times its input's for repeat and tile)."""
+    numbers = [v for v in list(args) + list(kwargs.values())
+               if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if method in ("arange", "range"):
+        if not numbers:
+            return 0
+        start, end = (0, numbers[0]) if len(numbers) == 1 else (numbers[0], numbers[1])
+        step = numbers[2] if len(numbers) > 2 else 1
+        return int(abs(end - start) / abs(step)) + 1 if step else 0
+    if method in ("linspace", "logspace"):
+        steps = kwargs.get("steps", args[2] if len(args) > 2 else 0)
+        return int(steps) if isinstance(steps, (int, float)) else 0
+    sizes = 1
+    for v in list(args) + list(kwargs.values()):
+        items = v if isinstance(v, (list, tuple)) else [v]
+        for n in items:
+            if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+                sizes *= n
+    return sizes * largest if method in ("repeat", "tile", "repeat_interleave") else sizes
 
 
 class _Builder:
@@ -241,7 +255,7 @@ def rebuild_call(record: dict[str, Any], load: Callable[[str], Any],
     args = [b.value(d, f"input.{i}") for i, d in enumerate(record.get("inputs") or [])]
     kwargs = {str(k): b.value(d, f"input.{k}") for k, d in given.items()}
     call = Call(func=func, args=args, kwargs=kwargs, tensors=b.tensors)
-    call.check_size()
+    call.check_size(op)
     return call
 
 
