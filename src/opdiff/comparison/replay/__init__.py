@@ -25,6 +25,7 @@ import weakref
 from typing import Any, Optional
 
 from ...store.schema import Kind
+from ..workers import watch_parent
 from .calls import NotReplayable, rebuild_call, resolve
 from .local import LocalError, TensorLocalError, replay_record
 
@@ -184,9 +185,11 @@ class Replayer:
             import multiprocessing
             from concurrent.futures import ProcessPoolExecutor
 
+            # the workers die with this process (`watch_parent`)
+            init = (os.getpid(), f"{__name__}:_worker_init", path, self.policy, self.shortcut)
             pool = ProcessPoolExecutor(max_workers=jobs,
                                        mp_context=multiprocessing.get_context("spawn"),
-                                       initializer=_worker_init, initargs=(path, self.policy, self.shortcut))
+                                       initializer=watch_parent, initargs=init)
             self._pool = (pool, jobs, weakref.finalize(self, pool.shutdown, cancel_futures=True))
         return self._pool[0]
 
