@@ -124,6 +124,11 @@ def test_a_replayed_call_asking_for_a_huge_result_is_refused(monkeypatch):
     with pytest.raises(NotReplayable, match=r"needs 76294 MB, over --max-tensor-mb 16"):
         rebuild_call({"name": "Torch.arange.0.forward", "op": "Torch.arange",
                       "inputs": [{"type": "int", "value": 10**10}]}, {}.get)
+    idx = {"type": "tensor", "dtype": "int64", "shape": [4096], "key": "i"}
+    with pytest.raises(NotReplayable, match=r"needs 128 MB, over --max-tensor-mb 16"):
+        rebuild_call({"name": "Functional.one_hot.0.forward", "op": "Functional.one_hot",
+                      "inputs": [idx, {"type": "int", "value": 4096}]},
+                     {"i": torch.zeros(4096, dtype=torch.long)}.get)
     # an elementwise op of a [4096, 1] and a [1, 4096] tensor: a [4096, 4096] result
     col = {"type": "tensor", "dtype": "float32", "shape": [4096, 1], "key": "c"}
     row = {"type": "tensor", "dtype": "float32", "shape": [1, 4096], "key": "r"}

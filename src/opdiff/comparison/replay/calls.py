@@ -112,7 +112,7 @@ class Call:
 
 def _asked(method: str, args: list[Any], kwargs: dict[str, Any], largest: int) -> int:
     """Elements an op sized by its arguments makes: a range's length, else the product of the
-    sizes it is given (times its input's for repeat and tile)."""
+    sizes it is given (times its input's for repeat, tile and one_hot)."""
     numbers = [v for v in list(args) + list(kwargs.values())
                if isinstance(v, (int, float)) and not isinstance(v, bool)]
     if method in ("arange", "range"):
@@ -130,7 +130,8 @@ def _asked(method: str, args: list[Any], kwargs: dict[str, Any], largest: int) -
         for n in items:
             if isinstance(n, int) and not isinstance(n, bool) and n > 0:
                 sizes *= n
-    return sizes * largest if method in ("repeat", "tile", "repeat_interleave") else sizes
+    return sizes * largest if method in ("repeat", "tile", "repeat_interleave", "one_hot") \
+        else sizes
 
 
 class _Builder:
