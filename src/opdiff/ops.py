@@ -33,6 +33,13 @@ class OpTraits:
     loss_scaler: bool = False         # GradScaler's own bookkeeping (unscale, update scale)
     returns_first_argument: bool = False   # returns None, its result is its first argument
     not_replayable: str = ""          # why replay cannot rebuild it ("" = it can be tried)
+    # A pure tensor computation: reads no file, makes no storage from a path or buffer, calls
+    # nothing it is given. Replay re-runs only these (a dump is untrusted: its op names must
+    # not reach torch.load, torch.save, torch.from_file...). See `REPLAY_SAFE`.
+    replay_safe: bool = False
+    # Its result's size comes from its (non-tensor) arguments: replay checks them against
+    # --max-tensor-mb before running it (`comparison/replay/calls.py`, `Call.check_size`).
+    sized_by_arguments: bool = False
     cpu_reference: Optional[Callable] = None   # a CPU implementation for a custom op
     # Every output value is one of its floating inputs' values or 0 (relu, a reshape): its
     # result in the inputs' own dtype is its float64 result, forward and backward.
@@ -61,6 +68,7 @@ _BY_PREFIX: dict[str, OpTraits] = {}
 def _merge(table: dict, key: str, fields: dict) -> None:
     table[key] = replace(table.get(key, OpTraits()), **fields)
     traits.cache_clear()
+    _replay_safe.cache_clear()
 
 
 def register(*names: str, **fields) -> None:
@@ -110,6 +118,40 @@ def traits(op: str) -> OpTraits:
 
 
 _PLAIN = OpTraits()
+
+
+def replay_refusal(op: str) -> str:
+    """Why replay must not re-run an op, or "": what its traits forbid (`OpTraits.replay_refusal`),
+    else anything that is neither `replay_safe` (under its whole name, its method name or a
+    prefix: traits set under any of them count) nor has a registered `cpu_reference`."""
+    found = traits(op)
+    if found.replay_refusal:
+        return found.replay_refusal
+    if found.cpu_reference is not None or _replay_safe(op):
+        return ""
+    return (f"untrusted: {op[:80]} is not an op replay trusts (only pure tensor computations on the dump's "
+            f"tensors are re-run; opdiff.ops.register_method(name, replay_safe=True) adds one)")
+
+
+@functools.lru_cache(maxsize=4096)
+def _replay_safe(op: str) -> bool:
+    method = method_of(op)
+    if not method.isidentifier() or not op.startswith(_REPLAY_NAMESPACES):
+        return False
+    entries = [_BY_NAME.get(op), _BY_METHOD.get(method)]
+    if op.startswith("Aten.") and op.count(".") >= 2:
+        entries.append(_BY_METHOD.get(op.split(".", 1)[1]))
+        overload = op.split(".", 2)[2]
+        if overload == "out" or overload.endswith("_out") or not overload.isidentifier():
+            return False                # writes into a tensor it is handed
+    if op.startswith("Aten.") and method.endswith("_backward"):
+        entries.append(_BY_METHOD.get(method[:-len("_backward")]))   # gelu_backward: as gelu
+    entries += [t for prefix, t in _BY_PREFIX.items() if op.startswith(prefix)]
+    return any(t is not None and t.replay_safe for t in entries)
+
+
+# What replay resolves op names in (`comparison/replay/calls.py`).
+_REPLAY_NAMESPACES = ("Torch.", "Tensor.", "Functional.", "VF.", "Aten.")
 
 
 def is_mutating(op: str, kwargs: dict) -> bool:
@@ -186,6 +228,124 @@ register("Functional.relu", "Torch.relu", "Tensor.relu", "Tensor.relu_", "Torch.
 register("Tensor.__iadd__", "Tensor.__add__", "Tensor.__radd__", "Tensor.add", "Tensor.add_",
          "Torch.add", exact_backward=True)
 
+# What replay may re-run (`replay_safe`): pure tensor computations, by method name in every
+# namespace (`add` covers Torch.add, Tensor.add, Aten.add.Tensor; an aten `X_backward` counts as
+# X). Left out on purpose: anything that reads or writes files or makes storage from a path,
+# buffer or pointer (load, save, from_file, frombuffer, from_numpy, set_, storage), calls what
+# it is given (apply_, map_, register_hook) or changes process state (manual_seed,
+# set_default_dtype). Replay also refuses `out=`, string arguments that are not known enums
+# (`comparison/replay/calls.py`) and tensors over `--max-tensor-mb`.
+REPLAY_SAFE = frozenset("""
+__add__ __radd__ __iadd__ __sub__ __rsub__ __isub__ __mul__ __rmul__ __imul__ __truediv__
+__rtruediv__ __itruediv__ __div__ __rdiv__ __idiv__ __floordiv__ __rfloordiv__ __ifloordiv__
+__mod__ __rmod__ __imod__ __pow__ __rpow__ __ipow__ __matmul__ __rmatmul__ __neg__ __pos__
+__abs__ __invert__ __and__ __rand__ __iand__ __or__ __ror__ __ior__ __xor__ __rxor__ __ixor__
+__lshift__ __rlshift__ __ilshift__ __rshift__ __rrshift__ __irshift__ __eq__ __ne__ __lt__
+__le__ __gt__ __ge__ __getitem__ __setitem__
+abs absolute acos arccos acosh arccosh asin arcsin asinh arcsinh atan arctan atan2 arctan2 atanh
+arctanh add addbmm addcdiv addcmul addmm addmv addr baddbmm bmm ceil clamp clamp_min clamp_max
+clip copysign cos cosh deg2rad digamma div divide dot erf erfc erfinv exp exp2 expm1 float_power
+floor floor_divide fmod frac hypot i0 igamma igammac lerp lgamma log log10 log1p log2 logaddexp
+logaddexp2 logit matmul mm mv mul multiply mvlgamma nan_to_num neg negative nextafter polygamma
+pow rad2deg reciprocal remainder round rsqrt sgn sigmoid sign signbit sin sinc sinh sqrt square
+sub subtract rsub tan tanh trunc fix true_divide xlogy outer ger inner kron tensordot einsum
+chain_matmul linear bilinear cross cumsum cumprod cummax cummin logcumsumexp diff
+eq ne lt le gt ge equal greater greater_equal less less_equal not_equal isclose allclose isfinite
+isinf isnan isneginf isposinf isreal logical_and logical_or logical_not logical_xor
+bitwise_and bitwise_or bitwise_xor bitwise_not bitwise_left_shift bitwise_right_shift
+maximum minimum fmax fmin max min amax amin aminmax argmax argmin mean nanmean sum nansum prod
+std var std_mean var_mean median nanmedian mode norm frobenius_norm nuclear_norm dist renorm
+logsumexp all any count_nonzero sort argsort msort topk kthvalue unique unique_consecutive
+searchsorted bucketize histc bincount cdist
+where masked_fill masked_scatter masked_select index_select index_add index_copy index_fill
+index_put index_reduce gather scatter scatter_add scatter_reduce take take_along_dim put
+nonzero argwhere tril triu diag diagonal diag_embed diagflat trace
+view view_as reshape reshape_as flatten unflatten squeeze unsqueeze permute transpose swapaxes
+swapdims moveaxis movedim t T mT H mH adjoint contiguous clone detach expand expand_as
+broadcast_to broadcast_tensors repeat repeat_interleave tile flip fliplr flipud roll rot90
+narrow narrow_copy select slice slice_scatter select_scatter diagonal_scatter as_strided
+unfold split split_with_sizes tensor_split chunk unbind cat concat concatenate stack hstack
+vstack dstack column_stack row_stack atleast_1d atleast_2d atleast_3d meshgrid cartesian_prod
+combinations block_diag view_as_real view_as_complex real imag conj conj_physical resolve_conj
+resolve_neg angle polar complex _unsafe_view _reshape_alias alias_copy
+to type_as float double half bfloat16 int long short char byte bool cfloat cdouble
+zeros ones full arange range linspace logspace eye tensor scalar_tensor zeros_like ones_like
+full_like new_zeros new_ones new_full new_tensor tril_indices triu_indices
+fill fill_ zero_ copy_ masked_fill_ index_put_ index_add_ index_copy_ index_fill_ scatter_
+scatter_add_ scatter_reduce_ put_ clamp_ clamp_min_ clamp_max_ add_ sub_ mul_ div_ pow_
+addcmul_ addcdiv_ lerp_ neg_ abs_ exp_ log_ sqrt_ rsqrt_ sigmoid_ tanh_ relu_ floor_ ceil_
+round_ trunc_ sign_ reciprocal_ fmod_ remainder_ copysign_ nan_to_num_ masked_scatter_
+baddbmm_ addmm_ addmv_ addbmm_ addr_ tril_ triu_ t_ transpose_ squeeze_ unsqueeze_ resize_
+resize_as_ erf_ erfinv_ exp2_ expm1_ log1p_ log2_ log10_ sin_ cos_ tan_ atan2_ hardtanh_
+leaky_relu_ elu_ selu_ celu_ silu_ mish_ hardsigmoid_ hardswish_ threshold_ logit_ clip_
+relu relu6 elu selu celu gelu silu mish softplus softsign softshrink hardshrink tanhshrink
+hardtanh hardsigmoid hardswish leaky_relu prelu glu logsigmoid threshold sigmoid_ tanh_
+softmax log_softmax softmin _softmax _log_softmax _softmax_backward_data
+_log_softmax_backward_data normalize cosine_similarity pairwise_distance pdist
+layer_norm native_layer_norm group_norm native_group_norm batch_norm native_batch_norm
+_native_batch_norm_legit _native_batch_norm_legit_no_training _native_batch_norm_legit_functional
+instance_norm local_response_norm rms_norm _fused_rms_norm embedding embedding_bag
+embedding_dense_backward one_hot
+conv1d conv2d conv3d conv_transpose1d conv_transpose2d conv_transpose3d convolution
+_convolution conv_tbc
+avg_pool1d avg_pool2d avg_pool3d max_pool1d max_pool2d max_pool3d max_pool1d_with_indices
+max_pool2d_with_indices max_pool3d_with_indices adaptive_avg_pool1d adaptive_avg_pool2d
+adaptive_avg_pool3d adaptive_max_pool1d adaptive_max_pool2d adaptive_max_pool3d lp_pool1d
+lp_pool2d _adaptive_avg_pool2d _adaptive_avg_pool3d max_unpool1d max_unpool2d max_unpool3d
+pixel_shuffle pixel_unshuffle channel_shuffle pad constant_pad_nd reflection_pad1d
+reflection_pad2d reflection_pad3d replication_pad1d replication_pad2d replication_pad3d
+interpolate upsample upsample_nearest1d upsample_nearest2d upsample_nearest3d
+upsample_linear1d upsample_bilinear2d upsample_bicubic2d upsample_trilinear3d grid_sample
+affine_grid fold im2col col2im
+scaled_dot_product_attention _scaled_dot_product_attention_math
+_scaled_dot_product_flash_attention_for_cpu multi_head_attention_forward
+lstm gru rnn_tanh rnn_relu lstm_cell gru_cell rnn_tanh_cell rnn_relu_cell
+cross_entropy nll_loss nll_loss2d nll_loss_nd nll_loss_forward nll_loss2d_forward mse_loss
+l1_loss smooth_l1_loss huber_loss binary_cross_entropy binary_cross_entropy_with_logits kl_div
+poisson_nll_loss gaussian_nll_loss cosine_embedding_loss hinge_embedding_loss
+margin_ranking_loss multi_margin_loss multilabel_margin_loss multilabel_soft_margin_loss
+soft_margin_loss triplet_margin_loss ctc_loss
+inverse det logdet slogdet cholesky cholesky_solve cholesky_inverse qr svd svdvals eig eigh
+eigvals eigvalsh lstsq lu lu_factor lu_solve solve solve_triangular triangular_solve pinv
+matrix_norm vector_norm matrix_rank matrix_power matrix_exp cond multi_dot householder_product
+vander fft ifft fft2 ifft2 fftn ifftn rfft irfft rfft2 irfft2 rfftn irfftn hfft ihfft fftshift
+ifftshift fftfreq rfftfreq
+_to_copy _unsafe_index _unsafe_index_put _foreach_add _foreach_mul _foreach_div _foreach_sub
+_foreach_add_ _foreach_mul_ _foreach_div_ _foreach_sub_ _foreach_sqrt _foreach_addcmul_
+_foreach_addcdiv_ _foreach_lerp_ _foreach_norm
+dropout dropout_ alpha_dropout feature_alpha_dropout dropout1d dropout2d dropout3d native_dropout
+bernoulli bernoulli_ rand rand_like randn randn_like randint randint_like randperm multinomial
+normal normal_ uniform_ poisson rrelu
+""".split())   # (the random ones last: replay refuses them when they draw, `running.rng_guard`)
+register_method(*REPLAY_SAFE, replay_safe=True)
 
-__all__ = ["OpTraits", "traits", "register", "register_method", "register_prefix", "method_of",
+register_method("zeros", "ones", "full", "arange", "range", "linspace", "logspace", "eye",
+                "new_zeros", "new_ones", "new_full", "new_empty", "empty", "rand", "randn",
+                "randint", "randperm", "expand", "broadcast_to", "repeat", "tile",
+                "repeat_interleave", "resize_", "tril_indices", "triu_indices", "one_hot",
+                sized_by_arguments=True)
+
+# The string arguments replay passes on: enum values of torch's ops (reduction, approximate,
+# rounding_mode, padding and interpolation modes, norms, fft norms, sides, drivers...). Any other
+# string refuses the op (a path, a file name, code). einsum's equation is checked by its shape.
+REPLAY_STRINGS = frozenset("""
+none mean sum batchmean tanh trunc floor constant reflect replicate circular zeros border
+reflection nearest nearest-exact linear bilinear bicubic trilinear area same valid relu fro nuc
+reduced complete r L U left right backward forward ortho lower higher midpoint ij xy prod amax
+amin gels gelsy gelsd gelss use_mm_for_euclid_dist_if_necessary use_mm_for_euclid_dist
+donot_use_mm_for_euclid_dist
+""".split())
+_EQUATION = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ ,.->")
+
+
+def replay_string(op: str, value: str) -> bool:
+    """Whether replay may pass the string `value` to `op` (`REPLAY_STRINGS`, or an einsum
+    equation made of letters, commas, dots, spaces and ->)."""
+    if value in REPLAY_STRINGS:
+        return True
+    return method_of(op) == "einsum" and 0 < len(value) <= 256 and set(value) <= _EQUATION
+
+
+__all__ = ["OpTraits", "traits", "replay_refusal", "replay_string", "REPLAY_SAFE", "REPLAY_STRINGS",
+           "register", "register_method", "register_prefix", "method_of",
            "is_mutating", "SKIPPED_FUNCTIONS", "SKIPPED_DISTRIBUTED", "SKIPPED_ATEN"]

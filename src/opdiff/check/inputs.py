@@ -1,5 +1,6 @@
 """Made-up inputs for checking a statistics dump: a tensor of the dumped shape and dtype, uniform
-within the dumped min/max, with as many inf/NaN re-inserted as the dump counted.
+within the dumped min/max, with as many inf/NaN re-inserted as the dump counted. A shape whose
+tensor would be over `--max-tensor-mb` is not made (the op is not checked, with the message).
 
     records = with_synthetic_keys(records)      # every tensor descriptor gets a key
     load = SyntheticTensors(records)            # key -> the made-up tensor (the same every call)
@@ -16,7 +17,9 @@ from typing import Any, Iterable, Optional
 
 import torch
 
+from ..comparison.replay.calls import NotReplayable
 from ..dtypes import canonical_dtype
+from ..store.limits import TensorTooLarge, check_size, numel
 
 
 def with_synthetic_keys(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -86,6 +89,14 @@ def _finite(x: Any, default: float) -> float:
 def make_tensor(desc: dict[str, Any], seed: int = 0) -> torch.Tensor:
     """One tensor like the descriptor (see the module docstring)."""
     dtype = getattr(torch, canonical_dtype(str(desc.get("dtype"))) or "float32", torch.float32)
+    try:
+        n = numel(desc.get("shape") or [])
+    except ValueError as exc:
+        raise NotReplayable(f"{desc.get('key')}: {exc}") from None
+    try:     # a statistics record's shape is only a claim: made up in float64, with a permutation
+        check_size(str(desc.get("key")), n * 16, "made up from a statistics record's shape")
+    except TensorTooLarge as exc:
+        raise NotReplayable(str(exc)) from None
     shape = [int(s) for s in desc.get("shape") or []]
     stats = desc.get("stats") or {}
     lo, hi = _finite(stats.get("min"), -1.0), _finite(stats.get("max"), 1.0)

@@ -20,17 +20,23 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 from ..comparison.ray_engine import MAX_RETRIES, fetched, joined
+from ..store.limits import max_tensor_mb
 from .engine import OpCheck
 
 # One opened dump per Ray worker process, kept for the worker's next batches of the same dump.
 _OPENED: dict[tuple[str, Optional[str]], Any] = {}
 
 
-def check_batch(path: str, device: Optional[str], names: list[str]) -> list[dict[str, Any]]:
-    """A Ray task: the verdicts (`OpCheck.to_dict`) on some records of the dump at `path`."""
+def check_batch(path: str, device: Optional[str], names: list[str],
+                max_tensor_mb: Optional[int] = None) -> list[dict[str, Any]]:
+    """A Ray task: the verdicts (`OpCheck.to_dict`) on some records of the dump at `path`.
+    max_tensor_mb: the driver's `--max-tensor-mb` (a Ray worker does not inherit its
+    environment)."""
     import torch
 
+    from ..store.limits import set_max_tensor_mb
     from .runner import CheckJob
+    set_max_tensor_mb(max_tensor_mb)
     torch.set_num_threads(1)            # one task per CPU Ray gives it
     job = _OPENED.get((path, device))
     if job is None:
@@ -49,7 +55,8 @@ def check_on_ray(path: str, device: Optional[str], todo: list[str],
         cpus = int(ray.cluster_resources().get("CPU", 1)) or 1
         task = ray.remote(num_cpus=1, max_retries=MAX_RETRIES, retry_exceptions=False)(check_batch)
         parts = batches(todo, cpus)
-        refs = [task.remote(path, device, part) for part in parts]
+        limit = max_tensor_mb()
+        refs = [task.remote(path, device, part, limit) for part in parts]
         where = {ref: i for i, ref in enumerate(refs)}
         pending = list(refs)
         while pending:

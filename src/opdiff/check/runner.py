@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
 from ..comparison.verdicts import Policy
+from ..comparison.workers import watch_parent
 from ..errors import ConfigError, DumpError
 from ..store.reader import find_dumps, open_dump
 from ..store.schema import Kind
@@ -183,8 +184,9 @@ def check_dump(path: str | os.PathLike[str], device: Optional[str] = None,
 def _parallel(path: str, device: Optional[str], todo: list[str], jobs: int,
               finish: Callable[[OpCheck], None]) -> None:
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_worker_init,
-                             initargs=(path, device)) as pool:
+    init = (os.getpid(), f"{__name__}:_worker_init", path, device)   # they die with this process
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=watch_parent,
+                             initargs=init) as pool:
         futures = [pool.submit(_worker_check, b) for b in batches(todo, jobs)]
         for fut in as_completed(futures):
             for d in fut.result():

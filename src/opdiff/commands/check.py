@@ -48,6 +48,11 @@ def add_parser(subparsers: Any) -> None:
                    help="check the ops from the first NAME through the second")
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted check in OUT (skips ops in OUT/check_progress.jsonl)")
+    p.add_argument("--max-tensor-mb", metavar="MB", default=None,
+                   help="the largest tensor opdiff makes from what a dump claims (a "
+                        "reference repeating its bytes, a statistics record's shape, a "
+                        "replayed op's result), in MiB (default: OPDIFF_MAX_TENSOR_MB, "
+                        "else 4096); a larger one is not made: its op is not checked, with a one-line reason")
     p.add_argument("--fail-on-failure", action="store_true", help="exit 1 when an op failed")
     p.add_argument("--source-root", metavar="DIR", default=None,
                    help="show the source lines around a failure's line in report.html from "
@@ -63,6 +68,9 @@ def run(args: Any) -> int:
     from ..check.outputs import prepare
     from ..errors import ConfigError
 
+    from ..store.limits import set_max_tensor_mb
+
+    set_max_tensor_mb(args.max_tensor_mb)     # in the environment: workers see it too
     if args.ray_address is not None and args.engine != "ray":
         raise ConfigError("--ray-address is for --engine ray")
     if args.engine == "ray" and args.jobs != 1:

@@ -62,6 +62,12 @@ def add_parser(subparsers) -> None:
                    help="show the source lines around the culprit's line from the run's files "
                         "under DIR (default: the lines the dump holds, which opdiff's capture "
                         "stores; opdiff never reads a file just because a dump names it)")
+    p.add_argument("--max-tensor-mb", metavar="MB", default=None,
+                   help="the largest tensor opdiff makes from what a dump claims (a "
+                        "reference repeating its bytes, a statistics record's shape, a "
+                        "replayed op's result), in MiB (default: OPDIFF_MAX_TENSOR_MB, "
+                        "else 4096); a larger one is compared by its statistics or not "
+                        "replayed, with a one-line reason")
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     p.set_defaults(run=run)
 
@@ -126,6 +132,9 @@ def run(args) -> int:
     from ..comparison.verdicts import Thresholds
     from ..report.console import print_result
 
+    from ..store.limits import set_max_tensor_mb
+
+    set_max_tensor_mb(args.max_tensor_mb)     # in the environment: workers see it too
     thresholds = Thresholds.load(args.thresholds, _overrides(args.threshold))
     result = compare(args.target, args.golden, args.output, thresholds=thresholds,
                      shape_flag=args.shape_flag,

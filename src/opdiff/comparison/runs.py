@@ -40,6 +40,7 @@ from .ranks import received_from
 from .result import CompareResult, Divergence, TensorRow, count
 from .spool import ChainedRows, PairRows, Spool, SpoolFile, encode_pair, on_disk, write_pair
 from .verdicts import Policy, Thresholds
+from .workers import watch_parent
 
 log = logging.getLogger("opdiff")
 
@@ -339,7 +340,8 @@ def run_pairs(pairs: list[Pair], policy: Policy, *, shape_flag: bool = False,
     ctx = multiprocessing.get_context("spawn")  # fork after torch starts threads can deadlock
     spool = Spool()
     results: list[Optional[CompareResult]] = [None] * len(pairs)
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=watch_parent,
+                             initargs=(os.getpid(),)) as pool:   # workers die with this process
         where = {pool.submit(_worker, str(t.path), str(g.path), policy.thresholds, shape_flag,
                              replay, spool.path_for(i), replay_jobs): i
                  for i, (t, g) in enumerate(pairs)}

@@ -36,6 +36,7 @@ from ..dtypes import SAFETENSORS_CODES
 from ..errors import DumpError
 from . import dumpfiles, layout
 from .durable import unfinished
+from .limits import check_size
 from .records import record_problem
 from .source import DumpFormat
 
@@ -234,6 +235,8 @@ class _Ref(NamedTuple):
 def _fits(ref: _Ref, base: _Entry) -> bool:
     """The reference's elements all lie inside its base."""
     numel = math.prod(base.shape)
+    if any(n < 0 for n in ref.shape):
+        return False
     if any(n == 0 for n in ref.shape):
         return 0 <= ref.offset <= numel
     last = ref.offset + sum((n - 1) * st for n, st in zip(ref.shape, ref.stride))
@@ -255,6 +258,8 @@ def _load_ref(ref: _Ref, base: _Entry) -> Any:
     if contiguous or numel == 0:
         return _load(base._replace(key=ref.key, shape=ref.shape, offset=base.offset + ref.offset * size,
                                    nbytes=numel * size))
+    # a view may repeat its base's elements (stride 0): what it makes is bounded by the limit
+    check_size(ref.key, numel * size, f"a reference repeating {base.nbytes} stored bytes")
     whole = _load(base).reshape(-1)
     return torch.as_strided(whole, ref.shape, ref.stride, ref.offset).contiguous()
 

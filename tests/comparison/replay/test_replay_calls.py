@@ -122,8 +122,9 @@ def test_resolve_names(name, func):
 
 
 @pytest.mark.parametrize("name,why", [
-    ("Functional.no_such_op", "no torch function"), ("Distributed.all_reduce", "collective"),
-    ("Torch.empty", "uninitialised"), ("Module.fc.Linear", "no torch function")])
+    ("Functional.no_such_op", "not an op replay trusts"), ("Distributed.all_reduce", "collective"),
+    ("Torch.empty", "uninitialised"), ("Module.fc.Linear", "not an op replay trusts"),
+    ("Tensor.chain_matmul", "no torch function")])
 def test_unresolvable_names_say_why(name, why):
     with pytest.raises(NotReplayable, match=why):
         resolve(name)
@@ -142,7 +143,7 @@ def test_a_custom_op_replays_through_its_registered_cpu_reference():
     from opdiff.comparison.replay.local import replay_record
 
     name = "Torch.opdiff_test_fused_gelu"
-    with pytest.raises(NotReplayable, match="no torch function"):
+    with pytest.raises(NotReplayable, match="not an op replay trusts"):
         resolve(name)
     ops.register(name, cpu_reference=lambda x: F.gelu(x))
     try:

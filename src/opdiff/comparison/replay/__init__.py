@@ -25,6 +25,7 @@ import weakref
 from typing import Any, Optional
 
 from ...store.schema import Kind
+from ..workers import watch_parent
 from .calls import NotReplayable, rebuild_call, resolve
 from .local import LocalError, TensorLocalError, replay_record
 
@@ -184,9 +185,11 @@ class Replayer:
             import multiprocessing
             from concurrent.futures import ProcessPoolExecutor
 
+            # the workers die with this process (`watch_parent`)
+            init = (os.getpid(), f"{__name__}:_worker_init", path, self.policy, self.shortcut)
             pool = ProcessPoolExecutor(max_workers=jobs,
                                        mp_context=multiprocessing.get_context("spawn"),
-                                       initializer=_worker_init, initargs=(path, self.policy, self.shortcut))
+                                       initializer=watch_parent, initargs=init)
             self._pool = (pool, jobs, weakref.finalize(self, pool.shutdown, cancel_futures=True))
         return self._pool[0]
 
@@ -220,6 +223,11 @@ class Replayer:
         if skipped:
             text += (f"; {len(skipped)} not replayed (e.g. {skipped[0].name}: "
                      f"{skipped[0].reason})")
+        untrusted = [v.name for v in skipped if v.reason.startswith("untrusted:")]
+        if untrusted:       # a dump is untrusted input: say which records replay refused to run
+            text += (f"; {len(untrusted)} refused as untrusted (not pure tensor computations on "
+                     f"the dump's tensors): {', '.join(untrusted[:5])}"
+                     f"{' ...' if len(untrusted) > 5 else ''}")
         if ahead:
             text += f"; {ahead} more replayed ahead on a second thread and not needed"
         return text

@@ -15,6 +15,7 @@ be rebuilt faithfully raises `NotReplayable` with the reason; nothing is guessed
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -22,6 +23,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from ... import ops
+from ...store.limits import TensorTooLarge, check_size
 from ...store.records import decode_float
 
 
@@ -38,14 +40,17 @@ _NAMESPACES: dict[str, Callable[[], Any]] = {
     "Tensor.": lambda: torch.Tensor,
 }
 _SLICE = re.compile(r"^slice\((-?\d+|None), (-?\d+|None), (-?\d+|None)\)$")
+_DEVICE = re.compile(r"^(cpu|cuda|xpu|mps|npu|hpu|privateuseone)(:\d{1,3})?$")
+_MEMORY_FORMATS = ("preserve_format", "contiguous_format", "channels_last", "channels_last_3d")
 
 
 def resolve(op: str) -> Callable[..., Any]:
     """The torch function an op name stands for (or its registered CPU reference). Raises
     NotReplayable when there is none, or when the op registry says it must not be re-run."""
     traits = ops.traits(op)
-    if traits.replay_refusal:
-        raise NotReplayable(traits.replay_refusal)
+    refusal = ops.replay_refusal(op)    # a dump is untrusted: only pure tensor computations
+    if refusal:
+        raise NotReplayable(refusal)
     if traits.cpu_reference is not None:
         return traits.cpu_reference
     func: Any = None
@@ -85,12 +90,55 @@ class Call:
         """Call the op."""
         return self.func(*self.args, **self.kwargs)
 
+    def check_size(self, op: str) -> None:
+        """Refuse (NotReplayable) a call whose result would be over `--max-tensor-mb` in
+        float64, estimated from its arguments without running it: the broadcast of its tensor
+        arguments (an elementwise op of [N, 1] and [1, N]), and for ops sized by their
+        arguments (`ops.OpTraits.sized_by_arguments`: factories, expand, repeat, arange...) the
+        sizes they are given (a dump's `zeros([10**6, 10**6])`)."""
+        shapes = [tuple(t.shape) for _, t in self.tensors]
+        largest = max((math.prod(s) for s in shapes), default=1)
+        try:
+            total = math.prod(torch.broadcast_shapes(*shapes)) if shapes else 0
+        except RuntimeError:
+            total = 0
+        if ops.traits(op).sized_by_arguments:
+            total = max(total, _asked(ops.method_of(op), self.args, self.kwargs, largest))
+        try:
+            check_size("result", total * 8, "what the call's arguments ask for, in float64")
+        except TensorTooLarge as exc:
+            raise NotReplayable(str(exc)) from None
+
+
+def _asked(method: str, args: list[Any], kwargs: dict[str, Any], largest: int) -> int:
+    """Elements an op sized by its arguments makes: a range's length, else the product of the
+    sizes it is given (times its input's for repeat, tile and one_hot)."""
+    numbers = [v for v in list(args) + list(kwargs.values())
+               if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if method in ("arange", "range"):
+        if not numbers:
+            return 0
+        start, end = (0, numbers[0]) if len(numbers) == 1 else (numbers[0], numbers[1])
+        step = numbers[2] if len(numbers) > 2 else 1
+        return int(abs(end - start) / abs(step)) + 1 if step else 0
+    if method in ("linspace", "logspace"):
+        steps = kwargs.get("steps", args[2] if len(args) > 2 else 0)
+        return int(steps) if isinstance(steps, (int, float)) else 0
+    sizes = 1
+    for v in list(args) + list(kwargs.values()):
+        items = v if isinstance(v, (list, tuple)) else [v]
+        for n in items:
+            if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+                sizes *= n
+    return sizes * largest if method in ("repeat", "tile", "repeat_interleave", "one_hot") \
+        else sizes
+
 
 class _Builder:
     def __init__(self, load: Callable[[str], Any], cast: Optional[torch.dtype], name: str,
                  wrap: Optional[Callable[[str, torch.Tensor], torch.Tensor]] = None,
-                 device: str = "cpu"):
-        self.load, self.cast, self.name, self.wrap = load, cast, name, wrap
+                 device: str = "cpu", op: str = ""):
+        self.load, self.cast, self.name, self.wrap, self.op = load, cast, name, wrap, op
         self.device = torch.device(device)
         self.tensors: list[tuple[str, torch.Tensor]] = []
         self._by_key: dict[str, torch.Tensor] = {}
@@ -101,8 +149,13 @@ class _Builder:
         kind = desc.get("type")
         if kind == "tensor":
             return self.tensor(desc, where)
-        if kind in ("int", "bool", "str"):
-            return desc.get("value")
+        if kind in ("int", "bool"):
+            value = desc.get("value")
+            if not isinstance(value, (int, bool, type(None))):
+                raise NotReplayable(f"{where}: a {kind} argument recorded as {str(value)[:40]!r}")
+            return value
+        if kind == "str":
+            return self.text(desc.get("value"), where)
         if kind == "float":
             return float(decode_float(desc.get("value")))
         if kind == "none":
@@ -125,13 +178,29 @@ class _Builder:
             return _literal(str(desc.get("value", "")), where)
         raise NotReplayable(f"{where}: argument of unknown kind {kind!r}")
 
+    def text(self, value: Any, where: str) -> Any:
+        """A string argument: only the enums replay knows (`ops.replay_string`) and device names
+        (which become the replay's device); a dump is untrusted, any other string (a path, a
+        file name) refuses the op."""
+        if isinstance(value, str) and ops.replay_string(self.op, value):
+            return value
+        if isinstance(value, str) and _DEVICE.match(value):
+            return self.device
+        raise NotReplayable(f"untrusted: {where} is a string argument replay does not pass on "
+                            f"({str(value)[:40]!r}: only known enums such as reduction='mean')")
+
     def tensor(self, desc: dict[str, Any], where: str) -> torch.Tensor:
         key: str = desc.get("key") or ""
         if key in self._by_key:     # the same tensor passed twice stays one tensor (aliasing)
             shared = self._by_key[key]
             self.tensors.append((key, shared))
             return shared
-        t: Optional[torch.Tensor] = self.load(key) if key else None
+        try:
+            t: Optional[torch.Tensor] = self.load(key) if key else None
+        except TensorTooLarge as exc:
+            raise NotReplayable(str(exc)) from None
+        if not isinstance(t, torch.Tensor) and t is not None:
+            raise NotReplayable(f"tensor {where} did not load as a tensor")
         if t is None:
             raise NotReplayable(f"tensor {where} was not saved (dump with task='tensor')")
         # Always a private copy: the reader may hand out shared memory, and the call may write.
@@ -152,6 +221,8 @@ def _literal(text: str, where: str) -> Any:
     """The few argument objects that a repr describes exactly: slices and Ellipsis."""
     if text == "Ellipsis":
         return Ellipsis
+    if text.startswith("torch.") and text[len("torch."):] in _MEMORY_FORMATS:
+        return getattr(torch, text[len("torch."):])
     m = _SLICE.match(text)
     if m:
         return slice(*(None if g == "None" else int(g) for g in m.groups()))
@@ -173,11 +244,20 @@ def rebuild_call(record: dict[str, Any], load: Callable[[str], Any],
     """
     if record.get("error"):
         raise NotReplayable(f"capture failed partly for this op ({str(record['error'])[:80]})")
-    func = resolve(record.get("op", ""))
-    b = _Builder(load, cast, record["name"], wrap, device)
+    op = str(record.get("op", ""))
+    func = resolve(op)
+    given = record.get("kwargs") or {}
+    if not isinstance(given, dict):
+        raise NotReplayable("its keyword arguments are not a mapping")
+    if any(k == "out" and isinstance(d, dict) and d.get("type") not in (None, "none")
+           for k, d in given.items()):
+        raise NotReplayable("untrusted: it writes into an out= tensor")
+    b = _Builder(load, cast, record["name"], wrap, device, op)
     args = [b.value(d, f"input.{i}") for i, d in enumerate(record.get("inputs") or [])]
-    kwargs = {k: b.value(d, f"input.{k}") for k, d in (record.get("kwargs") or {}).items()}
-    return Call(func=func, args=args, kwargs=kwargs, tensors=b.tensors)
+    kwargs = {str(k): b.value(d, f"input.{k}") for k, d in given.items()}
+    call = Call(func=func, args=args, kwargs=kwargs, tensors=b.tensors)
+    call.check_size(op)
+    return call
 
 
 def flat_tensors(value: Any, depth: int = 0) -> list[torch.Tensor]:
