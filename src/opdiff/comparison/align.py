@@ -7,8 +7,11 @@ side renames every later relu: names alone cannot pair the rest. The rule:
 2. Otherwise the two sequences are diffed (longest matching blocks, like `diff`) on a signature
    that ignores counters: op, phase, kind, enclosing module path and the shapes of every tensor.
 3. Stretches that still differ (an op fused on one side, an extra cast, a changed shape) are
-   diffed again on op, phase and kind only, so an op whose shapes changed still pairs, unless
-   `shape_flag` asks for equal shapes; what is left is reported as unmatched.
+   diffed again on op, phase and kind only. Two ops whose shapes differ pair there only when the
+   whole stretch runs the same ops on both sides (the same computation on other shapes), and
+   not when `shape_flag` asks for equal shapes: where the sides run other ops (SDPA against
+   eager attention) a same-named op of other shapes is another op, never its twin. What is
+   left unpaired forms regions (`regions.py`) or is reported as unmatched.
 4. Two neighbours that ran in the other order on one side (under autocast a module's
    `parameters_grad` record comes after `Functional.linear.N.backward` on one side and before
    it on the other: the diff keeps one of the two as a match and leaves the other unmatched on
@@ -142,9 +145,15 @@ def _align_gap(target: list[Record], golden: list[Record], i1: int, i2: int, j1:
         return [(i, None) for i in range(i1, i2)] + [(None, j) for j in range(j1, j2)]
     tk = [coarse_key(target[i]) for i in range(i1, i2)]
     gk = [coarse_key(golden[j]) for j in range(j1, j2)]
+    same_ops = tk == gk
     for tag, a1, a2, b1, b2 in _opcodes(tk, gk):
         if tag == "equal" and not shape_flag:
-            pairs += [(i1 + a1 + k, j1 + b1 + k) for k in range(a2 - a1)]
+            for k in range(a2 - a1):
+                ti, gi = i1 + a1 + k, j1 + b1 + k
+                if same_ops or shapes(target[ti]) == shapes(golden[gi]):
+                    pairs.append((ti, gi))
+                else:
+                    pairs += [(ti, None), (None, gi)]
         else:
             pairs += [(i1 + k, None) for k in range(a1, a2)]
             pairs += [(None, j1 + k) for k in range(b1, b2)]
