@@ -62,3 +62,16 @@ def test_a_fault_in_a_later_op_names_that_op(hf_dump, tmp_path, family, task):
     first = result.first_divergence
     assert first is not None and first.origin == "op", first
     assert first.name == f"{LATER[family]}.1.forward"
+
+
+def test_rejudge_finds_the_region_again(hf_dump, tmp_path):
+    from opdiff.comparison import rejudge
+    from opdiff.report.summary import load_summary
+
+    _compare(hf_dump, tmp_path, "llama", "statistics", fault=f"{SDPA}:1")
+    again = rejudge(load_summary(str(tmp_path / "out" / "summary.json")))
+    first = again.first_divergence
+    assert first is not None and first.origin == "region"
+    assert first.region is not None and first.region["target_ops"][0]["op"] == SDPA
+    assert "model.layers.1.self_attn" in first.reason
+    assert again.counts["error"] >= 1

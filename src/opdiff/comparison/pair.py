@@ -24,7 +24,8 @@ from .align import align
 from .blame import OpScore, analyse, differing_numbers
 from .metrics import Measurement, measure, stats_measure
 from .reasons import not_comparable, placement_note, statistics_limits
-from .regions import REGION, Boundaries, Region, RegionOps, find_regions, members, op_list
+from .regions import (REGION, Boundaries, Region, RegionOps, find_regions, mark_region_rows,
+                      members, op_list)
 from .result import ERROR, PASS, UNMATCHED, WARNING, CompareResult, TensorRow, count
 from .verdicts import Policy
 
@@ -264,25 +265,13 @@ class _PairCompare:
         return locate
 
     def _region_verdicts(self, region_ops: list[OpScore]) -> None:
-        """A region blamed: its rows say so, the worst boundary output's row an error."""
-        judged = {op.region[0].number: op for op in region_ops}
-        for number, indices in self._region_rows.items():
-            op = judged.get(number)
-            for i in indices:
-                row = self.rows[i]
-                if op is None:
-                    self.rows[i] = replace(row, result=WARNING, reason=(
-                        f"in {row.region}: the runs execute different ops here, and the tensors "
-                        f"entering and leaving it are not paired: not judged"))
-                elif op.local:
-                    self.rows[i] = replace(row, reason=f"in {row.region}: local error in this "
-                                                       f"region (see the first divergence)")
-            if op is not None and op.local and op.worst_out is not None:
-                worst = self.rows[op.worst_out]
-                if worst.result != ERROR:
-                    self.rows[op.worst_out] = replace(worst, result=ERROR, accuracy_reached="No",
-                                                      reason=f"{worst.reason}; the output of "
-                                                             f"{op.region[0].label()}: local error")
+        """Region rows say what their region's verdict is; boundary rows name their region."""
+        for op in region_ops:
+            for side, entries in (("in", op.inputs), ("out", op.outputs)):
+                for i, *_ in entries:
+                    row = self.rows[i]
+                    self.rows[i] = replace(row, boundary=row.boundary + (f"{side}:{op.name}",))
+        mark_region_rows(self.rows, region_ops, self._region_rows)
 
     def _unmatched(self, base: dict[str, Any], t_item: Optional[_Item], g_item: Optional[_Item],
                    paired_op: bool) -> TensorRow:

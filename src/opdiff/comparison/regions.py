@@ -24,11 +24,12 @@ measured is not judged (its rows say so).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 from ..store.records import iter_tensors
 from ..store.schema import Kind, Phase, RecordName, Role, module_path
+from .result import ERROR, WARNING
 
 Pair = tuple[Optional[int], Optional[int]]
 Record = dict[str, Any]
@@ -48,6 +49,7 @@ class Region:
     module: Optional[str] = None        # the innermost module call holding its target ops
     position: int = 0                   # its first op's place in the alignment
     boundary: str = ""                  # "dataflow" | "module" | "" (not measured)
+    place: str = ""                     # `where`, when known without the module call (rejudge)
 
     @property
     def name(self) -> str:
@@ -56,6 +58,8 @@ class Region:
     @property
     def where(self) -> str:
         """`model.layers.0.self_attn` (the module path of its module call; "" at the root)."""
+        if self.place:
+            return self.place
         parsed = RecordName.parse(self.module) if self.module else None
         return module_path(parsed.op) if parsed is not None else ""
 
@@ -204,6 +208,36 @@ class Boundaries:
         return found
 
 
+def label_number(label: str) -> Optional[int]:
+    """The number in a `Region.label()` ("region 2 in ..." -> 2)."""
+    words = label.split()
+    return int(words[1]) if len(words) > 1 and words[0] == "region" and words[1].isdigit() else None
+
+
+def mark_region_rows(rows: list[Any], region_ops: list[Any], region_rows: dict[int, list[int]]
+                     ) -> None:
+    """After the blame: a region's rows say its verdict (not judged when its boundary could not
+    be measured), and a blamed region's worst boundary output row is an error."""
+    judged = {op.region[0].number: op for op in region_ops}
+    for number, indices in region_rows.items():
+        op = judged.get(number)
+        for i in indices:
+            row = rows[i]
+            if op is None:
+                rows[i] = replace(row, result=WARNING, reason=(
+                    f"in {row.region}: the runs execute different ops here, and the tensors "
+                    f"entering and leaving it are not paired: not judged"))
+            elif op.local:
+                rows[i] = replace(row, reason=f"in {row.region}: local error in this region "
+                                              f"(see the first divergence)")
+        if op is not None and op.local and op.worst_out is not None:
+            worst = rows[op.worst_out]
+            if worst.result != ERROR:
+                rows[op.worst_out] = replace(worst, result=ERROR, accuracy_reached="No",
+                                             reason=f"{worst.reason}; the output of "
+                                                    f"{op.region[0].label()}: local error")
+
+
 def op_list(records: list[Record], indices: list[int], locate: Any) -> list[dict[str, Any]]:
     """[{"name", "op", "location"}] of a side's region ops (`locate(record)` -> Location|None)."""
     out = []
@@ -234,4 +268,5 @@ def region_reason(region: Region, ops: RegionOps, why: str) -> str:
 
 
 __all__ = ["REGION", "Region", "RegionOps", "Boundaries", "find_regions", "members",
+           "label_number", "mark_region_rows",
            "common_module", "op_list", "shown", "region_reason"]

@@ -62,6 +62,7 @@ class TensorRow:
     rng: tuple[Any, ...] = ()           # random ops: (target's, golden's) generator fingerprints
     leaf_input: Optional[str] = None    # an input row that is a leaf: "parameter <fqn>", "outside <name>"
     region: Optional[str] = None        # the tensor of an op in a region ("region 2 in model.layers.0.self_attn")
+    boundary: tuple[str, ...] = ()      # a region's boundary tensor: "in:Region.2.forward", "out:..." (rejudge)
 
 
 @dataclass(frozen=True)
