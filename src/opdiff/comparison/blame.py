@@ -312,8 +312,11 @@ def first_divergence(op_scores: list[OpScore], rows: list[TensorRow]) -> Optiona
 
 def region_divergence(first: OpScore, rows: list[TensorRow]) -> Divergence:
     """The Divergence of a region blamed (see `opdiff.comparison.regions`)."""
-    region, listed, tensor = first.region
+    region, listed, made = first.region
     out = rows[first.worst_out] if first.worst_out is not None else None
+    # (the worst boundary output is measured where a paired op reads it: name the tensor the
+    # region made)
+    tensor = (made or {}).get(out.target_name) if out is not None and out.target_name else None
     inp = rows[first.worst_in] if first.worst_in is not None else None
     return Divergence(
         name=first.name, op=first.op, phase=first.phase,

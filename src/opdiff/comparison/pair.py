@@ -238,7 +238,8 @@ class _PairCompare:
         consumers = bounds.consumers(regions)
         out: list[OpScore] = []
         for region in regions:
-            found = bounds.by_dataflow(region, consumers.get(region.number, []))
+            made = consumers.get(region.number, {})
+            found = bounds.by_dataflow(region, made)
             region.boundary = "dataflow" if found is not None else ""
             if found is None:
                 found = bounds.by_module(region)
@@ -253,7 +254,7 @@ class _PairCompare:
                          module=region.module, forward=None, seq=region.position,
                          location=loc[0] if loc else None, inputs=list(found[0]),
                          outputs=list(found[1]))
-            op.region = (region, listed, None)
+            op.region = (region, listed, made if region.boundary == "dataflow" else {})
             out.append(op)
         self.ops.extend(out)
         return out

@@ -148,23 +148,26 @@ class Boundaries:
         self.leaf_names = {(r.get("leaf"), r.get("tensor")): r["name"] for r in target
                            if r.get("kind") == Kind.LEAF}
 
-    def consumers(self, regions: list[Region]) -> dict[int, list[str]]:
-        """region number -> target tensor names (consumer input rows) of its outputs."""
+    def consumers(self, regions: list[Region]) -> dict[int, dict[str, str]]:
+        """region number -> {consumer's input tensor name: the region's output tensor it reads}."""
         if not self.dataflow:
             return {}
         region_of = {self.target[i].get("seq"): r.number for r in regions for i in r.target}
         inside = {i for r in regions for i in r.target}
-        out: dict[int, list[str]] = {}
+        out: dict[int, dict[str, str]] = {}
         for k, rec in enumerate(self.target):
             if k in inside:
                 continue
             for name, role, desc in iter_tensors(rec):
                 producer = desc.get("producer")
                 if role == Role.INPUT and producer and producer[0] in region_of:
-                    out.setdefault(region_of[producer[0]], []).append(name)
+                    made = self.by_seq.get(producer[0])
+                    out.setdefault(region_of[producer[0]], {})[name] = \
+                        f"{made['name']}.output.{producer[1]}" if made else name
         return out
 
-    def by_dataflow(self, region: Region, consumers: list[str]) -> Optional[tuple[list[Entry], list[Entry]]]:
+    def by_dataflow(self, region: Region, consumers: dict[str, str]
+                    ) -> Optional[tuple[list[Entry], list[Entry]]]:
         """(inputs, outputs) through the dump's dataflow, or None where it does not reach."""
         if not self.dataflow or region.phase != Phase.FORWARD:
             return None
@@ -263,8 +266,22 @@ def region_reason(region: Region, ops: RegionOps, why: str) -> str:
     if "in this region" not in why:
         why += " — local error in this region"
     return (f"region{where} ({region.phase}; target: {shown(ops.target_ops)}; golden: "
-            f"{shown(ops.golden_ops)}): the two runs execute different ops here, judged as one "
-            f"through the tensors entering and leaving it: {why}")
+            f"{shown(ops.golden_ops)}{_lines(ops.golden_ops)}): the two runs execute different "
+            f"ops here, judged as one through the tensors entering and leaving it: {why}")
+
+
+def _lines(ops: list[dict[str, Any]]) -> str:
+    """" at modeling_llama.py:176-199": where golden's ops are (the target's location is the
+    divergence's own)."""
+    located = [o["location"] for o in ops if o.get("location")]
+    if not located:
+        return ""
+    files = {loc["file"] for loc in located}
+    lines = sorted(loc["line"] for loc in located)
+    name = located[0]["file"].replace("\\", "/").rsplit("/", 1)[-1]
+    if len(files) > 1:
+        return f" at {name}:{located[0]['line']} and elsewhere"
+    return f" at {name}:{lines[0]}" + (f"-{lines[-1]}" if lines[-1] != lines[0] else "")
 
 
 __all__ = ["REGION", "Region", "RegionOps", "Boundaries", "find_regions", "members",

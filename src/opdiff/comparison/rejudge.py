@@ -136,7 +136,7 @@ def _regions(rows: list[TensorRow], entries: dict[int, Any]
                     name=name, op="Region", phase=parts[2], kind=REGION, module=first.module,
                     forward=None, seq=first.index,
                     location=first.stack[0] if first.stack else None)
-                op.region = (region, listed[number], None)
+                op.region = (region, listed[number], {})
             (op.outputs if side == "out" else op.inputs).append(entries[i])
     return list(found.values()), region_rows
 
