@@ -2,6 +2,7 @@
 dumped the way tests/comparison/test_regions*.py need (see conftest.py's `hf_dump`)."""
 from __future__ import annotations
 
+import types
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Optional
@@ -13,8 +14,18 @@ import opdiff
 from opdiff.testing import inject_fault
 
 
+def _rms_norm(self, x):
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), self.weight, self.variance_epsilon)
+
+
 def _model(family: str, impl: str) -> torch.nn.Module:
     transformers = pytest.importorskip("transformers")
+    if family == "llama" and impl == "rms_norm":    # eager attention, norms through F.rms_norm
+        model = _model("llama", "eager")
+        for module in model.modules():
+            if type(module).__name__ == "LlamaRMSNorm":
+                module.forward = types.MethodType(_rms_norm, module)
+        return model
     if family == "llama":
         cfg = transformers.LlamaConfig(
             vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

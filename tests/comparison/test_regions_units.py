@@ -119,3 +119,21 @@ def test_identical_op_sequences_keep_their_report(tmp_path):
     assert result.counts["unmatched"] == 0
     csv_text = next((tmp_path / "out").glob("compare_result_*.csv")).read_text()
     assert "Region" not in csv_text.splitlines()[0]
+
+
+def test_a_fused_norm_against_its_small_ops(hf_dump, tmp_path):
+    """HF's RMSNorm (to, pow, mean, add, rsqrt, mul, to, mul) against `F.rms_norm`: healthy,
+    nothing named and nothing unmatched; a fault in the second layer's first norm names that
+    norm's region."""
+    golden = hf_dump("llama", "eager", "statistics")
+    healthy = opdiff.compare(str(hf_dump("llama", "rms_norm", "statistics")), str(golden),
+                             progress=False)
+    assert healthy.first_divergence is None
+    assert healthy.counts["unmatched"] == 0
+    assert any(r.region for r in healthy.rows)
+    faulty = hf_dump("llama", "rms_norm", "statistics", fault="Functional.rms_norm:2")
+    first = opdiff.compare(str(faulty), str(golden), progress=False).first_divergence
+    assert first is not None and first.origin == "region"
+    assert "model.layers.1.input_layernorm" in first.reason
+    assert [o["op"] for o in first.region["target_ops"]] == ["Functional.rms_norm"]
+    assert "Torch.rsqrt" in {o["op"] for o in first.region["golden_ops"]}

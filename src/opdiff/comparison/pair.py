@@ -233,6 +233,8 @@ class _PairCompare:
     def _regions(self, regions: list[Region], t_records: list[dict[str, Any]],
                  g_records: list[dict[str, Any]]) -> list[OpScore]:
         """One OpScore per region whose boundary can be measured, added to the ops judged."""
+        if not regions:
+            return []
         dataflow = bool((self.t.meta or {}).get("dataflow"))
         bounds = Boundaries(t_records, dataflow, self._by_tensor, self._modules)
         consumers = bounds.consumers(regions)

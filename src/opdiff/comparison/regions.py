@@ -90,11 +90,13 @@ def find_regions(pairs: list[Pair], target: list[Record], golden: list[Record]) 
         run_g.clear()
 
     for position, (ti, gi) in enumerate(pairs):
-        if ti is not None and gi is not None:
-            close()
-            continue
         rec = target[ti] if ti is not None else golden[gi]  # type: ignore[index]
-        if rec.get("kind", Kind.API) not in Kind.REPLAYABLE:
+        kind = rec.get("kind", Kind.API)
+        if ti is not None and gi is not None:
+            if kind not in (Kind.LEAF, Kind.PARAM_GRAD):    # (a leaf read first inside: no end)
+                close()
+            continue
+        if kind not in Kind.REPLAYABLE:
             continue            # modules, leaves and parameter gradients are never in a region
         if rec.get("phase") != phase or not (run_t or run_g):
             close()
@@ -150,7 +152,7 @@ class Boundaries:
 
     def consumers(self, regions: list[Region]) -> dict[int, dict[str, str]]:
         """region number -> {consumer's input tensor name: the region's output tensor it reads}."""
-        if not self.dataflow:
+        if not self.dataflow or not regions:
             return {}
         region_of = {self.target[i].get("seq"): r.number for r in regions for i in r.target}
         inside = {i for r in regions for i in r.target}
