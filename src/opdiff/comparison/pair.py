@@ -24,7 +24,7 @@ from .align import align
 from .blame import OpScore, analyse, differing_numbers
 from .metrics import Measurement, measure, stats_measure
 from .reasons import not_comparable, placement_note, statistics_limits
-from .regions import (REGION, Boundaries, Region, RegionOps, find_regions, mark_region_rows,
+from .regions import (REGION, Boundaries, absorb, Region, RegionOps, find_regions, mark_region_rows,
                       members, op_list)
 from .result import ERROR, PASS, UNMATCHED, WARNING, CompareResult, TensorRow, count
 from .verdicts import Policy
@@ -116,6 +116,8 @@ class _PairCompare:
                             f"only {paired} of {len(t_records)} target and {len(g_records)} golden "
                             f"ops line up; compare dumps of the same model and step")
         regions = find_regions(pairs, t_records, g_records)
+        absorb(regions, pairs, t_records, g_records,
+               (bool((self.t.meta or {}).get("dataflow")), bool((self.g.meta or {}).get("dataflow"))))
         t_region, g_region = members(regions)
         replayer = self._replayer(t_records)
         try:

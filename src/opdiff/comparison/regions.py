@@ -109,6 +109,48 @@ def find_regions(pairs: list[Pair], target: list[Record], golden: list[Record]) 
     return regions
 
 
+def absorb(regions: list[Region], pairs: list[Pair], target: list[Record], golden: list[Record],
+           dataflow: tuple[bool, bool]) -> None:
+    """Ops only one run executes whose results feed nothing but regions of that side (eager
+    attention's mask, which SDPA's causal flag makes unneeded) join the first region they feed:
+    they are part of its computation, not unmatched ops. Needs that side's dataflow; module
+    records, which only pass tensors on, are not readers."""
+    if not regions:
+        return
+    for side, records, flow in ((0, target, dataflow[0]), (1, golden, dataflow[1])):
+        if not flow:
+            continue
+        region_of: dict[int, int] = {}
+        for r in regions:
+            for i in (r.target if side == 0 else r.golden):
+                region_of[i] = r.number
+        lone = sorted((i for i in (p[side] for p in pairs if p[1 - side] is None)
+                       if i is not None and i not in region_of), reverse=True)
+        lone_set = set(lone)
+        at = {rec.get("seq"): i for i, rec in enumerate(records)}
+        readers: dict[int, list[int]] = {}
+        for i, rec in enumerate(records):
+            if rec.get("kind") == Kind.MODULE:
+                continue
+            for _, role, desc in iter_tensors(rec):
+                producer = desc.get("producer")
+                if role == Role.INPUT and producer and producer[0] in at:
+                    readers.setdefault(at[producer[0]], []).append(i)
+        for i in lone:          # latest first: an op feeding an absorbed op is absorbed after it
+            rec = records[i]
+            if rec.get("kind", Kind.API) not in Kind.REPLAYABLE or i not in lone_set:
+                continue
+            fed = readers.get(i)
+            if fed and all(k in region_of for k in fed):
+                region_of[i] = min(region_of[k] for k in fed)
+        for i, number in region_of.items():
+            members_of = regions[number].target if side == 0 else regions[number].golden
+            if i not in members_of:
+                members_of.append(i)
+        for r in regions:
+            (r.target if side == 0 else r.golden).sort()
+
+
 def common_module(modules: list[Optional[str]], parents: dict[str, Any]) -> Optional[str]:
     """The innermost module call that holds every one of `modules` (module call names)."""
     chains = []
@@ -286,6 +328,6 @@ def _lines(ops: list[dict[str, Any]]) -> str:
     return f" at {name}:{lines[0]}" + (f"-{lines[-1]}" if lines[-1] != lines[0] else "")
 
 
-__all__ = ["REGION", "Region", "RegionOps", "Boundaries", "find_regions", "members",
+__all__ = ["REGION", "Region", "RegionOps", "Boundaries", "find_regions", "members", "absorb",
            "label_number", "mark_region_rows",
            "common_module", "op_list", "shown", "region_reason"]
