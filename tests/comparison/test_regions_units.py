@@ -137,3 +137,27 @@ def test_a_fused_norm_against_its_small_ops(hf_dump, tmp_path):
     assert "model.layers.1.input_layernorm" in first.reason
     assert [o["op"] for o in first.region["target_ops"]] == ["Functional.rms_norm"]
     assert "Torch.rsqrt" in {o["op"] for o in first.region["golden_ops"]}
+
+
+def test_module_calls_pair_through_a_wrapper_on_one_side():
+    """DDP (or any wrapper) puts `module.` in front of every module path of one run: module
+    calls still pair, and the ops between them."""
+    def mod(name, module=None):
+        r = rec(name.rsplit(".", 2)[0] + ".0.forward", [(2, 3)], [(2, 3)], module)
+        op = name.rsplit(".", 2)[0]
+        r.update(name=name, op=op, kind="module")
+        return r
+    golden = [rec("Functional.linear.0.forward", [(2, 3)], [(2, 3)], "Module.fc.Linear.forward.0"),
+              mod("Module.fc.Linear.forward.0"),
+              rec("Functional.relu.0.forward", [(2, 3)], [(2, 3)], "Module.act.ReLU.forward.0"),
+              mod("Module.act.ReLU.forward.0")]
+    target = [rec("Functional.linear.0.forward", [(2, 3)], [(2, 3)],
+                  "Module.module.fc.Linear.forward.0"),
+              mod("Module.module.fc.Linear.forward.0"),
+              rec("Functional.gelu.0.forward", [(2, 3)], [(2, 3)],
+                  "Module.module.act.ReLU.forward.0"),
+              mod("Module.module.act.ReLU.forward.0")]
+    pairs = align(target, golden)
+    assert (1, 1) in pairs and (3, 3) in pairs and (0, 0) in pairs
+    regions = find_regions(pairs, target, golden)
+    assert [(r.target, r.golden) for r in regions] == [([2], [2])]

@@ -95,10 +95,30 @@ def module_anchors(target: list[Record], golden: list[Record]) -> list[Pair2]:
     only between the same two anchors, so the diff runs on short stretches (one module call's
     ops: linear in the number of records where one diff of everything is quadratic) and never
     pairs an op across a module boundary."""
-    golden_at = {r.get("name"): j for j, r in enumerate(golden) if r.get("kind") == Kind.MODULE}
-    both = [(i, golden_at[r.get("name")]) for i, r in enumerate(target)
-            if r.get("kind") == Kind.MODULE and r.get("name") in golden_at]
-    return _increasing(both)
+    t_mods = [(i, str(r.get("name"))) for i, r in enumerate(target) if r.get("kind") == Kind.MODULE]
+    g_mods = [(j, str(r.get("name"))) for j, r in enumerate(golden) if r.get("kind") == Kind.MODULE]
+    best: list[Pair2] = []
+    # A wrapper module on one side (DDP's `module.`, a compile or FSDP wrapper) puts one more
+    # part in front of every path there: try each side without its first part too.
+    for t_key, g_key in ((_same, _same), (_unwrapped, _same), (_same, _unwrapped)):
+        golden_at = {g_key(n): j for j, n in g_mods}
+        both = [(i, golden_at[t_key(n)]) for i, n in t_mods if t_key(n) in golden_at]
+        if len(both) > len(best):
+            best = _increasing(both)
+        if len(best) * 2 >= max(len(t_mods), len(g_mods)):
+            break
+    return best
+
+
+def _same(name: str) -> str:
+    return name
+
+
+def _unwrapped(name: str) -> str:
+    """`Module.module.model.fc.Linear.forward.0` -> `Module.model.fc.Linear.forward.0` (the
+    module call as the run without the wrapper names it)."""
+    parts = name.split(".")
+    return ".".join(parts[:1] + parts[2:]) if len(parts) > 4 else name
 
 
 def _increasing(pairs: list[Pair2]) -> list[Pair2]:
