@@ -34,6 +34,12 @@ class Describer:
         # right after its last op made it, a parameter read by its op and its module.
         self.epoch = 0
         self._seen: dict = {}    # id(tensor) -> epoch it was last described or verified in
+        # Dataflow: id(tensor) -> (weakref, version, seq, slot) of the forward op record that
+        # made it; an input descriptor of a tensor found here says `"producer": [seq, slot]`.
+        # `outs` holds the outputs described since the last record was emitted (`produced`).
+        self.producers: dict = {}
+        self.outs: list = []
+        self._prune_at = 4096
         if stats is not None:
             stats.on_outside = self._changed_outside
 
@@ -111,6 +117,36 @@ class Describer:
         return desc
 
     def tensor(self, t: torch.Tensor, record: str, role: str, slot) -> dict:
+        desc = self._tensor(t, record, role, slot)
+        if role == "output":
+            try:     # (a weak reference: a gradient held here would make autograd copy it)
+                self.outs.append((weakref.ref(t), slot, record))
+            except TypeError:
+                pass
+        else:
+            entry = self.producers.get(id(t))
+            if entry is not None and entry[0]() is t and entry[1] == _version(t):
+                desc["producer"] = [entry[2], entry[3]]
+        return desc
+
+    def produced(self, seq: int, record: str) -> None:
+        """The record `record` was emitted as `seq`: its outputs described since the last
+        record are its products (later readers' descriptors name it)."""
+        producers = self.producers
+        for ref, slot, name in self.outs:
+            t = ref()
+            if name != record or t is None:
+                continue
+            version = _version(t)
+            if version is not None:
+                producers[id(t)] = (ref, version, seq, slot)
+        self.outs.clear()
+        if len(producers) > self._prune_at:     # drop the dead (amortised: the limit doubles)
+            for key in [k for k, v in producers.items() if v[0]() is None]:
+                del producers[key]
+            self._prune_at = max(4096, 2 * len(producers))
+
+    def _tensor(self, t: torch.Tensor, record: str, role: str, slot) -> dict:
         # Read again before any user op ran (a module's output after its last op, a parameter
         # after its op, every gradient in backward): shape, dtype and device are as described,
         # the statistics are shared unverified (see below).

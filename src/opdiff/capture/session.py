@@ -108,7 +108,9 @@ class Session:
             # Never append to (or overwrite) an earlier run's dump: that would mix two runs.
             raise ConfigError(f"{directory} already holds a dump; choose another dump_path or remove it")
         meta = {"opdiff_version": __version__, "config": cfg.as_dict(), "step": self.step_index,
-                "rank": rank, "environment": fingerprint()}
+                "rank": rank, "environment": fingerprint(),
+                # input descriptors name their producer (`"producer": [seq, slot]`, describe.py)
+                "dataflow": 1}
         try:
             self.sink.open(directory, meta, cfg.task)
         except OSError as exc:

@@ -124,6 +124,13 @@ class StepSink:
             return
         record["seq"] = self.seq
         self.seq += 1
+        describer = self.describer
+        if describer is not None and describer.outs:
+            # dataflow: a forward op's outputs name it in later readers' descriptors
+            if record.get("phase") == Phase.FORWARD and record.get("kind") in Kind.REPLAYABLE:
+                describer.produced(record["seq"], record["name"])
+            else:
+                describer.outs.clear()
         if not self._selection.want_input:
             record.pop("inputs", None)
             record.pop("kwargs", None)

@@ -4,11 +4,16 @@ Names carry per-name call counters (`Functional.relu.3.forward`), so one extra r
 side renames every later relu: names alone cannot pair the rest. The rule:
 
 1. Identical name sequences (the usual case) pair one to one.
-2. Otherwise the two sequences are diffed (longest matching blocks, like `diff`) on a signature
+2. Otherwise module calls pair first, by name (path, class, phase and call count), in an order
+   both sides agree on (`module_anchors`); between two paired module calls the two sequences
+   are diffed (longest matching blocks, like `diff`) on a signature
    that ignores counters: op, phase, kind, enclosing module path and the shapes of every tensor.
 3. Stretches that still differ (an op fused on one side, an extra cast, a changed shape) are
-   diffed again on op, phase and kind only, so an op whose shapes changed still pairs, unless
-   `shape_flag` asks for equal shapes; what is left is reported as unmatched.
+   diffed again on op, phase and kind only. Two ops whose shapes differ pair there only when the
+   whole stretch runs the same ops on both sides (the same computation on other shapes), and
+   not when `shape_flag` asks for equal shapes: where the sides run other ops (SDPA against
+   eager attention) a same-named op of other shapes is another op, never its twin. What is
+   left unpaired forms regions (`regions.py`) or is reported as unmatched.
 4. Two neighbours that ran in the other order on one side (under autocast a module's
    `parameters_grad` record comes after `Functional.linear.N.backward` on one side and before
    it on the other: the diff keeps one of the two as a match and leaves the other unmatched on
@@ -20,12 +25,13 @@ Nothing is ever paired by position alone: an unmatched op never shifts the pairi
 """
 from __future__ import annotations
 
+import bisect
 import functools
 from difflib import SequenceMatcher
 from typing import Any, Optional, Sequence, cast
 
 from ..store.records import iter_tensors
-from ..store.schema import RecordName
+from ..store.schema import Kind, RecordName
 
 Pair = tuple[Optional[int], Optional[int]]   # (target index, golden index)
 Pair2 = tuple[int, int]                       # ... both known
@@ -70,15 +76,87 @@ def align(target: list[Record], golden: list[Record], *, shape_flag: bool = Fals
             else:
                 pairs.append((i, i))
         return pairs
-    tk = [fine_key(r) for r in target]
-    gk = [fine_key(r) for r in golden]
     pairs = []
-    for tag, i1, i2, j1, j2 in _opcodes(tk, gk):
-        if tag == "equal":
-            pairs += [(i1 + k, j1 + k) for k in range(i2 - i1)]
-        else:
-            pairs += _align_gap(target, golden, i1, i2, j1, j2, shape_flag)
+    i0 = j0 = 0
+    for ti, gi in module_anchors(target, golden) + [(len(target), len(golden))]:
+        pairs += _align_stretch(target, golden, i0, ti, j0, gi, shape_flag)
+        if ti < len(target):
+            if shape_flag and shapes(target[ti]) != shapes(golden[gi]):
+                pairs += [(ti, None), (None, gi)]
+            else:
+                pairs.append((ti, gi))
+        i0, j0 = ti + 1, gi + 1
     return _pair_swapped(_prefer_same_names(pairs, target, golden), target, golden)
+
+
+def module_anchors(target: list[Record], golden: list[Record]) -> list[Pair2]:
+    """The module calls both sides recorded (same path, class, phase and call count), in an
+    order both agree on (the longest such chain): the first level of the alignment. Ops pair
+    only between the same two anchors, so the diff runs on short stretches (one module call's
+    ops: linear in the number of records where one diff of everything is quadratic) and never
+    pairs an op across a module boundary."""
+    t_mods = [(i, str(r.get("name"))) for i, r in enumerate(target) if r.get("kind") == Kind.MODULE]
+    g_mods = [(j, str(r.get("name"))) for j, r in enumerate(golden) if r.get("kind") == Kind.MODULE]
+    best: list[Pair2] = []
+    # A wrapper module on one side (DDP's `module.`, a compile or FSDP wrapper) puts one more
+    # part in front of every path there: try each side without its first part too.
+    for t_key, g_key in ((_same, _same), (_unwrapped, _same), (_same, _unwrapped)):
+        golden_at = {g_key(n): j for j, n in g_mods}
+        both = [(i, golden_at[t_key(n)]) for i, n in t_mods if t_key(n) in golden_at]
+        if len(both) > len(best):
+            best = _increasing(both)
+        if len(best) * 2 >= max(len(t_mods), len(g_mods)):
+            break
+    return best
+
+
+def _same(name: str) -> str:
+    return name
+
+
+def _unwrapped(name: str) -> str:
+    """`Module.module.model.fc.Linear.forward.0` -> `Module.model.fc.Linear.forward.0` (the
+    module call as the run without the wrapper names it)."""
+    parts = name.split(".")
+    return ".".join(parts[:1] + parts[2:]) if len(parts) > 4 else name
+
+
+def _increasing(pairs: list[Pair2]) -> list[Pair2]:
+    """The longest run of `pairs` (increasing in the first) increasing in the second too
+    (patience sorting, n log n)."""
+    tails: list[int] = []          # golden index ending the best chain of each length
+    ends: list[int] = []           # ... its position in `pairs`
+    back: list[int] = [-1] * len(pairs)
+    for k, (_, gi) in enumerate(pairs):
+        at = bisect.bisect_left(tails, gi)
+        if at == len(tails):
+            tails.append(gi)
+            ends.append(k)
+        else:
+            tails[at], ends[at] = gi, k
+        back[k] = ends[at - 1] if at else -1
+    chain: list[Pair2] = []
+    k = ends[-1] if ends else -1
+    while k >= 0:
+        chain.append(pairs[k])
+        k = back[k]
+    return chain[::-1]
+
+
+def _align_stretch(target: list[Record], golden: list[Record], i1: int, i2: int, j1: int,
+                   j2: int, shape_flag: bool) -> list[Pair]:
+    """Pairs of target[i1:i2] and golden[j1:j2]: diffed on fine keys, then the gaps on coarse."""
+    if i1 == i2 or j1 == j2:
+        return [(i, None) for i in range(i1, i2)] + [(None, j) for j in range(j1, j2)]
+    tk = [fine_key(target[i]) for i in range(i1, i2)]
+    gk = [fine_key(golden[j]) for j in range(j1, j2)]
+    pairs: list[Pair] = []
+    for tag, a1, a2, b1, b2 in _opcodes(tk, gk):
+        if tag == "equal":
+            pairs += [(i1 + a1 + k, j1 + b1 + k) for k in range(a2 - a1)]
+        else:
+            pairs += _align_gap(target, golden, i1 + a1, i1 + a2, j1 + b1, j1 + b2, shape_flag)
+    return pairs
 
 
 def _swap_key(record: Record) -> tuple[Any, ...]:
@@ -142,9 +220,15 @@ def _align_gap(target: list[Record], golden: list[Record], i1: int, i2: int, j1:
         return [(i, None) for i in range(i1, i2)] + [(None, j) for j in range(j1, j2)]
     tk = [coarse_key(target[i]) for i in range(i1, i2)]
     gk = [coarse_key(golden[j]) for j in range(j1, j2)]
+    same_ops = tk == gk
     for tag, a1, a2, b1, b2 in _opcodes(tk, gk):
         if tag == "equal" and not shape_flag:
-            pairs += [(i1 + a1 + k, j1 + b1 + k) for k in range(a2 - a1)]
+            for k in range(a2 - a1):
+                ti, gi = i1 + a1 + k, j1 + b1 + k
+                if same_ops or shapes(target[ti]) == shapes(golden[gi]):
+                    pairs.append((ti, gi))
+                else:
+                    pairs += [(ti, None), (None, gi)]
         else:
             pairs += [(i1 + k, None) for k in range(a1, a2)]
             pairs += [(None, j1 + k) for k in range(b1, b2)]

@@ -57,6 +57,7 @@ from ..store.schema import Kind, Location, Phase, param_grad_links
 from . import origins, reasons
 from .result import (ERROR, INTEGER, LOCAL, NONFINITE, NUMBER, RANDOM, REPLAY, SCALE, WARNING,
                      Divergence, TensorRow)
+from .regions import REGION, region_reason
 from .verdicts import run_precision
 
 if TYPE_CHECKING:
@@ -96,6 +97,7 @@ class OpScore:
     leaf_inputs: dict[int, str] = field(default_factory=dict)  # input row index -> "parameter <fqn>"
     leaf_strict: bool = True    # ... judged exactly (step 0: nothing trained them yet)
     rng: tuple[Any, ...] = ()             # random ops: (target's, golden's) generator fingerprints
+    region: Any = None          # kind "region": its regions.Region and regions.RegionOps
 
     @property
     def divergence_kind(self) -> str:
@@ -275,7 +277,8 @@ def analyse(op_scores: list[OpScore], rows: list[TensorRow], policy: Policy,
     for name in unjudged & set(by_name):
         by_name[name].local = False
     for op in op_scores:
-        _revise_rows(op, rows, op.name in unjudged)
+        if op.kind != REGION:   # (a region's rows are its caller's: pair.py)
+            _revise_rows(op, rows, op.name in unjudged)
     return first_divergence(op_scores, rows)
 
 
@@ -290,6 +293,8 @@ def first_divergence(op_scores: list[OpScore], rows: list[TensorRow]) -> Optiona
                                        reasons.source_context(first.location))
     if first.blame == origins.OUTSIDE:
         return origins.outside_divergence(first, rows, reasons.source_context(first.location))
+    if first.kind == REGION:
+        return region_divergence(first, rows)
     random = origins.random_reason(first)
     out = rows[first.worst_out] if first.worst_out is not None else None
     inp = rows[first.worst_in] if first.worst_in is not None else None
@@ -303,6 +308,24 @@ def first_divergence(op_scores: list[OpScore], rows: list[TensorRow]) -> Optiona
         tensor=tensor, input_metrics=dict(inp.metrics) if inp is not None else {},
         module=first.module, context=reasons.source_context(first.location),
         kind=kind, origin=kind if kind in (NUMBER, RANDOM) else origins.OP)
+
+
+def region_divergence(first: OpScore, rows: list[TensorRow]) -> Divergence:
+    """The Divergence of a region blamed (see `opdiff.comparison.regions`)."""
+    region, listed, made = first.region
+    out = rows[first.worst_out] if first.worst_out is not None else None
+    # (the worst boundary output is measured where a paired op reads it: name the tensor the
+    # region made)
+    tensor = (made or {}).get(out.target_name) if out is not None and out.target_name else None
+    inp = rows[first.worst_in] if first.worst_in is not None else None
+    return Divergence(
+        name=first.name, op=first.op, phase=first.phase,
+        reason=region_reason(region, listed, reasons.describe(first, rows)),
+        location=first.location, metrics=dict(out.metrics) if out is not None else {},
+        tensor=tensor or (out.target_name if out is not None else None),
+        input_metrics=dict(inp.metrics) if inp is not None else {}, module=first.module,
+        context=reasons.source_context(first.location), kind=first.blame, origin=REGION,
+        region={"target_ops": listed.target_ops, "golden_ops": listed.golden_ops})
 
 
 def explained(op_scores: list[OpScore], policy: Policy) -> set[str]:

@@ -24,6 +24,8 @@ from .align import align
 from .blame import OpScore, analyse, differing_numbers
 from .metrics import Measurement, measure, stats_measure
 from .reasons import not_comparable, placement_note, statistics_limits, unread_note
+from .regions import (REGION, Boundaries, absorb, Region, RegionOps, find_regions, mark_region_rows,
+                      members, op_list)
 from .result import ERROR, PASS, UNMATCHED, WARNING, CompareResult, TensorRow, count
 from .verdicts import Policy
 
@@ -97,6 +99,10 @@ class _PairCompare:
         # A saved tensor is referenced by every record that saw it (an op's output is the next
         # op's input and its module's output): measure each pair of saved tensors once.
         self._measured: dict[tuple[Any, Any], Measurement] = dict(measured or {})  # shards.py
+        # what a region's boundary is measured by (regions.Boundaries)
+        self._by_tensor: dict[str, Any] = {}       # target tensor name -> row entry
+        self._modules: dict[str, Any] = {}         # paired module call -> (inputs, outputs)
+        self._region_rows: dict[int, list[int]] = {}   # region number -> its rows
 
     def run(self) -> CompareResult:
         t_records = list(self.t.records())
@@ -111,6 +117,10 @@ class _PairCompare:
             raise DumpError(f"{self.t.path} and {self.g.path} look like dumps of different models: "
                             f"only {paired} of {len(t_records)} target and {len(g_records)} golden "
                             f"ops line up; compare dumps of the same model and step")
+        regions = find_regions(pairs, t_records, g_records)
+        absorb(regions, pairs, t_records, g_records,
+               (bool((self.t.meta or {}).get("dataflow")), bool((self.g.meta or {}).get("dataflow"))))
+        t_region, g_region = members(regions)
         replayer = self._replayer(t_records)
         try:
             if replayer is not None:    # replay on a second thread while this one measures
@@ -118,10 +128,13 @@ class _PairCompare:
             for position, (ti, gi) in enumerate(pairs):
                 t_rec = t_records[ti] if ti is not None else None
                 g_rec = g_records[gi] if gi is not None else None
-                self._record(position, t_rec, g_rec)
+                region = t_region.get(ti) if ti is not None else g_region.get(gi)  # type: ignore[arg-type]
+                self._record(position, t_rec, g_rec, region)
                 self.tick(1)
+            region_ops = self._regions(regions, t_records, g_records)
             divergence = analyse(self.ops, self.rows, self.policy, replay=replayer,
                                  replay_all=self.replay == "all")
+            self._region_verdicts(region_ops)
         finally:
             if replayer is not None:
                 replayer.close()
@@ -156,7 +169,7 @@ class _PairCompare:
 
     # -- one op call --------------------------------------------------------------------------
     def _record(self, position: int, t_rec: Optional[dict[str, Any]],
-                g_rec: Optional[dict[str, Any]]) -> None:
+                g_rec: Optional[dict[str, Any]], region: Optional[Region] = None) -> None:
         rec = cast("dict[str, Any]", t_rec or g_rec)
         name = rec["name"]
         t_tensors = {n[len(t_rec["name"]):]: (n, role, d) for n, role, d in iter_tensors(t_rec)} \
@@ -174,6 +187,16 @@ class _PairCompare:
             leaf_strict=self.t.step in (None, 0),
             rng=(t_rec.get("rng"), g_rec.get("rng")) if t_rec is not None and g_rec is not None
             and (t_rec.get("rng") or g_rec.get("rng")) else ())
+        if region is not None:      # judged as one with the other ops of its region
+            rows = self._region_rows.setdefault(region.number, [])
+            for suffix in list(t_tensors) + [s for s in g_tensors if s not in t_tensors]:
+                rows.append(len(self.rows))
+                self.rows.append(replace(
+                    self._unmatched(base, t_tensors.get(suffix), g_tensors.get(suffix), False),
+                    result=PASS, region=region.label(),
+                    reason=f"in {region.label()}: the runs execute different ops here; judged "
+                           f"as one through its boundary tensors"))
+            return
         op: Optional[OpScore] = None
         # Target-only ops get an OpScore too, with no measured tensors: the comparison cannot
         # judge them, replay can (a cast that only the bf16 run makes, say).
@@ -185,6 +208,8 @@ class _PairCompare:
                          fqn=base["leaf_tensor"], reader=base["reader"],
                          leaf_strict=base["leaf_strict"], rng=base["rng"])
             self.ops.append(op)
+            if base["kind"] == Kind.MODULE and g_rec is not None:
+                self._modules[name] = (op.inputs, op.outputs)
         for suffix in list(t_tensors) + [s for s in g_tensors if s not in t_tensors]:
             t_item, g_item = t_tensors.get(suffix), g_tensors.get(suffix)
             if t_item is None or g_item is None:
@@ -202,10 +227,58 @@ class _PairCompare:
             entry = (row_index, m, row.target_dtype, row.golden_dtype)
             scored = cast(OpScore, op)
             (scored.outputs if is_output else scored.inputs).append(entry)
+            self._by_tensor[t_item[0]] = entry
             leaf = t_item[2].get("leaf")
             if leaf and not is_output:   # a parameter, buffer or input (see capture/leaves.py)
                 scored.leaf_inputs[row_index] = f"{leaf} {t_item[2].get('fqn')}"
                 self.rows[row_index] = replace(row, leaf_input=scored.leaf_inputs[row_index])
+
+    # -- regions (regions.py) -------------------------------------------------------------------
+    def _regions(self, regions: list[Region], t_records: list[dict[str, Any]],
+                 g_records: list[dict[str, Any]]) -> list[OpScore]:
+        """One OpScore per region whose boundary can be measured, added to the ops judged."""
+        if not regions:
+            return []
+        dataflow = bool((self.t.meta or {}).get("dataflow"))
+        bounds = Boundaries(t_records, dataflow, self._by_tensor, self._modules)
+        consumers = bounds.consumers(regions)
+        out: list[OpScore] = []
+        for region in regions:
+            made = consumers.get(region.number, {})
+            found = bounds.by_dataflow(region, made)
+            region.boundary = "dataflow" if found is not None else ""
+            if found is None:
+                found = bounds.by_module(region)
+                region.boundary = "module" if found is not None else ""
+            if found is None:
+                continue
+            listed = RegionOps(op_list(t_records, region.target, self._first_location(self.t)),
+                               op_list(g_records, region.golden, self._first_location(self.g)))
+            first = t_records[region.target[0]]
+            loc = _location(self.t, first)
+            op = OpScore(name=region.name, op="Region", phase=region.phase, kind=REGION,
+                         module=region.module, forward=None, seq=region.position,
+                         location=loc[0] if loc else None, inputs=list(found[0]),
+                         outputs=list(found[1]))
+            op.region = (region, listed, made if region.boundary == "dataflow" else {})
+            out.append(op)
+        self.ops.extend(out)
+        return out
+
+    def _first_location(self, dump: DumpSource) -> Callable[[dict[str, Any]], Optional[Location]]:
+        def locate(rec: dict[str, Any]) -> Optional[Location]:
+            loc = _location(dump, rec)
+            return loc[0] if loc else None
+        return locate
+
+    def _region_verdicts(self, region_ops: list[OpScore]) -> None:
+        """Region rows say what their region's verdict is; boundary rows name their region."""
+        for op in region_ops:
+            for side, entries in (("in", op.inputs), ("out", op.outputs)):
+                for i, *_ in entries:
+                    row = self.rows[i]
+                    self.rows[i] = replace(row, boundary=row.boundary + (f"{side}:{op.name}",))
+        mark_region_rows(self.rows, region_ops, self._region_rows)
 
     def _unmatched(self, base: dict[str, Any], t_item: Optional[_Item], g_item: Optional[_Item],
                    paired_op: bool) -> TensorRow:

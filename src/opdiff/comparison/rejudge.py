@@ -35,6 +35,7 @@ from ..store.schema import Kind, RecordName, Role
 from .blame import OpScore, analyse
 from .metric_table import Measurement
 from .reasons import statistics_limits, with_context
+from .regions import REGION, Region, RegionOps, label_number, mark_region_rows
 from .result import UNMATCHED, CompareResult, Divergence, TensorRow, count
 from .runs import merge
 from .verdicts import Policy, Thresholds
@@ -70,6 +71,7 @@ def _pair(result: CompareResult, rows: list[TensorRow], policy: Policy, step: Op
           rank: Optional[int]) -> CompareResult:
     rows = list(rows)
     scores: dict[str, OpScore] = {}
+    entries: dict[int, Any] = {}
     for i, row in enumerate(rows):
         score = scores.get(row.op_name)
         if score is None:
@@ -80,11 +82,13 @@ def _pair(result: CompareResult, rows: list[TensorRow], policy: Policy, step: Op
         rows[i] = row = _judged(row, m, policy)
         is_output = row.role == Role.OUTPUT or (row.role == Role.PARAMETERS
                                                 and row.kind == Kind.PARAM_GRAD)
-        (score.outputs if is_output else score.inputs).append(
-            (i, m, row.target_dtype, row.golden_dtype))
+        entries[i] = (i, m, row.target_dtype, row.golden_dtype)
+        (score.outputs if is_output else score.inputs).append(entries[i])
         if row.leaf_input and not is_output:
             score.leaf_inputs[i] = row.leaf_input
-    divergence = analyse(list(scores.values()), rows, policy)
+    region_ops, region_rows = _regions(rows, entries)
+    divergence = analyse(list(scores.values()) + region_ops, rows, policy)
+    mark_region_rows(rows, region_ops, region_rows)
     if divergence is not None:
         divergence = _with_context(result, replace(divergence, step=step, rank=rank))
     limits = statistics_limits(rows, policy)
@@ -105,6 +109,49 @@ def _with_context(result: CompareResult, divergence: Divergence) -> Divergence:
     sides = [(p.get("target"), p.get("golden")) for p in result.pairs
              if (p.get("step"), p.get("rank")) == (divergence.step, divergence.rank)]
     return with_context(divergence, dumps=sides[0] if sides else (result.target, result.golden))
+
+
+def _regions(rows: list[TensorRow], entries: dict[int, Any]
+             ) -> tuple[list[OpScore], dict[int, list[int]]]:
+    """The regions of a compare (`regions.py`) from their rows: boundary rows name them
+    (`TensorRow.boundary`), their ops' rows carry `TensorRow.region`."""
+    region_rows: dict[int, list[int]] = {}
+    listed: dict[int, RegionOps] = {}
+    for i, row in enumerate(rows):
+        number = label_number(row.region) if row.region else None
+        if number is None:
+            continue
+        region_rows.setdefault(number, []).append(i)
+        ops = listed.setdefault(number, RegionOps())
+        listing = ops.target_ops if row.target_name else ops.golden_ops
+        if not any(o["name"] == row.op_name for o in listing):
+            loc = row.stack[0] if row.stack else None
+            parsed = RecordName.parse(row.op_name)
+            listing.append({"name": row.op_name, "op": parsed.op if parsed else row.op_name,
+                            "location": None if loc is None else {"file": loc.file,
+                                                                  "line": loc.line,
+                                                                  "code": loc.code}})
+    found: dict[str, OpScore] = {}
+    for i, row in enumerate(rows):
+        for mark in row.boundary:
+            side, name = mark.split(":", 1)
+            parts = name.split(".")
+            number = int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
+            if number is None or number not in region_rows or i not in entries:
+                continue
+            op = found.get(name)
+            if op is None:
+                first = rows[region_rows[number][0]]
+                label = first.region or ""
+                region = Region(number, parts[2], [], [], position=first.index,
+                                place=label.split(" in ", 1)[1] if " in " in label else "")
+                op = found[name] = OpScore(
+                    name=name, op="Region", phase=parts[2], kind=REGION, module=first.module,
+                    forward=None, seq=first.index,
+                    location=first.stack[0] if first.stack else None)
+                op.region = (region, listed[number], {})
+            (op.outputs if side == "out" else op.inputs).append(entries[i])
+    return list(found.values()), region_rows
 
 
 def _score(row: TensorRow) -> OpScore:

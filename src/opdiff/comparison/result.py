@@ -61,6 +61,8 @@ class TensorRow:
     leaf_strict: bool = True            # ... judged exactly (step 0: nothing trained it yet)
     rng: tuple[Any, ...] = ()           # random ops: (target's, golden's) generator fingerprints
     leaf_input: Optional[str] = None    # an input row that is a leaf: "parameter <fqn>", "outside <name>"
+    region: Optional[str] = None        # the tensor of an op in a region ("region 2 in model.layers.0.self_attn")
+    boundary: tuple[str, ...] = ()      # a region's boundary tensor: "in:Region.2.forward", "out:..." (rejudge)
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,9 @@ class Divergence:
     # error), "number", "parameter", "buffer", "input", "random", "optimizer". For a leaf
     # origin `tensor` is its FQN and name/op/phase/location the first op that reads it.
     origin: str = "op"
+    # A region (`opdiff.comparison.regions`, origin "region"): both sides' ops,
+    # {"target_ops": [{"name", "op", "location"}], "golden_ops": [...]}
+    region: Optional[dict[str, Any]] = None
 
 
 @dataclass

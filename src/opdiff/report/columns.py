@@ -105,6 +105,9 @@ VERDICT = (
     Column("NPU_Stack_Info", lambda row: stack_text(row.stack), plain),
 )
 
+# Only when the two runs executed different ops somewhere (comparison/regions.py).
+REGION = (Column("Region", attrgetter("region"), text),)
+
 
 def metric_names(rows) -> list[str]:
     """The metric columns for these rows, in CSV order (see the module docstring)."""
@@ -120,7 +123,8 @@ def csv_columns(rows) -> list[Column]:
     """Every column of the CSV for these rows, in order."""
     multi = any(r.step is not None or r.rank is not None for r in rows)
     metrics = tuple(Column(m, _metric(m)) for m in metric_names(rows))
-    return list((STEP_RANK if multi else ()) + TENSOR + metrics + STATISTICS + VERDICT)
+    regions = REGION if any(getattr(r, "region", None) for r in rows) else ()
+    return list((STEP_RANK if multi else ()) + TENSOR + metrics + STATISTICS + VERDICT + regions)
 
 
 __all__ = ["Column", "csv_columns", "metric_names", "number", "text", "shape", "plain",

@@ -34,7 +34,7 @@ VERSION = 2
 ROW_FIELDS = ("op", "target_name", "golden_name", "role", "target_dtype", "golden_dtype",
               "target_shape", "golden_shape", "result", "accuracy_reached", "reason", "stack",
               "metrics", "target_stats", "golden_stats", "error", "scale_error", "mode", "step",
-              "rank")
+              "rank", "region")
 OP_FIELDS = ("name", "index", "phase", "kind", "node")
 # A module tree node: the subtree of node i is nodes i..end-1; severity is 0 pass, 1 unmatched,
 # 2 warning, 3 error (forward/backward: -1 when no tensor of that phase); culprit is 2 on the
@@ -49,6 +49,15 @@ _STAT_KEYS = ("max", "min", "mean", "norm", "nan", "inf")
 _STAT_DIGITS = 5
 _SEVERITY = {PASS: 0, UNMATCHED: 1, WARNING: 2, ERROR: 3}
 _OWN_NODE_KINDS = (Kind.MODULE, Kind.PARAM_GRAD)   # rows that sit in the tree under their own name
+
+
+def _in_region(row: Any, divergence: Any) -> bool:
+    """Is the row one of the ops of the region that is the first divergence?"""
+    region = getattr(row, "region", None)
+    if not region or getattr(divergence, "region", None) is None:
+        return False
+    number = divergence.name.split(".")[1] if divergence.name.count(".") == 2 else ""
+    return region == f"region {number}" or region.startswith(f"region {number} ")
 
 
 def digits(metric: str) -> int:
@@ -123,7 +132,7 @@ def build_payload(result: CompareResult, files: Optional[dict] = None) -> dict:
         target_name = _name(r.target_name, r.op_name)
         golden_name = 1 if (r.golden_name is not None and r.golden_name == r.target_name) \
             else _name(r.golden_name, r.op_name)
-        if divergence is not None and r.op_name == divergence.name:
+        if divergence is not None and (r.op_name == divergence.name or _in_region(r, divergence)):
             culprit_rows.append(i)
         # In the order of ROW_FIELDS; the numbers are filled below, column by column.
         packed.append([
@@ -132,7 +141,7 @@ def build_payload(result: CompareResult, files: Optional[dict] = None) -> dict:
             shape_id(r.target_shape), shape_id(r.golden_shape),
             strings(r.result), strings(r.accuracy_reached or None), strings(r.reason or None),
             stack, None, None, None, None, None,
-            strings(_mode(r.mode)), r.step, r.rank,
+            strings(_mode(r.mode)), r.step, r.rank, strings(getattr(r, "region", None)),
         ])
 
     columns = [

@@ -329,6 +329,7 @@
       if (nodeOf(r) >= 0) bits.push("module " + nodePath(nodeOf(r)));
       if (field(r, "step") !== null) bits.push("step " + field(r, "step"));
       if (field(r, "rank") !== null) bits.push("rank " + field(r, "rank"));
+      if (field(r, "region") !== null) bits.push(str(field(r, "region")) + " (the runs execute different ops here)");
       meta.appendChild(document.createTextNode("  " + bits.join(" \u00b7 ")));
       box.appendChild(meta);
       var reason = reasonOf(r);

@@ -12,6 +12,9 @@ A descriptor describes one argument::
     {"type": "tensor", "dtype": "float32", "shape": [2, 3], "device": "cpu",
      "requires_grad": true, "stats": {"max":, "min":, "mean":, "norm":, "nan":, "inf":},
      "key": "Functional.conv2d.0.forward.input.0"}       # key only when the tensor was saved
+    An input made by a recorded forward op of the same step names it: `"producer": [seq, slot]`
+    (its record's seq and output slot; dumps whose meta.json says `"dataflow": 1`); leaves
+    carry `"leaf"` instead; neither: made outside the recorded ops.
     {"type": "tensor", ..., "stats": null, "overwritten": true}   # written by the op, never read
         (the target of a fill or copy_, an `out=` argument); "uninitialized": true for
         torch.empty's output. Compare leaves both out: their values are noise.

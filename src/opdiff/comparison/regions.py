@@ -1,0 +1,333 @@
+"""Regions: where the two runs execute different ops, the ops between paired tensors, judged as one.
+
+Golden runs eager attention (`matmul`, `softmax`, `matmul`), the target one
+`scaled_dot_product_attention`; one side has a fused norm, the other five small ops. The
+alignment (`align.py`) pairs what both sides run alike and leaves the rest unpaired. Here each
+stretch of unpaired op calls between two paired ones (in the alignment's order, one phase) that
+holds ops of both sides is a *region*:
+
+- its **inputs** are the tensors its target ops read from outside it: outputs of paired ops
+  (found through the dump's dataflow, `"producer": [seq, slot]` on input descriptors), and
+  leaves (parameters, buffers, inputs) through their own records;
+- its **outputs** are the tensors its target ops made that paired ops outside it read: measured
+  where those ops read them (the consumer's input row pairs the target region's output with the
+  golden region's);
+- without dataflow (dumps written before it, foreign dumps) or where it does not reach (backward,
+  a region fed by another region), the boundary is the innermost module call that holds the
+  region's target ops, when that call is paired on both sides: its inputs and parameters, its
+  outputs.
+
+A region is scored like an op (`blame.judge`: inputs agree and outputs do not: local error),
+and can be the first divergence (`Divergence.region`). Its ops are never blamed one by one nor
+counted unmatched: their rows say the region covers them. A region whose boundary cannot be
+measured is not judged (its rows say so).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Optional
+
+from ..store.records import iter_tensors
+from ..store.schema import Kind, Phase, RecordName, Role, module_path
+from .result import ERROR, WARNING
+
+Pair = tuple[Optional[int], Optional[int]]
+Record = dict[str, Any]
+Entry = tuple[int, Any, Optional[str], Optional[str]]   # (row index, Measurement, t dtype, g dtype)
+
+REGION = "region"           # OpScore.kind and Divergence.origin of a region
+SHOWN_OPS = 6               # ops listed per side in a reason
+
+
+@dataclass
+class Region:
+    """One region: the record indices of its ops on each side, in execution order."""
+    number: int
+    phase: str
+    target: list[int]
+    golden: list[int]
+    module: Optional[str] = None        # the innermost module call holding its target ops
+    position: int = 0                   # its first op's place in the alignment
+    boundary: str = ""                  # "dataflow" | "module" | "" (not measured)
+    place: str = ""                     # `where`, when known without the module call (rejudge)
+
+    @property
+    def name(self) -> str:
+        return f"Region.{self.number}.{self.phase}"
+
+    @property
+    def where(self) -> str:
+        """`model.layers.0.self_attn` (the module path of its module call; "" at the root)."""
+        if self.place:
+            return self.place
+        parsed = RecordName.parse(self.module) if self.module else None
+        return module_path(parsed.op) if parsed is not None else ""
+
+    def label(self) -> str:
+        return f"region {self.number}" + (f" in {self.where}" if self.where else "")
+
+
+@dataclass
+class RegionOps:
+    """What a region divergence lists: each side's ops, with their source lines."""
+    target_ops: list[dict[str, Any]] = field(default_factory=list)
+    golden_ops: list[dict[str, Any]] = field(default_factory=list)
+
+
+def find_regions(pairs: list[Pair], target: list[Record], golden: list[Record]) -> list[Region]:
+    """The regions of an alignment (see module docstring); [] when every op is paired."""
+    regions: list[Region] = []
+    run_t: list[int] = []
+    run_g: list[int] = []
+    phase: Optional[str] = None
+    start = 0
+
+    def close() -> None:
+        if run_t and run_g:
+            regions.append(Region(len(regions), phase or Phase.FORWARD, list(run_t), list(run_g),
+                                  position=start))
+        run_t.clear()
+        run_g.clear()
+
+    for position, (ti, gi) in enumerate(pairs):
+        rec = target[ti] if ti is not None else golden[gi]  # type: ignore[index]
+        kind = rec.get("kind", Kind.API)
+        if ti is not None and gi is not None:
+            if kind not in (Kind.LEAF, Kind.PARAM_GRAD):    # (a leaf read first inside: no end)
+                close()
+            continue
+        if kind not in Kind.REPLAYABLE:
+            continue            # modules, leaves and parameter gradients are never in a region
+        if rec.get("phase") != phase or not (run_t or run_g):
+            close()
+            phase, start = rec.get("phase"), position
+        (run_t.append(ti) if ti is not None else run_g.append(gi))  # type: ignore[arg-type]
+    close()
+    parents = {r["name"]: r.get("module") for r in target if r.get("kind") == Kind.MODULE}
+    for region in regions:
+        region.module = common_module([target[i].get("module") for i in region.target], parents)
+    return regions
+
+
+def absorb(regions: list[Region], pairs: list[Pair], target: list[Record], golden: list[Record],
+           dataflow: tuple[bool, bool]) -> None:
+    """Ops only one run executes whose results feed nothing but regions of that side (eager
+    attention's mask, which SDPA's causal flag makes unneeded) join the first region they feed:
+    they are part of its computation, not unmatched ops. Needs that side's dataflow; module
+    records, which only pass tensors on, are not readers."""
+    if not regions:
+        return
+    for side, records, flow in ((0, target, dataflow[0]), (1, golden, dataflow[1])):
+        if not flow:
+            continue
+        region_of: dict[int, int] = {}
+        for r in regions:
+            for i in (r.target if side == 0 else r.golden):
+                region_of[i] = r.number
+        lone = sorted((i for i in (p[side] for p in pairs if p[1 - side] is None)
+                       if i is not None and i not in region_of), reverse=True)
+        lone_set = set(lone)
+        at = {rec.get("seq"): i for i, rec in enumerate(records)}
+        readers: dict[int, list[int]] = {}
+        for i, rec in enumerate(records):
+            if rec.get("kind") == Kind.MODULE:
+                continue
+            for _, role, desc in iter_tensors(rec):
+                producer = desc.get("producer")
+                if role == Role.INPUT and producer and producer[0] in at:
+                    readers.setdefault(at[producer[0]], []).append(i)
+        for i in lone:          # latest first: an op feeding an absorbed op is absorbed after it
+            rec = records[i]
+            if rec.get("kind", Kind.API) not in Kind.REPLAYABLE or i not in lone_set:
+                continue
+            fed = readers.get(i)
+            if fed and all(k in region_of for k in fed):
+                region_of[i] = min(region_of[k] for k in fed)
+        for i, number in region_of.items():
+            members_of = regions[number].target if side == 0 else regions[number].golden
+            if i not in members_of:
+                members_of.append(i)
+        for r in regions:
+            (r.target if side == 0 else r.golden).sort()
+
+
+def common_module(modules: list[Optional[str]], parents: dict[str, Any]) -> Optional[str]:
+    """The innermost module call that holds every one of `modules` (module call names)."""
+    chains = []
+    for m in dict.fromkeys(modules):
+        chain: list[str] = []
+        while m and m not in chain:
+            chain.append(m)
+            m = parents.get(m)
+        chains.append(chain[::-1])
+    if not chains or any(not c for c in chains):
+        return None
+    common: Optional[str] = None
+    for names in zip(*chains):
+        if len(set(names)) != 1:
+            break
+        common = names[0]
+    return common
+
+
+def members(regions: list[Region]) -> tuple[dict[int, Region], dict[int, Region]]:
+    """(target record index -> region, golden record index -> region)."""
+    t_of = {i: r for r in regions for i in r.target}
+    g_of = {j: r for r in regions for j in r.golden}
+    return t_of, g_of
+
+
+class Boundaries:
+    """Finds each region's boundary tensors among the measured rows of one pair of dumps.
+
+    measured: target tensor name -> its measured row entry (rows of paired ops);
+    module_entries: module call name -> (input entries, output entries) of paired module calls.
+    """
+
+    def __init__(self, target: list[Record], dataflow: bool, measured: dict[str, Entry],
+                 module_entries: dict[str, tuple[list[Entry], list[Entry]]]) -> None:
+        self.target, self.dataflow = target, dataflow
+        self.measured, self.module_entries = measured, module_entries
+        self.by_seq = {r.get("seq"): r for r in target} if dataflow else {}
+        self.leaf_names = {(r.get("leaf"), r.get("tensor")): r["name"] for r in target
+                           if r.get("kind") == Kind.LEAF}
+
+    def consumers(self, regions: list[Region]) -> dict[int, dict[str, str]]:
+        """region number -> {consumer's input tensor name: the region's output tensor it reads}."""
+        if not self.dataflow or not regions:
+            return {}
+        region_of = {self.target[i].get("seq"): r.number for r in regions for i in r.target}
+        inside = {i for r in regions for i in r.target}
+        out: dict[int, dict[str, str]] = {}
+        for k, rec in enumerate(self.target):
+            if k in inside:
+                continue
+            for name, role, desc in iter_tensors(rec):
+                producer = desc.get("producer")
+                if role == Role.INPUT and producer and producer[0] in region_of:
+                    made = self.by_seq.get(producer[0])
+                    out.setdefault(region_of[producer[0]], {})[name] = \
+                        f"{made['name']}.output.{producer[1]}" if made else name
+        return out
+
+    def by_dataflow(self, region: Region, consumers: dict[str, str]
+                    ) -> Optional[tuple[list[Entry], list[Entry]]]:
+        """(inputs, outputs) through the dump's dataflow, or None where it does not reach."""
+        if not self.dataflow or region.phase != Phase.FORWARD:
+            return None
+        seqs = {self.target[i].get("seq") for i in region.target}
+        inputs: dict[int, Entry] = {}
+        for i in region.target:
+            for _, role, desc in iter_tensors(self.target[i]):
+                if role == Role.OUTPUT:
+                    continue
+                producer, leaf = desc.get("producer"), desc.get("leaf")
+                if producer and producer[0] in seqs:
+                    continue
+                if producer:
+                    rec = self.by_seq.get(producer[0])
+                    name = f"{rec['name']}.output.{producer[1]}" if rec else None
+                elif leaf in ("parameter", "buffer", "input"):
+                    rec_name = self.leaf_names.get((leaf, desc.get("fqn")))
+                    name = f"{rec_name}.output.0" if rec_name else None
+                else:
+                    continue        # made outside the recorded ops: nothing to measure it by
+                entry = self.measured.get(name) if name else None
+                if entry is None:
+                    return None     # fed by an unpaired op (another region): not by dataflow
+                inputs[entry[0]] = entry
+        outputs = {e[0]: e for e in (self.measured.get(n) for n in consumers) if e is not None}
+        if not outputs:
+            return None
+        return list(inputs.values()), list(outputs.values())
+
+    def by_module(self, region: Region) -> Optional[tuple[list[Entry], list[Entry]]]:
+        """(inputs, outputs) of the innermost paired module call holding the region."""
+        if region.module is None:
+            return None
+        name = region.module
+        if region.phase == Phase.BACKWARD:
+            parsed = RecordName.parse(name)
+            name = parsed.with_phase(Phase.BACKWARD).text if parsed is not None else name
+        found = self.module_entries.get(name)
+        if found is None or not found[1]:
+            return None
+        return found
+
+
+def label_number(label: str) -> Optional[int]:
+    """The number in a `Region.label()` ("region 2 in ..." -> 2)."""
+    words = label.split()
+    return int(words[1]) if len(words) > 1 and words[0] == "region" and words[1].isdigit() else None
+
+
+def mark_region_rows(rows: list[Any], region_ops: list[Any], region_rows: dict[int, list[int]]
+                     ) -> None:
+    """After the blame: a region's rows say its verdict (not judged when its boundary could not
+    be measured), and a blamed region's worst boundary output row is an error."""
+    judged = {op.region[0].number: op for op in region_ops}
+    for number, indices in region_rows.items():
+        op = judged.get(number)
+        for i in indices:
+            row = rows[i]
+            if op is None:
+                rows[i] = replace(row, result=WARNING, reason=(
+                    f"in {row.region}: the runs execute different ops here, and the tensors "
+                    f"entering and leaving it are not paired: not judged"))
+            elif op.local:
+                rows[i] = replace(row, reason=f"in {row.region}: local error in this region "
+                                              f"(see the first divergence)")
+        if op is not None and op.local and op.worst_out is not None:
+            worst = rows[op.worst_out]
+            if worst.result != ERROR:
+                rows[op.worst_out] = replace(worst, result=ERROR, accuracy_reached="No",
+                                             reason=f"{worst.reason}; the output of "
+                                                    f"{op.region[0].label()}: local error")
+
+
+def op_list(records: list[Record], indices: list[int], locate: Any) -> list[dict[str, Any]]:
+    """[{"name", "op", "location"}] of a side's region ops (`locate(record)` -> Location|None)."""
+    out = []
+    for i in indices:
+        rec = records[i]
+        loc = locate(rec)
+        out.append({"name": rec["name"], "op": rec.get("op", ""),
+                    "location": None if loc is None else {"file": loc.file, "line": loc.line,
+                                                          "code": loc.code}})
+    return out
+
+
+def shown(ops: list[dict[str, Any]]) -> str:
+    """`Torch.matmul`, `Functional.softmax`, ... (the first few distinct ops, in order)."""
+    names = list(dict.fromkeys(f"`{o['op']}`" for o in ops))
+    return ", ".join(names[:SHOWN_OPS]) + (", ..." if len(names) > SHOWN_OPS else "")
+
+
+def region_reason(region: Region, ops: RegionOps, why: str) -> str:
+    """The sentence of a region blamed: where, both sides' ops, and why (`reasons.describe`)."""
+    where = f" in `{region.where}`" if region.where else ""
+    why = why.replace("local error in this op", "local error in this region")
+    if "in this region" not in why:
+        why += " — local error in this region"
+    return (f"region{where} ({region.phase}; target: {shown(ops.target_ops)}; golden: "
+            f"{shown(ops.golden_ops)}{_lines(ops.golden_ops)}): the two runs execute different "
+            f"ops here, judged as one through the tensors entering and leaving it: {why}")
+
+
+def _lines(ops: list[dict[str, Any]]) -> str:
+    """" at modeling_llama.py:176-199": where golden's ops are (the target's location is the
+    divergence's own)."""
+    located = [o["location"] for o in ops if o.get("location")]
+    if not located:
+        return ""
+    files = {loc["file"] for loc in located}
+    lines = sorted(loc["line"] for loc in located)
+    name = located[0]["file"].replace("\\", "/").rsplit("/", 1)[-1]
+    if len(files) > 1:
+        return f" at {name}:{located[0]['line']} and elsewhere"
+    return f" at {name}:{lines[0]}" + (f"-{lines[-1]}" if lines[-1] != lines[0] else "")
+
+
+__all__ = ["REGION", "Region", "RegionOps", "Boundaries", "find_regions", "members", "absorb",
+           "label_number", "mark_region_rows",
+           "common_module", "op_list", "shown", "region_reason"]

@@ -1,0 +1,66 @@
+"""Tiny Hugging Face models whose runs can execute different attention ops (eager, SDPA),
+dumped the way tests/comparison/test_regions*.py need (see conftest.py's `hf_dump`)."""
+from __future__ import annotations
+
+import types
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Optional
+
+import pytest
+import torch
+
+import opdiff
+from opdiff.testing import inject_fault
+
+
+def _rms_norm(self, x):
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), self.weight, self.variance_epsilon)
+
+
+def _model(family: str, impl: str) -> torch.nn.Module:
+    transformers = pytest.importorskip("transformers")
+    if family == "llama" and impl == "rms_norm":    # eager attention, norms through F.rms_norm
+        model = _model("llama", "eager")
+        for module in model.modules():
+            if type(module).__name__ == "LlamaRMSNorm":
+                module.forward = types.MethodType(_rms_norm, module)
+        return model
+    if family == "llama":
+        cfg = transformers.LlamaConfig(
+            vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+            attn_implementation=impl)
+        return transformers.LlamaForCausalLM(cfg)
+    if family == "gpt2":
+        cfg = transformers.GPT2Config(
+            vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=32, resid_pdrop=0.0,
+            embd_pdrop=0.0, attn_pdrop=0.0, activation_function="gelu", attn_implementation=impl,
+            bos_token_id=0, eos_token_id=0)
+        return transformers.GPT2LMHeadModel(cfg)
+    if family == "qwen2":
+        cfg = transformers.Qwen2Config(
+            vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+            attn_implementation=impl)
+        return transformers.Qwen2ForCausalLM(cfg)
+    raise ValueError(family)
+
+
+def make_dump(path: Path, family: str, impl: str, task: str, fault: Optional[str] = None,
+              bf16: bool = False) -> Path:
+    torch.manual_seed(0)
+    model = _model(family, impl).eval()
+    ids = torch.randint(0, 64, (2, 8))
+    planted = nullcontext()
+    if fault:
+        op, call = fault.split(":")
+        planted = inject_fault(op=op, call=int(call), scale=1.02)
+    with planted:
+        with opdiff.dump(model, str(path), level="mix", task=task):
+            with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext():
+                loss = model(ids, labels=ids).loss
+            loss.backward()
+    if fault:
+        assert planted.hits == 1     # type: ignore[attr-defined]
+    return path
