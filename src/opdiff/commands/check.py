@@ -46,7 +46,10 @@ def add_parser(subparsers: Any) -> None:
                    help="check the ops from the first NAME through the second")
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted check in OUT (skips ops in OUT/check_progress.jsonl)")
-    p.add_argument("--fail-on-failure", action="store_true", help="exit 1 when an op failed")
+    p.add_argument("--fail-on-divergence", "--fail-on-failure", action="store_true",
+                   dest="fail_on_failure",
+                   help="exit 1 when an op failed its check (for CI; --fail-on-failure is the "
+                        "older spelling)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="show a progress bar (default: when slow and on a terminal)")
     p.set_defaults(run=run)

@@ -28,8 +28,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--headroom", metavar="FACTOR", type=float, default=2.0,
                    help="flag outputs with max|x| * FACTOR >= the fp16 maximum (1: only values "
                         "that would overflow; default 2)")
-    p.add_argument("--fail-on-overflow", action="store_true",
-                   help="exit 1 when an op created inf/NaN (for CI); scaler-skipped steps pass")
+    p.add_argument("--fail-on-divergence", "--fail-on-overflow", action="store_true",
+                   dest="fail_on_overflow",
+                   help="exit 1 when an op created inf/NaN (for CI); scaler-skipped steps pass "
+                        "(--fail-on-overflow is the older spelling)")
     p.set_defaults(run=run)
 
 
