@@ -239,6 +239,7 @@ class Monitor:
         values["loss"] = loss_value          # None: not given, left empty in the stream
         values["grad_norm"] = grad_norm
         values["loss_scale"] = scale
+        values["lr"] = _learning_rate(self._params.optimizer)
         values["step_time"] = step_time
         if self.raise_on_nan:
             self._check_finite(values)
@@ -383,6 +384,15 @@ def unwrap_optimizer(optimizer):
             break
         optimizer = inner
     return optimizer
+
+
+def _learning_rate(optimizer) -> Optional[float]:
+    """The first parameter group's learning rate (a float or a 0-d tensor), None without one."""
+    try:
+        lr = optimizer.param_groups[0]["lr"] if optimizer is not None else None
+        return float(lr) if lr is not None else None
+    except Exception:          # (an optimizer without param groups or lr: no column)
+        return None
 
 
 def _plain_defaults(optimizer) -> Optional[dict]:
