@@ -29,7 +29,8 @@ def add_parser(subparsers: Any) -> None:
         epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dump", metavar="DUMP", help="one step/rank directory (or a root holding one)")
     p.add_argument("-o", "--output", metavar="OUT", default=None,
-                   help="directory for the CSV, summary.json and report.html")
+                   help="directory for the CSV, summary.json and report.html (default: none "
+                        "written, terminal summary only)")
     p.add_argument("--device", metavar="DEV", default=None,
                    help="re-run the ops of a statistics dump on this torch device (cpu, cuda:0, "
                         "npu:0, xpu, mps; needed for statistics dumps)")

@@ -41,7 +41,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("-is", "--input-shape", metavar="SHAPES",
                    help="dynamic dimensions, e.g. 'input:1,3,224,224;mask:1,128'")
     p.add_argument("-o", "--output", default="./opdiff_out", metavar="OUT",
-                   help="output directory (default ./opdiff_out)")
+                   help="directory for the CSV, summary.json, report.html and both models' "
+                        "dumps (default ./opdiff_out: unlike compare, this command always "
+                        "writes, since its dumps are made here)")
     p.add_argument("--seed", type=int, default=0, help="seed for random inputs (default 0)")
     for side in ("golden", "target"):
         p.add_argument(f"--{side}-opt", default="all",
