@@ -81,3 +81,30 @@ def test_an_op_named_at_a_later_step_with_drifted_weights_is_no_local_error(resu
     results[1].rows = same
     across_steps(results)
     assert results[1].first_divergence.origin == "op"
+
+
+def test_every_rank_of_a_ddp_run_carries_the_step_0_difference(result):
+    """Rank 1's fault at step 0 reaches rank 0 through the gradient all-reduce; at step 1 both
+    ranks start from the weights it trained: both say so, citing where it started."""
+    step0 = next(p for p in result.pairs if p["step"] == 0)["first_divergence"]
+    step1 = next(p for p in result.pairs if p["step"] == 1)["first_divergence"]
+    rows1 = [r for r in result.rows if r.step == 1]
+
+    class Pair:
+        def __init__(self, step, rank, fd):
+            self.step, self.rank, self.first_divergence, self.rows = step, rank, fd, rows1
+
+    received = replace(step0, rank=0, origin="collective", name="Distributed.all_reduce.0.forward")
+    results = [Pair(0, 0, received), Pair(0, 1, replace(step0, rank=1)),
+               Pair(1, 0, replace(step1, rank=0, reason="3 of 6 parameters differ before any op: "
+                                  "the runs start from different weights")),
+               Pair(1, 1, replace(step1, rank=1, reason="3 of 6 parameters differ before any op: "
+                                  "the runs start from different weights"))]
+    across_steps(results)
+    for rank in (0, 1):
+        fd = results[2 + rank].first_divergence
+        assert fd.origin == "parameter" and is_carried_over(fd), fd.reason
+        assert "different weights" not in fd.reason
+    for rank in (0, 1):     # both cite where it started: rank 1's op, not rank 0's all_reduce
+        reason = results[2 + rank].first_divergence.reason
+        assert f"at {step0.name} (rank 1)" in reason and "all_reduce" not in reason

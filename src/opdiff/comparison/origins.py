@@ -209,8 +209,8 @@ def optimizer_origin(previous: Optional[Divergence], previous_compared: bool,
 def across_steps(results: Sequence[Any]) -> None:
     """Origins seen across steps, on the per-pair results before they are merged (see
     comparison/runs.py): `optimizer_origin` where step S-1 (same rank) was compared and agreed,
-    `carried_over` where an earlier step (this rank's, else any rank's: data-parallel ranks
-    share their weights) diverged already."""
+    `carried_over` where an earlier step of any rank diverged already (data-parallel ranks
+    share their weights), citing the earliest such step where the difference started."""
     by_key = {(r.step, r.rank): r for r in results if r.step is not None}
     for r in results:
         if r.step is None or r.first_divergence is None:
@@ -222,8 +222,11 @@ def across_steps(results: Sequence[Any]) -> None:
         earlier = [e for e in results if e.step is not None and e.step < r.step
                    and e.first_divergence is not None]
         if earlier:
-            first = min(earlier, key=lambda e: (e.rank != r.rank, e.step,
-                                                e.rank if e.rank is not None else -1))
+            # the earliest step; there, where the difference started (not a rank that
+            # received it through a collective), this rank's own first
+            first = min(earlier, key=lambda e: (
+                e.step, getattr(e.first_divergence, "origin", None) == "collective",
+                e.rank != r.rank, e.rank if e.rank is not None else -1))
             r.first_divergence = carried_over(first.first_divergence, r.first_divergence,
                                               r.rows)
 
