@@ -38,11 +38,12 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     from ..overflow import INHERITED, OVERFLOW, analyze
     from ..overflow.console import print_overflow
+    from ..report.console import stdout_console
 
     result = analyze(args.dump, headroom_factor=args.headroom)
     if args.output:
         path = result.write_json(args.output)
-    print_overflow(result)
+    print_overflow(result, stdout_console())    # piped: whole lines, no wrap at 80 columns
     if args.output:
         print(f"wrote {path}")
     return 1 if args.fail_on_overflow and result.status in (OVERFLOW, INHERITED) else 0
