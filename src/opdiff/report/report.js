@@ -213,7 +213,8 @@
       tr.appendChild(el("td", "envval", e.golden === null ? "\u2013" : e.golden));
       t.appendChild(tr);
     });
-    box.appendChild(t);
+    tableWrap.appendChild(t);
+    box.appendChild(tableWrap);
   }
 
   function pairStatus(p) {
@@ -260,14 +261,18 @@
       });
       t.appendChild(tr);
     });
-    box.appendChild(t);
+    tableWrap.appendChild(t);
+    box.appendChild(tableWrap);
   }
 
   function pairsBlock(box) {
     var pairs = D.pairs || [];
     if (!pairs.length) return;
     box.appendChild(el("h3", null, "Step / rank pairs"));
-    pairsGrid(box, pairs);
+    // many ranks or steps scroll inside the box instead of running off the page
+    var gridWrap = el("div", "scroll-x"), tableWrap = el("div", "scroll-x");
+    box.appendChild(gridWrap);
+    pairsGrid(gridWrap, pairs);
     var t = el("table", "kv pairs"), head = el("tr");
     ["Step", "Rank", "Result", "Counts", "First divergence", "Target", "Golden"].forEach(function (h) {
       head.appendChild(el("th", null, h));
@@ -288,7 +293,8 @@
       });
       t.appendChild(tr);
     });
-    box.appendChild(t);
+    tableWrap.appendChild(t);
+    box.appendChild(tableWrap);
   }
 
   function notesBlock(box) {
