@@ -14,7 +14,7 @@ def test_calls_of_one_op_for_one_reason_are_one_line():
     ops.append(_op("Functional.dropout.0.forward", "Functional.dropout", "random"))
     notes = not_checked_notes(CheckResult(dump="d", ops=ops))
     assert notes == [
-        f"not checked: 42 calls of Torch.zeros_like (first Torch.zeros_like.0.forward): {WHY}",
+        f"not checked: Torch.zeros_like, 42 calls (first Torch.zeros_like.0.forward): {WHY}",
         "not checked: Functional.dropout.0.forward: random"]
 
 

@@ -108,7 +108,7 @@ def not_checked_notes(result: CheckResult, limit: int = 10) -> list[str]:
     for o in result.not_checked:
         groups.setdefault((o.op, o.reason), []).append(o.name)
     notes = [f"not checked: {names[0]}: {reason}" if len(names) == 1 else
-             f"not checked: {len(names)} calls of {op} (first {names[0]}): {reason}"
+             f"not checked: {op}, {len(names)} calls (first {names[0]}): {reason}"
              for (op, reason), names in list(groups.items())[:limit]]
     if len(groups) > limit:
         rest = sum(len(n) for n in list(groups.values())[limit:])
