@@ -22,6 +22,9 @@ def __getattr__(name):
     if name == "Monitor":
         from .monitor.monitor import Monitor
         return Monitor
+    if name == "testing":      # `opdiff.testing.inject_fault(...)` after a bare `import opdiff`
+        import importlib
+        return importlib.import_module(".testing", __name__)
     if name == "seed_all":
         from .seeding import seed_all
         return seed_all

@@ -2,6 +2,12 @@
 
 Exit codes: 0 done (divergences are findings), 1 internal error, 2 bad input (one-line reason).
 Each subcommand lives in `opdiff.commands.<name>` with `add_parser(subparsers)` and `run(args)`.
+
+One language across commands: positional dumps or models are TARGET first, GOLDEN second;
+`-o OUT` is where files go; `-v` goes before or after the command; `--fail-on-divergence`
+makes any command exit 1 on what it looks for (the older `--fail-on-failure` of check and
+`--fail-on-overflow` of overflow still work); `--jobs/-j N` are replay processes
+(`--replay-jobs` still works); `--progress/--no-progress` (default: on a terminal, when slow).
 """
 from __future__ import annotations
 
@@ -29,6 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
         importlib.import_module(f"opdiff.commands.{name}").add_parser(sub)
+    for command in sub.choices.values():
+        # `opdiff compare A B -v` as well as `opdiff -v compare A B` (errors say "rerun with -v")
+        command.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                             help="log what opdiff is doing (also before the command)")
     return parser
 
 

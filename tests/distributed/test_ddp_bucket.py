@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not built")]
 
 _WORKER = textwrap.dedent('''
-    import contextlib, sys
+    import contextlib, gc, os, sys
     import torch, torch.distributed as dist, torch.multiprocessing as mp
     import opdiff
     from opdiff.capture.collectives import record_ddp_allreduce
@@ -51,7 +51,17 @@ _WORKER = textwrap.dedent('''
             dbg.stop()
             dbg.step()
         dist.barrier()
+        # Tear the gloo group down now, while the interpreter is whole. destroy_process_group()
+        # alone leaves it alive: DDP's reducer (and the comm hook, in a reference cycle) still
+        # hold it, with its worker and transport threads, until interpreter teardown, where
+        # one of those C++ threads could be destroyed still joinable: SIGABRT, "terminate
+        # called without an active exception" (about one run in twenty on a loaded machine).
+        del ddp, model
+        gc.collect()
         dist.destroy_process_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)         # the dump is closed: skip the teardown of torch's C++ globals too
 
     if __name__ == "__main__":
         mp.spawn(work, args=(sys.argv[1], sys.argv[2], int(sys.argv[3])), nprocs=2, join=True)

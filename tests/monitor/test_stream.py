@@ -53,8 +53,8 @@ def test_meta_holds_environment_config_and_forward_order(tmp_path):
 def test_columns_hold_what_the_step_computed(tmp_path):
     model = _run(tmp_path, steps=2)
     stream = read_run(tmp_path).ranks[0]
-    head = stream.columns[:3]
-    assert head == ["loss", "grad_norm", "step_time"]
+    head = stream.columns[:4]
+    assert head == ["loss", "grad_norm", "lr", "step_time"]
     for q in ("fwd_norm", "fwd_max", "fwd_nan", "fwd_inf", "bwd_norm", "bwd_nan", "bwd_inf"):
         assert stream.has(f"fc1:{q}")
     for q in ("norm", "grad_norm", "update_norm", "exp_avg_norm", "exp_avg_sq_norm"):

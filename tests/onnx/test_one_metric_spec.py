@@ -54,7 +54,7 @@ def test_opdiff_onnx_and_the_dump_compare_show_one_number(pair, tmp_path):
 
     golden, target, x = pair
     out = tmp_path / "out"
-    assert main(["onnx", str(golden), str(target), "-i", str(x), "-o", str(out)]) == 0
+    assert main(["onnx", str(target), str(golden), "-i", str(x), "-o", str(out)]) == 0
     shown = {r.golden_name: r.metrics for r in load_summary(out).rows}
     assert shown["y"]["MaxRelativeErr"] == pytest.approx(1.0)
     dump = next(out.glob("onnx_dump_*"))

@@ -10,7 +10,7 @@ from opdiff.cli import main
 
 def test_cli_fp16_overflow_writes_every_report(models, tmp_path, capsys):
     out = tmp_path / "out"
-    rc = main(["onnx", str(models["cnn_big"]), str(models["cnn_big_fp16"]), "-o", str(out)])
+    rc = main(["onnx", str(models["cnn_big_fp16"]), str(models["cnn_big"]), "-o", str(out)])
     assert rc == 0
     names = {p.name for p in out.iterdir()}
     assert {"summary.json", "report.html", "onnx_details.json"} <= names
@@ -20,7 +20,7 @@ def test_cli_fp16_overflow_writes_every_report(models, tmp_path, capsys):
     assert summary["first_divergence"]["op"] == "Gemm"
     html = (out / "report.html").read_text()
     assert "/fc1/Gemm" in html and "opdiff onnx" in html
-    assert main(["onnx", str(models["cnn_big"]), str(models["cnn_big_fp16"]), "-o", str(out),
+    assert main(["onnx", str(models["cnn_big_fp16"]), str(models["cnn_big"]), "-o", str(out),
                  "--fail-on-divergence"]) == 1
 
 
@@ -64,7 +64,7 @@ def test_onnx_compare_does_not_import_torch(models, tmp_path):
     import subprocess
 
     code = ("import sys; from opdiff.cli import main; "
-            f"rc = main(['onnx', r'{models['cnn']}', r'{models['cnn_fp16']}', '-o', r'{tmp_path / 'o'}']); "
+            f"rc = main(['onnx', r'{models['cnn_fp16']}', r'{models['cnn']}', '-o', r'{tmp_path / 'o'}']); "
             "print(rc, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip().splitlines()[-1] == "0 False", out.stderr[-500:]

@@ -94,11 +94,17 @@ def verdict(result: CheckResult) -> str:
 
 
 def not_checked_notes(result: CheckResult, limit: int = 10) -> list[str]:
-    """A line per op that could not be checked (the first `limit`, then a count)."""
-    skipped = result.not_checked
-    notes = [f"not checked: {o.name}: {o.reason}" for o in skipped[:limit]]
-    if len(skipped) > limit:
-        notes.append(f"... and {len(skipped) - limit} more op(s) not checked (see the CSV)")
+    """A line per op and reason that could not be checked (calls of one op left out for one
+    reason are one line: 42 `zeros_like` calls are one story), the first `limit`, then a count."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for o in result.not_checked:
+        groups.setdefault((o.op, o.reason), []).append(o.name)
+    notes = [f"not checked: {names[0]}: {reason}" if len(names) == 1 else
+             f"not checked: {op}, {len(names)} calls (first {names[0]}): {reason}"
+             for (op, reason), names in list(groups.items())[:limit]]
+    if len(groups) > limit:
+        rest = sum(len(n) for n in list(groups.values())[limit:])
+        notes.append(f"... and {rest} more op(s) not checked (see the CSV)")
     return notes
 
 

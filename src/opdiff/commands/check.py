@@ -31,7 +31,8 @@ def add_parser(subparsers: Any) -> None:
         epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dump", metavar="DUMP", help="one step/rank directory (or a root holding one)")
     p.add_argument("-o", "--output", metavar="OUT", default=None,
-                   help="directory for the CSV, summary.json and report.html")
+                   help="directory for the CSV, summary.json and report.html (default: none "
+                        "written, terminal summary only)")
     p.add_argument("--device", metavar="DEV", default=None,
                    help="re-run the ops of a statistics dump on this torch device (cpu, cuda:0, "
                         "npu:0, xpu, mps; needed for statistics dumps)")
@@ -53,7 +54,10 @@ def add_parser(subparsers: Any) -> None:
                         "reference repeating its bytes, a statistics record's shape, a "
                         "replayed op's result), in MiB (default: OPDIFF_MAX_TENSOR_MB, "
                         "else 4096); a larger one is not made: its op is not checked, with a one-line reason")
-    p.add_argument("--fail-on-failure", action="store_true", help="exit 1 when an op failed")
+    p.add_argument("--fail-on-divergence", "--fail-on-failure", action="store_true",
+                   dest="fail_on_failure",
+                   help="exit 1 when an op failed its check (for CI; --fail-on-failure is the "
+                        "older spelling)")
     p.add_argument("--source-root", metavar="DIR", default=None,
                    help="show the source lines around a failure's line in report.html from "
                         "the run's files under DIR (default: the lines the dump holds)")

@@ -41,9 +41,10 @@ def add_parser(subparsers) -> None:
                    help="re-run target ops in float64 on their own saved tensors to tell an op's "
                         "own error from inherited error (tensor dumps): auto = the suspects and "
                         "the backward ops before them (default), all = every op, off = none")
-    p.add_argument("--replay-jobs", metavar="N", default=None,
+    p.add_argument("--jobs", "-j", "--replay-jobs", metavar="N", default=None, dest="replay_jobs",
                    help="processes each pair's replay uses (default: OPDIFF_REPLAY_JOBS, else 1; "
-                        "pays off when many ops are replayed and cores are idle)")
+                        "pays off when many ops are replayed and cores are idle; --replay-jobs "
+                        "is the older spelling)")
     p.add_argument("--fail-on-divergence", action="store_true",
                    help="exit 1 when a first divergence is found (for CI)")
     p.add_argument("--engine", choices=("local", "ray"), default="local",
@@ -68,7 +69,8 @@ def add_parser(subparsers) -> None:
                         "replayed op's result), in MiB (default: OPDIFF_MAX_TENSOR_MB, "
                         "else 4096); a larger one is compared by its statistics or not "
                         "replayed, with a one-line reason")
-    p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="show a progress bar (default: when stderr is a terminal)")
     p.set_defaults(run=run)
 
 
@@ -106,7 +108,7 @@ def _jobs(text):
     except ValueError:
         jobs = 0
     if jobs < 1:
-        raise ConfigError(f"--replay-jobs expects a number of processes (1 or more), got {text!r}")
+        raise ConfigError(f"--jobs expects a number of processes (1 or more), got {text!r}")
     return jobs
 
 
@@ -139,7 +141,7 @@ def run(args) -> int:
     result = compare(args.target, args.golden, args.output, thresholds=thresholds,
                      shape_flag=args.shape_flag,
                      fail_on="divergence" if args.fail_on_divergence else None,
-                     progress=False if args.no_progress else None, replay=args.replay,
+                     progress=args.progress, replay=args.replay,
                      engine=args.engine, ray_address=args.ray_address,
                      ray_pins=_pins(args.ray_pin), replay_jobs=_jobs(args.replay_jobs),
                      ray_shard_mb=_shard_mb(args.shard_mb, args.engine),

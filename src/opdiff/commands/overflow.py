@@ -28,8 +28,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--headroom", metavar="FACTOR", type=float, default=2.0,
                    help="flag outputs with max|x| * FACTOR >= the fp16 maximum (1: only values "
                         "that would overflow; default 2)")
-    p.add_argument("--fail-on-overflow", action="store_true",
-                   help="exit 1 when an op created inf/NaN (for CI); scaler-skipped steps pass")
+    p.add_argument("--fail-on-divergence", "--fail-on-overflow", action="store_true",
+                   dest="fail_on_overflow",
+                   help="exit 1 when an op created inf/NaN (for CI); scaler-skipped steps pass "
+                        "(--fail-on-overflow is the older spelling)")
     p.add_argument("--source-root", metavar="DIR", default=None,
                    help="read the origin's source line from the run's files under DIR when the "
                         "dump holds none (foreign dumps; opdiff never reads a file just because "
@@ -55,13 +57,14 @@ def _read_code(result, source_root: str) -> None:
 def run(args) -> int:
     from ..overflow import INHERITED, OVERFLOW, analyze
     from ..overflow.console import print_overflow
+    from ..report.console import stdout_console
 
     result = analyze(args.dump, headroom_factor=args.headroom)
     if args.source_root is not None:
         _read_code(result, args.source_root)
     if args.output:
         path = result.write_json(args.output)
-    print_overflow(result)
+    print_overflow(result, stdout_console())    # piped: whole lines, no wrap at 80 columns
     if args.output:
         print(f"wrote {path}")
     return 1 if args.fail_on_overflow and result.status in (OVERFLOW, INHERITED) else 0

@@ -54,7 +54,7 @@ from .. import ops
 from ..dtypes import LARGEST_FINITE, is_float
 from ..store.records import input_numbers
 from ..store.schema import Kind, Location, Phase, param_grad_links
-from . import origins, reasons
+from . import noise, origins, reasons
 from .result import (ERROR, INTEGER, LOCAL, NONFINITE, NUMBER, RANDOM, REPLAY, SCALE, WARNING,
                      Divergence, TensorRow)
 from .regions import REGION, region_reason
@@ -269,6 +269,7 @@ def analyse(op_scores: list[OpScore], rows: list[TensorRow], policy: Policy,
         judge(op, by_name, policy, run_dtype)
         if op.kind == Kind.PARAM_GRAD and not any(n in by_name for n in linked(op)):
             op.local = False  # nothing recorded to say what its inputs were: cannot judge it
+    noise.clear(op_scores, rows, policy, run_dtype)     # noise in, noise out (comparison/noise.py)
     if replay is not None:
         second_opinion(op_scores, rows, policy, replay, replay_all)
     for name in explained(op_scores, policy):

@@ -207,8 +207,10 @@ def optimizer_origin(previous: Optional[Divergence], previous_compared: bool,
 
 
 def across_steps(results: Sequence[Any]) -> None:
-    """Apply `optimizer_origin` to each CompareResult whose step S-1 (same rank) was compared
-    too: called on the per-pair results before they are merged (see comparison/runs.py)."""
+    """Origins seen across steps, on the per-pair results before they are merged (see
+    comparison/runs.py): `optimizer_origin` where step S-1 (same rank) was compared and agreed,
+    `carried_over` where an earlier step of any rank diverged already (data-parallel ranks
+    share their weights), citing the earliest such step where the difference started."""
     by_key = {(r.step, r.rank): r for r in results if r.step is not None}
     for r in results:
         if r.step is None or r.first_divergence is None:
@@ -217,6 +219,73 @@ def across_steps(results: Sequence[Any]) -> None:
         if before is not None:
             r.first_divergence = optimizer_origin(before.first_divergence, True,
                                                   r.first_divergence)
+        earlier = [e for e in results if e.step is not None and e.step < r.step
+                   and e.first_divergence is not None]
+        if earlier:
+            # the earliest step; there, where the difference started (not a rank that
+            # received it through a collective), this rank's own first
+            first = min(earlier, key=lambda e: (
+                e.step, getattr(e.first_divergence, "origin", None) == "collective",
+                e.rank != r.rank, e.rank if e.rank is not None else -1))
+            r.first_divergence = carried_over(first.first_divergence, r.first_divergence,
+                                              r.rows)
+
+
+# The words that mark a divergence carried over from an earlier step (`is_carried_over`).
+CARRIED = "carried over from step"
+
+
+def carried_over(earlier: Divergence, current: Divergence, rows: Any) -> Divergence:
+    """Step S's divergence when an earlier step S0 of the run diverged already: the parameters
+    of step S were trained from that difference. A differing parameter (origin "parameter")
+    says so instead of "the runs do not start from the same weights"; an op named while the
+    parameters it starts from already differ (weights drift below the tolerance the leaf is
+    held to, then an op's output crosses its own) is not a local error: origin "parameter",
+    the worst differing parameter its tensor. Anything else (a random op, a number argument,
+    a parameter-free step) is returned unchanged."""
+    if is_carried_over(current):
+        return current
+    since = (f"{CARRIED} {earlier.step}, which diverged at {earlier.name}"
+             f"{'' if earlier.rank is None else f' (rank {earlier.rank})'}: the training steps "
+             f"since then carried that difference into the weights")
+    if current.origin == PARAMETER:
+        head = current.reason.split(":")[0].replace(" before any op uses it", "").replace(
+            " before any op", "")
+        return replace(current, reason=f"{head} at the start of step {current.step}, {since}")
+    if current.origin != OP:
+        return current
+    differ = _differing_parameters(rows)
+    if not differ:
+        return current
+    worst = max(differ, key=lambda row: row.error or 0.0)
+    return replace(current, origin=PARAMETER, kind=LEAF_KIND, tensor=worst.leaf_tensor, reason=(
+        f"{current.name} differs, but {len(differ)} parameter(s) already differ at the start "
+        f"of step {current.step} (worst: {worst.leaf_tensor}, {_row_numbers(worst)}), "
+        f"{since}; not a local error in this op"))
+
+
+def is_carried_over(fd: Optional[Divergence]) -> bool:
+    """Whether a divergence was carried over from an earlier step (`carried_over`)."""
+    return fd is not None and fd.origin == PARAMETER and CARRIED in fd.reason
+
+
+def _differing_parameters(rows: Any) -> list[TensorRow]:
+    """The parameter leaf rows of a pair that differ at all (statistics beyond their own
+    rounding; whole tensors in any element)."""
+    out = []
+    for row in rows:
+        if row.leaf != PARAMETER or row.error is None:
+            continue
+        tol = STATISTICS_LEAF_TOLERANCE if row.mode == "statistics" else 0.0
+        if row.error > tol or row.metrics.get("MaxAbsErr"):
+            out.append(row)
+    return out
+
+
+def _row_numbers(row: TensorRow) -> str:
+    if row.mode == "statistics":
+        return f"its statistics differ by {human(row.error)} of its size"
+    return f"max abs err {human(row.metrics.get('MaxAbsErr'))}"
 
 
 def _previous(current: Divergence) -> str:
@@ -225,4 +294,5 @@ def _previous(current: Divergence) -> str:
 
 __all__ = ["ORIGINS", "OUTSIDE", "judge_leaf", "judge_outside", "outside_divergence",
            "leaf_reason", "leaf_divergence", "leaf_input_reason",
-           "optimizer_origin", "across_steps", "random_reason", "STATISTICS_LEAF_TOLERANCE", "MOST_PARAMETERS"]
+           "optimizer_origin", "across_steps", "carried_over", "is_carried_over", "CARRIED",
+           "random_reason", "STATISTICS_LEAF_TOLERANCE", "MOST_PARAMETERS"]

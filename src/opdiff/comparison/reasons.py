@@ -45,14 +45,22 @@ def _stat_pair(row: TensorRow, key: str) -> str:
 def describe_statistics(op: "OpScore", out: TensorRow, inp: Optional[TensorRow],
                         verdict: str) -> str:
     """The reason when only statistics were compared: no cosine or max abs err to quote."""
-    inputs = ("no inputs to compare" if inp is None else
-              f"the inputs' statistics agree (worst differs by {human(op.error_in)} of its size)")
+    if inp is None:
+        inputs = "no inputs to compare, the output's statistics differ"
+    elif op.error_in == 0:
+        inputs = "the inputs' statistics agree exactly, the output's do not"
+    elif inp.accuracy_reached != "No":     # within its tolerance
+        inputs = (f"the inputs' statistics agree (worst differs by {human(op.error_in)} of its "
+                  f"size), the output's do not")
+    else:       # inputs that differ already, by an order of magnitude less than the output
+        inputs = (f"the inputs' statistics differ by at most {human(op.error_in)} of their size, "
+                  f"the output's by an order of magnitude more")
     if op.blame == SCALE:
         moved = (f"its L2 norm is {1 + cast(float, out.scale_error):.6g} times golden's "
                  f"(inputs {1 + op.scale_in:.6g})")
     else:
         moved = f"its statistics differ by {human(out.error)} of its size"
-    return (f"{inputs}, the output's do not: {moved}; max {_stat_pair(out, 'max')}, "
+    return (f"{inputs}: {moved}; max {_stat_pair(out, 'max')}, "
             f"min {_stat_pair(out, 'min')}, mean {_stat_pair(out, 'mean')} — {verdict} (judged "
             f"from statistics only)")
 

@@ -35,7 +35,7 @@ from typing import Any, Callable, Optional, Sequence, cast
 from ..errors import DumpError
 from ..store.reader import Dump
 from ..store.source import DumpSource
-from .origins import across_steps
+from .origins import across_steps, is_carried_over
 from .ranks import received_from
 from .result import CompareResult, Divergence, TensorRow, count
 from .spool import ChainedRows, PairRows, Spool, SpoolFile, encode_pair, on_disk, write_pair
@@ -263,13 +263,20 @@ def merge(target: str, golden: str, results: list[CompareResult], notes: list[st
 def _rank_notes(results: list[CompareResult], first: Optional[Divergence]) -> list[str]:
     """Where the other ranks' differences come from: their own ops, or a collective."""
     own = [r for r in results if r.first_divergence is not None and r.first_divergence is not first
-           and not received_from(r.first_divergence)]
+           and not received_from(r.first_divergence)
+           and not is_carried_over(r.first_divergence)]
     got = [r for r in results if received_from(r.first_divergence)]
+    carried = [r for r in results if r.first_divergence is not first
+               and is_carried_over(r.first_divergence)]
     notes = []
     if own:
         notes.append("also diverging for their own reasons: " + "; ".join(
             f"step {r.step} rank {r.rank} at {r.first_divergence.name}" for r in own
             if r.first_divergence is not None))
+    if carried:
+        notes.append("diverging because an earlier step did (their parameters already differ, "
+                     "origin parameter): " + "; ".join(f"step {r.step} rank {r.rank}"
+                                                       for r in carried))
     for r in got:
         if r.first_divergence is not None:
             notes.append(f"step {r.step} rank {r.rank}: {r.first_divergence.reason}")

@@ -83,6 +83,7 @@ class Monitor:
                                         isinstance(resume_from, bool) or resume_from < 0):
             raise ConfigError(f"Monitor 'resume_from' must be a step number (an integer >= 0); "
                               f"got {resume_from!r}")
+        optimizer = unwrap_optimizer(optimizer)
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
             raise ConfigError(f"Monitor 'optimizer' must be a torch.optim.Optimizer; got "
                               f"{type(optimizer).__name__}")
@@ -239,6 +240,7 @@ class Monitor:
         values["loss"] = loss_value          # None: not given, left empty in the stream
         values["grad_norm"] = grad_norm
         values["loss_scale"] = scale
+        values["lr"] = _learning_rate(self._params.optimizer)
         values["step_time"] = step_time
         if self.raise_on_nan:
             self._check_finite(values)
@@ -354,6 +356,44 @@ def _to_host(tensors: list) -> list:
         for i, v in zip(idxs, stacked.tolist()):
             out[i] = v
     return out
+
+
+# Where optimizer wrappers keep the optimizer they wrap: Lightning's LightningOptimizer
+# (`_optimizer`), Accelerate's AcceleratedOptimizer (as Hugging Face's Trainer hands it out) and
+# DeepSpeed's ZeRO optimizers (`optimizer`).
+_WRAPPED = ("_optimizer", "optimizer")
+
+
+def unwrap_optimizer(optimizer):
+    """The torch optimizer inside any wrappers: a wrapper may pass for a torch.optim.Optimizer
+    (Accelerate's and Lightning's do) without its hooks, so hooks go on the wrapped one, whose
+    step() the wrapper calls."""
+    seen = set()
+    while optimizer is not None and id(optimizer) not in seen:
+        seen.add(id(optimizer))
+        inner = None
+        for attr in _WRAPPED:
+            try:
+                candidate = getattr(optimizer, attr, None)
+            except Exception:        # (a wrapper whose attribute lookup itself fails)
+                candidate = None
+            if candidate is not None and candidate is not optimizer and hasattr(
+                    candidate, "param_groups"):
+                inner = candidate
+                break
+        if inner is None:
+            break
+        optimizer = inner
+    return optimizer
+
+
+def _learning_rate(optimizer) -> Optional[float]:
+    """The first parameter group's learning rate (a float or a 0-d tensor), None without one."""
+    try:
+        lr = optimizer.param_groups[0]["lr"] if optimizer is not None else None
+        return float(lr) if lr is not None else None
+    except Exception:          # (an optimizer without param groups or lr: no column)
+        return None
 
 
 def _plain_defaults(optimizer) -> Optional[dict]:

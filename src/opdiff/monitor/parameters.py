@@ -15,6 +15,7 @@ parameters in memory and three passes over them per recorded step; `update_norm=
 """
 from __future__ import annotations
 
+import logging
 import math
 from typing import Callable, Optional, cast
 
@@ -74,7 +75,13 @@ class ParameterProbe:
         self._state_cache: Optional[tuple] = None
         self._sources: list = []                  # the tensors of the last pending(), in order
         if optimizer is not None and self.update_norm:
-            self._handle = optimizer.register_step_pre_hook(self._before_step)
+            try:
+                self._handle = optimizer.register_step_pre_hook(self._before_step)
+            except Exception as exc:    # (an optimizer without torch's hooks: no update norms)
+                self.update_norm = False
+                logging.getLogger("opdiff").warning(
+                    "opdiff: Monitor records no update norms: %s cannot take a step pre-hook "
+                    "(%s: %s)", type(optimizer).__name__, type(exc).__name__, exc)
 
     def remove(self) -> None:
         if self._handle is not None:

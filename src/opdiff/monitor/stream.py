@@ -39,7 +39,8 @@ BINARY = "metrics.f32"
 MISSING_BITS = 0x7FC0DEAD       # a quiet NaN that means "not measured", not a measured NaN
 
 # One value per step, before the per-module and per-parameter columns.
-STEP_COLUMNS = ("loss", "grad_norm", "loss_scale", "step_time")
+# "lr": the first parameter group's learning rate when the step was recorded (with an optimizer).
+STEP_COLUMNS = ("loss", "grad_norm", "loss_scale", "lr", "step_time")
 # Per module: its forward output (all floating-point tensors it returns, taken as one vector)
 # and the gradient that flows back into that output.
 MODULE_QUANTITIES = ("fwd_norm", "fwd_max", "fwd_nan", "fwd_inf", "bwd_norm", "bwd_nan", "bwd_inf")

@@ -89,10 +89,13 @@ class _Walk:
         self.last_matters = -1                    # position of the last non-finite that matters
         self.positions: dict[str, int] = {}       # origin name -> its position
         self.discarded: set[str] = set()          # origins the online monitor found discarded
+        self.fp16_run = False                     # an fp16 tensor was seen: the run is in fp16
 
     def visit(self, rec: dict) -> None:
         self.counts["records"] += 1
         kind, phase, name = rec.get("kind"), rec.get("phase", Phase.FORWARD), rec["name"]
+        if not self.fp16_run:
+            self.fp16_run = _headroom.holds_fp16(rec)
         if kind == _LEAF:           # a parameter/input as it entered: the ops reading it judge it
             return
         if kind in (Kind.API, Kind.ATEN):
@@ -118,7 +121,8 @@ class _Walk:
         if verdict.kind == rules.CLEAN:
             if self.factor:
                 warns = _headroom.warnings_for(rec, self.factor, self._location(rec),
-                                               self.dump.step, self.dump.rank)
+                                               self.dump.step, self.dump.rank,
+                                               fp16_run=self.fp16_run)
                 (self.module_headroom if kind == Kind.MODULE else self.headroom).extend(warns)
                 self.warned.update((id(w), rec) for w in warns)
             return

@@ -9,6 +9,11 @@ A tensor whose largest magnitude is exactly its own dtype's largest finite value
 written on purpose (`masked_fill(mask, torch.finfo(dtype).min)`, HF attention masks): skipped.
 So are the loss scaler's own values (its scale, `scale * loss`; `opdiff.overflow.scaler.ScaledLoss`),
 and a gradient's warning under loss scaling gives its unscaled size. Each warning carries its step.
+
+In a run that is in fp16 already (an fp16 tensor came before), a float32 or wider output is
+wide on purpose: a norm that upcasts (`x.float().pow(2).mean()`), autocast's fp32 ops. It was
+never going to be fp16, so "would overflow in fp16" is no warning for it; fp16 outputs near
+their limit still are.
 """
 from __future__ import annotations
 
@@ -31,13 +36,24 @@ def limit_for(dtype: str) -> tuple[float, str] | None:
     return limit, name
 
 
-def warnings_for(record: dict, factor: float, location=None, step=None, rank=None) -> list:
-    """HeadroomWarnings for the output tensors of one record (at most one per record: the largest)."""
+def holds_fp16(record: dict) -> bool:
+    """Does the record hold an fp16 tensor (the run computes in fp16)?"""
+    return any(short_dtype(str(desc.get("dtype") or "")) == "float16"
+               for _, _, desc in iter_tensors(record))
+
+
+def warnings_for(record: dict, factor: float, location=None, step=None, rank=None,
+                 fp16_run: bool = False) -> list:
+    """HeadroomWarnings for the output tensors of one record (at most one per record: the largest);
+    fp16_run: wider outputs are wide on purpose, not measured against fp16 (module docstring)."""
     worst = None
     for tname, role, desc in iter_tensors(record):
         if role != Role.OUTPUT and record.get("kind") != Kind.PARAM_GRAD:
             continue
         limit = limit_for(str(desc.get("dtype") or ""))
+        if fp16_run and limit is not None and limit[1] == "float16" and \
+                short_dtype(str(desc.get("dtype") or "")) != "float16":
+            continue
         m = max_abs(desc)
         if limit is None or m is None or m * factor < limit[0]:
             continue

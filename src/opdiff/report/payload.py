@@ -299,6 +299,7 @@ def _divergence(d, culprit_rows: list[int]) -> Optional[dict]:
         "input_metrics": {str(k): _number(v, digits(k))
                           for k, v in (d.input_metrics or {}).items()},
         "tensor": _text(d.tensor), "module": _text(d.module), "step": d.step, "rank": d.rank,
+        "origin": _text(getattr(d, "origin", None)), "kind": _text(getattr(d, "kind", None)),
         "context": [[int(n), _text(t)] for n, t in (d.context or ())],
         "rows": culprit_rows,
     }

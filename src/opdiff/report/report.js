@@ -213,7 +213,8 @@
       tr.appendChild(el("td", "envval", e.golden === null ? "\u2013" : e.golden));
       t.appendChild(tr);
     });
-    box.appendChild(t);
+    tableWrap.appendChild(t);
+    box.appendChild(tableWrap);
   }
 
   function pairStatus(p) {
@@ -266,14 +267,18 @@
       });
       t.appendChild(tr);
     });
-    box.appendChild(t);
+    tableWrap.appendChild(t);
+    box.appendChild(tableWrap);
   }
 
   function pairsBlock(box) {
     var pairs = D.pairs || [];
     if (!pairs.length) return;
     box.appendChild(el("h3", null, "Step / rank pairs"));
-    pairsGrid(box, pairs);
+    // many ranks or steps scroll inside the box instead of running off the page
+    var gridWrap = el("div", "scroll-x"), tableWrap = el("div", "scroll-x");
+    box.appendChild(gridWrap);
+    pairsGrid(gridWrap, pairs);
     var t = el("table", "kv pairs"), head = el("tr");
     ["Step", "Rank", "Result", "Counts", "First divergence", "Target", "Golden"].forEach(function (h) {
       head.appendChild(el("th", null, h));
@@ -294,7 +299,8 @@
       });
       t.appendChild(tr);
     });
-    box.appendChild(t);
+    tableWrap.appendChild(t);
+    box.appendChild(tableWrap);
   }
 
   function notesBlock(box) {
@@ -325,6 +331,19 @@
       return;
     }
     box.className = "card diverged";
+    // what the verdict box says, by where the difference comes from (comparison/origins.py)
+    function originHeading(d) {
+      var carried = d.origin === "parameter" && /carried over from step/.test(d.reason || "");
+      if (carried) return "Parameters carried over from an earlier step";
+      return ({parameter: "A parameter differs before any op reads it",
+               buffer: "A buffer differs before any op reads it",
+               input: "An input differs before any op reads it",
+               number: "Its number arguments differ",
+               outside: "Changed outside torch",
+               random: "Random draws differ",
+               optimizer: "The optimizer's update differs",
+               collective: "Received through a collective"})[d.origin] || "Inputs agree, outputs do not";
+    }
     left.appendChild(el("div", "label", "First divergence"));
     left.appendChild(el("div", "culprit", d.name));
     var meta = el("div", "where");
@@ -350,8 +369,8 @@
       jump.addEventListener("click", function () { table.jumpTo(culpritRows[0], true); });
       left.appendChild(jump);
     }
-    right.appendChild(el("h3", null, "Inputs agree, outputs do not"));
-    right.appendChild(metricsTable([["worst input", d.input_metrics],
+    right.appendChild(el("h3", null, originHeading(d)));
+    right.appendChild(metricsTable([[d.origin && d.origin !== "op" ? "worst input (if any)" : "worst input", d.input_metrics],
                                     [d.tensor && d.tensor.indexOf(d.name + ".") === 0 ? d.tensor.slice(d.name.length + 1) : "worst output", d.metrics, true]]));
     environmentBlock(right);
     pairsBlock(right);

@@ -40,6 +40,19 @@ MIN_HISTORY = 3             # fewer earlier steps than this: only the dtype's pr
 DTYPE_FLOOR = {"float64": 1e-6, "float32": 1e-6, "float16": 2e-3, "bfloat16": 8e-3}
 
 
+def how_far(target: float, golden: float, relative: float) -> str:
+    """A difference as people read it: "is 2 times golden's (1.2 vs 0.6)" for a factor,
+    "differs by 3.1% (1.01 vs 0.98)" for a small change (`relative` is |t - g| / max(|t|, |g|),
+    which says 0.5 for a doubling)."""
+    values = f"({target:.4g} in target vs {golden:.4g} in golden)"
+    if math.isfinite(target) and math.isfinite(golden) and golden != 0 and target / golden > 0:
+        ratio = target / golden
+        if ratio >= 1.5 or ratio <= 1 / 1.5:
+            return f"is {ratio:.3g} times golden's {values}"
+        return f"differs by {abs(ratio - 1):.2%} {values}"
+    return f"differs by {relative:.1e} of its size {values}"
+
+
 def relevance_floor(*dtypes) -> float:
     return max([DTYPE_FLOOR.get(d or "float32", 1e-6) for d in dtypes] or [1e-6])
 
@@ -75,7 +88,7 @@ class Departure(AtSlot):
             side = "target" if not _finite_and_zero(self.target_value, s) else "golden"
             return f"{what}: inf/NaN in the {side} run only ({self.target_value:g} in target, " \
                    f"{self.golden_value:g} in golden)"
-        d = f"differs by {self.relative_difference:.1e} (relative)"
+        d = how_far(self.target_value, self.golden_value, self.relative_difference)
         if self.baseline is None:
             return f"{what} {d} in the first steps, beyond what the dtype allows"
         a, b = self.baseline

@@ -84,6 +84,17 @@ def _downsample(steps: np.ndarray, values: np.ndarray) -> tuple:
     return np.array(xs), np.array(ys)
 
 
+def step_ticks(x0: float, x1: float, most: int = 6) -> list[int]:
+    """Step numbers to label an x axis from x0 to x1 with: whole steps 1, 2 or 5 times a power
+    of ten apart, about `most` of them (a label at 29.4 read "29" under the step-30 marker)."""
+    span = max(x1 - x0, 1.0)
+    raw = span / most
+    mag = 10 ** math.floor(math.log10(raw))
+    gap = max(1, int(next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)))
+    first = math.ceil(x0 / gap) * gap
+    return list(range(int(first), int(math.floor(x1)) + 1, gap))
+
+
 def chart(title: str, series: list, marks: list, *, log: bool = False,
           hline: Optional[tuple] = None) -> str:
     """One SVG line chart: series [(label, steps, values, colour)], marks [(step, label)]."""
@@ -121,10 +132,9 @@ def chart(title: str, series: list, marks: list, *, log: bool = False,
         out.append(f'<line x1="{PAD_L}" x2="{PAD_L + w}" y1="{py(v):.1f}" y2="{py(v):.1f}" '
                    f'class="grid"/><text x="{PAD_L - 6}" y="{py(v) + 4:.1f}" '
                    f'class="tick" text-anchor="end">{text}</text>')
-    for k in range(6):
-        v = x0 + (x1 - x0) * k / 5
+    for v in step_ticks(x0, x1):     # whole steps, each label under its own step
         out.append(f'<text x="{px(v):.1f}" y="{HEIGHT - 12}" class="tick" '
-                   f'text-anchor="middle">{v:.0f}</text>')
+                   f'text-anchor="middle">{v}</text>')
     if hline is not None and hline[0] > 0:
         v = math.log10(hline[0]) if log else hline[0]
         out.append(f'<line x1="{PAD_L}" x2="{PAD_L + w}" y1="{py(v):.1f}" y2="{py(v):.1f}" '

@@ -32,7 +32,7 @@ QUANTITY_LABELS = {
 }
 COUNT_QUANTITIES = ("fwd_nan", "fwd_inf", "bwd_nan", "bwd_inf")
 # Not numbers of the model: never a divergence or an alert.
-IGNORED_COLUMNS = ("step_time", "loss_scale")
+IGNORED_COLUMNS = ("step_time", "loss_scale", "lr")
 
 
 def quantity_label(quantity: str) -> str:

@@ -1,0 +1,113 @@
+"""Noise in, noise out: when an op's inputs already carry so much rounding noise that no size of
+output error can be called the op's own.
+
+The blame rule (`opdiff.comparison.blame`) names an op whose output error is an order of
+magnitude above its inputs'. That reads relative errors as if they added up, which holds while
+they are small. Two cases break it, both met by healthy bf16 runs at `opt.step()`:
+
+- **An input that is noise through and through** (relative error of 1 or more: its values are
+  not those of golden at all, as a gradient that is mathematically zero is bf16 rounding noise
+  on one side and fp32 rounding noise on the other; `verdicts.Policy.within_input_noise` clears
+  the backward op that makes it). Whatever is computed from it is noise too, and relative
+  errors no longer add: AdamW's `exp_avg_sq.addcmul_(grad, grad)` squares a relative error of
+  1e4 into one of 1e8. Once an input differs by its own size (`NOISE_INPUT_ERROR`), the inputs
+  do not agree, and the op is named for no output error (only for inf/NaN it makes). The tensor
+  that differed first was either blamed where it was made (the earlier op is the culprit) or
+  cleared there as noise: either way this op is not where the difference starts.
+- **A division by values within noise of zero, seen through statistics.** Statistics measure an
+  input's error relative to its magnitude; a quotient measures each element against its own
+  divisor. AdamW's first step divides a gradient by its own absolute value (`addcdiv_`: the
+  update is lr * sign(grad)); an element of 2e-7 beside a maximum of 6e-4 is within bf16 noise of
+  zero, its sign is noise, and the parameter moves by lr the other way: a 12% change of the
+  output's mean from inputs whose statistics agree to 1%. A divisor whose elements all share a
+  sign tells its smallest magnitude (its min, or -max); when that is within the run's tolerance
+  of its magnitude, or the divisor crosses zero, the quotient's statistics cannot blame the op.
+  Whole-tensor dumps are not judged by this rule (their inputs' error is measured in full, and
+  replay re-runs the op).
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Optional
+
+from ..store.schema import Kind, Role, split_tensor_name
+from .result import LOCAL, SCALE
+
+if TYPE_CHECKING:
+    from .blame import OpScore
+    from .verdicts import Policy
+
+# An input that differs from golden by this much of its own size carries no information.
+NOISE_INPUT_ERROR = 1.0
+
+# Ops that divide, and which of their inputs is the divisor (the input's position).
+_DIVISORS = {
+    "div": (1,), "div_": (1,), "true_divide": (1,), "divide": (1,), "__truediv__": (1,),
+    "__itruediv__": (1,), "__rtruediv__": (0,), "reciprocal": (0,), "reciprocal_": (0,),
+    "rsqrt": (0,), "rsqrt_": (0,), "sign": (0,), "sgn": (0,),
+    "addcdiv": (2,), "addcdiv_": (2,),
+    "_foreach_div": (1,), "_foreach_div_": (1,), "_foreach_addcdiv": (2,),
+    "_foreach_addcdiv_": (2,), "_foreach_reciprocal": (0,), "_foreach_reciprocal_": (0,),
+    "_foreach_rsqrt": (0,), "_foreach_rsqrt_": (0,), "_foreach_sign": (0,),
+}
+
+
+def clear(op_scores: list["OpScore"], rows: list[Any], policy: "Policy",
+          run_dtype: Optional[str]) -> None:
+    """Unblame every op whose inputs' noise explains its output error (see module docstring).
+    Only the random and scale rules yield to this; inf/NaN an op makes are still its own."""
+    for op in op_scores:
+        if op.kind != Kind.LEAF and op.local and op.blame in (LOCAL, SCALE) and explains_any_error(op, rows, policy,
+                                                                          run_dtype):
+            op.local, op.blame, op.worst_out = False, "", None
+
+
+def explains_any_error(op: "OpScore", rows: list[Any], policy: "Policy",
+                       run_dtype: Optional[str]) -> bool:
+    """Do the op's inputs carry noise that explains any output error (see module docstring)?"""
+    if math.isfinite(op.error_in) and op.error_in >= NOISE_INPUT_ERROR:
+        return True
+    return divides_by_noise(op, rows, policy, run_dtype) is not None
+
+
+def divides_by_noise(op: "OpScore", rows: list[Any], policy: "Policy",
+                     run_dtype: Optional[str]) -> Optional[str]:
+    """The name of a statistics-only divisor input of `op` with elements within noise of zero
+    (see module docstring), or None."""
+    slots = _DIVISORS.get(op.op.rsplit(".", 1)[-1])
+    if not slots:
+        return None
+    for row_index, m, tdt, gdt in op.inputs:
+        if m.mode != "statistics":
+            continue
+        row = rows[row_index]
+        if _slot(row) not in slots:
+            continue
+        tol = max(policy.tolerance_for(tdt, gdt), policy.tolerance_for(run_dtype, run_dtype))
+        if any(_near_zero(stats, tol) for stats in (row.target_stats, row.golden_stats)):
+            return str(row.target_name or row.golden_name)
+    return None
+
+
+def _slot(row: Any) -> Optional[int]:
+    """The input position a row stands for (`input.2` and the elements `input.2.k` of a list)."""
+    _, role, slot = split_tensor_name(row.target_name or row.golden_name or "")
+    head = (slot or "").split(".", 1)[0]
+    return int(head) if role == Role.INPUT and head.isdigit() else None
+
+
+def _near_zero(stats: dict[str, Any], tolerance: float) -> bool:
+    """Has a tensor of these statistics elements within `tolerance` of its magnitude from zero?"""
+    lo, hi = stats.get("min"), stats.get("max")
+    if not isinstance(lo, (int, float)) or not isinstance(hi, (int, float)):
+        return False
+    magnitude = max(abs(lo), abs(hi))
+    if magnitude == 0 or not math.isfinite(magnitude):
+        return False            # all zeros (exact) or inf (the inf rules say it)
+    if lo < 0 < hi:
+        return True             # crosses zero: its smallest magnitude may be 0
+    smallest = lo if lo >= 0 else -hi
+    return smallest <= tolerance * magnitude
+
+
+__all__ = ["NOISE_INPUT_ERROR", "clear", "explains_any_error", "divides_by_noise"]

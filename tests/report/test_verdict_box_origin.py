@@ -1,0 +1,68 @@
+"""The HTML verdict box says where the difference comes from: "Inputs agree, outputs do not"
+only for an op's own error, not for a parameter that differs before any op reads it, nor for
+parameters carried over from an earlier diverging step."""
+from dataclasses import replace
+
+import pytest
+
+from opdiff.report.html import write_html
+
+
+@pytest.mark.parametrize("origin, reason, heading", [
+    ("op", "inputs agree, output does not — local error in this op",
+     "Inputs agree, outputs do not"),
+    ("parameter", "parameter fc.weight differs before any op uses it: the runs do not start "
+                  "from the same weights", "A parameter differs before any op reads it"),
+    ("parameter", "3 of 6 parameters differ at the start of step 2, carried over from step 0, "
+                  "which diverged at Functional.linear.1.forward",
+     "Parameters carried over from an earlier step"),
+    ("optimizer", "the optimizer's update differs", "The optimizer's update differs"),
+])
+def test_heading_follows_the_origin(browser, cnn_result, tmp_path, origin, reason, heading):
+    result = cnn_result()
+    result.first_divergence = replace(result.first_divergence, origin=origin, reason=reason)
+    page = browser.open(write_html(result, tmp_path / "report.html"))
+    try:
+        assert page.errors() == []
+        assert page.eval("document.querySelector('#verdict h3:last-of-type') && "
+                         "[...document.querySelectorAll('#verdict h3')].map(h => h.textContent)"
+                         ".includes(" + repr(heading).replace("'", '"') + ")"), heading
+        if origin != "op":
+            assert "Inputs agree, outputs do not" not in page.eval(
+                "document.getElementById('verdict').textContent")
+    finally:
+        page.close()
+
+
+def test_payload_carries_the_origin(cnn_result):
+    from opdiff.report.payload import build_payload
+    result = cnn_result()
+    result.first_divergence = replace(result.first_divergence, origin="parameter")
+    assert build_payload(result)["divergence"]["origin"] == "parameter"
+
+
+def test_heading_function_without_a_browser(tmp_path):
+    """The same headings, from report.js's own function, run in Node where there is one."""
+    import json
+    import re
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    import opdiff.report
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    js = (Path(opdiff.report.__file__).parent / "report.js").read_text()
+    fn = re.search(r"function originHeading\(d\) \{.*?\n    \}\n", js, re.S)
+    assert fn, "report.js has originHeading"
+    cases = [{"origin": "op"}, {"origin": "parameter", "reason": "differs before any op"},
+             {"origin": "parameter", "reason": "... carried over from step 0, ..."},
+             {"origin": "number"}, {}]
+    script = fn.group(0) + f"console.log(JSON.stringify({json.dumps(cases)}.map(originHeading)));"
+    out = subprocess.run([node, "-e", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == [
+        "Inputs agree, outputs do not", "A parameter differs before any op reads it",
+        "Parameters carried over from an earlier step", "Its number arguments differ",
+        "Inputs agree, outputs do not"]
