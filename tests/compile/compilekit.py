@@ -16,11 +16,11 @@ import opdiff
 LAYERS = 2
 
 
-def llama() -> torch.nn.Module:
+def llama(layers: int = LAYERS) -> torch.nn.Module:
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=LAYERS,
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
         attn_implementation="eager")
     return transformers.LlamaForCausalLM(cfg).eval()
@@ -36,13 +36,13 @@ class Step:
 
 
 def run_step(path: Optional[Path], level: str = "L2", backend: Optional[str] = None,
-             fault: Optional[str] = None, task: str = "statistics") -> Step:
+             fault: Optional[str] = None, task: str = "statistics", layers: int = LAYERS) -> Step:
     """One forward and backward; compiled with `backend` when given; dumped into `path` when
     given; `fault` = "op:call" spoils that call of the op's CPU kernel (scale 1.01)."""
     import torch._dynamo
     from torch._dynamo.utils import counters
 
-    model = llama()
+    model = llama(layers)
     run = torch.compile(model, backend=backend) if backend else model
     ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
     torch._dynamo.reset()
@@ -63,23 +63,31 @@ def run_step(path: Optional[Path], level: str = "L2", backend: Optional[str] = N
 
 @contextmanager
 def spoil(op: str, call: str, scale: float = 1.01) -> Iterator[list[int]]:
-    """Replace the CPU kernel of `aten::<op>` (silu) in this process: its `call`-th call (from 0)
+    """Replace the CPU kernel of `aten::<op>` (silu, silu_backward) in this process: its `call`-th call (from 0)
     returns its output times `scale`: a wrong kernel, under every recorder and compiler."""
-    if op != "silu":
-        raise ValueError("only silu is planted here")
     count = [0]
     hits: list[int] = []
     lib = torch.library.Library("aten", "IMPL")
 
-    def silu(x: torch.Tensor) -> torch.Tensor:
-        out = x * torch.sigmoid(x)      # (not aten::silu: that would call this kernel again)
+    def spoiled(out: torch.Tensor) -> torch.Tensor:
         if count[0] == int(call):
             hits.append(count[0])
             out = out * scale
         count[0] += 1
         return out
 
-    lib.impl("silu", silu, "CPU")
+    # (not aten::silu itself: that would call this kernel again)
+    def silu(x: torch.Tensor) -> torch.Tensor:
+        return spoiled(x * torch.sigmoid(x))
+
+    def silu_backward(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        s = torch.sigmoid(x)
+        return spoiled(grad * s * (1 + x * (1 - s)))
+
+    kernels = {"silu": silu, "silu_backward": silu_backward}
+    if op not in kernels:
+        raise ValueError(f"only {sorted(kernels)} are planted here")
+    lib.impl(op, kernels[op], "CPU")
     try:
         yield hits
     finally:

@@ -56,8 +56,13 @@ def test_compiled_graph_ops_carry_the_compilers_provenance(compiled_step):
     assert not any(r.get("compiled") for r in eager)
 
 
-def test_a_healthy_pair_names_nothing_at_L2(compiled_step, tmp_path):
-    result = _compare(compiled_step("L2", AOT), compiled_step("L2"), tmp_path)
+TASKS = ["statistics", pytest.param("tensor", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_a_healthy_pair_names_nothing_at_L2(compiled_step, tmp_path, task):
+    result = _compare(compiled_step("L2", AOT, task=task), compiled_step("L2", task=task),
+                      tmp_path)
     assert result.first_divergence is None, result.first_divergence
     assert result.coverage is not None and result.coverage > 0.8
     assert not [n for n in result.notes if n.startswith("inconclusive")]
@@ -74,8 +79,10 @@ def test_a_healthy_pair_at_mix_is_inconclusive_not_refused(compiled_step, tmp_pa
     assert grads and all(r.result == "pass" for r in grads)
 
 
-def test_a_wrong_silu_kernel_is_named_at_that_op_and_layer(compiled_step, tmp_path):
-    result = _compare(compiled_step("L2", AOT, "silu:1"), compiled_step("L2"), tmp_path)
+@pytest.mark.parametrize("task", TASKS)
+def test_a_wrong_silu_kernel_is_named_at_that_op_and_layer(compiled_step, tmp_path, task):
+    result = _compare(compiled_step("L2", AOT, "silu:1", task), compiled_step("L2", task=task),
+                      tmp_path)
     first = result.first_divergence
     assert first is not None, verdict_line(result)
     assert first.name == "Aten.silu.1.forward", first

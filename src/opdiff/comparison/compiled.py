@@ -52,9 +52,13 @@ def _inputs(record: Record) -> dict[str, dict[str, Any]]:
     return {n[len(name):]: d for n, role, d in iter_tensors(record) if role != Role.OUTPUT}
 
 
-def verify(pairs: list[Pair], target: list[Record], golden: list[Record]) -> list[Pair]:
+def verify(pairs: list[Pair], target: list[Record], golden: list[Record],
+           strict: bool = True) -> list[Pair]:
     """`pairs` with every pair the dataflow contradicts split into two unpaired ops (in place
-    of the pair). Repeated until nothing changes: a split producer frees its consumers' inputs."""
+    of the pair). Repeated until nothing changes: a split producer frees its consumers' inputs.
+    `strict`: also split a backward pair where one side reads a paired op's output and the
+    other a tensor without a producer (a gradient, or a view of that same output: weak evidence,
+    used before `link_backward`, which prefers twins it does not contradict)."""
     t_by_seq = {r.get("seq"): i for i, r in enumerate(target) if r.get("seq") is not None}
     g_by_seq = {r.get("seq"): j for j, r in enumerate(golden) if r.get("seq") is not None}
     if not t_by_seq or not g_by_seq:
@@ -69,7 +73,8 @@ def verify(pairs: list[Pair], target: list[Record], golden: list[Record]) -> lis
         changed = False
         for ti, gi in out:
             if ti is not None and gi is not None and (
-                    _contradicts(target[ti], golden[gi], partner, taken, t_by_seq, g_by_seq) or
+                    _contradicts(target[ti], golden[gi], partner, taken, t_by_seq, g_by_seq,
+                                 strict) or
                     _other_forward(target[ti], golden[gi], partner, t_by_name, g_by_name)):
                 split += [(ti, None), (None, gi)]
                 changed = True
@@ -100,6 +105,9 @@ def link_backward(pairs: list[Pair], target: list[Record], golden: list[Record])
     op and shapes (the compiled backward runs in another order than autograd's, so the
     alignment leaves most of them unpaired). The pair takes the target op's place."""
     partner = {ti: gi for ti, gi in pairs if ti is not None and gi is not None}
+    taken = {gi: ti for ti, gi in partner.items()}
+    t_by_seq = {r.get("seq"): i for i, r in enumerate(target) if r.get("seq") is not None}
+    g_by_seq = {r.get("seq"): j for j, r in enumerate(golden) if r.get("seq") is not None}
     t_by_name = {r["name"]: i for i, r in enumerate(target)}
     free: dict[tuple[Any, ...], list[int]] = {}
     for ti, gi in pairs:
@@ -116,7 +124,10 @@ def link_backward(pairs: list[Pair], target: list[Record], golden: list[Record])
             if twin is not None:
                 waiting = free.get((golden[twin]["name"],) + signature(t))
                 if waiting:
-                    gj = waiting.pop(0)
+                    # the first candidate whose inputs' makers do not contradict it
+                    gj = next((j for j in waiting if not _contradicts(
+                        t, golden[j], partner, taken, t_by_seq, g_by_seq, True)), waiting[0])
+                    waiting.remove(gj)
                     used.add(gj)
                     out.append((ti, gj))
                     continue
@@ -131,12 +142,12 @@ def signature(record: Record) -> tuple[Any, ...]:
 
 
 def _contradicts(t: Record, g: Record, partner: dict[int, int], taken: dict[int, int],
-                 t_by_seq: dict[Any, int], g_by_seq: dict[Any, int]) -> bool:
+                 t_by_seq: dict[Any, int], g_by_seq: dict[Any, int], strict: bool) -> bool:
     """Whether the inputs of t and g were made by ops that are not each other's twins."""
     if t.get("kind") not in Kind.REPLAYABLE:
         return False        # modules, leaves, parameter gradients pair by their names
     g_inputs = _inputs(g)
-    backward = t.get("phase") == Phase.BACKWARD
+    backward = strict and t.get("phase") == Phase.BACKWARD
     for suffix, td in _inputs(t).items():
         gd = g_inputs.get(suffix)
         if gd is None:
