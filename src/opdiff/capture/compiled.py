@@ -29,7 +29,7 @@ INDUCTOR_DIR = "torchinductor_"   # Inductor's generated Python (its cache dir's
 DEPTH = 10       # frames between the dispatch mode's handler and the graph's code (8 on the
                  # first call, when AOT autograd runs the graph under a mode of its own)
 
-_cache: dict[tuple[int, int], Optional[dict[str, Any]]] = {}
+_cache: dict[tuple[Any, int], Optional[dict[str, Any]]] = {}   # (graph code, line) -> facts
 _CACHE_MAX = 65536
 _GETATTR = re.compile(r"getattr\((.*?), '(\w+)'\)")
 _INDEX = re.compile(r"\[(\d+)\]")
@@ -45,16 +45,20 @@ def provenance(skip: int = 1) -> Optional[dict[str, Any]]:
         frame: Any = sys._getframe(skip + 1)
     except ValueError:
         return None
+    kinds = _kinds
     for _ in range(DEPTH):
         if frame is None:
             return None
         code = frame.f_code
-        if INDUCTOR_DIR in code.co_filename or _inductor_module(frame.f_globals):
+        kind = kinds.get(code)
+        if kind is None:
+            kind = _classify(code, frame.f_globals)
+        if kind == _INDUCTOR:
             # Inductor's wrapper calling an extern kernel (mm, bmm...): its fused kernels are
             # C++ or Triton, run without a dispatch, and are not recorded
             return {"graph": code.co_filename.rsplit("/", 1)[-1], "backend": "inductor"}
-        if code.co_filename.startswith(GRAPH_FILE):
-            key = (id(code), frame.f_lineno)
+        if kind == _GRAPH:
+            key = (code, frame.f_lineno)
             if key not in _cache:
                 if len(_cache) > _CACHE_MAX:
                     _cache.clear()
@@ -62,6 +66,23 @@ def provenance(skip: int = 1) -> Optional[dict[str, Any]]:
             return _cache[key]
         frame = frame.f_back
     return None
+
+
+_PLAIN, _GRAPH, _INDUCTOR = 0, 1, 2
+_kinds: dict[Any, int] = {}     # code object -> what runs it (a frame walk is the hot path)
+
+
+def _classify(code: Any, names: dict[str, Any]) -> int:
+    if INDUCTOR_DIR in code.co_filename or _inductor_module(names):
+        kind = _INDUCTOR
+    elif code.co_filename.startswith(GRAPH_FILE):
+        kind = _GRAPH
+    else:
+        kind = _PLAIN
+    if len(_kinds) > _CACHE_MAX:
+        _kinds.clear()
+    _kinds[code] = kind
+    return kind
 
 
 def _inductor_module(names: dict[str, Any]) -> bool:
