@@ -201,8 +201,9 @@ def note(target: list[Record], golden: list[Record], t_meta: Optional[dict[str, 
     if extern:
         shown = ", ".join(dict.fromkeys(extern))
         return (f"{INCONCLUSIVE}: the {which} ran Inductor-generated kernels, which are not "
-                f"recorded (only {len(extern)} extern kernel calls are: {shown}); inputs, "
-                f"parameters and parameter gradients are compared, ops are not judged; record "
+                f"recorded (only {len(extern)} extern kernel calls are: {shown}); only inputs, "
+                f"parameters and parameter gradients (where recorded) are compared, ops are not "
+                f"judged; record "
                 f"the {which} with torch.compile(backend=\"aot_eager\") and level=\"L2\" to "
                 f"compare its graphs op by op (if that names nothing, the difference comes from "
                 f"Inductor's code generation)")
@@ -211,8 +212,8 @@ def note(target: list[Record], golden: list[Record], t_meta: Optional[dict[str, 
         return None         # aten ops against aten ops: paired op by op where dataflow agrees
     return (f"{INCONCLUSIVE}: the {which} ran torch.compile'd code, whose graphs are recorded per "
             f"aten op, while the other run is recorded per torch call (level "
-            f"{'/'.join(sorted(str(v) for v in levels))}): inputs, parameters and parameter "
-            f"gradients are compared, ops are not judged; record both runs with level=\"L2\" "
+            f"{'/'.join(sorted(str(v) for v in levels))}): only inputs, parameters and parameter "
+            f"gradients (where recorded) are compared, ops are not judged; record both runs with level=\"L2\" "
             f"(and backend=\"aot_eager\" for Inductor) to compare the compiled graphs op by op")
 
 
