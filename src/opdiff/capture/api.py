@@ -8,6 +8,7 @@ from ..store.schema import Kind, Phase, Role, record_name
 from . import collectives, naming
 from .backward import hook_api_backward, in_backward, input_edges
 from .callsite import api_caller, call_as, dispatched
+from .compiled import provenance
 from .guards import capturing_graph
 from .randomness import draws, fingerprint
 from .sink import PendingRecord
@@ -105,6 +106,9 @@ class ApiCapture(TorchFunctionMode):
                   "module": s.modules.current, "stack": s.stack_id(skip=3)}
         pending = PendingRecord(record, index)
         try:
+            compiled = provenance(2)    # an aten op of a torch.compile'd FX graph (compiled.py)
+            if compiled is not None:
+                record["compiled"] = compiled
             if draws(op, args, kwargs):     # before the call: what its generator held
                 record["rng"] = fingerprint(args, kwargs)
             # Inputs are described now, before an in-place op can overwrite them.

@@ -14,6 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..ops import SKIPPED_ATEN
 from ..store.schema import Kind, Phase, Role, record_name
+from .compiled import provenance
 from .guards import capturing_graph
 from .randomness import draws, fingerprint
 
@@ -42,6 +43,7 @@ class AtenCapture(TorchDispatchMode):
         super().__init__()
         self.session = session
         self.forward_names: dict[int, str] = {}   # autograd sequence nr -> forward record name
+        self.compiled_names: dict[int, str] = {}  # a compiled graph node's seq_nr -> forward record
 
     # the layer's lifecycle (see debugger.LEVELS)
     def start(self, model=None) -> None:
@@ -52,6 +54,7 @@ class AtenCapture(TorchDispatchMode):
 
     def end_step(self) -> None:
         self.forward_names.clear()
+        self.compiled_names.clear()
 
     @classmethod
     def ignore_compile_internals(cls):
@@ -84,6 +87,14 @@ class AtenCapture(TorchDispatchMode):
                 if node is not None:
                     record["forward"] = self.forward_names.get(node._sequence_nr())
                     record["autograd_node"] = node.name()
+                compiled = provenance()     # run by an FX graph of torch.compile (compiled.py)
+                if compiled is not None:
+                    record["compiled"] = compiled
+                    seq = compiled.get("seq_nr")
+                    if seq is not None and phase == Phase.FORWARD:
+                        self.compiled_names.setdefault(seq, name)
+                    elif seq is not None:
+                        record["forward"] = self.compiled_names.get(seq)
                 with s.own():
                     try:
                         record["inputs"], described_kwargs = s.describe_inputs(op, args, kwargs, name, record)

@@ -20,6 +20,7 @@ from ..store.records import decoded_stats, iter_tensors
 from ..store.schema import Kind, Location, Phase, Role, locations_from_frames
 from ..store.source import DumpSource
 from ..environment import diff_meta
+from . import compiled
 from .align import align
 from .blame import OpScore, analyse, differing_numbers
 from .metrics import Measurement, measure, stats_measure
@@ -111,9 +112,19 @@ class _PairCompare:
             if not recs:
                 raise DumpError(f"{dump.path}: the dump holds no op records; was the model run "
                                 f"between start() and stop()?")
-        pairs = align(t_records, g_records, shape_flag=self.shape_flag)
+        compiled_run = compiled.compiled_side(t_records) or compiled.compiled_side(g_records)
+        # eager vs torch.compile: never two ops of other shapes, and only where dataflow agrees
+        pairs = align(t_records, g_records, shape_flag=self.shape_flag or compiled_run)
+        compiled_note = compiled.note(t_records, g_records, self.t.meta, self.g.meta) \
+            if compiled_run else None
+        if compiled_note:
+            pairs = compiled.restrict(pairs, t_records, g_records)
+        elif compiled_run:
+            pairs = compiled.by_name(compiled.verify(compiled.link_backward(
+                compiled.verify(pairs, t_records, g_records), t_records, g_records),
+                t_records, g_records, strict=False), t_records, g_records)
         paired = sum(1 for ti, gi in pairs if ti is not None and gi is not None)
-        if paired < MIN_PAIRED_FRACTION * max(len(t_records), len(g_records)):
+        if paired < MIN_PAIRED_FRACTION * max(len(t_records), len(g_records)) and not compiled_note:
             raise DumpError(f"{self.t.path} and {self.g.path} look like dumps of different models: "
                             f"only {paired} of {len(t_records)} target and {len(g_records)} golden "
                             f"ops line up; compare dumps of the same model and step")
@@ -140,7 +151,9 @@ class _PairCompare:
                 replayer.close()
         if divergence is not None:
             divergence = replace(divergence, step=self.t.step, rank=self.t.rank)
-        notes = []
+            if compiled_run:      # the graph node, module and line the compiler names
+                divergence = compiled.annotate(divergence, t_records, g_records)
+        notes = [compiled_note] if compiled_note else []
         if replayer is not None and replayer.done:
             log.info("opdiff: %s", replayer.summary())
             notes.append(replayer.summary())

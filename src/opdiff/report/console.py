@@ -104,6 +104,9 @@ def verdict_line(result: CompareResult) -> str:
         p, c = cut[0]
         return (f"inconclusive: step {p['step']} rank {p['rank']}: {cut_words(c['side'], c)}; no "
                 f"divergence among the records before it (see the notes)")
+    said = next((n for n in result.notes if n.startswith("inconclusive:")), None)
+    if fd is None and said:     # e.g. compiled code recorded unlike eager code (comparison/compiled.py)
+        return said
     if fd is None and covered is not None and covered < MIN_COVERAGE:
         # Most tensors were not compared at all: finding nothing among the rest proves little.
         return (f"inconclusive: only {100 * covered:.0f}% of tensors have a partner in the other "

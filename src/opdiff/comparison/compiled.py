@@ -1,0 +1,298 @@
+"""Eager against `torch.compile`: pairing what the compiled graphs ran with the eager ops, only
+where the dump's dataflow agrees.
+
+A compiled run records, at L2, the aten ops its FX graphs run (`capture/compiled.py` marks them
+with a `compiled` field); the eager run the aten ops autograd and the model run. The two
+sequences are mostly the same ops, but not in the same order (the compiled backward is one
+graph in the partitioner's order, not autograd's), so a name or a shape alone pairs a `mul` of
+one layer with a `mul` of another. Here every pair the alignment proposes is checked against the
+dataflow (`"producer": [seq, slot]` on input descriptors): a pair whose inputs were made by ops
+that are paired elsewhere, or by another parameter, is split. What is left unpaired forms
+regions (`regions.py`), judged through their boundary or reported as not judged, never blamed
+op by op.
+
+Where the two sides cannot be paired at all (a compiled run recorded at level mix or L1 against
+an eager one: compiled graphs are recorded per aten op, eager code per torch call; Inductor's
+generated kernels are not recorded), the compare is not refused: what pairs (leaves, parameter
+gradients) is compared, and the result says "inconclusive" with the reason (`note`).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Optional
+
+from ..store.records import iter_tensors
+from ..store.schema import Kind, Location, Phase, Role
+
+Pair = tuple[Optional[int], Optional[int]]
+Record = dict[str, Any]
+
+INCONCLUSIVE = "inconclusive"
+
+
+def compiled_side(records: list[Record]) -> bool:
+    """Whether a dump ran compiled code (records marked by capture/compiled.py, or the aten ops
+    of a compiled backward, whose autograd node is torch's CompiledFunctionBackward)."""
+    for r in records:
+        if r.get("compiled") or r.get("autograd_node") == "CompiledFunctionBackward":
+            return True
+    return False
+
+
+def level_of(meta: Optional[dict[str, Any]]) -> Optional[str]:
+    """The capture level a dump was written at (its meta's config), if it says."""
+    config = (meta or {}).get("config") or {}
+    level = config.get("level")
+    return level if isinstance(level, str) else None
+
+
+def _inputs(record: Record) -> dict[str, dict[str, Any]]:
+    """Input descriptors by their name's suffix (`.input.0`, `.kwargs.x`)."""
+    name = record["name"]
+    return {n[len(name):]: d for n, role, d in iter_tensors(record) if role != Role.OUTPUT}
+
+
+def verify(pairs: list[Pair], target: list[Record], golden: list[Record],
+           strict: bool = True) -> list[Pair]:
+    """`pairs` with every pair the dataflow contradicts split into two unpaired ops (in place
+    of the pair). Repeated until nothing changes: a split producer frees its consumers' inputs.
+    `strict`: also split a backward pair where one side reads a paired op's output and the
+    other a tensor without a producer (a gradient, or a view of that same output: weak evidence,
+    used before `link_backward`, which prefers twins it does not contradict)."""
+    t_by_seq = {r.get("seq"): i for i, r in enumerate(target) if r.get("seq") is not None}
+    g_by_seq = {r.get("seq"): j for j, r in enumerate(golden) if r.get("seq") is not None}
+    if not t_by_seq or not g_by_seq:
+        return pairs       # no dataflow on one side: nothing to check against
+    t_by_name = {r["name"]: i for i, r in enumerate(target)}
+    g_by_name = {r["name"]: j for j, r in enumerate(golden)}
+    out = list(pairs)
+    for _ in range(8):
+        partner = {ti: gi for ti, gi in out if ti is not None and gi is not None}
+        taken = {gi: ti for ti, gi in partner.items()}
+        split: list[Pair] = []
+        changed = False
+        for ti, gi in out:
+            if ti is not None and gi is not None and (
+                    _contradicts(target[ti], golden[gi], partner, taken, t_by_seq, g_by_seq,
+                                 strict) or
+                    _other_forward(target[ti], golden[gi], partner, t_by_name, g_by_name)):
+                split += [(ti, None), (None, gi)]
+                changed = True
+            else:
+                split.append((ti, gi))
+        out = split
+        if not changed:
+            break
+    return out
+
+
+def _other_forward(t: Record, g: Record, partner: dict[int, int], t_by_name: dict[str, int],
+                   g_by_name: dict[str, int]) -> bool:
+    """Whether two backward ops are not known to belong to forward ops that are each other's
+    twins (a compiled backward op names its forward op through the graph node's `seq_nr`; the
+    backward of eager and compiled code run in other orders, so a name or shape proves nothing)."""
+    if t.get("phase") != Phase.BACKWARD or t.get("kind") not in Kind.REPLAYABLE:
+        return False
+    tf, gf = t.get("forward"), g.get("forward")
+    ti, gi = t_by_name.get(tf or ""), g_by_name.get(gf or "")
+    # a backward pair stands only on positive evidence: its forward ops are each other's twins
+    return ti is None or gi is None or partner.get(ti) != gi
+
+
+def link_backward(pairs: list[Pair], target: list[Record], golden: list[Record]) -> list[Pair]:
+    """Pair unpaired backward ops through their forward ops: a target backward op whose forward
+    op is paired meets an unpaired golden backward op of that forward op's twin with the same
+    op and shapes (the compiled backward runs in another order than autograd's, so the
+    alignment leaves most of them unpaired). The pair takes the target op's place."""
+    partner = {ti: gi for ti, gi in pairs if ti is not None and gi is not None}
+    taken = {gi: ti for ti, gi in partner.items()}
+    t_by_seq = {r.get("seq"): i for i, r in enumerate(target) if r.get("seq") is not None}
+    g_by_seq = {r.get("seq"): j for j, r in enumerate(golden) if r.get("seq") is not None}
+    t_by_name = {r["name"]: i for i, r in enumerate(target)}
+    free: dict[tuple[Any, ...], list[int]] = {}
+    for ti, gi in pairs:
+        if ti is None and gi is not None and golden[gi].get("forward"):
+            g = golden[gi]
+            free.setdefault((g["forward"],) + signature(g), []).append(gi)
+    used: set[int] = set()
+    out: list[Pair] = []
+    for ti, gi in pairs:
+        if ti is not None and gi is None and target[ti].get("forward"):
+            t = target[ti]
+            f = t_by_name.get(t["forward"])
+            twin = partner.get(f) if f is not None else None
+            if twin is not None:
+                waiting = free.get((golden[twin]["name"],) + signature(t))
+                if waiting:
+                    # the first candidate whose inputs' makers do not contradict it
+                    gj = next((j for j in waiting if not _contradicts(
+                        t, golden[j], partner, taken, t_by_seq, g_by_seq, True)), waiting[0])
+                    waiting.remove(gj)
+                    used.add(gj)
+                    out.append((ti, gj))
+                    continue
+        out.append((ti, gi))
+    return [(ti, gi) for ti, gi in out if not (ti is None and gi in used)]
+
+
+def signature(record: Record) -> tuple[Any, ...]:
+    """op, phase and the shapes of every tensor (what two twins share)."""
+    shapes = tuple((role, tuple(d.get("shape") or ())) for _, role, d in iter_tensors(record))
+    return (record.get("op"), record.get("phase"), shapes)
+
+
+def _contradicts(t: Record, g: Record, partner: dict[int, int], taken: dict[int, int],
+                 t_by_seq: dict[Any, int], g_by_seq: dict[Any, int], strict: bool) -> bool:
+    """Whether the inputs of t and g were made by ops that are not each other's twins."""
+    if t.get("kind") not in Kind.REPLAYABLE:
+        return False        # modules, leaves, parameter gradients pair by their names
+    g_inputs = _inputs(g)
+    backward = strict and t.get("phase") == Phase.BACKWARD
+    for suffix, td in _inputs(t).items():
+        gd = g_inputs.get(suffix)
+        if gd is None:
+            continue
+        tp, gp = td.get("producer"), gd.get("producer")
+        tl, gl = td.get("leaf"), gd.get("leaf")
+        if tp and gp:
+            t_made, g_made = t_by_seq.get(tp[0]), g_by_seq.get(gp[0])
+            if t_made is None or g_made is None:
+                continue
+            if t_made in partner and (partner[t_made] != g_made or tp[1] != gp[1]):
+                return True
+            if t_made not in partner and g_made in taken:
+                return True
+        elif tp and gl in ("parameter", "buffer", "input"):
+            t_made = t_by_seq.get(tp[0])
+            if t_made is not None and t_made in partner:
+                return True     # golden reads a leaf where the target reads a paired op's output
+        elif gp and tl in ("parameter", "buffer", "input"):
+            g_made = g_by_seq.get(gp[0])
+            if g_made is not None and g_made in taken:
+                return True
+        elif tl and gl and td.get("fqn") and gd.get("fqn") and \
+                (tl, td.get("fqn")) != (gl, gd.get("fqn")):
+            return True         # another parameter, buffer or input
+        elif backward and (tp or gp) and not (tl or gl):
+            # in backward, a tensor without a producer is a gradient (or a view): one side
+            # reads a forward op's output where the other reads a gradient
+            made = t_by_seq.get(tp[0]) if tp else g_by_seq.get((gp or (None,))[0])
+            if made is not None and (made in partner if tp else made in taken):
+                return True
+    return False
+
+
+def inductor_calls(records: list[Record]) -> list[str]:
+    """The ops of a dump recorded inside Inductor's generated code (its extern kernels)."""
+    return [r.get("op", "") for r in records
+            if (r.get("compiled") or {}).get("backend") == "inductor"]
+
+
+def note(target: list[Record], golden: list[Record], t_meta: Optional[dict[str, Any]],
+         g_meta: Optional[dict[str, Any]]) -> Optional[str]:
+    """The pair's "inconclusive: ..." note when one side ran compiled code that cannot be paired
+    op by op with the other side's records; None when the sides pair op by op (aot_eager and
+    other FX backends at level L2 against eager at L2)."""
+    t_compiled, g_compiled = compiled_side(target), compiled_side(golden)
+    if not (t_compiled or g_compiled):
+        return None
+    which = "target" if t_compiled else "golden"
+    extern = inductor_calls(target if t_compiled else golden)
+    if extern:
+        shown = ", ".join(dict.fromkeys(extern))
+        return (f"{INCONCLUSIVE}: the {which} ran Inductor-generated kernels, which are not "
+                f"recorded (only {len(extern)} extern kernel calls are: {shown}); only inputs, "
+                f"parameters and parameter gradients (where recorded) are compared, ops are not "
+                f"judged; record "
+                f"the {which} with torch.compile(backend=\"aot_eager\") and level=\"L2\" to "
+                f"compare its graphs op by op (if that names nothing, the difference comes from "
+                f"Inductor's code generation)")
+    levels = {level_of(t_meta), level_of(g_meta)}
+    if levels <= {"L2", None}:
+        return None         # aten ops against aten ops: paired op by op where dataflow agrees
+    return (f"{INCONCLUSIVE}: the {which} ran torch.compile'd code, whose graphs are recorded per "
+            f"aten op, while the other run is recorded per torch call (level "
+            f"{'/'.join(sorted(str(v) for v in levels))}): only inputs, parameters and parameter "
+            f"gradients (where recorded) are compared, ops are not judged; record both runs with level=\"L2\" "
+            f"(and backend=\"aot_eager\" for Inductor) to compare the compiled graphs op by op")
+
+
+def restrict(pairs: list[Pair], target: list[Record], golden: list[Record]) -> list[Pair]:
+    """Only records that are not ops stay paired (leaves, parameter gradients, module calls):
+    where compiled code and eager code are recorded differently, two ops of the same name and
+    shapes are not known to be twins."""
+    out: list[Pair] = []
+    for ti, gi in pairs:
+        if ti is not None and gi is not None and target[ti].get("kind") in Kind.REPLAYABLE:
+            out += [(ti, None), (None, gi)]
+        else:
+            out.append((ti, gi))
+    return by_name(out, target, golden)
+
+
+NAMED = (Kind.LEAF, Kind.PARAM_GRAD)    # records whose name says what they are, in any order
+
+
+def by_name(pairs: list[Pair], target: list[Record], golden: list[Record]) -> list[Pair]:
+    """Pair unpaired leaves and parameter gradients by their names: a compiled backward hands
+    every gradient over at its end, in another order than autograd's. The pair takes the
+    target record's place."""
+    free = {golden[gi]["name"]: gi for ti, gi in pairs
+            if ti is None and gi is not None and golden[gi].get("kind") in NAMED}
+    used: set[int] = set()
+    out: list[Pair] = []
+    for ti, gi in pairs:
+        if ti is not None and gi is None and target[ti].get("kind") in NAMED:
+            gj = free.pop(target[ti]["name"], None)
+            if gj is not None:
+                used.add(gj)
+                out.append((ti, gj))
+                continue
+        out.append((ti, gi))
+    return [(ti, gi) for ti, gi in out if not (ti is None and gi in used)]
+
+
+def where(record: Optional[Record]) -> str:
+    """" (compiled graph `<eval_with_key>.5`, node `silu_1`, in `model.layers.1.mlp`)": what the
+    compiler says of a record it ran ("" for an eager record)."""
+    facts = (record or {}).get("compiled") or {}
+    if not facts.get("node"):
+        return ""
+    inside = f", in `{facts['module']}`" if facts.get("module") else ""
+    return f" (compiled graph `{facts.get('graph', '?')}`, node `{facts['node']}`{inside})"
+
+
+def source(record: Optional[Record]) -> Optional[Location]:
+    """The user's line the compiler names for a record it ran (its node's stack trace)."""
+    found = ((record or {}).get("compiled") or {}).get("source")
+    if not isinstance(found, list) or len(found) != 2:
+        return None
+    try:
+        import linecache
+
+        return Location(str(found[0]), int(found[1]),
+                        linecache.getline(str(found[0]), int(found[1])).strip())
+    except (TypeError, ValueError):
+        return None
+
+
+def annotate(divergence: Any, target: list[Record], golden: list[Record]) -> Any:
+    """A divergence at an op of compiled code says where the compiler put it: its graph node,
+    the module and the user's line (the op's own call site is inside torch)."""
+    if divergence is None:
+        return None
+    by_name = {r["name"]: r for r in target}
+    rec = by_name.get(divergence.name)
+    if rec is None and divergence.region:
+        ops = divergence.region.get("target_ops") or []
+        rec = next((by_name.get(o.get("name")) for o in ops
+                    if (by_name.get(o.get("name")) or {}).get("compiled")), None)
+    said = where(rec)
+    if not said:
+        return divergence
+    loc = source(rec) or divergence.location
+    return replace(divergence, reason=divergence.reason + said, location=loc)
+
+
+__all__ = ["INCONCLUSIVE", "NAMED", "where", "source", "annotate", "compiled_side", "level_of",
+           "verify", "link_backward", "signature", "inductor_calls", "note", "restrict", "by_name"]

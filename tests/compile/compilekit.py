@@ -1,0 +1,94 @@
+"""One training step of a tiny Hugging Face Llama (built from a config), eager or under
+`torch.compile`, with or without opdiff, and a wrong CPU kernel of one aten op planted in the
+process that runs it (see conftest.py's `compiled_dump`)."""
+from __future__ import annotations
+
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import pytest
+import torch
+
+import opdiff
+
+LAYERS = 2
+
+
+def llama(layers: int = LAYERS) -> torch.nn.Module:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+        attn_implementation="eager")
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+@dataclass
+class Step:
+    """What one step left: its loss and gradients, dynamo's counters, and the dump."""
+    loss: torch.Tensor
+    grads: torch.Tensor
+    counters: dict[str, dict[str, Any]] = field(default_factory=dict)
+    path: Optional[Path] = None
+
+
+def run_step(path: Optional[Path], level: str = "L2", backend: Optional[str] = None,
+             fault: Optional[str] = None, task: str = "statistics", layers: int = LAYERS) -> Step:
+    """One forward and backward; compiled with `backend` when given; dumped into `path` when
+    given; `fault` = "op:call" spoils that call of the op's CPU kernel (scale 1.01)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    model = llama(layers)
+    run = torch.compile(model, backend=backend) if backend else model
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
+    torch._dynamo.reset()
+    counters.clear()
+    planted = spoil(*fault.split(":")) if fault else nullcontext()
+    with planted as hits:
+        with opdiff.dump(model, str(path), level=level, task=task) if path else nullcontext():
+            loss = run(ids, labels=ids).loss
+            loss.backward()
+    if fault:
+        assert hits == [int(fault.split(":")[1])], hits   # spoiled exactly once
+    grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+    seen = {k: dict(v) for k, v in counters.items()
+            if k in ("stats", "graph_break", "recompiles", "frames")}
+    torch._dynamo.reset()
+    return Step(loss.detach(), grads, seen, path)
+
+
+@contextmanager
+def spoil(op: str, call: str, scale: float = 1.01) -> Iterator[list[int]]:
+    """Replace the CPU kernel of `aten::<op>` (silu, silu_backward) in this process: its `call`-th call (from 0)
+    returns its output times `scale`: a wrong kernel, under every recorder and compiler."""
+    count = [0]
+    hits: list[int] = []
+    lib = torch.library.Library("aten", "IMPL")
+
+    def spoiled(out: torch.Tensor) -> torch.Tensor:
+        if count[0] == int(call):
+            hits.append(count[0])
+            out = out * scale
+        count[0] += 1
+        return out
+
+    # (not aten::silu itself: that would call this kernel again)
+    def silu(x: torch.Tensor) -> torch.Tensor:
+        return spoiled(x * torch.sigmoid(x))
+
+    def silu_backward(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        s = torch.sigmoid(x)
+        return spoiled(grad * s * (1 + x * (1 - s)))
+
+    kernels = {"silu": silu, "silu_backward": silu_backward}
+    if op not in kernels:
+        raise ValueError(f"only {sorted(kernels)} are planted here")
+    lib.impl(op, kernels[op], "CPU")
+    try:
+        yield hits
+    finally:
+        lib._destroy()
