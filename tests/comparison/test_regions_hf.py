@@ -8,6 +8,7 @@ import json
 import pytest
 
 import opdiff
+from opdiff import schemas
 
 SDPA = "Functional.scaled_dot_product_attention"
 ATTENTION = {"llama": "model.layers.1.self_attn", "gpt2": "transformer.h.1.attn",
@@ -50,6 +51,7 @@ def test_a_fault_in_sdpa_names_the_attention_region_of_its_layer(hf_dump, tmp_pa
     assert first.region["target_ops"][0]["location"]["line"] > 0
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["first_divergence"]["region"]["target_ops"][0]["op"] == SDPA
+    schemas.validate("compare-summary", summary)      # the region is part of the contract
     csv_text = next((tmp_path / "out").glob("compare_result_*.csv")).read_text()
     assert "Region" in csv_text.splitlines()[0]
 

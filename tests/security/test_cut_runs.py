@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import opdiff
+from opdiff import schemas
 from opdiff.store.reader import open_dump
 
 TRAIN = textwrap.dedent("""
@@ -71,7 +72,9 @@ def _lines(path):
 
 def _compare(target, golden, out):
     result = opdiff.compare(target, golden, output_path=out, replay="off")
-    return result, json.loads((out / "summary.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
+    schemas.validate("compare-summary", summary)      # cut sides are part of the contract
+    return result, summary
 
 
 def test_a_killed_step_is_named_with_its_last_record(killed, tmp_path):

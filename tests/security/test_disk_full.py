@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import opdiff
+from opdiff import schemas
 from opdiff.cli import main
 from opdiff.store.reader import open_dump
 
@@ -105,6 +106,7 @@ def _used(path):
 def _compare(target, golden, out):
     result = opdiff.compare(target, golden, output_path=out, replay="off")
     summary = json.loads((out / "summary.json").read_text())
+    schemas.validate("compare-summary", summary)      # cut sides are part of the contract
     return result, summary
 
 
