@@ -115,6 +115,7 @@ def test_an_unused_line_is_reported(dumps, tmp_path, capsys):
                             mapping=f)
     unused = [n for n in result.notes if "never used" in n]
     assert len(unused) == 1 and f"{f}:3" in unused[0]
+    assert result.counts["unmatched"] == 0      # renames never chain: line 3 undoes nothing
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert any(f"{f}:3" in n for n in summary["notes"])
     assert main(["compare", str(dumps / "npu"), str(dumps / "gpu"), "--map", str(f),
@@ -185,3 +186,48 @@ def test_the_parsed_mapping_is_small_frozen_and_picklable(tmp_path):
     with pytest.raises(AttributeError):
         m.rules = ()        # type: ignore[misc]
     assert load(_write(tmp_path, "", "empty.yaml")) == Mapping(str(tmp_path / "empty.yaml"))
+
+
+def _two_steps(path: Path, attn: str, fault: bool) -> Path:
+    """Two steps (a statistics dump): `compare` runs the pairs in its process pool, so the
+    parsed mapping travels to the workers pickled."""
+    torch.manual_seed(0)
+    model, x = Block(attn).eval(), torch.randn(4, 8)
+    dbg = opdiff.PrecisionDebugger(dump_path=str(path), task="statistics", level="mix",
+                                   step=[0, 1])
+    for _ in range(2):
+        planted = inject_fault(op="Torch.tanh", call=0, scale=1.02) if fault else nullcontext()
+        with planted:
+            dbg.start(model)
+            model(x).sum().backward()
+            dbg.stop()
+            dbg.step()
+    return path
+
+
+@pytest.mark.slow
+def test_every_pair_of_a_multi_step_dump_gets_the_mapping(tmp_path):
+    golden = _two_steps(tmp_path / "gpu", "self_attn", fault=False)
+    target = _two_steps(tmp_path / "npu", "npu_attn", fault=True)
+    f = _write(tmp_path, "modules:\n  npu_attn: self_attn\n  self_attn: npu_attn\n")
+    result = opdiff.compare(target, golden, progress=False, mapping=f)
+    assert len(result.pairs) == 2
+    assert result.counts["unmatched"] == 0
+    assert result.first_divergence is not None
+    assert result.first_divergence.name == "Torch.tanh.0.forward"
+    assert result.first_divergence.step == 0
+    # a line unused in every pair is said once, not once per pair
+    assert [n for n in result.notes if "never used" in n] == [
+        f"mapping {f}:3 (self_attn: npu_attn) was never used: nothing it names changed the pairing"]
+
+
+def test_renames_swap_and_never_chain(tmp_path):
+    f = _write(tmp_path, "modules:\n  a: b\n  b: a\n")
+    target = [{"name": "Module.a.X.forward.0", "op": "Module.a.X", "kind": "module"},
+              {"name": "Module.b.X.forward.0", "op": "Module.b.X", "kind": "module"}]
+    golden = [{"name": "Module.b.X.forward.0", "op": "Module.b.X", "kind": "module"},
+              {"name": "Module.a.X.forward.0", "op": "Module.a.X", "kind": "module"}]
+    bound = load(f).bind(target, golden)
+    assert [r["name"] for r in bound.view] == ["Module.b.X.forward.0", "Module.a.X.forward.0"]
+    assert [r["name"] for r in target] == ["Module.a.X.forward.0", "Module.b.X.forward.0"]
+    assert bound.unused == ()

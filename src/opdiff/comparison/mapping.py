@@ -76,7 +76,7 @@ class Mapping:
                     raise MappingError(f"{self.where(rule)}: {name!r} matches nothing in either "
                                        f"dump; check the spelling against the report's names")
         used: set[int] = set()
-        renames = [r for r in self.rules if r.kind == "module"]
+        renames = [r for r in self.rules if r.kind == "module" and r.old != r.new]
         view = [_renamed(rec, renames, used, g_names) for rec in target] if renames else target
         keep_t = _kept(view, self.rules, "target", used)
         keep_g = _kept(golden, self.rules, "golden", used)
@@ -240,19 +240,26 @@ def _find(parts: list[str], sub: list[str]) -> int:
 
 
 def _rename_text(text: str, renames: list[Rule], used: set[int], golden: set[str]) -> str:
-    parts = text.split(".")
-    for rule in renames:
-        old, new = rule.old.split("."), rule.new.split(".")
-        if old == new:
-            continue
-        at, hit = _find(parts, old), False
-        while at >= 0:
-            parts[at:at + len(old)] = new
-            nxt = _find(parts[at + len(new):], old)
-            at, hit = (at + len(new) + nxt if nxt >= 0 else -1), True
-        if hit and ".".join(parts) in golden:     # it made a name the golden run has
-            used.add(rule.line)
-    return ".".join(parts)
+    """`text` with each rule's old parts replaced by its new ones, in one pass from the left: at
+    each place the file's first rule that fits wins, and what it wrote is not renamed again (so
+    `a: b` and `b: a` swap, never chain)."""
+    parts, out, hits = text.split("."), [], []
+    k = 0
+    while k < len(parts):
+        for rule in renames:
+            old = rule.old.split(".")
+            if parts[k:k + len(old)] == old:
+                out += rule.new.split(".")
+                hits.append(rule.line)
+                k += len(old)
+                break
+        else:
+            out.append(parts[k])
+            k += 1
+    renamed = ".".join(out)
+    if hits and renamed != text and renamed in golden:     # it made a name the golden run has
+        used.update(hits)
+    return renamed
 
 
 def _renamed(record: Record, renames: list[Rule], used: set[int], golden: set[str]) -> Record:
