@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 
 from .capture.debugger import PrecisionDebugger, dump
+from .comparison.mapping import Mapping
 from .comparison.mapping import load as load_mapping
 from .comparison.pair import check_replay, compare_pair
 from .comparison.ranks import attribute_collectives
@@ -35,7 +36,7 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
             ray_pins: dict | None = None, replay_jobs: int | None = None,
             ray_shard_mb: float | None = None,
             source_root: str | os.PathLike[str] | None = None,
-            mapping: str | os.PathLike[str] | None = None) -> CompareResult:
+            mapping: str | os.PathLike[str] | Mapping | None = None) -> CompareResult:
     """Compare the target dump (the run under suspicion) with the golden (trusted) dump.
 
     target, golden: a step/rank directory or a dump root of any format opdiff reads; with roots
@@ -66,7 +67,8 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
         (symlinks out of it are not followed). Without it, the lines the dump itself holds
         (opdiff's capture stores them): opdiff never reads a file just because a dump names it
         (SECURITY.md).
-    mapping: a mapping file (YAML; msprobe's data_mapping.yaml and cell_mapping.yaml too) for
+    mapping: a mapping file (YAML; msprobe's data_mapping.yaml and cell_mapping.yaml too; or
+        one parsed by `opdiff.comparison.mapping.load`) for
         what dataflow cannot infer: module renames (`modules:`) and ops to drop before alignment
         (`ignore:`); see docs/howto/different-ops.md. A bad line raises `MappingError` naming
         the file and line; lines never used come back in `result.notes`. Not with engine="ray".
@@ -99,7 +101,7 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
         if engine == "ray":
             raise OpdiffError("a mapping file is not passed to engine='ray' yet; compare with "
                               "engine='local' (the default) to use it")
-        parsed = load_mapping(mapping)
+        parsed = mapping if isinstance(mapping, Mapping) else load_mapping(mapping)
     policy = Policy(thresholds)
     targets, goldens = discover(target), discover(golden)
     pairs, notes = pair_dumps(targets, goldens)

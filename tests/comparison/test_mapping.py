@@ -159,7 +159,7 @@ def test_a_missing_file_and_ray_are_refused(dumps, tmp_path, capsys):
 
 def test_msprobe_cell_mapping_is_accepted(dumps, tmp_path):
     f = _write(tmp_path, "# msprobe cell_mapping.yaml\nnpu_attn: self_attn\n", "cell_mapping.yaml")
-    result = opdiff.compare(dumps / "npu", dumps / "gpu", progress=False, mapping=f)
+    result = opdiff.compare(dumps / "npu", dumps / "gpu", progress=False, mapping=load(f))
     assert result.counts["unmatched"] == 0
     assert result.first_divergence is not None
     assert result.first_divergence.name == "Torch.tanh.0.forward"
