@@ -77,7 +77,9 @@ class Mapping:
                                        f"dump; check the spelling against the report's names")
         used: set[int] = set()
         renames = [r for r in self.rules if r.kind == "module" and r.old != r.new]
-        view = [_renamed(rec, renames, used, g_names) for rec in target] if renames else target
+        seen: dict[str, str] = {}       # module paths repeat on every op: rename each once
+        view = [_renamed(rec, renames, used, g_names, seen) for rec in target] if renames \
+            else target
         keep_t = _kept(view, self.rules, "target", used)
         keep_g = _kept(golden, self.rules, "golden", used)
         first = {r.line: r for r in reversed(self.rules)}      # a line's first rule names it
@@ -262,12 +264,15 @@ def _rename_text(text: str, renames: list[Rule], used: set[int], golden: set[str
     return renamed
 
 
-def _renamed(record: Record, renames: list[Rule], used: set[int], golden: set[str]) -> Record:
+def _renamed(record: Record, renames: list[Rule], used: set[int], golden: set[str],
+             seen: dict[str, str]) -> Record:
     changed: Optional[Record] = None
     for f in _RENAMED_FIELDS:
         value = record.get(f)
         if isinstance(value, str) and value:
-            new = _rename_text(value, renames, used, golden)
+            new = seen.get(value)
+            if new is None:
+                new = seen[value] = _rename_text(value, renames, used, golden)
             if new != value:
                 changed = changed if changed is not None else dict(record)
                 changed[f] = new
