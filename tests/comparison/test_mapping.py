@@ -133,6 +133,8 @@ def test_an_unused_line_is_reported(dumps, tmp_path, capsys):
     ("concat:\n  qkv_proj: [q_proj, k_proj, v_proj]\n", 1),        # not supported: refused
     ("Functional.linear.0.forward.output.0: Functional.linear.0.forward.output.0\n", 1),
     ("modules:\n  npu_attn: self_attn\nextra: 1\n", 3),           # unknown section
+    ("ignore:\n  - [Tensor.clone, [Torch.tanh]]\n", 2),             # a list in a list
+    ("ignore:\n  target: &a [x, x]\n  golden: [*a, *a]\n", 2),     # ... through aliases
 ])
 def test_a_bad_file_exits_2_naming_the_file_and_line(dumps, tmp_path, capsys, text, line):
     f = _write(tmp_path, text)

@@ -164,12 +164,14 @@ def _ours(where: str, root: Any) -> list[Rule]:
     return rules
 
 
-def _ignores(where: str, node: Any, side: str) -> list[Rule]:
+def _ignores(where: str, node: Any, side: str, in_list: bool = False) -> list[Rule]:
+    """`ignore:`'s names: a name, a list of names, or `target:`/`golden:` each with a name or a
+    list; never a list in a list (YAML aliases could multiply those without end)."""
     import yaml
     if isinstance(node, yaml.ScalarNode):
         return [Rule("ignore", _scalar(where, node), "", _line(node), side)]
-    if isinstance(node, yaml.SequenceNode):
-        return [r for item in node.value for r in _ignores(where, item, side)]
+    if isinstance(node, yaml.SequenceNode) and not in_list:
+        return [r for item in node.value for r in _ignores(where, item, side, True)]
     if isinstance(node, yaml.MappingNode) and side == "both":
         out: list[Rule] = []
         for k, v in node.value:
