@@ -152,8 +152,8 @@ def _ours(where: str, root: Any) -> list[Rule]:
                                f"'modules:' or 'ignore:'")
         if section == "concat":
             raise MappingError(f"{where}:{_line(key)}: 'concat:' (several golden outputs against "
-                               f"one fused target output) is not supported yet; leave it out and "
-                               f"opdiff judges the fused op as a region")
+                               f"one fused target output) is not supported yet; leave it out "
+                               f"(ops after the fused one are still judged)")
         if section == "modules":
             if not isinstance(value, yaml.MappingNode):
                 raise MappingError(f"{where}:{_line(value)}: 'modules:' takes 'target_name: "
