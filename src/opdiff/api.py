@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 
 from .capture.debugger import PrecisionDebugger, dump
+from .comparison.mapping import Mapping
+from .comparison.mapping import load as load_mapping
 from .comparison.pair import check_replay, compare_pair
 from .comparison.ranks import attribute_collectives
 from .comparison.reasons import with_context
@@ -33,7 +35,8 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
             replay: str = "auto", engine: str = "local", ray_address: str | None = None,
             ray_pins: dict | None = None, replay_jobs: int | None = None,
             ray_shard_mb: float | None = None,
-            source_root: str | os.PathLike[str] | None = None) -> CompareResult:
+            source_root: str | os.PathLike[str] | None = None,
+            mapping: str | os.PathLike[str] | Mapping | None = None) -> CompareResult:
     """Compare the target dump (the run under suspicion) with the golden (trusted) dump.
 
     target, golden: a step/rank directory or a dump root of any format opdiff reads; with roots
@@ -64,6 +67,11 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
         (symlinks out of it are not followed). Without it, the lines the dump itself holds
         (opdiff's capture stores them): opdiff never reads a file just because a dump names it
         (SECURITY.md).
+    mapping: a mapping file (YAML; msprobe's data_mapping.yaml and cell_mapping.yaml too; or
+        one parsed by `opdiff.comparison.mapping.load`) for
+        what dataflow cannot infer: module renames (`modules:`) and ops to drop before alignment
+        (`ignore:`); see docs/howto/different-ops.md. A bad line raises `MappingError` naming
+        the file and line; lines never used come back in `result.notes`. Not with engine="ray".
 
     Raises `DumpError` (an `OpdiffError`) for missing, empty or corrupt dumps and for dumps of
     different models.
@@ -88,6 +96,12 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
     if source_root is not None and not os.path.isdir(source_root):
         raise OpdiffError(f"source_root {os.fspath(source_root)!r} is not a directory; name the "
                           "directory that holds the run's source files")
+    parsed = None
+    if mapping is not None:
+        if engine == "ray":
+            raise OpdiffError("a mapping file is not passed to engine='ray' yet; compare with "
+                              "engine='local' (the default) to use it")
+        parsed = mapping if isinstance(mapping, Mapping) else load_mapping(mapping)
     policy = Policy(thresholds)
     targets, goldens = discover(target), discover(golden)
     pairs, notes = pair_dumps(targets, goldens)
@@ -107,7 +121,8 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
                                     else None)
         else:
             results = run_pairs(pairs, policy, shape_flag=shape_flag, replay=replay,
-                                replay_jobs=replay_jobs, tick=bar.advance, on_pair=bar.pair_done)
+                                replay_jobs=replay_jobs, tick=bar.advance, on_pair=bar.pair_done,
+                                mapping=parsed)
     results = attribute_collectives(results, pairs)     # received through a collective
     # (the pairing's notes travel in result.notes: the console prints them, once)
     result = merge(str(target), str(golden), results, notes + damage, incomplete=incomplete,

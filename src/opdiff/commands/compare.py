@@ -5,6 +5,7 @@ import argparse
 
 EXAMPLE = """example:
   opdiff compare ./dump/npu ./dump/cpu -o ./out
+  opdiff compare ./dump/npu ./dump/gpu -o ./out --map pairs.yaml   # renamed modules, ignored ops
   opdiff compare ./dump/npu ./dump/gpu -o ./out --engine ray --ray-address auto
   opdiff compare ./dump/npu ./dump/gpu -o ./out --engine ray --shard-mb 256   # big tensor dumps
   opdiff compare ./dump/bf16/step0/rank0 ./dump/fp32/step0/rank0 --threshold bf16=0.02 \\
@@ -31,6 +32,9 @@ def add_parser(subparsers) -> None:
                         "written, terminal summary only)")
     p.add_argument("--shape-flag", action="store_true",
                    help="pair ops only when all their tensor shapes are equal")
+    p.add_argument("--map", metavar="FILE", default=None, dest="mapping",
+                   help="mapping file (YAML: 'modules:' renames target: golden, 'ignore:' ops "
+                        "to drop; msprobe's data_mapping.yaml / cell_mapping.yaml too)")
     p.add_argument("--thresholds", metavar="FILE", default=None,
                    help='JSON file of thresholds, e.g. {"tolerance": {"bf16": 0.02}, '
                         '"amplification": 10}')
@@ -145,6 +149,6 @@ def run(args) -> int:
                      engine=args.engine, ray_address=args.ray_address,
                      ray_pins=_pins(args.ray_pin), replay_jobs=_jobs(args.replay_jobs),
                      ray_shard_mb=_shard_mb(args.shard_mb, args.engine),
-                     source_root=args.source_root)
+                     source_root=args.source_root, mapping=args.mapping)
     print_result(result)
     return 1 if result.failed else 0

@@ -22,6 +22,7 @@ from ..store.source import DumpSource
 from ..environment import diff_meta
 from . import compiled
 from .align import align
+from .mapping import Mapping
 from .blame import OpScore, analyse, differing_numbers
 from .metrics import Measurement, measure, stats_measure
 from .reasons import not_comparable, placement_note, statistics_limits, unread_note
@@ -90,8 +91,10 @@ class _PairCompare:
     def __init__(self, target_dump: DumpSource, golden_dump: DumpSource, policy: Policy,
                  shape_flag: bool, tick: Optional[Callable[[int], None]] = None,
                  replay: str = "auto", replay_jobs: Optional[int] = None,
-                 measured: Optional[dict[tuple[Any, Any], Measurement]] = None) -> None:
+                 measured: Optional[dict[tuple[Any, Any], Measurement]] = None,
+                 mapping: Optional[Mapping] = None) -> None:
         self.t, self.g = target_dump, golden_dump
+        self.mapping = mapping
         self.policy, self.shape_flag, self.replay = policy, shape_flag, replay
         self.replay_jobs = replay_jobs
         self.tick = tick or (lambda n: None)
@@ -112,9 +115,16 @@ class _PairCompare:
             if not recs:
                 raise DumpError(f"{dump.path}: the dump holds no op records; was the model run "
                                 f"between start() and stop()?")
+        # the mapping file (mapping.py): alignment sees the target renamed, ignored ops dropped
+        t_view, mapping_notes = t_records, []
+        if self.mapping is not None:
+            bound = self.mapping.bind(t_records, g_records)
+            t_records = [t_records[i] for i in bound.target_index]
+            g_records = [g_records[i] for i in bound.golden_index]
+            t_view, mapping_notes = bound.view, list(bound.unused)
         compiled_run = compiled.compiled_side(t_records) or compiled.compiled_side(g_records)
         # eager vs torch.compile: never two ops of other shapes, and only where dataflow agrees
-        pairs = align(t_records, g_records, shape_flag=self.shape_flag or compiled_run)
+        pairs = align(t_view, g_records, shape_flag=self.shape_flag or compiled_run)
         compiled_note = compiled.note(t_records, g_records, self.t.meta, self.g.meta) \
             if compiled_run else None
         if compiled_note:
@@ -128,8 +138,8 @@ class _PairCompare:
             raise DumpError(f"{self.t.path} and {self.g.path} look like dumps of different models: "
                             f"only {paired} of {len(t_records)} target and {len(g_records)} golden "
                             f"ops line up; compare dumps of the same model and step")
-        regions = find_regions(pairs, t_records, g_records)
-        absorb(regions, pairs, t_records, g_records,
+        regions = find_regions(pairs, t_view, g_records)
+        absorb(regions, pairs, t_view, g_records,
                (bool((self.t.meta or {}).get("dataflow")), bool((self.g.meta or {}).get("dataflow"))))
         t_region, g_region = members(regions)
         replayer = self._replayer(t_records)
@@ -153,7 +163,7 @@ class _PairCompare:
             divergence = replace(divergence, step=self.t.step, rank=self.t.rank)
             if compiled_run:      # the graph node, module and line the compiler names
                 divergence = compiled.annotate(divergence, t_records, g_records)
-        notes = [compiled_note] if compiled_note else []
+        notes = ([compiled_note] if compiled_note else []) + mapping_notes
         if replayer is not None and replayer.done:
             log.info("opdiff: %s", replayer.summary())
             notes.append(replayer.summary())
@@ -374,7 +384,8 @@ class _PairCompare:
 def compare_pair(target_dump: DumpSource, golden_dump: DumpSource, *, policy: Policy | None = None,
                  shape_flag: bool = False, tick: Optional[Callable[[int], None]] = None,
                  replay: str = "auto", replay_jobs: Optional[int] = None,
-                 measured: Optional[dict[tuple[Any, Any], Measurement]] = None) -> CompareResult:
+                 measured: Optional[dict[tuple[Any, Any], Measurement]] = None,
+                 mapping: Optional[Mapping] = None) -> CompareResult:
     """Compare two opened Dump-like objects (one step/rank each) and return the result.
 
     policy: a `opdiff.comparison.verdicts.Policy` (default thresholds when None).
@@ -383,11 +394,12 @@ def compare_pair(target_dump: DumpSource, golden_dump: DumpSource, *, policy: Po
     replay: "auto", "all" or "off" (see `compare`).
     replay_jobs: processes the replay uses (None: OPDIFF_REPLAY_JOBS, default 1).
     measured: tensor pairs measured already, by (target key, golden key) (`shards.py`).
+    mapping: a parsed mapping file (`mapping.load`): renames and ignored ops for the alignment.
     """
     check_replay(replay)
     with one_thread():
         return _PairCompare(target_dump, golden_dump, policy or Policy(), shape_flag, tick,
-                            replay, replay_jobs, measured).run()
+                            replay, replay_jobs, measured, mapping).run()
 
 
 REPLAY_MODES = ("auto", "all", "off")

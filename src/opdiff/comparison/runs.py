@@ -35,6 +35,7 @@ from typing import Any, Callable, Optional, Sequence, cast
 from ..errors import DumpError
 from ..store.reader import Dump
 from ..store.source import DumpSource
+from .mapping import Mapping
 from .origins import across_steps, is_carried_over
 from .ranks import received_from
 from .result import CompareResult, Divergence, TensorRow, count
@@ -177,7 +178,8 @@ def count_records(dump: DumpSource) -> int:
 
 def _worker(target_path: str, golden_path: str, thresholds: Thresholds, shape_flag: bool,
             replay: str = "auto", spool_path: Optional[str] = None,
-            replay_jobs: Optional[int] = None, measured: Optional[dict[Any, Any]] = None
+            replay_jobs: Optional[int] = None, measured: Optional[dict[Any, Any]] = None,
+            mapping: Optional[Mapping] = None
             ) -> tuple[CompareResult, SpoolFile, Optional[bytes]]:
     """Compare one pair in a worker; its rows go to `spool_path` (this machine's disk) or, when
     None, come back as the spool file's bytes (a remote task: the driver writes them).
@@ -191,7 +193,7 @@ def _worker(target_path: str, golden_path: str, thresholds: Thresholds, shape_fl
 
     t, g = discover(target_path)[0], discover(golden_path)[0]
     result = compare_pair(t, g, policy=Policy(thresholds), shape_flag=shape_flag, replay=replay,
-                          replay_jobs=replay_jobs, measured=measured)
+                          replay_jobs=replay_jobs, measured=measured, mapping=mapping)
     return spooled(result, spool_path)
 
 
@@ -322,13 +324,15 @@ def _incomplete_summary(i: Incomplete) -> dict[str, Any]:
 def run_pairs(pairs: list[Pair], policy: Policy, *, shape_flag: bool = False,
               replay: str = "auto", replay_jobs: Optional[int] = None,
               tick: Optional[Callable[[int], None]] = None,
-              on_pair: Optional[Callable[[Pair], None]] = None) -> list[CompareResult]:
+              on_pair: Optional[Callable[[Pair], None]] = None,
+              mapping: Optional[Mapping] = None) -> list[CompareResult]:
     """Compare every (target, golden) pair: one in this process, several in a process pool
     (their rows spooled to disk, see the module docstring). Results in the order of `pairs`.
 
     tick: called with the number of op records done, for a progress bar.
     on_pair: called with each pair once it is done, in the order they finish.
     replay_jobs: processes each pair's replay uses (see `compare_pair`).
+    mapping: a parsed mapping file (`mapping.load`), applied to every pair.
     """
     from .pair import compare_pair      # (torch: merge, which rejudge uses, needs none)
 
@@ -337,7 +341,7 @@ def run_pairs(pairs: list[Pair], policy: Policy, *, shape_flag: bool = False,
     if len(pairs) == 1:
         t, g = pairs[0]
         result = compare_pair(t, g, policy=policy, shape_flag=shape_flag, tick=advance,
-                              replay=replay, replay_jobs=replay_jobs)
+                              replay=replay, replay_jobs=replay_jobs, mapping=mapping)
         finished(pairs[0])
         return [result]
     import multiprocessing
@@ -350,7 +354,7 @@ def run_pairs(pairs: list[Pair], policy: Policy, *, shape_flag: bool = False,
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=watch_parent,
                              initargs=(os.getpid(),)) as pool:   # workers die with this process
         where = {pool.submit(_worker, str(t.path), str(g.path), policy.thresholds, shape_flag,
-                             replay, spool.path_for(i), replay_jobs): i
+                             replay, spool.path_for(i), replay_jobs, None, mapping): i
                  for i, (t, g) in enumerate(pairs)}
         for fut in as_completed(where):
             i = where[fut]

@@ -1,0 +1,296 @@
+"""The mapping file (`--map pairs.yaml`): what dataflow cannot infer, said by the user.
+
+    modules:                      # target name: golden name (module paths or path segments)
+      npu_attn: self_attn         #   a segment: renamed wherever it stands in a path
+      model.layers.0.npu_mlp: model.layers.0.mlp    # a path: renamed where it stands whole
+    ignore:                       # op names or fnmatch patterns dropped before alignment
+      - Tensor.contiguous         #   on both sides
+      - target: [NPU.npu_format_cast]   # or on one side only (target: / golden:)
+
+msprobe's `cell_mapping.yaml` (`ClassOrSegment: ClassOrSegment`) and `data_mapping.yaml`
+(`Module.<path>.<Class>.forward.0: Module....`) are read as they are and become the same rules:
+module names become path renames, bare names segment renames. Op-to-op lines of a
+`data_mapping.yaml` (`Functional.x.0.forward.input.0: ...`) and `concat:` (several golden
+outputs against one fused target output) are refused with the line: opdiff does not pair them yet.
+
+`load` parses and checks the file's shape (a YAML error or a malformed line: `MappingError`
+naming the file and line). `Mapping.bind` checks it against one pair of dumps (a name that
+matches nothing in either: `MappingError`) and gives the target records as alignment sees them
+(renamed), both sides without ignored records, and the lines it never used.
+"""
+from __future__ import annotations
+
+import fnmatch
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+from ..errors import OpdiffError
+
+Record = dict[str, Any]
+SECTIONS = ("modules", "ignore", "concat")
+SIDES = ("both", "target", "golden")
+_OP_PREFIXES = ("Functional.", "Torch.", "Tensor.", "Aten.", "NPU.", "Distributed.", "Jit.",
+                "Mint.", "Primitive.", "MintFunctional.", "VF.", "Parameter.", "Input.")
+_MODULE_PREFIXES = ("Module.", "Cell.")
+_RENAMED_FIELDS = ("name", "op", "module", "reader")
+
+
+class MappingError(OpdiffError):
+    """A mapping file (`--map`) that cannot be read or names something no dump holds."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One line of the file: a rename (`kind` "module", `old` -> `new`: dotted parts, renamed as
+    one segment or one contiguous path) or an ignore (`kind` "ignore", `old` a pattern, `side`)."""
+    kind: str
+    old: str
+    new: str
+    line: int
+    side: str = "both"
+
+    @property
+    def text(self) -> str:
+        return f"{self.old}: {self.new}" if self.kind == "module" else f"ignore {self.old}"
+
+
+@dataclass(frozen=True)
+class Mapping:
+    """A parsed mapping file: small, frozen and picklable (the worker pool sends it along)."""
+    path: str
+    rules: tuple[Rule, ...] = ()
+
+    def where(self, rule: Rule) -> str:
+        return f"{self.path}:{rule.line}"
+
+    def bind(self, target: list[Record], golden: list[Record]) -> "Bound":
+        """Check every rule against this pair of dumps and apply it (see `Bound`)."""
+        t_names, g_names = _names(target), _names(golden)
+        for rule in self.rules:
+            sides = ((rule.old, t_names | g_names),) if rule.kind == "ignore" else \
+                ((rule.old, t_names | g_names), (rule.new, t_names | g_names))
+            for name, names in sides:
+                if not any(_matches(rule, name, n) for n in names):
+                    raise MappingError(f"{self.where(rule)}: {name!r} matches nothing in either "
+                                       f"dump; check the spelling against the report's names")
+        used: set[int] = set()
+        renames = [r for r in self.rules if r.kind == "module" and r.old != r.new]
+        seen: dict[str, str] = {}       # module paths repeat on every op: rename each once
+        view = [_renamed(rec, renames, used, g_names, seen) for rec in target] if renames \
+            else target
+        keep_t = _kept(view, self.rules, "target", used)
+        keep_g = _kept(golden, self.rules, "golden", used)
+        first = {r.line: r for r in reversed(self.rules)}      # a line's first rule names it
+        unused = tuple(f"mapping {self.where(r)} ({r.text}) was never used: nothing it names "
+                       f"changed the pairing" for line, r in sorted(first.items())
+                       if line not in used)
+        return Bound(view=[view[i] for i in keep_t], target_index=tuple(keep_t),
+                     golden_index=tuple(keep_g), unused=unused)
+
+
+@dataclass
+class Bound:
+    """A mapping applied to one pair of dumps: `view` the kept target records as alignment sees
+    them (renamed), `target_index`/`golden_index` where each kept record sits in its dump,
+    `unused` one note per line that changed nothing."""
+    view: list[Record]
+    target_index: tuple[int, ...]
+    golden_index: tuple[int, ...]
+    unused: tuple[str, ...] = field(default=())
+
+
+def load(path: str | os.PathLike[str]) -> Mapping:
+    """Parse a mapping file (ours or msprobe's); `MappingError` names the file and line."""
+    import yaml       # PyYAML (a core dependency)
+
+    where = os.fspath(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise MappingError(f"{where}: cannot read the mapping file ({e}); pass a UTF-8 YAML "
+                           f"file to --map") from None
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise MappingError(f"{where}{line}: not valid YAML ({problem})") from None
+    if root is None:
+        return Mapping(where)
+    if not isinstance(root, yaml.MappingNode):
+        raise MappingError(f"{where}:{_line(root)}: expected sections such as 'modules:' and "
+                           f"'ignore:', or msprobe's 'name: name' lines")
+    keys = [k.value for k, _ in root.value if isinstance(k, yaml.ScalarNode)]
+    if any(k in SECTIONS for k in keys):
+        rules = _ours(where, root)
+    else:
+        rules = [r for k, v in root.value for r in _msprobe(where, k, v)]
+    return Mapping(where, tuple(rules))
+
+
+def _line(node: Any) -> int:
+    return int(node.start_mark.line) + 1
+
+
+def _scalar(where: str, node: Any) -> str:
+    import yaml
+    if not isinstance(node, yaml.ScalarNode) or not str(node.value).strip():
+        raise MappingError(f"{where}:{_line(node)}: expected a name here")
+    return str(node.value).strip()
+
+
+def _ours(where: str, root: Any) -> list[Rule]:
+    import yaml
+    rules: list[Rule] = []
+    for key, value in root.value:
+        section = _scalar(where, key)
+        if section not in SECTIONS:
+            raise MappingError(f"{where}:{_line(key)}: unknown section {section!r}; use "
+                               f"'modules:' or 'ignore:'")
+        if section == "concat":
+            raise MappingError(f"{where}:{_line(key)}: 'concat:' (several golden outputs against "
+                               f"one fused target output) is not supported yet; leave it out "
+                               f"(ops after the fused one are still judged)")
+        if section == "modules":
+            if not isinstance(value, yaml.MappingNode):
+                raise MappingError(f"{where}:{_line(value)}: 'modules:' takes 'target_name: "
+                                   f"golden_name' lines")
+            rules += [r for k, v in value.value for r in _rename(where, k, v)]
+        else:
+            rules += _ignores(where, value, "both")
+    return rules
+
+
+def _ignores(where: str, node: Any, side: str, in_list: bool = False) -> list[Rule]:
+    """`ignore:`'s names: a name, a list of names, or `target:`/`golden:` each with a name or a
+    list; never a list in a list (YAML aliases could multiply those without end)."""
+    import yaml
+    if isinstance(node, yaml.ScalarNode):
+        return [Rule("ignore", _scalar(where, node), "", _line(node), side)]
+    if isinstance(node, yaml.SequenceNode) and not in_list:
+        return [r for item in node.value for r in _ignores(where, item, side, True)]
+    if isinstance(node, yaml.MappingNode) and side == "both":
+        out: list[Rule] = []
+        for k, v in node.value:
+            which = _scalar(where, k)
+            if which not in ("target", "golden"):
+                raise MappingError(f"{where}:{_line(k)}: under 'ignore:' use a list of names, "
+                                   f"or 'target:' / 'golden:' lists, not {which!r}")
+            out += _ignores(where, v, which)
+        return out
+    raise MappingError(f"{where}:{_line(node)}: 'ignore:' takes a list of op names or patterns")
+
+
+def _rename(where: str, key: Any, value: Any) -> list[Rule]:
+    """A `target: golden` line: one path or segment rename, or, for two module record names
+    (`Module.<path>.<Class>.forward.0`), a rename of the path and, where they differ, of the class."""
+    old, new = _scalar(where, key), _scalar(where, value)
+    (old_path, old_cls), (new_path, new_cls) = _module_part(where, key, old), \
+        _module_part(where, value, new)
+    if (old_cls is None) != (new_cls is None):
+        raise MappingError(f"{where}:{_line(key)}: pair a module record name with another "
+                           f"(Module.<path>.<Class>.forward.0), or a path with a path")
+    rules = [Rule("module", old_path, new_path, _line(key))]
+    if old_cls is not None and new_cls is not None and old_cls != new_cls:
+        rules.append(Rule("module", old_cls, new_cls, _line(key)))
+    return rules
+
+
+def _module_part(where: str, node: Any, name: str) -> tuple[str, Optional[str]]:
+    """`Module.model.attn.Attn.forward.0` -> (`model.attn`, `Attn`): the path and class of a
+    module record name; a path or a segment stays as it is (class None)."""
+    if name.startswith(_MODULE_PREFIXES):
+        parts = name.split(".")
+        for tail in ("input", "output", "parameters"):      # msprobe's `...forward.0.output.0`
+            if tail in parts:
+                parts = parts[:parts.index(tail)]
+        while parts and (parts[-1].isdigit() or parts[-1] in ("forward", "backward")):
+            parts.pop()
+        if len(parts) < 3:
+            raise MappingError(f"{where}:{_line(node)}: {name!r} names no module path; write "
+                               f"Module.<path>.<Class>.forward.0")
+        return ".".join(parts[1:-1]), parts[-1]
+    if name.startswith(_OP_PREFIXES):
+        raise MappingError(f"{where}:{_line(node)}: {name!r} pairs single ops, which opdiff "
+                           f"does not take from a mapping yet; map the enclosing modules "
+                           f"instead (dataflow pairs the ops inside them)")
+    return name, None
+
+
+def _msprobe(where: str, key: Any, value: Any) -> list[Rule]:
+    """One line of msprobe's cell_mapping.yaml or data_mapping.yaml (target: golden)."""
+    return _rename(where, key, value)
+
+
+def _names(records: Iterable[Record]) -> set[str]:
+    return {str(r[f]) for r in records for f in ("name", "op", "module") if r.get(f)}
+
+
+def _matches(rule: Rule, pattern: str, name: str) -> bool:
+    if rule.kind == "ignore":
+        return fnmatch.fnmatchcase(name, pattern)
+    return _find(name.split("."), pattern.split(".")) >= 0
+
+
+def _find(parts: list[str], sub: list[str]) -> int:
+    n = len(sub)
+    for k in range(len(parts) - n + 1):
+        if parts[k:k + n] == sub:
+            return k
+    return -1
+
+
+def _rename_text(text: str, renames: list[Rule], used: set[int], golden: set[str]) -> str:
+    """`text` with each rule's old parts replaced by its new ones, in one pass from the left: at
+    each place the file's first rule that fits wins, and what it wrote is not renamed again (so
+    `a: b` and `b: a` swap, never chain)."""
+    parts, out, hits = text.split("."), [], []
+    k = 0
+    while k < len(parts):
+        for rule in renames:
+            old = rule.old.split(".")
+            if parts[k:k + len(old)] == old:
+                out += rule.new.split(".")
+                hits.append(rule.line)
+                k += len(old)
+                break
+        else:
+            out.append(parts[k])
+            k += 1
+    renamed = ".".join(out)
+    if hits and renamed != text and renamed in golden:     # it made a name the golden run has
+        used.update(hits)
+    return renamed
+
+
+def _renamed(record: Record, renames: list[Rule], used: set[int], golden: set[str],
+             seen: dict[str, str]) -> Record:
+    changed: Optional[Record] = None
+    for f in _RENAMED_FIELDS:
+        value = record.get(f)
+        if isinstance(value, str) and value:
+            new = seen.get(value)
+            if new is None:
+                new = seen[value] = _rename_text(value, renames, used, golden)
+            if new != value:
+                changed = changed if changed is not None else dict(record)
+                changed[f] = new
+    return changed if changed is not None else record
+
+
+def _kept(records: list[Record], rules: tuple[Rule, ...], side: str, used: set[int]) -> list[int]:
+    drops = [r for r in rules if r.kind == "ignore" and r.side in ("both", side)]
+    if not drops:
+        return list(range(len(records)))
+    keep: list[int] = []
+    for i, rec in enumerate(records):
+        hit = next((r for r in drops if any(fnmatch.fnmatchcase(str(rec.get(f) or ""), r.old)
+                                            for f in ("name", "op"))), None)
+        if hit is None:
+            keep.append(i)
+        else:
+            used.add(hit.line)
+    return keep
