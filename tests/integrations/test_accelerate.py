@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from integrationkit import run
+from runkit import run
 
 import opdiff
 

@@ -88,7 +88,7 @@ transformers.Trainer(model=transformers.LlamaForCausalLM(config), args=args, tra
 def test_opdiff_run_finds_the_trainers_steps(tmp_path):
     """The same Trainer with no callback, under `opdiff run`: the optimizer steps Accelerate
     wraps bound the steps, both micro-batches in each."""
-    from integrationkit import run
+    from runkit import run
 
     (tmp_path / "hf_train.py").write_text(SCRIPT)
     proc = run(["-m", "opdiff", "run", "--dump", "dump", "--steps", "0,1", "--", "python", "hf_train.py"], tmp_path)

@@ -8,7 +8,7 @@ import json
 import textwrap
 
 import pytest
-from integrationkit import SRC, run
+from runkit import SRC, run
 
 pytest.importorskip("lightning")
 

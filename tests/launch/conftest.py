@@ -1,8 +1,8 @@
-"""The `opdiff_run` fixture: `opdiff run ARGS` in a fresh directory (see launchkit.py)."""
+"""The `opdiff_run` fixture: `opdiff run ARGS` in a fresh directory (see tests/runkit.py)."""
 from __future__ import annotations
 
 import pytest
-from launchkit import run
+from runkit import run
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from launchkit import run
+from runkit import run
 
 import opdiff
 

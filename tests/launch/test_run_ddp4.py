@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
-from launchkit import run
+from runkit import run
 from test_run_ddp import FORWARD_LINE, PLAIN
 
 import opdiff

@@ -9,7 +9,7 @@ import signal
 import textwrap
 
 import pytest
-from launchkit import run
+from runkit import run
 
 
 def _script(tmp_path, name: str, text: str) -> str:

@@ -1,5 +1,5 @@
 """Running `opdiff run` as a user does: a subprocess with this checkout's opdiff on PYTHONPATH
-and one thread per process (the machine is shared). The `opdiff_run` fixture is in conftest.py."""
+and one thread per process (the machine is shared). Used by tests/launch and tests/integrations."""
 from __future__ import annotations
 
 import os
@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 
-SRC = str(Path(__file__).resolve().parents[2] / "src")
+SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
 def environment(**extra: str) -> dict:
