@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# The GPU check: one prepared run, under 8 minutes, for a session that is lent a CUDA machine.
+#
+#   bash benchmarks/gpu_check.sh                 # on the GPU machine, from the repository root
+#   GPU_CHECK_DEVICE=cpu bash benchmarks/gpu_check.sh --quick   # the same steps on CPU (plumbing)
+#   bash benchmarks/gpu_check.sh --fetch-wheels  # here, before: wheels the bare GPU machine lacks
+#
+# Steps, each under `timeout`: set up (opdiff from src/, missing packages from .whl/ or pip),
+# print the device, run `pytest -m cuda tests/cuda`, then the capture ratio benchmarks on the
+# device (bench_per_op.py: host time per record; bench_capture.py: step time with opdiff / plain
+# step, for cnn, transformer and, if transformers is installed, tiny llama and gpt2). The demo
+# is not run on the device: `opdiff demo` has no device option (it trains on CPU), so the table
+# says so instead of a verdict. Prints one table at the end, also written to $OUT/gpu_check.txt
+# (and the whole log to $OUT/gpu_check.log) when $OUT is set.
+set -u
+cd "$(dirname "$0")/.." || exit 2
+DEVICE=${GPU_CHECK_DEVICE:-cuda}
+PY=${PYTHON:-python3}
+QUICK=0
+for arg in "$@"; do
+    case $arg in
+        --quick) QUICK=1 ;;
+        --fetch-wheels)
+            # The GPU machine reaches no index; orjson is the one runtime dependency its image
+            # lacks (docs/performance/index.md). Fetched here into .whl/ (in .gitignore): name it in
+            # the device run's `carry`.
+            exec "$PY" -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+                --implementation cp --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+                -d .whl orjson ;;
+        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+        *) echo "gpu_check.sh: unknown argument $arg (see --help)" >&2; exit 2 ;;
+    esac
+done
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+LOG=${OUT:+$OUT/gpu_check.log}
+LOG=${LOG:-$WORK/log}
+[ -n "${OUT:-}" ] && mkdir -p "$OUT"
+STATUS=$WORK/status          # one line per step: name rc seconds
+exec > >(tee "$LOG") 2>&1
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+
+step() {      # step NAME SECONDS COMMAND...: run under timeout, record rc and time
+    local name=$1 limit=$2 start rc
+    shift 2
+    echo "== $name (limit ${limit}s): $*"
+    start=$(date +%s)
+    timeout --kill-after=10 "$limit" "$@"
+    rc=$?
+    echo "$name $rc $(( $(date +%s) - start ))" >>"$STATUS"
+    [ "$rc" = 124 ] && echo "== $name: stopped at its ${limit}s limit"
+    return 0
+}
+
+setup() {
+    "$PY" -c "import torch" 2>/dev/null || "$PY" -m pip install -q torch || return 1
+    missing=$("$PY" - <<'EOF'
+import importlib.util
+print(" ".join(m for m in ("numpy", "safetensors", "rich", "orjson", "pytest")
+               if importlib.util.find_spec(m) is None))
+EOF
+)
+    if [ -n "$missing" ]; then
+        echo "missing: $missing"
+        if ls .whl/*.whl >/dev/null 2>&1; then     # carried wheels (no index on the GPU machine)
+            "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$WORK/site" .whl/*.whl || return 1
+        else                                       # never reinstall torch: no dependencies pulled
+            "$PY" -m pip install -q --no-deps --target "$WORK/site" $missing || return 1
+        fi
+    fi
+    "$PY" -c "import opdiff, torch; print('opdiff from', opdiff.__file__, '| torch', torch.__version__)"
+}
+export -f setup
+export PY WORK
+[ -d "$WORK/site" ] || mkdir -p "$WORK/site"
+export PYTHONPATH="$PYTHONPATH:$WORK/site"
+
+step setup 60 bash -c setup
+step device 30 bash -c "command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total \
+    --format=csv,noheader; \"$PY\" -c \"import torch; print('torch', torch.__version__, '| cuda available:', \
+    torch.cuda.is_available(), '|', torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA device')\""
+step tests 160 "$PY" -m pytest -m cuda tests/cuda -q -rs -p no:cacheprovider --junitxml="$WORK/junit.xml"
+if [ "$QUICK" = 1 ]; then
+    PER_OP_STEPS=3; STEPS=2; SETTINGS=mix:statistics; MODELS=cnn,llama
+else
+    PER_OP_STEPS=15; STEPS=7; SETTINGS=mix:statistics,L1:tensor; MODELS=cnn,transformer,llama,gpt2
+fi
+"$PY" -c "import transformers" 2>/dev/null || { MODELS=cnn,transformer; echo "transformers missing: no llama/gpt2"; }
+step per_op 60 "$PY" benchmarks/bench_per_op.py --floor --device "$DEVICE" --steps "$PER_OP_STEPS" --json "$WORK/per_op.json"
+step capture 140 "$PY" benchmarks/bench_capture.py --device "$DEVICE" --steps "$STEPS" --models "$MODELS" \
+    --settings "$SETTINGS" --json "$WORK/capture.json"
+
+"$PY" - "$WORK" "$DEVICE" >"$WORK/table" <<'EOF'
+import json, sys, xml.etree.ElementTree as ET
+from pathlib import Path
+work, device = Path(sys.argv[1]), sys.argv[2]
+status = {}
+for line in (work / "status").read_text().splitlines():
+    name, rc, secs = line.split()
+    status[name] = f"rc {rc}" + (" (timed out)" if rc in ("124", "137") else "") + f", {secs} s"
+rows = [("device asked", device)]
+for name in ("setup", "device", "tests", "per_op", "capture"):
+    rows.append((f"step {name}", status.get(name, "not run")))
+try:
+    suite = ET.parse(work / "junit.xml").getroot()
+    suite = suite if suite.tag == "testsuite" else suite[0]
+    n, f, e, s = (int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped"))
+    rows.append(("pytest -m cuda tests/cuda", f"{n - f - e - s} passed, {f} failed, {e} errors, {s} skipped"))
+except (OSError, ET.ParseError, IndexError):
+    rows.append(("pytest -m cuda tests/cuda", "no result (see the log)"))
+rows.append(("opdiff demo on the device", "not run: opdiff demo has no device option (CPU only)"))
+try:
+    p = json.loads((work / "per_op.json").read_text())
+    rows.append((f"per record, MLP {p['level']} {p['task']}",
+                 f"{p['us_per_record']:.1f} us (quartiles {p['q1']:.1f}-{p['q3']:.1f}), step x{p['ratio']:.2f}, "
+                 f"{p['records']} records"))
+    if p.get("floor_us_per_record") is not None:
+        rows.append(("per record, floor recorder", f"{p['floor_us_per_record']:.1f} us"))
+except (OSError, ValueError, KeyError):
+    rows.append(("per record (bench_per_op)", "no result (see the log)"))
+try:
+    for r in json.loads((work / "capture.json").read_text())["rows"]:
+        rows.append((f"{r['model']} {r['level']} {r['task']}",
+                     f"x{r['ratio']:.2f} plain (quartiles {r['q1']:.2f}-{r['q3']:.2f}), plain {r['plain_ms']:.1f} ms"))
+except (OSError, ValueError, KeyError):
+    rows.append(("capture ratios (bench_capture)", "no result (see the log)"))
+width = max(len(k) for k, _ in rows)
+print("opdiff GPU check")
+for k, v in rows:
+    print(f"  {k:<{width}}  {v}")
+EOF
+echo
+cat "$WORK/table"
+if [ -n "${OUT:-}" ]; then
+    cp "$WORK/table" "$OUT/gpu_check.txt"
+fi
