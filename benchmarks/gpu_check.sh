@@ -11,7 +11,7 @@
 # step, for cnn, transformer and, if transformers is installed, tiny llama and gpt2). The demo
 # is not run on the device: `opdiff demo` has no device option (it trains on CPU), so the table
 # says so instead of a verdict. Prints one table at the end, also written to $OUT/gpu_check.txt
-# (and the whole log to $OUT/gpu_check.log) when $OUT is set.
+# (and the whole log to $OUT/gpu_check.log) when $OUT is set. Exit 1 when a step failed.
 set -u
 cd "$(dirname "$0")/.." || exit 2
 DEVICE=${GPU_CHECK_DEVICE:-cuda}
@@ -37,7 +37,8 @@ LOG=${OUT:+$OUT/gpu_check.log}
 LOG=${LOG:-$WORK/log}
 [ -n "${OUT:-}" ] && mkdir -p "$OUT"
 STATUS=$WORK/status          # one line per step: name rc seconds
-exec > >(tee "$LOG") 2>&1
+exec 3>&1 4>&2 > >(tee "$LOG") 2>&1
+TEE=$!
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 
 step() {      # step NAME SECONDS COMMAND...: run under timeout, record rc and time
@@ -134,3 +135,6 @@ cat "$WORK/table"
 if [ -n "${OUT:-}" ]; then
     cp "$WORK/table" "$OUT/gpu_check.txt"
 fi
+exec 1>&3 2>&4 3>&- 4>&-     # let tee finish the log before the script ends
+wait "$TEE" 2>/dev/null || true
+awk '$2 != 0 { bad = 1 } END { exit bad }' "$STATUS"     # exit 1 when a step failed or timed out
