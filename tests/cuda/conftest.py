@@ -7,12 +7,16 @@ runs them on a lent GPU. Shared here: the float64 reference statistics and a dum
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
 
 from opdiff.store import decoded_stats, open_dump
 
+# cuBLAS reads this when its first handle is made: set before any test touches CUDA, so that
+# the observer tests' deterministic mode can hold (test_cuda_observer.py).
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 HAS_CUDA = torch.cuda.is_available()
 
 

@@ -45,11 +45,15 @@ def _train(case, debugger=None):
 
 @pytest.fixture
 def deterministic():
-    """cuDNN's deterministic kernels, so that two runs without opdiff are bitwise equal too."""
-    saved = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
+    """Deterministic kernels (cuDNN's, and torch's where it has them), so that two runs without
+    opdiff are bitwise equal too; the test checks that they are before judging opdiff."""
+    saved = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
+             torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    torch.use_deterministic_algorithms(True, warn_only=True)
     yield
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[:2]
+    torch.use_deterministic_algorithms(saved[2], warn_only=saved[3])
 
 
 def _same(a, b):
