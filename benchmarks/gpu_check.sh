@@ -65,8 +65,8 @@ EOF
         echo "missing: $missing"
         if ls .whl/*.whl >/dev/null 2>&1; then     # carried wheels (no index on the GPU machine)
             "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$WORK/site" .whl/*.whl || return 1
-        else                                       # never reinstall torch: no dependencies pulled
-            "$PY" -m pip install -q --no-deps --target "$WORK/site" $missing || return 1
+        else                     # none of these depends on torch: torch is never reinstalled
+            "$PY" -m pip install -q $missing || return 1
         fi
     fi
     "$PY" -c "import opdiff, torch; print('opdiff from', opdiff.__file__, '| torch', torch.__version__)"
@@ -77,8 +77,8 @@ export PY WORK
 export PYTHONPATH="$PYTHONPATH:$WORK/site"
 
 step setup 60 bash -c setup
-step device 30 bash -c "command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total \
-    --format=csv,noheader; \"$PY\" -c \"import torch; print('torch', torch.__version__, '| cuda available:', \
+step device 30 bash -c "nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader \
+    || echo 'no nvidia-smi'; \"$PY\" -c \"import torch; print('torch', torch.__version__, '| cuda available:', \
     torch.cuda.is_available(), '|', torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA device')\""
 step tests 160 "$PY" -m pytest -m cuda tests/cuda -q -rs -p no:cacheprovider --junitxml="$WORK/junit.xml"
 if [ "$QUICK" = 1 ]; then
@@ -91,7 +91,8 @@ step per_op 60 "$PY" benchmarks/bench_per_op.py --floor --device "$DEVICE" --ste
 step capture 140 "$PY" benchmarks/bench_capture.py --device "$DEVICE" --steps "$STEPS" --models "$MODELS" \
     --settings "$SETTINGS" --json "$WORK/capture.json"
 
-"$PY" - "$WORK" "$DEVICE" >"$WORK/table" <<'EOF'
+COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo "unknown (no git here)")
+"$PY" - "$WORK" "$DEVICE" "$COMMIT" >"$WORK/table" <<'EOF'
 import json, sys, xml.etree.ElementTree as ET
 from pathlib import Path
 work, device = Path(sys.argv[1]), sys.argv[2]
@@ -99,7 +100,10 @@ status = {}
 for line in (work / "status").read_text().splitlines():
     name, rc, secs = line.split()
     status[name] = f"rc {rc}" + (" (timed out)" if rc in ("124", "137") else "") + f", {secs} s"
-rows = [("device asked", device)]
+import torch
+name = torch.cuda.get_device_name() if device.startswith("cuda") and torch.cuda.is_available() else "-"
+rows = [("device asked", device), ("device", f"{name} (torch {torch.__version__})"),
+        ("commit", sys.argv[3])]
 for name in ("setup", "device", "tests", "per_op", "capture"):
     rows.append((f"step {name}", status.get(name, "not run")))
 try:
