@@ -197,8 +197,9 @@ def floor(name, workload, steps, warmup=2, clock=time.perf_counter):
             dbg.step()
             times["opdiff mix"].append(clock() - t0)
     base = statistics.median(times["plain"][1:])
-    return [(name, variant, statistics.median(t[1:]) / base, base) for variant, t in times.items()
-            if variant != "plain"], len(recorder.records)
+    return [(name, variant, statistics.median(t[1:]) / base, base,
+             spread([a / b for a, b in zip(t[1:], times["plain"][1:])]))
+            for variant, t in times.items() if variant != "plain"], len(recorder.records)
 
 
 def main(argv=None):
@@ -233,12 +234,17 @@ def main(argv=None):
         return
     if args.floor:
         clock = time.process_time if args.clock == "cpu" else time.perf_counter
-        print(f"{args.steps} rounds, {args.clock} clock, median step / median plain step")
+        print(f"{args.steps} rounds, {args.clock} clock, device {args.device}, median step / median plain step")
+        out = []
         for name in args.models.split(","):
-            rows, records = floor(name, workloads[name], args.steps, clock=clock)
-            for model_name, variant, ratio, base in rows:
-                print(f"{model_name:<12} {variant:<16} {ratio:6.2f}x  (plain {base * 1e3:.1f} ms"
-                      + (f", {records} floor records)" if variant == "floor recorder" else ")"))
+            rows, records = floor(name, workloads[name], args.steps, clock=synced(clock, args.device))
+            for model_name, variant, ratio, base, (q1, q3) in rows:
+                print(f"{model_name:<12} {variant:<16} {ratio:6.2f}x  (quartiles {q1:.2f}-{q3:.2f}, plain "
+                      f"{base * 1e3:.1f} ms" + (f", {records} floor records)" if variant == "floor recorder" else ")"))
+                out.append({"model": model_name, "level": "floor", "task": variant, "plain_ms": base * 1e3,
+                            "ratio": ratio, "q1": q1, "q3": q3})
+            if args.json:
+                Path(args.json).write_text(json.dumps({"device": args.device, "rows": out}, indent=1))
         return
     settings = SETTINGS
     if args.settings:

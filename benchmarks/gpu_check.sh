@@ -8,7 +8,8 @@
 # Steps, each under `timeout`: set up (opdiff from src/, missing packages from .whl/ or pip),
 # print the device, run `pytest -m cuda tests/cuda`, then the capture ratio benchmarks on the
 # device (bench_per_op.py: host time per record; bench_capture.py: step time with opdiff / plain
-# step, for cnn, transformer and, if transformers is installed, tiny llama and gpt2). The demo
+# step, for cnn, transformer and, if transformers is installed, tiny llama and gpt2; and
+# `--floor`: a bare torch-function mode and the floor recorder on the same models). The demo
 # is not run on the device: `opdiff demo` has no device option (it trains on CPU), so the table
 # says so instead of a verdict. Prints one table at the end, also written to $OUT/gpu_check.txt
 # (and the whole log to $OUT/gpu_check.log) when $OUT is set. Exit 1 when a step failed.
@@ -27,7 +28,7 @@ for arg in "$@"; do
             exec "$PY" -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
                 --implementation cp --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
                 -d .whl orjson ;;
-        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
         *) echo "gpu_check.sh: unknown argument $arg (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -76,20 +77,23 @@ export PY WORK
 [ -d "$WORK/site" ] || mkdir -p "$WORK/site"
 export PYTHONPATH="$PYTHONPATH:$WORK/site"
 
-step setup 60 bash -c setup
-step device 30 bash -c "nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader \
+step setup 45 bash -c setup
+step device 20 bash -c "nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader \
     || echo 'no nvidia-smi'; \"$PY\" -c \"import torch; print('torch', torch.__version__, '| cuda available:', \
     torch.cuda.is_available(), '|', torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA device')\""
-step tests 160 "$PY" -m pytest -m cuda tests/cuda -q -rs -p no:cacheprovider --junitxml="$WORK/junit.xml"
+step tests 150 "$PY" -m pytest -m cuda tests/cuda -q -rs -p no:cacheprovider --junitxml="$WORK/junit.xml"
 if [ "$QUICK" = 1 ]; then
     PER_OP_STEPS=3; STEPS=2; SETTINGS=mix:statistics; MODELS=cnn,llama
 else
     PER_OP_STEPS=15; STEPS=7; SETTINGS=mix:statistics,L1:tensor; MODELS=cnn,transformer,llama,gpt2
 fi
 "$PY" -c "import transformers" 2>/dev/null || { MODELS=cnn,transformer; echo "transformers missing: no llama/gpt2"; }
-step per_op 60 "$PY" benchmarks/bench_per_op.py --floor --device "$DEVICE" --steps "$PER_OP_STEPS" --json "$WORK/per_op.json"
-step capture 140 "$PY" benchmarks/bench_capture.py --device "$DEVICE" --steps "$STEPS" --models "$MODELS" \
+step per_op 45 "$PY" benchmarks/bench_per_op.py --floor --device "$DEVICE" --steps "$PER_OP_STEPS" --json "$WORK/per_op.json"
+step capture 130 "$PY" benchmarks/bench_capture.py --device "$DEVICE" --steps "$STEPS" --models "$MODELS" \
     --settings "$SETTINGS" --json "$WORK/capture.json"
+# the floor under any Python capture on the same models (issue 29 states its targets against it)
+step floor 50 "$PY" benchmarks/bench_capture.py --floor --device "$DEVICE" --steps "$STEPS" --models "$MODELS" \
+    --json "$WORK/floor.json"
 
 COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo "unknown (no git here)")
 "$PY" - "$WORK" "$DEVICE" "$COMMIT" >"$WORK/table" <<'EOF'
@@ -104,7 +108,7 @@ import torch
 name = torch.cuda.get_device_name() if device.startswith("cuda") and torch.cuda.is_available() else "-"
 rows = [("device asked", device), ("device", f"{name} (torch {torch.__version__})"),
         ("commit", sys.argv[3])]
-for name in ("setup", "device", "tests", "per_op", "capture"):
+for name in ("setup", "device", "tests", "per_op", "capture", "floor"):
     rows.append((f"step {name}", status.get(name, "not run")))
 try:
     suite = ET.parse(work / "junit.xml").getroot()
@@ -123,12 +127,13 @@ try:
         rows.append(("per record, floor recorder", f"{p['floor_us_per_record']:.1f} us"))
 except (OSError, ValueError, KeyError):
     rows.append(("per record (bench_per_op)", "no result (see the log)"))
-try:
-    for r in json.loads((work / "capture.json").read_text())["rows"]:
-        rows.append((f"{r['model']} {r['level']} {r['task']}",
-                     f"x{r['ratio']:.2f} plain (quartiles {r['q1']:.2f}-{r['q3']:.2f}), plain {r['plain_ms']:.1f} ms"))
-except (OSError, ValueError, KeyError):
-    rows.append(("capture ratios (bench_capture)", "no result (see the log)"))
+for what, file in (("capture ratios (bench_capture)", "capture.json"), ("floor (bench_capture --floor)", "floor.json")):
+    try:
+        for r in json.loads((work / file).read_text())["rows"]:
+            rows.append((f"{r['model']} {r['level']} {r['task']}",
+                         f"x{r['ratio']:.2f} plain (quartiles {r['q1']:.2f}-{r['q3']:.2f}), plain {r['plain_ms']:.1f} ms"))
+    except (OSError, ValueError, KeyError):
+        rows.append((what, "no result (see the log)"))
 width = max(len(k) for k, _ in rows)
 print("opdiff GPU check")
 for k, v in rows:
