@@ -4,6 +4,7 @@
 #   bash benchmarks/gpu_check.sh                 # on the GPU machine, from the repository root
 #   GPU_CHECK_DEVICE=cpu bash benchmarks/gpu_check.sh --quick   # the same steps on CPU (plumbing)
 #   bash benchmarks/gpu_check.sh --fetch-wheels  # here, before: wheels the bare GPU machine lacks
+#   (GPU_CHECK_COMMIT=SHA names the commit in the table where the copy has no .git)
 #
 # Steps, each under `timeout`: set up (opdiff from src/, missing packages from .whl/ or pip),
 # print the device, run `pytest -m cuda tests/cuda`, then the capture ratio benchmarks on the
@@ -28,7 +29,7 @@ for arg in "$@"; do
             exec "$PY" -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
                 --implementation cp --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
                 -d .whl orjson ;;
-        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
         *) echo "gpu_check.sh: unknown argument $arg (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -95,7 +96,7 @@ step capture 130 "$PY" benchmarks/bench_capture.py --device "$DEVICE" --steps "$
 step floor 50 "$PY" benchmarks/bench_capture.py --floor --device "$DEVICE" --steps "$STEPS" --models "$MODELS" \
     --json "$WORK/floor.json"
 
-COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo "unknown (no git here)")
+COMMIT=${GPU_CHECK_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo "unknown (no git here; set GPU_CHECK_COMMIT)")}
 "$PY" - "$WORK" "$DEVICE" "$COMMIT" >"$WORK/table" <<'EOF'
 import json, sys, xml.etree.ElementTree as ET
 from pathlib import Path
