@@ -2,15 +2,19 @@
 
     python benchmarks/bench_capture.py [--steps 9] [--models cnn,transformer,llama,gpt2] [--autocast bf16]
     python benchmarks/bench_capture.py --floor [--models ...]   # what any Python capture pays
+    python benchmarks/bench_capture.py --device cuda --json rows.json   # on a GPU (gpu_check.sh)
 
 Prints, per model and setting, the median step time and its ratio to the plain step measured
 in the same rounds (plain and captured steps alternate, so machine noise hits both), on one
 thread (`torch.set_num_threads(1)`, `--threads` to change), after a warm-up captured step.
 `llama` and `gpt2` are tiny Hugging Face models built from configs (transformers installed).
+`--device cuda`: model and batch moved there, every timed step ends with a synchronize (the
+kernels a step queued are part of its time); the spread is the quartiles of per-round ratios.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -32,10 +36,38 @@ SETTINGS = [("L1", "statistics"), ("mix", "statistics"), ("L1", "tensor"), ("mix
 
 def run_step(model, batch, loss_fn, opt, autocast=None):
     opt.zero_grad(set_to_none=True)
-    with torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
+    device = next(model.parameters()).device
+    with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
         loss = loss_fn(model, batch)
     loss.backward()
     opt.step()
+
+
+def on_device(workload, device: str):
+    """The workload with its model and batch moved to `device`."""
+    def build():
+        model, batch, loss_fn = workload()
+        return model.to(device), tuple(b.to(device) for b in batch), loss_fn
+    return build
+
+
+def synced(clock, device: str):
+    """`clock`, after waiting for the device's queued kernels (a step's time includes them)."""
+    if not device.startswith("cuda"):
+        return clock
+
+    def read():
+        torch.cuda.synchronize()
+        return clock()
+    return read
+
+
+def spread(ratios: list) -> tuple:
+    """Quartiles of the per-round ratios (the median's own noise)."""
+    if len(ratios) < 2:
+        return (ratios[0], ratios[0])
+    q = statistics.quantiles(ratios, n=4)
+    return (q[0], q[2])
 
 
 def bench(name, workload, steps, settings, warmup=2, autocast=None, clock=time.perf_counter):
@@ -74,7 +106,8 @@ def bench(name, workload, steps, settings, warmup=2, autocast=None, clock=time.p
                 if hasattr(os, "sync"):
                     os.sync()
             base, med = statistics.median(plain), statistics.median(captured)
-            rows.append((name, level, task, base, med, med / base))
+            rows.append((name, level, task, base, med, med / base,
+                         spread([c / p for c, p in zip(captured, plain)])))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return rows
@@ -164,8 +197,9 @@ def floor(name, workload, steps, warmup=2, clock=time.perf_counter):
             dbg.step()
             times["opdiff mix"].append(clock() - t0)
     base = statistics.median(times["plain"][1:])
-    return [(name, variant, statistics.median(t[1:]) / base, base) for variant, t in times.items()
-            if variant != "plain"], len(recorder.records)
+    return [(name, variant, statistics.median(t[1:]) / base, base,
+             spread([a / b for a, b in zip(t[1:], times["plain"][1:])]))
+            for variant, t in times.items() if variant != "plain"], len(recorder.records)
 
 
 def main(argv=None):
@@ -184,11 +218,14 @@ def main(argv=None):
     parser.add_argument("--floor", action="store_true",
                         help="instead: the floor of any Python capture (a bare torch-function "
                              "mode, bench_per_op.FloorRecorder) beside opdiff at mix statistics")
+    parser.add_argument("--device", default="cpu", help="where model and batch live (cuda: steps synchronized)")
+    parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     autocast = torch.bfloat16 if args.autocast == "bf16" else None
     workloads = {"cnn": models.cnn_workload, "transformer": models.transformer_workload,
                  "llama": models.llama_workload, "gpt2": models.gpt2_workload}
+    workloads = {k: on_device(w, args.device) for k, w in workloads.items()}
     if args.parts:
         print(f"mix statistics, {args.steps} rounds, median of per-round ratios to the plain step")
         for name in args.models.split(","):
@@ -197,25 +234,36 @@ def main(argv=None):
         return
     if args.floor:
         clock = time.process_time if args.clock == "cpu" else time.perf_counter
-        print(f"{args.steps} rounds, {args.clock} clock, median step / median plain step")
+        print(f"{args.steps} rounds, {args.clock} clock, device {args.device}, median step / median plain step")
+        out = []
         for name in args.models.split(","):
-            rows, records = floor(name, workloads[name], args.steps, clock=clock)
-            for model_name, variant, ratio, base in rows:
-                print(f"{model_name:<12} {variant:<16} {ratio:6.2f}x  (plain {base * 1e3:.1f} ms"
-                      + (f", {records} floor records)" if variant == "floor recorder" else ")"))
+            rows, records = floor(name, workloads[name], args.steps, clock=synced(clock, args.device))
+            for model_name, variant, ratio, base, (q1, q3) in rows:
+                print(f"{model_name:<12} {variant:<16} {ratio:6.2f}x  (quartiles {q1:.2f}-{q3:.2f}, plain "
+                      f"{base * 1e3:.1f} ms" + (f", {records} floor records)" if variant == "floor recorder" else ")"))
+                out.append({"model": model_name, "level": "floor", "task": variant, "plain_ms": base * 1e3,
+                            "ratio": ratio, "q1": q1, "q3": q3})
+            if args.json:
+                Path(args.json).write_text(json.dumps({"device": args.device, "rows": out}, indent=1))
         return
     settings = SETTINGS
     if args.settings:
         settings = [tuple(s.split(":")) for s in args.settings.split(",")]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.steps} steps, median, "
-          f"{args.clock} clock"
+          f"{args.clock} clock, device {args.device}"
           + (", bf16 autocast" if autocast else ""))
-    print(f"{'model':<12} {'level':<5} {'task':<15} {'plain ms':>9} {'step ms':>9} {'x plain':>8}")
+    print(f"{'model':<12} {'level':<5} {'task':<15} {'plain ms':>9} {'step ms':>9} {'x plain':>8}  quartiles")
+    out = []
     for name in args.models.split(","):
         clock = time.process_time if args.clock == "cpu" else time.perf_counter
-        for row in bench(name, workloads[name], args.steps, settings, autocast=autocast, clock=clock):
+        for row in bench(name, workloads[name], args.steps, settings, autocast=autocast,
+                         clock=synced(clock, args.device)):
             print(f"{row[0]:<12} {row[1]:<5} {row[2]:<15} {row[3] * 1000:9.1f} {row[4] * 1000:9.1f} "
-                  f"{row[5]:8.2f}")
+                  f"{row[5]:8.2f}  {row[6][0]:.2f}-{row[6][1]:.2f}")
+            out.append({"model": row[0], "level": row[1], "task": row[2], "plain_ms": row[3] * 1e3,
+                        "step_ms": row[4] * 1e3, "ratio": row[5], "q1": row[6][0], "q3": row[6][1]})
+        if args.json:       # after each model: a run stopped by a time limit keeps what it measured
+            Path(args.json).write_text(json.dumps({"device": args.device, "rows": out}, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,16 +1,18 @@
 """Host time opdiff spends per recorded op, on a model whose kernels take next to nothing.
 
-    python benchmarks/bench_per_op.py [--steps 31] [--level mix]
+    python benchmarks/bench_per_op.py [--steps 31] [--level mix] [--device cuda] [--json out.json]
 
 A deep MLP of tiny layers (width 16, batch 4): the plain step is almost all Python and
 dispatch, so (captured step - plain step) / records per step is opdiff's own cost per record,
 free of the memory traffic that makes ratios on real models noisy here. On a GPU, where kernels
 run asynchronously, this host time is what capture adds to a step. Plain and captured steps
-alternate (one thread); medians.
+alternate (one thread); medians. `--device cuda`: model and input there, each timed step ends
+with a synchronize; the spread is the quartiles of the per-round per-record costs.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import statistics
 import tempfile
@@ -134,18 +136,22 @@ def main(argv=None):
     parser.add_argument("--floor", action="store_true",
                         help="also time a bare torch-function mode and FloorRecorder (the least a "
                              "Python capture can do per record) in the same rounds")
+    parser.add_argument("--device", default="cpu", help="where the MLP runs (cuda: steps synchronized)")
+    parser.add_argument("--json", default=None, help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = tiny_mlp()
-    x = torch.randn(4, 16)
+    model = tiny_mlp().to(args.device)
+    x = torch.randn(4, 16).to(args.device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
 
     def step():
         opt.zero_grad(set_to_none=True)
         model(x).square().mean().backward()
         opt.step()
+        sync()
 
     for _ in range(3):
         step()
@@ -187,14 +193,23 @@ def main(argv=None):
     finally:
         shutil.rmtree(root, ignore_errors=True)
     p, c = statistics.median(plain), statistics.median(captured)
-    print(f"level {args.level}, task {args.task}, {args.clock} clock: plain step {p * 1e3:.2f} ms, captured "
-          f"{c * 1e3:.2f} ms, {records} records: {(c - p) / records * 1e6:.1f} us per record")
+    per_round = sorted((ci - pi) / records * 1e6 for ci, pi in zip(captured, plain))
+    q = statistics.quantiles(per_round, n=4) if len(per_round) > 1 else per_round * 3
+    print(f"level {args.level}, task {args.task}, {args.clock} clock, device {args.device}: plain step "
+          f"{p * 1e3:.2f} ms, captured {c * 1e3:.2f} ms, {records} records: "
+          f"{(c - p) / records * 1e6:.1f} us per record (quartiles {q[0]:.1f}-{q[2]:.1f})")
+    figures = {"device": args.device, "level": args.level, "task": args.task, "records": records,
+               "plain_ms": p * 1e3, "step_ms": c * 1e3, "ratio": c / p,
+               "us_per_record": (c - p) / records * 1e6, "q1": q[0], "q3": q[2]}
     if args.floor:
         b, f = statistics.median(bare), statistics.median(floor)
+        figures["floor_us_per_record"] = (f - p) / floor_records * 1e6 if floor_records else None
         print(f"  bare torch-function mode: {b * 1e3:.2f} ms, {(b - p) / records * 1e6:.1f} us per opdiff record")
         print(f"  floor recorder: {f * 1e3:.2f} ms, {floor_records} records: "
               f"{(f - p) / floor_records * 1e6:.1f} us per record, "
               f"{(f - p) / records * 1e6:.1f} us per opdiff record")
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=1))
 
 
 if __name__ == "__main__":
