@@ -20,6 +20,7 @@ from rank_dumps import dump_ranks
 import opdiff
 from opdiff.comparison.pair import compare_pair
 from opdiff.comparison.ranks import attribute_collectives
+from opdiff.comparison.reasons import with_context
 from opdiff.comparison.runs import merge, pair_dumps, split_incomplete, unpaired
 from opdiff.comparison.spool import CHUNK, ChainedRows, PairRows, Spool, on_disk, write_pair
 from opdiff.comparison.verdicts import Policy
@@ -49,6 +50,9 @@ def _in_memory(target: str, golden: str, out: Path):
     results = [compare_pair(t, g, policy=Policy()) for t, g in pairs]
     results = attribute_collectives(results, pairs)
     result = merge(target, golden, results, notes, incomplete=incomplete)
+    for p in result.pairs:      # the lines around each culprit, from its dump (as opdiff.compare does)
+        p["first_divergence"] = with_context(p.get("first_divergence"), dumps=(p["target"], p["golden"]))
+    result.first_divergence = with_context(result.first_divergence, dumps=(target, golden))
     result.verdict = verdict_line(result)
     result.files = write_outputs(result, out)
     return result
@@ -131,4 +135,4 @@ def test_replay_jobs_give_the_one_process_answer(roots, tmp_path, capsys):
     assert one.first_divergence is not None and one.first_divergence.op == "Functional.gelu"
     assert main(["compare", str(t), str(g), "--replay-jobs", "0", "--no-progress"]) == 2
     err = capsys.readouterr().err
-    assert "--replay-jobs expects a number of processes" in err and "Traceback" not in err
+    assert "jobs expects a number of processes" in err and "Traceback" not in err
