@@ -7,38 +7,20 @@ import contextlib
 import json
 
 import pytest
-import torch
 
 import opdiff
 from opdiff.testing.faults import inject_fault
+from trainerkit import Tokens, tiny_llama, training_args
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
 
-class Tokens(torch.utils.data.Dataset):
-    def __init__(self, n: int = 8, length: int = 8, vocab: int = 64):
-        g = torch.Generator().manual_seed(0)
-        self.ids = torch.randint(0, vocab, (n, length), generator=g)
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def __getitem__(self, i: int) -> dict:
-        return {"input_ids": self.ids[i], "labels": self.ids[i]}
-
-
 def _train(root, fault: bool):
     from opdiff.integrations.transformers import OpdiffCallback
 
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=16)
-    model = transformers.LlamaForCausalLM(config)
-    args = transformers.TrainingArguments(output_dir=str(root / "out"), per_device_train_batch_size=2,
-                                          gradient_accumulation_steps=2, max_steps=3, learning_rate=1e-3,
-                                          use_cpu=True, report_to=[], save_strategy="no", logging_strategy="no",
-                                          dataloader_num_workers=0, seed=0, disable_tqdm=True)
+    model = tiny_llama()
+    args = training_args(root, gradient_accumulation_steps=2, max_steps=3)
     trainer = transformers.Trainer(model=model, args=args, train_dataset=Tokens(),
                                    callbacks=[OpdiffCallback(dump_path=str(root / "dump"), steps=[0, 1], level="mix")])
     with inject_fault("Functional.silu", call=0, scale=1.01) if fault else contextlib.nullcontext():

@@ -7,39 +7,21 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 import opdiff
+from trainerkit import Tokens, tiny_llama, training_args
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
 
-class Tokens(torch.utils.data.Dataset):
-    def __init__(self, n: int = 4, length: int = 8, vocab: int = 64):
-        g = torch.Generator().manual_seed(0)
-        self.ids = torch.randint(0, vocab, (n, length), generator=g)
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def __getitem__(self, i: int) -> dict:
-        return {"input_ids": self.ids[i], "labels": self.ids[i]}
-
-
 def _train(root, bf16: bool):
     from opdiff.integrations.transformers import OpdiffCallback
 
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=16)
-    model = transformers.LlamaForCausalLM(config)
-    args = transformers.TrainingArguments(output_dir=str(root / "out"), per_device_train_batch_size=2,
-                                          max_steps=2, learning_rate=1e-3, bf16=bf16,
-                                          use_cpu=True, report_to=[], save_strategy="no", logging_strategy="no",
-                                          dataloader_num_workers=0, seed=0, disable_tqdm=True)
+    model = tiny_llama()
+    args = training_args(root, max_steps=2, bf16=bf16)
     callback = OpdiffCallback(dump_path=str(root / "dump"), steps=[0], task="statistics", level="mix")
-    transformers.Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=[callback]).train()
+    transformers.Trainer(model=model, args=args, train_dataset=Tokens(n=4), callbacks=[callback]).train()
     return root / "dump"
 
 
