@@ -27,7 +27,7 @@ from .blame import OpScore, analyse, differing_numbers
 from .metrics import Measurement, measure, stats_measure
 from .reasons import not_comparable, placement_note, statistics_limits, unread_note
 from .regions import (REGION, Boundaries, absorb, Region, RegionOps, find_regions, mark_region_rows,
-                      members, op_list)
+                      members, op_list, unjudged_note)
 from .result import ERROR, PASS, UNMATCHED, WARNING, CompareResult, TensorRow, count
 from .verdicts import Policy
 
@@ -164,6 +164,9 @@ class _PairCompare:
             if compiled_run:      # the graph node, module and line the compiler names
                 divergence = compiled.annotate(divergence, t_records, g_records)
         notes = ([compiled_note] if compiled_note else []) + mapping_notes
+        skipped = unjudged_note(regions, region_ops, self.rows, divergence is not None)
+        if skipped:     # a region not judged where tensors differ: never "no op is to blame"
+            notes.insert(0, skipped)
         if replayer is not None and replayer.done:
             log.info("opdiff: %s", replayer.summary())
             notes.append(replayer.summary())

@@ -20,7 +20,12 @@ holds ops of both sides is a *region*:
 A region is scored like an op (`blame.judge`: inputs agree and outputs do not: local error),
 and can be the first divergence (`Divergence.region`). Its ops are never blamed one by one nor
 counted unmatched: their rows say the region covers them. A region whose boundary cannot be
-measured is not judged (its rows say so).
+measured is not judged (its rows say so), and a pair where tensors differ and nothing is blamed
+then says "inconclusive: ..." (`unjudged_note`), never that every difference is inherited.
+
+Parameters the region reads that have no golden partner (one fused `qkv_proj.weight` against
+three `q_proj`/`k_proj`/`v_proj` weights) are left out of its inputs rather than leaving the
+region unjudged; a region blamed says they were not compared (`Region.unpaired_leaves`).
 """
 from __future__ import annotations
 
@@ -50,6 +55,7 @@ class Region:
     position: int = 0                   # its first op's place in the alignment
     boundary: str = ""                  # "dataflow" | "module" | "" (not measured)
     place: str = ""                     # `where`, when known without the module call (rejudge)
+    unpaired_leaves: list[str] = field(default_factory=list)   # its parameters without a partner
 
     @property
     def name(self) -> str:
@@ -217,6 +223,7 @@ class Boundaries:
             return None
         seqs = {self.target[i].get("seq") for i in region.target}
         inputs: dict[int, Entry] = {}
+        unpaired: list[str] = []
         for i in region.target:
             for _, role, desc in iter_tensors(self.target[i]):
                 if role == Role.OUTPUT:
@@ -233,12 +240,18 @@ class Boundaries:
                 else:
                     continue        # made outside the recorded ops: nothing to measure it by
                 entry = self.measured.get(name) if name else None
+                if entry is None and name and leaf in ("parameter", "buffer"):
+                    # golden holds it in other shapes (three q/k/v weights against one fused
+                    # qkv weight): not compared; the verdict says so (`region_reason`)
+                    unpaired.append(str(desc.get("fqn")))
+                    continue
                 if entry is None:
                     return None     # fed by an unpaired op (another region): not by dataflow
                 inputs[entry[0]] = entry
         outputs = {e[0]: e for e in (self.measured.get(n) for n in consumers) if e is not None}
-        if not outputs:
+        if not outputs or not inputs:
             return None
+        region.unpaired_leaves = list(dict.fromkeys(unpaired))
         return list(inputs.values()), list(outputs.values())
 
     def by_module(self, region: Region) -> Optional[tuple[list[Entry], list[Entry]]]:
@@ -285,6 +298,24 @@ def mark_region_rows(rows: list[Any], region_ops: list[Any], region_rows: dict[i
                                                     f"{op.region[0].label()}: local error")
 
 
+def unjudged_note(regions: list[Region], region_ops: list[Any], rows: list[Any],
+                  found: bool) -> Optional[str]:
+    """"inconclusive: ..." when nothing was blamed, tensors differ, and a region could not be
+    judged (its boundary not measured): the difference may start there, so opdiff does not
+    say that every difference is inherited."""
+    judged = {op.region[0].number for op in region_ops}
+    skipped = [r for r in regions if r.number not in judged]
+    if found or not skipped or not any(
+            row.result in (ERROR, WARNING) and not row.region for row in rows):
+        return None
+    names = ", ".join(r.label() for r in skipped[:SHOWN_OPS]) + (
+        ", ..." if len(skipped) > SHOWN_OPS else "")
+    return (f"inconclusive: tensors differ, and {names} could not be judged (the runs execute "
+            f"different ops there, and the tensors entering and leaving "
+            f"{'it are' if len(skipped) == 1 else 'them are'} not paired): the difference may "
+            f"start there; no op elsewhere is blamed")
+
+
 def op_list(records: list[Record], indices: list[int], locate: Any) -> list[dict[str, Any]]:
     """[{"name", "op", "location"}] of a side's region ops (`locate(record)` -> Location|None)."""
     out = []
@@ -311,7 +342,18 @@ def region_reason(region: Region, ops: RegionOps, why: str) -> str:
         why += " — local error in this region"
     return (f"region{where} ({region.phase}; target: {shown(ops.target_ops)}; golden: "
             f"{shown(ops.golden_ops)}{_lines(ops.golden_ops)}): the two runs execute different "
-            f"ops here, judged as one through the tensors entering and leaving it: {why}")
+            f"ops here, judged as one through the tensors entering and leaving it: {why}"
+            f"{_unpaired(region)}")
+
+
+def _unpaired(region: Region) -> str:
+    """What the verdict of a region whose parameters have no golden partner could not see."""
+    if not region.unpaired_leaves:
+        return ""
+    names = ", ".join(f"`{n}`" for n in region.unpaired_leaves[:SHOWN_OPS])
+    more = ", ..." if len(region.unpaired_leaves) > SHOWN_OPS else ""
+    return (f" (its parameters {names}{more} have no partner in golden, which holds them in "
+            f"other shapes, and were not compared: a difference in them would show the same way)")
 
 
 def _lines(ops: list[dict[str, Any]]) -> str:
@@ -329,5 +371,5 @@ def _lines(ops: list[dict[str, Any]]) -> str:
 
 
 __all__ = ["REGION", "Region", "RegionOps", "Boundaries", "find_regions", "members", "absorb",
-           "label_number", "mark_region_rows",
+           "label_number", "mark_region_rows", "unjudged_note",
            "common_module", "op_list", "shown", "region_reason"]

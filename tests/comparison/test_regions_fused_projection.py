@@ -1,0 +1,204 @@
+"""A fused op against its composite, where the parameters differ in shape between the runs.
+
+Golden projects q, k and v with three `Linear` modules (`q_proj`, `k_proj`, `v_proj`), the
+target with one fused `qkv_proj` holding the same weights, then `.split`. Neither the module
+calls nor the parameters pair, so the ops between x and the paired `q @ k.T` form one region
+whose parameters have no golden partner. A 2% fault in the fused linear used to get "no op is
+to blame" (the region was silently not judged); it must name the region, or say
+"inconclusive: ...". The same for a fused SwiGLU made with `torch.library.custom_op` against
+`silu(a) * b`. Healthy pairs name nothing.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from contextlib import nullcontext
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import opdiff
+from opdiff.report.console import verdict_line
+from opdiff.testing import inject_fault
+
+TASKS = ("tensor", "statistics")
+
+
+class SplitAttention(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.q_proj = torch.nn.Linear(8, 8)
+        self.k_proj = torch.nn.Linear(8, 8)
+        self.v_proj = torch.nn.Linear(8, 8)
+        self.o = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        return self.o(torch.softmax(q @ k.T, -1) @ v)
+
+
+class FusedAttention(torch.nn.Module):
+    def __init__(self, src: SplitAttention) -> None:
+        super().__init__()
+        self.qkv_proj = torch.nn.Linear(8, 24)
+        self.o = torch.nn.Linear(8, 8)
+        with torch.no_grad():
+            self.qkv_proj.weight.copy_(torch.cat([src.q_proj.weight, src.k_proj.weight,
+                                                  src.v_proj.weight]))
+            self.qkv_proj.bias.copy_(torch.cat([src.q_proj.bias, src.k_proj.bias,
+                                                src.v_proj.bias]))
+            self.o.load_state_dict(src.o.state_dict())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split(8, -1)
+        return self.o(torch.softmax(q @ k.T, -1) @ v)
+
+
+class Model(torch.nn.Module):
+    def __init__(self, inner: torch.nn.Module, name: str = "attn") -> None:
+        super().__init__()
+        self.name = name
+        self.add_module(name, inner)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return getattr(self, self.name)(x)
+
+
+SWIGLU_SCALE = [1.0]        # the fused kernel's fault (1.0: healthy)
+
+
+@torch.library.custom_op("opdiff_fusedproj_test::swiglu", mutates_args=())
+def fused_swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return F.silu(a) * b * SWIGLU_SCALE[0]
+
+
+@fused_swiglu.register_fake
+def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(a)
+
+
+def _swiglu_context(ctx, inputs, output) -> None:
+    ctx.save_for_backward(*inputs)
+
+
+def _swiglu_backward(ctx, grad: torch.Tensor):
+    a, b = ctx.saved_tensors
+    s = torch.sigmoid(a)
+    return (grad * b * s * (1 + a * (1 - s)) * SWIGLU_SCALE[0],
+            grad * F.silu(a) * SWIGLU_SCALE[0])
+
+
+fused_swiglu.register_autograd(_swiglu_backward, setup_context=_swiglu_context)
+
+
+class MLP(torch.nn.Module):
+    def __init__(self, fused: bool) -> None:
+        super().__init__()
+        self.fused = fused
+        self.gate = torch.nn.Linear(8, 16)
+        self.up = torch.nn.Linear(8, 16)
+        self.down = torch.nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.gate(x), self.up(x)
+        return self.down(fused_swiglu(a, b) if self.fused else F.silu(a) * b)
+
+
+def _dump(model: torch.nn.Module, path: Path, task: str, fault: bool, linear: bool) -> Path:
+    shutil.rmtree(path, ignore_errors=True)
+    model.zero_grad(set_to_none=True)       # (each model is dumped several times)
+    torch.manual_seed(1)
+    x = torch.randn(4, 8)
+    planted = inject_fault(op="Functional.linear", call=0, scale=1.02) if fault and linear \
+        else nullcontext()
+    SWIGLU_SCALE[0] = 1.02 if fault and not linear else 1.0
+    try:
+        with planted:
+            with opdiff.dump(model, str(path), level="mix", task=task):
+                model(x).sum().backward()
+    finally:
+        SWIGLU_SCALE[0] = 1.0
+    if fault and linear:
+        assert planted.hits == 1        # type: ignore[attr-defined]
+    return path
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fused_projection")
+    torch.manual_seed(0)
+    split = Model(SplitAttention()).eval()
+    fused = Model(FusedAttention(split.attn)).eval()   # type: ignore[arg-type]
+    torch.manual_seed(0)
+    composite = Model(MLP(fused=False), "mlp").eval()
+    kernel = Model(MLP(fused=True), "mlp").eval()
+    kernel.load_state_dict(composite.state_dict())
+    made = {}
+    for task in TASKS:
+        made["qkv", "golden", task] = _dump(split, root / f"qg_{task}", task, False, True)
+        made["swiglu", "golden", task] = _dump(composite, root / f"sg_{task}", task, False, False)
+        for fault in (False, True):
+            made["qkv", fault, task] = _dump(fused, root / f"qt_{task}_{fault}", task, fault, True)
+            made["swiglu", fault, task] = _dump(kernel, root / f"st_{task}_{fault}", task, fault,
+                                                False)
+    return made
+
+
+def _compare(dumps, case: str, fault: bool, task: str):
+    return opdiff.compare(str(dumps[case, fault, task]), str(dumps[case, "golden", task]))
+
+
+@pytest.mark.parametrize("task", TASKS)
+@pytest.mark.parametrize("case", ["qkv", "swiglu"])
+def test_healthy_fused_ops_name_nothing(dumps, case, task):
+    result = _compare(dumps, case, False, task)
+    assert result.first_divergence is None, result.first_divergence
+    assert not verdict_line(result).startswith("inconclusive"), verdict_line(result)
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_a_fault_in_the_fused_projection_names_its_region(dumps, task):
+    result = _compare(dumps, "qkv", True, task)
+    fd = result.first_divergence
+    assert fd is not None, verdict_line(result)
+    assert fd.origin == "region" and fd.phase == "forward", fd
+    assert fd.name.startswith("Region.")
+    assert "region in `attn`" in fd.reason, fd.reason
+    assert [o["op"] for o in fd.region["target_ops"]] == ["Functional.linear", "Tensor.split"]
+    assert [o["op"] for o in fd.region["golden_ops"]] == ["Functional.linear"] * 3
+    # the fused parameters were not compared, and the verdict says so
+    assert "`attn.qkv_proj.weight`" in fd.reason and "were not compared" in fd.reason
+    assert "no op is to blame" not in verdict_line(result)
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_a_fault_in_a_fused_custom_op_names_its_region(dumps, task):
+    result = _compare(dumps, "swiglu", True, task)
+    fd = result.first_divergence
+    assert fd is not None, verdict_line(result)
+    assert fd.phase == "forward"
+    if fd.origin == "region":
+        ops = [o["op"] for o in fd.region["target_ops"]]
+        assert any("swiglu" in op for op in ops), ops
+        assert "region in `mlp`" in fd.reason, fd.reason
+    else:
+        assert "swiglu" in fd.op, fd
+
+
+def test_a_region_that_cannot_be_measured_is_inconclusive(dumps, tmp_path):
+    """Without dataflow (a dump from an older opdiff) the region's boundary is the module call
+    holding it, `attn`, which does not pair (FusedAttention against SplitAttention): nothing
+    measures the region, and the verdict says "inconclusive", not "no op is to blame"."""
+    target = tmp_path / "target"
+    shutil.copytree(dumps["qkv", True, "tensor"], target)
+    for meta in target.rglob("meta.json"):
+        data = json.loads(meta.read_text())
+        data["dataflow"] = 0
+        meta.write_text(json.dumps(data))
+    result = opdiff.compare(str(target), str(dumps["qkv", "golden", "tensor"]))
+    line = verdict_line(result)
+    assert result.first_divergence is None, result.first_divergence
+    assert line.startswith("inconclusive: tensors differ, and region 0 in attn"), line
+    assert line in result.notes
