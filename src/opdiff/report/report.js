@@ -213,8 +213,7 @@
       tr.appendChild(el("td", "envval", e.golden === null ? "\u2013" : e.golden));
       t.appendChild(tr);
     });
-    tableWrap.appendChild(t);
-    box.appendChild(tableWrap);
+    box.appendChild(t);
   }
 
   function pairStatus(p) {
@@ -267,8 +266,7 @@
       });
       t.appendChild(tr);
     });
-    tableWrap.appendChild(t);
-    box.appendChild(tableWrap);
+    box.appendChild(t);
   }
 
   function pairsBlock(box) {
