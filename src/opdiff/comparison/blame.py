@@ -51,7 +51,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Optional, cast
 
 from .. import ops
-from ..dtypes import LARGEST_FINITE, is_float
+from ..dtypes import LARGEST_FINITE, canonical_dtype, is_float
 from ..store.records import input_numbers
 from ..store.schema import Kind, Location, Phase, param_grad_links
 from . import noise, origins, reasons
@@ -202,7 +202,8 @@ def _candidate(op: OpScore, m: Measurement, tdt: Optional[str], gdt: Optional[st
         tol = max(tol, _statistics_floor(policy, tdt, gdt, run_dtype, op.phase, m.numel))
         stol = max(stol, _statistics_floor(policy, tdt, gdt, run_dtype, op.phase, m.numel,
                                            scale=True))
-    if op.phase == Phase.BACKWARD and policy.within_input_noise(m, [i[1] for i in op.inputs], tol):
+    if op.phase == Phase.BACKWARD and policy.within_input_noise(
+            m, [i[1] for i in op.inputs], tol, same_rounding=canonical_dtype(tdt) == canonical_dtype(gdt)):
         return None     # noise around a true zero (verdicts.Policy.within_input_noise)
     s = abs(m.scale_error)
     if m.error > tol and m.error > policy.amplification * e_in:
