@@ -1,6 +1,7 @@
 """The HTML verdict box says where the difference comes from: "Inputs agree, outputs do not"
 only for an op's own error, not for a parameter that differs before any op reads it, nor for
 parameters carried over from an earlier diverging step."""
+import json
 from dataclasses import replace
 
 import pytest
@@ -26,7 +27,7 @@ def test_heading_follows_the_origin(browser, cnn_result, tmp_path, origin, reaso
         assert page.errors() == []
         assert page.eval("document.querySelector('#verdict h3:last-of-type') && "
                          "[...document.querySelectorAll('#verdict h3')].map(h => h.textContent)"
-                         ".includes(" + repr(heading).replace("'", '"') + ")"), heading
+                         ".includes(" + json.dumps(heading) + ")"), heading
         if origin != "op":
             assert "Inputs agree, outputs do not" not in page.eval(
                 "document.getElementById('verdict').textContent")

@@ -203,7 +203,7 @@
       box.appendChild(el("p", "muted", "None recorded: both runs report the same environment."));
       return;
     }
-    var t = el("table", "kv"), head = el("tr");
+    var t = el("table", "kv"), head = el("tr"), tableWrap = el("div", "scroll-x");
     ["", "target", "golden"].forEach(function (h) { head.appendChild(el("th", null, h)); });
     t.appendChild(head);
     env.forEach(function (e) {
@@ -249,7 +249,7 @@
     });
     var byNum = function (a, b) { return (a === null ? -1 : a) - (b === null ? -1 : b); };
     steps.sort(byNum); ranks.sort(byNum);
-    var t = el("table", "kv rankgrid"), head = el("tr");
+    var t = el("table", "kv rankgrid"), head = el("tr"), tableWrap = el("div", "scroll-x");
     head.appendChild(el("th", null, "rank \\ step"));
     steps.forEach(function (s) { head.appendChild(el("th", null, s === null ? "\u2013" : String(s))); });
     t.appendChild(head);
