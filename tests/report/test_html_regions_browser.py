@@ -158,6 +158,7 @@ def test_region_groups_collapse_expand_and_filter(browser, attention_report):
         _show_all_rows(page)
         heads = _headers(page)
         assert [h["expanded"] for h in heads] == ["true", "true"]
+        assert f"2 of {len(fwd_rows)} tensors" in heads[0]["text"], heads   # softmax in and out
         shown = _names(page)
         want = [r.golden_name for r in result.rows if "softmax" in (r.golden_name or "")]
         assert shown == want and len(want) == 4, shown

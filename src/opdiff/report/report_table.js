@@ -142,7 +142,7 @@
       if (!of || state.sort >= 0) { view = matched; return; }
       var n = matched.length, members = regions.list.map(function () { return []; }), k, r, g;
       for (k = 0; k < n; k++) { g = of[matched[k]]; if (g >= 0) members[g].push(matched[k]); }
-      if (openMatched) members.forEach(function (m, i) { if (m.length) regions.list[i].open = true; });
+      members.forEach(function (m, i) { regions.list[i].shown = m.length; if (openMatched && m.length) regions.list[i].open = true; });
       var out = [], placed = new Uint8Array(members.length);
       for (k = 0; k < n; k++) {
         r = matched[k]; g = of[r];
@@ -173,7 +173,7 @@
       td.appendChild(el("span", "grp-name", title));
       td.appendChild(el("span", "grp-sev sev-" + sev, " worst: " + sev));
       if (grp.culprit) td.appendChild(el("span", "tag", "culprit"));
-      td.appendChild(el("span", "ct", " \u00b7 " + fmtCount(grp.size) + " tensors"));
+      td.appendChild(el("span", "ct", " \u00b7 " + (grp.shown < grp.size ? fmtCount(grp.shown) + " of " : "") + fmtCount(grp.size) + " tensors"));
       td.title = title + " \u2014 the runs execute different ops here, judged as one; worst verdict " + sev +
         (grp.culprit ? "; the first divergence" : "") + " (click, Enter or Space to " + (grp.open ? "collapse" : "expand") + ")";
       tr.appendChild(td);
