@@ -75,13 +75,14 @@
   /* ---------- the table ---------- */
   var table = (function () {
     var scroll = $("table-scroll"), tbl = $("rows"), thead = tbl.tHead, tbody = tbl.tBodies[0];
-    var rowH = 27, view = new Int32Array(0), selected = -1;
+    var rowH = 27, view = new Int32Array(0), matched = view, selected = -1;
     var state = { verdict: "all", phase: "all", query: "", node: -1, sort: -1, dir: 1 };
     var lowerNames = null;
     var tableMetrics = ["Cosine", "MaxRelativeErr", "MaxAbsErr", "RelEuclideanDistance", "RMSE"]
       .filter(function (m) { return metricIndex(m) >= 0; }).slice(0, 3);
     var short = { Cosine: "Cosine", MaxRelativeErr: "MaxRelErr", MaxAbsErr: "MaxAbsErr",
                   RelEuclideanDistance: "RelEuclid", RMSE: "RMSE" };
+    var regions = regionGroups();
     var cols = [
       { label: "#", w: 62, num: true, key: opIndex, text: function (r) { return String(opIndex(r)); } },
       { label: "Tensor", w: 0, key: displayName, text: displayName, cls: "nm" },
@@ -104,6 +105,80 @@
     });
     cols.push({ label: "Result", w: 86, key: function (r) { return -severity(r); }, text: resultOf, cls: "res" });
     cols.push({ label: "Source", w: 168, key: function (r) { var s = stackOf(r)[0]; return s ? basename(s.file) + ":" + s.line : null; }, source: true });
+
+    /* Regions: the rows of one region (both sides' ops) are one collapsible group, at the place of
+       its first row; the culprit's region starts open. The view holds row indices, and -1 - g for
+       the header of group g. While a column sorts the table, rows are not grouped. */
+    function regionGroups() {
+      var groupOf = null, groups = [], byLabel = {};
+      for (var r = 0; r < ROWS.length; r++) {
+        var lab = field(r, "region");
+        if (lab === null) continue;
+        if (!groupOf) { groupOf = new Int32Array(ROWS.length); groupOf.fill(-1); }
+        var g = byLabel[lab];
+        if (g === undefined) {
+          g = byLabel[lab] = groups.length;
+          groups.push({ label: S[lab], sev: 0, culprit: false, open: false, size: 0, target: [], golden: [] });
+        }
+        var grp = groups[g], side = field(r, "target_name") !== null ? grp.target : grp.golden;
+        var op = opName(r).replace(/\.\d+\.(forward|backward)$/, "");
+        if (side.indexOf(op) < 0) side.push(op);
+        grp.sev = Math.max(grp.sev, severity(r));
+        if (culpritSet[r]) grp.culprit = grp.open = true;
+        grp.size++;
+        groupOf[r] = g;
+      }
+      groups.forEach(function (grp) { if (grp.culprit) grp.sev = 3; });   // the region is the local error
+      return { of: groupOf, list: groups };
+    }
+    function groupTitle(grp) {
+      var m = /^(region \d+)(?: in (.*))?$/.exec(grp.label);
+      var head = m && m[2] ? "region in " + m[2] : grp.label;
+      return head + ": target " + (grp.target.join(", ") || "(no ops)") + "; golden " + (grp.golden.join(", ") || "(no ops)");
+    }
+    function filtering() { return state.verdict !== "all" || state.phase !== "all" || !!state.query || state.node >= 0; }
+    function layout(openMatched) {
+      var of = regions.of;
+      if (!of || state.sort >= 0) { view = matched; return; }
+      var n = matched.length, members = regions.list.map(function () { return []; }), k, r, g;
+      for (k = 0; k < n; k++) { g = of[matched[k]]; if (g >= 0) members[g].push(matched[k]); }
+      members.forEach(function (m, i) { regions.list[i].shown = m.length; if (openMatched && m.length) regions.list[i].open = true; });
+      var out = [], placed = new Uint8Array(members.length);
+      for (k = 0; k < n; k++) {
+        r = matched[k]; g = of[r];
+        if (g < 0) { out.push(r); continue; }
+        if (placed[g]) continue;
+        placed[g] = 1;
+        out.push(-1 - g);
+        if (regions.list[g].open) Array.prototype.push.apply(out, members[g]);
+      }
+      view = Int32Array.from(out);
+    }
+    function toggleGroup(g) {
+      regions.list[g].open = !regions.list[g].open;
+      layout(false);
+      renderRows();
+      var tr = tbody.querySelector('tr.grp[data-group="' + g + '"]');
+      if (tr) tr.focus();
+    }
+    function groupRow(g) {
+      var grp = regions.list[g], sev = SEV_NAME[grp.sev];
+      var tr = el("tr", "grp v-" + sev + (grp.culprit ? " culprit" : ""));
+      tr.dataset.group = g;
+      tr.tabIndex = 0;
+      tr.setAttribute("aria-expanded", String(grp.open));
+      var td = el("td", "grp-cell"), title = groupTitle(grp);
+      td.colSpan = cols.length;
+      td.appendChild(el("span", "tw", grp.open ? "\u25be " : "\u25b8 "));
+      td.appendChild(el("span", "grp-name", title));
+      td.appendChild(el("span", "grp-sev sev-" + sev, " worst: " + sev));
+      if (grp.culprit) td.appendChild(el("span", "tag", "culprit"));
+      td.appendChild(el("span", "ct", " \u00b7 " + (grp.shown < grp.size ? fmtCount(grp.shown) + " of " : "") + fmtCount(grp.size) + " tensors"));
+      td.title = title + " \u2014 the runs execute different ops here, judged as one; worst verdict " + sev +
+        (grp.culprit ? "; the first divergence" : "") + " (click, Enter or Space to " + (grp.open ? "collapse" : "expand") + ")";
+      tr.appendChild(td);
+      return tr;
+    }
 
     function renderHead() {
       var cg = $("cols");
@@ -167,7 +242,7 @@
         if (q && lowerNames[r].indexOf(q) < 0) continue;
         out[n++] = r;
       }
-      view = out.subarray(0, n);
+      view = matched = out.subarray(0, n);
       if (state.sort >= 0) {
         var key = cols[state.sort].key, keys = new Array(ROWS.length), dir = state.dir;
         for (var k = 0; k < n; k++) keys[view[k]] = key(view[k]);
@@ -180,7 +255,9 @@
           if (x > y) return dir;
           return a - b;
         });
+        matched = view;
       }
+      layout(filtering());   // a filter that reaches into a group shows it open
     }
 
     function cell(tr, c, r) {
@@ -224,7 +301,10 @@
       }
       if (first > 0) frag.appendChild(spacer(first * rowH));
       for (var i = first; i < last; i++) {
-        var r = view[i], tr = el("tr", "r v-" + resultOf(r) + (culpritSet[r] ? " culprit" : "") + (r === selected ? " sel" : ""));
+        var r = view[i];
+        if (r < 0) { frag.appendChild(groupRow(-1 - r)); continue; }
+        var tr = el("tr", "r v-" + resultOf(r) + (culpritSet[r] ? " culprit" : "") + (r === selected ? " sel" : "") +
+                    (regions.of && regions.of[r] >= 0 && state.sort < 0 ? " in-grp" : ""));
         tr.dataset.row = r;
         cols.forEach(function (c) { cell(tr, c, r); });
         frag.appendChild(tr);
@@ -239,10 +319,15 @@
       }
     }
 
+    function showCount() {
+      shown.textContent = fmtCount(matched.length) + " of " + fmtCount(ROWS.length) + " tensors" +
+        (regions.of && state.sort >= 0 ? " (regions ungrouped while sorted)" : "");
+    }
+
     function refresh(resetScroll) {
       compute();
       renderHead();
-      shown.textContent = fmtCount(view.length) + " of " + fmtCount(ROWS.length) + " tensors";
+      showCount();
       if (resetScroll) scroll.scrollTop = 0;
       renderRows();
     }
@@ -254,8 +339,16 @@
       requestAnimationFrame(function () { pending = false; renderRows(); });
     });
     tbody.addEventListener("click", function (ev) {
+      var head = ev.target.closest ? ev.target.closest("tr.grp") : null;
+      if (head) { toggleGroup(Number(head.dataset.group)); return; }
       var tr = ev.target.closest ? ev.target.closest("tr.r") : null;
       if (tr) select(Number(tr.dataset.row), false);
+    });
+    tbody.addEventListener("keydown", function (ev) {
+      var head = ev.target.closest ? ev.target.closest("tr.grp") : null;
+      if (!head || (ev.key !== "Enter" && ev.key !== " ")) return;
+      ev.preventDefault();
+      toggleGroup(Number(head.dataset.group));
     });
 
     function select(r, toStack) {
@@ -265,13 +358,15 @@
     }
 
     function jumpTo(r, open) {
+      var g = regions.of ? regions.of[r] : -1;
+      if (g >= 0 && !regions.list[g].open) { regions.list[g].open = true; layout(false); }   // inside a closed group
       var pos = Array.prototype.indexOf.call(view, r);
       if (pos < 0) {   // filtered out: clear the filters that hide it
         state.verdict = "all"; state.phase = "all"; state.query = ""; state.node = -1;
         $("filter-verdict").value = "all"; $("filter-phase").value = "all"; $("filter-name").value = "";
         chip.hidden = true;
         compute(); renderHead();
-        shown.textContent = fmtCount(view.length) + " of " + fmtCount(ROWS.length) + " tensors";
+        showCount();
         pos = Array.prototype.indexOf.call(view, r);
       }
       scroll.scrollTop = Math.max(0, pos * rowH - 2 * rowH);
