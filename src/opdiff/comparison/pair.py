@@ -164,8 +164,11 @@ class _PairCompare:
             if compiled_run:      # the graph node, module and line the compiler names
                 divergence = compiled.annotate(divergence, t_records, g_records)
         notes = ([compiled_note] if compiled_note else []) + mapping_notes
-        skipped = unjudged_note(regions, region_ops, self.rows, divergence is not None)
-        if skipped:     # a region not judged where tensors differ: never "no op is to blame"
+        # A region not judged where tensors differ: never "no op is to blame". (A compiled run's
+        # one-sided partitioner ops are paired by comparison/compiled.py, which says its own.)
+        skipped = None if compiled_run else unjudged_note(regions, region_ops, self.rows,
+                                                          divergence is not None)
+        if skipped:
             notes.insert(0, skipped)
         if replayer is not None and replayer.done:
             log.info("opdiff: %s", replayer.summary())
