@@ -47,6 +47,11 @@ SCRIPT = textwrap.dedent('''
             opt.zero_grad()
             STOP
     torch.save(model.state_dict(), f"params.rank{rank}.pt")
+    # DDP's reducer holds the gloo group (and a comm hook) until interpreter exit, where gloo's
+    # threads can abort the process ("terminate called without an active exception", seen once
+    # in CI under load): free it first, as tests/distributed/test_ddp_bucket.py does.
+    del ddp, opt
+    import gc; gc.collect()
     dist.destroy_process_group()
 ''')
 FORWARD_LINE = next(i for i, line in enumerate(SCRIPT.splitlines(), 1) if "FORWARD_LINE" in line)
