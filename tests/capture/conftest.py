@@ -10,6 +10,7 @@ import torch
 
 from opdiff.store import decoded_stats, open_dump
 from opdiff.store import layout
+from statskit import expected_stats
 
 
 def _reject_constant(token):
@@ -63,21 +64,6 @@ def read_dump():
     def read(root, step: int = 0, rank: int = 0) -> DumpView:
         return DumpView(layout.rank_dir(root, step, rank))
     return read
-
-
-def expected_stats(t: torch.Tensor) -> dict:
-    """Reference statistics computed by the test itself, in float64.
-
-    max/min are the range of the values that are not NaN (NaN when all are), as opdiff reports
-    them; mean and norm follow IEEE (NaN in, NaN out; inf in, inf out).
-    """
-    x = t.detach().to(torch.float64)
-    finite = x[~torch.isnan(x)]
-    rng = finite if finite.numel() else x
-    return {"max": rng.max().item(), "min": rng.min().item(), "mean": x.mean().item(),
-            "norm": torch.linalg.vector_norm(x).item(),
-            "nan": int(torch.isnan(x).sum()) if t.is_floating_point() else 0,
-            "inf": int(torch.isinf(x).sum()) if t.is_floating_point() else 0}
 
 
 def assert_stats(desc: dict, t: torch.Tensor, rel: float = 1e-6, what: str = "") -> None:

@@ -1,6 +1,6 @@
 """Statistics of every kind of tensor, and non-tensor arguments recorded as values.
 
-Each expected number is computed here from the real tensor in float64 (see conftest.expected_stats).
+Each expected number is computed here from the real tensor in float64 (see tests/statskit.py).
 """
 from __future__ import annotations
 

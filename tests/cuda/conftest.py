@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from opdiff.store import decoded_stats, open_dump
+from statskit import expected_stats
 
 # cuBLAS reads this when its first handle is made: set before any test touches CUDA, so that
 # the observer tests' deterministic mode can hold (test_cuda_observer.py).
@@ -27,21 +28,10 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-def reference_stats(t: torch.Tensor) -> dict:
-    """max/min (of the non-NaN values), mean, norm, nan and inf counts, in float64 on the CPU."""
-    x = t.detach().cpu().to(torch.float64)
-    finite = x[~torch.isnan(x)]
-    rng = finite if finite.numel() else x
-    return {"max": rng.max().item(), "min": rng.min().item(), "mean": x.mean().item(),
-            "norm": torch.linalg.vector_norm(x).item(),
-            "nan": int(torch.isnan(x).sum()) if t.is_floating_point() else 0,
-            "inf": int(torch.isinf(x).sum()) if t.is_floating_point() else 0}
-
-
 def assert_close_stats(desc: dict, t: torch.Tensor, rel: float, what: str) -> None:
     """desc's statistics equal t's float64 reference: counts, max and min exactly (they are
     values of t), mean and norm within `rel` (the mean relative to the mean magnitude)."""
-    got, want = decoded_stats(desc), reference_stats(t)
+    got, want = decoded_stats(desc), expected_stats(t)
     x = t.detach().cpu().to(torch.float64)
     fin = x[torch.isfinite(x)]
     scale = fin.abs().mean().item() if fin.numel() else 0.0
