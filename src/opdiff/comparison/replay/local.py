@@ -261,22 +261,34 @@ def _reference_name(dtypes: list[Optional[torch.dtype]], autocast: Optional[torc
     return f"{str(low).replace('torch.', '')} CPU kernel" if low else "CPU kernel"
 
 
+def compute_dtype(*records: dict[str, Any]) -> Optional[str]:
+    """The lowest-precision floating dtype among the records' tensors (inputs and outputs):
+    what a correct kernel of the op may compute its intermediate values in
+    (`rules.judge_tensor`'s `compute`)."""
+    floats = [d for r in records for _, _, desc in iter_tensors(r)
+              for d in (_dtype(desc),) if d is not None and d.is_floating_point]
+    if not floats:
+        return None
+    return str(min(floats, key=lambda d: torch.finfo(d).bits)).replace("torch.", "")
+
+
 def _forward(record: dict[str, Any], load: Callable[[str], Any], policy: Any,
              known: Optional[dict[str, Optional[torch.dtype]]] = None, shortcut: bool = True
              ) -> tuple[str, list[TensorLocalError]]:
     quick = _settled_float32(record, load, policy) if shortcut else None
     if quick is not None:
         return quick
+    low = compute_dtype(record)
     outputs, recorded, exact = _forward_exact(record, load, native=shortcut)
     targets = [_load_target(load, d, name) for name, d in outputs]
     out = _checked([name for name, _ in outputs], targets, exact)
-    settled = [settle(n, t, e, policy) if shortcut else None for n, t, e in out]
+    settled = [settle(n, t, e, policy, compute=low) if shortcut else None for n, t, e in out]
     if all(s is not None for s in settled):
         return _floor_name(recorded), [s for s in settled if s is not None]
     with shielded():
         autocast, reference = _reference(record, load, recorded, known)
     return _reference_name(recorded, autocast), [
-        s if s is not None else judge_tensor(n, t, e, r, policy)
+        s if s is not None else judge_tensor(n, t, e, r, policy, low)
         for s, (n, t, e), r in zip(settled, out, reference)]
 
 
@@ -295,7 +307,8 @@ def _settled_float32(record: dict[str, Any], load: Callable[[str], Any], policy:
         return None
     targets = [_load_target(load, d, name) for name, d in outputs]
     out = _checked([name for name, _ in outputs], targets, approx[0])
-    settled = [settle(n, t, e, policy, slack) for (n, t, e), slack in zip(out, approx[1])]
+    low = compute_dtype(record)
+    settled = [settle(n, t, e, policy, slack, low) for (n, t, e), slack in zip(out, approx[1])]
     if any(s is None for s in settled):
         return None
     return _floor_name(recorded), [s for s in settled if s is not None]
@@ -305,10 +318,11 @@ def _backward(record: dict[str, Any], fwd: dict[str, Any], load: Callable[[str],
               policy: Any, known: Optional[dict[str, Optional[torch.dtype]]] = None,
               shortcut: bool = True) -> tuple[str, list[TensorLocalError]]:
     leaves, g_plain, recorded, exact, slacks = _backward_exact(record, fwd, load, shortcut)
+    low = compute_dtype(record, fwd)
     names = [f"{record['name']}.output.{i}" for i in leaves]
     targets = [_load_target(load, record["outputs"][i], n) for i, n in zip(leaves, names)]
     out = _checked(names, targets, exact)
-    settled = [settle(n, t, e, policy, slack) if shortcut else None
+    settled = [settle(n, t, e, policy, slack, low) if shortcut else None
                for (n, t, e), slack in zip(out, slacks)]
     if all(s is not None for s in settled):
         return _floor_name(recorded), [s for s in settled if s is not None]
@@ -324,11 +338,11 @@ def _backward(record: dict[str, Any], fwd: dict[str, Any], load: Callable[[str],
             if r is None or t.dtype != r.dtype:
                 raise NotReplayable(f"{n}: replayed {r.dtype if r is not None else None}, dump "
                                     f"{t.dtype}")
-            s = judge_bounded(n, t, e, slack, r, policy) if slack > 0 else None
+            s = judge_bounded(n, t, e, slack, r, policy, low) if slack > 0 else None
             if s is None:     # (a bounded float32 result that cannot decide: float64 does)
                 e = e if slack == 0 else _checked([n], [t], _exact_leaves(fwd, load, [i],
                                                                           g_plain))[0][2]
-                s = judge_tensor(n, t, e, r, policy)
+                s = judge_tensor(n, t, e, r, policy, low)
         judged.append(s)
     return _reference_name(recorded, autocast), judged
 

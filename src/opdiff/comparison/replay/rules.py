@@ -56,8 +56,14 @@ class TensorLocalError:
 
 
 def judge_tensor(name: str, target: torch.Tensor, exact: torch.Tensor, reference: torch.Tensor,
-                 policy: Any) -> TensorLocalError:
-    """Compare one target tensor and the reference kernel's with the float64 result."""
+                 policy: Any, compute: Optional[str] = None) -> TensorLocalError:
+    """Compare one target tensor and the reference kernel's with the float64 result.
+
+    compute: the op's lowest-precision floating dtype (`local.compute_dtype`), when coarser than
+    the output's. A correct kernel may keep its intermediate values in it (cuDNN's bf16 batch
+    norm backward rounds what its float32 weight gradient is summed from): the tolerances are
+    that dtype's, and the reference's error is taken as at least what rounding the exact result
+    to that dtype makes. The reference kernel (a CPU one) upcasts, so it cannot set that bar."""
     dtype = str(target.dtype).replace("torch.", "")
     n = target.numel()
     if not (target.is_floating_point() or target.is_complex()):
@@ -65,12 +71,27 @@ def judge_tensor(name: str, target: torch.Tensor, exact: torch.Tensor, reference
             torch.equal(reference, exact.to(reference.dtype))
         err = 0.0 if torch.equal(target, exact.to(target.dtype)) else 1.0
         return TensorLocalError(name, dtype, n, err, 0.0, 0.0, 0.0, "integer" if wrong else "")
-    return judge_measured(name, dtype, n, errors_against(target, exact),
-                          errors_against(reference, exact), policy)
+    m_r = errors_against(reference, exact)
+    floor = _compute_floor(exact, target.dtype, compute)
+    if floor is not None and floor > m_r.error:
+        m_r = Errors(floor, m_r.scale_error, m_r.nonfinite_mismatch)
+    return judge_measured(name, dtype, n, errors_against(target, exact), m_r, policy, compute)
 
 
-def judge_measured(name: str, dtype: str, n: int, m_t: Any, m_r: Any, policy: Any
-                   ) -> TensorLocalError:
+def _compute_floor(exact: torch.Tensor, dtype: torch.dtype, compute: Optional[str]
+                   ) -> Optional[float]:
+    """What rounding to `compute` alone makes of the exact result, when `compute` is coarser
+    than the output's dtype: a kernel working in `compute` is not expected to be closer (the
+    reference kernel's error is raised to it). None otherwise."""
+    low = getattr(torch, compute, None) if compute else None
+    if not isinstance(low, torch.dtype) or not low.is_floating_point or \
+            not dtype.is_floating_point or torch.finfo(low).bits >= torch.finfo(dtype).bits:
+        return None
+    return rounding_floor(exact, low)
+
+
+def judge_measured(name: str, dtype: str, n: int, m_t: Any, m_r: Any, policy: Any,
+                   compute: Optional[str] = None) -> TensorLocalError:
     """`judge_tensor`'s rules on measurements already taken (`errors_against`, or
     `opdiff.comparison.metrics.measure`, of the target and of the reference against the
     float64 result: anything with error, scale_error and nonfinite_mismatch)."""
@@ -83,8 +104,8 @@ def judge_measured(name: str, dtype: str, n: int, m_t: Any, m_r: Any, policy: An
     if m_r.nonfinite_mismatch:          # the dtype itself overflows here: nothing to calibrate
         return TensorLocalError(name, dtype, n, m_t.error, m_t.scale_error, m_r.error,
                                 m_r.scale_error, "")
-    tol = policy.tolerance_for(dtype, dtype)
-    stol = policy.scale_tolerance_for(dtype, dtype)
+    tol = policy.tolerance_for(dtype, compute or dtype)
+    stol = policy.scale_tolerance_for(dtype, compute or dtype)
     if abs(m_t.scale_error) > abs(m_r.scale_error) + max(
             stol, SIGMAS * m_r.error / math.sqrt(max(n, 1))):
         culprit = "scale"
@@ -95,7 +116,7 @@ def judge_measured(name: str, dtype: str, n: int, m_t: Any, m_r: Any, policy: An
 
 
 def settle(name: str, target: torch.Tensor, exact: torch.Tensor, policy: Any,
-           slack: float = 0.0) -> Optional[TensorLocalError]:
+           slack: float = 0.0, compute: Optional[str] = None) -> Optional[TensorLocalError]:
     """`judge_tensor`'s verdict when it holds whatever the reference kernel gives (a passing
     one: see the module docstring), else None (run the reference).
 
@@ -129,8 +150,10 @@ def settle(name: str, target: torch.Tensor, exact: torch.Tensor, policy: Any,
         floor = rounding_floor(exact, target.dtype, slack)
     if floor is None:
         return None
-    tol = policy.tolerance_for(dtype, dtype)
-    stol = policy.scale_tolerance_for(dtype, dtype)
+    coarse = _compute_floor(exact, target.dtype, compute) if slack == 0.0 else None
+    floor = max(floor, coarse or 0.0)
+    tol = policy.tolerance_for(dtype, compute or dtype)
+    stol = policy.scale_tolerance_for(dtype, compute or dtype)
     if abs(m_t.scale_error) <= max(stol, SIGMAS * floor / math.sqrt(max(n, 1))) and \
             m_t.error <= RATIO * floor + tol / 10:
         return TensorLocalError(name, dtype, n, m_t.error, m_t.scale_error, floor, 0.0, "",
@@ -139,7 +162,8 @@ def settle(name: str, target: torch.Tensor, exact: torch.Tensor, policy: Any,
 
 
 def judge_bounded(name: str, target: torch.Tensor, approx: torch.Tensor, slack: float,
-                  reference: torch.Tensor, policy: Any) -> Optional[TensorLocalError]:
+                  reference: torch.Tensor, policy: Any, compute: Optional[str] = None
+                  ) -> Optional[TensorLocalError]:
     """`judge_tensor`'s passing verdict when it holds for every float64 result within `slack`
     of `approx` (a float32 result with a proven bound, `direct.backward_float32`), else None:
     the caller runs float64. The rules on the worst case:
@@ -163,8 +187,8 @@ def judge_bounded(name: str, target: torch.Tensor, approx: torch.Tensor, slack: 
     gap, distance, r_norm, a_norm = gaps
     dtype = str(target.dtype).replace("torch.", "")
     n = target.numel()
-    tol = policy.tolerance_for(dtype, dtype)
-    stol = policy.scale_tolerance_for(dtype, dtype)
+    tol = policy.tolerance_for(dtype, compute or dtype)
+    stol = policy.scale_tolerance_for(dtype, compute or dtype)
     r_low = r_int[0].error
     e_low = max(r_norm, a_norm - slack)             # <= max(||r||, ||e||)
     if (t_int[2].error <= RATIO * r_low + tol / 10 or near_reference(distance, e_low, tol / 10)) \
