@@ -120,8 +120,9 @@ class _PairCompare:
         if self.mapping is not None:
             bound = self.mapping.bind(t_records, g_records)
             t_records = [t_records[i] for i in bound.target_index]
-            g_records = [g_records[i] for i in bound.golden_index]
-            t_view, mapping_notes = bound.view, list(bound.unused)
+            g_records = bound.golden                # (`concat:` parts joined: concat.py)
+            self.g = bound.golden_source(self.g)
+            t_view, mapping_notes = bound.view, list(bound.unused) + list(bound.notes)
         compiled_run = compiled.compiled_side(t_records) or compiled.compiled_side(g_records)
         # eager vs torch.compile: never two ops of other shapes, and only where dataflow agrees
         pairs = align(t_view, g_records, shape_flag=self.shape_flag or compiled_run)
