@@ -8,7 +8,6 @@ through opdiff's msprobe adapter like any msprobe dump. The opdiff dumps are con
 """
 from __future__ import annotations
 
-
 import pytest
 
 import opdiff

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 Record = dict[str, Any]
 EXACT = ("max", "min", "mean", "norm", "nan", "inf")     # statistics a concatenation keeps
 _ROLES = ("inputs", "outputs", "parameters")
+_Join = tuple[Record, list[int], Optional[str], int]   # (joined record, parts, fused call, at)
 
 
 def _joined_path(path: str, rule: Rule) -> Optional[list[str]]:
@@ -101,10 +102,10 @@ class Joiner:
                     raise MappingError(f"{self.mapping.where(rule)}: {part!r} names no module "
                                        f"of the golden dump where {rule.old!r} stands in the "
                                        f"target's; check the spelling against the report's names")
-        placed: dict[int, Record] = {}     # golden index -> the joined record standing there
-        removed: set[int] = set()
-        parent: dict[str, str] = {}         # a part's forward call -> the joined call's name
-        for t in view:
+        joins: list[_Join] = []
+        taken: set[int] = set()
+        parent: dict[str, str] = {}         # a part's call (either phase) -> the joined call's
+        for at, t in enumerate(view):
             call, leaf = _call_key(t), _leaf_key(t)
             path = call[0] if call else leaf[0] if leaf else None
             if path is None:
@@ -116,27 +117,76 @@ class Joiner:
                 found = [calls.get((p,) + call[1:]) for p in paths] if call else \
                     [leaves.get((p,) + leaf[1:]) for p in paths] if leaf else []
                 index = [j for j in found if j is not None]
-                if len(index) < len(found) or removed.intersection(index):
+                if len(index) < len(found) or taken.intersection(index):
                     continue
                 parts = [golden[j] for j in index]
-                joined_call = call is not None and call[1] == Phase.FORWARD and call[3] == Kind.MODULE
-                # where the joined record stands: a forward call and the parameters' gradients
-                # are written when the last part is done, the rest at the first part
-                last = joined_call or (call is not None and call[3] == Kind.PARAM_GRAD)
-                placed[max(index) if last else min(index)] = self._record(t, parts, rule)
-                removed.update(index)
-                if joined_call:
-                    parent.update((str(g["name"]), str(t["name"])) for g in parts)
+                fused = None
+                if call is not None:
+                    parsed = RecordName.parse(str(t["name"]))
+                    fused = parsed.with_phase(Phase.FORWARD).text if parsed else None
+                    if call[3] == Kind.MODULE:
+                        parent.update((str(g["name"]), str(t["name"])) for g in parts)
+                joins.append((self._record(t, parts, rule), index, fused, at))
+                taken.update(index)
                 self.used.add(rule.line)
                 break
+        return self._placed(golden, joins, taken, parent, _first_inside(view, joins))
+
+    def _placed(self, golden: list[Record], joins: list[_Join], taken: set[int],
+                parent: dict[str, str], inside: dict[tuple[str, str], int]) -> list[Record]:
+        """Golden with the joined records in place of their parts. The golden ops inside the
+        parts of one fused call move next to it, in the order the target has the fused call's
+        records and its ops (`inside`: where its first op is), so that they meet the fused op
+        alone and the ops between the parts (q's view and transpose before k_proj runs) pair
+        with the target's after it."""
+        modules = {str(g["name"]): g.get("module") for g in golden if g.get("kind") == Kind.MODULE}
+        fused_of = {p: RecordName.parse(n).with_phase(Phase.FORWARD).text     # type: ignore[union-attr]
+                    for p, n in parent.items() if RecordName.parse(n) is not None}
+
+        def owner(rec: Record) -> Optional[str]:
+            m, seen = rec.get("module"), 0
+            while m and seen < 64:
+                if m in fused_of:
+                    return fused_of[m]
+                m, seen = modules.get(m), seen + 1
+            return None
+
+        groups: dict[tuple[str, str], list[tuple[int, int, Record]]] = {}
+        slots: dict[int, list[Record]] = {}
+        for rec, index, fused, at in joins:
+            if fused is None:               # a parameter's first read: where the first part's was
+                slots[min(index)] = [rec]
+                continue
+            groups.setdefault((fused, str(rec.get("phase"))), []).append(
+                (min(index) if rec.get("phase") == Phase.FORWARD else max(index), at, rec))
+        inner: dict[tuple[str, str], list[int]] = {}
+        for j, g in enumerate(golden):
+            if j in taken or g.get("kind") in (Kind.LEAF, Kind.PARAM_GRAD):
+                continue
+            fused = owner(g)
+            if fused is not None and (fused, str(g.get("phase"))) in groups:
+                inner.setdefault((fused, str(g.get("phase"))), []).append(j)
+        moved: set[int] = set()
+        for key, joined in groups.items():
+            ops = inner.get(key, [])
+            moved.update(ops)
+            first = inside.get(key, -1)
+            run = sorted([(at, 0, rec) for _, at, rec in joined] +
+                         [(first, k + 1, golden[j]) for k, j in enumerate(ops)],
+                         key=lambda e: (e[0], e[1]))
+            # forward, the fused op runs as soon as its input is there, with the first part;
+            # backward, once the gradient of every part's output is, with the last
+            spots = [i for i, _, _ in joined] + ops
+            slots[min(spots) if key[1] == Phase.FORWARD else max(spots)] = [r for _, _, r in run]
         out: list[Record] = []
         for j, g in enumerate(golden):
-            if j in removed:
-                if j not in placed:
-                    continue
-                g = placed[j]
-            moved = parent.get(str(g.get("module") or ""))
-            out.append(dict(g, module=moved) if moved else g)
+            for rec in slots.get(j, ()):
+                to = parent.get(str(rec.get("module") or ""))
+                out.append(dict(rec, module=to) if to else rec)
+            if j in taken or j in moved:
+                continue
+            to = parent.get(str(g.get("module") or ""))
+            out.append(dict(g, module=to) if to else g)
         return out
 
     def _record(self, target: Record, parts: list[Record], rule: Rule) -> Record:
@@ -217,6 +267,22 @@ class Joiner:
     def _say(self, rule: Rule, what: str) -> None:
         self.notes.setdefault((rule.line, what), f"mapping {self.mapping.where(rule)} "
                                                  f"({rule.text}): {what}")
+
+
+def _first_inside(view: list[Record], joins: list[_Join]) -> dict[tuple[str, str], int]:
+    """(fused call, phase) -> where the target's first op inside that call is (`view` index)."""
+    fused = {f for _, _, f, _ in joins if f is not None}
+    modules = {str(t["name"]): t.get("module") for t in view if t.get("kind") == Kind.MODULE}
+    out: dict[tuple[str, str], int] = {}
+    for at, t in enumerate(view):
+        if t.get("kind") in (Kind.MODULE, Kind.LEAF, Kind.PARAM_GRAD):
+            continue
+        m, seen = t.get("module"), 0
+        while m and seen < 64 and m not in fused:
+            m, seen = modules.get(m), seen + 1
+        if m in fused:
+            out.setdefault((str(m), str(t.get("phase"))), at)
+    return out
 
 
 def _numel(shape: Any) -> int:
