@@ -140,6 +140,10 @@ class _PairCompare:
                             f"only {paired} of {len(t_records)} target and {len(g_records)} golden "
                             f"ops line up; compare dumps of the same model and step")
         regions = find_regions(pairs, t_view, g_records)
+        if t_view is not t_records:     # renamed: module calls are measured by recorded names
+            recorded = {v["name"]: t["name"] for v, t in zip(t_view, t_records) if v is not t}
+            for found in regions:
+                found.module = recorded.get(found.module or "", found.module)
         absorb(regions, pairs, t_view, g_records,
                (bool((self.t.meta or {}).get("dataflow")), bool((self.g.meta or {}).get("dataflow"))))
         t_region, g_region = members(regions)
