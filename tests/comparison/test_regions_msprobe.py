@@ -5,6 +5,9 @@ SDPA names the attention region of its layer, whichever side msprobe wrote.
 
 The msprobe side is a real run's dump written again in msprobe's layout (`msprobekit.py`), read
 through opdiff's msprobe adapter like any msprobe dump. The opdiff dumps are conftest.py's.
+Its backward records keep opdiff's meaning; real msprobe records an API's backward by its last
+autograd node and a module's input gradient as that module's share only, which this kit does
+not imitate (those rows are not comparable across the two tools at all).
 """
 from __future__ import annotations
 
