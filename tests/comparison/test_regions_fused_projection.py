@@ -7,19 +7,26 @@ whose parameters have no golden partner. A 2% fault in the fused linear used to 
 to blame" (the region was silently not judged); it must name the region, or say
 "inconclusive: ...". The same for a fused SwiGLU made with `torch.library.custom_op` against
 `silu(a) * b`. Healthy pairs name nothing.
+
+With a mapping file's `concat:` line (`qkv_proj: [q_proj, k_proj, v_proj]`) golden's three
+projections are joined into one call against the fused one: its output, parameters and
+gradients are compared, a fault in the fused linear names the region inside that call, and a
+wrongly loaded fused weight is named as the parameter it is.
 """
 from __future__ import annotations
 
 import json
 import shutil
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import opdiff
+from opdiff.cli import main
 from opdiff.report.console import verdict_line
 from opdiff.testing import inject_fault
 
@@ -106,13 +113,16 @@ class MLP(torch.nn.Module):
         return self.down(fused_swiglu(a, b) if self.fused else F.silu(a) * b)
 
 
-def _dump(model: torch.nn.Module, path: Path, task: str, fault: bool, linear: bool) -> Path:
+def _dump(model: torch.nn.Module, path: Path, task: str, fault: bool, linear: bool,
+          weight: bool = False) -> Path:
     shutil.rmtree(path, ignore_errors=True)
     model.zero_grad(set_to_none=True)       # (each model is dumped several times)
     torch.manual_seed(1)
     x = torch.randn(4, 8)
     planted = inject_fault(op="Functional.linear", call=0, scale=1.02) if fault and linear \
         else nullcontext()
+    if weight:      # one element of the fused weight loaded wrongly (in k_proj's rows)
+        planted = _perturbed(model.attn.qkv_proj.weight)    # type: ignore[union-attr]
     SWIGLU_SCALE[0] = 1.02 if fault and not linear else 1.0
     try:
         with planted:
@@ -120,9 +130,20 @@ def _dump(model: torch.nn.Module, path: Path, task: str, fault: bool, linear: bo
                 model(x).sum().backward()
     finally:
         SWIGLU_SCALE[0] = 1.0
-    if fault and linear:
+    if fault and linear and not weight:
         assert planted.hits == 1        # type: ignore[attr-defined]
     return path
+
+
+@contextmanager
+def _perturbed(weight: torch.Tensor) -> Iterator[None]:
+    with torch.no_grad():
+        weight[10, 3] += 0.05
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            weight[10, 3] -= 0.05
 
 
 @pytest.fixture(scope="module")
@@ -143,6 +164,8 @@ def dumps(tmp_path_factory):
             made["qkv", fault, task] = _dump(fused, root / f"qt_{task}_{fault}", task, fault, True)
             made["swiglu", fault, task] = _dump(kernel, root / f"st_{task}_{fault}", task, fault,
                                                 False)
+        made["qkv", "weight", task] = _dump(fused, root / f"qw_{task}", task, False, True,
+                                            weight=True)
     return made
 
 
@@ -202,3 +225,97 @@ def test_a_region_that_cannot_be_measured_is_inconclusive(dumps, tmp_path):
     assert result.first_divergence is None, result.first_divergence
     assert line.startswith("inconclusive: tensors differ, and region 0 in attn"), line
     assert line in result.notes
+
+
+CONCAT = "concat:\n  qkv_proj: [q_proj, k_proj, v_proj]\n"
+
+
+def _mapped(dumps, case, task: str, tmp_path: Path, text: str = CONCAT):
+    f = tmp_path / "pairs.yaml"
+    f.write_text(text)
+    return opdiff.compare(str(dumps["qkv", case, task]), str(dumps["qkv", "golden", task]),
+                          progress=False, mapping=f)
+
+
+def _row(result, name: str):
+    rows = [r for r in result.rows if r.target_name == name]
+    assert len(rows) == 1, name
+    return rows[0]
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_concat_compares_the_fused_call_and_its_parameters(dumps, task, tmp_path):
+    result = _mapped(dumps, False, task, tmp_path)
+    assert result.first_divergence is None, result.first_divergence
+    assert not verdict_line(result).startswith("inconclusive"), verdict_line(result)
+    call = "Module.attn.qkv_proj.Linear"
+    for name in (f"{call}.forward.0.output.0", f"{call}.forward.0.parameters.weight",
+                 f"{call}.forward.0.parameters.bias", "Parameter.attn.qkv_proj.weight.0.forward"
+                 ".output.0", f"{call}.backward.0.input.0", f"{call}.parameters_grad.0.weight"):
+        row = _row(result, name)
+        assert row.golden_name == name and row.result == "pass", row
+        assert row.golden_shape == row.target_shape
+        # the joined statistics are those of the fused tensor (the weights are the same
+        # numbers, concatenated: their max and min exactly)
+        for stat in ("max", "min", "mean", "norm"):
+            assert row.golden_stats[stat] == pytest.approx(row.target_stats[stat], rel=1e-5,
+                                                           abs=1e-7), (name, stat)
+            if "parameters.weight" in name and stat in ("max", "min"):
+                assert row.golden_stats[stat] == row.target_stats[stat], (name, stat)
+    if task == "tensor":        # the joined golden weight is the fused one, element for element
+        weight = _row(result, f"{call}.forward.0.parameters.weight")
+        assert weight.mode == "tensor" and weight.metrics["MaxAbsErr"] == 0, weight.metrics
+    assert not [n for n in result.notes if "mapping" in n], result.notes
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_concat_names_a_fault_in_the_fused_projection(dumps, task, tmp_path):
+    result = _mapped(dumps, True, task, tmp_path)
+    fd = result.first_divergence
+    assert fd is not None, verdict_line(result)
+    assert fd.origin == "region" and fd.phase == "forward", fd
+    assert "region in `attn.qkv_proj`" in fd.reason, fd.reason
+    assert [o["op"] for o in fd.region["target_ops"]] == ["Functional.linear"]
+    assert [o["op"] for o in fd.region["golden_ops"]] == ["Functional.linear"] * 3
+    assert "were not compared" not in fd.reason      # the fused parameters were compared
+    assert _row(result, "Module.attn.qkv_proj.Linear.forward.0.output.0").result == "error"
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_concat_names_a_wrongly_loaded_fused_weight(dumps, task, tmp_path):
+    result = _mapped(dumps, "weight", task, tmp_path)
+    fd = result.first_divergence
+    assert fd is not None, verdict_line(result)
+    assert fd.origin == "parameter", fd
+    assert "parameter attn.qkv_proj.weight differs" in fd.reason, fd.reason
+
+
+@pytest.mark.parametrize("text, line", [
+    ("concat:\n  qkv_proj: [q_proj, k_prj, v_proj]\n", 2),       # a typo in a golden part
+    ("concat:\n  qkv_prj: [q_proj, k_proj, v_proj]\n", 2),       # ... in the fused module
+    ("modules:\n  o: o\nconcat:\n  qkv_proj: {golden: [q_proj, k_proj, v_proj], dim: 0}\n", 4),
+    ("concat:\n  qkv_proj: {golden: [q_proj, k_proj, v_proj], dim: last}\n", 2),
+    ("concat:\n  qkv_proj: {modules: [q_proj, k_proj, v_proj]}\n", 2),
+    ("concat:\n  qkv_proj: [q_proj]\n", 2),                       # one part joins nothing
+    ("concat:\n  qkv_proj: q_proj\n", 2),
+    ("concat:\n  - qkv_proj\n", 2),
+    ("concat:\n  Functional.linear.0.forward: [q_proj, k_proj]\n", 2),
+])
+def test_a_bad_concat_line_exits_2_naming_the_file_and_line(dumps, tmp_path, capsys, text, line):
+    f = tmp_path / "pairs.yaml"
+    f.write_text(text)
+    assert main(["compare", str(dumps["qkv", False, "statistics"]),
+                 str(dumps["qkv", "golden", "statistics"]), "--map", str(f),
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert f"{f}:{line}:" in err, err
+
+
+def test_a_concat_line_that_joins_nothing_is_reported(dumps, tmp_path):
+    """The whole path names the same modules as the segment above it, which joined them first."""
+    result = _mapped(dumps, False, "statistics", tmp_path,
+                     CONCAT + "  attn.qkv_proj: [attn.q_proj, attn.k_proj, attn.v_proj]\n")
+    unused = [n for n in result.notes if "never used" in n]
+    assert len(unused) == 1 and "pairs.yaml:3 (concat attn.qkv_proj" in unused[0], unused
+    assert result.first_divergence is None

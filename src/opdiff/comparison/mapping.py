@@ -6,17 +6,21 @@
     ignore:                       # op names or fnmatch patterns dropped before alignment
       - Tensor.contiguous         #   on both sides
       - target: [NPU.npu_format_cast]   # or on one side only (target: / golden:)
+    concat:                       # one fused target module: golden modules it concatenates
+      qkv_proj: [q_proj, k_proj, v_proj]                   #   along the last dim
+      gate_up_proj: {golden: [gate_proj, up_proj], dim: -1}
 
 msprobe's `cell_mapping.yaml` (`ClassOrSegment: ClassOrSegment`) and `data_mapping.yaml`
 (`Module.<path>.<Class>.forward.0: Module....`) are read as they are and become the same rules:
 module names become path renames, bare names segment renames. Op-to-op lines of a
-`data_mapping.yaml` (`Functional.x.0.forward.input.0: ...`) and `concat:` (several golden
-outputs against one fused target output) are refused with the line: opdiff does not pair them yet.
+`data_mapping.yaml` (`Functional.x.0.forward.input.0: ...`) are refused with the line: opdiff
+does not pair single ops from a file. What `concat:` does is `concat.py`'s.
 
 `load` parses and checks the file's shape (a YAML error or a malformed line: `MappingError`
 naming the file and line). `Mapping.bind` checks it against one pair of dumps (a name that
 matches nothing in either: `MappingError`) and gives the target records as alignment sees them
-(renamed), both sides without ignored records, and the lines it never used.
+(renamed), both sides without ignored records, golden with `concat:` parts joined, and the
+lines it never used.
 """
 from __future__ import annotations
 
@@ -24,9 +28,12 @@ import fnmatch
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 from ..errors import OpdiffError
+
+if TYPE_CHECKING:
+    from ..store.source import DumpSource
 
 Record = dict[str, Any]
 SECTIONS = ("modules", "ignore", "concat")
@@ -44,15 +51,20 @@ class MappingError(OpdiffError):
 @dataclass(frozen=True)
 class Rule:
     """One line of the file: a rename (`kind` "module", `old` -> `new`: dotted parts, renamed as
-    one segment or one contiguous path) or an ignore (`kind` "ignore", `old` a pattern, `side`)."""
+    one segment or one contiguous path), an ignore (`kind` "ignore", `old` a pattern, `side`) or
+    a concatenation (`kind` "concat": the fused target module `old`, golden's `parts`, `dim`)."""
     kind: str
     old: str
     new: str
     line: int
     side: str = "both"
+    parts: tuple[str, ...] = ()
+    dim: int = -1
 
     @property
     def text(self) -> str:
+        if self.kind == "concat":
+            return f"concat {self.old}: [{', '.join(self.parts)}] dim {self.dim}"
         return f"{self.old}: {self.new}" if self.kind == "module" else f"ignore {self.old}"
 
 
@@ -69,6 +81,8 @@ class Mapping:
         """Check every rule against this pair of dumps and apply it (see `Bound`)."""
         t_names, g_names = _names(target), _names(golden)
         for rule in self.rules:
+            if rule.kind == "concat":
+                continue            # checked against module paths where it is applied
             sides = ((rule.old, t_names | g_names),) if rule.kind == "ignore" else \
                 ((rule.old, t_names | g_names), (rule.new, t_names | g_names))
             for name, names in sides:
@@ -82,23 +96,42 @@ class Mapping:
             else target
         keep_t = _kept(view, self.rules, "target", used)
         keep_g = _kept(golden, self.rules, "golden", used)
+        from .concat import Joiner      # (it reads this module's Rule)
+
+        joiner = Joiner(self, used)
+        kept_view = [view[i] for i in keep_t]
+        joined = joiner.join(kept_view, [golden[j] for j in keep_g])
         first = {r.line: r for r in reversed(self.rules)}      # a line's first rule names it
         unused = tuple(f"mapping {self.where(r)} ({r.text}) was never used: nothing it names "
                        f"changed the pairing" for line, r in sorted(first.items())
                        if line not in used)
-        return Bound(view=[view[i] for i in keep_t], target_index=tuple(keep_t),
-                     golden_index=tuple(keep_g), unused=unused)
+        return Bound(view=kept_view, target_index=tuple(keep_t), golden_index=tuple(keep_g),
+                     unused=unused, golden=joined, notes=tuple(joiner.notes.values()),
+                     joined_keys=joiner.keys)
 
 
 @dataclass
 class Bound:
     """A mapping applied to one pair of dumps: `view` the kept target records as alignment sees
     them (renamed), `target_index`/`golden_index` where each kept record sits in its dump,
-    `unused` one note per line that changed nothing."""
+    `unused` one note per line that changed nothing, `golden` the kept golden records with the
+    parts of each `concat:` line joined into one record, `notes` what a join left out, and
+    `joined_keys` the tensors `golden_source` concatenates when loaded."""
     view: list[Record]
     target_index: tuple[int, ...]
     golden_index: tuple[int, ...]
     unused: tuple[str, ...] = field(default=())
+    golden: list[Record] = field(default_factory=list)
+    notes: tuple[str, ...] = field(default=())
+    joined_keys: dict[str, tuple[int, tuple[str, ...]]] = field(default_factory=dict)
+
+    def golden_source(self, dump: "DumpSource") -> "DumpSource":
+        """The golden dump, loading the joined records' tensors as their parts concatenated."""
+        if not self.joined_keys:
+            return dump
+        from .concat import JoinedSource
+
+        return JoinedSource(dump, self.joined_keys)
 
 
 def load(path: str | os.PathLike[str]) -> Mapping:
@@ -149,18 +182,55 @@ def _ours(where: str, root: Any) -> list[Rule]:
         section = _scalar(where, key)
         if section not in SECTIONS:
             raise MappingError(f"{where}:{_line(key)}: unknown section {section!r}; use "
-                               f"'modules:' or 'ignore:'")
+                               f"'modules:', 'ignore:' or 'concat:'")
         if section == "concat":
-            raise MappingError(f"{where}:{_line(key)}: 'concat:' (several golden outputs against "
-                               f"one fused target output) is not supported yet; leave it out "
-                               f"(ops after the fused one are still judged)")
-        if section == "modules":
+            rules += _concats(where, value)
+        elif section == "modules":
             if not isinstance(value, yaml.MappingNode):
                 raise MappingError(f"{where}:{_line(value)}: 'modules:' takes 'target_name: "
                                    f"golden_name' lines")
             rules += [r for k, v in value.value for r in _rename(where, k, v)]
         else:
             rules += _ignores(where, value, "both")
+    return rules
+
+
+def _concats(where: str, node: Any) -> list[Rule]:
+    """`concat:`'s lines: `fused: [part, part, ...]` (dim -1) or
+    `fused: {golden: [part, ...], dim: N}`; names are module paths or path segments."""
+    import yaml
+    usage = ("'concat:' takes 'fused_target_module: [golden_module, golden_module, ...]' or "
+             "'fused: {golden: [...], dim: N}' lines")
+    if not isinstance(node, yaml.MappingNode):
+        raise MappingError(f"{where}:{_line(node)}: {usage}")
+    rules = []
+    for key, value in node.value:
+        fused, line, dim, parts_node = _scalar(where, key), _line(key), -1, value
+        if isinstance(value, yaml.MappingNode):
+            fields = {_scalar(where, k): v for k, v in value.value}
+            extra = set(fields) - {"golden", "dim"}
+            if extra or "golden" not in fields:
+                raise MappingError(f"{where}:{_line(value)}: under {fused!r} give 'golden: "
+                                   f"[...]' and optionally 'dim: N', not "
+                                   f"{', '.join(sorted(extra)) or 'nothing'}")
+            parts_node = fields["golden"]
+            if "dim" in fields:
+                text = _scalar(where, fields["dim"])
+                try:
+                    dim = int(text)
+                except ValueError:
+                    raise MappingError(f"{where}:{_line(fields['dim'])}: 'dim' takes a whole "
+                                       f"number (-1: the last dim), not {text!r}") from None
+        if not isinstance(parts_node, yaml.SequenceNode) or len(parts_node.value) < 2:
+            raise MappingError(f"{where}:{_line(parts_node)}: {fused!r} takes a list of two or "
+                               f"more golden modules ([q_proj, k_proj, v_proj]); {usage}")
+        parts = tuple(_scalar(where, p) for p in parts_node.value)
+        for name, at in [(fused, key)] + list(zip(parts, parts_node.value)):
+            if name.startswith(_OP_PREFIXES + _MODULE_PREFIXES):
+                raise MappingError(f"{where}:{_line(at)}: {name!r} is a record name; 'concat:' "
+                                   f"takes module paths or path segments (qkv_proj, "
+                                   f"model.layers.0.self_attn.qkv_proj)")
+        rules.append(Rule("concat", fused, ", ".join(parts), line, parts=parts, dim=dim))
     return rules
 
 

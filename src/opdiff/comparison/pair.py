@@ -120,8 +120,9 @@ class _PairCompare:
         if self.mapping is not None:
             bound = self.mapping.bind(t_records, g_records)
             t_records = [t_records[i] for i in bound.target_index]
-            g_records = [g_records[i] for i in bound.golden_index]
-            t_view, mapping_notes = bound.view, list(bound.unused)
+            g_records = bound.golden                # (`concat:` parts joined: concat.py)
+            self.g = bound.golden_source(self.g)
+            t_view, mapping_notes = bound.view, list(bound.unused) + list(bound.notes)
         compiled_run = compiled.compiled_side(t_records) or compiled.compiled_side(g_records)
         # eager vs torch.compile: never two ops of other shapes, and only where dataflow agrees
         pairs = align(t_view, g_records, shape_flag=self.shape_flag or compiled_run)
@@ -139,6 +140,10 @@ class _PairCompare:
                             f"only {paired} of {len(t_records)} target and {len(g_records)} golden "
                             f"ops line up; compare dumps of the same model and step")
         regions = find_regions(pairs, t_view, g_records)
+        if t_view is not t_records:     # renamed: module calls are measured by recorded names
+            recorded = {v["name"]: t["name"] for v, t in zip(t_view, t_records) if v is not t}
+            for found in regions:
+                found.module = recorded.get(found.module or "", found.module)
         absorb(regions, pairs, t_view, g_records,
                (bool((self.t.meta or {}).get("dataflow")), bool((self.g.meta or {}).get("dataflow"))))
         t_region, g_region = members(regions)
