@@ -108,21 +108,19 @@ def test_opdiff_target_against_msprobe_golden(tmp_path):
     names = {row.golden_name for row in paired}
     for expected in ("Functional.conv2d.0.forward.input.0", "Tensor.__iadd__.0.forward.output.0",
                      "Module.block.Block.forward.0.output.0", "Module.lstm.LSTM.forward.0.output.1.1",
-                     "Functional.cross_entropy.0.backward.output.0",
                      "Module.fc.Linear.parameters_grad.0.weight"):
         assert expected in names
-    assert len(paired) >= 100
+    assert len(paired) >= 80
     # Same model, same input, same machine: forward tensors and parameter gradients agree
-    # exactly. API backward rows need not: msprobe records the gradients of the *last autograd
-    # node* of an API (NllLoss for cross_entropy; addmm's (bias, input, weight.T) for linear),
-    # opdiff the gradients w.r.t. the API's own inputs.
-    same_meaning = [row for row in paired if row.phase == "forward" or row.kind == "param_grad"]
-    assert len(same_meaning) >= 80
-    for row in same_meaning:
+    # exactly. Backward records of APIs and modules mean different tensors in the two tools
+    # (msprobe records the gradients of an API's *last autograd node*: NllLoss for
+    # cross_entropy; opdiff the gradients w.r.t. the API's own inputs), so a mixed pair does not
+    # pair them (comparison/crossformat.py) and says so in a note.
+    assert all(row.phase == "forward" or row.kind == "param_grad" for row in paired)
+    assert any("not paired across formats" in str(note) for note in result.notes)
+    for row in paired:
         assert row.metrics.get("MaxAbsErr") is not None and row.metrics["MaxAbsErr"] < 1e-6, row.target_name
-    fd = result.first_divergence
-    assert fd is None or fd.phase == "backward"
-
+    assert result.first_divergence is None
 
 def test_statistics_pair_names_the_fault_and_the_users_line():
     stats = DATA / "statistics"

@@ -5,7 +5,7 @@ import argparse
 
 EXAMPLE = """example:
   opdiff compare ./dump/npu ./dump/cpu -o ./out
-  opdiff compare ./dump/npu ./dump/gpu -o ./out --map pairs.yaml   # renamed modules, ignored ops
+  opdiff compare ./dump/npu ./dump/gpu -o ./out --map pairs.yaml   # renames, fused qkv, ignored ops
   opdiff compare ./dump/npu ./dump/gpu -o ./out --engine ray --ray-address auto
   opdiff compare ./dump/npu ./dump/gpu -o ./out --engine ray --shard-mb 256   # big tensor dumps
   opdiff compare ./dump/bf16/step0/rank0 ./dump/fp32/step0/rank0 --threshold bf16=0.02 \\
@@ -33,8 +33,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--shape-flag", action="store_true",
                    help="pair ops only when all their tensor shapes are equal")
     p.add_argument("--map", metavar="FILE", default=None, dest="mapping",
-                   help="mapping file (YAML: 'modules:' renames target: golden, 'ignore:' ops "
-                        "to drop; msprobe's data_mapping.yaml / cell_mapping.yaml too)")
+                   help="mapping file (YAML: 'modules:' renames target: golden, 'concat:' one "
+                        "fused output against several golden outputs joined along a dim, "
+                        "'ignore:' ops to drop; msprobe's data_mapping.yaml / cell_mapping.yaml "
+                        "too)")
     p.add_argument("--thresholds", metavar="FILE", default=None,
                    help='JSON file of thresholds, e.g. {"tolerance": {"bf16": 0.02}, '
                         '"amplification": 10}')

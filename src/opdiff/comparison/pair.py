@@ -20,7 +20,7 @@ from ..store.records import decoded_stats, iter_tensors
 from ..store.schema import Kind, Location, Phase, Role, locations_from_frames
 from ..store.source import DumpSource
 from ..environment import diff_meta
-from . import compiled
+from . import compiled, crossformat
 from .align import align
 from .mapping import Mapping
 from .blame import OpScore, analyse, differing_numbers
@@ -116,7 +116,9 @@ class _PairCompare:
                 raise DumpError(f"{dump.path}: the dump holds no op records; was the model run "
                                 f"between start() and stop()?")
         # the mapping file (mapping.py): alignment sees the target renamed, ignored ops dropped
-        t_view, mapping_notes = t_records, []
+        t_records, g_records, format_note = crossformat.comparable(
+            t_records, g_records, self.t.format, self.g.format)
+        t_view, mapping_notes = t_records, [format_note] if format_note else []
         if self.mapping is not None:
             bound = self.mapping.bind(t_records, g_records)
             t_records = [t_records[i] for i in bound.target_index]

@@ -57,7 +57,8 @@ def tensor_descriptor(dtype: Any, shape: Any, *, max: Any = None, min: Any = Non
     nan/inf counts are rarely written by foreign tools. When they are not given they are
     inferred only where that is certain: integer and bool tensors hold no NaN/inf, and a float
     tensor whose max and min are finite holds none either (torch's max/min propagate NaN and
-    inf). Otherwise they stay None (unknown).
+    inf). Otherwise they stay None (unknown). A non-finite mean or norm beside a finite max and
+    min is the tool's own overflow and becomes None too.
     """
     dt = short_dtype(dtype)
     mx, mn = stat_value(max), stat_value(min)
@@ -68,6 +69,13 @@ def tensor_descriptor(dtype: Any, shape: Any, *, max: Any = None, min: Any = Non
             stats["nan"] = stats["inf"] = 0
         elif _finite(mx) and _finite(mn):
             stats["nan"] = stats["inf"] = 0
+    if _finite(mx) and _finite(mn):
+        # Finite values cannot have a non-finite mean: the tool's own sum overflowed (msprobe
+        # reduces in the tensor's dtype: a float32 mask of finfo.min has mean -inf). Such a
+        # statistic is unknown, not an inf to compare.
+        for stat in ("mean", "norm"):
+            if isinstance(stats[stat], str):
+                stats[stat] = None
     known = not (mx is None and mn is None and stats["mean"] is None and stats["norm"] is None
                  and stats["nan"] is None)
     desc: dict[str, Any] = {"type": "tensor", "dtype": dt, "shape": list(shape) if shape is not None else None,
