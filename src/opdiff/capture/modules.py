@@ -70,6 +70,7 @@ class ModuleCapture:
         self.param_handles: list = []
         self.models: list = []       # weak references: capture never keeps a model alive
         self.active = False          # the global hooks record (between start and stop)
+        self._finalizers: list = []  # remove the hooks when the model or this object goes
         if models is not None:
             self._follow(models)
 
@@ -77,7 +78,7 @@ class ModuleCapture:
         self.names = module_names(models)
         self.models = [weakref.ref(m) for m in _as_list(models)]
         for m in _as_list(models):   # the hooks go with the model
-            weakref.finalize(m, _remove, self.handles)
+            self._finalizers.append(weakref.finalize(m, _remove, self.handles))
 
     def follows(self, models) -> bool:
         """Whether these are the model(s) whose modules are hooked."""
@@ -121,12 +122,15 @@ class ModuleCapture:
             # returns).
             self.handles.append(nn_module.register_module_forward_hook(
                 never_compiled(post), always_call=True, with_kwargs=True))
-            weakref.finalize(self, _remove, self.handles)
+            self._finalizers.append(weakref.finalize(self, _remove, self.handles))
         if param_grads and self.session.selection.want_backward and not self.param_handles:
             self._hook_params()
 
     def remove(self) -> None:
         _remove(self.handles)
+        for f in self._finalizers:
+            f.detach()
+        self._finalizers.clear()
 
     def remove_param_hooks(self) -> None:
         for h in self.param_handles:
