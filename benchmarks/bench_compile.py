@@ -28,6 +28,7 @@ os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
 os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
 
 import argparse  # noqa: E402
+import gc  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
@@ -106,6 +107,7 @@ def compile_time(backend: str, level: Optional[str]) -> float:
     root = Path(tempfile.mkdtemp(prefix="opdiff-bench-compile-"))
     dbg = (opdiff.PrecisionDebugger(dump_path=str(root / "dump"), level=level, task="statistics")
            if level else None)
+    gc.collect()    # the previous run's garbage is not collected inside this one's timing
     try:
         return _timed(step, dbg, model)[0]
     finally:
@@ -125,6 +127,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--rounds", type=int, default=11)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--compiles", type=int, default=3)
+    p.add_argument("--what", default="steps,compile", help="steps, compile or both")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, 1 thread, tiny Llama fwd+bwd+SGD, compiled; load "
@@ -132,7 +135,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     for backend in args.backends.split(","):
         for level in args.levels.split(","):
             wall, cpu, plains, recs = [], [], [], []
-            for _ in range(args.runs):
+            for _ in range(args.runs if "steps" in args.what else 0):
                 t = overhead(backend, level, args.rounds)
                 pm, rm = statistics.median(t["plain"]), statistics.median(t["recorded"])
                 plains.append(pm)
@@ -140,9 +143,13 @@ def main(argv: Optional[list[str]] = None) -> int:
                 wall.append(rm / pm)
                 cpu.append(statistics.median(t["recorded_cpu"]) /
                            statistics.median(t["plain_cpu"]))
-            print(f"step     {backend:<10} {level:<4} plain {statistics.median(plains) * 1e3:7.1f} ms"
-                  f"  recorded {statistics.median(recs) * 1e3:7.1f} ms  wall {_spread(wall)}"
-                  f"  cpu {_spread(cpu)}", flush=True)
+            if wall:
+                print(f"step     {backend:<10} {level:<4} "
+                      f"plain {statistics.median(plains) * 1e3:7.1f} ms"
+                      f"  recorded {statistics.median(recs) * 1e3:7.1f} ms  wall {_spread(wall)}"
+                      f"  cpu {_spread(cpu)}", flush=True)
+            if "compile" not in args.what:
+                continue
             compile_time(backend, level)      # warm-up: the C++ compiler's output is on disk
             plain_s, rec_s = [], []
             for i in range(args.compiles):
