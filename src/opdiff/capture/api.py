@@ -52,13 +52,14 @@ class ApiCapture(TorchFunctionMode):
         pass
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        if torch.compiler.is_compiling():
+            # Dynamo traces modes: without this it would trace (and graph-break on) opdiff's own
+            # Python for every op, and guard on _GETTERS (a recompile when it grows). Compiled
+            # regions run uncaptured at L1 (use L2 for them).
+            return func(*args, **(kwargs or {}))
         if func in _GETTERS:    # attribute reads (`.shape`, `.grad`): most of the calls a mode sees
             return func(*args) if not kwargs else func(*args, **kwargs)
         kwargs = kwargs or {}
-        if torch.compiler.is_compiling():
-            # Dynamo traces modes: without this it would trace (and graph-break on) opdiff's own
-            # Python for every op. Compiled regions run uncaptured at L1 (use L2 for them).
-            return func(*args, **kwargs)
         s = self.session
         func = dispatched(func)    # a library's wrapper of a torch function runs once, not twice
         op = naming.api_name(func)

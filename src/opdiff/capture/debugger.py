@@ -142,6 +142,14 @@ class PrecisionDebugger:
             layer.end_step()
         self.session.close_step()
 
+    def _let_go(self) -> None:
+        """Remove the hooks a layer keeps between steps (module hooks: see modules.py); for
+        `opdiff.dump`, which records one step."""
+        for layer in self._layers:
+            remove = getattr(layer, "remove", None)
+            if remove is not None:
+                remove()
+
     # -- conveniences -------------------------------------------------------------------------
     @property
     def dump_dir(self):
@@ -181,3 +189,4 @@ def dump(model=None, dump_path: str = "./dump", *, level: str = "mix", task: str
     finally:
         dbg.stop()
         dbg.step()
+        dbg._let_go()

@@ -1,9 +1,10 @@
 """When capture must stand aside and let an op run untouched."""
 from __future__ import annotations
 
+import functools
 import sys
 import threading
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import torch
 
@@ -30,6 +31,25 @@ def tracing_or_capturing() -> bool:
     """True while dynamo traces (it would trace opdiff's own Python into the user's graph and
     break the graph on it) or a device graph is being captured (see capturing_graph)."""
     return torch.compiler.is_compiling() or capturing_graph()
+
+
+Hook = TypeVar("Hook", bound=Callable[..., Any])
+
+
+def never_compiled(hook: Hook) -> Hook:
+    """`hook` made a no-op while dynamo traces it (a hook on a compiled module is traced into
+    the user's graph: what it reads becomes a guard, what it writes a side effect dynamo
+    replays, and an f-string of a dynamic int a graph break). Traced, the wrapper folds to
+    `return None`: no guard, no graph break, no recompile.
+
+        model.register_forward_pre_hook(never_compiled(self._root_call))
+    """
+    @functools.wraps(hook)
+    def outside_compile(*args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            return None
+        return hook(*args, **kwargs)
+    return outside_compile  # type: ignore[return-value]
 
 
 class OwnWork:

@@ -21,6 +21,7 @@ from typing import Any, Optional
 import torch
 
 from ..store.schema import Kind, Phase, Role, record_name
+from .guards import never_compiled
 
 PARAMETER, BUFFER, INPUT = "parameter", "buffer", "input"
 _PREFIX = {PARAMETER: "Parameter", BUFFER: "Buffer", INPUT: "Input"}
@@ -56,12 +57,16 @@ class Leaves:
         self.table = table
 
     def hook_inputs(self) -> None:
-        """Tag the tensors of each root module call as inputs (until `unhook`)."""
+        """Tag the tensors of each root module call as inputs (until `unhook`).
+
+        Not when the root is `torch.compile`d: its hooks run inside the compiled frame, where
+        tagging would guard on each input's identity and on the call count (a recompile at each
+        new input or call); a compiled root's inputs are not leaves."""
         for ref in self._models:
             model = ref()
             if model is not None:
-                self._handles.append(model.register_forward_pre_hook(self._root_call,
-                                                                     with_kwargs=True))
+                self._handles.append(model.register_forward_pre_hook(
+                    never_compiled(self._root_call), with_kwargs=True))
 
     def unhook(self) -> None:
         for h in self._handles:

@@ -3,6 +3,11 @@
 A forward pre-hook describes the inputs before the module runs (an in-place module such as
 ReLU(inplace=True) overwrites them); the forward hook describes outputs and parameters. Modules
 are held through weak references, and every hook handle is removed by `remove()`.
+
+The two global hooks stay registered from the first `start()` until the model (or the debugger)
+is gone, switched on and off by `start()`/`stop()`: dynamo guards on the global hook registry,
+so registering them again at each step would recompile every `torch.compile`d frame at every
+recorded step. Traced by dynamo they are no-ops (`guards.never_compiled`).
 """
 from __future__ import annotations
 
@@ -15,7 +20,7 @@ from torch.nn.modules import module as nn_module
 from ..store.schema import Kind, Phase, Role, module_op, record_name
 from . import stacks
 from .backward import grad_targets, hook_module_backward, in_backward
-from .guards import capturing_graph, tracing_or_capturing
+from .guards import capturing_graph, never_compiled, tracing_or_capturing
 from .leaves import tag_leaves
 from .sink import PendingRecord
 
@@ -43,6 +48,16 @@ def _as_list(models) -> list:
     return list(models) if isinstance(models, (list, tuple)) else [models]
 
 
+def _remove(handles: list) -> None:
+    """Remove global hooks (and empty `handles`)."""
+    for h in handles:
+        h.remove()
+        # torch's handle forgets the with_kwargs registry of global hooks (torch 2.13):
+        # left there, every later torch.compile(module) warns about global hooks.
+        getattr(nn_module, "_global_forward_hooks_with_kwargs", {}).pop(h.id, None)
+    handles.clear()
+
+
 class ModuleCapture:
     """Installs global forward hooks filtered to one model's modules, plus parameter-grad hooks."""
 
@@ -54,12 +69,16 @@ class ModuleCapture:
         self.handles: list = []
         self.param_handles: list = []
         self.models: list = []       # weak references: capture never keeps a model alive
+        self.active = False          # the global hooks record (between start and stop)
+        self._finalizers: list = []  # remove the hooks when the model or this object goes
         if models is not None:
             self._follow(models)
 
     def _follow(self, models) -> None:
         self.names = module_names(models)
         self.models = [weakref.ref(m) for m in _as_list(models)]
+        for m in _as_list(models):   # the hooks go with the model
+            self._finalizers.append(weakref.finalize(m, _remove, self.handles))
 
     def follows(self, models) -> bool:
         """Whether these are the model(s) whose modules are hooked."""
@@ -68,36 +87,50 @@ class ModuleCapture:
 
     # the layer's lifecycle (see debugger.LEVELS)
     def start(self, model) -> None:
-        """Hook `model`'s modules (a new model: the previous one's parameter hooks go)."""
+        """Hook `model`'s modules (a new model: the previous one's hooks go)."""
         if not self.follows(model):
+            self.remove()
             self.remove_param_hooks()
             self._follow(model)
+        self.active = True
         self.install()
 
     def stop(self) -> None:
-        self.remove()
+        self.active = False     # the global hooks stay (see the module docstring)
 
     def end_step(self) -> None:
         self.remove_param_hooks()
 
     def install(self, param_grads: bool = True) -> None:
-        self.handles.append(nn_module.register_module_forward_pre_hook(self._pre))
-        # always_call: a forward that raises must still pop its call, or every later op is
-        # attributed to the dead call.
-        # with_kwargs: `model(input_ids=..., attention_mask=...)` passes its tensors by keyword
-        # (the global pre-hook cannot see them; they are described when the call returns).
-        self.handles.append(nn_module.register_module_forward_hook(self._post, always_call=True,
-                                                                   with_kwargs=True))
+        if not self.handles:
+            # the hooks hold this object weakly: when the debugger goes, they go (finalize)
+            me = weakref.ref(self)
+
+            def pre(module, args):
+                capture = me()
+                return None if capture is None else capture._pre(module, args)
+
+            def post(module, args, *rest):
+                capture = me()
+                return None if capture is None else capture._post(module, args, *rest)
+
+            self.handles.append(nn_module.register_module_forward_pre_hook(never_compiled(pre)))
+            # always_call: a forward that raises must still pop its call, or every later op is
+            # attributed to the dead call.
+            # with_kwargs: `model(input_ids=..., attention_mask=...)` passes its tensors by
+            # keyword (the global pre-hook cannot see them; they are described when the call
+            # returns).
+            self.handles.append(nn_module.register_module_forward_hook(
+                never_compiled(post), always_call=True, with_kwargs=True))
+            self._finalizers.append(weakref.finalize(self, _remove, self.handles))
         if param_grads and self.session.selection.want_backward and not self.param_handles:
             self._hook_params()
 
     def remove(self) -> None:
-        for h in self.handles:
-            h.remove()
-            # torch's handle forgets the with_kwargs registry of global hooks (torch 2.13):
-            # left there, every later torch.compile(module) warns about global hooks.
-            getattr(nn_module, "_global_forward_hooks_with_kwargs", {}).pop(h.id, None)
-        self.handles.clear()
+        _remove(self.handles)
+        for f in self._finalizers:
+            f.detach()
+        self._finalizers.clear()
 
     def remove_param_hooks(self) -> None:
         for h in self.param_handles:
@@ -133,7 +166,7 @@ class ModuleCapture:
                 self.param_handles.append(p.register_post_accumulate_grad_hook(on_grad))
 
     def _pre(self, module, args):
-        if tracing_or_capturing():
+        if tracing_or_capturing() or not self.active:
             return None   # see api.py
         s = self.session
         label = self._label(module)
@@ -174,7 +207,7 @@ class ModuleCapture:
         # (kwargs, output) normally; torch calls an always_call hook with (args, output) alone
         # when the forward raised.
         kwargs, output = rest if len(rest) == 2 else ({}, rest[0])
-        if tracing_or_capturing():
+        if tracing_or_capturing() or not self.active:
             return None   # see api.py
         s = self.session
         state = s.modules.pop(module)

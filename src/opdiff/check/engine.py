@@ -21,6 +21,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
+from ..comparison import compiled
 from ..comparison.replay.calls import NotReplayable
 from ..comparison.replay.local import one_thread
 from ..comparison.replay.tensors import replay_tensors
@@ -113,7 +114,12 @@ class CheckResult:
 
 def location_of(dump: Any, record: dict[str, Any],
                 records: dict[str, dict[str, Any]]) -> Optional[Location]:
-    """The user's source line of a record (a backward record: its forward call's)."""
+    """The user's source line of a record (a backward record: its forward call's; an op of a
+    torch.compile'd graph: the line its graph node names, without its text, which the dump
+    does not hold)."""
+    line = compiled.source(record)
+    if line is not None:
+        return line
     rec = record
     if rec.get("stack") is None and rec.get("forward") in records:
         rec = records[rec["forward"]]
@@ -132,7 +138,8 @@ def check_record(record: dict[str, Any], records: dict[str, dict[str, Any]],
     policy = policy or Policy()
     start = time.perf_counter()
     base = dict(name=record["name"], op=record.get("op", ""), phase=record.get("phase", ""),
-                index=index, location=location, module=record.get("module"))
+                index=index, location=location,
+                module=record.get("module") or (record.get("compiled") or {}).get("module"))
     if record.get("kind", Kind.API) not in Kind.REPLAYABLE:
         return OpCheck(**base, status=NOT_CHECKED, reason=f"a {record.get('kind')} record is "
                        "made of other ops (its ops are checked one by one)")

@@ -19,7 +19,7 @@ gradients) is compared, and the result says "inconclusive" with the reason (`not
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from ..store.records import iter_tensors
 from ..store.schema import Kind, Location, Phase, Role
@@ -262,23 +262,57 @@ def where(record: Optional[Record]) -> str:
     return f" (compiled graph `{facts.get('graph', '?')}`, node `{facts['node']}`{inside})"
 
 
-def source(record: Optional[Record]) -> Optional[Location]:
-    """The user's line the compiler names for a record it ran (its node's stack trace)."""
+def source(record: Optional[Record],
+           code_of: Callable[[str, int], str] = lambda file, line: "") -> Optional[Location]:
+    """The user's line the compiler names for a record it ran (its node's stack trace). The
+    line's text comes from `code_of(file, line)` (what the dumps hold: `stored_code`), never
+    from the file the dump names (a dump is untrusted: SECURITY.md)."""
     found = ((record or {}).get("compiled") or {}).get("source")
     if not isinstance(found, list) or len(found) != 2:
         return None
     try:
-        import linecache
-
-        return Location(str(found[0]), int(found[1]),
-                        linecache.getline(str(found[0]), int(found[1])).strip())
+        file, line = str(found[0]), int(found[1])
     except (TypeError, ValueError):
         return None
+    return Location(file, line, code_of(file, line))
 
 
-def annotate(divergence: Any, target: list[Record], golden: list[Record]) -> Any:
+def stored_code(dumps: Iterable[tuple[Any, list[Record]]]) -> Callable[[str, int], str]:
+    """`code_of(file, line)`: the text of a source line as the dumps' own stacks hold it (a
+    frame's `code`, or a line of its stored `context`), "" when no dump holds it. `dumps`:
+    (DumpSource, its records) pairs; read only when asked."""
+    def code_of(file: str, line: int) -> str:
+        for dump, records in dumps:
+            seen: set[Any] = set()
+            for r in records:
+                sid = r.get("stack")
+                if sid is None or sid in seen:
+                    continue
+                seen.add(sid)
+                try:
+                    frames = dump.stack(sid)
+                except Exception:       # an unreadable stack is only a missing line
+                    continue
+                for frame in frames:
+                    if not isinstance(frame, dict) or frame.get("file") != file:
+                        continue
+                    if frame.get("line") == line and isinstance(frame.get("code"), str):
+                        return str(frame["code"]).strip()[:_MAX_CODE]
+                    for n, text in frame.get("context") or ():
+                        if n == line and isinstance(text, str):
+                            return text.strip()[:_MAX_CODE]
+        return ""
+    return code_of
+
+
+_MAX_CODE = 1000
+
+
+def annotate(divergence: Any, target: list[Record], golden: list[Record],
+             dumps: Iterable[tuple[Any, list[Record]]] = ()) -> Any:
     """A divergence at an op of compiled code says where the compiler put it: its graph node,
-    the module and the user's line (the op's own call site is inside torch)."""
+    the module and the user's line (the op's own call site is inside torch). `dumps`: where the
+    line's text may come from (see `stored_code`)."""
     if divergence is None:
         return None
     by_name = {r["name"]: r for r in target}
@@ -290,9 +324,9 @@ def annotate(divergence: Any, target: list[Record], golden: list[Record]) -> Any
     said = where(rec)
     if not said:
         return divergence
-    loc = source(rec) or divergence.location
+    loc = source(rec, stored_code(list(dumps))) or divergence.location
     return replace(divergence, reason=divergence.reason + said, location=loc)
 
 
-__all__ = ["INCONCLUSIVE", "NAMED", "where", "source", "annotate", "compiled_side", "level_of",
+__all__ = ["INCONCLUSIVE", "NAMED", "where", "source", "stored_code", "annotate", "compiled_side", "level_of",
            "verify", "link_backward", "signature", "inductor_calls", "note", "restrict", "by_name"]

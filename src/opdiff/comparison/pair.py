@@ -169,7 +169,8 @@ class _PairCompare:
         if divergence is not None:
             divergence = replace(divergence, step=self.t.step, rank=self.t.rank)
             if compiled_run:      # the graph node, module and line the compiler names
-                divergence = compiled.annotate(divergence, t_records, g_records)
+                divergence = compiled.annotate(divergence, t_records, g_records,
+                                               ((self.t, t_records), (self.g, g_records)))
         notes = ([compiled_note] if compiled_note else []) + mapping_notes
         # A region not judged where tensors differ: never "no op is to blame". (A compiled run's
         # one-sided partitioner ops are paired by comparison/compiled.py, which says its own.)

@@ -42,6 +42,7 @@ _NAMESPACES: dict[str, Callable[[], Any]] = {
 _SLICE = re.compile(r"^slice\((-?\d+|None), (-?\d+|None), (-?\d+|None)\)$")
 _DEVICE = re.compile(r"^(cpu|cuda|xpu|mps|npu|hpu|privateuseone)(:\d{1,3})?$")
 _MEMORY_FORMATS = ("preserve_format", "contiguous_format", "channels_last", "channels_last_3d")
+_LAYOUTS = ("strided",)     # a compiled graph's factory calls name it (zeros(..., layout=))
 
 
 def resolve(op: str) -> Callable[..., Any]:
@@ -218,10 +219,11 @@ class _Builder:
 
 
 def _literal(text: str, where: str) -> Any:
-    """The few argument objects that a repr describes exactly: slices and Ellipsis."""
+    """The few argument objects that a repr describes exactly: slices, Ellipsis, memory formats
+    and the strided layout."""
     if text == "Ellipsis":
         return Ellipsis
-    if text.startswith("torch.") and text[len("torch."):] in _MEMORY_FORMATS:
+    if text.startswith("torch.") and text[len("torch."):] in _MEMORY_FORMATS + _LAYOUTS:
         return getattr(torch, text[len("torch."):])
     m = _SLICE.match(text)
     if m:
