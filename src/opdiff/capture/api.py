@@ -13,10 +13,6 @@ from .guards import capturing_graph
 from .randomness import draws, fingerprint
 from .sink import PendingRecord
 
-# The collectives `collectives.record_ddp_allreduce`'s comm hook issues inside backward are let
-# through below (DDP's bucket all-reduce runs in its C++ reducer, where no mode is active).
-collectives.BACKWARD_COLLECTIVES = True
-
 
 _GETTERS: dict = {}   # the attribute getters seen (never recorded): answered first, in one lookup
 
@@ -72,6 +68,8 @@ class ApiCapture(TorchFunctionMode):
             if op is not None:
                 return func(*args, **kwargs)
             return call_as(api_caller(), func, args, kwargs)
+        # (the collectives `collectives.record_ddp_allreduce`'s comm hook issues inside backward
+        # are let through: DDP's bucket all-reduce runs in its C++ reducer, where no mode is active)
         if s.sink.writer is None or (in_backward() and not collectives.in_comm_hook(op)) or \
                 capturing_graph():
             # (ops captured into a CUDA graph run on replay, not now: see guards.py)
