@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torch.overrides import TorchFunctionMode
 
+from .. import ops
 from ..store.schema import Kind, Phase, Role, record_name
 from . import collectives, naming
 from .backward import hook_api_backward, in_backward, input_edges
@@ -95,7 +96,7 @@ class ApiCapture(TorchFunctionMode):
         op = naming.operator_name(op)
         index = s.sink.next_index(op)
         name = record_name(op, Phase.FORWARD, index)
-        mutating = naming.is_mutating(op, kwargs)
+        mutating = ops.is_mutating(op, kwargs)
         if not s.selection.selected(name):
             if mutating:
                 s.sink.describer.forget((args, kwargs))
@@ -130,7 +131,7 @@ class ApiCapture(TorchFunctionMode):
         s = self.session
         record = pending.record
         op = record["op"]
-        facts = naming.facts(op)
+        facts = ops.traits(op)
         result = out
         if facts.collective and hasattr(out, "wait") and hasattr(out, "is_completed"):
             # async_op=True: the buffers are only meaningful once the collective is done. Waiting
