@@ -50,7 +50,7 @@ class Session:
         self.overflow: OverflowMonitor | None = None   # set by the overflow_check task (see overflow.py)
         self.at_close: list = []        # undo at step close: hooks on leaves, nodes held (backward.py)
         self.leaves = Leaves()          # the model's parameters and buffers, the root call's inputs
-        # Which layer advances the describer's epoch (outside.py): each op's inputs when the API
+        # Which layer advances the describer's epoch (handles.py): each op's inputs when the API
         # layer records (a module's inputs, read in its pre-hook, are checked again by its first
         # op), each module call at L0.
         self.ops_advance_epoch = False
