@@ -118,14 +118,15 @@ _CONSTANT = {"max": 0.0, "min": 0.0, "mean": 0.0, "norm": 0.0, "nan": 0, "inf": 
 
 def _skipping(which):
     """StatsBatch.add giving constant statistics to small tensors, large ones, or all."""
-    from opdiff.capture import stats
+    from opdiff.capture import handles, stats
     real = stats.StatsBatch.add
+    constant = handles.Known(_CONSTANT)
 
     def add(self, desc, t):
         small = t.numel() <= stats._SMALL
         if which == "all" or (which == "small") == small:
             desc["stats"] = _CONSTANT
-            return _CONSTANT
+            return constant
         return real(self, desc, t)
     return add
 

@@ -25,7 +25,8 @@ from typing import Callable, Optional
 class OpTraits:
     """Facts about one op. Every field defaults to "nothing special"."""
     skip: bool = False                # metadata or autograd plumbing: never recorded
-    mutates: bool = False             # may write into a tensor it was given
+    mutates: bool = False             # may write into a tensor it was given (`traits` sets it
+                                      # for in-place method names: `add_`, `__iadd__`)
     overwrites_first: bool = False    # writes its first argument without reading it (fill_, copy_)
     uninitialized: bool = False       # returns uninitialised memory (torch.empty and kin)
     random: bool = False              # draws from a random generator
@@ -99,7 +100,21 @@ def method_of(op: str) -> str:
 
 @functools.lru_cache(maxsize=4096)
 def traits(op: str) -> OpTraits:
-    """The traits of an op name (whole name, then method, then prefix; the first that knows)."""
+    """The traits of an op name (whole name, then method, then prefix; the first that knows),
+    `mutates` set for in-place method names. Cached: capture asks on every recorded call (a
+    `register` call clears the cache)."""
+    found = _registered(op)
+    if not found.mutates and _in_place(method_of(op)):
+        found = replace(found, mutates=True)
+    return found
+
+
+def _in_place(method: str) -> bool:
+    """`add_`, `__iadd__`: a method name that says it writes into its tensor."""
+    return (method.endswith("_") and not method.endswith("__")) or method.startswith("__i")
+
+
+def _registered(op: str) -> OpTraits:
     found = _BY_NAME.get(op)
     if found is not None:
         return found
@@ -157,9 +172,8 @@ _REPLAY_NAMESPACES = ("Torch.", "Tensor.", "Functional.", "VF.", "Aten.")
 def is_mutating(op: str, kwargs: dict) -> bool:
     """Whether a call may write into a tensor it was given: in-place methods (`add_`,
     `__iadd__`, `__setitem__`), collectives, `out=` and `inplace=True`."""
-    method = method_of(op)
-    return (method.endswith("_") and not method.endswith("__")) or method.startswith("__i") \
-        or traits(op).mutates or kwargs.get("out") is not None or kwargs.get("inplace") is True
+    return traits(op).mutates or (bool(kwargs) and (kwargs.get("out") is not None
+                                                    or kwargs.get("inplace") is True))
 
 
 # -- what opdiff itself knows ------------------------------------------------------------------

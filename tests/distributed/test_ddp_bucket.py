@@ -2,11 +2,8 @@
 gloo DDP run with a gelu fault on rank 1, the bucket's all_reduce is a `Distributed.all_reduce`
 record with its group and number on every rank, rank 1's gelu is the first divergence at its
 line, and rank 0's gradients are received through that all_reduce from rank 1 (origin
-"collective"), not a local error; a healthy pair names nothing.
-
-It needs capture's side (capture/api.py lets the hook's collective through during backward);
-until a capture has it, `record_ddp_allreduce` says so with a ConfigError and the end-to-end
-test is skipped with that reason."""
+"collective"), not a local error; a healthy pair names nothing (capture/api.py lets the
+hook's collective through during backward)."""
 from __future__ import annotations
 
 import json
@@ -16,13 +13,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import torch
 import torch.distributed as dist
 
 import opdiff
-from opdiff.capture import api as _capture_api  # noqa: F401 - sets BACKWARD_COLLECTIVES if it can
-from opdiff.capture import collectives
-from opdiff.errors import ConfigError
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not built")]
@@ -68,18 +61,6 @@ _WORKER = textwrap.dedent('''
 ''')
 STEP_LINE = next(i for i, line in enumerate(_WORKER.splitlines(), 1) if "STEP_LINE" in line)
 
-needs_capture = pytest.mark.skipif(
-    not collectives.BACKWARD_COLLECTIVES,
-    reason="this capture does not record collectives issued inside backward yet (capture/api.py "
-           "must let record_ddp_allreduce's collective through: /work/notes/requests.md)")
-
-
-def test_without_capture_support_the_opt_in_says_so():
-    if collectives.BACKWARD_COLLECTIVES:
-        pytest.skip("this capture records the hook's collectives: the end-to-end test covers it")
-    with pytest.raises(ConfigError, match="does not record collectives issued inside backward"):
-        collectives.record_ddp_allreduce(torch.nn.Linear(2, 2))
-
 
 def _run(tmp: Path, name: str, faulty: int) -> str:
     script = tmp / "ddp_worker.py"
@@ -98,7 +79,6 @@ def runs(tmp_path_factory):
             _run(tmp, "golden2", faulty=-1))
 
 
-@needs_capture
 def test_the_bucket_all_reduce_is_recorded_and_carries_the_fault(runs):
     target, golden, _ = runs
     for rank in (0, 1):
@@ -116,7 +96,6 @@ def test_the_bucket_all_reduce_is_recorded_and_carries_the_fault(runs):
     assert "from rank 1" in got.reason
 
 
-@needs_capture
 def test_a_healthy_ddp_pair_names_nothing(runs):
     _, golden, golden2 = runs
     assert opdiff.compare(golden2, golden).first_divergence is None

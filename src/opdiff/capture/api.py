@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torch.overrides import TorchFunctionMode
 
+from .. import ops
 from ..store.schema import Kind, Phase, Role, record_name
 from . import collectives, naming
 from .backward import hook_api_backward, in_backward, input_edges
@@ -12,10 +13,6 @@ from .compiled import provenance
 from .guards import capturing_graph
 from .randomness import draws, fingerprint
 from .sink import PendingRecord
-
-# The collectives `collectives.record_ddp_allreduce`'s comm hook issues inside backward are let
-# through below (DDP's bucket all-reduce runs in its C++ reducer, where no mode is active).
-collectives.BACKWARD_COLLECTIVES = True
 
 
 _GETTERS: dict = {}   # the attribute getters seen (never recorded): answered first, in one lookup
@@ -73,6 +70,8 @@ class ApiCapture(TorchFunctionMode):
             if op is not None:
                 return func(*args, **kwargs)
             return call_as(api_caller(), func, args, kwargs)
+        # (the collectives `collectives.record_ddp_allreduce`'s comm hook issues inside backward
+        # are let through: DDP's bucket all-reduce runs in its C++ reducer, where no mode is active)
         if s.sink.writer is None or (in_backward() and not collectives.in_comm_hook(op)) or \
                 capturing_graph():
             # (ops captured into a CUDA graph run on replay, not now: see guards.py)
@@ -98,7 +97,7 @@ class ApiCapture(TorchFunctionMode):
         op = naming.operator_name(op)
         index = s.sink.next_index(op)
         name = record_name(op, Phase.FORWARD, index)
-        mutating = naming.is_mutating(op, kwargs)
+        mutating = ops.is_mutating(op, kwargs)
         if not s.selection.selected(name):
             if mutating:
                 s.sink.describer.forget((args, kwargs))
@@ -133,7 +132,7 @@ class ApiCapture(TorchFunctionMode):
         s = self.session
         record = pending.record
         op = record["op"]
-        facts = naming.facts(op)
+        facts = ops.traits(op)
         result = out
         if facts.collective and hasattr(out, "wait") and hasattr(out, "is_completed"):
             # async_op=True: the buffers are only meaningful once the collective is done. Waiting

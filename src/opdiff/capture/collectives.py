@@ -23,9 +23,8 @@ all_reduce becomes a `Distributed.all_reduce` record with its group and number l
 FSDP2's gradient reduce-scatter runs in its post-backward hooks, also with an empty mode stack
 (letting `Distributed.*` through capture's in-backward skip records nothing: measured);
 `record_fsdp_reduce_scatter(model)` opts in the same way, through `set_custom_reduce_scatter`.
-Both need capture/api.py's side: the running ApiCapture registers itself here (`entered`/`left`)
-and lets a collective through during backward when `in_comm_hook(op)`; it sets
-`BACKWARD_COLLECTIVES` to say it does.
+Both rely on capture/api.py's side: the running ApiCapture registers itself here
+(`entered`/`left`) and lets a collective through during backward when `in_comm_hook(op)`.
 """
 from __future__ import annotations
 
@@ -143,8 +142,6 @@ def annotate(pending: Any, func: Callable[..., Any], args: tuple[Any, ...],
         return
 
 
-# capture/api.py sets this when it records the collectives `record_ddp_allreduce`'s hook issues.
-BACKWARD_COLLECTIVES = False
 _active_modes: list[Any] = []        # the running capture modes, innermost last
 _hook_state = threading.local()
 
@@ -180,15 +177,6 @@ def _recorded() -> Iterator[None]:
         _hook_state.on = False
 
 
-def _needs_backward_collectives(what: str) -> None:
-    from . import api  # noqa: F401 - the capture says whether it lets the hook's collective through
-
-    if not BACKWARD_COLLECTIVES:
-        raise ConfigError(f"this opdiff's capture does not record collectives issued inside "
-                          f"backward, so {what} cannot be recorded; the gradients it carries are "
-                          f"compared as usual, without the collective")
-
-
 def record_ddp_allreduce(ddp_model: Any, process_group: Any = None) -> None:
     """Opt in to recording DDP's gradient all-reduce (one `Distributed.all_reduce` record per
     bucket, with its group and per-group number) while opdiff captures at L1.
@@ -196,10 +184,8 @@ def record_ddp_allreduce(ddp_model: Any, process_group: Any = None) -> None:
     Call it once after wrapping the model, before training: it registers a DDP comm hook
     (`register_comm_hook`) with DDP's default arithmetic (`allreduce_hook`: the bucket divided
     by the group size, then summed over the group), so training is unchanged; a model that has
-    its own comm hook already cannot take a second one (DDP raises). A ConfigError when this
-    opdiff's capture cannot record collectives issued inside backward.
+    its own comm hook already cannot take a second one (DDP raises).
     """
-    _needs_backward_collectives("DDP's bucket all-reduce")
     import torch
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -227,10 +213,8 @@ def record_fsdp_reduce_scatter(model: Any) -> int:
     under the running capture. Its buffers are zero-filled, not
     `torch.empty`: the padding FSDP2 never writes and the output's old contents are then the same
     in every run, so they cannot differ between two dumps. A ConfigError when `model` holds no
-    FSDP2 module, when one already has a custom reduce-scatter, or when this capture cannot record
-    collectives issued inside backward.
+    FSDP2 module, or when one already has a custom reduce-scatter.
     """
-    _needs_backward_collectives("FSDP2's gradient reduce-scatter")
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
 
@@ -290,7 +274,7 @@ def record_backward_collectives(model: Any) -> None:
     it, and says once that its collective is not recorded (the compare then infers it). Once per
     model; never raises."""
     try:
-        if model is None or model in _auto_done or not BACKWARD_COLLECTIVES:
+        if model is None or model in _auto_done:
             return
         _auto_done.add(model)
         from torch.nn.parallel import DistributedDataParallel
@@ -357,4 +341,4 @@ def local_shard(t: Any) -> tuple[Any, Optional[dict[str, Any]]]:
 
 __all__ = ["local_shard", "waited", "annotate", "group_of", "record_ddp_allreduce", "record_fsdp_reduce_scatter",
            "record_backward_collectives",
-           "in_comm_hook", "entered", "left", "BACKWARD_COLLECTIVES"]
+           "in_comm_hook", "entered", "left"]

@@ -29,7 +29,7 @@ class Describer:
         self._stats: dict = {}   # id(tensor) -> (weakref, version, stats handle, head or None)
         self._blocks: dict = {}  # (address, numel, dtype) of a dense tensor -> same as _stats
         self._by_storage: dict = {}   # storage address -> ids of cached tensors viewing it
-        # A read is verified (outside.py) unless the tensor was described or verified since the
+        # A read is verified (handles.py) unless the tensor was described or verified since the
         # last op began (`epoch`, advanced by Session.describe_inputs): a module's output read
         # right after its last op made it, a parameter read by its op and its module.
         self.epoch = 0
@@ -44,7 +44,7 @@ class Describer:
             stats.on_outside = self._changed_outside
 
     def _changed_outside(self, desc: dict, values, where: tuple) -> None:
-        """A shared description's tensor held other values when it was read again (outside.py):
+        """A shared description's tensor held other values when it was read again (handles.py):
         mark the reader's descriptor, forget the tensor's cached description, and with
         task="tensor" save the values the reader saw (`values`: their float64 copy, or None
         when the tensor was saved again as it was read)."""

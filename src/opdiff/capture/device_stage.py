@@ -34,12 +34,12 @@ class DeviceStaging(PooledWork):
     def __init__(self, device, dtype: torch.dtype):
         self.device, self.dtype = device, dtype
         self.chunks: list = []     # [buffer tensor, elements used]
-        self.waiting: list = []    # (_Small, chunk index, offset, numel)
+        self.waiting: list = []    # (handles.Small, chunk index, offset, numel)
         with torch.inference_mode(False):
             self.landing = torch.empty(0, dtype=dtype)   # host memory the buffers are copied into
 
     def put(self, pending, t: torch.Tensor) -> None:
-        """Queue the copy of t into a buffer (`pending`: its stats._Small, given its values and
+        """Queue the copy of t into a buffer (`pending`: its handles.Small, given its values and
         reductions at fetch)."""
         n = t.numel()
         if not self.chunks or self.chunks[-1][1] + n > self.chunks[-1][0].numel():

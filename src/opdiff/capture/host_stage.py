@@ -6,7 +6,7 @@ The copy is one `memmove` from the tensor's memory block into a NumPy buffer of 
 torch op (a clone is a dispatcher round trip, twice the host time), no NumPy view of the user's
 storage (that would make it unresizable for good), the version counter untouched. At flush each
 buffer becomes float64 values in one conversion, and the bytes of every tensor are hashed there
-(outside.py compares a later read with that hash), not when it is described.
+(handles.py compares a later read with that hash), not when it is described.
 
 Only contiguous tensors of a dtype NumPy reads exactly are staged (`stageable`); the others are
 cloned as before. (A transposed tensor fills one block too, but its values would be summed in
@@ -145,7 +145,7 @@ class HostStaging(PooledWork):
         self.np_dtype = _NUMPY[dtype]
         self.itemsize = np.dtype(self.np_dtype).itemsize
         self.chunks: list = []     # [uint8 buffer, its address, bytes used]
-        self.waiting: list = []    # (_Small, chunk index, byte offset, bytes)
+        self.waiting: list = []    # (handles.Small, chunk index, byte offset, bytes)
 
     def put(self, pending, t: torch.Tensor) -> None:
         """Copy t's values now (the caller checked `stageable`)."""
@@ -194,7 +194,7 @@ class HostStaging(PooledWork):
 
 def same_bytes(pending, t: torch.Tensor) -> bool:
     """Whether t's memory block holds the bytes staged for `pending` (still waiting for its
-    flush); False when t does not fill one block (outside.py then copies it again)."""
+    flush); False when t does not fill one block (handles.py then copies it again)."""
     buf, start, nbytes = pending.staged
     if t.numel() * t.element_size() != nbytes or not one_block(t):
         return False

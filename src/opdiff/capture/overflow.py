@@ -25,7 +25,7 @@ from ..errors import OverflowDetected
 from ..overflow import rules
 from ..store.records import has_nonfinite_number
 from ..store.schema import Kind, Phase, Role, locations_from_frames
-from . import naming
+from .. import ops
 from .describe import tensors_in
 from .sink import PendingRecord
 
@@ -77,7 +77,7 @@ class OverflowMonitor:
         inputs_finite: for an in-place op, whether its inputs were finite before it ran (its
         `inputs` are then what it wrote over them)."""
         s = self.session
-        if naming.facts(str(record.get("op"))).loss_scaler:
+        if ops.traits(str(record.get("op"))).loss_scaler:
             self._scaler(record, inputs)
             return
         with s.own():

@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 import torch
 
-from . import naming
+from .. import ops
 
 # op -> (position, keyword) of its dropout probability: random only when it is above 0
 _DROPOUT_ARG = {"Functional.multi_head_attention_forward": (10, "dropout_p"),
@@ -28,7 +28,7 @@ _DROPOUT_ARG = {"Functional.multi_head_attention_forward": (10, "dropout_p"),
 
 def draws(op: str, args: tuple, kwargs: dict) -> bool:
     """Whether this call of `op` draws random numbers."""
-    if naming.facts(op).random:
+    if ops.traits(op).random:
         return True
     where = _DROPOUT_ARG.get(op)
     if where is None:

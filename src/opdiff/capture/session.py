@@ -15,13 +15,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, cast
 
-from .. import __version__
+from .. import __version__, ops
 from ..config import DumpConfig
 from ..errors import ConfigError, OverflowDetected
 from ..store import layout
 from ..store.durable import disk_full
 from ..store.schema import Role
-from . import naming, stacks
+from . import stacks
 from .guards import OwnWork
 from .leaves import Leaves, tag_leaves
 from .selection import Selection, name_matches, normalize_name
@@ -50,7 +50,7 @@ class Session:
         self.overflow: OverflowMonitor | None = None   # set by the overflow_check task (see overflow.py)
         self.at_close: list = []        # undo at step close: hooks on leaves, nodes held (backward.py)
         self.leaves = Leaves()          # the model's parameters and buffers, the root call's inputs
-        # Which layer advances the describer's epoch (outside.py): each op's inputs when the API
+        # Which layer advances the describer's epoch (handles.py): each op's inputs when the API
         # layer records (a module's inputs, read in its pre-hook, are checked again by its first
         # op), each module call at L0.
         self.ops_advance_epoch = False
@@ -124,7 +124,6 @@ class Session:
                         exc.strerror or exc)
             return
         self.opened = True
-        naming.forget_facts()   # ops registered since the last step count from this one
         if cfg.task == "overflow_check":
             from .describe import Describer
             from .overflow import OverflowMonitor
@@ -182,7 +181,7 @@ class Session:
 
     def _describe_inputs(self, op: str, args, kwargs, name: str) -> tuple[list, dict | None]:
         d = cast("Describer", self.sink.describer)   # set while a step is open
-        if args and naming.facts(op).overwrites_first:
+        if args and ops.traits(op).overwrites_first:
             inputs = [d.unread(args[0], name, Role.INPUT, 0)] + \
                 [d.describe(v, name, Role.INPUT, i) for i, v in enumerate(args[1:], 1)]
         else:

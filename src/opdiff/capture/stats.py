@@ -22,12 +22,12 @@ import numpy as np
 import torch
 
 from ..store.records import encode_float
-from . import outside
+from . import handles
 from .device_stage import DeviceStaging, settle
+from .handles import NO_STATS, STAGED, DeviceVector, Handle, Known, Small
+from .handles import SUMMED_AS_IS as _FLOATING_WIDE
 from .host_stage import HOST_DTYPES as _HOST_DTYPES
-from .host_stage import HostStaging, columns_of, stageable
-
-_FLOATING_WIDE = (torch.float32, torch.float64)
+from .host_stage import HostStaging, columns_of, one_block, stageable
 
 
 _NATIVE = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
@@ -89,7 +89,7 @@ def cpu_stats(t: torch.Tensor) -> dict | None:
     """Statistics of a CPU tensor, computed now (a CPU read needs no device sync)."""
     values = _small_snapshot(t)
     if values is not None:      # the batched path, with a batch of one
-        small = _Small(values, {})
+        small = Small(values, {})
         _reduce_small([small])
         return small.stats
     if t.numel() == 0 or t.is_meta or t.layout != torch.strided:
@@ -222,22 +222,7 @@ def _small_snapshot(t: torch.Tensor):
         return None
 
 
-class _Small:
-    """A small tensor waiting to be reduced with the others of its flush: its values (a float64
-    NumPy copy), or _STAGED while they wait in a device staging buffer."""
-
-    __slots__ = ("values", "stats", "descs", "original", "where", "digest", "staged", "columns")
-
-    def __init__(self, values, desc: dict):
-        self.values, self.stats, self.descs = values, None, [desc]
-        self.original: _Small | None = None   # a check (see outside.py): the first description
-        self.where = None
-        self.digest: int | None = None     # a contiguous CPU tensor's bytes, hashed (outside.py)
-        self.staged: tuple | None = None   # (host buffer, offset, bytes) until flush (host_stage.py)
-        self.columns: tuple | None = None  # its reductions, when its buffer made them at flush
-
-
-_STAGED = object()
+_Small = Small      # (the name the capture tests know it by)
 _PLAIN_CPU = (torch.Tensor, torch.nn.Parameter)
 
 
@@ -298,17 +283,17 @@ class StatsBatch:
 
     def __init__(self, cpu_as_device: bool = False):
         self._descs: list[dict] = []
-        self._vectors: list[tuple] = []     # (device_vector, numel)
-        self._small: list[_Small] = []
+        self._vectors: list[DeviceVector] = []
+        self._small: list[Small] = []
         self._staging: dict = {}          # (device, staging dtype) -> DeviceStaging
         self._host: dict = {}             # dtype -> HostStaging (small CPU tensors, host_stage.py)
         self._unstageable: set = set()    # (device, dtype) whose copy into staging failed
         self._cpu_as_device = cpu_as_device   # tests: take the device path with CPU tensors
         # on_outside(desc, values, where): a tensor shared from an earlier description holds
-        # other values now (see outside.py); None: shared descriptions are not verified
+        # other values now (see handles.py); None: shared descriptions are not verified
         self.on_outside = None
 
-    def add(self, desc: dict, t: torch.Tensor):
+    def add(self, desc: dict, t: torch.Tensor) -> Handle:
         """Describe t's statistics into desc; returns a handle that `share` can reuse."""
         if t.is_cpu and not self._cpu_as_device:    # the common case first, in one place
             dtype = t.dtype
@@ -317,7 +302,7 @@ class StatsBatch:
                 stage = self._host.get(dtype)
                 if stage is None:
                     stage = self._host[dtype] = HostStaging(dtype)
-                staged = _Small(_STAGED, desc)
+                staged = Small(STAGED, desc)
                 stage.put(staged, t)
                 self._small.append(staged)
                 return staged
@@ -325,18 +310,27 @@ class StatsBatch:
         if small is not None:
             return small
         if t.is_cpu and not self._cpu_as_device:
-            desc["stats"] = cpu_stats(t)
-            return desc["stats"]
+            stats = desc["stats"] = cpu_stats(t)
+            return Known(stats) if stats is not None else NO_STATS
         vec = device_vector(t)
         if vec is None:
             desc["stats"] = None
-            return None
-        handle = (vec, t.numel())
+            return NO_STATS
+        handle = DeviceVector(vec, t.numel())
         self._descs.append(desc)
         self._vectors.append(handle)
         return handle
 
-    def snapshot(self, desc: dict, t: torch.Tensor) -> _Small | None:
+    def queue_vector(self, desc: dict, handle: DeviceVector) -> None:
+        """Fill desc from a device tensor's vector at the next flush (`DeviceVector.share`)."""
+        self._descs.append(desc)
+        self._vectors.append(handle)
+
+    def reduce_now(self, t: torch.Tensor) -> dict | None:
+        """A CPU tensor's statistics, reduced now (`Known.verify`)."""
+        return cpu_stats(t)
+
+    def snapshot(self, desc: dict, t: torch.Tensor) -> Small | None:
         """Queue a copy of a small tensor's values as they are now (reduced at flush with the
         others): a device tensor's into a staging buffer there; a contiguous CPU tensor's bytes
         into a host buffer (host_stage.py), other CPU tensors cloned. None for a tensor that is
@@ -349,7 +343,7 @@ class StatsBatch:
                 stage = self._host.get(t.dtype)
                 if stage is None:
                     stage = self._host[t.dtype] = HostStaging(t.dtype)
-                small = _Small(_STAGED, desc)
+                small = Small(STAGED, desc)
                 stage.put(small, t)
                 self._small.append(small)
                 return small
@@ -357,14 +351,14 @@ class StatsBatch:
                 values = t.clone()
             except (RuntimeError, TypeError, NotImplementedError):   # tensor subclasses
                 return None
-            small = _Small(values, desc)
-            if outside.one_block(t):
-                small.digest = outside.digest(t)
+            small = Small(values, desc)
+            if one_block(t):
+                small.digest = handles.digest(t)
             self._small.append(small)
             return small
         return self._stage(desc, t)
 
-    def _stage(self, desc: dict, t: torch.Tensor) -> _Small | None:
+    def _stage(self, desc: dict, t: torch.Tensor) -> Small | None:
         """Queue a small device tensor's copy into its staging buffer; None where it cannot be
         staged (complex, or a device that refuses the copy: it is then reduced on its own)."""
         if t.is_complex():
@@ -372,7 +366,7 @@ class StatsBatch:
         if (t.device, t.dtype) in self._unstageable:
             return None
         wide = torch.float32 if t.is_floating_point() and t.element_size() <= 4 else torch.float64
-        pending = _Small(_STAGED, desc)
+        pending = Small(STAGED, desc)
         try:
             stage = self._staging.get((t.device, wide))
             if stage is None:
@@ -387,25 +381,16 @@ class StatsBatch:
         self._small.append(pending)
         return pending
 
-    def share(self, desc: dict, handle, t: torch.Tensor | None = None, where=None):
+    def share(self, desc: dict, handle: Handle, t: torch.Tensor | None = None, where=None) -> Handle:
         """Give desc the statistics of a tensor already described (same object, same version
         counter). With `t`, verify that its values did not change outside torch meanwhile (see
-        outside.py; `where` comes back to `on_outside` if they did). Returns the handle desc
+        handles.py; `where` comes back to `on_outside` if they did). Returns the handle desc
         was filled from: `handle`, or the check made of t's values now."""
         if t is not None and self.on_outside is not None:
-            check = outside.verify(self, desc, handle, t, where)
+            check = handle.verify(self, desc, t, where)
             if check is not None:
                 return check
-        if handle is None or isinstance(handle, dict):
-            desc["stats"] = handle
-        elif isinstance(handle, _Small):
-            if handle.values is None:      # reduced already (or failed: None)
-                desc["stats"] = handle.stats
-            else:
-                handle.descs.append(desc)
-        else:
-            self._descs.append(desc)
-            self._vectors.append(handle)
+        handle.share(self, desc)
         return handle
 
     def __len__(self) -> int:
@@ -425,7 +410,7 @@ class StatsBatch:
                         host.fetch()
                 _host_values(pending)
                 _reduce_small(pending)
-                outside.settle(pending, self.on_outside)
+                handles.settle(pending, self.on_outside)
             except Exception:
                 for p in pending:   # the records keep their descriptors, without numbers
                     for desc in p.descs:
@@ -440,15 +425,15 @@ class StatsBatch:
         if not self._descs:
             return
         by_device: dict = {}
-        for i, (v, _) in enumerate(self._vectors):
-            by_device.setdefault(v.device, []).append(i)
+        for i, handle in enumerate(self._vectors):
+            by_device.setdefault(handle.vector.device, []).append(i)
         rows: list = [None] * len(self._descs)
         for device, idx in by_device.items():
             settle(device)
-            block = torch.stack([self._vectors[i][0] for i in idx]).cpu().tolist()
+            block = torch.stack([self._vectors[i].vector for i in idx]).cpu().tolist()
             for i, row in zip(idx, block):
                 rows[i] = row
-        for desc, row, (_, numel) in zip(self._descs, rows, self._vectors):
-            desc["stats"] = vector_stats(row, numel)
+        for desc, row, handle in zip(self._descs, rows, self._vectors):
+            desc["stats"] = vector_stats(row, handle.numel)
         self._descs.clear()
         self._vectors.clear()

@@ -10,7 +10,7 @@ rounding), so a leaf that differs is the origin, whatever the ops after it do:
     "number"    a Python number argument of the op named (`Divergence.kind == "number"`)
     "parameter" / "buffer" / "input"   a leaf, before any op read it (`Divergence.tensor`: its FQN)
     "outside"   a tensor whose values changed between two recorded ops without a recorded op
-                writing it (capture marks the reader's input, see opdiff.capture.outside):
+                writing it (capture marks the reader's input, see opdiff.capture.handles):
                 `Divergence.tensor` is that input, name/op/location the op that reads it
     "optimizer" parameters at the start of step S, although step S-1 agreed throughout
                 (`optimizer_origin`, applied across steps)

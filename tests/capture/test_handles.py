@@ -1,0 +1,77 @@
+"""Description handles (capture/handles.py): each kind shares its statistics and verifies a
+later read of its tensor its own way (hash or bytes, a copy, a sum; a device vector not at all)."""
+from __future__ import annotations
+
+import torch
+
+from opdiff.capture import handles
+from opdiff.capture.stats import StatsBatch
+
+
+def _batch(cpu_as_device: bool = False):
+    batch = StatsBatch(cpu_as_device=cpu_as_device)
+    seen: list = []
+    batch.on_outside = lambda desc, values, where: seen.append((desc, where))
+    return batch, seen
+
+
+def test_a_large_cpu_tensor_is_known_at_once_and_verified_by_its_sum():
+    batch, seen = _batch()
+    t = torch.randn(1 << 15)
+    desc: dict = {}
+    handle = batch.add(desc, t)
+    assert isinstance(handle, handles.Known) and desc["stats"] == handle.stats
+    shared: dict = {}
+    assert batch.share(shared, handle, t, "where") is handle and shared["stats"] == desc["stats"]
+    assert not seen
+    t.numpy()[3] += 100.0           # a write the version counter does not see
+    changed: dict = {}
+    fresh = batch.share(changed, handle, t, "where")
+    assert isinstance(fresh, handles.Known) and fresh is not handle
+    assert changed["stats"] == fresh.stats != desc["stats"]
+    assert seen == [(changed, "where")]
+
+
+def test_a_small_cpu_tensor_is_verified_by_its_bytes_then_by_its_hash():
+    batch, seen = _batch()
+    t = torch.randn(8)
+    desc: dict = {}
+    handle = batch.add(desc, t)
+    assert isinstance(handle, handles.Small) and handle.staged is not None
+    same: dict = {}
+    assert batch.share(same, handle, t, "w0") is handle      # bytes still staged, unchanged
+    batch.resolve()
+    assert same["stats"] == desc["stats"] and handle.digest is not None and handle.values is None
+    after: dict = {}
+    assert batch.share(after, handle, t, "w1") is handle and after["stats"] == desc["stats"]
+    t.numpy()[0] = 1e6              # through NumPy: the version counter stays
+    changed: dict = {}
+    check = batch.share(changed, handle, t, "w2")
+    assert isinstance(check, handles.Small) and check.original is handle
+    batch.resolve()
+    assert changed["stats"]["max"] == 1e6 and seen == [(changed, "w2")]
+    assert check.original is None and check.values is None     # settled
+
+
+def test_a_device_vector_is_fetched_at_flush_and_not_verified():
+    batch, seen = _batch(cpu_as_device=True)
+    t = torch.randn(1 << 15)
+    desc: dict = {}
+    handle = batch.add(desc, t)
+    assert isinstance(handle, handles.DeviceVector) and handle.numel == t.numel()
+    shared: dict = {}
+    t.numpy()[0] = 1e6
+    assert batch.share(shared, handle, t, "w") is handle
+    assert "stats" not in desc and "stats" not in shared
+    batch.resolve()
+    # reduced on the device when described: the later write is neither in it nor reported
+    assert shared["stats"] == desc["stats"] and desc["stats"]["max"] < 1e6 and not seen
+
+
+def test_no_statistics_is_shared_as_none():
+    batch, _ = _batch()
+    desc: dict = {}
+    handle = batch.add(desc, torch.empty(0))
+    assert handle is handles.NO_STATS and desc["stats"] is None
+    shared: dict = {}
+    assert batch.share(shared, handle, torch.empty(0), "w") is handle and shared["stats"] is None
