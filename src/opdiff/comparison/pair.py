@@ -28,7 +28,8 @@ from .metrics import Measurement, measure, stats_measure
 from .reasons import not_comparable, placement_note, statistics_limits, unread_note
 from .regions import (REGION, Boundaries, absorb, Region, RegionOps, find_regions, mark_region_rows,
                       members, op_list, unjudged_note)
-from .result import ERROR, PASS, UNMATCHED, WARNING, CompareResult, TensorRow, count
+from .result import (ERROR, PASS, UNMATCHED, WARNING, CompareResult, Note, TensorRow, count,
+                     noted)
 from .verdicts import Policy
 
 if TYPE_CHECKING:
@@ -118,13 +119,14 @@ class _PairCompare:
         # the mapping file (mapping.py): alignment sees the target renamed, ignored ops dropped
         t_records, g_records, format_note = crossformat.comparable(
             t_records, g_records, self.t.format, self.g.format)
-        t_view, mapping_notes = t_records, [format_note] if format_note else []
+        t_view, mapping_notes = t_records, noted(format_note, Note.PAIRING)
         if self.mapping is not None:
             bound = self.mapping.bind(t_records, g_records)
             t_records = [t_records[i] for i in bound.target_index]
             g_records = bound.golden                # (`concat:` parts joined: concat.py)
             self.g = bound.golden_source(self.g)
-            t_view, mapping_notes = bound.view, list(bound.unused) + list(bound.notes)
+            t_view = bound.view
+            mapping_notes = [Note(n, Note.PAIRING) for n in [*bound.unused, *bound.notes]]
         compiled_run = compiled.compiled_side(t_records) or compiled.compiled_side(g_records)
         # eager vs torch.compile: never two ops of other shapes, and only where dataflow agrees
         pairs = align(t_view, g_records, shape_flag=self.shape_flag or compiled_run)
@@ -171,22 +173,18 @@ class _PairCompare:
             if compiled_run:      # the graph node, module and line the compiler names
                 divergence = compiled.annotate(divergence, t_records, g_records,
                                                ((self.t, t_records), (self.g, g_records)))
-        notes = ([compiled_note] if compiled_note else []) + mapping_notes
+        notes: list[str] = [*noted(compiled_note, Note.INCONCLUSIVE), *mapping_notes]
         # A region not judged where tensors differ: never "no op is to blame". (A compiled run's
         # one-sided partitioner ops are paired by comparison/compiled.py, which says its own.)
         skipped = None if compiled_run else unjudged_note(regions, region_ops, self.rows,
                                                           divergence is not None)
-        if skipped:
-            notes.insert(0, skipped)
+        notes = noted(skipped, Note.INCONCLUSIVE) + notes
         if replayer is not None and replayer.done:
             log.info("opdiff: %s", replayer.summary())
-            notes.append(replayer.summary())
-        limits = statistics_limits(self.rows, self.policy, replayed=replayer is not None)
-        if limits:
-            notes.append(limits)
-        placed = placement_note(self.rows)
-        if placed:
-            notes.append(placed)
+            notes.append(Note(replayer.summary(), Note.REPLAY))
+        notes += noted(statistics_limits(self.rows, self.policy, replayed=replayer is not None),
+                       Note.THRESHOLDS)
+        notes += noted(placement_note(self.rows), Note.SHARDING)
         return CompareResult(
             target=str(self.t.path), golden=str(self.g.path), rows=self.rows,
             first_divergence=divergence, counts=count(self.rows),

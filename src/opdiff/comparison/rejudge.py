@@ -36,11 +36,14 @@ from .blame import OpScore, analyse
 from .metric_table import Measurement
 from .reasons import statistics_limits, with_context
 from .regions import REGION, Region, RegionOps, label_number, mark_region_rows
-from .result import UNMATCHED, CompareResult, Divergence, TensorRow, count
+from .result import UNMATCHED, CompareResult, Divergence, Note, TensorRow, count, note_kind, noted
 from .runs import merge
 from .verdicts import Policy, Thresholds
 
 NOTE = "re-judged from the saved metrics with other thresholds (replay not redone)"
+# The kinds of notes a re-judged result drops: made again from the new thresholds, no longer
+# true (replay is not redone), or said once more (NOTE).
+STALE = (Note.THRESHOLDS, Note.REPLAY, Note.REJUDGED)
 
 
 def rejudge(result: CompareResult, thresholds: Thresholds | dict[str, Any] | str | None = None, *,
@@ -48,7 +51,7 @@ def rejudge(result: CompareResult, thresholds: Thresholds | dict[str, Any] | str
     """A new CompareResult: `result`'s rows judged by `thresholds` (anything `Thresholds.load`
     takes) or by `policy`, and the first divergence found again. `result` is left as it is."""
     policy = policy or Policy(thresholds)
-    notes = [n for n in result.notes if not _stale(n)] + [NOTE]
+    notes = [n for n in result.notes if note_kind(n) not in STALE] + [Note(NOTE, Note.REJUDGED)]
     groups: dict[tuple[Optional[int], Optional[int]], list[TensorRow]] = {}
     for row in result.rows:
         groups.setdefault((row.step, row.rank), []).append(row)
@@ -60,11 +63,6 @@ def rejudge(result: CompareResult, thresholds: Thresholds | dict[str, Any] | str
     merged = merge(result.target, result.golden, pairs, notes)
     merged.environment_diff, merged.title = list(result.environment_diff), result.title
     return merged
-
-
-def _stale(note: str) -> bool:
-    """Notes the thresholds or replay wrote (made again, or no longer true)."""
-    return "statistics only" in note or note.startswith("replayed ") or ": replayed " in note
 
 
 def _pair(result: CompareResult, rows: list[TensorRow], policy: Policy, step: Optional[int],
@@ -95,7 +93,7 @@ def _pair(result: CompareResult, rows: list[TensorRow], policy: Policy, step: Op
     return CompareResult(target=result.target, golden=result.golden, rows=rows,
                          first_divergence=divergence, counts=count(rows),
                          environment_diff=list(result.environment_diff), step=step, rank=rank,
-                         title=result.title, notes=[limits] if limits else [])
+                         title=result.title, notes=[*noted(limits, Note.THRESHOLDS)])
 
 
 def _with_context(result: CompareResult, divergence: Divergence) -> Divergence:
@@ -197,4 +195,4 @@ def _judged(row: TensorRow, m: Measurement, policy: Policy) -> TensorRow:
                    reason=verdict.reason)
 
 
-__all__ = ["rejudge", "measurement", "NOTE"]
+__all__ = ["rejudge", "measurement", "NOTE", "STALE"]
