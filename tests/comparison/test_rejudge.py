@@ -226,3 +226,14 @@ def test_a_rejudged_origin_keeps_its_origin_tensor_and_reader(tmp_path, case):
     again = rejudge(load_summary(fresh.files["summary"])).first_divergence
     fd = fresh.first_divergence
     assert (again.origin, again.name, again.tensor) == (fd.origin, fd.name, fd.tensor)
+
+
+def test_the_op_facts_scores_are_made_of_load_back_from_rows_jsonl(runs, tmp_path):
+    """`scores.op_score` makes an op's score from the facts its rows carry, in the compare and
+    in rejudge: rows.jsonl must give every one of them back as the compare had them."""
+    from opdiff.comparison.scores import OP_FACTS, op_facts
+
+    original = compare(runs / "bf16", runs / "golden", tmp_path / "out", replay="off")
+    loaded = load_summary(original.files["summary"])
+    assert [op_facts(r) for r in loaded.rows] == [op_facts(r) for r in original.rows]
+    assert {"differing_numbers", "leaf_tensor", "rng", "stack"} <= set(OP_FACTS)

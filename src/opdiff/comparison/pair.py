@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, cast
 
 from ..errors import DumpError, OpdiffError
 from ..store.records import decoded_stats, iter_tensors
-from ..store.schema import Kind, Location, Phase, Role, locations_from_frames
+from ..store.schema import Kind, Location, Phase, locations_from_frames
 from ..store.source import DumpSource
 from ..environment import diff_meta
 from . import compiled, crossformat
@@ -30,6 +30,7 @@ from .regions import (REGION, Boundaries, absorb, Region, RegionOps, find_region
                       members, op_list, unjudged_note)
 from .result import (ERROR, PASS, UNMATCHED, WARNING, CompareResult, Note, TensorRow, count,
                      noted)
+from .scores import add_row, counts_as_output, op_score
 from .verdicts import Policy
 
 if TYPE_CHECKING:
@@ -236,12 +237,7 @@ class _PairCompare:
         # Target-only ops get an OpScore too, with no measured tensors: the comparison cannot
         # judge them, replay can (a cast that only the bf16 run makes, say).
         if t_rec is not None:
-            op = OpScore(name=name, op=rec.get("op", ""), phase=base["phase"], kind=base["kind"],
-                         module=rec.get("module"), forward=rec.get("forward"), seq=position,
-                         location=stack[0] if stack else None, paired=g_rec is not None,
-                         arg_diffs=differ, const_diffs=limits, leaf=base["leaf"],
-                         fqn=base["leaf_tensor"], reader=base["reader"],
-                         leaf_strict=base["leaf_strict"], rng=base["rng"])
+            op = op_score(base, op=rec.get("op", ""), paired=g_rec is not None)
             self.ops.append(op)
             if base["kind"] == Kind.MODULE and g_rec is not None:
                 self._modules[name] = (op.inputs, op.outputs)
@@ -252,21 +248,13 @@ class _PairCompare:
                                                  paired_op=t_rec is not None and g_rec is not None))
                 continue
             row, m = self._tensor_row(base, t_item, g_item)
-            row_index = len(self.rows)
-            self.rows.append(row)
-            if m is None:
-                continue
-            role = t_item[1]
-            is_output = role == Role.OUTPUT or (role == Role.PARAMETERS
-                                                and base["kind"] == Kind.PARAM_GRAD)
-            entry = (row_index, m, row.target_dtype, row.golden_dtype)
-            scored = cast(OpScore, op)
-            (scored.outputs if is_output else scored.inputs).append(entry)
-            self._by_tensor[t_item[0]] = entry
             leaf = t_item[2].get("leaf")
-            if leaf and not is_output:   # a parameter, buffer or input (see capture/leaves.py)
-                scored.leaf_inputs[row_index] = f"{leaf} {t_item[2].get('fqn')}"
-                self.rows[row_index] = replace(row, leaf_input=scored.leaf_inputs[row_index])
+            if m is not None and leaf and not counts_as_output(row):
+                # a parameter, buffer or input (see capture/leaves.py)
+                row = replace(row, leaf_input=f"{leaf} {t_item[2].get('fqn')}")
+            self.rows.append(row)
+            if m is not None:
+                self._by_tensor[t_item[0]] = add_row(cast(OpScore, op), len(self.rows) - 1, row, m)
 
     # -- regions (regions.py) -------------------------------------------------------------------
     def _regions(self, regions: list[Region], t_records: list[dict[str, Any]],

@@ -31,13 +31,14 @@ import math
 from dataclasses import replace
 from typing import Any, Optional
 
-from ..store.schema import Kind, RecordName, Role
+from ..store.schema import RecordName
 from .blame import OpScore, analyse
 from .metric_table import Measurement
 from .reasons import statistics_limits, with_context
 from .regions import REGION, Region, RegionOps, label_number, mark_region_rows
 from .result import UNMATCHED, CompareResult, Divergence, Note, TensorRow, count, note_kind, noted
 from .runs import merge
+from .scores import add_row, op_facts, op_score
 from .verdicts import Policy, Thresholds
 
 NOTE = "re-judged from the saved metrics with other thresholds (replay not redone)"
@@ -73,17 +74,14 @@ def _pair(result: CompareResult, rows: list[TensorRow], policy: Policy, step: Op
     for i, row in enumerate(rows):
         score = scores.get(row.op_name)
         if score is None:
-            score = scores[row.op_name] = _score(row)
+            parsed = RecordName.parse(row.op_name)
+            score = scores[row.op_name] = op_score(op_facts(row), paired=row.result != UNMATCHED,
+                                                   op=parsed.op if parsed else row.op_name)
         m = measurement(row)
         if m is None:
             continue
         rows[i] = row = _judged(row, m, policy)
-        is_output = row.role == Role.OUTPUT or (row.role == Role.PARAMETERS
-                                                and row.kind == Kind.PARAM_GRAD)
-        entries[i] = (i, m, row.target_dtype, row.golden_dtype)
-        (score.outputs if is_output else score.inputs).append(entries[i])
-        if row.leaf_input and not is_output:
-            score.leaf_inputs[i] = row.leaf_input
+        entries[i] = add_row(score, i, row, m)
     region_ops, region_rows = _regions(rows, entries)
     divergence = analyse(list(scores.values()) + region_ops, rows, policy)
     mark_region_rows(rows, region_ops, region_rows)
@@ -150,16 +148,6 @@ def _regions(rows: list[TensorRow], entries: dict[int, Any]
                 op.region = (region, listed[number], {})
             (op.outputs if side == "out" else op.inputs).append(entries[i])
     return list(found.values()), region_rows
-
-
-def _score(row: TensorRow) -> OpScore:
-    parsed = RecordName.parse(row.op_name)
-    return OpScore(name=row.op_name, op=parsed.op if parsed else row.op_name, phase=row.phase,
-                   kind=row.kind, module=row.module, forward=row.forward, seq=row.index,
-                   location=row.stack[0] if row.stack else None,
-                   paired=row.result != UNMATCHED, arg_diffs=list(row.differing_numbers),
-                   const_diffs=list(row.dtype_limits), leaf=row.leaf, fqn=row.leaf_tensor,
-                   reader=row.reader, leaf_strict=row.leaf_strict, rng=tuple(row.rng))
 
 
 def measurement(row: TensorRow) -> Optional[Measurement]:
