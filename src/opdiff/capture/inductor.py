@@ -79,9 +79,11 @@ class InductorKernels:
         self._load: Any = None
 
     def start(self, model=None) -> None:
-        try:
-            from torch._inductor.codecache import PyCodeCache
-        except Exception:       # an Inductor that cannot be imported has made no kernels
+        # `torch.compile(...)` imports Inductor's code cache; a run that never called it has
+        # no kernels, and importing it here would cost seconds
+        codecache = sys.modules.get("torch._inductor.codecache")
+        PyCodeCache = getattr(codecache, "PyCodeCache", None)
+        if PyCodeCache is None:
             return
         for mod in list(PyCodeCache.modules):
             self._wrap(mod)
@@ -93,12 +95,12 @@ class InductorKernels:
             layer._wrap(mod)
             return mod
         self._load = original
-        PyCodeCache.load_by_key_path = classmethod(load_by_key_path)
+        PyCodeCache.load_by_key_path = classmethod(load_by_key_path)  # type: ignore[method-assign,assignment]
 
     def stop(self) -> None:
         if self._load is not None:
-            from torch._inductor.codecache import PyCodeCache
-            PyCodeCache.load_by_key_path = self._load
+            PyCodeCache = sys.modules["torch._inductor.codecache"].PyCodeCache
+            PyCodeCache.load_by_key_path = self._load  # type: ignore[method-assign]
             self._load = None
         for mod, name, fn in self._wrapped:
             setattr(mod, name, fn)
@@ -132,7 +134,7 @@ class InductorKernels:
             if s.own.active or s.sink.writer is None:
                 return fn(*args)
             phase = Phase.BACKWARD if torch._C._current_graph_task_id() != -1 else Phase.FORWARD
-            record = None
+            record: Optional[dict[str, Any]] = None
             try:
                 index = s.sink.next_index(f"{op}.{phase}")
                 name = record_name(op, phase, index, Kind.KERNEL)

@@ -125,7 +125,7 @@ class Session:
             return
         self.opened = True
         if cfg.level == "L2":      # dataflow through unrecorded views and compiled buffers
-            self.sink.describer.buffers = True
+            cast("Describer", self.sink.describer).buffers = True
         if cfg.task == "overflow_check":
             from .describe import Describer
             from .overflow import OverflowMonitor
