@@ -95,12 +95,12 @@ class InductorKernels:
             layer._wrap(mod)
             return mod
         self._load = original
-        PyCodeCache.load_by_key_path = classmethod(load_by_key_path)  # type: ignore[method-assign,assignment]
+        PyCodeCache.load_by_key_path = classmethod(load_by_key_path)
 
     def stop(self) -> None:
         if self._load is not None:
             PyCodeCache = sys.modules["torch._inductor.codecache"].PyCodeCache
-            PyCodeCache.load_by_key_path = self._load  # type: ignore[method-assign]
+            PyCodeCache.load_by_key_path = self._load
             self._load = None
         for mod, name, fn in self._wrapped:
             setattr(mod, name, fn)
