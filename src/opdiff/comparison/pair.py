@@ -140,7 +140,8 @@ class _PairCompare:
                 compiled.verify(pairs, t_records, g_records), t_records, g_records),
                 t_records, g_records, strict=False), t_records, g_records)
         paired = sum(1 for ti, gi in pairs if ti is not None and gi is not None)
-        if paired < MIN_PAIRED_FRACTION * max(len(t_records), len(g_records)) and not compiled_note:
+        if paired < MIN_PAIRED_FRACTION * compiled.comparable_records(t_records, g_records) \
+                and not compiled_note:
             raise DumpError(f"{self.t.path} and {self.g.path} look like dumps of different models: "
                             f"only {paired} of {len(t_records)} target and {len(g_records)} golden "
                             f"ops line up; compare dumps of the same model and step")
