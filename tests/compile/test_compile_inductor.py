@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import opdiff
-from compilekit import run_step
+from compilekit import Step, run_step
 from opdiff.capture.inductor import kernels_of
 from opdiff.report.console import verdict_line
 from opdiff.store.reader import open_dump
@@ -45,13 +45,23 @@ def wrong_silu_decomposition(scale: float = 1.001) -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def eager_l2(tmp_path_factory):
-    return run_step(tmp_path_factory.mktemp("eager") / "d", "L2")
+    made: dict[str, Step] = {}
+
+    def get(task: str) -> Step:
+        if task not in made:
+            made[task] = run_step(tmp_path_factory.mktemp("eager") / "d", "L2", task=task)
+        return made[task]
+    return get
+
+
+TASKS = pytest.mark.parametrize("task", ["statistics", "tensor"])
 
 
 @pytest.mark.slow
-def test_healthy_inductor_step_names_nothing_and_is_unchanged(tmp_path, eager_l2):
+@TASKS
+def test_healthy_inductor_step_names_nothing_and_is_unchanged(tmp_path, eager_l2, task):
     plain = run_step(None, backend="inductor")
-    target = run_step(tmp_path / "inductor", "L2", backend="inductor")
+    target = run_step(tmp_path / "inductor", "L2", backend="inductor", task=task)
     assert torch.equal(plain.loss, target.loss) and torch.equal(plain.grads, target.grads)
     assert not target.counters.get("graph_break"), target.counters
     assert target.counters["stats"]["unique_graphs"] == plain.counters["stats"]["unique_graphs"]
@@ -63,17 +73,18 @@ def test_healthy_inductor_step_names_nothing_and_is_unchanged(tmp_path, eager_l2
     assert silu["compiled"]["source"][0].endswith("modeling_llama.py"), silu["compiled"]
     assert any(d.get("producer") for d in silu["inputs"]), silu["inputs"]   # fed by the mm's
 
-    result = opdiff.compare(str(target.path), str(eager_l2.path), str(tmp_path / "out"),
+    result = opdiff.compare(str(target.path), str(eager_l2(task).path), str(tmp_path / "out"),
                             progress=False)
     assert result.first_divergence is None, result.first_divergence
     assert not verdict_line(result).startswith("inconclusive"), verdict_line(result)
 
 
 @pytest.mark.slow
-def test_wrong_inductor_decomposition_names_the_kernel_holding_silu(tmp_path, eager_l2):
+@TASKS
+def test_wrong_inductor_decomposition_names_the_kernel_holding_silu(tmp_path, eager_l2, task):
     with wrong_silu_decomposition():
-        target = run_step(tmp_path / "inductor", "L2", backend="inductor")
-    result = opdiff.compare(str(target.path), str(eager_l2.path), str(tmp_path / "out"),
+        target = run_step(tmp_path / "inductor", "L2", backend="inductor", task=task)
+    result = opdiff.compare(str(target.path), str(eager_l2(task).path), str(tmp_path / "out"),
                             progress=False)
     first = result.first_divergence
     assert first is not None and first.origin == "region", first

@@ -435,3 +435,16 @@ def test_a_tiny_tensor_is_written_not_referenced(tmp_path):
 
     _, dump = _sink_dump(tmp_path, feed)
     assert [k for k, e in dump._index().items() if isinstance(e, _Ref)] == ["big view"]
+
+
+def test_a_key_saved_twice_reads_back_its_bytes_not_a_reference_to_itself(tmp_path):
+    # (capture saves a tensor again under its name when it finds it written outside torch: the
+    # second save repeats the first's bytes and is stored as a reference to that same key)
+    x = torch.randn(16, 16, generator=torch.Generator().manual_seed(0))
+
+    def feed(sink):
+        sink.put("x", x)
+        sink.put("x", x.clone())
+
+    _, dump = _sink_dump(tmp_path, feed)
+    assert _same(dump.tensor("x"), x)

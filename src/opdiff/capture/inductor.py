@@ -150,9 +150,12 @@ class InductorKernels:
                 s.failed(op, exc, record)
                 record = None
             out = fn(*args)
+            outs = [a for a, r in zip(args, roles) if r in ("out", "in_out")]
+            # written through raw pointers, unseen by version counters: what capture knows
+            # of these buffers is stale (else a later read looks like a write outside torch)
+            s.sink.describer.forget(outs)
             if record is not None:
                 try:
-                    outs = [a for a, r in zip(args, roles) if r in ("out", "in_out")]
                     with s.own():
                         record["outputs"] = s.describe_all(outs, record["name"], Role.OUTPUT)
                     s.sink.emit(record)
