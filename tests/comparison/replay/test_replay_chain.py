@@ -142,3 +142,16 @@ def test_a_dump_without_dataflow_is_not_replayed_as_a_chain(healthy, monkeypatch
     monkeypatch.setattr(type(dump), "meta", property(lambda self: {}), raising=False)
     local = Replayer(dump, records).judge_region("Region.0.forward", names)
     assert not local.replayed and "no dataflow" in local.reason
+
+
+def test_a_producer_that_is_not_one_is_no_producer(healthy):
+    """A dump is untrusted: junk where a producer belongs neither crashes the compare nor
+    feeds the chain (the input is read as the saved tensor it is)."""
+    dump, records = healthy
+    members = copy.deepcopy(_members(records, *ATTENTION))
+    junk = [[1], {}]
+    members[1]["inputs"][0]["producer"] = junk
+    hostile = [m if m["name"] not in {x["name"] for x in members} else
+               next(x for x in members if x["name"] == m["name"]) for m in records]
+    local = replay_region("Region.0.forward", members, Readers(hostile), dump.tensor, Policy())
+    assert local.replayed and not local.culprit, local

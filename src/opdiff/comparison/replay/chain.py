@@ -100,6 +100,18 @@ def replay_region(name: str, members: list[Record], readers: Readers,
                       seconds=time.perf_counter() - start, ops=len(members))
 
 
+def producer_of(desc: dict[str, Any]) -> Optional[tuple[int, str]]:
+    """(seq, slot) of the op that made an input (`"producer": [seq, slot]`), or None. A dump is
+    untrusted: anything else there (a list for a seq, a dict) is no producer."""
+    found = desc.get("producer")
+    if not isinstance(found, (list, tuple)) or len(found) != 2:
+        return None
+    seq, slot = found
+    if not isinstance(seq, int) or isinstance(seq, bool) or not isinstance(slot, (int, str)):
+        return None
+    return seq, str(slot)
+
+
 class Readers:
     """Who reads which recorded tensor, through the dump's dataflow: built once per dump.
     Module records, which only pass tensors on, are not readers."""
@@ -110,10 +122,9 @@ class Readers:
             if rec.get("kind") == Kind.MODULE:
                 continue
             for _, role, desc in iter_tensors(rec):
-                producer = desc.get("producer")
-                if role == Role.INPUT and producer and len(producer) == 2:
-                    self.by_producer.setdefault((producer[0], str(producer[1])), []).append(
-                        rec["name"])
+                producer = producer_of(desc) if role == Role.INPUT else None
+                if producer is not None:
+                    self.by_producer.setdefault(producer, []).append(rec["name"])
 
     def outputs(self, members: list[Record]) -> list[str]:
         """The tensors the region's ops made that a recorded op outside it reads; without
@@ -135,7 +146,7 @@ def _refusal(members: list[Record]) -> Optional[str]:
     if not members:
         return "it has no target op"
     for rec in members:
-        if rec.get("seq") is None:
+        if not isinstance(rec.get("seq"), int):
             return f"{rec['name']} has no sequence number for the dataflow to name it by"
         if rec.get("phase") == Phase.BACKWARD:
             return ("a backward region is judged through its boundary alone (its ops' "
@@ -189,8 +200,8 @@ def _chain(members: list[Record], load: Callable[[str], Any], cast: Optional[tor
     last_use: dict[str, int] = {}
     for i, rec in enumerate(members):
         for _, role, desc in iter_tensors(rec):
-            producer = desc.get("producer")
-            if role == Role.INPUT and producer and producer[0] in seqs:
+            producer = producer_of(desc) if role == Role.INPUT else None
+            if producer is not None and producer[0] in seqs:
                 last_use[f"{seqs[producer[0]]['name']}.output.{producer[1]}"] = i
     values: dict[str, torch.Tensor] = {}
     used: list[Optional[torch.dtype]] = []
@@ -221,8 +232,8 @@ def _fed(rec: Record, seqs: dict[Any, Record], values: dict[str, torch.Tensor]
     for n, role, desc in iter_tensors(rec):
         if role == Role.OUTPUT:
             continue
-        producer, key = desc.get("producer") or (None, None), desc.get("key")
-        if producer[0] in seqs:
+        producer, key = producer_of(desc), desc.get("key")
+        if producer is not None and producer[0] in seqs:
             made = f"{seqs[producer[0]]['name']}.output.{producer[1]}"
             if made not in values:
                 raise NotReplayable(f"{n} is read from {made}, which the chain has not made")
@@ -283,4 +294,4 @@ def _call(rec: Record, load: Callable[[str], Any], cast: Optional[torch.dtype],
     return flat_tensors([out] if not isinstance(out, (tuple, list)) else out)
 
 
-__all__ = ["ChainError", "Readers", "replay_region"]
+__all__ = ["ChainError", "Readers", "replay_region", "producer_of"]
