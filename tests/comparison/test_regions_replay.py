@@ -4,9 +4,12 @@ target ops re-run as a chain from its saved inputs in float64 and in their own d
 (dumps: tests/comparison/conftest.py)."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import opdiff
+from opdiff import schemas
 
 SDPA = "Functional.scaled_dot_product_attention"
 
@@ -80,6 +83,9 @@ def test_a_1pct_noise_fault_only_the_chain_replay_finds(hf_dump, tmp_path, call,
     assert "compared with golden its error is not distinguishable" in first.reason
     assert "the same ops on the CPU in their own dtypes (bfloat16" in first.reason
     assert first.tensor and first.tensor.startswith("Tensor.reshape.")   # what the region made
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["first_divergence"]["kind"] == "replay"
+    schemas.validate("compare-summary", summary)
     errors = [r for r in result.rows if r.result == "error"]
     assert errors and all(f"model.layers.{layer}.self_attn" in (r.reason or "") or
                           "region" in (r.reason or "") for r in errors), errors
