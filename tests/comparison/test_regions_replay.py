@@ -64,6 +64,7 @@ def test_a_2pct_fault_in_sdpa_is_confirmed_by_the_chain(hf_dump, tmp_path):
     assert "replayed as a chain of its 2 target op(s) in float64" in first.reason
     assert "scaled by 1.02" in first.reason
     assert first.kind == "scale"        # the comparison's culprit, confirmed by the chain
+    assert any("region(s) replayed as chains" in n for n in result.notes), result.notes
 
 
 @pytest.mark.parametrize("call, layer", [(0, 0), (1, 1)])

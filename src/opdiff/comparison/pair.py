@@ -178,7 +178,7 @@ class _PairCompare:
                                                           divergence is not None)
         if skipped:
             notes.insert(0, skipped)
-        if replayer is not None and replayer.done:
+        if replayer is not None and (replayer.done or replayer.regions):
             log.info("opdiff: %s", replayer.summary())
             notes.append(replayer.summary())
         limits = statistics_limits(self.rows, self.policy, replayed=replayer is not None)
