@@ -149,7 +149,6 @@ class Replayer:
                                   self.dump.tensor, self.policy, shortcut=self.shortcut)
         log.debug("opdiff: replayed %s as a chain: %s", name, found.describe())
         with self._cond:
-            self.seconds += found.seconds
             self.regions[name] = found
         return found
 
@@ -258,7 +257,8 @@ class Replayer:
             text += f"; {ahead} more replayed ahead on a second thread and not needed"
         chained = [v for v in self.regions.values() if v.replayed]
         if self.regions:
-            text += f"; {len(chained)} region(s) replayed as chains"
+            spent = sum(v.seconds for v in self.regions.values())
+            text += f"; {len(chained)} region(s) replayed as chains in {spent:.2f} s"
         unchained = [v for v in self.regions.values() if not v.replayed]
         if unchained:
             text += (f", {len(unchained)} not (e.g. {unchained[0].name}: "
