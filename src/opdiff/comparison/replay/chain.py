@@ -175,6 +175,10 @@ def _judge(members: list[Record], readers: Readers, load: Callable[[str], Any],
         targets.append(t)
     low = compute_dtype(*members)
     exact, _ = _chain(members, load, torch.float64, outputs)
+    for n, t in zip(outputs, targets):
+        if tuple(t.shape) != tuple(exact[n].shape):
+            raise NotReplayable(f"{n}: replayed shape {list(exact[n].shape)}, saved "
+                                f"{list(t.shape)}")
     settled = [settle(n, t, exact[n], policy, compute=low) if shortcut else None
                for n, t in zip(outputs, targets)]
     if all(s is not None for s in settled):
