@@ -98,22 +98,22 @@ def _spread_over_tasks(ray) -> dict:
 def measure(target: str, golden: str, engine: str, shard_mb: float = 0.5) -> dict:
     """One compare in this process, report files written: wall seconds, driver peak RSS and its
     growth during the compare (MiB), rows, first divergence; for Ray, how the work was spread
-    over its tasks and workers. engine "ray-shards": Ray with `ray_shard_mb=shard_mb`."""
+    over its tasks and workers. engine "ray-shards": Ray with `RayEngine(shard_mb=shard_mb)`."""
     import opdiff
     import opdiff.comparison.pair  # noqa: F401 - torch and the comparison, before the baseline
     import opdiff.report.html  # noqa: F401
+    from opdiff.comparison.engines import RayEngine
 
     ray = None
     if engine.startswith("ray"):
         import ray
 
         ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
-    extra = {"ray_shard_mb": shard_mb} if engine == "ray-shards" else {}
+    runner = RayEngine(shard_mb=shard_mb) if engine == "ray-shards" else engine
     out = tempfile.mkdtemp(prefix="bench_ranks_out_")
     before = _rss_mib()
     start = time.perf_counter()
-    result = opdiff.compare(target, golden, output_path=out, engine=engine.split("-")[0],
-                            progress=False, **extra)
+    result = opdiff.compare(target, golden, output_path=out, engine=runner, progress=False)
     wall = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     fd = result.first_divergence

@@ -21,8 +21,9 @@ from .comparison.pair import check_replay, compare_pair
 from .comparison.ranks import attribute_collectives
 from .comparison.reasons import with_context
 from .comparison.result import ERROR, WARNING, CompareResult
-from .comparison.runs import (count_records, cut_sides, merge, pair_dumps, run_pairs,
-                              split_incomplete, unpaired)
+from .comparison.engines import Engine, engine_for
+from .comparison.runs import (count_records, cut_sides, merge, pair_dumps, split_incomplete,
+                              unpaired)
 from .comparison.verdicts import Policy
 from .errors import OpdiffError
 from .report import write_outputs
@@ -32,11 +33,12 @@ from .store.adapters import discover
 
 def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bool = False,
             fail_on: str | None = None, progress: bool | None = None,
-            replay: str = "auto", engine: str = "local", ray_address: str | None = None,
-            ray_pins: dict | None = None, replay_jobs: int | None = None,
-            ray_shard_mb: float | None = None,
+            replay: str = "auto", engine: str | Engine = "local",
+            replay_jobs: int | None = None,
             source_root: str | os.PathLike[str] | None = None,
-            mapping: str | os.PathLike[str] | Mapping | None = None) -> CompareResult:
+            mapping: str | os.PathLike[str] | Mapping | None = None,
+            ray_address: str | None = None, ray_pins: dict | None = None,
+            ray_shard_mb: float | None = None) -> CompareResult:
     """Compare the target dump (the run under suspicion) with the golden (trusted) dump.
 
     target, golden: a step/rank directory or a dump root of any format opdiff reads; with roots
@@ -55,13 +57,12 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
         ops before it; "all" every op; "off" none (the comparison with golden alone).
     replay_jobs: processes each pair's replay uses (None: OPDIFF_REPLAY_JOBS, default 1; worth it
         when many ops are replayed and cores are idle: each process pays a torch start).
-    engine: "local" (a process pool on this machine) or "ray" (each step/rank pair a Ray task;
-        `pip install opdiff[ray]`): the same result either way. ray_address: the cluster to use
-        ("auto", "host:6379"; None: a local one for this call). ray_pins: {path prefix: Ray
-        custom resource}: pairs whose target lies under the prefix run on the node offering it.
-        ray_shard_mb: a pair whose saved tensors hold more than this many MiB is measured in
-        shards of about that size, each its own Ray task (None: one task per pair); the result
-        is the same.
+    engine: where the step/rank pairs are compared, the same result either way:
+        `LocalEngine()` (also "local", the default: a process pool on this machine) or
+        `RayEngine(address=, pins=, shard_mb=)` (also "ray", its defaults: each pair a Ray
+        task; `pip install opdiff[ray]`), from `opdiff.comparison.engines`.
+    ray_address, ray_pins, ray_shard_mb: deprecated (a DeprecationWarning; they go in the next
+        release), with engine="ray" only: RayEngine's address, pins and shard_mb.
     source_root: a directory holding the source files of the run: the report shows the lines
         around the culprit's line from the file under it that the dump's call stack names
         (symlinks out of it are not followed). Without it, the lines the dump itself holds
@@ -71,7 +72,8 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
         one parsed by `opdiff.comparison.mapping.load`) for
         what dataflow cannot infer: module renames (`modules:`) and ops to drop before alignment
         (`ignore:`); see docs/howto/different-ops.md. A bad line raises `MappingError` naming
-        the file and line; lines never used come back in `result.notes`. Not with engine="ray".
+        the file and line; lines never used come back in `result.notes`. Not with the Ray
+        engine.
 
     Raises `DumpError` (an `OpdiffError`) for missing, empty or corrupt dumps and for dumps of
     different models.
@@ -83,13 +85,9 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
                                     or replay_jobs < 1):
         raise OpdiffError(f"replay_jobs must be a whole number of processes (1 or more), not "
                           f"{replay_jobs!r}")
-    if engine not in ("local", "ray"):
-        raise OpdiffError(f"engine must be 'local' or 'ray', not {engine!r}")
-    if ray_shard_mb is not None and (engine != "ray" or isinstance(ray_shard_mb, bool) or
-                                     not isinstance(ray_shard_mb, (int, float)) or
-                                     not ray_shard_mb > 0):
-        raise OpdiffError(f"ray_shard_mb must be a positive number of MiB, with engine='ray', "
-                          f"not {ray_shard_mb!r} (engine {engine!r})")
+    runner = engine_for(engine, ray_address=ray_address, ray_pins=ray_pins,
+                        ray_shard_mb=ray_shard_mb)
+    runner.check(mapping=mapping is not None)
     if output_path is not None:     # before a long compare: a user's summary.json is refused now
         from .report.outputs import check_free
         check_free(output_path, ("summary.json", "report.html", "rows.jsonl"))
@@ -98,9 +96,6 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
                           "directory that holds the run's source files")
     parsed = None
     if mapping is not None:
-        if engine == "ray":
-            raise OpdiffError("a mapping file is not passed to engine='ray' yet; compare with "
-                              "engine='local' (the default) to use it")
         parsed = mapping if isinstance(mapping, Mapping) else load_mapping(mapping)
     policy = Policy(thresholds)
     targets, goldens = discover(target), discover(golden)
@@ -110,19 +105,9 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
     cut, damage = cut_sides(pairs)                  # a side killed mid-step, or its disk full
     total = sum(count_records(t) for t, _ in pairs)
     with Progress(total, progress, pairs=len(pairs)) as bar:
-        if engine == "ray":
-            from .comparison.ray_engine import run_pairs_ray
-
-            results = run_pairs_ray(pairs, policy, shape_flag=shape_flag, replay=replay,
-                                    replay_jobs=replay_jobs,
-                                    address=ray_address, pins=ray_pins, tick=bar.advance,
-                                    on_pair=bar.pair_done,
-                                    shard_bytes=int(ray_shard_mb * 2**20) if ray_shard_mb
-                                    else None)
-        else:
-            results = run_pairs(pairs, policy, shape_flag=shape_flag, replay=replay,
-                                replay_jobs=replay_jobs, tick=bar.advance, on_pair=bar.pair_done,
-                                mapping=parsed)
+        results = runner.run(pairs, policy, shape_flag=shape_flag, replay=replay,
+                             replay_jobs=replay_jobs, tick=bar.advance, on_pair=bar.pair_done,
+                             mapping=parsed)
     results = attribute_collectives(results, pairs)     # received through a collective
     # (the pairing's notes travel in result.notes: the console prints them, once)
     result = merge(str(target), str(golden), results, notes + damage, incomplete=incomplete,

@@ -10,7 +10,8 @@ import opdiff
 from opdiff.api import compare
 from opdiff.comparison import rejudge
 from opdiff.comparison.rejudge import NOTE, measurement
-from opdiff.comparison.result import LOCAL, NUMBER, TensorRow, CompareResult
+from opdiff.comparison.result import LOCAL, NUMBER, Note, TensorRow, CompareResult, note_kind
+from opdiff.report import write_outputs
 from opdiff.report.summary import load_summary
 
 from dumpkit import cnn_run
@@ -77,6 +78,49 @@ def test_a_result_loaded_from_summary_json_rejudges_like_the_one_in_memory(runs,
     loaded = load_summary(original.files["summary"])
     _same(rejudge(loaded), rejudge(original))
     _same(rejudge(loaded, {"bf16": 0.5}), rejudge(original, {"bf16": 0.5}))
+
+
+# Notes whose words are those of replay's and the statistics' notes, but which say something else.
+_LOOKALIKES = [Note("mapping pairs.yaml line 4: 'statistics only' never matched a module", Note.PAIRING),
+               Note("step 1 rank 0: replayed tensors/ was unreadable in part", Note.DUMPS)]
+_STALE = [Note("replayed 2 op(s) in float64 in 0.10 s", Note.REPLAY),
+          Note("step 0 rank 0: statistics only: an op is named only when ...", Note.THRESHOLDS),
+          Note(NOTE, Note.REJUDGED)]
+
+
+def test_rejudge_drops_notes_by_their_kind_never_by_their_words(runs, tmp_path):
+    original = compare(runs / "fault" / "step0" / "rank0", runs / "golden" / "step0" / "rank0",
+                       replay="off")
+    original.notes = [*_LOOKALIKES, *original.notes, *_STALE]
+    again = rejudge(original)
+    assert [n for n in again.notes if n in _LOOKALIKES] == _LOOKALIKES
+    assert [note_kind(n) for n in again.notes if n in _LOOKALIKES] == [Note.PAIRING, Note.DUMPS]
+    assert not [n for n in again.notes if n in _STALE[:2]], again.notes
+    assert again.notes.count(NOTE) == 1         # said once, however often it was re-judged
+    # summary.json keeps each note's kind ("note_kinds"), and the loaded result re-judges alike
+    write_outputs(original, tmp_path / "out")
+    loaded = load_summary(tmp_path / "out")
+    assert [note_kind(n) for n in loaded.notes] == [note_kind(n) for n in original.notes]
+    assert rejudge(loaded).notes == again.notes
+
+
+def test_a_summary_json_without_note_kinds_is_read_with_the_kinds_its_words_had(runs, tmp_path):
+    """summary.json of an opdiff before note kinds: the reader recognises the notes it wrote
+    that re-judging drops; every other note is of kind OTHER."""
+    import json
+
+    original = compare(runs / "fault" / "step0" / "rank0", runs / "golden" / "step0" / "rank0",
+                       replay="off")
+    original.notes = ["the target's disk filled at record 3", *map(str, _STALE)]
+    summary = write_outputs(original, tmp_path / "out")["summary"]
+    data = json.loads(open(summary, encoding="utf-8").read())
+    assert data["note_kinds"] == [Note.OTHER] * 4
+    del data["note_kinds"]
+    with open(summary, "w", encoding="utf-8") as f:
+        json.dump(data, f)
+    loaded = load_summary(summary)
+    assert [note_kind(n) for n in loaded.notes] == [Note.OTHER] + [n.kind for n in _STALE]
+    assert rejudge(loaded).notes == ["the target's disk filled at record 3", NOTE]
 
 
 def _row(name, role, error, **kw):
@@ -182,3 +226,14 @@ def test_a_rejudged_origin_keeps_its_origin_tensor_and_reader(tmp_path, case):
     again = rejudge(load_summary(fresh.files["summary"])).first_divergence
     fd = fresh.first_divergence
     assert (again.origin, again.name, again.tensor) == (fd.origin, fd.name, fd.tensor)
+
+
+def test_the_op_facts_scores_are_made_of_load_back_from_rows_jsonl(runs, tmp_path):
+    """`scores.op_score` makes an op's score from the facts its rows carry, in the compare and
+    in rejudge: rows.jsonl must give every one of them back as the compare had them."""
+    from opdiff.comparison.scores import OP_FACTS, op_facts
+
+    original = compare(runs / "bf16", runs / "golden", tmp_path / "out", replay="off")
+    loaded = load_summary(original.files["summary"])
+    assert [op_facts(r) for r in loaded.rows] == [op_facts(r) for r in original.rows]
+    assert {"differing_numbers", "leaf_tensor", "rng", "stack"} <= set(OP_FACTS)

@@ -1,28 +1,98 @@
-"""Eager golden against `torch.compile` with Inductor on the CPU (one layer of a tiny Llama):
-Inductor's generated C++ kernels run without a dispatch, so only its extern kernels (mm, bmm)
-are recorded. The compare is not refused, blames nothing, and says "inconclusive" with what
-to do; capture adds no graph break and leaves the step bitwise."""
+"""Eager golden against `torch.compile` with Inductor on the CPU (a tiny Llama), level L2:
+capture records each generated C++ kernel (capture/inductor.py) beside the extern kernels (mm,
+bmm), the compare pairs the extern kernels with eager's and judges each kernel as a region
+against the eager ops it replaces. A healthy compiled step names nothing; a wrong Inductor
+decomposition of `aten.silu` (a compiler bug of the pytorch#168126 kind) is named as the kernel
+holding that silu, in the first layer, at the model's line; capture adds no graph break and
+leaves the step bitwise."""
 from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
 
 import pytest
 import torch
 
 import opdiff
 from compilekit import run_step
+from opdiff.capture.inductor import kernels_of
 from opdiff.report.console import verdict_line
+from opdiff.store.reader import open_dump
+from opdiff.store.schema import Kind
+
+
+@contextmanager
+def wrong_silu_decomposition(scale: float = 1.001) -> Iterator[None]:
+    """Inductor decomposes `aten.silu` as `x * sigmoid(x) * scale` in this process (caches off,
+    so that no other test compiles with it or reads what it compiled)."""
+    from torch._functorch import config as aot_config
+    from torch._inductor import config, decomposition
+
+    silu = torch.ops.aten.silu.default
+    before = decomposition.decompositions.get(silu)
+    decomposition.decompositions[silu] = lambda x: x * torch.sigmoid(x) * scale
+    decomposition.fast_random_decomps.cache_clear()     # (a copy of the table, made once)
+    try:
+        with config.patch(fx_graph_cache=False), aot_config.patch(enable_autograd_cache=False):
+            yield
+    finally:
+        if before is None:
+            decomposition.decompositions.pop(silu, None)
+        else:
+            decomposition.decompositions[silu] = before
+        decomposition.fast_random_decomps.cache_clear()
+
+
+@pytest.fixture(scope="module")
+def eager_l2(tmp_path_factory):
+    return run_step(tmp_path_factory.mktemp("eager") / "d", "L2")
 
 
 @pytest.mark.slow
-def test_inductor_on_cpu_is_inconclusive_not_refused_and_unchanged(tmp_path):
-    plain = run_step(None, backend="inductor", layers=1)
-    target = run_step(tmp_path / "inductor", "L2", backend="inductor", layers=1)
-    golden = run_step(tmp_path / "eager", "L2", layers=1)
+def test_healthy_inductor_step_names_nothing_and_is_unchanged(tmp_path, eager_l2):
+    plain = run_step(None, backend="inductor")
+    target = run_step(tmp_path / "inductor", "L2", backend="inductor")
     assert torch.equal(plain.loss, target.loss) and torch.equal(plain.grads, target.grads)
     assert not target.counters.get("graph_break"), target.counters
     assert target.counters["stats"]["unique_graphs"] == plain.counters["stats"]["unique_graphs"]
-    result = opdiff.compare(str(target.path), str(golden.path), str(tmp_path / "out"),
+    records = [r for r in open_dump(str(target.path / "step0" / "rank0")).records()]
+    kernels = [r for r in records if r.get("kind") == Kind.KERNEL]
+    assert kernels and {r["phase"] for r in kernels} == {"forward", "backward"}
+    silu = next(r for r in kernels if "silu" in r["compiled"]["node"] and r["phase"] == "forward")
+    assert silu["compiled"]["backend"] == "inductor"
+    assert silu["compiled"]["source"][0].endswith("modeling_llama.py"), silu["compiled"]
+    assert any(d.get("producer") for d in silu["inputs"]), silu["inputs"]   # fed by the mm's
+
+    result = opdiff.compare(str(target.path), str(eager_l2.path), str(tmp_path / "out"),
                             progress=False)
     assert result.first_divergence is None, result.first_divergence
-    line = verdict_line(result)
-    assert line.startswith("inconclusive: the target ran Inductor-generated kernels"), line
-    assert "Aten.mm" in line and 'backend="aot_eager"' in line
+    assert not verdict_line(result).startswith("inconclusive"), verdict_line(result)
+
+
+@pytest.mark.slow
+def test_wrong_inductor_decomposition_names_the_kernel_holding_silu(tmp_path, eager_l2):
+    with wrong_silu_decomposition():
+        target = run_step(tmp_path / "inductor", "L2", backend="inductor")
+    result = opdiff.compare(str(target.path), str(eager_l2.path), str(tmp_path / "out"),
+                            progress=False)
+    first = result.first_divergence
+    assert first is not None and first.origin == "region", first
+    kernels = [op["op"] for op in first.region["target_ops"] if op["op"].startswith("Inductor.")]
+    assert len(kernels) == 1 and "silu" in kernels[0], first.region
+    assert "Aten.silu" in [op["op"] for op in first.region["golden_ops"]], first.region
+    # the kernel's first call: layer 0, the first layer where the silu runs
+    assert first.tensor is not None and first.tensor.startswith(f"{kernels[0]}.0.forward.output")
+    assert "node `cpp_fused" in first.reason and "silu" in first.reason
+    assert first.location is not None and first.location.file.endswith("modeling_llama.py"), first
+    assert "act_fn" in (first.location.code or ""), first.location
+
+
+def test_kernel_roles_from_a_generated_wrapper(tmp_path):
+    wrapper = tmp_path / "wrapper.py"
+    wrapper.write_text(
+        "cpp_fused_mul_silu_0 = async_compile.cpp_pybinding(['const float*', 'float*', "
+        "'const int64_t'], r'''\n#include <x.h>\nextern \"C\"  void  kernel(float* in_out_ptr0,\n"
+        "                       const float* in_ptr0,\n                       float* out_ptr0,\n"
+        "                       const int64_t ks0)\n{\n}\n''')\nasync_compile.wait(globals())\n")
+    assert kernels_of(str(wrapper)) == {"cpp_fused_mul_silu_0": ["in_out", "in", "out", ""]}
+    assert kernels_of(str(tmp_path / "missing.py")) == {}

@@ -21,6 +21,8 @@ from typing import Any, Callable
 
 import pytest
 
+from opdiff.comparison.result import note_kind
+
 ray = pytest.importorskip("ray")
 
 
@@ -49,6 +51,8 @@ def same_result(a: Any, b: Any) -> None:
     assert a.first_divergence == b.first_divergence and a.first_divergence is not None
     assert a.pairs == b.pairs and a.counts == b.counts
     assert _untimed(a.notes) == _untimed(b.notes)
+    # each note's kind comes back from the tasks too (notes are pickled with it)
+    assert [note_kind(n) for n in _untimed(a.notes)] == [note_kind(n) for n in _untimed(b.notes)]
 
 
 def _untimed(notes: list[str]) -> list[str]:

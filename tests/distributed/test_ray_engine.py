@@ -14,13 +14,22 @@ import ray_cluster
 from ray_cluster import killing_a_worker, one_line_exit_2, ray, ray_cli, same_result
 
 import opdiff
+from opdiff.comparison.engines import RayEngine
 
 pytestmark = pytest.mark.slow
 cluster = ray_cluster.cluster      # the shared fixture, by its name
 
 
 def test_ray_gives_the_local_result_row_for_row(cluster, roots, local):
-    same_result(opdiff.compare(str(roots[0]), str(roots[1]), engine="ray"), local)
+    same_result(opdiff.compare(str(roots[0]), str(roots[1]), engine=RayEngine()), local)
+
+
+def test_the_old_ray_keywords_still_work_with_a_deprecation_warning(cluster, roots, local):
+    # (which RayEngine they make: tests/comparison/test_engines.py)
+    with pytest.warns(DeprecationWarning, match=r"pass engine=RayEngine\(address=, pins=\)"):
+        old = opdiff.compare(str(roots[0]), str(roots[1]), engine="ray", ray_address="auto",
+                             ray_pins={"/nowhere": "dumpZ"})     # no dump lies under /nowhere
+    same_result(old, local)
 
 
 def test_a_worker_killed_mid_compare_is_retried(cluster, roots, local):
@@ -64,8 +73,8 @@ def test_two_nodes_dumps_pinned_to_the_second(roots, local, monkeypatch):
     try:
         ray_cli("start", f"--address=127.0.0.1:{port}", "--num-cpus=1",
                  '--resources={"dumpB": 1}', "--disable-usage-stats")
-        pinned = opdiff.compare(str(roots[0]), str(roots[1]), engine="ray",
-                                ray_address=f"127.0.0.1:{port}", ray_pins={str(roots[0]): "dumpB"})
+        pinned = opdiff.compare(str(roots[0]), str(roots[1]), engine=RayEngine(
+            address=f"127.0.0.1:{port}", pins={str(roots[0]): "dumpB"}))
         same_result(pinned, local)
     finally:
         if ray.is_initialized():

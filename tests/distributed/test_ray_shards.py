@@ -1,4 +1,4 @@
-"""Per-shard tasks (`ray_shard_mb`): a step/rank pair's tensor measurements cut into several Ray
+"""Per-shard tasks (`RayEngine(shard_mb=...)`): a step/rank pair's tensor measurements cut into several Ray
 tasks, each reading the dumps by path and returning only scores, merged before the pair's
 alignment, verdicts and blame; on a real local Ray cluster the result is the local engine's,
 row for row, the shards really run as tasks (Ray's timeline), and a shard whose worker is
@@ -13,6 +13,7 @@ import ray_cluster
 from ray_cluster import killing_a_worker, ray, same_result
 
 import opdiff
+from opdiff.comparison.engines import RayEngine
 from opdiff.comparison.shards import cut, measure_shard, merged, plan, tensor_pairs
 from opdiff.store.adapters import discover
 
@@ -69,7 +70,7 @@ def _shard_tasks() -> int:
 
 def test_sharded_ray_compare_is_the_local_result_row_for_row(cluster, roots, local):
     before = _shard_tasks()
-    sharded = opdiff.compare(str(roots[0]), str(roots[1]), engine="ray", ray_shard_mb=SHARD_MB)
+    sharded = opdiff.compare(str(roots[0]), str(roots[1]), engine=RayEngine(shard_mb=SHARD_MB))
     _same(sharded, local)
     t_path, g_path = _pair(roots)
     per_pair = len(plan(t_path, g_path, int(SHARD_MB * 2**20)))
@@ -77,14 +78,17 @@ def test_sharded_ray_compare_is_the_local_result_row_for_row(cluster, roots, loc
 
 
 def test_a_shard_worker_killed_mid_compare_is_retried(cluster, roots, local):
-    killing_a_worker(lambda: opdiff.compare(str(roots[0]), str(roots[1]), engine="ray",
-                                            ray_shard_mb=SHARD_MB),
+    killing_a_worker(lambda: opdiff.compare(str(roots[0]), str(roots[1]),
+                                            engine=RayEngine(shard_mb=SHARD_MB)),
                      (b"ray::measure_shard",), lambda again: _same(again, local), attempts=6)
 
 
-@pytest.mark.parametrize("value", [0, -1.0, True, "4"])
+@pytest.mark.parametrize("value", [0, -1.0, True, "4", float("inf")])
 def test_a_bad_shard_size_is_refused(roots, value):
-    with pytest.raises(opdiff.OpdiffError, match="ray_shard_mb must be a positive number"):
+    with pytest.raises(opdiff.OpdiffError, match="shard_mb must be a positive number"):
+        RayEngine(shard_mb=value)
+    with pytest.raises(opdiff.OpdiffError, match="shard_mb must be a positive number"), \
+            pytest.warns(DeprecationWarning):      # the old keyword: checked alike
         opdiff.compare(str(roots[0]), str(roots[1]), engine="ray", ray_shard_mb=value)
 
 

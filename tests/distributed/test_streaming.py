@@ -65,7 +65,8 @@ def _untimed(notes):
 def _summary(path: str) -> dict:
     data = json.loads(Path(path).read_text())
     data.pop("files")
-    data["notes"] = _untimed(data["notes"])
+    kept = [(n, k) for n, k in zip(data["notes"], data["note_kinds"]) if n in _untimed([n])]
+    data["notes"], data["note_kinds"] = [n for n, _ in kept], [k for _, k in kept]
     return data
 
 

@@ -20,6 +20,7 @@ from ..config import DumpConfig
 from ..errors import ConfigError
 from .api import ApiCapture
 from .aten import AtenCapture
+from .inductor import InductorKernels
 from .modules import ModuleCapture
 from .session import Session
 
@@ -46,7 +47,7 @@ LEVELS: dict[str, tuple[type[Layer], ...]] = {
     "L0": (ModuleCapture,),
     "L1": (ApiCapture,),
     "mix": (ModuleCapture, ApiCapture),
-    "L2": (AtenCapture,),
+    "L2": (AtenCapture, InductorKernels),
 }
 
 _active: "PrecisionDebugger | None" = None

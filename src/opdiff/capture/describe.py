@@ -39,6 +39,16 @@ class Describer:
         # `outs` holds the outputs described since the last record was emitted (`produced`).
         self.producers: dict = {}
         self.outs: list = []
+        # At L2 views are not recorded, and Inductor's kernels (capture/inductor.py) write their
+        # outputs through raw pointers and hand their readers fresh views of those buffers: with
+        # `buffers` set, a tensor not found by identity is found by its data address and
+        # version (which a view at offset 0 shares with what it views).
+        # An L2 op that writes into a tensor it was given (`out=`, in-place) is seen before
+        # autograd bumps that tensor's version: `read` holds the ids of the tensors read since
+        # the last record, and such an output is its readers' at the next version.
+        self.buffers = False
+        self.by_buffer: dict = {}
+        self.read: set = set()
         self._prune_at = 4096
         if stats is not None:
             stats.on_outside = self._changed_outside
@@ -111,6 +121,8 @@ class Describer:
         not saved, and `desc[why] = True` so that compare leaves it out."""
         if not isinstance(value, torch.Tensor):
             return self.describe(value, record, role, slot)
+        if self.buffers:
+            self.read.add(id(value))
         desc = _head(value)
         desc["stats"] = None
         desc[why] = True
@@ -124,9 +136,15 @@ class Describer:
             except TypeError:
                 pass
         else:
+            if self.buffers:
+                self.read.add(id(t))
             entry = self.producers.get(id(t))
             if entry is not None and entry[0]() is t and entry[1] == _version(t):
                 desc["producer"] = [entry[2], entry[3]]
+            elif self.buffers:
+                entry = self.by_buffer.get(_address(t))
+                if entry is not None and entry[0]() is not None and entry[1] == _version(t):
+                    desc["producer"] = [entry[2], entry[3]]
         return desc
 
     def produced(self, seq: int, record: str) -> None:
@@ -139,8 +157,14 @@ class Describer:
                 continue
             version = _version(t)
             if version is not None:
+                if self.buffers:
+                    version += id(t) in self.read
+                    # alive while the buffer lives (the view may not)
+                    base = t._base if t._base is not None else t
+                    self.by_buffer[_address(t)] = (weakref.ref(base), version, seq, slot)
                 producers[id(t)] = (ref, version, seq, slot)
         self.outs.clear()
+        self.read.clear()
         if len(producers) > self._prune_at:     # drop the dead (amortised: the limit doubles)
             for key in [k for k, v in producers.items() if v[0]() is None]:
                 del producers[key]
@@ -287,6 +311,14 @@ def _version(t: torch.Tensor):
         return t._version      # inference tensors raise
     except RuntimeError:
         return None
+
+
+def _address(t: torch.Tensor) -> int:
+    """Where t's first element is (-1 where a layout has none)."""
+    try:
+        return t.data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return -1
 
 
 def _storage(t: torch.Tensor) -> int:

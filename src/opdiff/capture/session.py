@@ -124,6 +124,8 @@ class Session:
                         exc.strerror or exc)
             return
         self.opened = True
+        if cfg.level == "L2":      # dataflow through unrecorded views and compiled buffers
+            cast("Describer", self.sink.describer).buffers = True
         if cfg.task == "overflow_check":
             from .describe import Describer
             from .overflow import OverflowMonitor

@@ -127,7 +127,7 @@ class StepSink:
         describer = self.describer
         if describer is not None and describer.outs:
             # dataflow: a forward op's outputs name it in later readers' descriptors
-            if record.get("phase") == Phase.FORWARD and record.get("kind") in Kind.REPLAYABLE:
+            if record.get("phase") == Phase.FORWARD and record.get("kind") in Kind.OPS:
                 describer.produced(record["seq"], record["name"])
             else:
                 describer.outs.clear()

@@ -118,7 +118,7 @@ def _jobs(text):
     return jobs
 
 
-def _shard_mb(text, engine: str):
+def _shard_mb(text):
     from ..errors import ConfigError
 
     if text is None:
@@ -129,10 +129,25 @@ def _shard_mb(text, engine: str):
         mb = 0.0
     if not mb > 0 or mb == float("inf"):
         raise ConfigError(f"--shard-mb expects a size in MiB (more than 0), got {text!r}")
-    if engine != "ray":
-        raise ConfigError("--shard-mb is for --engine ray (the local engine compares each pair "
-                          "in one process)")
     return mb
+
+
+def _engine(args):
+    """The engine the flags name: --ray-address, --ray-pin and --shard-mb only with --engine ray."""
+    from ..comparison.engines import LocalEngine, RayEngine
+    from ..errors import ConfigError
+
+    ray_flags = [flag for flag, given in (("--ray-address", args.ray_address is not None),
+                                          ("--ray-pin", bool(args.ray_pin)),
+                                          ("--shard-mb", args.shard_mb is not None)) if given]
+    if args.engine != "ray":
+        if ray_flags:
+            raise ConfigError(f"{' and '.join(ray_flags)} {'is' if len(ray_flags) == 1 else 'are'} "
+                              f"for --engine ray (the local engine compares each pair in one "
+                              f"process on this machine)")
+        return LocalEngine()
+    return RayEngine(address=args.ray_address, pins=_pins(args.ray_pin),
+                     shard_mb=_shard_mb(args.shard_mb))
 
 
 def run(args) -> int:
@@ -148,9 +163,7 @@ def run(args) -> int:
                      shape_flag=args.shape_flag,
                      fail_on="divergence" if args.fail_on_divergence else None,
                      progress=args.progress, replay=args.replay,
-                     engine=args.engine, ray_address=args.ray_address,
-                     ray_pins=_pins(args.ray_pin), replay_jobs=_jobs(args.replay_jobs),
-                     ray_shard_mb=_shard_mb(args.shard_mb, args.engine),
+                     engine=_engine(args), replay_jobs=_jobs(args.replay_jobs),
                      source_root=args.source_root, mapping=args.mapping)
     print_result(result)
     return 1 if result.failed else 0

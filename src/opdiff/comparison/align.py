@@ -51,8 +51,11 @@ def _without_index(name: str) -> str:
 
 
 def shapes(record: Record) -> tuple[Any, ...]:
-    """(role, shape) of every tensor of a record, in order."""
-    return tuple((role, tuple(desc.get("shape") or ())) for _, role, desc in iter_tensors(record))
+    """(role, shape) of every tensor of a record, in order; an `out=` tensor the op overwrites
+    without reading is not one of its inputs (Inductor calls `mm(a, b, out=buf)`, eager
+    `mm(a, b)`)."""
+    return tuple((role, tuple(desc.get("shape") or ())) for _, role, desc in iter_tensors(record)
+                 if not desc.get("overwritten"))
 
 
 def coarse_key(record: Record) -> tuple[Any, ...]:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, cast
 
 from ..errors import DumpError, OpdiffError
 from ..store.records import decoded_stats, iter_tensors
-from ..store.schema import Kind, Location, Phase, Role, locations_from_frames
+from ..store.schema import Kind, Location, Phase, locations_from_frames
 from ..store.source import DumpSource
 from ..environment import diff_meta
 from . import compiled, crossformat
@@ -28,7 +28,9 @@ from .metrics import Measurement, measure, stats_measure
 from .reasons import not_comparable, placement_note, statistics_limits, unread_note
 from .regions import (REGION, Boundaries, absorb, Region, RegionOps, find_regions, mark_region_rows,
                       members, op_list, unjudged_note)
-from .result import ERROR, PASS, UNMATCHED, WARNING, CompareResult, TensorRow, count
+from .result import (ERROR, PASS, UNMATCHED, WARNING, CompareResult, Note, TensorRow, count,
+                     noted)
+from .scores import add_row, counts_as_output, op_score
 from .verdicts import Policy
 
 if TYPE_CHECKING:
@@ -118,13 +120,14 @@ class _PairCompare:
         # the mapping file (mapping.py): alignment sees the target renamed, ignored ops dropped
         t_records, g_records, format_note = crossformat.comparable(
             t_records, g_records, self.t.format, self.g.format)
-        t_view, mapping_notes = t_records, [format_note] if format_note else []
+        t_view, mapping_notes = t_records, noted(format_note, Note.PAIRING)
         if self.mapping is not None:
             bound = self.mapping.bind(t_records, g_records)
             t_records = [t_records[i] for i in bound.target_index]
             g_records = bound.golden                # (`concat:` parts joined: concat.py)
             self.g = bound.golden_source(self.g)
-            t_view, mapping_notes = bound.view, list(bound.unused) + list(bound.notes)
+            t_view = bound.view
+            mapping_notes = [Note(n, Note.PAIRING) for n in [*bound.unused, *bound.notes]]
         compiled_run = compiled.compiled_side(t_records) or compiled.compiled_side(g_records)
         # eager vs torch.compile: never two ops of other shapes, and only where dataflow agrees
         pairs = align(t_view, g_records, shape_flag=self.shape_flag or compiled_run)
@@ -137,7 +140,8 @@ class _PairCompare:
                 compiled.verify(pairs, t_records, g_records), t_records, g_records),
                 t_records, g_records, strict=False), t_records, g_records)
         paired = sum(1 for ti, gi in pairs if ti is not None and gi is not None)
-        if paired < MIN_PAIRED_FRACTION * max(len(t_records), len(g_records)) and not compiled_note:
+        if paired < MIN_PAIRED_FRACTION * compiled.comparable_records(t_records, g_records) \
+                and not compiled_note:
             raise DumpError(f"{self.t.path} and {self.g.path} look like dumps of different models: "
                             f"only {paired} of {len(t_records)} target and {len(g_records)} golden "
                             f"ops line up; compare dumps of the same model and step")
@@ -171,22 +175,18 @@ class _PairCompare:
             if compiled_run:      # the graph node, module and line the compiler names
                 divergence = compiled.annotate(divergence, t_records, g_records,
                                                ((self.t, t_records), (self.g, g_records)))
-        notes = ([compiled_note] if compiled_note else []) + mapping_notes
+        notes: list[str] = [*noted(compiled_note, Note.INCONCLUSIVE), *mapping_notes]
         # A region not judged where tensors differ: never "no op is to blame". (A compiled run's
         # one-sided partitioner ops are paired by comparison/compiled.py, which says its own.)
         skipped = None if compiled_run else unjudged_note(regions, region_ops, self.rows,
                                                           divergence is not None)
-        if skipped:
-            notes.insert(0, skipped)
+        notes = noted(skipped, Note.INCONCLUSIVE) + notes
         if replayer is not None and (replayer.done or replayer.regions):
             log.info("opdiff: %s", replayer.summary())
-            notes.append(replayer.summary())
-        limits = statistics_limits(self.rows, self.policy, replayed=replayer is not None)
-        if limits:
-            notes.append(limits)
-        placed = placement_note(self.rows)
-        if placed:
-            notes.append(placed)
+            notes.append(Note(replayer.summary(), Note.REPLAY))
+        notes += noted(statistics_limits(self.rows, self.policy, replayed=replayer is not None),
+                       Note.THRESHOLDS)
+        notes += noted(placement_note(self.rows), Note.SHARDING)
         return CompareResult(
             target=str(self.t.path), golden=str(self.g.path), rows=self.rows,
             first_divergence=divergence, counts=count(self.rows),
@@ -238,12 +238,7 @@ class _PairCompare:
         # Target-only ops get an OpScore too, with no measured tensors: the comparison cannot
         # judge them, replay can (a cast that only the bf16 run makes, say).
         if t_rec is not None:
-            op = OpScore(name=name, op=rec.get("op", ""), phase=base["phase"], kind=base["kind"],
-                         module=rec.get("module"), forward=rec.get("forward"), seq=position,
-                         location=stack[0] if stack else None, paired=g_rec is not None,
-                         arg_diffs=differ, const_diffs=limits, leaf=base["leaf"],
-                         fqn=base["leaf_tensor"], reader=base["reader"],
-                         leaf_strict=base["leaf_strict"], rng=base["rng"])
+            op = op_score(base, op=rec.get("op", ""), paired=g_rec is not None)
             self.ops.append(op)
             if base["kind"] == Kind.MODULE and g_rec is not None:
                 self._modules[name] = (op.inputs, op.outputs)
@@ -254,21 +249,13 @@ class _PairCompare:
                                                  paired_op=t_rec is not None and g_rec is not None))
                 continue
             row, m = self._tensor_row(base, t_item, g_item)
-            row_index = len(self.rows)
-            self.rows.append(row)
-            if m is None:
-                continue
-            role = t_item[1]
-            is_output = role == Role.OUTPUT or (role == Role.PARAMETERS
-                                                and base["kind"] == Kind.PARAM_GRAD)
-            entry = (row_index, m, row.target_dtype, row.golden_dtype)
-            scored = cast(OpScore, op)
-            (scored.outputs if is_output else scored.inputs).append(entry)
-            self._by_tensor[t_item[0]] = entry
             leaf = t_item[2].get("leaf")
-            if leaf and not is_output:   # a parameter, buffer or input (see capture/leaves.py)
-                scored.leaf_inputs[row_index] = f"{leaf} {t_item[2].get('fqn')}"
-                self.rows[row_index] = replace(row, leaf_input=scored.leaf_inputs[row_index])
+            if m is not None and leaf and not counts_as_output(row):
+                # a parameter, buffer or input (see capture/leaves.py)
+                row = replace(row, leaf_input=f"{leaf} {t_item[2].get('fqn')}")
+            self.rows.append(row)
+            if m is not None:
+                self._by_tensor[t_item[0]] = add_row(cast(OpScore, op), len(self.rows) - 1, row, m)
 
     # -- regions (regions.py) -------------------------------------------------------------------
     def _regions(self, regions: list[Region], t_records: list[dict[str, Any]],

@@ -58,17 +58,27 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
+def host_port(address: object) -> Optional[tuple[str, int]]:
+    """(host, port) of a Ray address given as HOST:PORT or ray://HOST:PORT; None for None and
+    "auto" (Ray's own: a local cluster, the running one); EngineError (one line) for anything
+    else. Connects to nothing (`reachable` does)."""
+    if address is None or address == "auto":
+        return None
+    m = _ADDRESS.match(address.strip()) if isinstance(address, str) else None
+    if m is None:
+        raise EngineError(f"Ray address {address!r}: expected auto, HOST:PORT or "
+                          "ray://HOST:PORT")
+    return m.group(1).strip("[]"), int(m.group(2))
+
+
 def reachable(address: Optional[str]) -> None:
     """Raise EngineError (one line) unless `address` is None, "auto" or a host:port (also
     ray://host:port) that accepts a connection within REACH_TIMEOUT_S: Ray itself retries its
     GCS for minutes on an address where nothing listens."""
-    if address is None or address == "auto":
+    where = host_port(address)
+    if where is None:
         return
-    m = _ADDRESS.match(address.strip())
-    if m is None:
-        raise EngineError(f"--ray-address {address!r}: expected auto, HOST:PORT or "
-                          "ray://HOST:PORT")
-    host, port = m.group(1).strip("[]"), int(m.group(2))
+    host, port = where
     try:
         socket.create_connection((host, port), timeout=REACH_TIMEOUT_S).close()
     except OSError as exc:
@@ -211,5 +221,5 @@ def _get(ray: Any, ref: Any, pair: Pair) -> Any:
     return fetched(ray, ref, f"comparing step {pair[0].step} rank {pair[0].rank}")
 
 
-__all__ = ["run_pairs_ray", "EngineError", "MAX_RETRIES", "joined", "reachable", "fetched",
-           "one_line"]
+__all__ = ["run_pairs_ray", "EngineError", "MAX_RETRIES", "joined", "host_port", "reachable",
+           "fetched", "one_line"]

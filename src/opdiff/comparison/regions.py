@@ -103,7 +103,7 @@ def find_regions(pairs: list[Pair], target: list[Record], golden: list[Record]) 
             if kind not in (Kind.LEAF, Kind.PARAM_GRAD):    # (a leaf read first inside: no end)
                 close()
             continue
-        if kind not in Kind.REPLAYABLE:
+        if kind not in Kind.OPS:
             continue            # modules, leaves and parameter gradients are never in a region
         if rec.get("phase") != phase or not (run_t or run_g):
             close()
@@ -145,7 +145,7 @@ def absorb(regions: list[Region], pairs: list[Pair], target: list[Record], golde
                     readers.setdefault(at[producer[0]], []).append(i)
         for i in lone:          # latest first: an op feeding an absorbed op is absorbed after it
             rec = records[i]
-            if rec.get("kind", Kind.API) not in Kind.REPLAYABLE or i not in lone_set:
+            if rec.get("kind", Kind.API) not in Kind.OPS or i not in lone_set:
                 continue
             fed = readers.get(i)
             if fed and all(k in region_of for k in fed):

@@ -31,16 +31,20 @@ import math
 from dataclasses import replace
 from typing import Any, Optional
 
-from ..store.schema import Kind, RecordName, Role
+from ..store.schema import RecordName
 from .blame import OpScore, analyse
 from .metric_table import Measurement
 from .reasons import statistics_limits, with_context
 from .regions import REGION, Region, RegionOps, label_number, mark_region_rows
-from .result import UNMATCHED, CompareResult, Divergence, TensorRow, count
+from .result import UNMATCHED, CompareResult, Divergence, Note, TensorRow, count, note_kind, noted
 from .runs import merge
+from .scores import add_row, op_facts, op_score
 from .verdicts import Policy, Thresholds
 
 NOTE = "re-judged from the saved metrics with other thresholds (replay not redone)"
+# The kinds of notes a re-judged result drops: made again from the new thresholds, no longer
+# true (replay is not redone), or said once more (NOTE).
+STALE = (Note.THRESHOLDS, Note.REPLAY, Note.REJUDGED)
 
 
 def rejudge(result: CompareResult, thresholds: Thresholds | dict[str, Any] | str | None = None, *,
@@ -48,7 +52,7 @@ def rejudge(result: CompareResult, thresholds: Thresholds | dict[str, Any] | str
     """A new CompareResult: `result`'s rows judged by `thresholds` (anything `Thresholds.load`
     takes) or by `policy`, and the first divergence found again. `result` is left as it is."""
     policy = policy or Policy(thresholds)
-    notes = [n for n in result.notes if not _stale(n)] + [NOTE]
+    notes = [n for n in result.notes if note_kind(n) not in STALE] + [Note(NOTE, Note.REJUDGED)]
     groups: dict[tuple[Optional[int], Optional[int]], list[TensorRow]] = {}
     for row in result.rows:
         groups.setdefault((row.step, row.rank), []).append(row)
@@ -62,11 +66,6 @@ def rejudge(result: CompareResult, thresholds: Thresholds | dict[str, Any] | str
     return merged
 
 
-def _stale(note: str) -> bool:
-    """Notes the thresholds or replay wrote (made again, or no longer true)."""
-    return "statistics only" in note or note.startswith("replayed ") or ": replayed " in note
-
-
 def _pair(result: CompareResult, rows: list[TensorRow], policy: Policy, step: Optional[int],
           rank: Optional[int]) -> CompareResult:
     rows = list(rows)
@@ -75,17 +74,14 @@ def _pair(result: CompareResult, rows: list[TensorRow], policy: Policy, step: Op
     for i, row in enumerate(rows):
         score = scores.get(row.op_name)
         if score is None:
-            score = scores[row.op_name] = _score(row)
+            parsed = RecordName.parse(row.op_name)
+            score = scores[row.op_name] = op_score(op_facts(row), paired=row.result != UNMATCHED,
+                                                   op=parsed.op if parsed else row.op_name)
         m = measurement(row)
         if m is None:
             continue
         rows[i] = row = _judged(row, m, policy)
-        is_output = row.role == Role.OUTPUT or (row.role == Role.PARAMETERS
-                                                and row.kind == Kind.PARAM_GRAD)
-        entries[i] = (i, m, row.target_dtype, row.golden_dtype)
-        (score.outputs if is_output else score.inputs).append(entries[i])
-        if row.leaf_input and not is_output:
-            score.leaf_inputs[i] = row.leaf_input
+        entries[i] = add_row(score, i, row, m)
     region_ops, region_rows = _regions(rows, entries)
     divergence = analyse(list(scores.values()) + region_ops, rows, policy)
     mark_region_rows(rows, region_ops, region_rows)
@@ -95,7 +91,7 @@ def _pair(result: CompareResult, rows: list[TensorRow], policy: Policy, step: Op
     return CompareResult(target=result.target, golden=result.golden, rows=rows,
                          first_divergence=divergence, counts=count(rows),
                          environment_diff=list(result.environment_diff), step=step, rank=rank,
-                         title=result.title, notes=[limits] if limits else [])
+                         title=result.title, notes=[*noted(limits, Note.THRESHOLDS)])
 
 
 def _with_context(result: CompareResult, divergence: Divergence) -> Divergence:
@@ -154,16 +150,6 @@ def _regions(rows: list[TensorRow], entries: dict[int, Any]
     return list(found.values()), region_rows
 
 
-def _score(row: TensorRow) -> OpScore:
-    parsed = RecordName.parse(row.op_name)
-    return OpScore(name=row.op_name, op=parsed.op if parsed else row.op_name, phase=row.phase,
-                   kind=row.kind, module=row.module, forward=row.forward, seq=row.index,
-                   location=row.stack[0] if row.stack else None,
-                   paired=row.result != UNMATCHED, arg_diffs=list(row.differing_numbers),
-                   const_diffs=list(row.dtype_limits), leaf=row.leaf, fqn=row.leaf_tensor,
-                   reader=row.reader, leaf_strict=row.leaf_strict, rng=tuple(row.rng))
-
-
 def measurement(row: TensorRow) -> Optional[Measurement]:
     """The Measurement a measured row was judged from, rebuilt from its fields; None for a row
     that was never measured (see the module docstring)."""
@@ -197,4 +183,4 @@ def _judged(row: TensorRow, m: Measurement, policy: Policy) -> TensorRow:
                    reason=verdict.reason)
 
 
-__all__ = ["rejudge", "measurement", "NOTE"]
+__all__ = ["rejudge", "measurement", "NOTE", "STALE"]

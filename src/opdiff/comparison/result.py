@@ -24,6 +24,57 @@ DIVERGENCE_KINDS = (LOCAL, SCALE, REPLAY, NUMBER, NONFINITE, INTEGER, LEAF_KIND,
 MIN_COVERAGE = 0.5
 
 
+class Note(str):
+    """A note for the user (`CompareResult.notes`) that knows what it is about: code selects
+    notes by `kind` (one of `Note.KINDS`), never by their words. It is the note's text as a
+    str, so reports print it as they print any string; a plain str note is of kind OTHER.
+
+        Note("replayed 3 op(s) in float64 in 0.20 s", Note.REPLAY).kind   # "replay"
+    """
+    INCONCLUSIVE = "inconclusive"   # the compare cannot tell there ("inconclusive: ...")
+    THRESHOLDS = "thresholds"       # follows from the thresholds (statistics' floors): made again by rejudge
+    REPLAY = "replay"               # what replay did (rejudge does not replay: no longer true there)
+    REJUDGED = "rejudged"           # the result was judged again from its saved metrics
+    PAIRING = "pairing"             # what the mapping file or the dumps' formats left unpaired or unused
+    DUMPS = "dumps"                 # a step/rank or a side missing, cut short, or unreadable in part
+    SHARDING = "sharding"           # tensors sharded differently in the two runs
+    RANKS = "ranks"                 # where the other step/rank pairs' differences come from
+    REPORT = "report"               # what a report leaves out
+    OTHER = "other"                 # anything else (a plain str; a summary.json of an older opdiff)
+    KINDS = (INCONCLUSIVE, THRESHOLDS, REPLAY, REJUDGED, PAIRING, DUMPS, SHARDING, RANKS, REPORT,
+             OTHER)
+
+    kind: str
+
+    def __new__(cls, text: str, kind: str = OTHER) -> "Note":
+        if kind not in cls.KINDS:
+            raise ValueError(f"a note's kind is one of {', '.join(cls.KINDS)}, not {kind!r}")
+        note = super().__new__(cls, text)
+        note.kind = kind
+        return note
+
+    def __reduce__(self) -> tuple[Any, ...]:     # pickled (worker processes, Ray) with its kind
+        return (Note, (str(self), self.kind))
+
+    def __repr__(self) -> str:
+        return f"Note({str.__repr__(self)}, {self.kind!r})"
+
+
+def note_kind(note: str) -> str:
+    """The kind of a note (`Note.KINDS`); Note.OTHER for a plain str."""
+    return getattr(note, "kind", Note.OTHER)
+
+
+def noted(text: Optional[str], kind: str) -> list[Note]:
+    """[Note(text, kind)], or [] when there is nothing to say (`text` None or empty)."""
+    return [Note(text, kind)] if text else []
+
+
+def reworded(note: str, text: str) -> Note:
+    """`text` (a note said again, e.g. prefixed with where it holds) with `note`'s kind."""
+    return Note(text, note_kind(note))
+
+
 @dataclass(frozen=True)
 class TensorRow:
     """One compared tensor (or one unmatched tensor of either side)."""
@@ -105,7 +156,7 @@ class CompareResult:
     files: dict[str, Any] = field(default_factory=dict)   # {"csv": path, "summary": path, "html": path}
     title: str = "opdiff compare"       # shown in reports ("opdiff onnx" for model compares)
     verdict: str = ""                   # one line: what the compare found, in words
-    notes: list[str] = field(default_factory=list)   # things the user should know (unpaired ranks...)
+    notes: list[str] = field(default_factory=list)   # things to know: `Note`s (a plain str: kind OTHER)
     failed: bool = False                # the `fail_on` condition held (CLI: exit 1)
 
 

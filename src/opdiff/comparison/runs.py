@@ -38,7 +38,7 @@ from ..store.source import DumpSource
 from .mapping import Mapping
 from .origins import across_steps, is_carried_over
 from .ranks import received_from
-from .result import CompareResult, Divergence, TensorRow, count
+from .result import CompareResult, Divergence, Note, TensorRow, count, reworded
 from .spool import ChainedRows, PairRows, Spool, SpoolFile, encode_pair, on_disk, write_pair
 from .verdicts import Policy, Thresholds
 from .workers import watch_parent
@@ -67,11 +67,13 @@ def pair_dumps(targets: list[DumpSource],
     for t in targets:
         g = g_by_key.pop(_key(t), None)
         if g is None:
-            notes.append(f"target step {t.step} rank {t.rank} has no golden counterpart; skipped")
+            notes.append(Note(f"target step {t.step} rank {t.rank} has no golden counterpart; "
+                              f"skipped", Note.DUMPS))
         else:
             pairs.append((t, g))
     for g in g_by_key.values():
-        notes.append(f"golden step {g.step} rank {g.rank} has no target counterpart; skipped")
+        notes.append(Note(f"golden step {g.step} rank {g.rank} has no target counterpart; skipped",
+                          Note.DUMPS))
     if not pairs:
         raise DumpError("no step/rank of the target dump has a counterpart in the golden dump; "
                         "point both paths at dumps of the same steps and ranks")
@@ -129,7 +131,8 @@ def cut_sides(pairs: list[Pair]) -> tuple[list[Incomplete], list[str]]:
             if where is not None:
                 cut.append({"step": t.step, "rank": t.rank, "side": side, **where, "compared": True})
             d.tensor_keys()         # reads the shards' headers: which are unreadable
-            notes += [f"step {t.step} rank {t.rank}: the {side}'s {p}" for p in d.problems]
+            notes += [Note(f"step {t.step} rank {t.rank}: the {side}'s {p}", Note.DUMPS)
+                      for p in d.problems]
     return cut, notes
 
 
@@ -255,9 +258,9 @@ def merge(target: str, golden: str, results: list[CompareResult], notes: list[st
     return CompareResult(
         target=target, golden=golden, rows=rows, first_divergence=first, counts=counts,
         environment_diff=env, pairs=pairs,
-        notes=[f"step {c['step']} rank {c['rank']}: {cut_words(c['side'], c)}; what it ran after "
-               f"that was not recorded, so only its first {c['records']} records are compared"
-               for c in cut] +
+        notes=[Note(f"step {c['step']} rank {c['rank']}: {cut_words(c['side'], c)}; what it ran "
+                    f"after that was not recorded, so only its first {c['records']} records are "
+                    f"compared", Note.DUMPS) for c in cut] +
         list(notes) + [_incomplete_note(i) for i in incomplete if i["why"] != MISSING_WHY] +
         _rank_notes(results, first) + _pair_notes(results))
 
@@ -270,24 +273,26 @@ def _rank_notes(results: list[CompareResult], first: Optional[Divergence]) -> li
     got = [r for r in results if received_from(r.first_divergence)]
     carried = [r for r in results if r.first_divergence is not first
                and is_carried_over(r.first_divergence)]
-    notes = []
+    notes: list[str] = []
     if own:
-        notes.append("also diverging for their own reasons: " + "; ".join(
+        notes.append(Note("also diverging for their own reasons: " + "; ".join(
             f"step {r.step} rank {r.rank} at {r.first_divergence.name}" for r in own
-            if r.first_divergence is not None))
+            if r.first_divergence is not None), Note.RANKS))
     if carried:
-        notes.append("diverging because an earlier step did (their parameters already differ, "
-                     "origin parameter): " + "; ".join(f"step {r.step} rank {r.rank}"
-                                                       for r in carried))
+        notes.append(Note("diverging because an earlier step did (their parameters already "
+                          "differ, origin parameter): " + "; ".join(
+                              f"step {r.step} rank {r.rank}" for r in carried), Note.RANKS))
     for r in got:
         if r.first_divergence is not None:
-            notes.append(f"step {r.step} rank {r.rank}: {r.first_divergence.reason}")
+            notes.append(Note(f"step {r.step} rank {r.rank}: {r.first_divergence.reason}",
+                              Note.RANKS))
     return notes
 
 
 def _incomplete_note(i: Incomplete) -> str:
     side = "target and golden" if i["side"] == "both" else i["side"]
-    return f"step {i['step']} rank {i['rank']}: the {side} {i['why']}; not compared"
+    return Note(f"step {i['step']} rank {i['rank']}: the {side} {i['why']}; not compared",
+                Note.DUMPS)
 
 
 def _pair_notes(results: list[CompareResult]) -> list[str]:
@@ -296,7 +301,7 @@ def _pair_notes(results: list[CompareResult]) -> list[str]:
     for r in results:
         for n in r.notes:
             where.setdefault(n, []).append(f"step {r.step} rank {r.rank}")
-    return [n if len(places) == len(results) > 1 else f"{', '.join(places)}: {n}"
+    return [n if len(places) == len(results) > 1 else reworded(n, f"{', '.join(places)}: {n}")
             for n, places in where.items()]
 
 

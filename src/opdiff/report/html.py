@@ -36,7 +36,7 @@ from typing import Any, Optional
 
 from dataclasses import replace
 
-from ..comparison.result import PASS, CompareResult
+from ..comparison.result import PASS, CompareResult, Note
 from ..comparison.spool import on_disk
 from ..errors import OpdiffError
 from .outputs import atomic_write_text
@@ -117,7 +117,7 @@ def page_view(result: CompareResult, limit: int = PAGE_ROWS) -> CompareResult:
     where = f" and the pass rows of step {home[0]} rank {home[1]}" if home else ""
     note = (f"the page shows {len(kept)} of {len(result.rows)} rows (those that are not a pass"
             f"{where}); the CSV and rows.jsonl hold every row")
-    return replace(result, rows=kept, notes=list(result.notes) + [note])
+    return replace(result, rows=kept, notes=list(result.notes) + [Note(note, Note.REPORT)])
 
 
 def report_script() -> str:

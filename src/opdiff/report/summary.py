@@ -15,7 +15,8 @@ CompareResult.
      "incomplete": [{"step", "rank", "side", "why"}         (pairs not compared: a side held no ops)
                     | {"step", "rank", "side", "why": "killed" | "disk full" | "write failed",
                        "records", "last_record", "compared": true}],   (compared up to the cut)
-     "notes": [...], "worst": [the 10 tensors with the largest error], "files": {...}}
+     "notes": [...], "note_kinds": [each note's kind, `Note.KINDS`],
+     "worst": [the 10 tensors with the largest error], "files": {...}}
 
 Non-finite numbers are written as the strings "NaN", "Infinity", "-Infinity" (strict JSON).
 The rows are not in summary.json (it stays small): "files" names rows.jsonl beside it
@@ -34,7 +35,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..comparison.result import CompareResult, Divergence
+from ..comparison.result import CompareResult, Divergence, Note, note_kind
 from ..errors import DumpError
 from ..store.records import SCHEMA_VERSION, decode_float, encode_float, json_text
 from ..store.schema import Location
@@ -96,6 +97,7 @@ def summary_dict(result, files: dict | None = None) -> dict:
                            "first_divergence": _divergence(result.first_divergence)}
     out.update({name: getattr(result, name) for name in _RESULT_FIELDS})
     out["counts"] = dict(result.counts)
+    out["note_kinds"] = [note_kind(n) for n in result.notes]
     out["pairs"] = [_pair(p) for p in result.pairs or [] if isinstance(p, dict)]
     out["incomplete"] = [{"step": p.get("step"), "rank": p.get("rank"), **p["incomplete"]}
                          for p in out["pairs"] if p.get("incomplete")]
@@ -135,8 +137,24 @@ def load_summary(path) -> CompareResult:
     rows = read_rows(path.parent / os.path.basename(files["rows"]))
     known = {f.name for f in dataclasses.fields(CompareResult)}
     kwargs = {k: data[k] for k in _RESULT_FIELDS if k in data and k in known}
+    kwargs["notes"] = _notes(data.get("notes") or [], data.get("note_kinds"))
     return CompareResult(rows=rows, first_divergence=_load_divergence(data.get("first_divergence")),
                          **kwargs)
+
+
+# What an opdiff that wrote no "note_kinds" said in the notes re-judging drops (`rejudge.STALE`):
+# recognised once, here where such a file is read, so nothing after it reads a note's words.
+_OLD_WORDS = ((Note.THRESHOLDS, lambda n: "statistics only" in n),
+              (Note.REPLAY, lambda n: n.startswith("replayed ") or ": replayed " in n),
+              (Note.REJUDGED, lambda n: n.startswith("re-judged from the saved metrics")))
+
+
+def _notes(texts: list, kinds) -> list[str]:
+    """summary.json's notes as `Note`s of their kinds ("note_kinds"; an unknown kind is OTHER)."""
+    if not isinstance(kinds, list) or len(kinds) != len(texts):
+        kinds = [next((kind for kind, said in _OLD_WORDS if said(str(t))), Note.OTHER)
+                 for t in texts]
+    return [Note(str(t), k if k in Note.KINDS else Note.OTHER) for t, k in zip(texts, kinds)]
 
 
 def _load_divergence(d: dict | None) -> Divergence | None:

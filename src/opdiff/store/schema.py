@@ -34,9 +34,11 @@ class Kind:
     PARAM_GRAD = "param_grad"   # a module's parameter gradients
     NODE = "node"               # an ONNX graph node
     LEAF = "leaf"               # a parameter, buffer or input, at its first read in the step
+    KERNEL = "kernel"           # a compiled kernel Inductor generated (L2 under torch.compile)
 
-    ALL = (API, MODULE, ATEN, PARAM_GRAD, NODE, LEAF)
+    ALL = (API, MODULE, ATEN, PARAM_GRAD, NODE, LEAF, KERNEL)
     REPLAYABLE = (API, ATEN)    # modules and parameter gradients are made of other ops
+    OPS = (API, ATEN, KERNEL)   # op calls: what regions hold, whose outputs inputs name
 
 
 class Phase:

@@ -151,6 +151,9 @@ def _refusal(members: list[Record]) -> Optional[str]:
         if rec.get("phase") == Phase.BACKWARD:
             return ("a backward region is judged through its boundary alone (its ops' "
                     "gradients need their forward calls)")
+        if rec.get("kind") == Kind.KERNEL:
+            return (f"{rec['name']} is a compiled kernel, which replay does not re-run (its "
+                    f"code is not in the dump)")
         if rec.get("kind", Kind.API) not in Kind.REPLAYABLE:
             return f"{rec['name']} is a {rec.get('kind')} record, made of other ops"
         refused = ops.replay_refusal(str(rec.get("op", "")))

@@ -1,0 +1,192 @@
+"""L2 under Inductor: each generated CPU kernel call recorded with its input and output tensors.
+
+Inductor's generated kernels run without a dispatch, so the L2 dispatch mode sees only the
+extern kernels its wrapper calls (mm, addmm, bmm). The wrapper is a Python module that Inductor
+loads through `PyCodeCache`; each C++ kernel in it is a module global made by
+
+    cpp_fused_mul_silu_0 = async_compile.cpp_pybinding(['const float*', 'const float*', 'float*'],
+        r'''extern "C" void kernel(const float* in_ptr0, const float* in_ptr1, float* out_ptr0) ...''')
+
+and called by name from the wrapper's `call`: `cpp_fused_mul_silu_0(buf0, buf1, buf2)`. While
+this layer runs, those globals are replaced by a recorder that describes the kernel's
+`in_ptr`/`in_out_ptr` arguments before the call and its `out_ptr`/`in_out_ptr` arguments after
+it (the kernel signature names which is which), and puts the originals back when it stops.
+Nothing that Inductor generates or compiles changes, and a kernel's arguments are only read,
+so the compiled step stays bitwise the same.
+
+A kernel record is `Inductor.<kernel>.<n>.<phase>` of kind `kernel`, with the `compiled` field
+the comparison reads: `{"graph": <wrapper file>, "node": <kernel>, "backend": "inductor",
+"source": [file, line]}` (the kernel's name lists the ops it fuses); the user's line comes
+from the FX node stack traces Inductor keeps for each line of its wrapper
+(`PyCodeCache.stack_frames_for_code`). Triton kernels (GPU) are not recorded yet.
+"""
+from __future__ import annotations
+
+import re
+import sys
+from typing import Any, Callable, Optional
+
+import torch
+
+from ..store.schema import Kind, Phase, Role, record_name
+
+KERNEL_PREFIX = "Inductor"
+_BINDING = re.compile(r"^(\w+) = async_compile\.cpp_pybinding\(\[[^\]]*\],\s*r'''(.*?)'''",
+                      re.M | re.S)
+_SIGNATURE = re.compile(r'extern\s+"C"\s+\w*\s*void\s+kernel\(([^)]*)\)')
+_PARAM = re.compile(r"(\w+)\s*$")
+
+
+def _roles(source: str) -> Optional[list[str]]:
+    """Each kernel parameter's role from its C++ name: "in", "out" or "in_out" ("" for a
+    scalar such as a dynamic size)."""
+    m = _SIGNATURE.search(source)
+    if m is None:
+        return None
+    roles = []
+    for param in m.group(1).split(","):
+        name = _PARAM.search(param.strip())
+        word = name.group(1) if name else ""
+        roles.append("in_out" if word.startswith("in_out_ptr") else
+                     "in" if word.startswith("in_ptr") else
+                     "out" if word.startswith("out_ptr") else "")
+    return roles
+
+
+def kernels_of(path: str) -> dict[str, list[str]]:
+    """The C++ kernels a generated wrapper defines, with their parameters' roles."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return {}
+    out = {}
+    for name, source in _BINDING.findall(text):
+        roles = _roles(source)
+        if roles is not None:
+            out[name] = roles
+    return out
+
+
+class InductorKernels:
+    """The L2 layer that records Inductor's CPU kernels (see the module docstring)."""
+
+    def __init__(self, session):
+        self.session = session
+        self._wrapped: list[tuple[Any, str, Callable[..., Any]]] = []   # (module, name, original)
+        self._seen: set[int] = set()      # ids of the wrapper modules wrapped (held in _wrapped)
+        self._kernels: dict[str, dict[str, list[str]]] = {}   # wrapper file -> its kernels
+        self._load: Any = None
+
+    def start(self, model=None) -> None:
+        # `torch.compile(...)` imports Inductor's code cache; a run that never called it has
+        # no kernels, and importing it here would cost seconds
+        codecache = sys.modules.get("torch._inductor.codecache")
+        PyCodeCache = getattr(codecache, "PyCodeCache", None)
+        if PyCodeCache is None:
+            return
+        for mod in list(PyCodeCache.modules):
+            self._wrap(mod)
+        original = PyCodeCache.__dict__["load_by_key_path"]
+        layer = self
+
+        def load_by_key_path(cls, *args, **kwargs):
+            mod = original.__func__(cls, *args, **kwargs)
+            layer._wrap(mod)
+            return mod
+        self._load = original
+        PyCodeCache.load_by_key_path = classmethod(load_by_key_path)
+
+    def stop(self) -> None:
+        if self._load is not None:
+            PyCodeCache = sys.modules["torch._inductor.codecache"].PyCodeCache
+            PyCodeCache.load_by_key_path = self._load
+            self._load = None
+        for mod, name, fn in self._wrapped:
+            setattr(mod, name, fn)
+        self._wrapped.clear()
+        self._seen.clear()
+
+    def end_step(self) -> None:
+        pass
+
+    def _wrap(self, mod: Any) -> None:
+        path = getattr(mod, "__file__", None)
+        # (a cache hit loads the same file again as another module object)
+        if not path or id(mod) in self._seen:
+            return
+        self._seen.add(id(mod))
+        if path not in self._kernels:
+            self._kernels[path] = kernels_of(path)
+        for name, roles in self._kernels[path].items():
+            fn = getattr(mod, name, None)
+            if fn is None or not callable(fn):
+                continue
+            self._wrapped.append((mod, name, fn))
+            setattr(mod, name, self._recorder(name, fn, roles, path))
+
+    def _recorder(self, kernel: str, fn: Callable[..., Any], roles: list[str], path: str
+                  ) -> Callable[..., Any]:
+        s = self.session
+        op = f"{KERNEL_PREFIX}.{kernel}"
+
+        def record_kernel(*args: Any) -> Any:
+            if s.own.active or s.sink.writer is None:
+                return fn(*args)
+            phase = Phase.BACKWARD if torch._C._current_graph_task_id() != -1 else Phase.FORWARD
+            record: Optional[dict[str, Any]] = None
+            try:
+                index = s.sink.next_index(f"{op}.{phase}")
+                name = record_name(op, phase, index, Kind.KERNEL)
+                sel = s.selection
+                if sel.selected(name) and (sel.want_forward if phase == Phase.FORWARD
+                                           else sel.want_backward):
+                    record = {"name": name, "op": op, "kind": Kind.KERNEL, "phase": phase,
+                              "module": None, "stack": None,
+                              "compiled": _provenance(kernel, path)}
+                    with s.own():
+                        record["inputs"] = _inputs(s, args, roles, name)
+            except Exception as exc:
+                s.failed(op, exc, record)
+                record = None
+            out = fn(*args)
+            if record is not None:
+                try:
+                    outs = [a for a, r in zip(args, roles) if r in ("out", "in_out")]
+                    with s.own():
+                        record["outputs"] = s.describe_all(outs, record["name"], Role.OUTPUT)
+                    s.sink.emit(record)
+                except Exception as exc:
+                    s.failed(op, exc, record)
+            return out
+        return record_kernel
+
+
+def _inputs(s: Any, args: tuple[Any, ...], roles: list[str], name: str) -> list[dict[str, Any]]:
+    """A kernel's inputs: its `in_ptr` arguments, and its `in_out_ptr` ones where a recorded op
+    made them (otherwise Inductor may have handed the kernel a fresh buffer it writes before
+    reading: shape and dtype only, as an `out=` tensor)."""
+    ins = [a for a, r in zip(args, roles) if r in ("in", "in_out")]
+    described = s.describe_all(ins, name, Role.INPUT)
+    kinds = [r for r in roles if r in ("in", "in_out")]
+    for i, (kind, desc) in enumerate(zip(kinds, described)):
+        if kind == "in_out" and isinstance(desc, dict) and "producer" not in desc:
+            described[i] = s.sink.describer.unread(ins[i], name, Role.INPUT, i)
+    return described
+
+
+def _provenance(kernel: str, path: str) -> dict[str, Any]:
+    """The `compiled` field of a kernel call: its wrapper, name (which lists the ops it fuses:
+    `cpp_fused_mul_silu_5`) and the user's line
+    of the wrapper line calling it (from the stack traces Inductor keeps per wrapper line)."""
+    out: dict[str, Any] = {"graph": path.rsplit("/", 1)[-1], "node": kernel,
+                           "backend": "inductor"}
+    try:
+        from torch._inductor.codecache import PyCodeCache
+        frame = sys._getframe(2)
+        frames = PyCodeCache.stack_frames_for_code(path, frame.f_lineno) or []
+    except Exception:
+        frames = []
+    if frames:      # innermost first: the user's line in the model
+        out["source"] = [frames[0].get("filename"), frames[0].get("line")]
+    return out
