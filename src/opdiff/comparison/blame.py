@@ -57,7 +57,7 @@ from ..store.schema import Kind, Location, Phase, param_grad_links
 from . import noise, origins, reasons
 from .result import (ERROR, INTEGER, LOCAL, NONFINITE, NUMBER, RANDOM, REPLAY, SCALE, WARNING,
                      Divergence, TensorRow)
-from .regions import REGION, region_reason
+from .regions import REGION, made_tensor, region_divergence, region_members
 from .verdicts import run_precision
 
 if TYPE_CHECKING:
@@ -312,24 +312,6 @@ def first_divergence(op_scores: list[OpScore], rows: list[TensorRow]) -> Optiona
         kind=kind, origin=kind if kind in (NUMBER, RANDOM) else origins.OP)
 
 
-def region_divergence(first: OpScore, rows: list[TensorRow]) -> Divergence:
-    """The Divergence of a region blamed (see `opdiff.comparison.regions`)."""
-    region, listed, made = first.region
-    out = rows[first.worst_out] if first.worst_out is not None else None
-    # (the worst boundary output is measured where a paired op reads it: name the tensor the
-    # region made)
-    tensor = (made or {}).get(out.target_name) if out is not None and out.target_name else None
-    inp = rows[first.worst_in] if first.worst_in is not None else None
-    return Divergence(
-        name=first.name, op=first.op, phase=first.phase,
-        reason=region_reason(region, listed, reasons.describe(first, rows)),
-        location=first.location, metrics=dict(out.metrics) if out is not None else {},
-        tensor=tensor or (out.target_name if out is not None else None),
-        input_metrics=dict(inp.metrics) if inp is not None else {}, module=first.module,
-        context=reasons.source_context(first.location), kind=first.blame, origin=REGION,
-        region={"target_ops": listed.target_ops, "golden_ops": listed.golden_ops})
-
-
 def explained(op_scores: list[OpScore], policy: Policy) -> set[str]:
     """Names of local ops that other ops explain (the op is not named; see module docstring).
 
@@ -392,13 +374,13 @@ AHEAD_PER_JOB = 4
 
 def _second_opinion(op_scores: list[OpScore], order: list[OpScore], rows: list[TensorRow],
                     policy: Policy, replay: Replayer, replay_all: bool) -> None:
-    window = [op for op in order if replay.can_replay(op.name)]
+    window = [op for op in order if _replayable(op, replay)]
     parallel = replay.jobs > 1
     if replay_all:
         if parallel:
-            replay.judge_many([op.name for op in window])
+            replay.judge_many([op.name for op in window if op.kind != REGION])
         for op in window:
-            _take(op, replay.judge(op.name), rows)
+            _take(op, _replay(op, replay), rows)
         return
     _walk(op_scores, order, window, rows, policy, replay)
     # The ops still blamed after the first divergence are errors in the table the user reads:
@@ -407,9 +389,9 @@ def _second_opinion(op_scores: list[OpScore], order: list[OpScore], rows: list[T
     first = _first_blamed(op_scores, order, policy)
     rest = [op for op in window if op.local and op is not first and op.replay is None]
     if parallel and len(rest) > 1:
-        replay.judge_many([op.name for op in rest])
+        replay.judge_many([op.name for op in rest if op.kind != REGION])
     for op in rest:
-        _take(op, replay.judge(op.name), rows)
+        _take(op, _replay(op, replay), rows)
 
 
 def _first_blamed(op_scores: list[OpScore], order: list[OpScore], policy: Policy
@@ -429,19 +411,30 @@ def _walk(op_scores: list[OpScore], order: list[OpScore], window: list[OpScore],
             limit = first.seq if first is not None else math.inf
             found = False
             while at < len(window) and window[at].seq < limit and not found:
-                if parallel and window[at].name not in replay.done:
+                if parallel and window[at].name not in replay.done and \
+                        window[at].kind != REGION:
                     ahead = [op.name for op in window[at:at + replay.jobs * AHEAD_PER_JOB]
-                             if op.seq < limit]
+                             if op.seq < limit and op.kind != REGION]
                     replay.judge_many(ahead)        # the verdicts are applied in order below
                 op, at = window[at], at + 1
-                found = _take(op, replay.judge(op.name), rows)
+                found = _take(op, _replay(op, replay), rows)
             if found:
                 continue
-        if first is None or first.replay is not None or not replay.can_replay(first.name):
+        if first is None or first.replay is not None or not _replayable(first, replay):
             return
-        _take(first, replay.judge(first.name), rows)
+        _take(first, _replay(first, replay), rows)
         if first.local:
             return
+
+
+def _replayable(op: OpScore, replay: Replayer) -> bool:
+    """An op replay may re-run, or a region (replayed as a chain, or told why not)."""
+    return region_members(op) is not None or replay.can_replay(op.name)
+
+
+def _replay(op: OpScore, replay: Replayer) -> LocalError:
+    members = region_members(op)
+    return replay.judge(op.name) if members is None else replay.judge_region(op.name, members)
 
 
 def _take(op: OpScore, local: LocalError, rows: list[TensorRow]) -> bool:
@@ -458,7 +451,7 @@ def _take(op: OpScore, local: LocalError, rows: list[TensorRow]) -> bool:
         return False                # confirmed
     worst = cast("TensorLocalError", local.worst).name
     op.local, op.blame = True, REPLAY
-    op.worst_out = next((i for i, *_ in op.outputs if rows[i].target_name == worst),
+    op.worst_out = next((i for i, *_ in op.outputs if made_tensor(op, rows[i].target_name) == worst),
                         op.outputs[0][0] if op.outputs else None)
     return True
 

@@ -181,7 +181,7 @@ class _PairCompare:
         skipped = None if compiled_run else unjudged_note(regions, region_ops, self.rows,
                                                           divergence is not None)
         notes = noted(skipped, Note.INCONCLUSIVE) + notes
-        if replayer is not None and replayer.done:
+        if replayer is not None and (replayer.done or replayer.regions):
             log.info("opdiff: %s", replayer.summary())
             notes.append(Note(replayer.summary(), Note.REPLAY))
         notes += noted(statistics_limits(self.rows, self.policy, replayed=replayer is not None),

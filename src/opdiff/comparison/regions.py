@@ -34,7 +34,8 @@ from typing import Any, Optional
 
 from ..store.records import iter_tensors
 from ..store.schema import Kind, Phase, RecordName, Role, module_path
-from .result import ERROR, WARNING
+from . import reasons
+from .result import ERROR, WARNING, Divergence
 
 Pair = tuple[Optional[int], Optional[int]]
 Record = dict[str, Any]
@@ -277,7 +278,8 @@ def label_number(label: str) -> Optional[int]:
 def mark_region_rows(rows: list[Any], region_ops: list[Any], region_rows: dict[int, list[int]]
                      ) -> None:
     """After the blame: a region's rows say its verdict (not judged when its boundary could not
-    be measured), and a blamed region's worst boundary output row is an error."""
+    be measured; cleared or not replayed by its chain replay), and a blamed region's worst
+    boundary output row is an error."""
     judged = {op.region[0].number: op for op in region_ops}
     for number, indices in region_rows.items():
         op = judged.get(number)
@@ -290,6 +292,10 @@ def mark_region_rows(rows: list[Any], region_ops: list[Any], region_rows: dict[i
             elif op.local:
                 rows[i] = replace(row, reason=f"in {row.region}: local error in this region "
                                               f"(see the first divergence)")
+            elif op.replay is not None:     # replayed as a chain (replay/chain.py), or why not
+                cleared = ": its own error is its dtypes', any difference is inherited" \
+                    if op.replay.replayed else ""
+                rows[i] = replace(row, reason=f"{row.reason}; {op.replay.describe()}{cleared}")
         if op is not None and op.local and op.worst_out is not None:
             worst = rows[op.worst_out]
             if worst.result != ERROR:
@@ -334,6 +340,36 @@ def shown(ops: list[dict[str, Any]]) -> str:
     return ", ".join(names[:SHOWN_OPS]) + (", ..." if len(names) > SHOWN_OPS else "")
 
 
+def region_members(op: Any) -> Optional[list[str]]:
+    """The target records a region's score (`blame.OpScore` of kind region) stands for, in
+    execution order: what its chain replay re-runs (`replay.chain`); None for any other op."""
+    if op.kind != REGION or op.region is None:
+        return None
+    return [o["name"] for o in op.region[1].target_ops]
+
+
+def made_tensor(op: Any, measured: Optional[str]) -> Optional[str]:
+    """The tensor a region made that a boundary output row measures (measured where a paired
+    op reads it: that reader's input name); `measured` itself for any other op."""
+    made = (op.region[2] or {}) if op.kind == REGION and op.region is not None else {}
+    return made.get(measured, measured) if measured else measured
+
+
+def region_divergence(first: Any, rows: list[Any]) -> Divergence:
+    """The Divergence of a region blamed (`blame.first_divergence`)."""
+    region, listed, _ = first.region
+    out = rows[first.worst_out] if first.worst_out is not None else None
+    inp = rows[first.worst_in] if first.worst_in is not None else None
+    return Divergence(
+        name=first.name, op=first.op, phase=first.phase,
+        reason=region_reason(region, listed, reasons.describe(first, rows)),
+        location=first.location, metrics=dict(out.metrics) if out is not None else {},
+        tensor=made_tensor(first, out.target_name) if out is not None else None,
+        input_metrics=dict(inp.metrics) if inp is not None else {}, module=first.module,
+        context=reasons.source_context(first.location), kind=first.blame, origin=REGION,
+        region={"target_ops": listed.target_ops, "golden_ops": listed.golden_ops})
+
+
 def region_reason(region: Region, ops: RegionOps, why: str) -> str:
     """The sentence of a region blamed: where, both sides' ops, and why (`reasons.describe`)."""
     where = f" in `{region.where}`" if region.where else ""
@@ -372,4 +408,5 @@ def _lines(ops: list[dict[str, Any]]) -> str:
 
 __all__ = ["REGION", "Region", "RegionOps", "Boundaries", "find_regions", "members", "absorb",
            "label_number", "mark_region_rows", "unjudged_note",
-           "common_module", "op_list", "shown", "region_reason"]
+           "common_module", "op_list", "shown", "region_reason", "region_members", "made_tensor",
+           "region_divergence"]

@@ -157,3 +157,28 @@ def test_a_custom_op_replays_through_its_registered_cpu_reference():
             assert local.replayed and local.culprit is culprit, local.reason
     finally:
         ops.register(name, cpu_reference=None)
+
+
+def test_the_size_check_broadcasts_as_torch_does_without_importing_sympy():
+    import subprocess
+    import sys
+
+    from opdiff.comparison.replay.calls import broadcast
+
+    cases = [[(2, 4, 8, 8), (2, 4, 8, 8)], [(2, 4, 8, 8), (1, 8)], [(2, 4, 8, 8), (2, 2, 8, 8)],
+             [(3,), ()], [(0, 4), (1, 4)], [(5, 1), (1, 6), (6,)]]
+    for shapes in cases:
+        try:
+            expected = tuple(torch.broadcast_shapes(*shapes))
+        except RuntimeError:
+            expected = ()
+        assert broadcast(shapes) == expected, shapes
+    # torch.broadcast_shapes imports sympy (seconds) on its first call; the first replay of a
+    # compare must not pay that
+    code = ("import sys, torch; from opdiff.comparison.replay.calls import rebuild_call; "
+            "x = {'type': 'tensor', 'dtype': 'float32', 'shape': [2, 3], 'key': 'k'}; "
+            "rebuild_call({'name': 'Torch.add.0.forward', 'op': 'Torch.add', 'inputs': [x, x]}, "
+            "lambda k: torch.ones(2, 3)).run(); print('sympy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr

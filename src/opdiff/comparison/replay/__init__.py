@@ -27,6 +27,7 @@ from typing import Any, Optional
 from ...store.schema import Kind
 from ..workers import watch_parent
 from .calls import NotReplayable, rebuild_call, resolve
+from .chain import ChainError, Readers, replay_region
 from .local import LocalError, TensorLocalError, replay_record
 
 log = logging.getLogger("opdiff")
@@ -63,6 +64,8 @@ class Replayer:
         self._ahead: Optional[threading.Thread] = None
         self._stop = False
         self._asked: set[str] = set()       # what judge / judge_many were asked for
+        self.regions: dict[str, LocalError] = {}    # region name -> its chain's verdict
+        self._readers: Optional[Readers] = None     # (built for the first region)
 
     def can_replay(self, name: str) -> bool:
         """Cheap pre-check: a record of a kind that replay handles (modules and parameter
@@ -126,6 +129,28 @@ class Replayer:
         log.debug("opdiff: replayed %s: %s", name,
                   local.describe() if local.replayed else local.reason)
         return local
+
+    def judge_region(self, name: str, members: list[str]) -> LocalError:
+        """The verdict of the region `name` whose target ops are the records `members` (in
+        execution order), replayed as one chain (`replay.chain`; cached like `judge`'s, in
+        this process)."""
+        if name in self.regions:
+            return self.regions[name]
+        missing = next((m for m in members if m not in self.records), None)
+        if missing is not None or not (getattr(self.dump, "meta", None) or {}).get("dataflow"):
+            why = f"{missing} is not in the target dump" if missing else (
+                "the target dump records no dataflow (which op made each input), so the "
+                "chain cannot be fed")
+            found: LocalError = ChainError(name, False, reason=why, ops=len(members))
+        else:
+            if self._readers is None:
+                self._readers = Readers(list(self.records.values()))
+            found = replay_region(name, [self.records[m] for m in members], self._readers,
+                                  self.dump.tensor, self.policy, shortcut=self.shortcut)
+        log.debug("opdiff: replayed %s as a chain: %s", name, found.describe())
+        with self._cond:
+            self.regions[name] = found
+        return found
 
     def prefetch(self, names: list[str]) -> bool:
         """Replay `names` in this order on a second thread, ahead of the `judge` calls that
@@ -230,6 +255,14 @@ class Replayer:
                      f"{' ...' if len(untrusted) > 5 else ''}")
         if ahead:
             text += f"; {ahead} more replayed ahead on a second thread and not needed"
+        chained = [v for v in self.regions.values() if v.replayed]
+        if self.regions:
+            spent = sum(v.seconds for v in self.regions.values())
+            text += f"; {len(chained)} region(s) replayed as chains in {spent:.2f} s"
+        unchained = [v for v in self.regions.values() if not v.replayed]
+        if unchained:
+            text += (f", {len(unchained)} not (e.g. {unchained[0].name}: "
+                     f"{unchained[0].reason})")
         return text
 
 
@@ -300,4 +333,5 @@ def _worker_judge(names: list[str]) -> dict[str, LocalError]:
 
 
 __all__ = ["Replayer", "replay_jobs", "replay_threads", "LocalError", "TensorLocalError",
+           "ChainError", "replay_region",
            "NotReplayable", "replay_record", "rebuild_call", "resolve"]

@@ -99,16 +99,25 @@ class Call:
         sizes they are given (a dump's `zeros([10**6, 10**6])`)."""
         shapes = [tuple(t.shape) for _, t in self.tensors]
         largest = max((math.prod(s) for s in shapes), default=1)
-        try:
-            total = math.prod(torch.broadcast_shapes(*shapes)) if shapes else 0
-        except RuntimeError:
-            total = 0
+        total = math.prod(broadcast(shapes)) if shapes else 0
         if ops.traits(op).sized_by_arguments:
             total = max(total, _asked(ops.method_of(op), self.args, self.kwargs, largest))
         try:
             check_size("result", total * 8, "what the call's arguments ask for, in float64")
         except TensorTooLarge as exc:
             raise NotReplayable(str(exc)) from None
+
+
+def broadcast(shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
+    """The shape the tensors broadcast to, () when they do not. (`torch.broadcast_shapes`
+    imports sympy on its first call: seconds, for the first replay of a compare.)"""
+    out: list[int] = []
+    for dims in zip(*(s[::-1] + (1,) * (max(map(len, shapes)) - len(s)) for s in shapes)):
+        sizes = {d for d in dims if d != 1}
+        if len(sizes) > 1:
+            return ()
+        out.append(sizes.pop() if sizes else 1)
+    return tuple(out[::-1])
 
 
 def _asked(method: str, args: list[Any], kwargs: dict[str, Any], largest: int) -> int:

@@ -1,0 +1,92 @@
+"""With tensor dumps a region is judged on its own error by replay, as a replayed op is: its
+target ops re-run as a chain from its saved inputs in float64 and in their own dtypes
+(`opdiff.comparison.replay.chain`). Llama, fp32 eager golden against bf16-autocast SDPA
+(dumps: tests/comparison/conftest.py)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import opdiff
+from opdiff import schemas
+
+SDPA = "Functional.scaled_dot_product_attention"
+
+
+def _compare(hf_dump, tmp_path, fault=None, noise=0.0, replay="auto", thresholds=None):
+    golden = hf_dump("llama", "eager", "tensor")
+    target = hf_dump("llama", "sdpa", "tensor", fault=fault, bf16=True, noise=noise)
+    return opdiff.compare(str(target), str(golden), str(tmp_path / "out"), progress=False,
+                          replay=replay, thresholds=thresholds)
+
+
+def _chained(result):
+    return [r for r in result.rows if r.region and "; replayed as a chain" in (r.reason or "")]
+
+
+def test_healthy_bf16_sdpa_regions_are_replayed_and_cleared(hf_dump, tmp_path):
+    result = _compare(hf_dump, tmp_path)
+    assert result.first_divergence is None, result.first_divergence
+    cleared = _chained(result)
+    # both layers' attention regions: within what bf16 makes, any difference inherited
+    assert {r.region.split(" in ")[-1] for r in cleared} == {"model.layers.0.self_attn",
+                                                            "model.layers.1.self_attn"}
+    assert all("its own error is its dtypes'" in r.reason for r in cleared)
+    assert any("2 region(s) replayed as chains" in n for n in result.notes), result.notes
+    # backward regions are judged through their boundary alone, and their rows say so
+    backward = [r for r in result.rows if r.region and r.phase == "backward"]
+    assert backward and all("not replayed as a chain: a backward region" in r.reason
+                            for r in backward)
+
+
+def test_a_healthy_region_the_comparison_blames_is_cleared_by_its_chain(hf_dump, tmp_path):
+    """Thresholds strict enough that the comparison blames the healthy bf16 attention (its
+    output error, 0.0034, above its inputs' 0.003): replayed as a chain, the region's own error
+    is what rounding to bf16 makes, so it is cleared like a replayed op, and its rows say so."""
+    strict = {"amplification": 1.0, "tolerance": {"bf16": 2e-3}}
+    blamed = _compare(hf_dump, tmp_path / "off", replay="off", thresholds=strict)
+    assert any("the output of region 0 in model.layers.0.self_attn: local error" in (r.reason or "")
+               for r in blamed.rows if r.result == "error")
+    result = _compare(hf_dump, tmp_path, thresholds=strict)
+    assert result.first_divergence is None, result.first_divergence
+    assert not [r for r in result.rows if r.result == "error"]
+    cleared = [r for r in _chained(result) if "model.layers.0.self_attn" in r.region]
+    assert cleared and all("any difference is inherited" in r.reason for r in cleared)
+
+
+def test_a_2pct_fault_in_sdpa_is_confirmed_by_the_chain(hf_dump, tmp_path):
+    result = _compare(hf_dump, tmp_path, fault=f"{SDPA}:1")
+    first = result.first_divergence
+    assert first is not None and first.origin == "region", first
+    assert "region in `model.layers.1.self_attn`" in first.reason
+    assert first.region["target_ops"][0]["op"] == SDPA
+    assert "replayed as a chain of its 2 target op(s) in float64" in first.reason
+    assert "scaled by 1.02" in first.reason
+    assert first.kind == "scale"        # the comparison's culprit, confirmed by the chain
+    assert any("region(s) replayed as chains" in n for n in result.notes), result.notes
+
+
+@pytest.mark.parametrize("call, layer", [(0, 0), (1, 1)])
+def test_a_1pct_noise_fault_only_the_chain_replay_finds(hf_dump, tmp_path, call, layer):
+    """A kernel off by 1% elementwise: against fp32 golden its output error is that of bf16
+    accumulation (the comparison cannot separate them: without replay, nothing is named);
+    replayed from the region's own inputs it stands out against a bf16 chain's error."""
+    unreplayed = _compare(hf_dump, tmp_path / "off", fault=f"{SDPA}:{call}", noise=0.01,
+                          replay="off")
+    assert unreplayed.first_divergence is None, unreplayed.first_divergence
+    result = _compare(hf_dump, tmp_path, fault=f"{SDPA}:{call}", noise=0.01)
+    first = result.first_divergence
+    assert first is not None and first.origin == "region", first
+    assert first.kind == "replay"
+    assert f"region in `model.layers.{layer}.self_attn`" in first.reason
+    assert first.region["target_ops"][0]["op"] == SDPA
+    assert "compared with golden its error is not distinguishable" in first.reason
+    assert "the same ops on the CPU in their own dtypes (bfloat16" in first.reason
+    assert first.tensor and first.tensor.startswith("Tensor.reshape.")   # what the region made
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["first_divergence"]["kind"] == "replay"
+    schemas.validate("compare-summary", summary)
+    errors = [r for r in result.rows if r.result == "error"]
+    assert errors and all(f"model.layers.{layer}.self_attn" in (r.reason or "") or
+                          "region" in (r.reason or "") for r in errors), errors
