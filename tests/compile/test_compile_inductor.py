@@ -107,3 +107,36 @@ def test_kernel_roles_from_a_generated_wrapper(tmp_path):
         "                       const int64_t ks0)\n{\n}\n''')\nasync_compile.wait(globals())\n")
     assert kernels_of(str(wrapper)) == {"cpp_fused_mul_silu_0": ["in_out", "in", "out", ""]}
     assert kernels_of(str(tmp_path / "missing.py")) == {}
+
+
+def _gpt2_step(path, backend=None):
+    """One step of a tiny GPT-2 (silu MLP) recorded at L2, eager or compiled."""
+    import torch._dynamo
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=32,
+                                  attn_implementation="eager", activation_function="silu")
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    run = torch.compile(model, backend=backend) if backend else model
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
+    torch._dynamo.reset()
+    with opdiff.dump(model, str(path), level="L2"):
+        run(ids, labels=ids).loss.backward()
+    torch._dynamo.reset()
+    return path
+
+
+@pytest.mark.slow
+def test_gpt2_healthy_names_nothing_and_a_wrong_decomposition_names_its_kernel(tmp_path):
+    golden = _gpt2_step(tmp_path / "eager")
+    healthy = _gpt2_step(tmp_path / "inductor", "inductor")
+    with wrong_silu_decomposition():
+        spoiled = _gpt2_step(tmp_path / "spoiled", "inductor")
+    result = opdiff.compare(str(healthy), str(golden), str(tmp_path / "out"), progress=False)
+    assert result.first_divergence is None, result.first_divergence
+    first = opdiff.compare(str(spoiled), str(golden), str(tmp_path / "out2"),
+                           progress=False).first_divergence
+    assert first is not None and first.origin == "region", first
+    kernels = [op["op"] for op in first.region["target_ops"] if op["op"].startswith("Inductor.")]
+    assert len(kernels) == 1 and "silu" in kernels[0], first.region
+    assert first.tensor is not None and first.tensor.startswith(f"{kernels[0]}.0.forward.output")
