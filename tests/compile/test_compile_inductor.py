@@ -77,6 +77,15 @@ def test_healthy_inductor_step_names_nothing_and_is_unchanged(tmp_path, eager_l2
                             progress=False)
     assert result.first_divergence is None, result.first_divergence
     assert not verdict_line(result).startswith("inconclusive"), verdict_line(result)
+    if task == "tensor":        # opdiff check: extern kernels replayed, Inductor's said not
+        from opdiff.check import check_dump
+        checked = check_dump(target.path / "step0" / "rank0")
+        mms = [op for op in checked.ops if op.op == "Aten.mm"]
+        assert mms and all(op.status == "pass" for op in mms), mms[:3]      # out= dropped
+        kernels = [op for op in checked.ops if op.name.startswith("Inductor.")]
+        assert kernels and all(op.status == "not_checked" and "Inductor generated" in op.reason
+                               for op in kernels), kernels[:2]
+        assert not [op for op in checked.ops if op.status == "fail"]
 
 
 @pytest.mark.slow

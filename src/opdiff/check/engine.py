@@ -140,6 +140,10 @@ def check_record(record: dict[str, Any], records: dict[str, dict[str, Any]],
     base = dict(name=record["name"], op=record.get("op", ""), phase=record.get("phase", ""),
                 index=index, location=location,
                 module=record.get("module") or (record.get("compiled") or {}).get("module"))
+    if record.get("kind") == Kind.KERNEL:
+        return OpCheck(**base, status=NOT_CHECKED, reason="a kernel Inductor generated: the dump "
+                       "holds its tensors, not its code; compare the run against an eager run "
+                       "at L2 (opdiff compare) to judge it against the ops it fuses")
     if record.get("kind", Kind.API) not in Kind.REPLAYABLE:
         return OpCheck(**base, status=NOT_CHECKED, reason=f"a {record.get('kind')} record is "
                        "made of other ops (its ops are checked one by one)")

@@ -106,7 +106,7 @@ def check_dump(path: str | os.PathLike[str], device: Optional[str] = None,
                on_total: Optional[Callable[[int], None]] = None,
                on_done: Optional[Callable[[OpCheck], None]] = None, engine: str = "local",
                ray_address: Optional[str] = None) -> CheckResult:
-    """Check every replayable record of one step/rank dump (see `opdiff.check`).
+    """Check every op record of one step/rank dump (compiled kernels are listed as not checked) (see `opdiff.check`).
 
     device: run the ops there (required for statistics dumps, which hold no outputs to judge).
     names/scope: `--list`/`--scope` filters. jobs: worker processes. progress_file: append each
@@ -134,8 +134,9 @@ def check_dump(path: str | os.PathLike[str], device: Optional[str] = None,
                           "within the dumped ranges), or dump with task='tensor'")
     if jobs < 1:
         raise ConfigError(f"--jobs must be at least 1; got {jobs}")
+    # (compiled kernels are listed, as not checked: engine.check_record says why)
     chosen = [r["name"] for r in select(job.records, names, scope)
-              if r.get("kind", Kind.API) in Kind.REPLAYABLE]
+              if r.get("kind", Kind.API) in Kind.OPS]
     done = load_progress(progress_file) if (resume and progress_file) else {}
     todo = [n for n in chosen if n not in done]
     if on_total:

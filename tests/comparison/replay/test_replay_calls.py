@@ -182,3 +182,20 @@ def test_the_size_check_broadcasts_as_torch_does_without_importing_sympy():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120)
     assert out.stdout.strip() == "False", out.stdout + out.stderr
+
+
+def test_an_out_tensor_written_unread_is_dropped_and_a_read_one_refused(tmp_path):
+    """Inductor calls `mm(a, b, out=buf)` on a fresh buffer: captured at L2 the out= tensor is
+    described as overwritten, and replay runs `mm(a, b)`; an out= tensor with values is refused."""
+    torch.manual_seed(0)
+    a, b, buf = torch.randn(4, 6), torch.randn(6, 5), torch.empty(4, 5)
+    with opdiff.dump(None, tmp_path, level="L2", task="tensor"):
+        torch.mm(a, b, out=buf)
+    dump = open_dump(find_dumps(tmp_path)[0])
+    rec = next(r for r in dump.records() if r["op"] == "Aten.mm")
+    assert rec["kwargs"]["out"].get("overwritten"), rec["kwargs"]
+    out = rebuild_call(rec, dump.tensor).run()
+    assert torch.equal(out, a @ b)
+    read = dict(rec, kwargs={"out": rec["inputs"][0]})
+    with pytest.raises(NotReplayable, match="out="):
+        rebuild_call(read, dump.tensor)
