@@ -48,14 +48,40 @@ def _as_list(models) -> list:
     return list(models) if isinstance(models, (list, tuple)) else [models]
 
 
+_deferred: list = []     # hooks whose removal came while dynamo compiled (see _remove)
+
+
+def _compiling() -> bool:
+    """Whether dynamo is compiling a frame now (its guards on the global hooks are not built
+    yet)."""
+    guards = sys.modules.get("torch._guards")
+    return guards is not None and guards.CompileContext.try_get() is not None
+
+
 def _remove(handles: list) -> None:
-    """Remove global hooks (and empty `handles`)."""
-    for h in handles:
+    """Remove global hooks (and empty `handles`).
+
+    Not while dynamo compiles: a finalizer (the debugger or the model collected) may run
+    in the middle of a compile that traced these hooks, and dynamo would then fail building
+    its guard on them (KeyError). They are removed at the next call made outside a compile
+    (their capture is gone: until then they do nothing)."""
+    if _compiling():
+        _deferred.extend(handles)
+        handles.clear()
+        return
+    every = handles + _deferred
+    _deferred.clear()
+    handles.clear()
+    for h in every:
         h.remove()
         # torch's handle forgets the with_kwargs registry of global hooks (torch 2.13):
         # left there, every later torch.compile(module) warns about global hooks.
         getattr(nn_module, "_global_forward_hooks_with_kwargs", {}).pop(h.id, None)
-    handles.clear()
+
+
+def _let_go_of_deferred() -> None:
+    if _deferred and not _compiling():
+        _remove([])
 
 
 class ModuleCapture:
@@ -108,7 +134,10 @@ class ModuleCapture:
 
             def pre(module, args):
                 capture = me()
-                return None if capture is None else capture._pre(module, args)
+                if capture is None:     # a hook left behind (see _remove)
+                    _let_go_of_deferred()
+                    return None
+                return capture._pre(module, args)
 
             def post(module, args, *rest):
                 capture = me()
