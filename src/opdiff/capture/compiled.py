@@ -13,8 +13,9 @@ record's `compiled` field:
 
 Nothing here changes what gets compiled: it only reads frames and node metadata at run time
 (the L2 dispatch mode already declares `ignore_compile_internals`). Inductor's generated kernels
-are not FX code and run without a dispatch: only the extern kernels its wrapper calls (mm, bmm)
-are recorded, marked `{"graph": "<file>", "backend": "inductor"}` (docs/howto/eager-vs-compiled.md).
+are not FX code and run without a dispatch: the extern kernels its wrapper calls (mm, bmm) are
+recorded here, marked `{"graph": "<file>", "backend": "inductor"}`, and its C++ kernels by
+`capture/inductor.py` (docs/howto/eager-vs-compiled.md).
 """
 from __future__ import annotations
 

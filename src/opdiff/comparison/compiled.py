@@ -11,9 +11,11 @@ that are paired elsewhere, or by another parameter, is split. What is left unpai
 regions (`regions.py`), judged through their boundary or reported as not judged, never blamed
 op by op.
 
-Where the two sides cannot be paired at all (a compiled run recorded at level mix or L1 against
-an eager one: compiled graphs are recorded per aten op, eager code per torch call; Inductor's
-generated kernels are not recorded), the compare is not refused: what pairs (leaves, parameter
+Inductor's own kernels, recorded at L2 (`capture/inductor.py`, kind `kernel`), never pair one to
+one: each falls in a region with the eager ops it replaces, between the extern kernels (mm, bmm)
+that pair with eager's. Where the two sides cannot be paired at all (a compiled run recorded at
+level mix or L1 against an eager one: compiled graphs are recorded per aten op, eager code per
+torch call; Triton kernels, which are not recorded), the compare is not refused: what pairs (leaves, parameter
 gradients) is compared, and the result says "inconclusive" with the reason (`note`).
 """
 from __future__ import annotations
