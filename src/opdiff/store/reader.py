@@ -164,9 +164,9 @@ class Dump:
                 log.warning("opdiff: %s: %d saved tensors refer to tensors this dump lacks or that "
                             "cannot hold them (an unreadable shard?); they are not available, "
                             "e.g. %s", self.path, len(lost), lost[0])
-            # (a key saved whole and again as a reference keeps its bytes: a reference to
-            # itself would have nothing to read)
-            gone = set(lost) | index.keys()
+            # (a key saved whole and again as a reference to itself keeps its bytes: the
+            # reference would have nothing to read)
+            gone = set(lost) | {k for k, r in refs.items() if r.base == k}
             index.update((k, r) for k, r in refs.items() if k not in gone)
             self._tensor_index = index
         return self._tensor_index
