@@ -2,6 +2,8 @@
 run in this process with real torch.compile (aot_eager family and Inductor on CPU)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -12,8 +14,21 @@ from opdiff.bisect.judge import judge, named_tensors
 
 
 def test_a_wrong_silu_decomposition_is_named_as_the_decomposition_stage():
-    with wrong_silu():
-        result = opdiff.compile_bisect(step)
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    # a manual bisect's state in the user's Inductor cache (torch's do_bisect would remove it)
+    theirs = Path(cache_dir()) / "bisect" / "opdiff-test-keep.txt"
+    theirs.parent.mkdir(parents=True, exist_ok=True)
+    kept = not theirs.exists()
+    if kept:
+        theirs.write_text("kept")
+    try:
+        with wrong_silu():
+            result = opdiff.compile_bisect(step)
+        assert theirs.exists()
+    finally:
+        if kept:
+            theirs.unlink(missing_ok=True)
     assert result.found, result.lines()
     assert (result.backend, result.subsystem) == ("aot_eager_decomp_partition", "decomposition")
     assert result.detail == "aten.silu.default"
@@ -42,7 +57,7 @@ def test_a_healthy_compiled_step_names_no_stage_through_inductor():
     assert result.runs == 5           # eager, aot_eager, decomp_partition, crossref, inductor
 
 
-def test_a_step_that_fails_under_one_backend_is_inconclusive_not_a_stage():
+def test_a_step_that_fails_under_one_backend_is_inconclusive_not_a_stage(capsys):
     from torch._inductor.compiler_bisector import CompilerBisector
 
     def fragile():
@@ -54,6 +69,7 @@ def test_a_step_that_fails_under_one_backend_is_inconclusive_not_a_stage():
     assert result.answer == "inconclusive" and not result.found
     assert "raised under backend aot_eager" in result.summary()
     assert "lowering failed" in result.summary()
+    assert "Bisection status" not in capsys.readouterr().out    # torch's prints: in the log
 
 
 def test_steps_it_cannot_bisect_are_refused_in_one_line():

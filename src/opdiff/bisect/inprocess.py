@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
 from typing import Any, Callable, Iterator, Optional
 
 import torch
@@ -72,9 +74,15 @@ def _bisect_environment(env: dict[str, str]) -> Iterator[None]:
     cb.get_env_val.cache_clear()
     cb.subsystem_call_counter.clear()       # a fresh process counts applications from 0
     cb.CompilerBisector.bisection_enabled = True
+    # torch also reads config changes from its state directory: an empty one of ours, not the
+    # bisect_status a manual bisect may have left in the user's Inductor cache
+    empty = tempfile.mkdtemp(prefix="opdiff-bisect-")
+    cb.CompilerBisector.in_process_cache = empty
     try:
         yield
     finally:
+        cb.CompilerBisector.in_process_cache = None
+        shutil.rmtree(empty, ignore_errors=True)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)

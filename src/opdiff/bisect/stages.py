@@ -21,10 +21,12 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from .judge import RunVerdict
 
@@ -179,19 +181,33 @@ def drive(run_once: Callable[[], RunVerdict], *, state_dir: Optional[str] = None
     stdout = sys.stdout
     sink = _LogLines()
     enabled = CB.bisection_enabled
-    CB.in_process_cache = state_dir
+    # torch's do_bisect removes the bisect state under its in_process_cache, or under the
+    # user's own Inductor cache when none is set: always give it one of ours.
+    own = tempfile.mkdtemp(prefix="opdiff-bisect-") if state_dir is None else None
+    CB.in_process_cache = state_dir or own
+    found: Any = None
+    failure, error = "", None
     try:
         with contextlib.redirect_stdout(sink):
-            found = CB.do_bisect(judged)
-    except StepFailed as exc:
-        return _done(StageResult("inconclusive", reason=str(exc)), runs, started, sink, first_bad)
-    except RuntimeError as exc:   # torch: the step agreed where it had just differed
-        return _done(StageResult("inconclusive", reason=f"the step differed and then agreed under "
-                                 f"the same settings ({exc}); is it deterministic?"),
-                     runs, started, sink, first_bad)
+            try:
+                found = CB.do_bisect(judged)
+            except StepFailed as exc:
+                failure = str(exc)
+            except RuntimeError as exc:   # torch: the step agreed where it had just differed
+                failure = (f"the step differed and then agreed under the same settings ({exc}); "
+                           f"is it deterministic?")
+            except Exception as exc:  # noqa: BLE001 - raised again below, once torch cleaned up
+                error = exc.with_traceback(None)
+            # (torch cleans its state up when do_bisect's frame goes: here, not later)
     finally:
         CB.bisection_enabled = enabled
         CB.in_process_cache = None
+        if own:
+            shutil.rmtree(own, ignore_errors=True)
+    if error is not None:
+        raise error
+    if failure:
+        return _done(StageResult("inconclusive", reason=failure), runs, started, sink, first_bad)
     if found is None:
         return _done(StageResult("none"), runs, started, sink, first_bad)
     backend, subsystem = found.backend, found.subsystem
