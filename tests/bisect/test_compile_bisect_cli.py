@@ -72,6 +72,7 @@ def test_a_command_that_fails_or_trains_nothing_in_eager_is_refused(tmp_path, co
     assert len(lines) == 1 and says in lines[0], lines
 
 
+@pytest.mark.slow
 def test_an_unseeded_script_is_not_reproducible(script):
     (script / "unseeded.py").write_text(SCRIPT.replace("torch.manual_seed(0)", ""))
     out = bisect(script, sys.executable, "unseeded.py")

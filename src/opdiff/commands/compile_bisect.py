@@ -34,15 +34,19 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..bisect.command import bisect_command
     from ..errors import ConfigError
-    from ..terminal import console
 
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
+    if not cmd:     # said before torch is imported
+        raise ConfigError("compile-bisect needs a command after '--', e.g. "
+                          "opdiff compile-bisect -- python train.py")
     if args.step < 0:
         raise ConfigError("--step takes an optimizer step number from 0")
+    from ..bisect.command import bisect_command
+    from ..terminal import console
+
     err = console(stderr=True)
     result = bisect_command(cmd, step=args.step, thresholds=args.thresholds,
                             timeout=args.timeout, progress=lambda line: err.print(line, markup=False))
