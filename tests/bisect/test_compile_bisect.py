@@ -107,3 +107,33 @@ def test_a_run_is_judged_by_what_its_dtype_allows():
     gb = g.bfloat16()
     assert judge(named_tensors({"loss": (g * 1.001).bfloat16()}), named_tensors({"loss": gb})).agrees
     assert not judge(named_tensors({"loss": g[:3]}), golden).agrees
+
+
+def _wrong_from(backends):
+    """A step whose compiled result is 0.1% off whenever the bisector compiles with one of
+    `backends`, whatever their subsystems do: a fault of a whole backend."""
+    from torch._inductor.compiler_bisector import CompilerBisector
+
+    def stepped():
+        out = step()
+        if CompilerBisector.get_backend() in backends:
+            out[0] = out[0] * 1.001
+        return out
+    return stepped
+
+
+def test_a_backend_without_subsystems_is_named_with_the_backend_before_it_agreeing():
+    result = opdiff.compile_bisect(_wrong_from({"aot_eager", "aot_eager_decomp_partition"}))
+    assert result.found and (result.backend, result.subsystem) == ("aot_eager", None)
+    assert result.summary().startswith("the difference appears with AOTAutograd's tracing")
+    assert dict(result.reproduce) == {"TORCH_BISECT_BACKEND=aot_eager": "differs",
+                                      "TORCH_BISECT_BACKEND=eager": "agrees"}
+    assert result.confirmed
+
+
+def test_a_backend_none_of_whose_subsystems_removes_the_difference_is_inconclusive():
+    result = opdiff.compile_bisect(_wrong_from({"aot_eager_decomp_partition"}))
+    assert result.answer == "inconclusive" and not result.found
+    assert result.backend == "aot_eager_decomp_partition"
+    assert ("turning off none of its subsystems (aot_eager_decomp_partition_cse, decomposition) "
+            "one at a time removes it") in result.summary()

@@ -2,13 +2,14 @@
 by the gradients of its first optimizer step; bad input is one line and exit 2."""
 from __future__ import annotations
 
+import os
 import re
 import sys
 
 import pytest
 
 from bisectkit import SCRIPT
-from runkit import run
+from runkit import SRC, run
 
 
 @pytest.fixture()
@@ -86,3 +87,22 @@ def test_bisector_settings_already_set_are_refused(script):
               TORCH_BISECT_BACKEND="inductor")
     assert out.returncode == 2
     assert "TORCH_BISECT_BACKEND is set: unset it" in out.stderr
+
+
+def test_the_probe_takes_the_gradients_of_the_step_asked_for_and_ends_the_run_there(script):
+    import json
+
+    from safetensors import safe_open
+
+    from opdiff.bisect.command import SITE_DIR
+
+    out = script / "grads.safetensors"
+    done = run(["train.py"], script, PYTHONPATH=os.pathsep.join([SITE_DIR, SRC]),
+               TORCH_COMPILE_DISABLE="1",
+               OPDIFF_BISECT_PROBE=json.dumps({"out": str(out), "step": 1}))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("loss") == 1           # step 0 ran whole; step 1 stopped at its update
+    with safe_open(str(out), "pt") as f:
+        assert sorted(f.keys()) == ["grad[0]", "grad[1]", "grad[2]", "grad[3]"]
+        assert f.get_tensor("grad[0]").shape == (16, 8)
+        assert f.metadata()["frames"] == "0"        # compile disabled: dynamo compiled nothing
