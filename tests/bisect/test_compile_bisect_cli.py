@@ -76,10 +76,17 @@ def test_a_command_that_fails_or_trains_nothing_in_eager_is_refused(tmp_path, co
 @pytest.mark.slow
 def test_an_unseeded_script_is_not_reproducible(script):
     (script / "unseeded.py").write_text(SCRIPT.replace("torch.manual_seed(0)", ""))
-    out = bisect(script, sys.executable, "unseeded.py")
+    out = bisect(script, "unseeded.py")             # a bare script runs with this Python
     assert out.returncode == 2
     assert out.stderr.strip().startswith("opdiff: error: not reproducible: two eager runs of the "
                                          "command differ"), out.stderr
+
+
+def test_a_command_that_cannot_start_is_refused(tmp_path):
+    out = bisect(tmp_path, "no-such-program-here")
+    assert out.returncode == 2
+    assert out.stderr.strip() == ("opdiff: error: cannot run 'no-such-program-here': "
+                                  "No such file or directory")
 
 
 def test_bisector_settings_already_set_are_refused(script):

@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -56,8 +57,8 @@ class _Runs:
             with open(logfile, "wb") as log:
                 code = subprocess.run(self.cmd, env=full, stdout=log, stderr=subprocess.STDOUT,
                                       stdin=subprocess.DEVNULL, timeout=self.timeout).returncode
-        except FileNotFoundError:
-            raise BisectInputError(f"cannot run '{self.cmd[0]}': no such command or file") from None
+        except OSError as exc:
+            raise BisectInputError(f"cannot run '{self.cmd[0]}': {exc.strerror or exc}") from None
         except subprocess.TimeoutExpired:
             return None, {}, f"it ran past the {self.timeout:g} s timeout"
         if code != 0:
@@ -87,10 +88,13 @@ def bisect_command(cmd: list[str], *, step: int = 0, thresholds: Any = None,
         raise BisectInputError("compile-bisect needs a command after '--', e.g. "
                                "opdiff compile-bisect -- python train.py")
     refuse_bisect_environment()
+    cmd = list(cmd)
+    if cmd[0].endswith(".py") and not os.access(cmd[0], os.X_OK):
+        cmd.insert(0, sys.executable)       # `compile-bisect -- train.py`, as `opdiff run` takes it
     policy = Policy(thresholds)
     workdir = Path(tempfile.mkdtemp(prefix="opdiff-bisect-"))
     state_dir = str(workdir / "inductor")
-    runs = _Runs(list(cmd), step, workdir, timeout)
+    runs = _Runs(cmd, step, workdir, timeout)
     try:
         eager = []
         for _ in range(2):
