@@ -156,7 +156,7 @@ def drive(run_once: Callable[[], RunVerdict], *, state_dir: Optional[str] = None
           progress: Optional[Callable[[str], None]] = None) -> StageResult:
     """Bisect with `run_once` as the judge (see the module docstring). state_dir: where the
     bisector keeps its state; the processes a run starts must find it there too (their
-    TORCHINDUCTOR_CACHE_DIR); None: a temporary directory of torch's, for runs in this process."""
+    TORCHINDUCTOR_CACHE_DIR); None: a temporary directory of ours, for runs in this process."""
     from torch._inductor.compiler_bisector import BACKENDS, ConfigChange
     from torch._inductor.compiler_bisector import CompilerBisector as CB
 
@@ -193,9 +193,10 @@ def drive(run_once: Callable[[], RunVerdict], *, state_dir: Optional[str] = None
                 found = CB.do_bisect(judged)
             except StepFailed as exc:
                 failure = str(exc)
-            except RuntimeError as exc:   # torch: the step agreed where it had just differed
+            except RuntimeError as exc:   # torch's own checks, e.g. agreed where it had differed
                 failure = (f"the step differed and then agreed under the same settings ({exc}); "
-                           f"is it deterministic?")
+                           f"is it deterministic?" if "find_max_bounds" in str(exc)
+                           else f"the bisector stopped: {exc}")
             except Exception as exc:  # noqa: BLE001 - raised again below, once torch cleaned up
                 error = exc.with_traceback(None)
             # (torch cleans its state up when do_bisect's frame goes: here, not later)
