@@ -46,6 +46,9 @@ ENVIRONMENT = {
                         "callback through the `lightning.pytorch.callbacks_factory` entry point "
                         "(`OPDIFF_LIGHTNING_STEPS`, `_TASK`, `_LEVEL` optional; see the how-to page "
                         "*No code changes*).",
+    "OPDIFF_BISECT_PROBE": "set by `opdiff compile-bisect` for each run of the command: where to write the "
+                           "gradients of the optimizer step it judges (`{\"out\": ..., \"step\": N}`); "
+                           "the run ends there.",
     "OPDIFF_RUN_CONFIG": "set by `opdiff run` for every process it launches: the capture settings as one "
                          "JSON object (read by the start-up hook; not meant to be set by hand).",
     "OPDIFF_REQUIRE_BROWSER": "tests only: 1 makes the HTML report's browser tests fail instead of skipping "

@@ -25,6 +25,9 @@ def __getattr__(name):
     if name == "testing":      # `opdiff.testing.inject_fault(...)` after a bare `import opdiff`
         import importlib
         return importlib.import_module(".testing", __name__)
+    if name == "compile_bisect":
+        from .bisect import compile_bisect
+        return compile_bisect
     if name == "seed_all":
         from .seeding import seed_all
         return seed_all

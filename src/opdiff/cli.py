@@ -19,7 +19,7 @@ import sys
 from . import __version__
 from .errors import OpdiffError
 
-COMMANDS = ("demo", "compare", "check", "trend", "overflow", "onnx", "env", "run")
+COMMANDS = ("demo", "compare", "check", "trend", "overflow", "onnx", "env", "run", "compile-bisect")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log what opdiff is doing")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
-        importlib.import_module(f"opdiff.commands.{name}").add_parser(sub)
+        importlib.import_module(f"opdiff.commands.{name.replace('-', '_')}").add_parser(sub)
     for command in sub.choices.values():
         # `opdiff compare A B -v` as well as `opdiff -v compare A B` (errors say "rerun with -v")
         command.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
