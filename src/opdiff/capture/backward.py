@@ -173,14 +173,14 @@ class _OpBackward:
         """(called under `own()`)"""
         if self.keep or g is None:
             return g
-        return self.session.sink.describer.describe(g, self.record["name"], role, slot)
+        return self.session.describe(g, self.record["name"], role, slot)
 
     def boundary(self, positions: list, slots=()):
         """The post hook of a node handing gradients to the call's arguments."""
         def hook(grad_inputs, grad_outputs):
             if self.done:   # a second backward through a retained graph: recorded once
                 return
-            if self.session.writer is None or capturing_graph():  # (see guards.py)
+            if not self.session.recording or capturing_graph():  # (see guards.py)
                 self.done = True
                 return
             try:
@@ -206,7 +206,7 @@ class _OpBackward:
     def output_node(self, slots: list):
         """The pre hook of a node that made some of the call's outputs (not a boundary node)."""
         def prehook(grad_outputs):
-            if self.done or self.session.writer is None:
+            if self.done or not self.session.recording:
                 return
             try:
                 with self.session.own():
@@ -218,7 +218,7 @@ class _OpBackward:
 
     def emit(self) -> None:
         s, record = self.session, self.record
-        if self.done or s.writer is None:
+        if self.done or not s.recording:
             return
         self.done = True
         if capturing_graph():    # a backward captured into a CUDA graph: see guards.py
@@ -227,10 +227,9 @@ class _OpBackward:
         grads_out, grads_in = self.grads_out, self.grads_in
         with s.own():
             try:    # (what `_describe` described on arrival is a dict already)
-                d = s.sink.describer
-                record["inputs"] = [g if type(g) is dict else d.describe(g, name, Role.INPUT, j)
+                record["inputs"] = [g if type(g) is dict else s.describe(g, name, Role.INPUT, j)
                                     for j, g in enumerate(grads_out)]
-                record["outputs"] = [g if type(g) is dict else d.describe(g, name, Role.OUTPUT, i)
+                record["outputs"] = [g if type(g) is dict else s.describe(g, name, Role.OUTPUT, i)
                                      for i, g in enumerate(grads_in)]
             except Exception as exc:
                 s.failed(f"{name} (backward)", exc, record)
@@ -316,7 +315,7 @@ def hook_module_backward(session, fwd_name: str, op: str, index: int, parent, st
     state = {"emitted": False}
 
     def emit():
-        if not state["emitted"] and session.writer is not None:
+        if not state["emitted"] and session.recording:
             state["emitted"] = True
             session.emit(record)
 
