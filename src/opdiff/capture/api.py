@@ -145,8 +145,6 @@ class ApiCapture(TorchFunctionMode):
                  emit=s.selection.want_forward)
         if s.selection.want_backward and torch.is_grad_enabled():
             try:
-                record = pending.record
-                hook_api_backward(s, record["name"], record["op"], pending.index, record["module"],
-                                  record["stack"], result, pending.edges or (), first_seq)
+                hook_api_backward(s, pending, result, first_seq)
             except Exception as exc:
                 s.fail(pending, exc)

@@ -225,9 +225,7 @@ class ModuleCapture:
                 if kwargs:
                     in_targets = in_targets + grad_targets(kwargs)
                 with s.own():
-                    record = pending.record
-                    hook_module_backward(s, record["name"], record["op"], pending.index,
-                                         record["module"], record["stack"], in_targets, output)
+                    hook_module_backward(s, pending, in_targets, output)
             except Exception as exc:
                 s.fail(pending, exc)
         return None
