@@ -173,24 +173,30 @@ class Session:
         the call's `inputs` and result. Never raises into the user's call (see `fail`)."""
         record = pending.record
         name = record["name"]
-        with self.own():
-            try:
-                if kwargs:
+        with self.own():    # (each part on its own: one that fails leaves the others described)
+            if kwargs:
+                try:
                     record["kwargs"] = {k: self.describe(v, name, Role.INPUT, k) for k, v in kwargs.items()}
+                except Exception as exc:
+                    self.fail(pending, exc)
+            try:
                 if uninitialized:
                     record["outputs"] = [self.unread(result, name, Role.OUTPUT, 0, "uninitialized")]
                 else:
                     record["outputs"] = self.describe_all(
                         result if isinstance(result, (tuple, list)) else [result], name, Role.OUTPUT)
-                if parameters is not None:
+            except Exception as exc:
+                record.setdefault("outputs", [])
+                self.fail(pending, exc)
+            if parameters is not None:
+                try:
                     described = record["parameters"] = {
                         n: self.describe(p, name, Role.PARAMETERS, n) for n, p in parameters.items()
                         if p is not None}
                     tag_leaves(self, ((p, described[n]) for n, p in parameters.items() if p is not None),
                                record)
-            except Exception as exc:
-                record.setdefault("outputs", [])
-                self.fail(pending, exc)
+                except Exception as exc:
+                    self.fail(pending, exc)
         try:
             if emit:
                 self.emit(record)
