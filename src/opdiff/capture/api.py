@@ -5,7 +5,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from .. import ops
-from ..store.schema import Kind, Phase, Role, record_name
+from ..store.schema import Kind, Phase, record_name
 from . import collectives, naming
 from .backward import hook_api_backward, in_backward, input_edges
 from .callsite import api_caller, call_as, dispatched
@@ -72,40 +72,34 @@ class ApiCapture(TorchFunctionMode):
             return call_as(api_caller(), func, args, kwargs)
         # (the collectives `collectives.record_ddp_allreduce`'s comm hook issues inside backward
         # are let through: DDP's bucket all-reduce runs in its C++ reducer, where no mode is active)
-        if s.sink.writer is None or (in_backward() and not collectives.in_comm_hook(op)) or \
+        if not s.recording or (in_backward() and not collectives.in_comm_hook(op)) or \
                 capturing_graph():
             # (ops captured into a CUDA graph run on replay, not now: see guards.py)
             return call_as(api_caller(), func, args, kwargs)
-        pending = None
-        try:
-            pending = self._before(op, args, kwargs)
-        except Exception as exc:
-            s.failed(op, exc)
+        pending = self._begin(op, args, kwargs)
         if op.startswith("Distributed."):   # its group and per-group number (collectives.py)
-            collectives.annotate(pending, func, args, kwargs, s.sink)
+            collectives.annotate(pending, func, args, kwargs, s)
         first_seq = torch._C._autograd._get_sequence_nr()
         out = call_as(api_caller(), func, args, kwargs)
         if pending is not None:
-            try:
-                self._after(pending, args, out, first_seq)
-            except Exception as exc:
-                s.failed(op, exc, pending.record)
+            self._finish(pending, args, out, first_seq)
         return out
 
-    def _before(self, op, args, kwargs):
+    def _begin(self, op, args, kwargs) -> PendingRecord | None:
+        """The call's pending record, its inputs described (None: not recorded)."""
         s = self.session
-        op = naming.operator_name(op)
-        index = s.sink.next_index(op)
-        name = record_name(op, Phase.FORWARD, index)
-        mutating = ops.is_mutating(op, kwargs)
-        if not s.selection.selected(name):
-            if mutating:
-                s.sink.describer.forget((args, kwargs))
-            return None
-        record = {"name": name, "op": op, "kind": Kind.API, "phase": Phase.FORWARD,
-                  "module": s.modules.current, "stack": s.stack_id(skip=3)}
-        pending = PendingRecord(record, index)
+        pending = None
         try:
+            op = naming.operator_name(op)
+            index = s.next_index(op)
+            name = record_name(op, Phase.FORWARD, index)
+            mutating = ops.is_mutating(op, kwargs)
+            if not s.selection.selected(name):
+                if mutating:
+                    s.forget((args, kwargs))
+                return None
+            pending = s.begin(name, op, Kind.API, Phase.FORWARD, index, s.stack_id(skip=3))
+            record = pending.record
             compiled = provenance(2)    # an aten op of a torch.compile'd FX graph (compiled.py)
             if compiled is not None:
                 record["compiled"] = compiled
@@ -117,7 +111,7 @@ class ApiCapture(TorchFunctionMode):
                 if described_kwargs is not None:
                     record["kwargs"] = described_kwargs
             if mutating:  # what was described of its arguments may be overwritten by this op
-                s.sink.describer.forget((args, kwargs))
+                s.forget((args, kwargs))
                 if s.overflow is not None:  # an in-place op creating inf overwrites its finite input
                     from .overflow import all_finite
                     pending.inputs_finite = all_finite((args, kwargs))
@@ -125,40 +119,32 @@ class ApiCapture(TorchFunctionMode):
             if s.selection.want_backward and torch.is_grad_enabled():
                 pending.edges = input_edges((args, kwargs))
         except Exception as exc:  # keep the record, with what went wrong on it
-            s.failed(name, exc, record)
+            s.fail(pending, exc, op)
         return pending
 
-    def _after(self, pending, args, out, first_seq):
+    def _finish(self, pending: PendingRecord, args, out, first_seq: int) -> None:
         s = self.session
-        record = pending.record
-        op = record["op"]
-        facts = ops.traits(op)
         result = out
-        if facts.collective and hasattr(out, "wait") and hasattr(out, "is_completed"):
-            # async_op=True: the buffers are only meaningful once the collective is done. Waiting
-            # here costs overlap while dumping, never numerics; the user's own wait() is a no-op.
-            out.wait()
-        elif facts.collective and isinstance(out, torch.Tensor):
-            out = collectives.waited(out)    # a functional collective's result (DTensor's)
-        if args and (facts.returns_first_argument or
-                     (facts.collective and not isinstance(out, torch.Tensor))):
-            # These write into their first argument and return None (or a Work handle).
-            result = args[0]
-        name = record["name"]
-        with s.own():
-            try:
-                if facts.uninitialized:
-                    record["outputs"] = [s.sink.describer.unread(result, name, Role.OUTPUT, 0,
-                                                                 "uninitialized")]
-                else:
-                    record["outputs"] = s.describe_all(
-                        result if isinstance(result, (tuple, list)) else [result], name, Role.OUTPUT)
-            except Exception as exc:  # keep the record and say what failed
-                record.setdefault("outputs", [])
-                s.failed(op, exc, record)
-        if s.selection.want_forward:
-            s.sink.emit(record)
-        s.check_overflow(record, args, result, pending.inputs_finite)
+        facts = None
+        try:
+            facts = ops.traits(pending.record["op"])
+            if facts.collective and hasattr(out, "wait") and hasattr(out, "is_completed"):
+                # async_op=True: the buffers are only meaningful once the collective is done.
+                # Waiting here costs overlap while dumping, never numerics; the user's own
+                # wait() is a no-op.
+                out.wait()
+            elif facts.collective and isinstance(out, torch.Tensor):
+                out = collectives.waited(out)    # a functional collective's result (DTensor's)
+            if args and (facts.returns_first_argument or
+                         (facts.collective and not isinstance(out, torch.Tensor))):
+                # These write into their first argument and return None (or a Work handle).
+                result = args[0]
+        except Exception as exc:
+            s.fail(pending, exc)
+        s.finish(pending, result, args, uninitialized=facts is not None and facts.uninitialized,
+                 emit=s.selection.want_forward)
         if s.selection.want_backward and torch.is_grad_enabled():
-            hook_api_backward(s, name, op, pending.index, record["module"], record["stack"], result,
-                              pending.edges or (), first_seq)
+            try:
+                hook_api_backward(s, pending, result, first_seq)
+            except Exception as exc:
+                s.fail(pending, exc)

@@ -13,10 +13,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..ops import SKIPPED_ATEN
-from ..store.schema import Kind, Phase, Role, record_name
+from ..store.schema import Kind, Phase, record_name
 from .compiled import provenance
 from .guards import capturing_graph
 from .randomness import draws, fingerprint
+from .sink import PendingRecord
 
 if TYPE_CHECKING:
     from types import FrameType
@@ -65,7 +66,7 @@ class AtenCapture(TorchDispatchMode):
         kwargs = kwargs or {}
         s = self.session
         packet = func.overloadpacket.__name__
-        if s.own.active or s.sink.writer is None or packet in SKIPPED_ATEN or func.is_view or capturing_graph():
+        if s.own.active or not s.recording or packet in SKIPPED_ATEN or func.is_view or capturing_graph():
             return func(*args, **kwargs)
         node = torch._C._current_autograd_node()
         if node is not None and torch.is_grad_enabled() and _recomputing():
@@ -73,52 +74,52 @@ class AtenCapture(TorchDispatchMode):
             return func(*args, **kwargs)
         phase = Phase.BACKWARD if node is not None else Phase.FORWARD
         op = f"Aten.{packet}"
-        record = None
+        pending = self._begin(op, phase, node, func, args, kwargs)
+        if pending is not None and phase == Phase.FORWARD:
+            # Autograd creates the node before dispatching here: its sequence nr is the last one.
+            self.forward_names.setdefault(torch._C._autograd._get_sequence_nr() - 1,
+                                          pending.record["name"])
+        out = func(*args, **kwargs)
+        if pending is not None:
+            s.finish(pending, out, args)
+        return out
+
+    def _begin(self, op: str, phase: str, node, func, args, kwargs) -> PendingRecord | None:
+        """The op's pending record, its inputs described (None: not recorded)."""
+        s = self.session
+        pending = None
         try:
-            index = s.sink.next_index(f"{op}.{phase}")
+            index = s.next_index(f"{op}.{phase}")
             name = record_name(op, phase, index, Kind.ATEN)
             sel = s.selection
-            if sel.selected(name) and (sel.want_forward if phase == Phase.FORWARD else sel.want_backward):
-                record = {"name": name, "op": op, "kind": Kind.ATEN, "phase": phase,
-                          "module": s.modules.current,
-                          "stack": s.stack_id(skip=3) if phase == Phase.FORWARD else None}
-                if node is None and draws(op, args, kwargs):
-                    record["rng"] = fingerprint(args, kwargs)
-                if node is not None:
-                    record["forward"] = self.forward_names.get(node._sequence_nr())
-                    record["autograd_node"] = node.name()
-                compiled = provenance()     # run by an FX graph of torch.compile (compiled.py)
-                if compiled is not None:
-                    record["compiled"] = compiled
-                    seq = compiled.get("seq_nr")
-                    if seq is not None and phase == Phase.FORWARD:
-                        self.compiled_names.setdefault(seq, name)
-                    elif seq is not None:
-                        record["forward"] = self.compiled_names.get(seq)
-                with s.own():
-                    try:
-                        record["inputs"], described_kwargs = s.describe_inputs(op, args, kwargs, name, record)
-                        if described_kwargs is not None:
-                            record["kwargs"] = described_kwargs
-                    except Exception as exc:  # keep the record and say what failed
-                        record.setdefault("inputs", [])
-                        s.failed(op, exc, record)
+            if not sel.selected(name) or not (sel.want_forward if phase == Phase.FORWARD else sel.want_backward):
+                return None
+            pending = s.begin(name, op, Kind.ATEN, phase, index,
+                              s.stack_id(skip=4) if phase == Phase.FORWARD else None)
+            record = pending.record
+            if node is None and draws(op, args, kwargs):
+                record["rng"] = fingerprint(args, kwargs)
+            if node is not None:
+                record["forward"] = self.forward_names.get(node._sequence_nr())
+                record["autograd_node"] = node.name()
+            compiled = provenance(2)    # run by an FX graph of torch.compile (compiled.py)
+            if compiled is not None:
+                record["compiled"] = compiled
+                seq = compiled.get("seq_nr")
+                if seq is not None and phase == Phase.FORWARD:
+                    self.compiled_names.setdefault(seq, name)
+                elif seq is not None:
+                    record["forward"] = self.compiled_names.get(seq)
+            with s.own():
+                try:
+                    record["inputs"], described_kwargs = s.describe_inputs(op, args, kwargs, name, record)
+                    if described_kwargs is not None:
+                        record["kwargs"] = described_kwargs
+                finally:
                     if func._schema.is_mutable:
-                        s.sink.describer.forget((args, kwargs))
-        except Exception as exc:
-            s.failed(op, exc)
-            record = None
-        if record is not None and phase == Phase.FORWARD:
-            # Autograd creates the node before dispatching here: its sequence nr is the last one.
-            self.forward_names.setdefault(torch._C._autograd._get_sequence_nr() - 1, record["name"])
-        out = func(*args, **kwargs)
-        if record is not None:
-            try:
-                with s.own():
-                    record["outputs"] = s.describe_all(out if isinstance(out, (tuple, list)) else [out],
-                                                       record["name"], Role.OUTPUT)
-                s.sink.emit(record)
-                s.check_overflow(record, args, out)
-            except Exception as exc:
-                s.failed(op, exc, record)
-        return out
+                        s.forget((args, kwargs))
+        except Exception as exc:  # keep the record, with what went wrong on it
+            if pending is not None:
+                pending.record.setdefault("inputs", [])
+            s.fail(pending, exc, op)
+        return pending

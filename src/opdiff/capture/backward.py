@@ -69,9 +69,16 @@ def op_nodes(roots: list, first_seq: int, last_seq: int) -> tuple[list, list]:
     return list(found.values()), leaving
 
 
-def hook_api_backward(session, fwd_name: str, op: str, index: int, module, stack, outputs,
-                      edges=(), first_seq: int | None = None) -> None:
-    """Arrange for `{op}.{index}.backward` to be recorded when autograd reaches this op.
+def backward_name(session, pending, kind: str = Kind.API) -> str | None:
+    """The name of the backward record of the call `pending` (sink.PendingRecord), or None when
+    `scope` or `list` leave it out."""
+    name = record_name(pending.record["op"], Phase.BACKWARD, pending.index, kind)
+    return name if session.selected(name, forward_selected=True) else None
+
+
+def hook_api_backward(session, pending, outputs, first_seq: int | None = None) -> None:
+    """Arrange for the backward record of the API call `pending` (its sink.PendingRecord:
+    `{op}.{index}.backward`) to be recorded when autograd reaches this op.
 
     Inputs of the record: the gradient w.r.t. every output tensor (None where none flowed).
     Outputs: the gradient this call sends to each of its tensor arguments, summed over the
@@ -86,8 +93,8 @@ def hook_api_backward(session, fwd_name: str, op: str, index: int, module, stack
         out_tensors = tensors_in(outputs)
         if not any(t.requires_grad for t in out_tensors):
             return
-    name = record_name(op, Phase.BACKWARD, index)
-    if not session.selected(name, forward_selected=True):
+    name = backward_name(session, pending)
+    if name is None:
         return
     last_seq = torch._C._autograd._get_sequence_nr()
     first = first_seq if first_seq is not None else last_seq - 1
@@ -98,7 +105,7 @@ def hook_api_backward(session, fwd_name: str, op: str, index: int, module, stack
     targets: dict = {}
     leaves: dict = {}
     n_inputs = 0
-    for i, fn, nr, t in edges:
+    for i, fn, nr, t in pending.edges or ():
         if fn is not None:
             targets[(id(fn), nr)] = i
         else:
@@ -121,9 +128,6 @@ def hook_api_backward(session, fwd_name: str, op: str, index: int, module, stack
             if i in fed:
                 summed.add(i)
             fed.add(i)
-    record = {"name": name, "op": op, "kind": Kind.API, "phase": Phase.BACKWARD, "module": module,
-              "forward": fwd_name, "stack": stack,
-              "inputs": [None] * len(out_tensors), "outputs": [None] * n_inputs}
     # Gradients w.r.t. the outputs: what each output's node receives (a node pre-hook sees the
     # gradient of the value the op produced, even if the tensor was later changed in place).
     # An output's node is the call's when it is one of the roots.
@@ -136,7 +140,8 @@ def hook_api_backward(session, fwd_name: str, op: str, index: int, module, stack
             if entry is None:
                 entry = by_node[id(fn)] = (fn, [])
             entry[1].append((t.output_nr, j))
-    op_backward = _OpBackward(session, record, len(boundary), n_inputs, summed)
+    op_backward = BackwardRecord(session, pending, name, len(out_tensors), n_inputs)
+    op_backward.expect(len(boundary), summed)
     # A node with a post hook anyway sees the same gradients there (usually the op's only node).
     for key, (node, positions) in boundary.items():
         node.register_hook(op_backward.boundary(positions, by_node.pop(key, (None, ()))[1]))
@@ -146,41 +151,59 @@ def hook_api_backward(session, fwd_name: str, op: str, index: int, module, stack
         nodes[0].register_hook(lambda grad_inputs, grad_outputs: op_backward.emit())
 
 
-class _OpBackward:
-    """One API call's backward record while its gradients arrive (see hook_api_backward).
+class BackwardRecord:
+    """One call's backward record while its gradients arrive: made from the call's pending
+    record (its name, op, kind, module and stack), filled by the hooks backward.py registers
+    (`boundary` and `output_node` for an API call, `gradients` for a module call), emitted once.
 
     Each gradient is described as it arrives, and no hook keeps it afterwards: a gradient held
     until the op's last node ran would make AccumulateGrad copy it into `.grad` instead of
     taking it (torch takes a gradient only nobody else holds), a copy of every parameter's
     gradient, which the parameter-gradient record then described again. Only an argument fed by
     several edges of the call keeps its parts until they are summed. With task="overflow_check"
-    the tensors are kept for the check at the end, as the check reads them.
+    an API call's tensors are kept for the check at the end, as the check reads them.
     """
 
-    __slots__ = ("session", "record", "waiting", "grads_out", "grads_in", "done", "summed", "keep")
+    __slots__ = ("session", "record", "waiting", "grads_out", "grads_in", "done", "summed", "keep",
+                 "checked")
 
-    def __init__(self, session, record: dict, waiting: int, n_inputs: int, summed: set):
+    def __init__(self, session, pending, name: str, n_outputs: int = 0, n_inputs: int = 0):
+        forward = pending.record
         self.session = session
-        self.record = record
-        self.waiting = waiting
-        self.keep = session.overflow is not None
-        self.grads_out: list = [None] * len(record["inputs"])   # tensors, or their descriptors
+        self.record = {"name": name, "op": forward["op"], "kind": forward["kind"],
+                       "phase": Phase.BACKWARD, "module": forward["module"], "forward": forward["name"],
+                       "stack": forward["stack"], "inputs": [None] * n_outputs,
+                       "outputs": [None] * n_inputs}
+        # (the overflow check reads an API call's gradients; a module's are not checked)
+        self.checked = forward["kind"] == Kind.API
+        self.keep = self.checked and session.overflow is not None
+        self.grads_out: list = [None] * n_outputs   # tensors, or their descriptors
         self.grads_in: list = [None] * n_inputs
-        self.summed = summed     # arguments fed by several edges: their parts kept until summed
+        self.waiting = 0
+        self.summed: set = set()
         self.done = False
+
+    def expect(self, waiting: int, summed: set) -> None:
+        """An API call: `waiting` boundary nodes still to run; `summed`, the arguments fed by
+        several edges (their parts kept until summed)."""
+        self.waiting = waiting
+        self.summed = summed
 
     def _describe(self, g, role: str, slot):
         """(called under `own()`)"""
         if self.keep or g is None:
             return g
-        return self.session.sink.describer.describe(g, self.record["name"], role, slot)
+        return self.session.describe(g, self.record["name"], role, slot)
+
+    def _failed(self, exc: Exception) -> None:
+        self.session.failed(f"{self.record['name']} (backward)", exc, self.record)
 
     def boundary(self, positions: list, slots=()):
         """The post hook of a node handing gradients to the call's arguments."""
         def hook(grad_inputs, grad_outputs):
             if self.done:   # a second backward through a retained graph: recorded once
                 return
-            if self.session.writer is None or capturing_graph():  # (see guards.py)
+            if not self.session.recording or capturing_graph():  # (see guards.py)
                 self.done = True
                 return
             try:
@@ -197,7 +220,7 @@ class _OpBackward:
                         else:
                             grads_in[i] = g if grads_in[i] is None else grads_in[i] + g
             except Exception as exc:
-                self.session.failed(f"{self.record['name']} (backward)", exc, self.record)
+                self._failed(exc)
             self.waiting -= 1
             if self.waiting == 0:
                 self.emit()
@@ -206,36 +229,56 @@ class _OpBackward:
     def output_node(self, slots: list):
         """The pre hook of a node that made some of the call's outputs (not a boundary node)."""
         def prehook(grad_outputs):
-            if self.done or self.session.writer is None:
+            if self.done or not self.session.recording:
                 return
             try:
                 with self.session.own():
                     for nr, j in slots:
                         self.grads_out[j] = self._describe(grad_outputs[nr], Role.INPUT, j)
             except Exception as exc:
-                self.session.failed(f"{self.record['name']} (backward)", exc, self.record)
+                self._failed(exc)
         return prehook
+
+    def gradients(self, role: str, last: bool):
+        """A module call's gradient group (see `on_all_grads`): w.r.t. its outputs (`role`
+        Role.INPUT) or its inputs (Role.OUTPUT); the `last` group to arrive emits the record."""
+        key = "inputs" if role == Role.INPUT else "outputs"
+
+        def arrived(grads):
+            if capturing_graph():    # a backward captured into a CUDA graph: see guards.py
+                self.done = True
+                return
+            s = self.session
+            with s.own():
+                try:
+                    self.record[key] = s.describe_all(grads, self.record["name"], role)
+                except Exception as exc:
+                    s.failed(self.record["name"], exc, self.record)
+            if last:
+                self.emit()
+        return arrived
 
     def emit(self) -> None:
         s, record = self.session, self.record
-        if self.done or s.writer is None:
+        if self.done or not s.recording:
             return
         self.done = True
         if capturing_graph():    # a backward captured into a CUDA graph: see guards.py
             return
-        name = record["name"]
-        grads_out, grads_in = self.grads_out, self.grads_in
-        with s.own():
-            try:    # (what `_describe` described on arrival is a dict already)
-                d = s.sink.describer
-                record["inputs"] = [g if type(g) is dict else d.describe(g, name, Role.INPUT, j)
-                                    for j, g in enumerate(grads_out)]
-                record["outputs"] = [g if type(g) is dict else d.describe(g, name, Role.OUTPUT, i)
-                                     for i, g in enumerate(grads_in)]
-            except Exception as exc:
-                s.failed(f"{name} (backward)", exc, record)
+        if self.checked:
+            name = record["name"]
+            grads_out, grads_in = self.grads_out, self.grads_in
+            with s.own():
+                try:    # (what `_describe` described on arrival is a dict already)
+                    record["inputs"] = [g if type(g) is dict else s.describe(g, name, Role.INPUT, j)
+                                        for j, g in enumerate(grads_out)]
+                    record["outputs"] = [g if type(g) is dict else s.describe(g, name, Role.OUTPUT, i)
+                                         for i, g in enumerate(grads_in)]
+                except Exception as exc:
+                    self._failed(exc)
         s.emit(record)
-        s.check_overflow(record, grads_out, grads_in)
+        if self.checked:
+            s.check_overflow(record, self.grads_out, self.grads_in)
         self.grads_out = self.grads_in = []   # the node may outlive this backward
 
 
@@ -300,49 +343,17 @@ def on_all_grads(session, targets: list, fn) -> None:
         register(target, member(i))
 
 
-def hook_module_backward(session, fwd_name: str, op: str, index: int, parent, stack, in_targets: list,
-                         outputs):
-    """Record `{module}.backward.{index}`: grads w.r.t. its outputs, then w.r.t. its inputs
-    (`in_targets`: `grad_targets` of its inputs, taken when the call began)."""
+def hook_module_backward(session, pending, in_targets: list, outputs) -> None:
+    """Record the backward of the module call `pending` (its sink.PendingRecord:
+    `{module}.backward.{index}`): grads w.r.t. its outputs, then w.r.t. its inputs (`in_targets`:
+    `grad_targets` of its inputs, taken when the call began)."""
     out_targets = grad_targets(outputs)
     if not out_targets:
         return
-    name = record_name(op, Phase.BACKWARD, index, Kind.MODULE)
-    if not session.selected(name, forward_selected=True):
+    name = backward_name(session, pending, Kind.MODULE)
+    if name is None:
         return
-    has_inputs = bool(in_targets)
-    record = {"name": name, "op": op, "kind": Kind.MODULE, "phase": Phase.BACKWARD, "module": parent,
-              "forward": fwd_name, "stack": stack, "inputs": [], "outputs": []}
-    state = {"emitted": False}
-
-    def emit():
-        if not state["emitted"] and session.writer is not None:
-            state["emitted"] = True
-            session.emit(record)
-
-    def on_outputs(grads):
-        if capturing_graph():    # a backward captured into a CUDA graph: see guards.py
-            state["emitted"] = True
-            return
-        with session.own():
-            try:
-                record["inputs"] = session.describe_all(grads, name, Role.INPUT)
-            except Exception as exc:
-                session.failed(f"{name}", exc, record)
-        if not has_inputs:
-            emit()
-
-    def on_inputs(grads):
-        if capturing_graph():
-            state["emitted"] = True
-            return
-        with session.own():
-            try:
-                record["outputs"] = session.describe_all(grads, name, Role.OUTPUT)
-            except Exception as exc:
-                session.failed(f"{name}", exc, record)
-        emit()
-
-    on_all_grads(session, out_targets, on_outputs)
+    record = BackwardRecord(session, pending, name)
+    on_all_grads(session, out_targets, record.gradients(Role.INPUT, last=not in_targets))
     if in_targets:
-        on_all_grads(session, in_targets, on_inputs)
+        on_all_grads(session, in_targets, record.gradients(Role.OUTPUT, last=True))

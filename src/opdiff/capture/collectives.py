@@ -6,7 +6,7 @@ record finds the same collective in every participating rank's dump (the compari
 analysis reads it). Point-to-point ops (send/recv, isend/irecv) are counted per pair of peers
 and also carry the peer: `{"ranks": [0, 1], "seq": k, "peer": 1}`.
 
-    collectives.annotate(pending, func, args, kwargs, sink)    # capture/api.py, per Distributed op
+    collectives.annotate(pending, func, args, kwargs, session)    # capture/api.py, per Distributed op
 
 The counter lives per sink (one per step and rank), and advances for collectives the selection
 leaves out too, so numbering does not depend on what was recorded.
@@ -115,7 +115,7 @@ def waited(out: Any) -> Any:
 
 
 def annotate(pending: Any, func: Callable[..., Any], args: tuple[Any, ...],
-             kwargs: dict[str, Any], sink: Any) -> None:
+             kwargs: dict[str, Any], session: Any) -> None:
     """Number this collective in its group's sequence (always) and, when it is recorded
     (`pending` not None), set `pending.record["group"]`. Never raises into the user's call."""
     try:
@@ -130,7 +130,7 @@ def annotate(pending: Any, func: Callable[..., Any], args: tuple[Any, ...],
             key: tuple[Any, ...] = ("p2p", min(me, peer), max(me, peer))
         else:
             key = tuple(ranks)
-        counters = _counters.setdefault(sink, {})
+        counters = _counters.setdefault(session, {})
         seq = counters.get(key, 0)
         counters[key] = seq + 1
         if pending is not None:

@@ -154,10 +154,9 @@ def _tag_one(session: Any, leaves: Leaves, t: torch.Tensor, desc: dict, reader: 
     if not leaves.first_use(t) or not session.selection.want_forward:
         return
     # (described again under its own name: statistics shared, a saved tensor referenced)
-    own = session.sink.describer.describe(t, record_name(f"{_PREFIX[what]}.{fqn}", Phase.FORWARD,
-                                                         0), Role.OUTPUT, 0)
+    own = session.describe(t, record_name(f"{_PREFIX[what]}.{fqn}", Phase.FORWARD, 0), Role.OUTPUT, 0)
     own.pop("leaf", None)
-    session.sink.emit(leaf_record(what, fqn, own, reader))
+    session.emit(leaf_record(what, fqn, own, reader))
 
 
 __all__ = ["Leaves", "leaf_record", "tag_leaves", "PARAMETER", "BUFFER", "INPUT"]

@@ -22,7 +22,6 @@ from . import stacks
 from .backward import grad_targets, hook_module_backward, in_backward
 from .guards import capturing_graph, never_compiled, tracing_or_capturing
 from .leaves import tag_leaves
-from .sink import PendingRecord
 
 
 def module_names(models) -> dict:
@@ -187,7 +186,7 @@ class ModuleCapture:
                     params.append((n, p))
             for pname, p in params:
                 def on_grad(param, label=label, pname=pname, expected=len(params)):
-                    if s.sink.writer is not None and param.grad is not None and not capturing_graph():
+                    if s.recording and param.grad is not None and not capturing_graph():
                         try:
                             s.add_param_grad(label, expected, pname, param.grad)
                         except Exception as exc:
@@ -199,36 +198,36 @@ class ModuleCapture:
             return None   # see api.py
         s = self.session
         label = self._label(module)
-        if label is None or s.own.active or s.sink.writer is None or in_backward():
+        if label is None or s.own.active or not s.recording or in_backward():
             return None
         pending = None
         anchor = None
         try:
-            index = s.sink.next_index(f"{label}.forward")
+            index = s.next_index(f"{label}.forward")
             name = record_name(label, Phase.FORWARD, index, Kind.MODULE)
             if s.selection.selected(name):
                 # The frame running this call (it stays on the stack until the call returns)
                 # and the user frames from it outward: what every op inside it shares.
                 caller = sys._getframe(1)
                 anchor = (caller, stacks.frames_from(caller, anchor=s.modules.anchor))
-                record = {"name": name, "op": label, "kind": Kind.MODULE, "phase": Phase.FORWARD,
-                          "module": s.modules.current, "stack": s.sink.stack_id(anchor[1])}
-                pending = PendingRecord(record, index)
+                pending = s.begin(name, label, Kind.MODULE, Phase.FORWARD, index,
+                                  s.stack_id(frames=anchor[1]))
+                record = pending.record
                 backward = s.selection.want_backward and torch.is_grad_enabled()
                 with s.own():
                     if not s.ops_advance_epoch:    # L0: user code may have run since the last call
-                        s.sink.describer.epoch += 1
+                        s.new_epoch()
                     record["inputs"] = s.describe_all(args, name, Role.INPUT)
                     tag_leaves(s, zip(args, record["inputs"]), record)
                     if backward:
                         # before the call: an in-place module moves its input onto its own node
                         pending.edges = grad_targets(args)
-        except Exception as exc:
-            if pending is not None:   # inputs could not be described: keep the call, say why
+        except Exception as exc:   # inputs could not be described: keep the call, say why
+            if pending is not None:
                 pending.record.setdefault("inputs", [])
             else:
                 name = label
-            s.failed(label, exc, pending.record if pending is not None else None)
+            s.fail(pending, exc, label)
         s.modules.push(module, name, (pending, args), anchor)
         return None
 
@@ -243,32 +242,19 @@ class ModuleCapture:
         if state is None:
             return None
         pending, pre_args = state
-        if pending is None or s.sink.writer is None:
+        if pending is None or not s.recording:
             return None
-        record = pending.record
-        name = record["name"]
-        s.selection.module_returned(name)
-        try:
-            in_targets = pending.edges
-            backward = in_targets is not None and torch.is_grad_enabled()   # (own() disables grad)
-            d = s.sink.describer
-            with s.own():
+        s.selection.module_returned(pending.record["name"])
+        in_targets = pending.edges
+        backward = in_targets is not None and torch.is_grad_enabled()
+        s.finish(pending, output, pre_args, kwargs=kwargs, parameters=module._parameters,
+                 emit=s.selection.want_forward)
+        if backward:
+            try:
                 if kwargs:
-                    record["kwargs"] = {k: d.describe(v, name, Role.INPUT, k) for k, v in kwargs.items()}
-                record["outputs"] = s.describe_all(
-                    output if isinstance(output, (tuple, list)) else [output], name, Role.OUTPUT)
-                record["parameters"] = {n: d.describe(p, name, Role.PARAMETERS, n)
-                                        for n, p in module._parameters.items() if p is not None}
-                tag_leaves(s, ((p, record["parameters"][n]) for n, p in module._parameters.items()
-                               if p is not None), record)
-                if s.selection.want_forward:
-                    s.sink.emit(record)
-                s.check_overflow(record, pre_args, output)
-                if backward:
-                    if kwargs:
-                        in_targets = in_targets + grad_targets(kwargs)
-                    hook_module_backward(s, name, record["op"], pending.index, record["module"],
-                                         record["stack"], in_targets, output)
-        except Exception as exc:
-            s.failed(record.get("name", "module"), exc, record)
+                    in_targets = in_targets + grad_targets(kwargs)
+                with s.own():
+                    hook_module_backward(s, pending, in_targets, output)
+            except Exception as exc:
+                s.fail(pending, exc)
         return None

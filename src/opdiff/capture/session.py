@@ -25,7 +25,7 @@ from . import stacks
 from .guards import OwnWork
 from .leaves import Leaves, tag_leaves
 from .selection import Selection, name_matches, normalize_name
-from .sink import StepSink
+from .sink import PendingRecord, StepSink
 from .tracker import ModuleStack
 
 if TYPE_CHECKING:
@@ -77,6 +77,15 @@ class Session:
     @property
     def recording(self) -> bool:
         return self.sink.writer is not None
+
+    def fail(self, pending: PendingRecord | None, exc: BaseException, where: str = "") -> None:
+        """The one failure policy of every layer: logged the first time, noted on the pending
+        record (which is still written, with what it has), never raised into the user's run
+        (only the overflow check's OverflowDetected stops it, on purpose)."""
+        if pending is None:
+            self.failed(where, exc)
+        else:
+            self.failed(where or pending.record["name"], exc, pending.record)
 
     def failed(self, where: str, exc: BaseException, record: dict | None = None) -> None:
         """Capture failed: log the first time, note it on the record, let the user's run go on."""
@@ -148,6 +157,55 @@ class Session:
         """Close this step's dump now (overflow_check stops training mid-step)."""
         self.sink.close_writer()
 
+    # -- the call protocol of every layer (api.py, aten.py, modules.py) ------------------------
+    def begin(self, name: str, op: str, kind: str, phase: str, index: int,
+              stack: int | None) -> PendingRecord:
+        """A call selected for recording begins: its pending record, which the layer fills with
+        its inputs before the call, `finish` completes after it, and backward.py's hooks take
+        for the call's backward record."""
+        return PendingRecord({"name": name, "op": op, "kind": kind, "phase": phase,
+                              "module": self.modules.current, "stack": stack}, index)
+
+    def finish(self, pending: PendingRecord, result, inputs, *, kwargs: dict | None = None,
+               parameters: dict | None = None, uninitialized: bool = False,
+               emit: bool = True) -> None:
+        """The call returned `result`: its outputs described (an `uninitialized` result by dtype
+        and shape only), for a module call its keyword arguments before them and its
+        `parameters` after, the record emitted (when `emit`), and the overflow check run on
+        the call's `inputs` and result. Never raises into the user's call (see `fail`)."""
+        record = pending.record
+        name = record["name"]
+        with self.own():    # (each part on its own: one that fails leaves the others described)
+            if kwargs:
+                try:
+                    record["kwargs"] = {k: self.describe(v, name, Role.INPUT, k) for k, v in kwargs.items()}
+                except Exception as exc:
+                    self.fail(pending, exc)
+            try:
+                if uninitialized:
+                    record["outputs"] = [self.unread(result, name, Role.OUTPUT, 0, "uninitialized")]
+                else:
+                    record["outputs"] = self.describe_all(
+                        result if isinstance(result, (tuple, list)) else [result], name, Role.OUTPUT)
+            except Exception as exc:
+                record.setdefault("outputs", [])
+                self.fail(pending, exc)
+            if parameters is not None:
+                try:
+                    described = record["parameters"] = {
+                        n: self.describe(p, name, Role.PARAMETERS, n) for n, p in parameters.items()
+                        if p is not None}
+                    tag_leaves(self, ((p, described[n]) for n, p in parameters.items() if p is not None),
+                               record)
+                except Exception as exc:
+                    self.fail(pending, exc)
+        try:
+            if emit:
+                self.emit(record)
+            self.check_overflow(record, inputs, result, pending.inputs_finite)
+        except Exception as exc:
+            self.fail(pending, exc)
+
     # -- names and filters ---------------------------------------------------------------------
     def next_index(self, op: str) -> int:
         return self.sink.next_index(op)
@@ -156,13 +214,33 @@ class Session:
         """Apply `scope` and `list` to a record name (see Selection.selected)."""
         return self.selection.selected(name, forward_selected)
 
-    def stack_id(self, skip: int = 2) -> int | None:
-        """The stack id of the user's call site, `skip` frames above the caller."""
+    def stack_id(self, skip: int = 2, frames: tuple | None = None) -> int | None:
+        """The stack id of the user's call site, `skip` frames above the caller (or of these
+        user `frames`, see stacks.frames_from)."""
         if self.sink.writer is None:
             return None
-        return self.sink.stack_id(stacks.user_frames(skip + 1, anchor=self.modules.anchor))
+        if frames is None:
+            frames = stacks.user_frames(skip + 1, anchor=self.modules.anchor)
+        return self.sink.stack_id(frames)
 
     # -- records -------------------------------------------------------------------------------
+    def describe(self, value, name: str, role: str, slot) -> dict:
+        """One value's descriptor in record `name` (see Describer.describe); a step is open."""
+        return cast("Describer", self.sink.describer).describe(value, name, role, slot)
+
+    def unread(self, value, name: str, role: str, slot, why: str = "overwritten") -> dict:
+        """A value by dtype and shape only (see Describer.unread); a step is open."""
+        return cast("Describer", self.sink.describer).unread(value, name, role, slot, why)
+
+    def forget(self, values) -> None:
+        """An op is about to overwrite `values`: what was described of them is stale."""
+        cast("Describer", self.sink.describer).forget(values)
+
+    def new_epoch(self) -> None:
+        """User code may have run since the last op: descriptions cached before are checked
+        again when read (see handles.py)."""
+        cast("Describer", self.sink.describer).epoch += 1
+
     def describe_all(self, values, name: str, role: str) -> list:
         d = cast("Describer", self.sink.describer)   # set while a step is open
         return [d.describe(v, name, role, i) for i, v in enumerate(values)]

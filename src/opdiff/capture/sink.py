@@ -29,11 +29,12 @@ _FLUSH_EVERY = 256      # records queued before their statistics are resolved an
 
 
 class PendingRecord:
-    """A record while its call is still running: the dict that will be written (`record`) and
-    what capture needs to know about the call until then, which is never written: the call's
-    counter (`index`), where its inputs' gradients go, taken before it ran (`edges`, see
-    backward.py), whether an in-place op's inputs were finite before it overwrote them
-    (`inputs_finite`), the overflow check's sentence about it (`message`)."""
+    """A record while its call is still running (`Session.begin` makes it, `Session.finish`
+    completes it, backward.py's hooks take it for the call's backward record): the dict that
+    will be written (`record`) and what capture needs to know about the call until then, which
+    is never written: the call's counter (`index`), where its inputs' gradients go, taken before
+    it ran (`edges`, see backward.py), whether an in-place op's inputs were finite before it
+    overwrote them (`inputs_finite`), the overflow check's sentence about it (`message`)."""
 
     __slots__ = ("record", "index", "edges", "inputs_finite", "message")
 
