@@ -13,7 +13,8 @@ import torch.nn as nn
 import opdiff
 from opdiff.capture import session as capture_session
 
-LAYERS = ["api.py", "aten.py", "modules.py", "backward.py", "leaves.py", "collectives.py"]
+LAYERS = ["api.py", "aten.py", "modules.py", "backward.py", "leaves.py", "collectives.py",
+          "inductor.py"]
 
 
 class _ExplodingList(list):

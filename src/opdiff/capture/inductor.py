@@ -131,50 +131,45 @@ class InductorKernels:
         op = f"{KERNEL_PREFIX}.{kernel}"
 
         def record_kernel(*args: Any) -> Any:
-            if s.own.active or s.sink.writer is None:
+            if s.own.active or not s.recording:
                 return fn(*args)
             phase = Phase.BACKWARD if torch._C._current_graph_task_id() != -1 else Phase.FORWARD
-            record: Optional[dict[str, Any]] = None
+            pending = ins = None
             try:
-                index = s.sink.next_index(f"{op}.{phase}")
+                index = s.next_index(f"{op}.{phase}")
                 name = record_name(op, phase, index, Kind.KERNEL)
                 sel = s.selection
                 if sel.selected(name) and (sel.want_forward if phase == Phase.FORWARD
                                            else sel.want_backward):
-                    record = {"name": name, "op": op, "kind": Kind.KERNEL, "phase": phase,
-                              "module": None, "stack": None,
-                              "compiled": _provenance(kernel, path)}
+                    pending = s.begin(name, op, Kind.KERNEL, phase, index, None)
+                    pending.record["compiled"] = _provenance(kernel, path)
+                    ins = [a for a, r in zip(args, roles) if r in ("in", "in_out")]
                     with s.own():
-                        record["inputs"] = _inputs(s, args, roles, name)
+                        pending.record["inputs"] = _inputs(s, ins, roles, name)
             except Exception as exc:
-                s.failed(op, exc, record)
-                record = None
+                s.fail(pending, exc, op)
+                if pending is not None:
+                    pending.record.setdefault("inputs", [])
             out = fn(*args)
             outs = [a for a, r in zip(args, roles) if r in ("out", "in_out")]
             # written through raw pointers, unseen by version counters: what capture knows
             # of these buffers is stale (else a later read looks like a write outside torch)
-            s.sink.describer.forget(outs)
-            if record is not None:
-                try:
-                    with s.own():
-                        record["outputs"] = s.describe_all(outs, record["name"], Role.OUTPUT)
-                    s.sink.emit(record)
-                except Exception as exc:
-                    s.failed(op, exc, record)
+            s.forget(outs)
+            if pending is not None:
+                s.finish(pending, outs, ins)
             return out
         return record_kernel
 
 
-def _inputs(s: Any, args: tuple[Any, ...], roles: list[str], name: str) -> list[dict[str, Any]]:
+def _inputs(s: Any, ins: list[Any], roles: list[str], name: str) -> list[dict[str, Any]]:
     """A kernel's inputs: its `in_ptr` arguments, and its `in_out_ptr` ones where a recorded op
     made them (otherwise Inductor may have handed the kernel a fresh buffer it writes before
     reading: shape and dtype only, as an `out=` tensor)."""
-    ins = [a for a, r in zip(args, roles) if r in ("in", "in_out")]
     described = s.describe_all(ins, name, Role.INPUT)
     kinds = [r for r in roles if r in ("in", "in_out")]
     for i, (kind, desc) in enumerate(zip(kinds, described)):
         if kind == "in_out" and isinstance(desc, dict) and "producer" not in desc:
-            described[i] = s.sink.describer.unread(ins[i], name, Role.INPUT, i)
+            described[i] = s.unread(ins[i], name, Role.INPUT, i)
     return described
 
 
