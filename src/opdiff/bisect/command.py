@@ -28,7 +28,7 @@ from .judge import RunVerdict, judge
 from .probe import ENV as PROBE_ENV
 from .stages import StageResult, StepFailed, drive
 
-SITE_DIR = str(Path(__file__).resolve().parent / "site")
+SITE_DIR = str(Path(__file__).resolve().parent.parent / "launch" / "site")   # (shared with opdiff run)
 
 
 class _Runs:

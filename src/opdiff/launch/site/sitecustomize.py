@@ -1,6 +1,7 @@
-"""Imported by Python at start-up in every process `opdiff run` launches (its directory is first
-on PYTHONPATH): installs opdiff's hooks when OPDIFF_RUN_CONFIG is set, then runs the
-sitecustomize this one hides, if any. Never raises: a broken start-up must not stop the user's run."""
+"""Imported by Python at start-up in every process `opdiff run` or `opdiff compile-bisect`
+launches (its directory is first on PYTHONPATH): installs opdiff's hooks when OPDIFF_RUN_CONFIG
+is set, compile-bisect's probe when OPDIFF_BISECT_PROBE is, then runs the sitecustomize this
+one hides, if any. Never raises: a broken start-up must not stop the user's run."""
 import os
 import sys
 
@@ -13,6 +14,16 @@ def _opdiff_start() -> None:
         except Exception as exc:  # noqa: BLE001 - the user's program runs on regardless
             sys.stderr.write(f"opdiff run: could not install its hooks in this process "
                              f"({type(exc).__name__}: {exc}); the program runs without capture\n")
+
+
+def _bisect_probe() -> None:
+    if os.environ.get("OPDIFF_BISECT_PROBE"):
+        try:
+            from opdiff.bisect import probe
+            probe.install()
+        except Exception as exc:  # noqa: BLE001 - reported: the run then writes no result
+            sys.stderr.write(f"opdiff compile-bisect: could not install its probe "
+                             f"({type(exc).__name__}: {exc})\n")
 
 
 def _chain() -> None:
@@ -31,6 +42,7 @@ def _chain() -> None:
 
 
 _opdiff_start()
+_bisect_probe()
 try:
     _chain()
 except Exception as exc:  # noqa: BLE001 - as Python itself does with a failing sitecustomize
