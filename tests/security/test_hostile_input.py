@@ -99,7 +99,9 @@ def test_a_record_that_is_a_list(target, compare, run):
 
 @pytest.mark.parametrize("field,value", [("inputs", "abc"), ("stack", [1]), ("name", 3),
                                          ("kwargs", [1]), ("outputs", [{"type": 5}]),
-                                         ("inputs", [{"type": "tensor", "shape": "big"}])])
+                                         ("inputs", [{"type": "tensor", "shape": "big"}]),
+                                         ("inputs", [{"type": "tensor", "producer": {"a": 1}}]),
+                                         ("inputs", [{"type": "tensor", "producer": [[0], 0]}])])
 def test_record_fields_of_the_wrong_type(target, compare, field, value):
     lines = _lines(target / "records.jsonl")
     record = json.loads(lines[0])

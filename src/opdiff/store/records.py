@@ -275,6 +275,11 @@ def _descriptors_problem(todo: list[Any]) -> Optional[str]:
                 return "a tensor's stats are not an object of numbers"
             if type(d.get("dtype")) not in _TEXT or type(d.get("key")) not in _TEXT:
                 return "a tensor's dtype or key is not text"
+            producer = d.get("producer")
+            if producer is not None and (type(producer) is not list or len(producer) != 2
+                                         or type(producer[0]) is not int
+                                         or type(producer[1]) not in (int, str)):
+                return "a tensor's producer is not [seq, slot]"
         elif t in ("list", "tuple"):
             items = d.get("items", [])
             if type(items) is not list:
