@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..comparison.result import ERROR, WARNING, CompareResult
+from ..comparison.result import ERROR, WARNING, CompareResult, Note, note_kind
 from ..numbers import human
 from ..terminal import console as _safe_console
 from ..terminal import one_line, safe
@@ -91,6 +91,14 @@ def print_result(result, console: Console | None = None, *, worst: int = 5) -> N
                        + f" to {os.path.dirname(next(iter(result.files.values())))}", style="dim"))
 
 
+def _inconclusive(note: str) -> str:
+    """An inconclusive note as the verdict: "inconclusive: ..." first, also where the note is
+    said again with where it holds ("step 1 rank 0: inconclusive: ...", comparison/runs.py)."""
+    word = "inconclusive: "
+    text = str(note)
+    return text if text.startswith(word) else word + text.replace(word, "", 1)
+
+
 def verdict_line(result: CompareResult) -> str:
     """One sentence on what the compare found."""
     from ..comparison.reasons import incomparable_ops
@@ -104,9 +112,9 @@ def verdict_line(result: CompareResult) -> str:
         p, c = cut[0]
         return (f"inconclusive: step {p['step']} rank {p['rank']}: {cut_words(c['side'], c)}; no "
                 f"divergence among the records before it (see the notes)")
-    said = next((n for n in result.notes if n.startswith("inconclusive:")), None)
+    said = next((n for n in result.notes if note_kind(n) == Note.INCONCLUSIVE), None)
     if fd is None and said:     # e.g. compiled code recorded unlike eager code (comparison/compiled.py)
-        return said
+        return _inconclusive(said)
     if fd is None and covered is not None and covered < MIN_COVERAGE:
         # Most tensors were not compared at all: finding nothing among the rest proves little.
         return (f"inconclusive: only {100 * covered:.0f}% of tensors have a partner in the other "

@@ -142,11 +142,13 @@ def load_summary(path) -> CompareResult:
                          **kwargs)
 
 
-# What an opdiff that wrote no "note_kinds" said in the notes re-judging drops (`rejudge.STALE`):
+# What an opdiff that wrote no "note_kinds" said in the notes re-judging drops (`rejudge.STALE`),
+# and its inconclusive notes (the verdict line says them):
 # recognised once, here where such a file is read, so nothing after it reads a note's words.
 _OLD_WORDS = ((Note.THRESHOLDS, lambda n: "statistics only" in n),
               (Note.REPLAY, lambda n: n.startswith("replayed ") or ": replayed " in n),
-              (Note.REJUDGED, lambda n: n.startswith("re-judged from the saved metrics")))
+              (Note.REJUDGED, lambda n: n.startswith("re-judged from the saved metrics")),
+              (Note.INCONCLUSIVE, lambda n: n.startswith("inconclusive:") or ": inconclusive: " in n))
 
 
 def _notes(texts: list, kinds) -> list[str]:
