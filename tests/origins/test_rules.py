@@ -37,6 +37,16 @@ def test_the_docstring_table_lists_the_origins_in_order():
     assert listed == list(Origin.ALL)
 
 
+def test_the_user_docs_give_the_same_order():
+    from pathlib import Path
+    text = " ".join((Path(__file__).parents[2] / "docs" / "explanation" / "origins.md")
+                    .read_text(encoding="utf-8").split())
+    said = re.search(r"takes the first of (.*?) that applies to it; (.*?) are decided", text)
+    assert said, "docs/explanation/origins.md says in which order origins are tried"
+    order = re.findall(r"`(\w+)`", said.group(1)) + re.findall(r"`(\w+)`", said.group(2))
+    assert order == list(Origin.ALL)
+
+
 def test_the_schema_allows_exactly_the_origins():
     found = []
 
