@@ -98,3 +98,35 @@ def test_the_first_rule_that_holds_makes_the_divergence(case, expected):
 def test_a_region_is_decided_before_random_and_number():
     region = op("Region", kind=REGION, rng=("cpu:1", "cpu:2"), arg_diffs=["x"])
     assert next(r for r in origins.pair_rules() if r.holds(region)).origin == Origin.REGION
+
+
+_READ_ORIGIN = re.compile(r"""["']origin["']\s*(?:,\s*None\s*)?\)\s*(?:[!=]=|(?:not\s+)?in\b)""")
+
+
+def origin_literals(path):
+    """Lines of Python code that name an origin and spell one of its values as a string."""
+    import io
+    import tokenize
+    names, strings = {}, {}
+    for tok in tokenize.generate_tokens(io.StringIO(path.read_text(encoding="utf-8")).readline):
+        if tok.type == tokenize.NAME and "origin" in tok.string.lower() or \
+                _READ_ORIGIN.search(tok.line):           # getattr(fd, "origin", None) == ...
+            names[tok.start[0]] = tok.line
+        if tok.type == tokenize.STRING and tok.string.strip("'\"") in Origin.ALL:
+            strings[tok.start[0]] = tok.line
+    return [f"{path.name}:{n}: {names[n].strip()}" for n in sorted(names.keys() & strings.keys())]
+
+
+def test_no_origin_is_spelled_outside_the_enum():
+    """Code compares and sets origins through `Origin`, never a string of its own."""
+    from pathlib import Path
+
+    import opdiff
+    root = Path(opdiff.__file__).parent
+    python = [*(root / "comparison").rglob("*.py"), root / "api.py", *(root / "report").glob("*.py")]
+    found = [hit for f in python if f.name != "result.py" for hit in origin_literals(f)]
+    js = re.compile(r"""origin\s*[!=]==?\s*["']""")
+    found += [f"{f.name}:{n}" for f in (root / "report").glob("*.js")
+              for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1)
+              if js.search(line)]
+    assert found == []

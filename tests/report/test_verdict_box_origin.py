@@ -59,4 +59,4 @@ def test_heading_without_a_browser(cnn_result, origin, reason, heading):
     result.first_divergence = replace(result.first_divergence, origin=origin, reason=reason)
     d = build_payload(result)["divergence"]
     assert d["heading"] == heading
-    assert d["own_error"] is (origin in ("op", ""))
+    assert d["input_optional"] is (origin not in ("op", ""))

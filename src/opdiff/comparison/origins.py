@@ -9,7 +9,7 @@ cross-pair one, where its function is called), and the schema's enum (schemas/co
 
     origin       rule (tried in this order)                   what differs
     one pair:
-    "parameter"  a leaf record, leaf "parameter" (or unnamed)  a parameter, before any op read it
+    "parameter"  a leaf record, leaf "parameter" (or other)    a parameter, before any op read it
     "buffer"     a leaf record, leaf "buffer"                 a buffer (running statistic, mask...)
     "input"      a leaf record, leaf "input"                  a root-call input
     "outside"    `judge_outside` blamed the op                a tensor that changed between two
@@ -347,8 +347,8 @@ class Rule:
     across: Optional[Callable[..., Any]] = None
 
 
-def _leaf(*what: str) -> Holds:
-    return lambda op: op.kind == Kind.LEAF and _what(op) in what
+def _leaf(what: str) -> Holds:
+    return lambda op: op.kind == Kind.LEAF and _what(op) == what
 
 
 def _leaf_other() -> Holds:     # (a leaf named neither buffer nor input: a parameter)

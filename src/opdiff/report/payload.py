@@ -302,8 +302,9 @@ def _divergence(d, culprit_rows: list[int]) -> Optional[dict]:
         "tensor": _text(d.tensor), "module": _text(d.module), "step": d.step, "rank": d.rank,
         "origin": _text(getattr(d, "origin", None)), "kind": _text(getattr(d, "kind", None)),
         # the verdict box's words for where it comes from (comparison/origins.py's RULES)
-        "heading": origins.heading(d), "own_error": getattr(d, "origin", None) in (
-            None, "", origins.Origin.OP),
+        # (and whether the worst input may be absent: not an op's own error)
+        "heading": origins.heading(d),
+        "input_optional": getattr(d, "origin", None) not in (None, "", origins.Origin.OP),
         "context": [[int(n), _text(t)] for n, t in (d.context or ())],
         "rows": culprit_rows,
     }

@@ -356,7 +356,7 @@
     }
     // where the difference comes from, in words: comparison/origins.py's RULES (payload.py)
     right.appendChild(el("h3", null, d.heading));
-    right.appendChild(metricsTable([[d.own_error === false ? "worst input (if any)" : "worst input", d.input_metrics],
+    right.appendChild(metricsTable([[d.input_optional ? "worst input (if any)" : "worst input", d.input_metrics],
                                     [d.tensor && d.tensor.indexOf(d.name + ".") === 0 ? d.tensor.slice(d.name.length + 1) : "worst output", d.metrics, true]]));
     environmentBlock(right);
     pairsBlock(right);
