@@ -42,28 +42,21 @@ def test_payload_carries_the_origin(cnn_result):
     assert build_payload(result)["divergence"]["origin"] == "parameter"
 
 
-def test_heading_function_without_a_browser(tmp_path):
-    """The same headings, from report.js's own function, run in Node where there is one."""
-    import json
-    import re
-    import shutil
-    import subprocess
-    from pathlib import Path
-
-    import opdiff.report
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("node is not installed")
-    js = (Path(opdiff.report.__file__).parent / "report.js").read_text()
-    fn = re.search(r"function originHeading\(d\) \{.*?\n    \}\n", js, re.S)
-    assert fn, "report.js has originHeading"
-    cases = [{"origin": "op"}, {"origin": "parameter", "reason": "differs before any op"},
-             {"origin": "parameter", "reason": "... carried over from step 0, ..."},
-             {"origin": "number"}, {}]
-    script = fn.group(0) + f"console.log(JSON.stringify({json.dumps(cases)}.map(originHeading)));"
-    out = subprocess.run([node, "-e", script], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout) == [
-        "Inputs agree, outputs do not", "A parameter differs before any op reads it",
-        "Parameters carried over from an earlier step", "Its number arguments differ",
-        "Inputs agree, outputs do not"]
+@pytest.mark.parametrize("origin, reason, heading", [
+    ("op", "", "Inputs agree, outputs do not"),
+    ("parameter", "differs before any op", "A parameter differs before any op reads it"),
+    ("parameter", "... carried over from step 0, ...", "Parameters carried over from an earlier step"),
+    ("number", "", "Its number arguments differ"),
+    ("region", "", "Inputs agree, outputs do not"),
+    ("collective", "", "Received through a collective"),
+    ("", "", "Inputs agree, outputs do not"),
+])
+def test_heading_without_a_browser(cnn_result, origin, reason, heading):
+    """The same headings, as the payload gives them to report.js (comparison/origins.py's
+    RULES), and the worst input's label: "(if any)" unless the op's own error."""
+    from opdiff.report.payload import build_payload
+    result = cnn_result()
+    result.first_divergence = replace(result.first_divergence, origin=origin, reason=reason)
+    d = build_payload(result)["divergence"]
+    assert d["heading"] == heading
+    assert d["input_optional"] is (origin not in ("op", ""))

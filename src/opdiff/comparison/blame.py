@@ -55,9 +55,9 @@ from ..dtypes import LARGEST_FINITE, canonical_dtype, is_float
 from ..store.records import input_numbers
 from ..store.schema import Kind, Location, Phase, param_grad_links
 from . import noise, origins, reasons
-from .result import (ERROR, INTEGER, LOCAL, NONFINITE, NUMBER, RANDOM, REPLAY, SCALE, WARNING,
+from .result import (ERROR, INTEGER, LOCAL, NONFINITE, NUMBER, REPLAY, SCALE, WARNING,
                      Divergence, TensorRow)
-from .regions import REGION, made_tensor, region_divergence, region_members
+from .regions import REGION, made_tensor, region_members
 from .verdicts import run_precision
 
 if TYPE_CHECKING:
@@ -290,26 +290,7 @@ def first_divergence(op_scores: list[OpScore], rows: list[TensorRow]) -> Optiona
     if not candidates:
         return None
     first = min(candidates, key=lambda o: o.seq)
-    if first.kind == Kind.LEAF:
-        return origins.leaf_divergence(first, rows, op_scores,
-                                       reasons.source_context(first.location))
-    if first.blame == origins.OUTSIDE:
-        return origins.outside_divergence(first, rows, reasons.source_context(first.location))
-    if first.kind == REGION:
-        return region_divergence(first, rows)
-    random = origins.random_reason(first)
-    out = rows[first.worst_out] if first.worst_out is not None else None
-    inp = rows[first.worst_in] if first.worst_in is not None else None
-    tensor = out.target_name if out is not None else (
-        first.replay.worst.name if first.replay is not None and first.replay.worst else None)
-    kind = first.divergence_kind if random is None else RANDOM
-    return Divergence(
-        name=first.name, op=first.op, phase=first.phase,
-        reason=reasons.describe(first, rows) if random is None else random,
-        location=first.location, metrics=dict(out.metrics) if out is not None else {},
-        tensor=tensor, input_metrics=dict(inp.metrics) if inp is not None else {},
-        module=first.module, context=reasons.source_context(first.location),
-        kind=kind, origin=kind if kind in (NUMBER, RANDOM) else origins.OP)
+    return origins.divergence(first, rows, op_scores)    # where it comes from: origins.RULES
 
 
 def explained(op_scores: list[OpScore], policy: Policy) -> set[str]:

@@ -1,38 +1,55 @@
-"""Where a difference comes from when it is not an op's kernel: the origin of a divergence.
+"""Where a difference comes from: the origin of a divergence, decided by one ordered set of rules.
+
+Every origin is one `Origin` constant (opdiff.comparison.result: `Divergence` carries it) and
+one `Rule` of `RULES` below, in the same order. On one pair, `divergence` walks the pair rules
+in order on the earliest op still blamed and the first that holds makes the Divergence; the
+cross-pair rules then re-label pairs' divergences from the other pairs, each through one
+function (`Rule.across`). Adding an origin: its `Origin` constant, its `Rule` here (and, for a
+cross-pair one, where its function is called), and the schema's enum (schemas/compare-summary).
+
+    origin       rule (tried in this order)                   what differs
+    one pair:
+    "parameter"  a leaf record, leaf "parameter" (or other)    a parameter, before any op read it
+    "buffer"     a leaf record, leaf "buffer"                 a buffer (running statistic, mask...)
+    "input"      a leaf record, leaf "input"                  a root-call input
+    "outside"    `judge_outside` blamed the op                a tensor that changed between two
+                                                              recorded ops without a recorded op
+                                                              writing it (capture marks the
+                                                              reader's input, opdiff.capture.handles)
+    "region"     an OpScore of kind region                    ops the runs do not share, judged
+                                                              as one (opdiff.comparison.regions)
+    "random"     `random_reason`: generators in other states  a random op's draws
+    "number"     the op's number arguments differ             a Python number argument
+    "op"         always (the last pair rule)                  the op's own computation
+    across pairs:
+    "collective" `ranks.attribute_collectives` (api.compare)   received through a collective from
+                                                              another rank (recorded or inferred)
+    "optimizer"  `across_steps` (runs.merge)                  parameters at the start of step S,
+                                                              although step S-1 agreed throughout
+
+`across_steps` also re-labels a step's divergence when an earlier step diverged already
+(`carried_over`: origin "parameter", its reason saying from which step).
 
 Capture records each parameter, buffer and root-call input once per step, before the first op
 that reads it (`Kind.LEAF` records, see `opdiff.capture.leaves`). Two runs that start from the
 same weights and data hold them bit for bit alike (or, in two dtypes, within the dtype's
-rounding), so a leaf that differs is the origin, whatever the ops after it do:
-
-    origin      what differs
-    "op"        an op's own computation (the blame rules of `opdiff.comparison.blame`)
-    "number"    a Python number argument of the op named (`Divergence.kind == "number"`)
-    "parameter" / "buffer" / "input"   a leaf, before any op read it (`Divergence.tensor`: its FQN)
-    "outside"   a tensor whose values changed between two recorded ops without a recorded op
-                writing it (capture marks the reader's input, see opdiff.capture.handles):
-                `Divergence.tensor` is that input, name/op/location the op that reads it
-    "optimizer" parameters at the start of step S, although step S-1 agreed throughout
-                (`optimizer_origin`, applied across steps)
-
-For a leaf, the divergence's `name`, `op`, `phase` and `location` are those of the first op that
-reads it.
+rounding), so a leaf that differs is the origin, whatever the ops after it do. For a leaf, the
+divergence's `name`, `op`, `phase` and `location` are those of the first op that reads it and
+`tensor` its FQN; for "outside", `tensor` is the input read and name/op/location the reader.
 """
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Optional, Sequence, cast
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, cast
 
 from ..numbers import human
 from ..store.schema import Kind, RecordName
-from .result import ERROR, LEAF_KIND, NUMBER, WARNING, Divergence, TensorRow
+from . import ranks, reasons
+from .regions import REGION, region_divergence
+from .result import ERROR, LEAF_KIND, NUMBER, RANDOM, WARNING, Divergence, Origin, TensorRow
 
 if TYPE_CHECKING:       # (blame imports this module)
     from .blame import OpScore
-
-OP, PARAMETER, BUFFER, INPUT, OPTIMIZER = "op", "parameter", "buffer", "input", "optimizer"
-OUTSIDE = "outside"
-ORIGINS = (OP, NUMBER, PARAMETER, BUFFER, INPUT, OUTSIDE, "random", OPTIMIZER)
 
 # A leaf's statistics, compared in one dtype, move by more than this (relative to its
 # magnitude) only when its values differ: the same tensor gives the same statistics.
@@ -89,7 +106,8 @@ def judge_outside(op_scores: Sequence["OpScore"], rows: list[TensorRow], policy:
     marks that input `"leaf": "outside"`) and differs from golden's is not to blame for it: the
     difference enters there (origin "outside"), whatever the op computes from it."""
     for op in op_scores:
-        marked = {i for i, what in op.leaf_inputs.items() if what.startswith(OUTSIDE + " ")}
+        marked = {i for i, what in op.leaf_inputs.items()
+                  if what.startswith(Origin.OUTSIDE + " ")}
         if not marked:
             continue
         best: Optional[tuple[float, int]] = None
@@ -98,7 +116,7 @@ def judge_outside(op_scores: Sequence["OpScore"], rows: list[TensorRow], policy:
                 if best is None or m.error > best[0]:
                     best = (m.error, row_index)
         if best is not None:
-            op.local, op.blame, op.worst_in, op.worst_out = True, OUTSIDE, best[1], None
+            op.local, op.blame, op.worst_in, op.worst_out = True, Origin.OUTSIDE, best[1], None
             for row_index, _, _, _ in op.outputs:    # what it computed from them: inherited
                 row = rows[row_index]
                 if row.result == ERROR:
@@ -106,38 +124,36 @@ def judge_outside(op_scores: Sequence["OpScore"], rows: list[TensorRow], policy:
                         f"{row.reason}; inherited from an input changed outside torch"))
 
 
-def outside_divergence(op: "OpScore", rows: list[TensorRow],
-                       context: tuple[Any, ...]) -> Divergence:
+def outside_divergence(op: "OpScore", rows: list[TensorRow], op_scores: Sequence["OpScore"] = (),
+                       origin: str = Origin.OUTSIDE) -> Divergence:
     """The first divergence when a tensor changed outside torch (see judge_outside): named
     after the op that reads it, the tensor being the input it read."""
-    from .reasons import outside_reason
-
     row = rows[cast(int, op.worst_in)]
     return Divergence(
-        name=op.name, op=op.op, phase=op.phase, reason=outside_reason(op, row),
+        name=op.name, op=op.op, phase=op.phase, reason=reasons.outside_reason(op, row),
         location=op.location, metrics=dict(row.metrics), tensor=row.target_name,
-        input_metrics=dict(row.metrics), module=op.module, context=context, kind=LEAF_KIND,
-        origin=OUTSIDE)
+        input_metrics=dict(row.metrics), module=op.module,
+        context=reasons.source_context(op.location), kind=LEAF_KIND, origin=origin)
 
 
 def _what(op: "OpScore") -> str:
-    return op.leaf or PARAMETER
+    return op.leaf or Origin.PARAMETER
 
 
 def leaf_reason(op: "OpScore", rows: list[TensorRow], op_scores: Sequence["OpScore"]) -> str:
     """The sentence of a differing leaf (or of most parameters differing)."""
     what = _what(op)
-    if what == PARAMETER:
-        params = [o for o in op_scores if o.kind == Kind.LEAF and _what(o) == PARAMETER]
+    if what == Origin.PARAMETER:
+        params = [o for o in op_scores if o.kind == Kind.LEAF and _what(o) == Origin.PARAMETER]
         differ = [o for o in params if o.local]
         if len(differ) > 1 and len(differ) >= MOST_PARAMETERS * len(params):
             return (f"{len(differ)} of {len(params)} parameters differ before any op: the runs "
                     f"start from different weights; check the seed or the checkpoint (first: "
                     f"{op.fqn}, {_numbers(op, rows)})")
-    why = {PARAMETER: "the runs do not start from the same weights",
-           BUFFER: "the runs do not start from the same model state (a running statistic, a "
+    why = {Origin.PARAMETER: "the runs do not start from the same weights",
+           Origin.BUFFER: "the runs do not start from the same model state (a running statistic, a "
                    "mask or a table the model keeps)",
-           INPUT: "the runs are not given the same data"}.get(what, "")
+           Origin.INPUT: "the runs are not given the same data"}.get(what, "")
     return f"{what} {op.fqn} differs before any op uses it ({_numbers(op, rows)}): {why}"
 
 
@@ -152,7 +168,7 @@ def _numbers(op: "OpScore", rows: list[TensorRow]) -> str:
 
 
 def leaf_divergence(op: "OpScore", rows: list[TensorRow], op_scores: Sequence["OpScore"],
-                    context: tuple[Any, ...]) -> Divergence:
+                    origin: str = Origin.PARAMETER) -> Divergence:
     """The first divergence when it is a leaf: named after the first op that reads it."""
     reader = op.reader or op.name
     parsed = RecordName.parse(reader)
@@ -162,13 +178,13 @@ def leaf_divergence(op: "OpScore", rows: list[TensorRow], op_scores: Sequence["O
         phase=parsed.phase if parsed is not None else op.phase,
         reason=leaf_reason(op, rows, op_scores), location=op.location,
         metrics=dict(out.metrics) if out is not None else {}, tensor=op.fqn, module=op.module,
-        context=context, kind=LEAF_KIND, origin=_what(op))
+        context=reasons.source_context(op.location), kind=LEAF_KIND, origin=origin)
 
 
 def leaf_input_reason(reason: str, leaf: str) -> str:
     """An op's input that differs because it is a differing leaf (not 'made earlier'), or
     because it changed outside torch after it was recorded (`leaf` "outside <name>")."""
-    if leaf.startswith(OUTSIDE + " "):
+    if leaf.startswith(Origin.OUTSIDE + " "):
         return f"{reason}; changed outside torch after the op that made it was recorded (the origin)"
     return f"{reason}; {leaf}: differs before any op (its own row is the origin)"
 
@@ -196,10 +212,10 @@ def optimizer_origin(previous: Optional[Divergence], previous_compared: bool,
     while step S-1 was compared and agreed throughout (its gradients included) were changed
     by what ran between the two recorded regions: the optimizer's update (a learning rate, a
     weight decay, a fused kernel). Returns `current` re-labelled, or unchanged."""
-    if (current is None or current.origin != PARAMETER or previous is not None
+    if (current is None or current.origin != Origin.PARAMETER or previous is not None
             or not previous_compared):
         return current
-    return replace(current, origin=OPTIMIZER, reason=(
+    return replace(current, origin=Origin.OPTIMIZER, reason=(
         f"{current.reason.split(':')[0]}, although everything of step {_previous(current)} "
         f"agreed, its gradients included: the optimizer's update differs between the runs (its "
         f"learning rate, weight decay or kernel); the parameter was changed outside the "
@@ -225,7 +241,7 @@ def across_steps(results: Sequence[Any]) -> None:
             # the earliest step; there, where the difference started (not a rank that
             # received it through a collective), this rank's own first
             first = min(earlier, key=lambda e: (
-                e.step, getattr(e.first_divergence, "origin", None) == "collective",
+                e.step, ranks.received_from(e.first_divergence),
                 e.rank != r.rank, e.rank if e.rank is not None else -1))
             r.first_divergence = carried_over(first.first_divergence, r.first_divergence,
                                               r.rows)
@@ -248,17 +264,17 @@ def carried_over(earlier: Divergence, current: Divergence, rows: Any) -> Diverge
     since = (f"{CARRIED} {earlier.step}, which diverged at {earlier.name}"
              f"{'' if earlier.rank is None else f' (rank {earlier.rank})'}: the training steps "
              f"since then carried that difference into the weights")
-    if current.origin == PARAMETER:
+    if current.origin == Origin.PARAMETER:
         head = current.reason.split(":")[0].replace(" before any op uses it", "").replace(
             " before any op", "")
         return replace(current, reason=f"{head} at the start of step {current.step}, {since}")
-    if current.origin != OP:
+    if current.origin != Origin.OP:
         return current
     differ = _differing_parameters(rows)
     if not differ:
         return current
     worst = max(differ, key=lambda row: row.error or 0.0)
-    return replace(current, origin=PARAMETER, kind=LEAF_KIND, tensor=worst.leaf_tensor, reason=(
+    return replace(current, origin=Origin.PARAMETER, kind=LEAF_KIND, tensor=worst.leaf_tensor, reason=(
         f"{current.name} differs, but {len(differ)} parameter(s) already differ at the start "
         f"of step {current.step} (worst: {worst.leaf_tensor}, {_row_numbers(worst)}), "
         f"{since}; not a local error in this op"))
@@ -266,7 +282,7 @@ def carried_over(earlier: Divergence, current: Divergence, rows: Any) -> Diverge
 
 def is_carried_over(fd: Optional[Divergence]) -> bool:
     """Whether a divergence was carried over from an earlier step (`carried_over`)."""
-    return fd is not None and fd.origin == PARAMETER and CARRIED in fd.reason
+    return fd is not None and fd.origin == Origin.PARAMETER and CARRIED in fd.reason
 
 
 def _differing_parameters(rows: Any) -> list[TensorRow]:
@@ -274,7 +290,7 @@ def _differing_parameters(rows: Any) -> list[TensorRow]:
     rounding; whole tensors in any element)."""
     out = []
     for row in rows:
-        if row.leaf != PARAMETER or row.error is None:
+        if row.leaf != Origin.PARAMETER or row.error is None:
             continue
         tol = STATISTICS_LEAF_TOLERANCE if row.mode == "statistics" else 0.0
         if row.error > tol or row.metrics.get("MaxAbsErr"):
@@ -292,7 +308,108 @@ def _previous(current: Divergence) -> str:
     return str(current.step - 1) if current.step is not None else "S-1"
 
 
-__all__ = ["ORIGINS", "OUTSIDE", "judge_leaf", "judge_outside", "outside_divergence",
+def op_divergence(op: "OpScore", rows: list[TensorRow], op_scores: Sequence["OpScore"] = (),
+                  origin: str = Origin.OP) -> Divergence:
+    """The first divergence when it is an op's call: its own error (origin "op"), its number
+    arguments ("number") or its random draws ("random"); the reason in words is
+    `reasons.describe`'s, or `random_reason`'s."""
+    random = random_reason(op)
+    out = rows[op.worst_out] if op.worst_out is not None else None
+    inp = rows[op.worst_in] if op.worst_in is not None else None
+    tensor = out.target_name if out is not None else (
+        op.replay.worst.name if op.replay is not None and op.replay.worst else None)
+    return Divergence(
+        name=op.name, op=op.op, phase=op.phase,
+        reason=reasons.describe(op, rows) if random is None else random,
+        location=op.location, metrics=dict(out.metrics) if out is not None else {},
+        tensor=tensor, input_metrics=dict(inp.metrics) if inp is not None else {},
+        module=op.module, context=reasons.source_context(op.location),
+        kind=op.divergence_kind if random is None else RANDOM, origin=origin)
+
+
+Holds = Callable[["OpScore"], bool]
+# (the earliest op still blamed, the pair's rows, all its OpScores, the rule's origin)
+Make = Callable[["OpScore", list[TensorRow], Sequence["OpScore"], str], Divergence]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How one origin is decided, and what report.html's verdict box heads it with.
+
+    A pair rule has `holds(op)`, asked of the earliest op still blamed, and `make(op, rows,
+    op_scores, origin)`, its Divergence. A cross-pair rule has `across` instead: the one
+    function that re-labels pairs' divergences from the other pairs (its docstring says who
+    calls it)."""
+    origin: str
+    heading: str
+    holds: Optional[Holds] = None
+    make: Optional[Make] = None
+    across: Optional[Callable[..., Any]] = None
+
+
+def _leaf(what: str) -> Holds:
+    return lambda op: op.kind == Kind.LEAF and _what(op) == what
+
+
+def _leaf_other() -> Holds:     # (a leaf named neither buffer nor input: a parameter)
+    return lambda op: op.kind == Kind.LEAF and _what(op) not in (Origin.BUFFER, Origin.INPUT)
+
+
+def _region(op: "OpScore", rows: list[TensorRow], _scores: Sequence["OpScore"],
+            _origin: str) -> Divergence:
+    return region_divergence(op, rows)
+
+
+# Every origin's rule, in the order they are tried (that of `Origin.ALL`).
+RULES = (
+    Rule(Origin.PARAMETER, "A parameter differs before any op reads it", _leaf_other(),
+         leaf_divergence),
+    Rule(Origin.BUFFER, "A buffer differs before any op reads it", _leaf(Origin.BUFFER),
+         leaf_divergence),
+    Rule(Origin.INPUT, "An input differs before any op reads it", _leaf(Origin.INPUT),
+         leaf_divergence),
+    Rule(Origin.OUTSIDE, "Changed outside torch", lambda op: op.blame == Origin.OUTSIDE,
+         outside_divergence),
+    Rule(Origin.REGION, "Inputs agree, outputs do not", lambda op: op.kind == REGION, _region),
+    Rule(Origin.RANDOM, "Random draws differ", lambda op: random_reason(op) is not None,
+         op_divergence),
+    Rule(Origin.NUMBER, "Its number arguments differ", lambda op: op.divergence_kind == NUMBER,
+         op_divergence),
+    Rule(Origin.OP, "Inputs agree, outputs do not", lambda op: True, op_divergence),
+    Rule(Origin.COLLECTIVE, "Received through a collective", across=ranks.attribute_collectives),
+    Rule(Origin.OPTIMIZER, "The optimizer's update differs", across=across_steps),
+)
+# The heading of parameters carried over from an earlier diverging step (`carried_over`).
+CARRIED_HEADING = "Parameters carried over from an earlier step"
+
+
+def pair_rules() -> tuple[Rule, ...]:
+    """The rules decided on one pair, in order (the last, "op", always holds)."""
+    return tuple(r for r in RULES if r.holds is not None)
+
+
+def divergence(first: "OpScore", rows: list[TensorRow],
+               op_scores: Sequence["OpScore"]) -> Divergence:
+    """The Divergence of the earliest op still blamed (`blame.first_divergence`): made by the
+    first pair rule that holds for it, with that rule's origin."""
+    for rule in pair_rules():
+        if cast(Holds, rule.holds)(first):
+            return cast(Make, rule.make)(first, rows, op_scores, rule.origin)
+    raise AssertionError("the last pair rule always holds")
+
+
+def heading(fd: Any) -> str:
+    """What report.html's verdict box heads a first divergence with, by its origin (an
+    unknown origin: the op's)."""
+    if is_carried_over(fd):
+        return CARRIED_HEADING
+    origin = getattr(fd, "origin", None)
+    by_origin = {r.origin: r.heading for r in RULES}
+    return by_origin.get(origin or Origin.OP, by_origin[Origin.OP])
+
+
+__all__ = ["Origin", "Rule", "RULES", "pair_rules", "divergence", "heading", "op_divergence",
+           "CARRIED_HEADING", "judge_leaf", "judge_outside", "outside_divergence",
            "leaf_reason", "leaf_divergence", "leaf_input_reason",
            "optimizer_origin", "across_steps", "carried_over", "is_carried_over", "CARRIED",
            "random_reason", "STATISTICS_LEAF_TOLERANCE", "MOST_PARAMETERS"]

@@ -30,10 +30,9 @@ from typing import Any, Optional
 
 from ..store.schema import RecordName, Role
 from ..store.source import DumpSource
-from .result import ERROR, WARNING, CompareResult, Divergence
+from .result import ERROR, WARNING, CompareResult, Divergence, Origin
 
 Pair = tuple[DumpSource, DumpSource]
-COLLECTIVE = "collective"
 
 
 def _group_records(dump: DumpSource) -> dict[str, dict[str, Any]]:
@@ -81,7 +80,7 @@ def attribute_collectives(results: list[CompareResult], pairs: list[Pair]) -> li
             if match is not None and _input_differs(results[j], match):
                 senders.append(other)
         out[i] = replace(r, first_divergence=replace(
-            fd, origin=COLLECTIVE, reason=_reason(fd.op, group, senders)))
+            fd, origin=Origin.COLLECTIVE, reason=_reason(fd.op, group, senders)))
     return out
 
 
@@ -126,13 +125,14 @@ def _received_row(result: CompareResult) -> Optional[Any]:
 def infer_gradient_collectives(results: list[CompareResult], pairs: list[Pair]) -> list[CompareResult]:
     """Mark what a rank received through an unrecorded gradient collective (module docstring)."""
     local = {r.step for r in results if r.first_divergence is not None
-             and r.first_divergence.origin not in (COLLECTIVE, "optimizer")}
+             and r.first_divergence.origin not in (Origin.COLLECTIVE, Origin.OPTIMIZER)}
     out = list(results)
     inferred: set[tuple[Optional[int], Optional[int]]] = set()
     for i, r in sorted(enumerate(results), key=lambda e: (e[1].step or 0, e[1].rank or 0)):
         fd = r.first_divergence
         others = any(o.step == r.step and o.rank != r.rank and o.first_divergence is not None
-                     and o.first_divergence.origin not in (COLLECTIVE, "optimizer") for o in results)
+                     and o.first_divergence.origin not in (Origin.COLLECTIVE, Origin.OPTIMIZER)
+                     for o in results)
         if fd is None and others and r.step in local:
             row = _received_row(r)
             if row is None or _records_gradient_collective(pairs[i][0]):
@@ -148,11 +148,11 @@ def infer_gradient_collectives(results: list[CompareResult], pairs: list[Pair]) 
                         f"after the collective do not — not a local error"),
                 location=row.stack[0] if row.stack else None, metrics=dict(row.metrics),
                 tensor=row.target_name, module=row.module, step=r.step, rank=r.rank,
-                origin=COLLECTIVE))
+                origin=Origin.COLLECTIVE))
             inferred.add((r.step, r.rank))
-        elif fd is not None and fd.origin == "optimizer" and r.step is not None and \
+        elif fd is not None and fd.origin == Origin.OPTIMIZER and r.step is not None and \
                 (r.step - 1, r.rank) in inferred:
-            out[i] = replace(r, first_divergence=replace(fd, origin=COLLECTIVE, reason=(
+            out[i] = replace(r, first_divergence=replace(fd, origin=Origin.COLLECTIVE, reason=(
                 f"the parameters differ before any op because step {r.step - 1}'s gradients "
                 f"were received through {INFERRED}, not because of this rank's optimizer")))
             inferred.add((r.step, r.rank))
@@ -161,7 +161,7 @@ def infer_gradient_collectives(results: list[CompareResult], pairs: list[Pair]) 
 
 def received_from(fd: Any) -> bool:
     """Whether a first divergence was received through a collective (not a local error)."""
-    return fd is not None and getattr(fd, "origin", None) == COLLECTIVE
+    return fd is not None and getattr(fd, "origin", None) == Origin.COLLECTIVE
 
 
-__all__ = ["attribute_collectives", "infer_gradient_collectives", "received_from", "COLLECTIVE"]
+__all__ = ["attribute_collectives", "infer_gradient_collectives", "received_from"]

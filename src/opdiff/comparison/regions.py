@@ -35,13 +35,13 @@ from typing import Any, Optional
 from ..store.records import iter_tensors
 from ..store.schema import Kind, Phase, RecordName, Role, module_path
 from . import reasons
-from .result import ERROR, WARNING, Divergence
+from .result import ERROR, WARNING, Divergence, Origin
 
 Pair = tuple[Optional[int], Optional[int]]
 Record = dict[str, Any]
 Entry = tuple[int, Any, Optional[str], Optional[str]]   # (row index, Measurement, t dtype, g dtype)
 
-REGION = "region"           # OpScore.kind and Divergence.origin of a region
+REGION = Origin.REGION      # OpScore.kind and Divergence.origin of a region
 SHOWN_OPS = 6               # ops listed per side in a reason
 
 
@@ -366,7 +366,7 @@ def region_divergence(first: Any, rows: list[Any]) -> Divergence:
         location=first.location, metrics=dict(out.metrics) if out is not None else {},
         tensor=made_tensor(first, out.target_name) if out is not None else None,
         input_metrics=dict(inp.metrics) if inp is not None else {}, module=first.module,
-        context=reasons.source_context(first.location), kind=first.blame, origin=REGION,
+        context=reasons.source_context(first.location), kind=first.blame, origin=Origin.REGION,
         region={"target_ops": listed.target_ops, "golden_ops": listed.golden_ops})
 
 

@@ -20,6 +20,30 @@ LEAF_KIND = "leaf"        # a parameter, buffer or input differs before any op (
 RANDOM = "random"         # a random op drew from generators in different states
 DIVERGENCE_KINDS = (LOCAL, SCALE, REPLAY, NUMBER, NONFINITE, INTEGER, LEAF_KIND, RANDOM)
 
+
+
+class Origin:
+    """Where a difference comes from (`Divergence.origin`), in the order the rules that decide
+    it are tried (`opdiff.comparison.origins.RULES`: the first that holds gives the origin).
+    The values are what summary.json writes. Declared here, beside `Divergence`, because
+    origins.py builds Divergences (it imports this module); the rules are origins.py's."""
+    # one pair: the earliest op still blamed (`origins.divergence`)
+    PARAMETER = "parameter"     # a parameter differs before any op reads it (`tensor`: its FQN)
+    BUFFER = "buffer"           # a buffer differs before any op reads it (`tensor`: its FQN)
+    INPUT = "input"             # a model input differs before any op reads it
+    OUTSIDE = "outside"         # a tensor changed between two recorded ops outside torch
+    REGION = "region"           # ops the two runs do not share, judged as one (`Divergence.region`)
+    RANDOM = "random"           # a random op drew from generators in different states
+    NUMBER = "number"           # a Python number argument of the op differs
+    OP = "op"                   # the op's own computation: inputs agree, outputs do not
+    # across pairs: one pair's divergence seen from the others (`origins.across_pairs`)
+    COLLECTIVE = "collective"   # received through a collective from another rank
+    OPTIMIZER = "optimizer"     # parameters differ although step S-1 agreed: the update between
+
+    ALL = (PARAMETER, BUFFER, INPUT, OUTSIDE, REGION, RANDOM, NUMBER, OP, COLLECTIVE, OPTIMIZER)
+    LEAVES = (PARAMETER, BUFFER, INPUT)
+
+
 # Below this share of tensors with a partner, a compare that found nothing is inconclusive.
 MIN_COVERAGE = 0.5
 
@@ -132,11 +156,11 @@ class Divergence:
     rank: Optional[int] = None
     context: tuple[tuple[int, str], ...] = ()                 # (line number, source text) around location.line
     kind: str = LOCAL                   # DIVERGENCE_KINDS: why, for machines
-    # Where the difference comes from (`opdiff.comparison.origins.ORIGINS`): "op" (its own
-    # error), "number", "parameter", "buffer", "input", "random", "optimizer". For a leaf
-    # origin `tensor` is its FQN and name/op/phase/location the first op that reads it.
-    origin: str = "op"
-    # A region (`opdiff.comparison.regions`, origin "region"): both sides' ops,
+    # Where the difference comes from: one of `Origin.ALL`, decided by the rules of
+    # `opdiff.comparison.origins`. For a leaf origin `tensor` is its FQN and
+    # name/op/phase/location the first op that reads it.
+    origin: str = Origin.OP
+    # A region (`opdiff.comparison.regions`, origin `Origin.REGION`): both sides' ops,
     # {"target_ops": [{"name", "op", "location"}], "golden_ops": [...]}
     region: Optional[dict[str, Any]] = None
 

@@ -38,7 +38,7 @@ from ..store.source import DumpSource
 from .mapping import Mapping
 from .origins import across_steps, is_carried_over
 from .ranks import received_from
-from .result import CompareResult, Divergence, Note, TensorRow, count, reworded
+from .result import CompareResult, Divergence, Note, Origin, TensorRow, count, reworded
 from .spool import ChainedRows, PairRows, Spool, SpoolFile, encode_pair, on_disk, write_pair
 from .verdicts import Policy, Thresholds
 from .workers import watch_parent
@@ -280,7 +280,7 @@ def _rank_notes(results: list[CompareResult], first: Optional[Divergence]) -> li
             if r.first_divergence is not None), Note.RANKS))
     if carried:
         notes.append(Note("diverging because an earlier step did (their parameters already "
-                          "differ, origin parameter): " + "; ".join(
+                          f"differ, origin {Origin.PARAMETER}): " + "; ".join(
                               f"step {r.step} rank {r.rank}" for r in carried), Note.RANKS))
     for r in got:
         if r.first_divergence is not None:

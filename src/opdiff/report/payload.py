@@ -22,6 +22,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from ..comparison import origins
 from ..comparison.metric_table import DIGITS, METRICS
 from ..comparison.result import ERROR, PASS, UNMATCHED, WARNING, CompareResult
 from ..store.schema import Kind, RecordName, module_class, module_path
@@ -300,6 +301,10 @@ def _divergence(d, culprit_rows: list[int]) -> Optional[dict]:
                           for k, v in (d.input_metrics or {}).items()},
         "tensor": _text(d.tensor), "module": _text(d.module), "step": d.step, "rank": d.rank,
         "origin": _text(getattr(d, "origin", None)), "kind": _text(getattr(d, "kind", None)),
+        # the verdict box's words for where it comes from (comparison/origins.py's RULES)
+        # (and whether the worst input may be absent: not an op's own error)
+        "heading": origins.heading(d),
+        "input_optional": getattr(d, "origin", None) not in (None, "", origins.Origin.OP),
         "context": [[int(n), _text(t)] for n, t in (d.context or ())],
         "rows": culprit_rows,
     }

@@ -329,19 +329,6 @@
       return;
     }
     box.className = "card diverged";
-    // what the verdict box says, by where the difference comes from (comparison/origins.py)
-    function originHeading(d) {
-      var carried = d.origin === "parameter" && /carried over from step/.test(d.reason || "");
-      if (carried) return "Parameters carried over from an earlier step";
-      return ({parameter: "A parameter differs before any op reads it",
-               buffer: "A buffer differs before any op reads it",
-               input: "An input differs before any op reads it",
-               number: "Its number arguments differ",
-               outside: "Changed outside torch",
-               random: "Random draws differ",
-               optimizer: "The optimizer's update differs",
-               collective: "Received through a collective"})[d.origin] || "Inputs agree, outputs do not";
-    }
     left.appendChild(el("div", "label", "First divergence"));
     left.appendChild(el("div", "culprit", d.name));
     var meta = el("div", "where");
@@ -367,8 +354,9 @@
       jump.addEventListener("click", function () { table.jumpTo(culpritRows[0], true); });
       left.appendChild(jump);
     }
-    right.appendChild(el("h3", null, originHeading(d)));
-    right.appendChild(metricsTable([[d.origin && d.origin !== "op" ? "worst input (if any)" : "worst input", d.input_metrics],
+    // where the difference comes from, in words: comparison/origins.py's RULES (payload.py)
+    right.appendChild(el("h3", null, d.heading));
+    right.appendChild(metricsTable([[d.input_optional ? "worst input (if any)" : "worst input", d.input_metrics],
                                     [d.tensor && d.tensor.indexOf(d.name + ".") === 0 ? d.tensor.slice(d.name.length + 1) : "worst output", d.metrics, true]]));
     environmentBlock(right);
     pairsBlock(right);
