@@ -19,7 +19,8 @@ user's own comm hook, L0, a debugger started without the model), the difference 
 tensor that differs (the gradients written by the all-reduce: the optimizer's update), while
 another rank of the same step has an error of its own, received it through the gradient
 collective: origin "collective", "received through DDP's all-reduce (inferred: not recorded)";
-the next step's "optimizer" origin on that rank is the same difference arriving there.
+the next step on that rank starts from parameters carried over from it (origin "parameter",
+`origins.across_steps`, run later by `runs.merge`).
 Tensor parallelism's functional collectives (DTensor's all_reduce) are recorded as
 `Distributed.*` like the others.
 """
@@ -127,7 +128,6 @@ def infer_gradient_collectives(results: list[CompareResult], pairs: list[Pair]) 
     local = {r.step for r in results if r.first_divergence is not None
              and r.first_divergence.origin not in (Origin.COLLECTIVE, Origin.OPTIMIZER)}
     out = list(results)
-    inferred: set[tuple[Optional[int], Optional[int]]] = set()
     for i, r in sorted(enumerate(results), key=lambda e: (e[1].step or 0, e[1].rank or 0)):
         fd = r.first_divergence
         others = any(o.step == r.step and o.rank != r.rank and o.first_divergence is not None
@@ -149,13 +149,6 @@ def infer_gradient_collectives(results: list[CompareResult], pairs: list[Pair]) 
                 location=row.stack[0] if row.stack else None, metrics=dict(row.metrics),
                 tensor=row.target_name, module=row.module, step=r.step, rank=r.rank,
                 origin=Origin.COLLECTIVE))
-            inferred.add((r.step, r.rank))
-        elif fd is not None and fd.origin == Origin.OPTIMIZER and r.step is not None and \
-                (r.step - 1, r.rank) in inferred:
-            out[i] = replace(r, first_divergence=replace(fd, origin=Origin.COLLECTIVE, reason=(
-                f"the parameters differ before any op because step {r.step - 1}'s gradients "
-                f"were received through {INFERRED}, not because of this rank's optimizer")))
-            inferred.add((r.step, r.rank))
     return out
 
 
