@@ -117,12 +117,13 @@ _CONSTANT = {"max": 0.0, "min": 0.0, "mean": 0.0, "norm": 0.0, "nan": 0, "inf": 
 
 
 def _skipping(which):
-    """StatsBatch.add giving constant statistics to small tensors, large ones, or all."""
+    """StatsBatch.add (and add_contiguous, the describer's shortcut to it) giving constant
+    statistics to small tensors, large ones, or all."""
     from opdiff.capture import handles, stats
     real = stats.StatsBatch.add
     constant = handles.Known(_CONSTANT)
 
-    def add(self, desc, t):
+    def add(self, desc, t, *known):
         small = t.numel() <= stats._SMALL
         if which == "all" or (which == "small") == small:
             desc["stats"] = _CONSTANT
@@ -140,7 +141,7 @@ def parts(name, workload, steps, warmup=2):
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for _ in range(warmup):
         run_step(model, batch, loss_fn, opt)
-    real = stats.StatsBatch.add
+    real, real_contiguous = stats.StatsBatch.add, stats.StatsBatch.add_contiguous
     variants = {"all statistics": real, "no small-tensor statistics": _skipping("small"),
                 "no large-tensor statistics": _skipping("large"), "no statistics": _skipping("all")}
     ratios = {v: [] for v in variants}
@@ -152,6 +153,7 @@ def parts(name, workload, steps, warmup=2):
                 plain = time.perf_counter() - t0
                 for v, add in variants.items():
                     stats.StatsBatch.add = add
+                    stats.StatsBatch.add_contiguous = real_contiguous if add is real else add
                     t0 = time.perf_counter()
                     dbg = opdiff.PrecisionDebugger(dump_path=f"{root}/{i}-{len(ratios[v])}-{v}",
                                                    level="mix", task="statistics")
@@ -161,7 +163,7 @@ def parts(name, workload, steps, warmup=2):
                     dbg.step()
                     ratios[v].append((time.perf_counter() - t0) / plain)
     finally:
-        stats.StatsBatch.add = real
+        stats.StatsBatch.add, stats.StatsBatch.add_contiguous = real, real_contiguous
     return [(name, v, statistics.median(r)) for v, r in ratios.items()]
 
 

@@ -184,6 +184,8 @@ class Describer:
             if self.save:
                 desc["key"] = self._save(t, record, role, slot)
             return desc
+        if t.is_cpu and type(t) in _PLAIN_TYPES and self.stats is not None and not _is_wrapped(t):
+            return self._plain_cpu(t, key, cached, record, role, slot)
         if _is_wrapped(t):
             t = _unwrapped(t)
         # a DTensor: this rank's shard, and where it sits (collectives.local_shard)
@@ -223,6 +225,66 @@ class Describer:
         if self.save and t.layout == torch.strided:
             desc["key"] = self._save(t, record, role, slot)
         return desc
+
+    def _plain_cpu(self, t: torch.Tensor, key: int, cached, record: str, role: str, slot) -> dict:
+        """`_tensor` for a plain CPU tensor (most of what a step describes), each of its
+        attributes read once; the same descriptor and the same caching as the general path."""
+        dtype = t.dtype
+        desc = {"type": "tensor", "dtype": _DTYPE_NAMES.get(dtype) or _dtype_name(dtype),
+                "shape": list(t.shape), "device": "cpu", "requires_grad": t.requires_grad}
+        stats = self.stats
+        try:
+            version = t._version      # inference tensors have none: never cached
+        except RuntimeError:
+            version = None
+        if version is None:
+            stats.add(desc, t)
+        elif cached is not None and cached[1] == version and cached[0]() is t:
+            if self._seen.get(key) == self.epoch:    # no user code ran since it was read
+                stats.share(desc, cached[2])
+            else:   # verified (see _tensor)
+                self._seen[key] = self.epoch
+                stats.share(desc, cached[2], t, (record, role, slot, key, dtype))
+        elif t.layout != torch.strided:
+            stats.add(desc, t)
+        else:
+            self._add_cpu_stats(desc, t, key, version, dtype, record, role, slot)
+        if self.save and t.layout == torch.strided:
+            desc["key"] = self._save(t, record, role, slot)
+        return desc
+
+    def _add_cpu_stats(self, desc: dict, t: torch.Tensor, key: int, version: int, dtype,
+                       record: str, role: str, slot) -> None:
+        """`_add_stats` of a plain, strided CPU tensor."""
+        try:
+            ptr = t.data_ptr()
+            address = ptr - t.storage_offset() * dtype.itemsize
+        except (RuntimeError, NotImplementedError):   # storage-less tensors
+            self.stats.add(desc, t)
+            return
+        numel = t.numel()
+        contiguous = t.is_contiguous()
+        block = (ptr, numel, dtype) if contiguous or one_block(t) else None
+        handle = self._same_block(block, version) if block is not None and block in self._blocks \
+            else None
+        if handle is not None:
+            self.stats.share(desc, handle, t, (record, role, slot, key, dtype))
+            block = None     # the block's entry stays its first tensor's
+        elif contiguous:
+            handle = self.stats.add_contiguous(desc, t, dtype, numel, ptr)
+        else:
+            handle = self.stats.add(desc, t)
+        entry = (weakref.ref(t), version, handle,
+                 {"type": "tensor", "dtype": desc["dtype"], "shape": desc["shape"], "device": "cpu"})
+        self._stats[key] = entry
+        self._seen[key] = self.epoch
+        keys = self._by_storage.get(address)
+        if keys is None:
+            keys = self._by_storage[address] = set()
+        keys.add(key)
+        if block is not None:
+            self._blocks[block] = entry
+            keys.add(block)
 
     def _add_stats(self, desc: dict, t: torch.Tensor, key: int, version: int, record: str,
                    role: str, slot) -> None:

@@ -149,14 +149,18 @@ class HostStaging(PooledWork):
 
     def put(self, pending, t: torch.Tensor) -> None:
         """Copy t's values now (the caller checked `stageable`)."""
-        nbytes = t.numel() * self.itemsize
+        self.put_block(pending, t.data_ptr(), t.numel())
+
+    def put_block(self, pending, ptr: int, numel: int) -> None:
+        """Copy the `numel` values at `ptr` (a stageable tensor's data pointer) now."""
+        nbytes = numel * self.itemsize
         chunks = self.chunks
         if not chunks or chunks[-1][2] + nbytes > chunks[-1][0].size:
             buf = pool.chunk(max(_CHUNK_BYTES, nbytes))
             chunks.append([buf, buf.ctypes.data, 0])
         chunk = chunks[-1]
         start = chunk[2]
-        _memmove(chunk[1] + start, t.data_ptr(), nbytes)
+        _memmove(chunk[1] + start, ptr, nbytes)
         chunk[2] = start + nbytes
         pending.staged = (chunk[0], start, nbytes)
         self.waiting.append((pending, len(chunks) - 1, start, nbytes))

@@ -321,6 +321,21 @@ class StatsBatch:
         self._vectors.append(handle)
         return handle
 
+    def add_contiguous(self, desc: dict, t: torch.Tensor, dtype: torch.dtype, numel: int,
+                       ptr: int) -> Handle:
+        """`add` for a plain, strided, contiguous CPU tensor whose dtype, element count and
+        data pointer the caller has read (the describer's common case)."""
+        if dtype in _HOST_DTYPES and 0 < numel <= _SMALL and not self._cpu_as_device \
+                and not t.is_neg():
+            stage = self._host.get(dtype)
+            if stage is None:
+                stage = self._host[dtype] = HostStaging(dtype)
+            staged = Small(STAGED, desc)
+            stage.put_block(staged, ptr, numel)
+            self._small.append(staged)
+            return staged
+        return self.add(desc, t)
+
     def queue_vector(self, desc: dict, handle: DeviceVector) -> None:
         """Fill desc from a device tensor's vector at the next flush (`DeviceVector.share`)."""
         self._descs.append(desc)
