@@ -75,3 +75,25 @@ def test_no_statistics_is_shared_as_none():
     assert handle is handles.NO_STATS and desc["stats"] is None
     shared: dict = {}
     assert batch.share(shared, handle, torch.empty(0), "w") is handle and shared["stats"] is None
+
+
+def test_a_transposed_view_of_a_large_tensor_read_again_is_not_taken_for_a_write_outside_torch():
+    """A view over the same memory block as a tensor described before shares its statistics;
+    read again in a later op it is verified by its sum, which must be taken in the order the
+    shared statistics summed it (memory order), or float32 rounding reads as a change."""
+    from opdiff.capture.describe import Describer
+    describer = Describer(StatsBatch(), None, save=False)
+    torch.manual_seed(0)
+    x = torch.randn(256, 128) * 1000 + 7
+    first = describer.describe(x, "Torch.add.0.forward", "input", 0)
+    view = x.t()
+    describer.epoch += 1
+    shared = describer.describe(view, "Tensor.t.0.forward", "output", 0)
+    describer.epoch += 1
+    again = describer.describe(view, "Torch.mul.0.forward", "input", 0)
+    assert "outside" not in shared and "outside" not in again
+    assert again["stats"] == shared["stats"] == first["stats"]
+    x.numpy()[3, 5] += 100.0        # a write the version counter does not see is still found
+    describer.epoch += 1
+    changed = describer.describe(view, "Torch.mul.1.forward", "input", 0)
+    assert changed.get("outside") is True and changed["stats"] != first["stats"]

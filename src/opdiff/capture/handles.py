@@ -37,7 +37,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from ..store.records import encode_float
-from .host_stage import one_block, same_bytes
+from .host_stage import flat_in_memory_order, one_block, same_bytes
 
 # The dtypes whose CPU statistics are reduced where they lie (stats.cpu_stats), so that a sum
 # taken again is comparable with the mean they gave.
@@ -172,7 +172,7 @@ def same_sum(t: torch.Tensor, stats: dict) -> bool:
     x = t.detach()
     if x.is_complex() or x.dtype not in SUMMED_AS_IS or x.numel() == 0:
         return False
-    flat = x.reshape(-1)
+    flat = flat_in_memory_order(x)
     return encode_float(flat.sum().item() / flat.numel()) == stats.get("mean")
 
 

@@ -107,6 +107,15 @@ def one_block(t: torch.Tensor) -> bool:
     return True
 
 
+def flat_in_memory_order(t: torch.Tensor) -> torch.Tensor:
+    """t's elements as one dimension: in memory order, without a copy, where they fill one
+    block (`one_block`: a transpose or a permute of a dense tensor), so that every tensor over
+    the same block is summed in the same order; else `reshape(-1)`."""
+    if not t.is_contiguous() and one_block(t):
+        return t.as_strided((t.numel(),), (1,))
+    return t.reshape(-1)
+
+
 class PooledWork:
     """A staging whose fetch reduces its buffers in float64 work buffers from the pool: the
     values it hands out view them, so they are held until `release` (the flush has read them)."""
@@ -231,4 +240,4 @@ def columns_of(native: np.ndarray, wide: np.ndarray, starts: np.ndarray,
 
 
 __all__ = ["HOST_DTYPES", "HostStaging", "PooledWork", "columns_of", "pool", "reduce_segments", "same_bytes",
-           "stageable"]
+           "stageable", "flat_in_memory_order"]

@@ -27,7 +27,7 @@ from .device_stage import DeviceStaging, settle
 from .handles import NO_STATS, STAGED, DeviceVector, Handle, Known, Small
 from .handles import SUMMED_AS_IS as _FLOATING_WIDE
 from .host_stage import HOST_DTYPES as _HOST_DTYPES
-from .host_stage import HostStaging, columns_of, one_block, stageable
+from .host_stage import HostStaging, columns_of, flat_in_memory_order, one_block, stageable
 
 
 _NATIVE = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
@@ -97,7 +97,7 @@ def cpu_stats(t: torch.Tensor) -> dict | None:
     x = t.detach() if t.requires_grad else t   # (reductions below run under no_grad)
     if x.is_complex():
         x = x.abs()
-    flat = x.reshape(-1)
+    flat = flat_in_memory_order(x)
     n = flat.numel()
     if flat.dtype in _FLOATING_WIDE:   # reduced where it lies: no copy, no chunks
         mn, mx, total, squares = _reduce(flat)
