@@ -38,6 +38,7 @@ from . import dumpfiles, layout
 from .durable import unfinished
 from .limits import check_size
 from .records import record_problem
+from .schema import complete
 from .source import DumpFormat
 
 log = logging.getLogger("opdiff")
@@ -74,7 +75,7 @@ class Dump:
                 if problem is not None:
                     raise DumpError(f"{path}: line {number} is not an opdiff record ({problem}); "
                                     "the dump is corrupt")
-                yield record
+                yield complete(record)
 
     def stacks(self) -> dict[int, list[dict[str, Any]]]:
         """{stack id: [frame, ...]}, each frame {"file", "line", "function", "code"}, innermost first."""
