@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 import opdiff
@@ -28,8 +29,10 @@ def test_complete_fills_every_missing_field_with_its_documented_default():
     # a foreign record that names its call and nothing else
     record = {"name": "Functional.relu.0.forward"}
     assert complete(record) is record                      # in place
-    assert record == {"name": "Functional.relu.0.forward", "op": "Functional.relu.0.forward",
-                      **DEFAULTS}
+    assert record == {"name": "Functional.relu.0.forward", "op": "Functional.relu", **DEFAULTS}
+    # the op is taken from the name; a name of no known form is its own op
+    assert complete({"name": "Module.fc.Linear.parameters_grad.0"})["op"] == "Module.fc.Linear.parameters_grad"
+    assert complete({"name": "/conv1/Conv"})["op"] == "/conv1/Conv"
 
 
 def test_complete_keeps_what_is_present():
@@ -78,3 +81,10 @@ def test_a_record_read_from_an_msprobe_dump_arrives_complete():
     assert not raw[conv["name"]]["input_kwargs"] and "parameters" not in raw[conv["name"]]
     assert conv["kwargs"] == {} and conv["parameters"] == {} and conv["kind"] == Kind.API
     assert {r["kind"] for r in records} >= {Kind.API, Kind.MODULE}
+
+
+@pytest.mark.parametrize("name", ["ptdbg_v4", "npu_hooks"])
+def test_records_of_the_legacy_formats_arrive_complete(name):
+    (dump,) = discover(MSPROBE.parents[1] / "legacy" / name)
+    records = list(dump.records())
+    assert records and all(_is_complete(r) for r in records)

@@ -66,7 +66,7 @@ class Record(TypedDict, total=False):
     """
     seq: Optional[int]          # execution order within this step/rank (default None: unknown)
     name: str                   # RecordName text, unique within the step (required)
-    op: str                     # the name without counter and phase (default: the name)
+    op: str                     # the name without counter and phase (default: taken from the name)
     kind: str                   # Kind (default "api")
     phase: str                  # Phase (default "forward")
     module: Optional[str]       # the enclosing module call's name (default None: none known)
@@ -93,7 +93,7 @@ def complete(record: dict[str, Any]) -> dict[str, Any]:
         >>> complete({"name": "Functional.relu.0.forward", "inputs": None})  # doctest: +NORMALIZE_WHITESPACE
         {'name': 'Functional.relu.0.forward', 'inputs': [], 'outputs': [], 'kwargs': {},
          'parameters': {}, 'kind': 'api', 'phase': 'forward', 'module': None, 'stack': None,
-         'seq': None, 'op': 'Functional.relu.0.forward'}
+         'seq': None, 'op': 'Functional.relu'}
 
     A field that is present keeps its value, except that a null `inputs`, `outputs`, `kwargs`
     or `parameters` becomes empty (dumps may write null for "none"). Idempotent and cheap: it
@@ -116,7 +116,9 @@ def complete(record: dict[str, Any]) -> dict[str, Any]:
     setdefault("stack", None)
     setdefault("seq", None)
     if "op" not in record:
-        record["op"] = get("name", "")
+        name = get("name", "")
+        parts = name_parts(name) if type(name) is str else None
+        record["op"] = record_op(parts[0], parts[3]) if parts is not None else name
     return record
 
 
