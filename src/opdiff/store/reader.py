@@ -61,8 +61,9 @@ class Dump:
     format = "opdiff"
 
     def records(self) -> Iterator[dict[str, Any]]:
-        """Records in execution order. A truncated or corrupt last line is skipped with a warning;
-        any other line that is not a record is a DumpError (`store.dumpfiles` reads the file)."""
+        """Records in execution order, complete (`store.schema.complete`). A truncated or corrupt
+        last line is skipped with a warning; any other line that is not a record is a DumpError
+        (`store.dumpfiles` reads the file)."""
         path = self.path / layout.RECORDS
         with dumpfiles.open_file(path, self.path) as f:
             for number, raw, last in dumpfiles.lines(f, path):
