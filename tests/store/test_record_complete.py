@@ -88,3 +88,19 @@ def test_records_of_the_legacy_formats_arrive_complete(name):
     (dump,) = discover(MSPROBE.parents[1] / "legacy" / name)
     records = list(dump.records())
     assert records and all(_is_complete(r) for r in records)
+
+
+def test_the_stages_that_read_records_apply_no_default_of_their_own():
+    """A default written again at a reader (`rec.get("kind", Kind.API)`, `rec.get("inputs") or
+    []`) drifts from the one `complete` documents: the stages index a complete record."""
+    import re
+
+    src = Path(__file__).resolve().parents[2] / "src" / "opdiff"
+    again = re.compile(r'\.get\("(kind|phase|module|stack|op|seq)", |'
+                       r'\.get\("(inputs|outputs|kwargs|parameters)"\) or ')
+    found = [f"{path.relative_to(src)}:{n}: {line.strip()}"
+             for stage in ("comparison", "check", "overflow", "compat", "report")
+             for path in sorted((src / stage).rglob("*.py"))
+             for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+             if again.search(line)]
+    assert found == []
