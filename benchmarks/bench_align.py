@@ -17,6 +17,7 @@ import tracemalloc
 
 from opdiff.comparison.align import align
 from opdiff.comparison.regions import Boundaries, find_regions
+from opdiff.store.schema import complete
 
 EAGER = ["Torch.matmul", "Tensor.__mul__", "Tensor.__add__", "Functional.softmax", "Tensor.to",
          "Functional.dropout", "Torch.matmul", "Tensor.reshape"]
@@ -54,9 +55,9 @@ def records(n: int, attention: list[str]) -> list[dict]:
         prev = seq - 1 if seq and phase == "forward" else None
         shape = [2, 8, 128, 64] if op == "Functional.scaled_dot_product_attention" else [2, 128, 512]
         name = f"{op}.{phase}.{index}" if kind == "module" else f"{op}.{index}.{phase}"
-        out.append({"seq": seq, "name": name, "op": op, "kind": kind, "phase": phase,
-                    "module": module, "inputs": [tensor(shape, prev)],
-                    "outputs": [tensor(shape, None)]})
+        out.append(complete({"seq": seq, "name": name, "op": op, "kind": kind, "phase": phase,
+                             "module": module, "inputs": [tensor(shape, prev)],
+                             "outputs": [tensor(shape, None)]}))   # as a dump's reader gives it
 
     for phase in ("forward", "backward"):
         for layer in range(layers):

@@ -215,7 +215,11 @@ def dump_format_page() -> str:
            "## Layout", "", "::: opdiff.store.layout", "    options:", "      show_root_heading: false",
            "      show_root_toc_entry: false", "      members: false", "",
            "## records.jsonl: one record per line", "",
-           "| field | type | meaning |", "| --- | --- | --- |"]
+           "`name`, `op`, `kind` and `phase` are required in records.jsonl. A field whose meaning names a "
+           "default may be left out (and `inputs`, `outputs`, `kwargs`, `parameters` may be null): every "
+           "reader, of opdiff's dumps and of the other tools', fills it in with that default as the dump is "
+           "read (`opdiff.store.schema.complete`). The fields after `stack` are present only where they apply.",
+           "", "| field | type | meaning |", "| --- | --- | --- |"]
     for name, kind, comment in record_fields():
         comment = comment.replace("|", "\\|")     # a pipe would end the table cell
         out.append(f"| `{name}` | `{kind}` | {comment} |")

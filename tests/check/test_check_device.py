@@ -14,6 +14,7 @@ from opdiff.check.device import usable_device
 from opdiff.cli import main
 from opdiff.comparison.replay.calls import rebuild_call
 from opdiff.errors import ConfigError
+from opdiff.store.schema import complete
 
 
 @pytest.fixture(scope="module")
@@ -80,9 +81,9 @@ def test_device_on_a_tensor_dump_is_noted_not_used(tmp_path):
 
 
 def test_a_recorded_device_argument_follows_the_replay_device():
-    record = {"name": "Torch.arange.0.forward", "op": "Torch.arange",
-              "inputs": [{"type": "int", "value": 5}],
-              "kwargs": {"device": {"type": "device", "value": "npu:0"}}}
+    record = complete({"name": "Torch.arange.0.forward", "op": "Torch.arange",
+                       "inputs": [{"type": "int", "value": 5}],
+                       "kwargs": {"device": {"type": "device", "value": "npu:0"}}})
     assert rebuild_call(record, lambda key: None).run().device == torch.device("cpu")
     # meta stands for any other device here: the argument is the replay's device, not the dump's
     assert rebuild_call(record, lambda key: None, device="meta").run().device.type == "meta"

@@ -2,14 +2,15 @@
 import pytest
 
 from opdiff.comparison.align import align
+from opdiff.store.schema import complete
 
 
 def rec(name: str, shape=(2, 3), module=None) -> dict:
     """A record named msprobe's way (`Functional.relu.0.forward`) with one input and output."""
     op, index, phase = name.rsplit(".", 2)
     tensor = {"type": "tensor", "dtype": "float32", "shape": list(shape)}
-    return {"name": name, "op": op, "phase": phase, "kind": "api", "module": module,
-            "inputs": [dict(tensor)], "outputs": [dict(tensor)]}
+    return complete({"name": name, "op": op, "phase": phase, "kind": "api", "module": module,
+                     "inputs": [dict(tensor)], "outputs": [dict(tensor)]})
 
 
 def seq(*names, shapes=None) -> list[dict]:

@@ -3,6 +3,7 @@ of Functional.linear.N.backward in one run), by name and signature, never by pos
 import pytest
 
 from opdiff.comparison.align import SWAP_WINDOW, align
+from opdiff.store.schema import complete
 
 
 def rec(name: str, shapes=((2, 3),), kind="api", module=None) -> dict:
@@ -11,11 +12,11 @@ def rec(name: str, shapes=((2, 3),), kind="api", module=None) -> dict:
     if kind == "param_grad":
         params = {k: {"type": "tensor", "dtype": "float32", "shape": list(s)}
                   for k, s in zip(("weight", "bias"), shapes)}
-        return {"name": name, "op": op, "phase": phase, "kind": kind, "module": None,
-                "parameters": params}
+        return complete({"name": name, "op": op, "phase": phase, "kind": kind, "module": None,
+                         "parameters": params})
     tensor = {"type": "tensor", "dtype": "float32", "shape": list(shapes[0])}
-    return {"name": name, "op": op, "phase": phase, "kind": kind, "module": module,
-            "inputs": [dict(tensor)], "outputs": [dict(tensor)]}
+    return complete({"name": name, "op": op, "phase": phase, "kind": kind, "module": module,
+                     "inputs": [dict(tensor)], "outputs": [dict(tensor)]})
 
 
 LIN = rec("Functional.linear.3.backward")

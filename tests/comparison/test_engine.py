@@ -10,6 +10,7 @@ from opdiff.api import compare
 from opdiff.comparison.pair import compare_pair
 from opdiff.errors import DumpError
 from opdiff.store.adapters import discover
+from opdiff.store.schema import complete
 
 from dumpkit import Recorder, cnn_run
 
@@ -244,8 +245,8 @@ def test_differing_epsilons_are_reported_and_dtype_limits_set_apart():
     from opdiff.comparison.blame import differing_numbers
 
     def rec(*values, **kwargs):
-        return {"name": "Torch.op.0.forward", "inputs": [{"type": "float", "value": v} for v in values],
-                "kwargs": {k: {"type": "float", "value": v} for k, v in kwargs.items()}}
+        return complete({"name": "Torch.op.0.forward", "inputs": [{"type": "float", "value": v} for v in values],
+                         "kwargs": {k: {"type": "float", "value": v} for k, v in kwargs.items()}})
     f16, f32 = torch.finfo(torch.float16), torch.finfo(torch.float32)
     differ, limits = differing_numbers(rec(f16.eps, f16.min, 0.5, eps=f16.eps),
                                        rec(f32.eps, f32.min, 0.5 + 1e-8, eps=f32.eps))

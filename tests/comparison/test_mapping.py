@@ -14,6 +14,7 @@ import torch
 import opdiff
 from opdiff.cli import main
 from opdiff.comparison.mapping import Mapping, MappingError, load
+from opdiff.store.schema import complete
 from opdiff.testing import inject_fault
 
 
@@ -225,10 +226,10 @@ def test_every_pair_of_a_multi_step_dump_gets_the_mapping(tmp_path):
 
 def test_renames_swap_and_never_chain(tmp_path):
     f = _write(tmp_path, "modules:\n  a: b\n  b: a\n")
-    target = [{"name": "Module.a.X.forward.0", "op": "Module.a.X", "kind": "module"},
-              {"name": "Module.b.X.forward.0", "op": "Module.b.X", "kind": "module"}]
-    golden = [{"name": "Module.b.X.forward.0", "op": "Module.b.X", "kind": "module"},
-              {"name": "Module.a.X.forward.0", "op": "Module.a.X", "kind": "module"}]
+    target = [complete({"name": "Module.a.X.forward.0", "op": "Module.a.X", "kind": "module"}),
+              complete({"name": "Module.b.X.forward.0", "op": "Module.b.X", "kind": "module"})]
+    golden = [complete({"name": "Module.b.X.forward.0", "op": "Module.b.X", "kind": "module"}),
+              complete({"name": "Module.a.X.forward.0", "op": "Module.a.X", "kind": "module"})]
     bound = load(f).bind(target, golden)
     assert [r["name"] for r in bound.view] == ["Module.b.X.forward.0", "Module.a.X.forward.0"]
     assert [r["name"] for r in target] == ["Module.a.X.forward.0", "Module.b.X.forward.0"]

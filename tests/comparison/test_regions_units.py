@@ -11,6 +11,7 @@ import torch
 import opdiff
 from opdiff.comparison.align import align
 from opdiff.comparison.regions import find_regions
+from opdiff.store.schema import complete
 
 from regionkit import make_dump
 
@@ -20,8 +21,8 @@ def rec(name, ins, outs, module="Module.attn.Attention.forward.0"):
 
     def t(shape):
         return {"type": "tensor", "dtype": "float32", "shape": list(shape)}
-    return {"name": name, "op": op, "phase": phase, "kind": "api", "module": module,
-            "inputs": [t(s) for s in ins], "outputs": [t(s) for s in outs]}
+    return complete({"name": name, "op": op, "phase": phase, "kind": "api", "module": module,
+                     "inputs": [t(s) for s in ins], "outputs": [t(s) for s in outs]})
 
 
 def test_a_same_named_op_of_other_shapes_is_not_paired_where_the_ops_differ():

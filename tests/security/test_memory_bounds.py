@@ -115,24 +115,25 @@ def test_check_device_does_not_make_a_huge_claimed_shape(tmp_path):
 
 def test_a_replayed_call_asking_for_a_huge_result_is_refused(monkeypatch):
     from opdiff.comparison.replay.calls import NotReplayable, rebuild_call
+    from opdiff.store.schema import complete
 
     monkeypatch.setenv("OPDIFF_MAX_TENSOR_MB", "16")
     size = {"type": "list", "items": [{"type": "int", "value": 10**6}] * 2}
     with pytest.raises(NotReplayable, match=r"needs 7629395 MB, over --max-tensor-mb 16"):
-        rebuild_call({"name": "Torch.zeros.0.forward", "op": "Torch.zeros", "inputs": [size]},
+        rebuild_call(complete({"name": "Torch.zeros.0.forward", "op": "Torch.zeros", "inputs": [size]}),
                      {}.get)
     with pytest.raises(NotReplayable, match=r"needs 76294 MB, over --max-tensor-mb 16"):
-        rebuild_call({"name": "Torch.arange.0.forward", "op": "Torch.arange",
-                      "inputs": [{"type": "int", "value": 10**10}]}, {}.get)
+        rebuild_call(complete({"name": "Torch.arange.0.forward", "op": "Torch.arange",
+                               "inputs": [{"type": "int", "value": 10**10}]}), {}.get)
     idx = {"type": "tensor", "dtype": "int64", "shape": [4096], "key": "i"}
     with pytest.raises(NotReplayable, match=r"needs 128 MB, over --max-tensor-mb 16"):
-        rebuild_call({"name": "Functional.one_hot.0.forward", "op": "Functional.one_hot",
-                      "inputs": [idx, {"type": "int", "value": 4096}]},
+        rebuild_call(complete({"name": "Functional.one_hot.0.forward", "op": "Functional.one_hot",
+                               "inputs": [idx, {"type": "int", "value": 4096}]}),
                      {"i": torch.zeros(4096, dtype=torch.long)}.get)
     # an elementwise op of a [4096, 1] and a [1, 4096] tensor: a [4096, 4096] result
     col = {"type": "tensor", "dtype": "float32", "shape": [4096, 1], "key": "c"}
     row = {"type": "tensor", "dtype": "float32", "shape": [1, 4096], "key": "r"}
-    rec = {"name": "Tensor.__add__.0.forward", "op": "Tensor.__add__", "inputs": [col, row]}
+    rec = complete({"name": "Tensor.__add__.0.forward", "op": "Tensor.__add__", "inputs": [col, row]})
     saved = {"c": torch.ones(4096, 1), "r": torch.ones(1, 4096)}
     with pytest.raises(NotReplayable, match=r"needs 128 MB, over --max-tensor-mb 16"):
         rebuild_call(rec, saved.get)

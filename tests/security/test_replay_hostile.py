@@ -177,16 +177,17 @@ def test_only_pure_tensor_ops_are_trusted(op):
 
 def test_strings_pass_only_as_known_enums():
     from opdiff.comparison.replay.calls import NotReplayable, rebuild_call
+    from opdiff.store.schema import complete
 
     x = torch.randn(3)
-    rec = {"name": "Functional.gelu.0.forward", "op": "Functional.gelu",
-           "inputs": [_tensor("x", [3])], "kwargs": {"approximate": {"type": "str", "value": "tanh"}}}
+    rec = complete({"name": "Functional.gelu.0.forward", "op": "Functional.gelu",
+                    "inputs": [_tensor("x", [3])], "kwargs": {"approximate": {"type": "str", "value": "tanh"}}})
     assert rebuild_call(rec, {"x": x}.get).kwargs["approximate"] == "tanh"
     rec["kwargs"]["approximate"] = {"type": "str", "value": "/etc/passwd"}
     with pytest.raises(NotReplayable, match="string argument"):
         rebuild_call(rec, {"x": x}.get)
-    eq = {"name": "Torch.einsum.0.forward", "op": "Torch.einsum",
-          "inputs": [{"type": "str", "value": "ij,jk->ik"}, _tensor("a", [2, 2]), _tensor("a", [2, 2])]}
+    eq = complete({"name": "Torch.einsum.0.forward", "op": "Torch.einsum",
+                   "inputs": [{"type": "str", "value": "ij,jk->ik"}, _tensor("a", [2, 2]), _tensor("a", [2, 2])]})
     assert rebuild_call(eq, {"a": torch.eye(2)}.get).args[0] == "ij,jk->ik"
     eq["inputs"][0] = {"type": "str", "value": "__import__('os')"}
     with pytest.raises(NotReplayable, match="string argument"):

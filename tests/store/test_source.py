@@ -11,6 +11,7 @@ import opdiff
 from opdiff.errors import DumpError
 from opdiff.store import source
 from opdiff.store.adapters import discover
+from opdiff.store.schema import complete
 from opdiff.store.source import DumpFormat, DumpSource, register_format
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "msprobe"
@@ -52,7 +53,7 @@ class _ToyDump:
         self._records = json.loads(path.read_text())
 
     def records(self):
-        return iter(self._records)
+        return (complete(r) for r in self._records)     # the DumpSource contract
 
     def tensor(self, key):
         return None

@@ -121,11 +121,11 @@ def location_of(dump: Any, record: dict[str, Any],
     if line is not None:
         return line
     rec = record
-    if rec.get("stack") is None and rec.get("forward") in records:
+    if rec["stack"] is None and rec.get("forward") in records:
         rec = records[rec["forward"]]
-    if rec.get("stack") is None:
+    if rec["stack"] is None:
         return None
-    frames = locations_from_frames(dump.stack(rec.get("stack")))
+    frames = locations_from_frames(dump.stack(rec["stack"]))
     return frames[0] if frames else None
 
 
@@ -137,15 +137,15 @@ def check_record(record: dict[str, Any], records: dict[str, dict[str, Any]],
     kept across the records of one dump (see `opdiff.comparison.replay.tensors.replay_tensors`)."""
     policy = policy or Policy()
     start = time.perf_counter()
-    base = dict(name=record["name"], op=record.get("op", ""), phase=record.get("phase", ""),
+    base = dict(name=record["name"], op=record["op"], phase=record["phase"],
                 index=index, location=location,
-                module=record.get("module") or (record.get("compiled") or {}).get("module"))
-    if record.get("kind") == Kind.KERNEL:
+                module=record["module"] or (record.get("compiled") or {}).get("module"))
+    if record["kind"] == Kind.KERNEL:
         return OpCheck(**base, status=NOT_CHECKED, reason="a kernel Inductor generated: the dump "
                        "holds its tensors, not its code; compare the run against an eager run "
                        "at L2 (opdiff compare) to judge it against the ops it fuses")
-    if record.get("kind", Kind.API) not in Kind.REPLAYABLE:
-        return OpCheck(**base, status=NOT_CHECKED, reason=f"a {record.get('kind')} record is "
+    if record["kind"] not in Kind.REPLAYABLE:
+        return OpCheck(**base, status=NOT_CHECKED, reason=f"a {record['kind']} record is "
                        "made of other ops (its ops are checked one by one)")
     fwd = records.get(record["forward"]) if record.get("forward") else None
     try:

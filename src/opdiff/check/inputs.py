@@ -28,9 +28,9 @@ def with_synthetic_keys(records: Iterable[dict[str, Any]]) -> list[dict[str, Any
     for rec in records:
         rec = copy.deepcopy(rec)
         for role in ("inputs", "outputs"):
-            for i, d in enumerate(rec.get(role) or []):
+            for i, d in enumerate(rec[role]):
                 _key(d, f"{rec['name']}.{role[:-1]}.{i}")
-        for k, d in (rec.get("kwargs") or {}).items():
+        for k, d in rec["kwargs"].items():
             _key(d, f"{rec['name']}.input.{k}")
         out.append(rec)
     return out
@@ -55,8 +55,8 @@ class SyntheticTensors:
     def __init__(self, records: Iterable[dict[str, Any]]):
         self.descs: dict[str, dict[str, Any]] = {}
         for rec in records:
-            for d in _tensors(list(rec.get("inputs") or []) + list(rec.get("outputs") or [])
-                              + list((rec.get("kwargs") or {}).values())):
+            for d in _tensors(list(rec["inputs"]) + list(rec["outputs"])
+                              + list(rec["kwargs"].values())):
                 self.descs.setdefault(d["key"], d)
 
     def __call__(self, key: str) -> Optional[torch.Tensor]:

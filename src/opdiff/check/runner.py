@@ -136,7 +136,7 @@ def check_dump(path: str | os.PathLike[str], device: Optional[str] = None,
         raise ConfigError(f"--jobs must be at least 1; got {jobs}")
     # (compiled kernels are listed, as not checked: engine.check_record says why)
     chosen = [r["name"] for r in select(job.records, names, scope)
-              if r.get("kind", Kind.API) in Kind.OPS]
+              if r["kind"] in Kind.OPS]
     done = load_progress(progress_file) if (resume and progress_file) else {}
     todo = [n for n in chosen if n not in done]
     if on_total:

@@ -41,7 +41,7 @@ SWAP_WINDOW = 4         # how far apart (in the pair list) two swapped neighbour
 
 def module_path(record: Record) -> str:
     """The enclosing module call without its call counter (`Module.layer1.0.Block.forward`)."""
-    return _without_index(record.get("module") or "")
+    return _without_index(record["module"] or "")
 
 
 @functools.lru_cache(maxsize=4096)      # a model has few module calls; each is parsed once
@@ -60,7 +60,7 @@ def shapes(record: Record) -> tuple[Any, ...]:
 
 def coarse_key(record: Record) -> tuple[Any, ...]:
     """What pairs two records when nothing finer does: op, phase and kind."""
-    return (record.get("op"), record.get("phase"), record.get("kind"))
+    return (record["op"], record["phase"], record["kind"])
 
 
 def fine_key(record: Record) -> tuple[Any, ...]:
@@ -71,7 +71,7 @@ def fine_key(record: Record) -> tuple[Any, ...]:
 def align(target: list[Record], golden: list[Record], *, shape_flag: bool = False) -> list[Pair]:
     """Pairs (ti, gi) covering every record of both sides once, in target execution order;
     unmatched records come as (ti, None) or (None, gi) at their place in the sequence."""
-    if [r.get("name") for r in target] == [r.get("name") for r in golden]:
+    if [r["name"] for r in target] == [r["name"] for r in golden]:
         pairs: list[Pair] = []
         for i, (t, g) in enumerate(zip(target, golden)):
             if shape_flag and shapes(t) != shapes(g):
@@ -98,8 +98,8 @@ def module_anchors(target: list[Record], golden: list[Record]) -> list[Pair2]:
     only between the same two anchors, so the diff runs on short stretches (one module call's
     ops: linear in the number of records where one diff of everything is quadratic) and never
     pairs an op across a module boundary."""
-    t_mods = [(i, str(r.get("name"))) for i, r in enumerate(target) if r.get("kind") == Kind.MODULE]
-    g_mods = [(j, str(r.get("name"))) for j, r in enumerate(golden) if r.get("kind") == Kind.MODULE]
+    t_mods = [(i, r["name"]) for i, r in enumerate(target) if r["kind"] == Kind.MODULE]
+    g_mods = [(j, r["name"]) for j, r in enumerate(golden) if r["kind"] == Kind.MODULE]
     best: list[Pair2] = []
     # A wrapper module on one side (DDP's `module.`, a compile or FSDP wrapper) puts one more
     # part in front of every path there: try each side without its first part too.
@@ -182,7 +182,7 @@ def _pair_swapped(pairs: list[Pair], target: list[Record], golden: list[Record])
             if other is None or other[0] is not None or other[1] is None:
                 continue
             g = golden[other[1]]
-            if t.get("name") == g.get("name") and _swap_key(t) == _swap_key(g):
+            if t["name"] == g["name"] and _swap_key(t) == _swap_key(g):
                 out[k], out[m] = (pair[0], other[1]), None
                 break
     return [pair for pair in out if pair is not None]
@@ -196,12 +196,12 @@ def _prefer_same_names(pairs: list[Pair], target: list[Record], golden: list[Rec
         a, b = out[k], out[k + 1]
         if a[1] is None and b[0] is not None and b[1] is not None:       # target-only op
             i, (i2, j) = cast(int, a[0]), cast(Pair2, b)
-            if target[i].get("name") == golden[j].get("name") and \
+            if target[i]["name"] == golden[j]["name"] and \
                     coarse_key(target[i]) == coarse_key(target[i2]):
                 out[k], out[k + 1] = (i, j), (i2, None)
         elif a[0] is None and b[0] is not None and b[1] is not None:     # golden-only op
             j, (i, j2) = cast(int, a[1]), cast(Pair2, b)
-            if golden[j].get("name") == target[i].get("name") and \
+            if golden[j]["name"] == target[i]["name"] and \
                     coarse_key(golden[j]) == coarse_key(golden[j2]):
                 out[k], out[k + 1] = (i, j), (None, j2)
     return out

@@ -61,8 +61,8 @@ def verify(pairs: list[Pair], target: list[Record], golden: list[Record],
     `strict`: also split a backward pair where one side reads a paired op's output and the
     other a tensor without a producer (a gradient, or a view of that same output: weak evidence,
     used before `link_backward`, which prefers twins it does not contradict)."""
-    t_by_seq = {r.get("seq"): i for i, r in enumerate(target) if r.get("seq") is not None}
-    g_by_seq = {r.get("seq"): j for j, r in enumerate(golden) if r.get("seq") is not None}
+    t_by_seq = {r["seq"]: i for i, r in enumerate(target) if r["seq"] is not None}
+    g_by_seq = {r["seq"]: j for j, r in enumerate(golden) if r["seq"] is not None}
     if not t_by_seq or not g_by_seq:
         return pairs       # no dataflow on one side: nothing to check against
     t_by_name = {r["name"]: i for i, r in enumerate(target)}
@@ -93,7 +93,7 @@ def _other_forward(t: Record, g: Record, partner: dict[int, int], t_by_name: dic
     """Whether two backward ops are not known to belong to forward ops that are each other's
     twins (a compiled backward op names its forward op through the graph node's `seq_nr`; the
     backward of eager and compiled code run in other orders, so a name or shape proves nothing)."""
-    if t.get("phase") != Phase.BACKWARD or t.get("kind") not in Kind.REPLAYABLE:
+    if t["phase"] != Phase.BACKWARD or t["kind"] not in Kind.REPLAYABLE:
         return False
     tf, gf = t.get("forward"), g.get("forward")
     ti, gi = t_by_name.get(tf or ""), g_by_name.get(gf or "")
@@ -108,8 +108,8 @@ def link_backward(pairs: list[Pair], target: list[Record], golden: list[Record])
     alignment leaves most of them unpaired). The pair takes the target op's place."""
     partner = {ti: gi for ti, gi in pairs if ti is not None and gi is not None}
     taken = {gi: ti for ti, gi in partner.items()}
-    t_by_seq = {r.get("seq"): i for i, r in enumerate(target) if r.get("seq") is not None}
-    g_by_seq = {r.get("seq"): j for j, r in enumerate(golden) if r.get("seq") is not None}
+    t_by_seq = {r["seq"]: i for i, r in enumerate(target) if r["seq"] is not None}
+    g_by_seq = {r["seq"]: j for j, r in enumerate(golden) if r["seq"] is not None}
     t_by_name = {r["name"]: i for i, r in enumerate(target)}
     free: dict[tuple[Any, ...], list[int]] = {}
     for ti, gi in pairs:
@@ -140,16 +140,16 @@ def link_backward(pairs: list[Pair], target: list[Record], golden: list[Record])
 def signature(record: Record) -> tuple[Any, ...]:
     """op, phase and the shapes of every tensor (what two twins share)."""
     shapes = tuple((role, tuple(d.get("shape") or ())) for _, role, d in iter_tensors(record))
-    return (record.get("op"), record.get("phase"), shapes)
+    return (record["op"], record["phase"], shapes)
 
 
 def _contradicts(t: Record, g: Record, partner: dict[int, int], taken: dict[int, int],
                  t_by_seq: dict[Any, int], g_by_seq: dict[Any, int], strict: bool) -> bool:
     """Whether the inputs of t and g were made by ops that are not each other's twins."""
-    if t.get("kind") not in Kind.REPLAYABLE:
+    if t["kind"] not in Kind.REPLAYABLE:
         return False        # modules, leaves, parameter gradients pair by their names
     g_inputs = _inputs(g)
-    backward = strict and t.get("phase") == Phase.BACKWARD
+    backward = strict and t["phase"] == Phase.BACKWARD
     for suffix, td in _inputs(t).items():
         gd = g_inputs.get(suffix)
         if gd is None:
@@ -187,7 +187,7 @@ def _contradicts(t: Record, g: Record, partner: dict[int, int], taken: dict[int,
 def inductor_calls(records: list[Record]) -> list[str]:
     """The ops of a dump recorded inside Inductor's generated code (its extern kernels and,
     from capture/inductor.py, its own kernels)."""
-    return [r.get("op", "") for r in records
+    return [r["op"] for r in records
             if (r.get("compiled") or {}).get("backend") == "inductor"]
 
 
@@ -196,7 +196,7 @@ def comparable_records(target: list[Record], golden: list[Record]) -> int:
     ran Inductor kernels (capture/inductor.py), each stands for several ops of the other side
     and never pairs one to one, so only that side's other records (extern kernels, leaves)
     count; otherwise the larger side's records."""
-    kernels = [sum(1 for r in side if r.get("kind") == Kind.KERNEL) for side in (target, golden)]
+    kernels = [sum(1 for r in side if r["kind"] == Kind.KERNEL) for side in (target, golden)]
     if any(kernels):
         return max(len(side) - k for side, k in zip((target, golden), kernels) if k)
     return max(len(target), len(golden))
@@ -212,7 +212,7 @@ def note(target: list[Record], golden: list[Record], t_meta: Optional[dict[str, 
         return None
     which = "target" if t_compiled else "golden"
     extern = inductor_calls(target if t_compiled else golden)
-    kernels = any(r.get("kind") == Kind.KERNEL for r in (target if t_compiled else golden))
+    kernels = any(r["kind"] == Kind.KERNEL for r in (target if t_compiled else golden))
     if extern and not kernels:
         shown = ", ".join(dict.fromkeys(extern))
         return (f"{INCONCLUSIVE}: the {which} ran Inductor-generated kernels, which are not "
@@ -238,7 +238,7 @@ def restrict(pairs: list[Pair], target: list[Record], golden: list[Record]) -> l
     shapes are not known to be twins."""
     out: list[Pair] = []
     for ti, gi in pairs:
-        if ti is not None and gi is not None and target[ti].get("kind") in Kind.REPLAYABLE:
+        if ti is not None and gi is not None and target[ti]["kind"] in Kind.REPLAYABLE:
             out += [(ti, None), (None, gi)]
         else:
             out.append((ti, gi))
@@ -253,11 +253,11 @@ def by_name(pairs: list[Pair], target: list[Record], golden: list[Record]) -> li
     every gradient over at its end, in another order than autograd's. The pair takes the
     target record's place."""
     free = {golden[gi]["name"]: gi for ti, gi in pairs
-            if ti is None and gi is not None and golden[gi].get("kind") in NAMED}
+            if ti is None and gi is not None and golden[gi]["kind"] in NAMED}
     used: set[int] = set()
     out: list[Pair] = []
     for ti, gi in pairs:
-        if ti is not None and gi is None and target[ti].get("kind") in NAMED:
+        if ti is not None and gi is None and target[ti]["kind"] in NAMED:
             gj = free.pop(target[ti]["name"], None)
             if gj is not None:
                 used.add(gj)
@@ -300,7 +300,7 @@ def stored_code(dumps: Iterable[tuple[Any, list[Record]]]) -> Callable[[str, int
         for dump, records in dumps:
             seen: set[Any] = set()
             for r in records:
-                sid = r.get("stack")
+                sid = r["stack"]
                 if sid is None or sid in seen:
                     continue
                 seen.add(sid)

@@ -53,9 +53,9 @@ def _joined_path(path: str, rule: Rule) -> Optional[list[str]]:
 
 def _call_key(rec: Record) -> Optional[tuple[str, str, int, str]]:
     """(module path, phase, call count, kind) of a module call or parameter-gradient record."""
-    if rec.get("kind") not in (Kind.MODULE, Kind.PARAM_GRAD):
+    if rec["kind"] not in (Kind.MODULE, Kind.PARAM_GRAD):
         return None
-    parsed = RecordName.parse(str(rec.get("name")))
+    parsed = RecordName.parse(rec["name"])
     if parsed is None:
         return None
     return module_path(parsed.op), parsed.phase, parsed.index, parsed.kind
@@ -63,7 +63,7 @@ def _call_key(rec: Record) -> Optional[tuple[str, str, int, str]]:
 
 def _leaf_key(rec: Record) -> Optional[tuple[str, str, str]]:
     """(module path, parameter name, leaf kind) of a parameter's or buffer's first read."""
-    if rec.get("kind") != Kind.LEAF or rec.get("leaf") not in ("parameter", "buffer"):
+    if rec["kind"] != Kind.LEAF or rec.get("leaf") not in ("parameter", "buffer"):
         return None
     fqn = str(rec.get("tensor") or "")
     if "." not in fqn:
@@ -122,10 +122,10 @@ class Joiner:
                 parts = [golden[j] for j in index]
                 fused = None
                 if call is not None:
-                    parsed = RecordName.parse(str(t["name"]))
+                    parsed = RecordName.parse(t["name"])
                     fused = parsed.with_phase(Phase.FORWARD).text if parsed else None
                     if call[3] == Kind.MODULE:
-                        parent.update((str(g["name"]), str(t["name"])) for g in parts)
+                        parent.update((g["name"], t["name"]) for g in parts)
                 joins.append((self._record(t, parts, rule), index, fused, at))
                 taken.update(index)
                 self.used.add(rule.line)
@@ -139,12 +139,12 @@ class Joiner:
         records and its ops (`inside`: where its first op is), so that they meet the fused op
         alone and the ops between the parts (q's view and transpose before k_proj runs) pair
         with the target's after it."""
-        modules = {str(g["name"]): g.get("module") for g in golden if g.get("kind") == Kind.MODULE}
+        modules = {g["name"]: g["module"] for g in golden if g["kind"] == Kind.MODULE}
         fused_of = {p: RecordName.parse(n).with_phase(Phase.FORWARD).text     # type: ignore[union-attr]
                     for p, n in parent.items() if RecordName.parse(n) is not None}
 
         def owner(rec: Record) -> Optional[str]:
-            m, seen = rec.get("module"), 0
+            m, seen = rec["module"], 0
             while m and seen < 64:
                 if m in fused_of:
                     return fused_of[m]
@@ -157,15 +157,15 @@ class Joiner:
             if fused is None:               # a parameter's first read: where the first part's was
                 slots[min(index)] = [rec]
                 continue
-            groups.setdefault((fused, str(rec.get("phase"))), []).append(
-                (min(index) if rec.get("phase") == Phase.FORWARD else max(index), at, rec))
+            groups.setdefault((fused, rec["phase"]), []).append(
+                (min(index) if rec["phase"] == Phase.FORWARD else max(index), at, rec))
         inner: dict[tuple[str, str], list[int]] = {}
         for j, g in enumerate(golden):
-            if j in taken or g.get("kind") in (Kind.LEAF, Kind.PARAM_GRAD):
+            if j in taken or g["kind"] in (Kind.LEAF, Kind.PARAM_GRAD):
                 continue
             fused = owner(g)
-            if fused is not None and (fused, str(g.get("phase"))) in groups:
-                inner.setdefault((fused, str(g.get("phase"))), []).append(j)
+            if fused is not None and (fused, g["phase"]) in groups:
+                inner.setdefault((fused, g["phase"]), []).append(j)
         moved: set[int] = set()
         for key, joined in groups.items():
             ops = inner.get(key, [])
@@ -181,22 +181,22 @@ class Joiner:
         out: list[Record] = []
         for j, g in enumerate(golden):
             for rec in slots.get(j, ()):
-                to = parent.get(str(rec.get("module") or ""))
+                to = parent.get(str(rec["module"] or ""))
                 out.append(dict(rec, module=to) if to else rec)
             if j in taken or j in moved:
                 continue
-            to = parent.get(str(g.get("module") or ""))
+            to = parent.get(str(g["module"] or ""))
             out.append(dict(g, module=to) if to else g)
         return out
 
     def _record(self, target: Record, parts: list[Record], rule: Rule) -> Record:
         """The joined golden record: the target's names, the parts' tensors joined."""
         joined = dict(target)
-        joined["stack"] = parts[0].get("stack")
-        joined["seq"] = parts[0].get("seq")
-        backward = target.get("phase") == Phase.BACKWARD and target.get("kind") == Kind.MODULE
+        joined["stack"] = parts[0]["stack"]
+        joined["seq"] = parts[0]["seq"]
+        backward = target["phase"] == Phase.BACKWARD and target["kind"] == Kind.MODULE
         for role in _ROLES:
-            slots = target.get(role)
+            slots = target[role]
             if isinstance(slots, list):
                 joined[role] = [self._slot(role, backward, i, d, parts, rule, target)
                                 for i, d in enumerate(slots)]
@@ -212,14 +212,14 @@ class Joiner:
             return desc
         found = []
         for p in parts:
-            slots = p.get(role)
+            slots = p[role]
             d = (slots.get(at) if isinstance(slots, dict) else
                  slots[at] if isinstance(slots, list) and at < len(slots) else None)
             if not isinstance(d, dict) or d.get("type") != "tensor" or d.get("shape") is None:
                 return none
             found.append(d)
         shape = list(desc.get("shape") or [])
-        if role == "parameters" or target.get("kind") == Kind.LEAF:
+        if role == "parameters" or target["kind"] == Kind.LEAF:
             dim = _adding_dim(shape, [list(d["shape"]) for d in found])
             if dim is None:
                 self._say(rule, f"the parameter {at!r} of the parts does not add up to the "
@@ -272,16 +272,16 @@ class Joiner:
 def _first_inside(view: list[Record], joins: list[_Join]) -> dict[tuple[str, str], int]:
     """(fused call, phase) -> where the target's first op inside that call is (`view` index)."""
     fused = {f for _, _, f, _ in joins if f is not None}
-    modules = {str(t["name"]): t.get("module") for t in view if t.get("kind") == Kind.MODULE}
+    modules = {t["name"]: t["module"] for t in view if t["kind"] == Kind.MODULE}
     out: dict[tuple[str, str], int] = {}
     for at, t in enumerate(view):
-        if t.get("kind") in (Kind.MODULE, Kind.LEAF, Kind.PARAM_GRAD):
+        if t["kind"] in (Kind.MODULE, Kind.LEAF, Kind.PARAM_GRAD):
             continue
-        m, seen = t.get("module"), 0
+        m, seen = t["module"], 0
         while m and seen < 64 and m not in fused:
             m, seen = modules.get(m), seen + 1
         if m in fused:
-            out.setdefault((str(m), str(t.get("phase"))), at)
+            out.setdefault((str(m), t["phase"]), at)
     return out
 
 

@@ -37,4 +37,4 @@ def comparable(t_records: list[dict[str, Any]], g_records: list[dict[str, Any]],
 
 def _forward_meaning(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in records
-            if not (r.get("phase") == Phase.BACKWARD and r.get("kind", Kind.API) in _TOOL_SHAPED)]
+            if not (r["phase"] == Phase.BACKWARD and r["kind"] in _TOOL_SHAPED)]

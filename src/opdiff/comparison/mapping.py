@@ -296,7 +296,7 @@ def _msprobe(where: str, key: Any, value: Any) -> list[Rule]:
 
 
 def _names(records: Iterable[Record]) -> set[str]:
-    return {str(r[f]) for r in records for f in ("name", "op", "module") if r.get(f)}
+    return {str(r[f]) for r in records for f in ("name", "op", "module") if r[f]}
 
 
 def _matches(rule: Rule, pattern: str, name: str) -> bool:
@@ -357,7 +357,7 @@ def _kept(records: list[Record], rules: tuple[Rule, ...], side: str, used: set[i
         return list(range(len(records)))
     keep: list[int] = []
     for i, rec in enumerate(records):
-        hit = next((r for r in drops if any(fnmatch.fnmatchcase(str(rec.get(f) or ""), r.old)
+        hit = next((r for r in drops if any(fnmatch.fnmatchcase(rec[f], r.old)
                                             for f in ("name", "op"))), None)
         if hit is None:
             keep.append(i)

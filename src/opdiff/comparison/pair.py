@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, cast
 
 from ..errors import DumpError, OpdiffError
 from ..store.records import decoded_stats, iter_tensors
-from ..store.schema import Kind, Location, Phase, locations_from_frames
+from ..store.schema import Kind, Location, locations_from_frames
 from ..store.source import DumpSource
 from ..environment import diff_meta
 from . import compiled, crossformat
@@ -53,8 +53,8 @@ MIN_PAIRED_FRACTION = 0.3
 
 def _location(dump: DumpSource, record: dict[str, Any]) -> tuple[Location, ...]:
     """The record's call site as Locations, innermost user frame first."""
-    return locations_from_frames(dump.stack(record.get("stack"))
-                                 if record.get("stack") is not None else ())
+    return locations_from_frames(dump.stack(record["stack"])
+                                 if record["stack"] is not None else ())
 
 
 def _numel(shape: Any) -> int:
@@ -198,7 +198,7 @@ class _PairCompare:
         and foreign dumps keep the comparison alone) and ops it can re-run."""
         if self.replay == "off" or not self.t.holds_tensors:
             return None
-        if not any(r.get("kind", Kind.API) in Kind.REPLAYABLE for r in t_records):
+        if not any(r["kind"] in Kind.REPLAYABLE for r in t_records):
             return None
         from .replay import Replayer
 
@@ -217,8 +217,8 @@ class _PairCompare:
         differ, limits = differing_numbers(t_rec, g_rec) if t_rec and g_rec else ([], [])
         # (the rows carry what the blame rules read, so that `rejudge` can apply them again)
         base: dict[str, Any] = dict(
-            op_name=name, phase=rec.get("phase", Phase.FORWARD), kind=rec.get("kind", Kind.API),
-            index=position, module=rec.get("module"), stack=stack, forward=rec.get("forward"),
+            op_name=name, phase=rec["phase"], kind=rec["kind"],
+            index=position, module=rec["module"], stack=stack, forward=rec.get("forward"),
             differing_numbers=tuple(differ), dtype_limits=tuple(limits), leaf=rec.get("leaf"),
             leaf_tensor=rec.get("tensor"), reader=rec.get("reader"),
             leaf_strict=self.t.step in (None, 0),
@@ -238,7 +238,7 @@ class _PairCompare:
         # Target-only ops get an OpScore too, with no measured tensors: the comparison cannot
         # judge them, replay can (a cast that only the bf16 run makes, say).
         if t_rec is not None:
-            op = op_score(base, op=rec.get("op", ""), paired=g_rec is not None)
+            op = op_score(base, op=rec["op"], paired=g_rec is not None)
             self.ops.append(op)
             if base["kind"] == Kind.MODULE and g_rec is not None:
                 self._modules[name] = (op.inputs, op.outputs)

@@ -39,7 +39,7 @@ Pair = tuple[DumpSource, DumpSource]
 def _group_records(dump: DumpSource) -> dict[str, dict[str, Any]]:
     """name -> record for the dump's collectives that carry a group."""
     return {r["name"]: r for r in dump.records()
-            if str(r.get("op", "")).startswith("Distributed.") and r.get("group")}
+            if str(r["op"]).startswith("Distributed.") and r.get("group")}
 
 
 def _input_differs(result: CompareResult, name: str) -> bool:
@@ -111,7 +111,7 @@ INFERRED = "DDP's all-reduce (inferred: not recorded)"
 
 
 def _records_gradient_collective(dump: DumpSource) -> bool:
-    return any(str(r.get("op", "")).startswith(_GRADIENT_COLLECTIVES) for r in dump.records())
+    return any(str(r["op"]).startswith(_GRADIENT_COLLECTIVES) for r in dump.records())
 
 
 def _received_row(result: CompareResult) -> Optional[Any]:

@@ -98,21 +98,21 @@ def find_regions(pairs: list[Pair], target: list[Record], golden: list[Record]) 
 
     for position, (ti, gi) in enumerate(pairs):
         rec = target[ti] if ti is not None else golden[gi]  # type: ignore[index]
-        kind = rec.get("kind", Kind.API)
+        kind = rec["kind"]
         if ti is not None and gi is not None:
             if kind not in (Kind.LEAF, Kind.PARAM_GRAD):    # (a leaf read first inside: no end)
                 close()
             continue
         if kind not in Kind.OPS:
             continue            # modules, leaves and parameter gradients are never in a region
-        if rec.get("phase") != phase or not (run_t or run_g):
+        if rec["phase"] != phase or not (run_t or run_g):
             close()
-            phase, start = rec.get("phase"), position
+            phase, start = rec["phase"], position
         (run_t.append(ti) if ti is not None else run_g.append(gi))  # type: ignore[arg-type]
     close()
-    parents = {r["name"]: r.get("module") for r in target if r.get("kind") == Kind.MODULE}
+    parents = {r["name"]: r["module"] for r in target if r["kind"] == Kind.MODULE}
     for region in regions:
-        region.module = common_module([target[i].get("module") for i in region.target], parents)
+        region.module = common_module([target[i]["module"] for i in region.target], parents)
     return regions
 
 
@@ -134,10 +134,10 @@ def absorb(regions: list[Region], pairs: list[Pair], target: list[Record], golde
         lone = sorted((i for i in (p[side] for p in pairs if p[1 - side] is None)
                        if i is not None and i not in region_of), reverse=True)
         lone_set = set(lone)
-        at = {rec.get("seq"): i for i, rec in enumerate(records)}
+        at = {rec["seq"]: i for i, rec in enumerate(records)}
         readers: dict[int, list[int]] = {}
         for i, rec in enumerate(records):
-            if rec.get("kind") == Kind.MODULE:
+            if rec["kind"] == Kind.MODULE:
                 continue
             for _, role, desc in iter_tensors(rec):
                 producer = desc.get("producer")
@@ -145,7 +145,7 @@ def absorb(regions: list[Region], pairs: list[Pair], target: list[Record], golde
                     readers.setdefault(at[producer[0]], []).append(i)
         for i in lone:          # latest first: an op feeding an absorbed op is absorbed after it
             rec = records[i]
-            if rec.get("kind", Kind.API) not in Kind.OPS or i not in lone_set:
+            if rec["kind"] not in Kind.OPS or i not in lone_set:
                 continue
             fed = readers.get(i)
             if fed and all(k in region_of for k in fed):
@@ -195,15 +195,15 @@ class Boundaries:
                  module_entries: dict[str, tuple[list[Entry], list[Entry]]]) -> None:
         self.target, self.dataflow = target, dataflow
         self.measured, self.module_entries = measured, module_entries
-        self.by_seq = {r.get("seq"): r for r in target} if dataflow else {}
+        self.by_seq = {r["seq"]: r for r in target} if dataflow else {}
         self.leaf_names = {(r.get("leaf"), r.get("tensor")): r["name"] for r in target
-                           if r.get("kind") == Kind.LEAF}
+                           if r["kind"] == Kind.LEAF}
 
     def consumers(self, regions: list[Region]) -> dict[int, dict[str, str]]:
         """region number -> {consumer's input tensor name: the region's output tensor it reads}."""
         if not self.dataflow or not regions:
             return {}
-        region_of = {self.target[i].get("seq"): r.number for r in regions for i in r.target}
+        region_of = {self.target[i]["seq"]: r.number for r in regions for i in r.target}
         inside = {i for r in regions for i in r.target}
         out: dict[int, dict[str, str]] = {}
         for k, rec in enumerate(self.target):
@@ -222,7 +222,7 @@ class Boundaries:
         """(inputs, outputs) through the dump's dataflow, or None where it does not reach."""
         if not self.dataflow or region.phase != Phase.FORWARD:
             return None
-        seqs = {self.target[i].get("seq") for i in region.target}
+        seqs = {self.target[i]["seq"] for i in region.target}
         inputs: dict[int, Entry] = {}
         unpaired: list[str] = []
         for i in region.target:
@@ -328,7 +328,7 @@ def op_list(records: list[Record], indices: list[int], locate: Any) -> list[dict
     for i in indices:
         rec = records[i]
         loc = locate(rec)
-        out.append({"name": rec["name"], "op": rec.get("op", ""),
+        out.append({"name": rec["name"], "op": rec["op"],
                     "location": None if loc is None else {"file": loc.file, "line": loc.line,
                                                           "code": loc.code}})
     return out

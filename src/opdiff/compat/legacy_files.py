@@ -33,7 +33,7 @@ HOOKS_DUMP_SUFFIX = ".opdiff"
 def legacy_records(dump):
     """The records the legacy tools had: op calls. Leaves (a parameter, buffer or input that
     opdiff records once before its first read, capture/leaves.py) were never in their files."""
-    return (r for r in dump.records() if r.get("kind") != Kind.LEAF)
+    return (r for r in dump.records() if r["kind"] != Kind.LEAF)
 
 
 def legacy_op_name(name: str) -> str:
@@ -67,7 +67,7 @@ def write_ptdbg_files(dump_dir: str | os.PathLike, prefix: str = "", stack_only:
     stacks: dict[str, list] = {}
     with open(pkl, "w", encoding="utf-8") as f:
         for record in legacy_records(dump):
-            frames = dump.stack(record.get("stack"))
+            frames = dump.stack(record["stack"])
             if frames:
                 stacks[record["name"]] = frames
                 legacy = legacy_op_name(record["name"])

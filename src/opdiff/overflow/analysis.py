@@ -93,7 +93,7 @@ class _Walk:
 
     def visit(self, rec: dict) -> None:
         self.counts["records"] += 1
-        kind, phase, name = rec.get("kind"), rec.get("phase", Phase.FORWARD), rec["name"]
+        kind, phase, name = rec["kind"], rec["phase"], rec["name"]
         if not self.fp16_run:
             self.fp16_run = _headroom.holds_fp16(rec)
         if kind == _LEAF:           # a parameter/input as it entered: the ops reading it judge it
@@ -135,7 +135,7 @@ class _Walk:
         position = self.counts["records"]
         if rec.get("overflow") == "discarded":
             self.discarded.add(name)
-        elif rec.get("overflow") == "origin" or rules.matters(phase, kind, rec.get("module")):
+        elif rec.get("overflow") == "origin" or rules.matters(phase, kind, rec["module"]):
             self.last_matters = position      # (the online monitor writes only origins that matter)
         if verdict.kind == rules.ORIGIN:
             self.positions[name] = position
@@ -144,7 +144,7 @@ class _Walk:
             self.intentional.append(name)
         elif verdict.why == rules.CONTAINS_ORIGIN:
             self._link(rec, verdict.why)
-            self.enclosing.add((rec.get("module"), phase))
+            self.enclosing.add((rec["module"], phase))
         else:
             self._link(rec, verdict.why)
             if verdict.why == rules.PROPAGATES and not self.origins and not self.intentional \
@@ -158,18 +158,18 @@ class _Walk:
         if self.origins:
             self._link(rec, "new origin")
         self.origins.append(origin)
-        self.enclosing.add((rec.get("module"), rec.get("phase", Phase.FORWARD)))
+        self.enclosing.add((rec["module"], rec["phase"]))
 
     def _make_origin(self, rec, hin, hout, why: str) -> Origin:
         created = "inf and NaN" if (hout.nan and hout.inf) else ("NaN" if hout.nan else "inf")
         ins: list[dict] = []
         outs: list[dict] = []
         for tname, role, desc in iter_tensors(rec):
-            side = outs if (role == Role.OUTPUT or rec.get("kind") == Kind.PARAM_GRAD) else ins
+            side = outs if (role == Role.OUTPUT or rec["kind"] == Kind.PARAM_GRAD) else ins
             side.append(_tensor_summary(tname, desc))
-        return Origin(name=rec["name"], op=rec.get("op") or rec["name"],
-                      phase=rec.get("phase", Phase.FORWARD), kind=rec.get("kind") or Kind.API,
-                      reason=why, location=self._location(rec), module=rec.get("module"),
+        return Origin(name=rec["name"], op=rec["op"] or rec["name"],
+                      phase=rec["phase"], kind=rec["kind"],
+                      reason=why, location=self._location(rec), module=rec["module"],
                       nonfinite=created, outputs=tuple(outs), inputs=tuple(ins),
                       step=self.dump.step, rank=self.dump.rank)
 
@@ -179,7 +179,7 @@ class _Walk:
         if self.origins or self.inherited is not None:
             self.counts["chain"] += 1
             if len(self.chain) < MAX_CHAIN:
-                self.chain.append(ChainLink(rec["name"], rec.get("phase", Phase.FORWARD), relation))
+                self.chain.append(ChainLink(rec["name"], rec["phase"], relation))
 
     def _scaler(self, rec: dict) -> None:
         found = scaler_found_inf(rec, self.dump)
@@ -190,9 +190,9 @@ class _Walk:
 
     def _location(self, rec: dict) -> Location | None:
         try:
-            frames = self.dump.stack(rec.get("stack"))
+            frames = self.dump.stack(rec["stack"])
         except Exception as exc:   # a foreign stack we cannot read should not hide the finding
-            log.info("opdiff: no call stack for %s (%s)", rec.get("name"), exc)
+            log.info("opdiff: no call stack for %s (%s)", rec["name"], exc)
             return None
         locations = locations_from_frames(frames)
         return locations[0] if locations else None
@@ -249,7 +249,7 @@ def _forward_of(rec: dict) -> str | None:
     """Name of the forward record a backward record belongs to."""
     if rec.get("forward"):
         return rec["forward"]
-    if rec.get("kind") == Kind.ATEN:
+    if rec["kind"] == Kind.ATEN:
         return None     # aten backward counters are their own; only the record's link is reliable
     parsed = RecordName.parse(rec["name"])
     if parsed is None or parsed.phase != Phase.BACKWARD or parsed.kind == Kind.PARAM_GRAD \

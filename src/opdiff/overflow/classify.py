@@ -53,7 +53,7 @@ def sides(record: dict) -> tuple[list[dict], list[dict]]:
     """
     ins, outs = [], []
     for _, role, desc in iter_tensors(record):
-        if role == Role.OUTPUT or (role == Role.PARAMETERS and record.get("kind") == Kind.PARAM_GRAD):
+        if role == Role.OUTPUT or (role == Role.PARAMETERS and record["kind"] == Kind.PARAM_GRAD):
             outs.append(desc)
         else:
             ins.append(desc)

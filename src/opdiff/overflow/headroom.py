@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from ..dtypes import FP16_MAX, largest_finite, short_dtype
 from ..store.records import iter_tensors
-from ..store.schema import Kind, Phase, Role
+from ..store.schema import Kind, Role
 from .classify import max_abs
 from .result import HeadroomWarning
 
@@ -48,7 +48,7 @@ def warnings_for(record: dict, factor: float, location=None, step=None, rank=Non
     fp16_run: wider outputs are wide on purpose, not measured against fp16 (module docstring)."""
     worst = None
     for tname, role, desc in iter_tensors(record):
-        if role != Role.OUTPUT and record.get("kind") != Kind.PARAM_GRAD:
+        if role != Role.OUTPUT and record["kind"] != Kind.PARAM_GRAD:
             continue
         limit = limit_for(str(desc.get("dtype") or ""))
         if fp16_run and limit is not None and limit[1] == "float16" and \
@@ -70,7 +70,7 @@ def warnings_for(record: dict, factor: float, location=None, step=None, rank=Non
                 f"within {factor:g}x of the fp16 maximum: max |output| {m:.4g} (limit {lim:g})")
     else:
         what = f"within {factor:g}x of the {lim_dtype} maximum: max |output| {m:.4g} (limit {lim:g})"
-    return [HeadroomWarning(name=record["name"], phase=record.get("phase", Phase.FORWARD), dtype=dtype,
+    return [HeadroomWarning(name=record["name"], phase=record["phase"], dtype=dtype,
                             max_abs=m, limit=lim, limit_dtype=lim_dtype,
                             tensor=tname, message=what,
                             location=location, step=step, rank=rank)]

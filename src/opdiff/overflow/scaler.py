@@ -17,7 +17,6 @@ import math
 
 from ..ops import method_of
 from ..store.records import decoded_stats, iter_descriptors, iter_tensors
-from ..store.schema import RecordName
 from .classify import health, sides, tensor_health
 from .rules import is_loss_scaler
 
@@ -27,10 +26,7 @@ MARK = "skipped_by_loss_scaler"      # what the online monitor writes on a scale
 
 
 def _op(record: dict) -> str:
-    if record.get("op"):
-        return str(record["op"])
-    parsed = RecordName.parse(str(record.get("name") or ""))
-    return parsed.op if parsed is not None else str(record.get("name") or "")
+    return str(record["op"])
 
 
 def is_scaler_op(record: dict) -> bool:
@@ -44,7 +40,7 @@ def scaler_found_inf(record: dict, dump=None) -> bool | None:
     if record.get("overflow") == MARK:
         return True
     method = method_of(_op(record))
-    inputs = record.get("inputs") or []
+    inputs = record["inputs"]
     if method == UPDATE_OP and len(inputs) > 2:
         stats = decoded_stats(inputs[2])
         if isinstance(stats.get("max"), (int, float)):
@@ -77,12 +73,12 @@ def scales_seen(record: dict) -> set[float]:
     method = method_of(_op(record))
     found: set[float] = set()
     if method == UPDATE_OP:
-        for desc in (record.get("inputs") or [])[:1] + (record.get("outputs") or [])[:1]:
+        for desc in record["inputs"][:1] + record["outputs"][:1]:
             value = _single_value(desc)
             if value:
                 found.add(value)
     elif method == CHECK_OP:
-        inputs = record.get("inputs") or []
+        inputs = record["inputs"]
         inverse = _single_value(inputs[2]) if len(inputs) > 2 else None
         if inverse:
             found.add(1.0 / inverse)
@@ -120,10 +116,10 @@ class ScaledLoss:
         """Note what a record tells about the loss scale (call for every record, in order)."""
         if is_scaler_op(record):
             self.scales |= scales_seen(record)
-        elif record.get("phase", "forward") == "forward" and method_of(_op(record)) in _MULTIPLY:
-            values = [v for v in map(_single_value, record.get("inputs") or []) if v]
+        elif record["phase"] == "forward" and method_of(_op(record)) in _MULTIPLY:
+            values = [v for v in map(_single_value, record["inputs"]) if v]
             if values:
-                self._multiplies[str(record.get("name"))] = values
+                self._multiplies[str(record["name"])] = values
 
     def keep(self, record: dict, tensor: str) -> bool:
         """False when the warned `tensor` of `record` is the loss scaler's own value."""
@@ -132,7 +128,7 @@ class ScaledLoss:
         for name, _, desc in iter_tensors(record):
             if name == tensor and self._is_scale(_single_value(desc)):
                 return False
-        forward = record.get("name") if record.get("phase", "forward") == "forward" \
+        forward = record["name"] if record["phase"] == "forward" \
             else record.get("forward")
         return not any(self._is_scale(v) for v in self._multiplies.get(str(forward), ()))
 

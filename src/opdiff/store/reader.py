@@ -38,6 +38,7 @@ from . import dumpfiles, layout
 from .durable import unfinished
 from .limits import check_size
 from .records import record_problem
+from .schema import complete
 from .source import DumpFormat
 
 log = logging.getLogger("opdiff")
@@ -60,8 +61,9 @@ class Dump:
     format = "opdiff"
 
     def records(self) -> Iterator[dict[str, Any]]:
-        """Records in execution order. A truncated or corrupt last line is skipped with a warning;
-        any other line that is not a record is a DumpError (`store.dumpfiles` reads the file)."""
+        """Records in execution order, complete (`store.schema.complete`). A truncated or corrupt
+        last line is skipped with a warning; any other line that is not a record is a DumpError
+        (`store.dumpfiles` reads the file)."""
         path = self.path / layout.RECORDS
         with dumpfiles.open_file(path, self.path) as f:
             for number, raw, last in dumpfiles.lines(f, path):
@@ -74,7 +76,7 @@ class Dump:
                 if problem is not None:
                     raise DumpError(f"{path}: line {number} is not an opdiff record ({problem}); "
                                     "the dump is corrupt")
-                yield record
+                yield complete(record)
 
     def stacks(self) -> dict[int, list[dict[str, Any]]]:
         """{stack id: [frame, ...]}, each frame {"file", "line", "function", "code"}, innermost first."""

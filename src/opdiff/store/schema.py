@@ -58,19 +58,23 @@ class Role:
 class Record(TypedDict, total=False):
     """One line of records.jsonl (a plain dict at run time: no cost on capture's hot path).
 
+    Every record a stage is handed is complete (`complete`, called once where a dump is read):
+    the fields up to `stack` are always there, a missing one filled with the default its comment
+    names, so readers index them (`record["kind"]`). The fields after `stack` are facts only some
+    records have; they stay absent when unknown and are read with `record.get(...)`.
     Descriptors are documented in `opdiff.store.records`.
     """
-    seq: int                    # execution order within this step/rank
-    name: str                   # RecordName text, unique within the step
-    op: str                     # the name without counter and phase
-    kind: str                   # Kind
-    phase: str                  # Phase
-    module: Optional[str]       # the enclosing module call's name
-    inputs: List[dict[str, Any]]   # backward: gradients w.r.t. the forward outputs
-    kwargs: dict[str, Any]
-    outputs: List[dict[str, Any]]  # backward: gradients w.r.t. the forward inputs
-    parameters: dict[str, Any]  # module calls and param_grad records
-    stack: Optional[int]        # id into stacks.jsonl
+    seq: Optional[int]          # execution order within this step/rank (default None: unknown)
+    name: str                   # RecordName text, unique within the step (required)
+    op: str                     # the name without counter and phase (default: taken from the name)
+    kind: str                   # Kind (default "api")
+    phase: str                  # Phase (default "forward")
+    module: Optional[str]       # the enclosing module call's name (default None: none known)
+    inputs: List[dict[str, Any]]   # backward: gradients w.r.t. the forward outputs (default [])
+    kwargs: dict[str, Any]      # keyword arguments by name (default {})
+    outputs: List[dict[str, Any]]  # backward: gradients w.r.t. the forward inputs (default [])
+    parameters: dict[str, Any]  # module calls and param_grad records (default {})
+    stack: Optional[int]        # id into stacks.jsonl (default None: no stack)
     forward: str                # backward records: their forward record's name
     error: str                  # capture failed partly for this op
     leaf: str                   # Kind.LEAF records: "parameter" | "buffer" | "input"
@@ -78,6 +82,44 @@ class Record(TypedDict, total=False):
     reader: str                 # ... the record of the first op that reads it
     rng: str                    # random ops: a fingerprint of the generator state they drew from
     group: dict[str, Any]       # collectives: {"ranks": [...], "seq": k[, "peer": r]} (capture/collectives.py)
+
+
+def complete(record: dict[str, Any]) -> dict[str, Any]:
+    """The record with every defaulted field of `Record` filled, in place (and returned).
+
+    Called once for each record where a dump is read (`opdiff.store.reader.Dump.records`, the
+    adapters in `opdiff.store.adapters`), so that no stage after it re-applies a default:
+
+        >>> complete({"name": "Functional.relu.0.forward", "inputs": None})  # doctest: +NORMALIZE_WHITESPACE
+        {'name': 'Functional.relu.0.forward', 'inputs': [], 'outputs': [], 'kwargs': {},
+         'parameters': {}, 'kind': 'api', 'phase': 'forward', 'module': None, 'stack': None,
+         'seq': None, 'op': 'Functional.relu'}
+
+    A field that is present keeps its value, except that a null `inputs`, `outputs`, `kwargs`
+    or `parameters` becomes empty (dumps may write null for "none"). Idempotent and cheap: it
+    runs for every record a compare reads.
+    """
+    get = record.get
+    # A fresh container each: a stage may extend one record's list without touching another's.
+    if get("inputs") is None:
+        record["inputs"] = []
+    if get("outputs") is None:
+        record["outputs"] = []
+    if get("kwargs") is None:
+        record["kwargs"] = {}
+    if get("parameters") is None:
+        record["parameters"] = {}
+    setdefault = record.setdefault
+    setdefault("kind", Kind.API)
+    setdefault("phase", Phase.FORWARD)
+    setdefault("module", None)
+    setdefault("stack", None)
+    setdefault("seq", None)
+    if "op" not in record:
+        name = get("name", "")
+        parts = name_parts(name) if type(name) is str else None
+        record["op"] = record_op(parts[0], parts[3]) if parts is not None else name
+    return record
 
 
 PARAM_GRAD_WORD = "parameters_grad"
@@ -265,7 +307,7 @@ def locations_from_frames(frames: Optional[Iterable[dict[str, Any]]]) -> tuple[L
     return tuple(out)
 
 
-__all__ = ["Kind", "Phase", "Role", "Record", "RecordName", "record_name", "name_parts",
+__all__ = ["Kind", "Phase", "Role", "Record", "complete", "RecordName", "record_name", "name_parts",
            "record_op", "legacy_to_dotted",
            "tensor_name", "split_tensor_name", "module_path", "module_class", "module_op",
            "param_grad_links", "Location", "locations_from_frames", "PARAM_GRAD_WORD",

@@ -38,7 +38,9 @@ class DumpSource(Protocol):
     format: str                 # the tool's name, for people ("opdiff", "msprobe", ...)
 
     def records(self) -> Iterator[dict[str, Any]]:
-        """Op records in execution order (`opdiff.store.schema.Record`)."""
+        """Op records in execution order (`opdiff.store.schema.Record`), each complete: an
+        adapter passes every record it yields through `opdiff.store.schema.complete`, so the
+        stages index its fields and never re-apply a default."""
         ...
 
     def tensor(self, key: str) -> Any:

@@ -8,6 +8,7 @@ import opdiff
 from opdiff.comparison.replay.calls import NotReplayable, rebuild_call, resolve
 from opdiff.comparison.replay.local import replay_record
 from opdiff.store.reader import find_dumps, open_dump
+from opdiff.store.schema import complete
 
 
 def workload(x, y, w, b, idx):
@@ -131,9 +132,9 @@ def test_unresolvable_names_say_why(name, why):
 
 
 def test_object_arguments_other_than_slices_are_refused():
-    rec = {"name": "Tensor.__getitem__.0.forward", "op": "Tensor.__getitem__",
-           "inputs": [{"type": "tensor", "dtype": "float32", "shape": [2], "key": "x"},
-                      {"type": "object", "value": "<SomeIndexer object at 0x7f>"}]}
+    rec = complete({"name": "Tensor.__getitem__.0.forward", "op": "Tensor.__getitem__",
+                    "inputs": [{"type": "tensor", "dtype": "float32", "shape": [2], "key": "x"},
+                               {"type": "object", "value": "<SomeIndexer object at 0x7f>"}]})
     with pytest.raises(NotReplayable, match="recorded only as"):
         rebuild_call(rec, {"x": torch.ones(2)}.get)
 
@@ -150,9 +151,9 @@ def test_a_custom_op_replays_through_its_registered_cpu_reference():
         x = torch.randn(256, generator=torch.Generator().manual_seed(0))
         tensors = {"x": x, "good": F.gelu(x), "bad": F.gelu(x) * 1.01}
         for key, culprit in (("good", False), ("bad", True)):
-            rec = {"name": f"{name}.0.forward", "op": name, "kind": "api", "phase": "forward",
-                   "inputs": [{"type": "tensor", "dtype": "float32", "shape": [256], "key": "x"}],
-                   "outputs": [{"type": "tensor", "dtype": "float32", "shape": [256], "key": key}]}
+            rec = complete({"name": f"{name}.0.forward", "op": name, "kind": "api", "phase": "forward",
+                            "inputs": [{"type": "tensor", "dtype": "float32", "shape": [256], "key": "x"}],
+                            "outputs": [{"type": "tensor", "dtype": "float32", "shape": [256], "key": key}]})
             local = replay_record(rec, tensors.get, _policy())
             assert local.replayed and local.culprit is culprit, local.reason
     finally:
@@ -176,8 +177,9 @@ def test_the_size_check_broadcasts_as_torch_does_without_importing_sympy():
     # torch.broadcast_shapes imports sympy (seconds) on its first call; the first replay of a
     # compare must not pay that
     code = ("import sys, torch; from opdiff.comparison.replay.calls import rebuild_call; "
+            "from opdiff.store.schema import complete; "
             "x = {'type': 'tensor', 'dtype': 'float32', 'shape': [2, 3], 'key': 'k'}; "
-            "rebuild_call({'name': 'Torch.add.0.forward', 'op': 'Torch.add', 'inputs': [x, x]}, "
+            "rebuild_call(complete({'name': 'Torch.add.0.forward', 'op': 'Torch.add', 'inputs': [x, x]}), "
             "lambda k: torch.ones(2, 3)).run(); print('sympy' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120)

@@ -9,6 +9,7 @@ import torch
 from opdiff.comparison.replay.local import compute_dtype
 from opdiff.comparison.replay.rules import judge_tensor, settle
 from opdiff.comparison.verdicts import Policy
+from opdiff.store.schema import complete
 
 
 def _weight_gradients():
@@ -49,8 +50,9 @@ def test_a_one_percent_fault_in_such_a_gradient_is_still_named():
 def test_compute_dtype_is_the_coarsest_floating_dtype_of_the_records():
     def desc(dtype):
         return {"type": "tensor", "dtype": dtype, "shape": [2]}
-    fwd = {"name": "Functional.batch_norm.0.forward", "inputs": [desc("bfloat16"), desc("float32"), {"type": "int", "value": 1}],
-           "outputs": [desc("float32")]}
+    fwd = complete({"name": "Functional.batch_norm.0.forward",
+                    "inputs": [desc("bfloat16"), desc("float32"), {"type": "int", "value": 1}],
+                    "outputs": [desc("float32")]})
     assert compute_dtype(fwd) == "bfloat16"
-    assert compute_dtype({"name": "a", "inputs": [desc("float32")], "outputs": [desc("float64")]}) == "float32"
-    assert compute_dtype({"name": "a", "inputs": [], "outputs": []}) is None
+    assert compute_dtype(complete({"name": "a", "inputs": [desc("float32")], "outputs": [desc("float64")]})) == "float32"
+    assert compute_dtype(complete({"name": "a", "inputs": [], "outputs": []})) is None

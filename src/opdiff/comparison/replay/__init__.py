@@ -71,7 +71,7 @@ class Replayer:
         """Cheap pre-check: a record of a kind that replay handles (modules and parameter
         gradients are made of other ops and are never replayed as a unit)."""
         rec = self.records.get(name)
-        return rec is not None and rec.get("kind", Kind.API) in Kind.REPLAYABLE
+        return rec is not None and rec["kind"] in Kind.REPLAYABLE
 
     def judge(self, name: str) -> LocalError:
         """The LocalError of one record (replayed once, then cached). While `prefetch`'s thread
@@ -117,8 +117,8 @@ class Replayer:
         rec = self.records.get(name)
         if rec is None:
             return LocalError(name, False, reason="not in the target dump")
-        if rec.get("kind", Kind.API) not in Kind.REPLAYABLE:
-            return LocalError(name, False, reason=f"a {rec.get('kind')} record is made of other "
+        if rec["kind"] not in Kind.REPLAYABLE:
+            return LocalError(name, False, reason=f"a {rec['kind']} record is made of other "
                                                   f"ops and is not replayed as a unit")
         start = time.perf_counter()
         fwd = self.records.get(rec.get("forward")) if rec.get("forward") else None

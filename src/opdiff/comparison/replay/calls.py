@@ -255,9 +255,9 @@ def rebuild_call(record: dict[str, Any], load: Callable[[str], Any],
     """
     if record.get("error"):
         raise NotReplayable(f"capture failed partly for this op ({str(record['error'])[:80]})")
-    op = str(record.get("op", ""))
+    op = str(record["op"])
     func = resolve(op)
-    given = record.get("kwargs") or {}
+    given = record["kwargs"]
     if not isinstance(given, dict):
         raise NotReplayable("its keyword arguments are not a mapping")
     out = given.get("out")
@@ -268,7 +268,7 @@ def rebuild_call(record: dict[str, Any], load: Callable[[str], Any],
     elif isinstance(out, dict) and out.get("type") not in (None, "none"):
         raise NotReplayable("untrusted: it writes into an out= tensor")
     b = _Builder(load, cast, record["name"], wrap, device, op)
-    args = [b.value(d, f"input.{i}") for i, d in enumerate(record.get("inputs") or [])]
+    args = [b.value(d, f"input.{i}") for i, d in enumerate(record["inputs"])]
     kwargs = {str(k): b.value(d, f"input.{k}") for k, d in given.items()}
     call = Call(func=func, args=args, kwargs=kwargs, tensors=b.tensors)
     call.check_size(op)
@@ -327,7 +327,7 @@ def read_once(load: Callable[[str], Any]) -> Callable[[str], Any]:
 def dtype_signature(record: dict[str, Any], recorded: list[Optional[torch.dtype]]) -> str:
     """The op and the dtypes of its argument tensors and of its outputs, as one string (the
     replay keeps which CPU autocast reproduces a call under it)."""
-    args = flat_descriptors(list(record.get("inputs") or []) +
-                            list((record.get("kwargs") or {}).values()))
-    return (f"{record.get('op')}({','.join(str(d.get('dtype')) for d in args)})->"
+    args = flat_descriptors(list(record["inputs"]) +
+                            list(record["kwargs"].values()))
+    return (f"{record['op']}({','.join(str(d.get('dtype')) for d in args)})->"
             f"{','.join(str(d) for d in recorded)}")

@@ -119,7 +119,7 @@ class Readers:
     def __init__(self, records: list[Record]) -> None:
         self.by_producer: dict[tuple[Any, str], list[str]] = {}
         for rec in records:
-            if rec.get("kind") == Kind.MODULE:
+            if rec["kind"] == Kind.MODULE:
                 continue
             for _, role, desc in iter_tensors(rec):
                 producer = producer_of(desc) if role == Role.INPUT else None
@@ -134,7 +134,7 @@ class Readers:
         for m in members:
             cut = len(m["name"]) + len(".output.")
             for n, role, _ in iter_tensors(m):
-                readers = self.by_producer.get((m.get("seq"), n[cut:])) \
+                readers = self.by_producer.get((m["seq"], n[cut:])) \
                     if role == Role.OUTPUT else None
                 if readers and any(r not in inside for r in readers):
                     found.append(n)
@@ -146,17 +146,17 @@ def _refusal(members: list[Record]) -> Optional[str]:
     if not members:
         return "it has no target op"
     for rec in members:
-        if not isinstance(rec.get("seq"), int):
+        if not isinstance(rec["seq"], int):
             return f"{rec['name']} has no sequence number for the dataflow to name it by"
-        if rec.get("phase") == Phase.BACKWARD:
+        if rec["phase"] == Phase.BACKWARD:
             return ("a backward region is judged through its boundary alone (its ops' "
                     "gradients need their forward calls)")
-        if rec.get("kind") == Kind.KERNEL:
+        if rec["kind"] == Kind.KERNEL:
             return (f"{rec['name']} is a compiled kernel, which replay does not re-run (its "
                     f"code is not in the dump)")
-        if rec.get("kind", Kind.API) not in Kind.REPLAYABLE:
-            return f"{rec['name']} is a {rec.get('kind')} record, made of other ops"
-        refused = ops.replay_refusal(str(rec.get("op", "")))
+        if rec["kind"] not in Kind.REPLAYABLE:
+            return f"{rec['name']} is a {rec['kind']} record, made of other ops"
+        refused = ops.replay_refusal(str(rec["op"]))
         if refused:
             return f"{rec['name']}: {refused}"
     return None
@@ -203,7 +203,7 @@ def _chain(members: list[Record], load: Callable[[str], Any], cast: Optional[tor
     """Run the members in order (cast: float64, or None for their own dtypes); returns the
     tensors named in `wanted` and the autocast each op ran under. Each value is dropped once
     the last op reading it has run."""
-    seqs = {m.get("seq"): m for m in members}
+    seqs = {m["seq"]: m for m in members}
     last_use: dict[str, int] = {}
     for i, rec in enumerate(members):
         for _, role, desc in iter_tensors(rec):
@@ -296,7 +296,7 @@ def _call(rec: Record, load: Callable[[str], Any], cast: Optional[torch.dtype],
     if rng["consumed"]:
         raise NotReplayable(f"{rec['name']} draws random numbers (a new draw would not match "
                             f"the target's)")
-    if out is None and ops.traits(str(rec.get("op", ""))).returns_first_argument and call.args:
+    if out is None and ops.traits(str(rec["op"])).returns_first_argument and call.args:
         out = call.args[0]
     return flat_tensors([out] if not isinstance(out, (tuple, list)) else out)
 

@@ -56,15 +56,15 @@ def exact_in_dtype(record: dict[str, Any], grads: Optional[dict[int, torch.Tenso
     whose tensor arguments and gradients are all of one real floating dtype: a gradient of
     another dtype would be cast on the way. No widening, no float64 autograd: several times
     faster."""
-    known = traits(str(record.get("op")))
+    known = traits(str(record["op"]))
     if not (known.exact_in_dtype or (grads is not None and known.exact_backward)):
         return False
-    descs = flat_descriptors(list(record.get("inputs") or [])
-                             + list((record.get("kwargs") or {}).values()))
+    descs = flat_descriptors(list(record["inputs"])
+                             + list(record["kwargs"].values()))
     if known.exact_backward:
         shapes = {tuple(d.get("shape") or ()) for d in descs}
         shapes |= {tuple(g.shape) for g in (grads or {}).values()}
-        if len(shapes) != 1 or len(record.get("inputs") or []) != 2 or record.get("kwargs"):
+        if len(shapes) != 1 or len(record["inputs"]) != 2 or record["kwargs"]:
             return False
     dtypes = {str(d.get("dtype", "")).replace("torch.", "") for d in descs}
     dtypes |= {str(g.dtype).replace("torch.", "") for g in (grads or {}).values()}
@@ -95,7 +95,7 @@ def backward_reference(fwd: dict[str, Any], load: Callable[[str], Any], leaves: 
     recorded output gradients `grads`, as `local._run` computes them (`cast`: the floating
     arguments cast to it first, float64 for the exact run), or None when this module has no
     direct way for the op."""
-    if fwd.get("op") not in _CONV2D or set(grads) != {0}:
+    if fwd["op"] not in _CONV2D or set(grads) != {0}:
         return None
     call = rebuild_call(fwd, load, cast)
     try:
@@ -175,7 +175,7 @@ def forward_float32(record: dict[str, Any], load: Callable[[str], Any]
     """([output in float32], [L2 bound of its distance to the float64 result]) for a conv2d
     forward record (see the module docstring), or None: another op, an input that float32
     cannot hold exactly, inf/NaN, or float32 not computed as IEEE float32 here."""
-    if record.get("op") not in _CONV2D or not _ieee_float32():
+    if record["op"] not in _CONV2D or not _ieee_float32():
         return None
     a = _conv2d_arguments(rebuild_call(record, load, None))
     if a is None:
@@ -225,7 +225,7 @@ def backward_float32(fwd: dict[str, Any], load: Callable[[str], Any], leaves: li
     """{leaf: (its gradient in float64 from float32 partial sums, L2 bound of its distance to
     the float64 result)} for a conv2d's weight among `leaves` (see the module docstring), or
     None: another op, no weight leaf, or inputs float32 cannot hold exactly."""
-    if fwd.get("op") not in _CONV2D or set(grads) != {0} or not _ieee_float32():
+    if fwd["op"] not in _CONV2D or set(grads) != {0} or not _ieee_float32():
         return None
     call = rebuild_call(fwd, load, None)
     a = _conv2d_arguments(call)
@@ -305,7 +305,7 @@ def sample_autocast(fwd: dict[str, Any], load: Callable[[str], Any],
     """(the first of `candidates`, a CPU autocast dtype or None for none, under which a conv2d
     forward gives the recorded output dtypes,) found on the batch's first sample (dtypes do not
     depend on the batch size), or None: another op, or no candidate reproduces them."""
-    if fwd.get("op") not in _CONV2D or len(recorded) != 1:
+    if fwd["op"] not in _CONV2D or len(recorded) != 1:
         return None
     a = _conv2d_arguments(rebuild_call(fwd, load, None))
     if a is None:

@@ -133,7 +133,7 @@ def _run(record: dict[str, Any], load: Callable[[str], Any], cast: Optional[torc
     wrap = None
     if leaves_for is not None:
         keys = [d.get("key") for d in flat_descriptors(
-            list(record.get("inputs") or []) + list((record.get("kwargs") or {}).values()))]
+            list(record["inputs"]) + list(record["kwargs"].values()))]
         want = {keys[i] for i in leaves_for if i < len(keys) and keys[i]}
 
         def leaf_wrap(key: str, t: torch.Tensor) -> torch.Tensor:
@@ -149,7 +149,7 @@ def _run(record: dict[str, Any], load: Callable[[str], Any], cast: Optional[torc
         out = call.run()
     if rng["consumed"]:
         raise NotReplayable("it draws random numbers (a new draw would not match the target's)")
-    if out is None and ops.traits(record.get("op", "")).returns_first_argument and call.args:
+    if out is None and ops.traits(record["op"]).returns_first_argument and call.args:
         out = call.args[0]      # as the capture records it
     outs = flat_tensors([out] if not isinstance(out, (tuple, list)) else out)
     if seen is not None:
@@ -178,7 +178,7 @@ def _reference(record: dict[str, Any], load: Callable[[str], Any],
     Returns (autocast dtype or None, output tensors; with `leaves_for` and `grads`, the
     gradients as `_run` gives them, found in the same run)."""
     low = sorted({d for d in recorded if d in _LOW}, key=str)
-    name = record.get("name", "")
+    name = record["name"]
     # Found for this record before (its forward, say): one run instead of up to three. Found
     # for a call of the same op on the same dtypes: tried first (the autocast rules depend on
     # the op and the dtypes alone), the others after it.
@@ -237,7 +237,7 @@ def replay_record(record: dict[str, Any], load: Callable[[str], Any], policy: An
     load = read_once(load)
     try:
         with one_thread():
-            if record.get("phase") == "backward" and record.get("kind") != "aten":
+            if record["phase"] == "backward" and record["kind"] != "aten":
                 if forward_record is None:
                     raise NotReplayable("its forward call is not in the dump")
                 ref, tensors = _backward(record, forward_record, load, policy, known, shortcut)
@@ -392,11 +392,11 @@ def _backward_exact(record: dict[str, Any], fwd: dict[str, Any], load: Callable[
     the recorded input gradients, the float64 gradients and their slacks: 0, or with `bounded`
     a gradient `direct.backward_float32` gives within that L2 distance of float64 (a conv's
     weight gradient; `_exact_leaf` gives its float64 run when the bound cannot decide)."""
-    grads_in = record.get("outputs") or []
+    grads_in = record["outputs"]
     leaves = [i for i, d in enumerate(grads_in) if isinstance(d, dict) and d.get("type") == "tensor"]
     if not leaves:
         raise NotReplayable("it has no gradient tensor to compare")
-    grad_out = {j: d for j, d in enumerate(record.get("inputs") or [])
+    grad_out = {j: d for j, d in enumerate(record["inputs"])
                 if isinstance(d, dict) and d.get("type") == "tensor"}
     if not grad_out:
         raise NotReplayable("no gradient w.r.t. its outputs was recorded")
@@ -433,7 +433,7 @@ def _backward_reference(fwd: dict[str, Any], load: Callable[[str], Any], leaves:
     """The reference kernel's gradients (and the autocast dtype that reproduces the forward).
     Once that dtype is known, an op `replay.direct` knows skips the forward run."""
     recorded = [_dtype(d) for _, r, d in iter_tensors(fwd) if r == "output"]
-    for key in (fwd.get("name", ""), dtype_signature(fwd, recorded)):
+    for key in (fwd["name"], dtype_signature(fwd, recorded)):
         if known is not None and key in known:
             grads = backward_reference(fwd, load, leaves, g_plain, known[key])
             if grads is not None:
@@ -447,6 +447,6 @@ def _backward_reference(fwd: dict[str, Any], load: Callable[[str], Any], leaves:
         grads = backward_reference(fwd, load, leaves, g_plain, found[0]) if found else None
         if found and grads is not None:
             if known is not None:
-                known[fwd.get("name", "")] = known[dtype_signature(fwd, recorded)] = found[0]
+                known[fwd["name"]] = known[dtype_signature(fwd, recorded)] = found[0]
             return found[0], grads
     return _reference(fwd, load, recorded, known, leaves, g_plain)

@@ -41,7 +41,7 @@ def replay_tensors(record: dict[str, Any], load: Callable[[str], Any],
     which saves the reference forward run of a backward record whose forward was replayed.
     Raises NotReplayable with the reason."""
     with one_thread():
-        if record.get("phase") == "backward" and record.get("kind") != "aten":
+        if record["phase"] == "backward" and record["kind"] != "aten":
             if forward_record is None:
                 raise NotReplayable("its forward call is not in the dump")
             return _backward_tensors(record, forward_record, load, device, known)

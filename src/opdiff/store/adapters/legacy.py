@@ -45,7 +45,7 @@ from ...dtypes import short_dtype
 from ...errors import DumpError
 from .. import dumpfiles, layout
 from ..dumpfiles import UnreadableTensor
-from ..schema import Phase, tensor_name
+from ..schema import Phase, complete, tensor_name
 from ..source import DumpFormat
 from . import frames as _frames
 from .descriptors import tensor_descriptor, value_descriptor
@@ -294,10 +294,11 @@ class NpuHooksDump(_PklDump):
 
 
 def _with_stack(record: dict[str, Any]) -> dict[str, Any]:
+    """The finished call's record, complete (`schema.complete`), with its stack id."""
     stack = record.pop("_stack", None)
     if stack is not None:
         record["stack"] = stack
-    return record
+    return complete(record)
 
 
 def _inline_tensor(item: list[Any]) -> Any:

@@ -42,7 +42,7 @@ from ...errors import DumpError
 from .. import dumpfiles
 from ..dumpfiles import UnreadableTensor
 from ..records import encode_float
-from ..schema import Kind, Phase, name_parts, record_name, record_op
+from ..schema import Kind, Phase, complete, name_parts, record_name, record_op
 from ..source import DumpFormat
 from . import frames as _frames
 from .descriptors import tensor_descriptor
@@ -115,7 +115,7 @@ class MsprobeDump:
         for seq, (name, entry) in enumerate(data.items()):
             if not isinstance(entry, dict):
                 continue
-            yield self._record(seq, name, entry, parents.get(name))
+            yield complete(self._record(seq, name, entry, parents.get(name)))
 
     def _record(self, seq: int, name: str, entry: dict[str, Any], parent: str | None) -> dict[str, Any]:
         info = parse_name(name)
