@@ -18,7 +18,10 @@ A kernel record is `Inductor.<kernel>.<n>.<phase>` of kind `kernel`, with the `c
 the comparison reads: `{"graph": <wrapper file>, "node": <kernel>, "backend": "inductor",
 "source": [file, line]}` (the kernel's name lists the ops it fuses); the user's line comes
 from the FX node stack traces Inductor keeps for each line of its wrapper
-(`PyCodeCache.stack_frames_for_code`). Triton kernels (GPU) are not recorded yet.
+(`PyCodeCache.stack_frames_for_code`). Each kernel record also carries `program`, what the
+kernel computes as aten ops over its arguments (`kernel_programs.py`: collected while Inductor
+generates the wrapper in this process, `{"unmapped": why}` otherwise), which `opdiff check`
+replays. Triton kernels (GPU) are not recorded yet.
 """
 from __future__ import annotations
 

@@ -211,7 +211,17 @@ def _call(node: Any) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
     raise Unmapped(f"it computes {node.name} with {ns}.{name}, which replay does not run")
 
 
-def program_of(nodes: list[Any], args: Any, graph: Any) -> Program:
+class GraphFacts:
+    """What every kernel of one graph looks up: its placeholders by name and its decomposed
+    one-tensor op calls (read once per graph, not once per kernel)."""
+
+    def __init__(self, graph: Any) -> None:
+        self.placeholders = {n.name: n for n in graph.graph.nodes if n.op == "placeholder"}
+        self.decompositions = _decompositions(graph)
+
+
+def program_of(nodes: list[Any], args: Any, graph: Any,
+               facts: Optional[GraphFacts] = None) -> Program:
     """The program of one kernel: `nodes` its scheduler nodes, `args` its `KernelArgs`, `graph`
     Inductor's `GraphLowering`. Parameters are named as in the C++ signature (`in_ptr0`);
     `bind` turns them into the record's input and output indices."""
@@ -227,7 +237,8 @@ def program_of(nodes: list[Any], args: Any, graph: Any) -> Program:
     # writes in place into the cat's buffer) makes that one written here too: what the
     # kernel is handed for it on entry is not its value
     written |= {alias for name in written if (alias := _viewed(graph, name))}
-    placeholders = {n.name: n for n in graph.graph.nodes if n.op == "placeholder"}
+    facts = facts or GraphFacts(graph)
+    placeholders = facts.placeholders
 
     def node_of(buf: str) -> Any:
         """The FX node whose value the buffer holds, if its shape is the node's."""
@@ -272,7 +283,7 @@ def program_of(nodes: list[Any], args: Any, graph: Any) -> Program:
         if node is not None and node not in inputs:
             inputs[node] = param
     builder = _Builder({n: p for n, p in inputs.items() if p not in reshaped}, fused,
-                       _decompositions(graph))
+                       facts.decompositions)
     for node, param in inputs.items():      # (inputs by parameter name until `bind`)
         if param in reshaped:
             builder.index[node] = len(builder.steps)
@@ -340,7 +351,9 @@ class ProgramWatch:
     module docstring): `start()`, then `take()` in the wrapper's `load_by_key_path`, `stop()`."""
 
     def __init__(self) -> None:
-        self._by_graph: dict[int, dict[str, Program]] = {}
+        # id of the graph -> (the graph, held so that its id is not reused while it is
+        # here; what its kernels look up; its kernels' programs)
+        self._by_graph: dict[int, tuple[Any, GraphFacts, dict[str, Program]]] = {}
         self._original: Optional[Callable[..., Any]] = None
         self._owner: Any = None
 
@@ -368,11 +381,13 @@ class ProgramWatch:
         try:
             from torch._inductor.virtualized import V
             graph = V.graph
-            kernels = self._by_graph.setdefault(id(graph), {})
+            if id(graph) not in self._by_graph:
+                self._by_graph[id(graph)] = (graph, GraphFacts(graph), {})
+            _, facts, kernels = self._by_graph[id(graph)]
             if not isinstance(kernel_name, str) or kernel_name in kernels:
                 return      # (the same code made twice is one kernel, the same computation)
             try:
-                program = program_of(list(node_schedule), sched.kernel_group.args, graph)
+                program = program_of(list(node_schedule), sched.kernel_group.args, graph, facts)
             except Unmapped as exc:
                 program = {"unmapped": str(exc)}
             kernels[kernel_name] = program
@@ -383,6 +398,7 @@ class ProgramWatch:
         """The programs of the graph whose wrapper is being loaded now ({} for a cache hit)."""
         try:
             from torch._inductor.virtualized import V
-            return self._by_graph.pop(id(V.graph), {})
+            found = self._by_graph.pop(id(V.graph), None)
         except Exception:
             return {}
+        return found[2] if found is not None and found[0] is V.graph else {}

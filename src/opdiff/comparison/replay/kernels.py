@@ -172,7 +172,7 @@ def kernel_tensors(record: Record, load: Callable[[str], Any]) -> Replayed:
             raise NotReplayable(f"{name}: the program makes {r.dtype} {list(e.shape)}, the dump "
                                 f"holds {t.dtype} {list(t.shape)}")
         found.append((name, t, e, r))
-    return Replayed("its fused aten ops on the CPU in their own dtypes", tuple(found))
+    return Replayed("CPU chain of its fused aten ops (own dtypes)", tuple(found))
 
 
 __all__ = ["kernel_tensors"]
