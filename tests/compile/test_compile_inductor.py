@@ -47,6 +47,7 @@ def test_healthy_inductor_step_names_nothing_and_is_unchanged(tmp_path, eager_l2
     assert silu["compiled"]["backend"] == "inductor"
     assert silu["compiled"]["source"][0].endswith("modeling_llama.py"), silu["compiled"]
     assert any(d.get("producer") for d in silu["inputs"]), silu["inputs"]   # fed by the mm's
+    assert all(("program" in r) == (task == "tensor") for r in kernels)   # (check replays it)
 
     result = opdiff.compare(str(target.path), str(eager_l2(task).path), str(tmp_path / "out"),
                             progress=False)

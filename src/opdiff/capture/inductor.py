@@ -18,10 +18,10 @@ A kernel record is `Inductor.<kernel>.<n>.<phase>` of kind `kernel`, with the `c
 the comparison reads: `{"graph": <wrapper file>, "node": <kernel>, "backend": "inductor",
 "source": [file, line]}` (the kernel's name lists the ops it fuses); the user's line comes
 from the FX node stack traces Inductor keeps for each line of its wrapper
-(`PyCodeCache.stack_frames_for_code`). Each kernel record also carries `program`, what the
-kernel computes as aten ops over its arguments (`kernel_programs.py`: collected while Inductor
-generates the wrapper in this process, `{"unmapped": why}` otherwise), which `opdiff check`
-replays. Triton kernels (GPU) are not recorded yet.
+(`PyCodeCache.stack_frames_for_code`). Each kernel record of a tensor dump also carries
+`program`, what the kernel computes as aten ops over its arguments (`kernel_programs.py`:
+collected while Inductor generates the wrapper in this process, `{"unmapped": why}`
+otherwise), which `opdiff check` replays. Triton kernels (GPU) are not recorded yet.
 """
 from __future__ import annotations
 
@@ -106,7 +106,8 @@ class InductorKernels:
             self._wrap(mod)
         original = PyCodeCache.__dict__["load_by_key_path"]
         layer = self
-        self._watch.start()
+        if self.session.config.task == "tensor":     # (only a tensor dump can replay them)
+            self._watch.start()
 
         def load_by_key_path(cls, *args, **kwargs):
             programs = layer._watch.take()     # (made while this graph was generated)
@@ -157,6 +158,9 @@ class InductorKernels:
         s = self.session
         op = f"{KERNEL_PREFIX}.{kernel}"
         roles = [_role(p) for p in params]
+        # (only a tensor dump can replay it: a statistics dump is not made larger by programs)
+        if s.config.task != "tensor":
+            program = {}
         reads = inputs_read(program)
 
         def record_kernel(*args: Any) -> Any:
@@ -172,7 +176,8 @@ class InductorKernels:
                                            else sel.want_backward):
                     pending = s.begin(name, op, Kind.KERNEL, phase, index, None)
                     pending.record["compiled"] = _provenance(kernel, path)
-                    pending.record["program"] = program
+                    if program:
+                        pending.record["program"] = program
                     ins = [a for a, r in zip(args, roles) if r in ("in", "in_out")]
                     with s.own():
                         pending.record["inputs"] = _inputs(s, ins, roles, name, reads)

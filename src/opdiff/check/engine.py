@@ -10,9 +10,11 @@ reference = the op re-run on the CPU in the recorded dtypes; target = the record
 (tensor dumps) or the op re-run on `device` on made-up inputs within the dumped ranges
 (statistics dumps, `opdiff.check.inputs`). The standards are in `opdiff.check.standards`.
 Backward records are replayed through autograd on the forward call with the recorded output
-gradient. Ops that cannot be replayed (random ops, collectives, inputs not saved, custom ops
-without a registered CPU reference: `opdiff.ops.register(name, cpu_reference=...)`) are listed
-with the reason and never counted as checked.
+gradient. A kernel Inductor generated (kind `kernel`) is replayed as the program of aten ops
+stored with it (`opdiff.comparison.replay.kernels`; tensor dumps). Ops that cannot be replayed
+(random ops, collectives, inputs not saved, custom ops without a registered CPU reference:
+`opdiff.ops.register(name, cpu_reference=...)`) are listed with the reason and never counted
+as checked.
 """
 from __future__ import annotations
 
