@@ -240,8 +240,16 @@ def program_of(nodes: list[Any], args: Any, graph: Any,
     facts = facts or GraphFacts(graph)
     placeholders = facts.placeholders
 
+    # a buffer some op writes in place (an optimizer's `add_` into a parameter, a running
+    # statistic's `copy_`) holds its node's value only until then: never mapped
+    scheduler = getattr(graph, "scheduler", None)
+    mutated = set(getattr(graph, "mutated_inputs", ()) or ()) | set(
+        getattr(scheduler, "mutation_real_name", {}).values())
+
     def node_of(buf: str) -> Any:
         """The FX node whose value the buffer holds, if its shape is the node's."""
+        if buf in mutated:
+            return None
         if buf in graph.graph_inputs:
             node = placeholders.get(buf)
             size = _size(graph.graph_inputs[buf])
