@@ -92,3 +92,35 @@ def spoil(op: str, call: str, scale: float = 1.01) -> Iterator[list[int]]:
         yield hits
     finally:
         lib._destroy()
+
+
+@contextmanager
+def fresh_compile() -> Iterator[None]:
+    """Inductor compiles in this process, without its caches (a cached wrapper was not
+    generated while opdiff recorded: its kernels have no program for `opdiff check`)."""
+    from torch._functorch import config as aot_config
+    from torch._inductor import config
+
+    with config.patch(fx_graph_cache=False), aot_config.patch(enable_autograd_cache=False):
+        yield
+
+
+@contextmanager
+def wrong_silu_decomposition(scale: float = 1.001) -> Iterator[None]:
+    """Inductor decomposes `aten.silu` as `x * sigmoid(x) * scale` in this process (caches off,
+    so that no other test compiles with it or reads what it compiled)."""
+    from torch._inductor import decomposition
+
+    silu = torch.ops.aten.silu.default
+    before = decomposition.decompositions.get(silu)
+    decomposition.decompositions[silu] = lambda x: x * torch.sigmoid(x) * scale
+    decomposition.fast_random_decomps.cache_clear()     # (a copy of the table, made once)
+    try:
+        with fresh_compile():
+            yield
+    finally:
+        if before is None:
+            decomposition.decompositions.pop(silu, None)
+        else:
+            decomposition.decompositions[silu] = before
+        decomposition.fast_random_decomps.cache_clear()

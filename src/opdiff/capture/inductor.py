@@ -18,7 +18,10 @@ A kernel record is `Inductor.<kernel>.<n>.<phase>` of kind `kernel`, with the `c
 the comparison reads: `{"graph": <wrapper file>, "node": <kernel>, "backend": "inductor",
 "source": [file, line]}` (the kernel's name lists the ops it fuses); the user's line comes
 from the FX node stack traces Inductor keeps for each line of its wrapper
-(`PyCodeCache.stack_frames_for_code`). Triton kernels (GPU) are not recorded yet.
+(`PyCodeCache.stack_frames_for_code`). Each kernel record of a tensor dump also carries
+`program`, what the kernel computes as aten ops over its arguments (`kernel_programs.py`:
+collected while Inductor generates the wrapper in this process, `{"unmapped": why}`
+otherwise), which `opdiff check` replays. Triton kernels (GPU) are not recorded yet.
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from ..store.schema import Kind, Phase, Role, record_name
+from .kernel_programs import Program, ProgramWatch, bind, inputs_read
 
 KERNEL_PREFIX = "Inductor"
 _BINDING = re.compile(r"^(\w+) = async_compile\.cpp_pybinding\(\[[^\]]*\],\s*r'''(.*?)'''",
@@ -37,24 +41,35 @@ _SIGNATURE = re.compile(r'extern\s+"C"\s+\w*\s*void\s+kernel\(([^)]*)\)')
 _PARAM = re.compile(r"(\w+)\s*$")
 
 
-def _roles(source: str) -> Optional[list[str]]:
-    """Each kernel parameter's role from its C++ name: "in", "out" or "in_out" ("" for a
-    scalar such as a dynamic size)."""
+def _params(source: str) -> Optional[list[str]]:
+    """The kernel's parameter names, in signature order ("" where none is found)."""
     m = _SIGNATURE.search(source)
     if m is None:
         return None
-    roles = []
-    for param in m.group(1).split(","):
-        name = _PARAM.search(param.strip())
-        word = name.group(1) if name else ""
-        roles.append("in_out" if word.startswith("in_out_ptr") else
-                     "in" if word.startswith("in_ptr") else
-                     "out" if word.startswith("out_ptr") else "")
-    return roles
+    return [(name.group(1) if (name := _PARAM.search(p.strip())) else "")
+            for p in m.group(1).split(",")]
+
+
+def _role(param: str) -> str:
+    """A kernel parameter's role from its C++ name: "in", "out" or "in_out" ("" for a scalar
+    such as a dynamic size)."""
+    return ("in_out" if param.startswith("in_out_ptr") else "in" if param.startswith("in_ptr")
+            else "out" if param.startswith("out_ptr") else "")
+
+
+def _roles(source: str) -> Optional[list[str]]:
+    """Each kernel parameter's role (`_role`)."""
+    params = _params(source)
+    return None if params is None else [_role(p) for p in params]
 
 
 def kernels_of(path: str) -> dict[str, list[str]]:
     """The C++ kernels a generated wrapper defines, with their parameters' roles."""
+    return {name: [_role(p) for p in params] for name, params in _kernel_params(path).items()}
+
+
+def _kernel_params(path: str) -> dict[str, list[str]]:
+    """The C++ kernels a generated wrapper defines, with their parameters' names."""
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -62,9 +77,9 @@ def kernels_of(path: str) -> dict[str, list[str]]:
         return {}
     out = {}
     for name, source in _BINDING.findall(text):
-        roles = _roles(source)
-        if roles is not None:
-            out[name] = roles
+        params = _params(source)
+        if params is not None:
+            out[name] = params
     return out
 
 
@@ -76,6 +91,8 @@ class InductorKernels:
         self._wrapped: list[tuple[Any, str, Callable[..., Any]]] = []   # (module, name, original)
         self._seen: set[int] = set()      # ids of the wrapper modules wrapped (held in _wrapped)
         self._kernels: dict[str, dict[str, list[str]]] = {}   # wrapper file -> its kernels
+        self._programs: dict[str, dict[str, Program]] = {}    # wrapper file -> its programs
+        self._watch = ProgramWatch()
         self._load: Any = None
 
     def start(self, model=None) -> None:
@@ -89,9 +106,15 @@ class InductorKernels:
             self._wrap(mod)
         original = PyCodeCache.__dict__["load_by_key_path"]
         layer = self
+        if self.session.config.task == "tensor":     # (only a tensor dump can replay them)
+            self._watch.start()
 
         def load_by_key_path(cls, *args, **kwargs):
+            programs = layer._watch.take()     # (made while this graph was generated)
             mod = original.__func__(cls, *args, **kwargs)
+            path = getattr(mod, "__file__", None)
+            if programs and path:
+                layer._programs[path] = programs
             layer._wrap(mod)
             return mod
         self._load = original
@@ -102,6 +125,7 @@ class InductorKernels:
             PyCodeCache = sys.modules["torch._inductor.codecache"].PyCodeCache
             PyCodeCache.load_by_key_path = self._load
             self._load = None
+        self._watch.stop()
         for mod, name, fn in self._wrapped:
             setattr(mod, name, fn)
         self._wrapped.clear()
@@ -117,18 +141,27 @@ class InductorKernels:
             return
         self._seen.add(id(mod))
         if path not in self._kernels:
-            self._kernels[path] = kernels_of(path)
-        for name, roles in self._kernels[path].items():
+            self._kernels[path] = _kernel_params(path)
+        programs = self._programs.get(path, {})
+        for name, params in self._kernels[path].items():
             fn = getattr(mod, name, None)
             if fn is None or not callable(fn):
                 continue
             self._wrapped.append((mod, name, fn))
-            setattr(mod, name, self._recorder(name, fn, roles, path))
+            program = bind(programs[name], params) if name in programs else {
+                "unmapped": "Inductor did not generate it while opdiff recorded (a wrapper "
+                            "from its cache, or compiled before capture started)"}
+            setattr(mod, name, self._recorder(name, fn, params, path, program))
 
-    def _recorder(self, kernel: str, fn: Callable[..., Any], roles: list[str], path: str
-                  ) -> Callable[..., Any]:
+    def _recorder(self, kernel: str, fn: Callable[..., Any], params: list[str], path: str,
+                  program: Program) -> Callable[..., Any]:
         s = self.session
         op = f"{KERNEL_PREFIX}.{kernel}"
+        roles = [_role(p) for p in params]
+        # (only a tensor dump can replay it: a statistics dump is not made larger by programs)
+        if s.config.task != "tensor":
+            program = {}
+        reads = inputs_read(program)
 
         def record_kernel(*args: Any) -> Any:
             if s.own.active or not s.recording:
@@ -143,9 +176,11 @@ class InductorKernels:
                                            else sel.want_backward):
                     pending = s.begin(name, op, Kind.KERNEL, phase, index, None)
                     pending.record["compiled"] = _provenance(kernel, path)
+                    if program:
+                        pending.record["program"] = program
                     ins = [a for a, r in zip(args, roles) if r in ("in", "in_out")]
                     with s.own():
-                        pending.record["inputs"] = _inputs(s, ins, roles, name)
+                        pending.record["inputs"] = _inputs(s, ins, roles, name, reads)
             except Exception as exc:
                 s.fail(pending, exc, op)
                 if pending is not None:
@@ -161,14 +196,16 @@ class InductorKernels:
         return record_kernel
 
 
-def _inputs(s: Any, ins: list[Any], roles: list[str], name: str) -> list[dict[str, Any]]:
+def _inputs(s: Any, ins: list[Any], roles: list[str], name: str, reads: set[int]
+            ) -> list[dict[str, Any]]:
     """A kernel's inputs: its `in_ptr` arguments, and its `in_out_ptr` ones where a recorded op
-    made them (otherwise Inductor may have handed the kernel a fresh buffer it writes before
-    reading: shape and dtype only, as an `out=` tensor)."""
+    made them or its program reads them (`reads`; otherwise Inductor may have handed the kernel
+    a fresh buffer it writes before reading: shape and dtype only, as an `out=` tensor)."""
     described = s.describe_all(ins, name, Role.INPUT)
     kinds = [r for r in roles if r in ("in", "in_out")]
     for i, (kind, desc) in enumerate(zip(kinds, described)):
-        if kind == "in_out" and isinstance(desc, dict) and "producer" not in desc:
+        if kind == "in_out" and isinstance(desc, dict) and "producer" not in desc \
+                and i not in reads:
             described[i] = s.unread(ins[i], name, Role.INPUT, i)
     return described
 

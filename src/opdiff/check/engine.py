@@ -10,9 +10,11 @@ reference = the op re-run on the CPU in the recorded dtypes; target = the record
 (tensor dumps) or the op re-run on `device` on made-up inputs within the dumped ranges
 (statistics dumps, `opdiff.check.inputs`). The standards are in `opdiff.check.standards`.
 Backward records are replayed through autograd on the forward call with the recorded output
-gradient. Ops that cannot be replayed (random ops, collectives, inputs not saved, custom ops
-without a registered CPU reference: `opdiff.ops.register(name, cpu_reference=...)`) are listed
-with the reason and never counted as checked.
+gradient. A kernel Inductor generated (kind `kernel`) is replayed as the program of aten ops
+stored with it (`opdiff.comparison.replay.kernels`; tensor dumps). Ops that cannot be replayed
+(random ops, collectives, inputs not saved, custom ops without a registered CPU reference:
+`opdiff.ops.register(name, cpu_reference=...)`) are listed with the reason and never counted
+as checked.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from typing import Any, Callable, Iterable, Optional
 
 from ..comparison import compiled
 from ..comparison.replay.calls import NotReplayable
+from ..comparison.replay.kernels import kernel_tensors
 from ..comparison.replay.local import one_thread
 from ..comparison.replay.tensors import replay_tensors
 from ..comparison.verdicts import Policy
@@ -141,9 +144,7 @@ def check_record(record: dict[str, Any], records: dict[str, dict[str, Any]],
                 index=index, location=location,
                 module=record["module"] or (record.get("compiled") or {}).get("module"))
     if record["kind"] == Kind.KERNEL:
-        return OpCheck(**base, status=NOT_CHECKED, reason="a kernel Inductor generated: the dump "
-                       "holds its tensors, not its code; compare the run against an eager run "
-                       "at L2 (opdiff compare) to judge it against the ops it fuses")
+        return check_kernel(record, load, base, policy, device, start)
     if record["kind"] not in Kind.REPLAYABLE:
         return OpCheck(**base, status=NOT_CHECKED, reason=f"a {record['kind']} record is "
                        "made of other ops (its ops are checked one by one)")
@@ -160,6 +161,31 @@ def check_record(record: dict[str, Any], records: dict[str, dict[str, Any]],
         text = f"{type(exc).__name__}: {exc}".splitlines()[0][:100]
         return OpCheck(**base, status=NOT_CHECKED, reason=f"replay failed ({text})",
                        seconds=time.perf_counter() - start)
+    bad = next((o for o in outs if o.status == FAIL), None)
+    return OpCheck(**base, status=FAIL if bad else PASS, reason=bad.reason if bad else "",
+                   reference=rep.reference, outputs=outs, seconds=time.perf_counter() - start)
+
+
+def check_kernel(record: dict[str, Any], load: Callable[[str], Any], base: dict[str, Any],
+                 policy: Policy, device: Optional[str], start: float) -> OpCheck:
+    """A compiled kernel judged as an op is: its outputs against its fused aten ops replayed in
+    float64 from its saved inputs, with the same ops in their own dtypes on the CPU as the
+    reference (`opdiff.comparison.replay.kernels`)."""
+    def not_checked(why: str) -> OpCheck:
+        return OpCheck(**base, status=NOT_CHECKED, reason=f"a kernel Inductor generated: {why}",
+                       seconds=time.perf_counter() - start)
+    if device is not None:
+        return not_checked("a statistics dump holds none of its tensors (dump with "
+                           "task='tensor' to judge it)")
+    try:
+        with one_thread():
+            rep = kernel_tensors(record, load)
+            outs = tuple(judge_output(base["op"], base["phase"], name, t, e, r, policy,
+                                      rep.reference) for name, t, e, r in rep.outputs)
+    except NotReplayable as exc:
+        return not_checked(str(exc))
+    except Exception as exc:  # a call torch refuses: say so, never guess
+        return not_checked(f"replay failed ({f'{type(exc).__name__}: {exc}'.splitlines()[0][:100]})")
     bad = next((o for o in outs if o.status == FAIL), None)
     return OpCheck(**base, status=FAIL if bad else PASS, reason=bad.reason if bad else "",
                    reference=rep.reference, outputs=outs, seconds=time.perf_counter() - start)

@@ -134,7 +134,7 @@ def check_dump(path: str | os.PathLike[str], device: Optional[str] = None,
                           "within the dumped ranges), or dump with task='tensor'")
     if jobs < 1:
         raise ConfigError(f"--jobs must be at least 1; got {jobs}")
-    # (compiled kernels are listed, as not checked: engine.check_record says why)
+    # (compiled kernels are replayed from the programs stored with them: engine.check_kernel)
     chosen = [r["name"] for r in select(job.records, names, scope)
               if r["kind"] in Kind.OPS]
     done = load_progress(progress_file) if (resume and progress_file) else {}

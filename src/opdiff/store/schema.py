@@ -82,6 +82,8 @@ class Record(TypedDict, total=False):
     reader: str                 # ... the record of the first op that reads it
     rng: str                    # random ops: a fingerprint of the generator state they drew from
     group: dict[str, Any]       # collectives: {"ranks": [...], "seq": k[, "peer": r]} (capture/collectives.py)
+    program: dict[str, Any]     # Kind.KERNEL: its fused aten ops over its arguments, or
+    #                             {"unmapped": why} (capture/kernel_programs.py)
 
 
 def complete(record: dict[str, Any]) -> dict[str, Any]:
