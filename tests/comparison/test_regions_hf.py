@@ -100,6 +100,11 @@ def test_the_users_command_line_names_layer_0s_attention_region(hf_dump, tmp_pat
     assert f"region in `model.layers.0.self_attn` (forward; target: `{SDPA}`" in text, text
     assert "local error in this region" in text
     assert "sdpa_attention.py:" in text and "scaled_dot_product_attention(" in text
+    # golden's list and line are its attention's, not those of the mask that eager attention
+    # builds in LlamaModel (those ops join the region, they feed nothing else) ...
+    headline = text[text.index("region in `"):text.index("): the two runs")]
+    assert "`Torch.matmul`" in headline, headline
+    assert " at modeling_llama.py:" in headline and "masking_utils" not in headline, headline
     first = json.loads((out / "summary.json").read_text())["first_divergence"]
     assert first["origin"] == "region" and first["name"] == "Region.0.forward"
     assert first["module"] == "Module.model.layers.0.self_attn.LlamaAttention.forward.0"
@@ -110,6 +115,11 @@ def test_the_users_command_line_names_layer_0s_attention_region(hf_dump, tmp_pat
     golden_ops = {o["op"]: o["location"] for o in first["region"]["golden_ops"]}
     for op in ("Torch.matmul", "Functional.softmax"):
         assert golden_ops[op]["file"].endswith("modeling_llama.py") and golden_ops[op]["line"] > 0
+    # ... which summary.json still lists, in execution order, each with its module call
+    golden_listed = first["region"]["golden_ops"]
+    assert golden_listed[0]["op"] == "Torch.arange"
+    assert golden_listed[0]["module"] == "Module.model.LlamaModel.forward.0"
+    assert golden_listed[-1]["module"] == first["module"]
     # the CSV's Region column and rows.jsonl's region / boundary fields
     label = "region 0 in model.layers.0.self_attn"
     with next(out.glob("compare_result_*.csv")).open() as f:
