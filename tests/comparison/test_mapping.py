@@ -233,3 +233,17 @@ def test_renames_swap_and_never_chain(tmp_path):
     assert [r["name"] for r in bound.view] == ["Module.b.X.forward.0", "Module.a.X.forward.0"]
     assert [r["name"] for r in target] == ["Module.a.X.forward.0", "Module.b.X.forward.0"]
     assert bound.unused == ()
+
+
+def test_msprobe_cell_mapping_module_and_class_form(dumps, tmp_path):
+    """msprobe's `{module_name}.{class_name}` lines (`fc2.Dense: fc2.Linear`): the module pairs,
+    and so do the modules and parameters under it, which carry the path without the class."""
+    f = _write(tmp_path, "npu_attn.Attn: self_attn.Attn\n", "cell_mapping.yaml")
+    assert [(r.old, r.new, r.line) for r in load(f).rules] == [("npu_attn", "self_attn", 1)]
+    result = opdiff.compare(dumps / "npu", dumps / "gpu", progress=False, mapping=f)
+    assert result.counts["unmatched"] == 0, result.counts
+    assert result.first_divergence is not None
+    assert result.first_divergence.name == "Torch.tanh.0.forward"
+    assert not [n for n in result.notes if "never used" in n], result.notes
+    f = _write(tmp_path, "attn.NpuAttention: attn.LlamaAttention\n", "cell_mapping.yaml")
+    assert [(r.old, r.new) for r in load(f).rules] == [("NpuAttention", "LlamaAttention")]
