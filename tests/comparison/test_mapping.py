@@ -234,3 +234,49 @@ def test_renames_swap_and_never_chain(tmp_path):
     assert [r["name"] for r in bound.view] == ["Module.b.X.forward.0", "Module.a.X.forward.0"]
     assert [r["name"] for r in target] == ["Module.a.X.forward.0", "Module.b.X.forward.0"]
     assert bound.unused == ()
+
+
+def test_msprobe_cell_mapping_module_and_class_form(dumps, tmp_path):
+    """msprobe's `{module_name}.{class_name}` lines (`fc2.Dense: fc2.Linear`): the module pairs,
+    and so do the modules and parameters under it, which carry the path without the class."""
+    f = _write(tmp_path, "npu_attn.Attn: self_attn.Attn\n", "cell_mapping.yaml")
+    assert [(r.old, r.new, r.line) for r in load(f).rules] == [("npu_attn", "self_attn", 1)]
+    result = opdiff.compare(dumps / "npu", dumps / "gpu", progress=False, mapping=f)
+    assert result.counts["unmatched"] == 0, result.counts
+    assert result.first_divergence is not None
+    assert result.first_divergence.name == "Torch.tanh.0.forward"
+    assert not [n for n in result.notes if "never used" in n], result.notes
+    f = _write(tmp_path, "attn.NpuAttention: attn.LlamaAttention\n", "cell_mapping.yaml")
+    assert [(r.old, r.new) for r in load(f).rules] == [("NpuAttention", "LlamaAttention")]
+
+
+class Wrapper(torch.nn.Module):
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+def test_a_wrapper_on_one_side_and_the_lines_that_pair_its_parameters(dumps, tmp_path):
+    """A wrapper (`inner.` in front of every path of the target) leaves module calls and ops
+    paired but not the parameters and their gradients; one `modules:` line per wrapped module
+    pairs them too (docs/howto/different-ops.md, Limits)."""
+    torch.manual_seed(0)
+    model = Wrapper(Block("self_attn")).eval()
+    x = torch.randn(4, 8)
+    with inject_fault(op="Torch.tanh", call=0, scale=1.02):
+        with opdiff.dump(model, str(tmp_path / "wrapped"), level="mix", task="tensor"):
+            model(x).sum().backward()
+    bare = opdiff.compare(tmp_path / "wrapped", dumps / "gpu", progress=False)
+    assert bare.first_divergence is not None
+    assert bare.first_divergence.name == "Torch.tanh.0.forward"
+    unmatched = {r.op_name for r in bare.rows if r.result == "unmatched"}
+    assert "Parameter.inner.self_attn.q.weight.0.forward" in unmatched, unmatched
+    f = _write(tmp_path, "modules:\n  inner.self_attn: self_attn\n  inner.fc: fc\n")
+    mapped = opdiff.compare(tmp_path / "wrapped", dumps / "gpu", progress=False, mapping=f)
+    assert mapped.first_divergence is not None
+    assert mapped.first_divergence.name == "Torch.tanh.0.forward"
+    assert {r.op_name for r in mapped.rows if r.result == "unmatched"} == {
+        "Module.inner.Block.forward.0", "Module.inner.Block.backward.0"}

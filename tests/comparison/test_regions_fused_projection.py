@@ -114,7 +114,7 @@ class MLP(torch.nn.Module):
 
 
 def _dump(model: torch.nn.Module, path: Path, task: str, fault: bool, linear: bool,
-          weight: bool = False) -> Path:
+          weight: bool = False, later: bool = False) -> Path:
     shutil.rmtree(path, ignore_errors=True)
     model.zero_grad(set_to_none=True)       # (each model is dumped several times)
     torch.manual_seed(1)
@@ -123,6 +123,8 @@ def _dump(model: torch.nn.Module, path: Path, task: str, fault: bool, linear: bo
         else nullcontext()
     if weight:      # one element of the fused weight loaded wrongly (in k_proj's rows)
         planted = _perturbed(model.attn.qkv_proj.weight)    # type: ignore[union-attr]
+    if later:       # the linear after the fused op: `o` after qkv_proj, `down` after swiglu
+        planted = inject_fault(op="Functional.linear", call=1 if linear else 2, scale=1.02)
     SWIGLU_SCALE[0] = 1.02 if fault and not linear else 1.0
     try:
         with planted:
@@ -130,7 +132,7 @@ def _dump(model: torch.nn.Module, path: Path, task: str, fault: bool, linear: bo
                 model(x).sum().backward()
     finally:
         SWIGLU_SCALE[0] = 1.0
-    if fault and linear and not weight:
+    if (fault and linear and not weight) or later:
         assert planted.hits == 1        # type: ignore[attr-defined]
     return path
 
@@ -166,6 +168,10 @@ def dumps(tmp_path_factory):
                                                 False)
         made["qkv", "weight", task] = _dump(fused, root / f"qw_{task}", task, False, True,
                                             weight=True)
+        made["qkv", "later", task] = _dump(fused, root / f"ql_{task}", task, False, True,
+                                           later=True)
+        made["swiglu", "later", task] = _dump(kernel, root / f"sl_{task}", task, False, False,
+                                              later=True)
     return made
 
 
@@ -201,13 +207,27 @@ def test_a_fault_in_a_fused_custom_op_names_its_region(dumps, task):
     result = _compare(dumps, "swiglu", True, task)
     fd = result.first_divergence
     assert fd is not None, verdict_line(result)
-    assert fd.phase == "forward"
-    if fd.origin == "region":
-        ops = [o["op"] for o in fd.region["target_ops"]]
-        assert any("swiglu" in op for op in ops), ops
-        assert "region in `mlp`" in fd.reason, fd.reason
-    else:
-        assert "swiglu" in fd.op, fd
+    assert fd.origin == "region" and fd.phase == "forward", fd
+    assert [o["op"] for o in fd.region["target_ops"]] == ["Torch.swiglu.default"], fd.region
+    assert [o["op"] for o in fd.region["golden_ops"]] == ["Functional.silu", "Tensor.__mul__"]
+    assert "region in `mlp`" in fd.reason and "local error in this region" in fd.reason
+
+
+@pytest.mark.parametrize("task", TASKS)
+@pytest.mark.parametrize("case, culprit", [("qkv", "Functional.linear.1.forward"),
+                                           ("swiglu", "Functional.linear.2.forward")])
+def test_a_fault_after_the_fused_op_names_that_op(dumps, case, culprit, task, tmp_path):
+    """The linear after the region (`o`, `down`), 2% off: that op is named, not the region."""
+    for mapping in ([None, CONCAT] if case == "qkv" else [None]):
+        f = None
+        if mapping:
+            f = tmp_path / "pairs.yaml"
+            f.write_text(mapping)
+        result = opdiff.compare(str(dumps[case, "later", task]), str(dumps[case, "golden", task]),
+                                progress=False, mapping=f)
+        fd = result.first_divergence
+        assert fd is not None and fd.origin == "op", verdict_line(result)
+        assert fd.name == culprit and fd.phase == "forward", fd
 
 
 def test_a_region_that_cannot_be_measured_is_inconclusive(dumps, tmp_path):

@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 import opdiff
 from opdiff.comparison.align import align
 from opdiff.comparison.regions import find_regions
+from opdiff.report.console import verdict_line
 from opdiff.store.schema import complete
 
 from regionkit import make_dump
@@ -122,22 +124,34 @@ def test_identical_op_sequences_keep_their_report(tmp_path):
     assert "Region" not in csv_text.splitlines()[0]
 
 
-def test_a_fused_norm_against_its_small_ops(hf_dump, tmp_path):
-    """HF's RMSNorm (to, pow, mean, add, rsqrt, mul, to, mul) against `F.rms_norm`: healthy,
-    nothing named and nothing unmatched; a fault in the second layer's first norm names that
-    norm's region."""
-    golden = hf_dump("llama", "eager", "statistics")
-    healthy = opdiff.compare(str(hf_dump("llama", "rms_norm", "statistics")), str(golden),
+NORM_CASES = [pytest.param(t, b, marks=[pytest.mark.slow] if t == "tensor" else [])
+              for t in ("statistics", "tensor") for b in (False, True)]
+
+
+@pytest.mark.parametrize("task, bf16", NORM_CASES)
+def test_a_fused_norm_against_its_small_ops(hf_dump, task, bf16):
+    """HF's RMSNorm (to, pow, mean, add, rsqrt, mul, to, mul) against `F.rms_norm`, fp32 or under
+    bf16 autocast: healthy, nothing named and nothing unmatched; a fault in the second layer's
+    first norm names that norm's region; a fault in a later op (silu) names that op."""
+    golden = hf_dump("llama", "eager", task)
+    healthy = opdiff.compare(str(hf_dump("llama", "rms_norm", task, bf16=bf16)), str(golden),
                              progress=False)
-    assert healthy.first_divergence is None
-    assert healthy.counts["unmatched"] == 0
+    assert healthy.first_divergence is None, healthy.first_divergence
+    assert not verdict_line(healthy).startswith("inconclusive"), verdict_line(healthy)
+    # (under autocast the loss's `logits.float()` has a backward the fp32 run does not)
+    assert [r.target_name for r in healthy.rows if r.result == "unmatched"] == (
+        ["Tensor.float.1.backward.input.0", "Tensor.float.1.backward.output.0"] if bf16 else [])
     assert any(r.region for r in healthy.rows)
-    faulty = hf_dump("llama", "rms_norm", "statistics", fault="Functional.rms_norm:2")
+    faulty = hf_dump("llama", "rms_norm", task, fault="Functional.rms_norm:2", bf16=bf16)
     first = opdiff.compare(str(faulty), str(golden), progress=False).first_divergence
-    assert first is not None and first.origin == "region"
+    assert first is not None and first.origin == "region", first
     assert "model.layers.1.input_layernorm" in first.reason
     assert [o["op"] for o in first.region["target_ops"]] == ["Functional.rms_norm"]
     assert "Torch.rsqrt" in {o["op"] for o in first.region["golden_ops"]}
+    later = hf_dump("llama", "rms_norm", task, fault="Functional.silu:1", bf16=bf16)
+    first = opdiff.compare(str(later), str(golden), progress=False).first_divergence
+    assert first is not None and first.origin == "op", first
+    assert first.name == "Functional.silu.1.forward"
 
 
 def test_module_calls_pair_through_a_wrapper_on_one_side():

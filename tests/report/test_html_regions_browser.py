@@ -218,13 +218,12 @@ def test_a_report_without_regions_has_no_groups(browser, cnn_result, tmp_path):
 
 
 @pytest.mark.slow
-def test_fifty_thousand_rows_with_regions_stay_fast(browser, tmp_path):
+def test_fifty_thousand_rows_with_regions_stay_fast(browser, large_result, tmp_path):
     """2,500 regions of 4 rows each among 50k rows: the page opens, filters and toggles fast."""
     from dataclasses import replace
 
-    from conftest import build_large_result
-
-    result = build_large_result(50_000)
+    # (the fixture, not `from conftest import`: which conftest that names depends on the run)
+    result = large_result(50_000)
     result.rows = [replace(r, region=f"region {i // 20} in layers.{i // 20}.attn")
                    if i % 20 < 4 else r for i, r in enumerate(result.rows)]
     page = browser.open(write_html(result, tmp_path / "report.html"))

@@ -10,9 +10,10 @@
       qkv_proj: [q_proj, k_proj, v_proj]                   #   along the last dim
       gate_up_proj: {golden: [gate_proj, up_proj], dim: -1}
 
-msprobe's `cell_mapping.yaml` (`ClassOrSegment: ClassOrSegment`) and `data_mapping.yaml`
-(`Module.<path>.<Class>.forward.0: Module....`) are read as they are and become the same rules:
-module names become path renames, bare names segment renames. Op-to-op lines of a
+msprobe's `cell_mapping.yaml` (`ClassOrSegment: ClassOrSegment`, `fc2.Dense: fc2.Linear`) and
+`data_mapping.yaml` (`Module.<path>.<Class>.forward.0: Module....`) are read as they are and
+become the same rules: module names become path renames, bare names segment renames, and
+`name.Class` a rename of the name and of the class. Op-to-op lines of a
 `data_mapping.yaml` (`Functional.x.0.forward.input.0: ...`) are refused with the line: opdiff
 does not pair single ops from a file. What `concat:` does is `concat.py`'s.
 
@@ -291,8 +292,17 @@ def _module_part(where: str, node: Any, name: str) -> tuple[str, Optional[str]]:
 
 
 def _msprobe(where: str, key: Any, value: Any) -> list[Rule]:
-    """One line of msprobe's cell_mapping.yaml or data_mapping.yaml (target: golden)."""
-    return _rename(where, key, value)
+    """One line of msprobe's cell_mapping.yaml or data_mapping.yaml (target: golden). The
+    `{module_name}.{class_name}` form (`fc2.Dense: fc2.Linear`) renames the module name wherever
+    it stands (the modules and parameters under it, whose paths hold no class, pair too) and,
+    where they differ, the class."""
+    rules = _rename(where, key, value)
+    old, new = rules[0].old.rsplit(".", 1), rules[0].new.rsplit(".", 1)
+    if len(rules) > 1 or len(old) < 2 or len(new) < 2 or not (old[1][:1].isupper()
+                                                               and new[1][:1].isupper()):
+        return rules
+    split = [Rule("module", o, n, rules[0].line) for o, n in zip(old, new) if o != n]
+    return split or rules
 
 
 def _names(records: Iterable[Record]) -> set[str]:

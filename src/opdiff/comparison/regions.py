@@ -323,15 +323,31 @@ def unjudged_note(regions: list[Region], region_ops: list[Any], rows: list[Any],
 
 
 def op_list(records: list[Record], indices: list[int], locate: Any) -> list[dict[str, Any]]:
-    """[{"name", "op", "location"}] of a side's region ops (`locate(record)` -> Location|None)."""
+    """[{"name", "op", "location", "module"}] of a side's region ops (`locate(record)` ->
+    Location|None; `module` the module call the op ran in)."""
     out = []
     for i in indices:
         rec = records[i]
         loc = locate(rec)
         out.append({"name": rec["name"], "op": rec["op"],
                     "location": None if loc is None else {"file": loc.file, "line": loc.line,
-                                                          "code": loc.code}})
+                                                          "code": loc.code},
+                    "module": rec.get("module")})
     return out
+
+
+def _inside_first(ops: list[dict[str, Any]], where: str) -> tuple[list[dict[str, Any]], ...]:
+    """(ops run inside the module at `where`, then the others; the inside ones alone): what a
+    reason lists first is the region's own computation, not the ops outside that joined it
+    because they feed only it (eager attention's mask, built in `LlamaModel`)."""
+    def inside(o: dict[str, Any]) -> bool:
+        parsed = RecordName.parse(o.get("module") or "")
+        path = module_path(parsed.op) if parsed is not None else ""
+        return not where or path == where or path.startswith(where + ".")
+    own = [o for o in ops if inside(o)]
+    if not own:
+        return ops, ops
+    return own + [o for o in ops if not inside(o)], own
 
 
 def shown(ops: list[dict[str, Any]]) -> str:
@@ -376,8 +392,9 @@ def region_reason(region: Region, ops: RegionOps, why: str) -> str:
     why = why.replace("local error in this op", "local error in this region")
     if "in this region" not in why:
         why += " — local error in this region"
+    golden, own = _inside_first(ops.golden_ops, region.where)
     return (f"region{where} ({region.phase}; target: {shown(ops.target_ops)}; golden: "
-            f"{shown(ops.golden_ops)}{_lines(ops.golden_ops)}): the two runs execute different "
+            f"{shown(golden)}{_lines(own)}): the two runs execute different "
             f"ops here, judged as one through the tensors entering and leaving it: {why}"
             f"{_unpaired(region)}")
 

@@ -126,7 +126,8 @@ def _regions(rows: list[TensorRow], entries: dict[int, Any]
             listing.append({"name": row.op_name, "op": parsed.op if parsed else row.op_name,
                             "location": None if loc is None else {"file": loc.file,
                                                                   "line": loc.line,
-                                                                  "code": loc.code}})
+                                                                  "code": loc.code},
+                            "module": row.module})
     found: dict[str, OpScore] = {}
     for i, row in enumerate(rows):
         for mark in row.boundary:
