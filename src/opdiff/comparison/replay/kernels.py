@@ -57,7 +57,7 @@ def _steps(record: Record) -> tuple[list[dict[str, Any]], list[tuple[int, int]]]
         raise _untrusted("has no list of steps and outputs")
     if len(steps) > MAX_STEPS:
         raise _untrusted(f"has more than {MAX_STEPS} steps")
-    n_in, n_out = len(record.get("inputs") or []), len(record.get("outputs") or [])
+    n_in, n_out = len(record["inputs"]), len(record["outputs"])
     for i, step in enumerate(steps):
         if not isinstance(step, dict) or not isinstance(step.get("op"), str) \
                 or not isinstance(step.get("args"), list) \
@@ -117,7 +117,7 @@ def _descriptor(arg: dict[str, Any], cast: Optional[torch.dtype]) -> dict[str, A
 def _run(record: Record, steps: list[dict[str, Any]], load: Callable[[str], Any],
          cast: Optional[torch.dtype], wanted: set[int]) -> dict[int, torch.Tensor]:
     """Run the program; returns the results of the steps in `wanted`."""
-    inputs = record.get("inputs") or []
+    inputs = record["inputs"]
     values: dict[str, torch.Tensor] = {}
 
     def chain_load(key: str) -> Any:
@@ -159,7 +159,7 @@ def kernel_tensors(record: Record, load: Callable[[str], Any]) -> Replayed:
     wanted = {j for _, j in pairs}
     exact = _run(record, steps, load, torch.float64, wanted)
     reference = _run(record, steps, load, None, wanted)
-    outs = record.get("outputs") or []
+    outs = record["outputs"]
     found = []
     for o, j in pairs:
         name = f"{record['name']}.output.{o}"
