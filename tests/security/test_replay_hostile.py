@@ -20,18 +20,8 @@ import torch
 
 import opdiff
 
-SRC = str(Path(opdiff.__file__).resolve().parents[1])
-CLI = "import sys; from opdiff.cli import main; sys.exit(main(sys.argv[1:]))"
-
-
-class _Payload:
-    """Unpickling this creates the marker file (what a hostile torch.load would run)."""
-
-    def __init__(self, marker: str):
-        self.marker = marker
-
-    def __reduce__(self):
-        return (open, (self.marker, "w"))
+from pickle_payload import CLI, SRC
+from pickle_payload import Payload as _Payload
 
 
 def _real_dump(path: Path) -> Path:
