@@ -1,6 +1,7 @@
 """Helpers for the capture tests: read a dump back strictly, index its records."""
 from __future__ import annotations
 
+import copy
 import json
 import math
 from pathlib import Path
@@ -10,6 +11,7 @@ import torch
 
 from opdiff.store import decoded_stats, open_dump
 from opdiff.store import layout
+from opdiff.store.schema import complete
 from statskit import expected_stats
 
 
@@ -33,7 +35,9 @@ class DumpView:
         self.dir = Path(directory)
         self.dump = open_dump(self.dir)
         self.records = strict_json_lines(self.dir / layout.RECORDS)
-        assert self.records == list(self.dump.records()), "reader and strict parse disagree"
+        # (the reader completes each record with its defaults, store/schema.complete)
+        assert [complete(copy.deepcopy(r)) for r in self.records] == list(self.dump.records()), \
+            "reader and strict parse disagree"
         self.meta = json.loads((self.dir / layout.META).read_text(), parse_constant=_reject_constant)
         self.by_name = {}
         for r in self.records:
