@@ -276,15 +276,7 @@ class Describer:
             handle = self.stats.add(desc, t)
         entry = (weakref.ref(t), version, handle,
                  {"type": "tensor", "dtype": desc["dtype"], "shape": desc["shape"], "device": "cpu"})
-        self._stats[key] = entry
-        self._seen[key] = self.epoch
-        keys = self._by_storage.get(address)
-        if keys is None:
-            keys = self._by_storage[address] = set()
-        keys.add(key)
-        if block is not None:
-            self._blocks[block] = entry
-            keys.add(block)
+        self._keep_stats(key, entry, address, block)
 
     def _add_stats(self, desc: dict, t: torch.Tensor, key: int, version: int, record: str,
                    role: str, slot) -> None:
@@ -319,6 +311,11 @@ class Describer:
             entry = (weakref.ref(t), version, handle, head)
         except TypeError:
             return
+        self._keep_stats(key, entry, address, block)
+
+    def _keep_stats(self, key: int, entry: tuple, address: object, block: "tuple | None") -> None:
+        """A described tensor's statistics entry, kept under its key, its storage's address and
+        (when it is the first over its memory block) the block."""
         self._stats[key] = entry
         self._seen[key] = self.epoch
         keys = self._by_storage.get(address)
