@@ -48,9 +48,10 @@ def _model(family: str, impl: str) -> torch.nn.Module:
 
 
 def make_dump(path: Path, family: str, impl: str, task: str, fault: Optional[str] = None,
-              bf16: bool = False, noise: float = 0.0) -> Path:
-    """fault: "op:call", that call's output scaled by 1.02 or, with `noise`, given Gaussian
-    noise of that size relative to each value (`inject_fault`)."""
+              bf16: bool = False, noise: float = 0.0, phase: str = "forward") -> Path:
+    """fault: "op:call", that call's output (phase "backward": its gradients w.r.t. its
+    inputs) scaled by 1.02 or, with `noise`, given Gaussian noise of that size relative to each
+    value (`inject_fault`)."""
     torch.manual_seed(0)
     model = _model(family, impl).eval()
     ids = torch.randint(0, 64, (2, 8))
@@ -58,7 +59,7 @@ def make_dump(path: Path, family: str, impl: str, task: str, fault: Optional[str
     if fault:
         op, call = fault.split(":")
         planted = inject_fault(op=op, call=int(call), scale=1.0 if noise else 1.02,
-                               noise=noise)
+                               noise=noise, phase=phase)
     with planted:
         with opdiff.dump(model, str(path), level="mix", task=task):
             with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext():

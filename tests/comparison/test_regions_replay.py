@@ -33,11 +33,14 @@ def test_healthy_bf16_sdpa_regions_are_replayed_and_cleared(hf_dump, tmp_path):
     assert {r.region.split(" in ")[-1] for r in cleared} == {"model.layers.0.self_attn",
                                                             "model.layers.1.self_attn"}
     assert all("its own error is its dtypes'" in r.reason for r in cleared)
-    assert any("2 region(s) replayed as chains" in n for n in result.notes), result.notes
-    # backward regions are judged through their boundary alone, and their rows say so
+    # forward and backward attention regions of both layers (a backward region through its
+    # forward calls' vector-Jacobian product: replay/backchain.py)
+    assert any("4 region(s) replayed as chains" in n for n in result.notes), result.notes
     backward = [r for r in result.rows if r.region and r.phase == "backward"]
-    assert backward and all("not replayed as a chain: a backward region" in r.reason
-                            for r in backward)
+    assert {r.region.split(" in ")[-1] for r in backward} == {"model.layers.0.self_attn",
+                                                             "model.layers.1.self_attn"}
+    assert all("(a vector-Jacobian product)" in r.reason and
+               "its own error is its dtypes'" in r.reason for r in backward), backward
 
 
 def test_a_healthy_region_the_comparison_blames_is_cleared_by_its_chain(hf_dump, tmp_path):
@@ -90,3 +93,33 @@ def test_a_1pct_noise_fault_only_the_chain_replay_finds(hf_dump, tmp_path, call,
     errors = [r for r in result.rows if r.result == "error"]
     assert errors and all(f"model.layers.{layer}.self_attn" in (r.reason or "") or
                           "region" in (r.reason or "") for r in errors), errors
+
+
+@pytest.fixture(scope="module")
+def backward_fault(tmp_path_factory):
+    """SDPA's gradients w.r.t. its inputs scaled by 1.02 in layer 1; its forward is healthy."""
+    from regionkit import make_dump
+
+    return make_dump(tmp_path_factory.mktemp("backchain") / "sdpa_bwd", "llama", "sdpa",
+                     "tensor", fault=f"{SDPA}:1", bf16=True, phase="backward")
+
+
+def test_a_2pct_fault_in_sdpa_backward_is_named_by_the_backward_chain(hf_dump, backward_fault,
+                                                                      tmp_path):
+    """Against fp32 eager golden the region's gradient error is not told apart from what its
+    inputs carry (without the backward replay nothing is named); replayed as the vector-Jacobian
+    product of its forward calls from its own saved inputs, the 2% stands out."""
+    golden = hf_dump("llama", "eager", "tensor")
+    result = opdiff.compare(str(backward_fault), str(golden), str(tmp_path / "out"),
+                            progress=False)
+    first = result.first_divergence
+    assert first is not None and first.origin == "region", first
+    assert first.phase == "backward" and first.kind == "replay", first
+    assert "region in `model.layers.1.self_attn` (backward;" in first.reason, first.reason
+    assert SDPA in [o["op"] for o in first.region["target_ops"]]
+    assert "(a vector-Jacobian product), the region's own gradient error is 0.02" in \
+        first.reason, first.reason
+    assert "scaled by 1.02" in first.reason
+    assert f"{SDPA}.1.backward.output." in first.reason    # the worst gradient, by name
+    errors = [r for r in result.rows if r.result == "error"]
+    assert errors and all("model.layers.1.self_attn" in (r.reason or "") for r in errors), errors
