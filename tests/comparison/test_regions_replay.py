@@ -100,26 +100,35 @@ def backward_fault(tmp_path_factory):
     """SDPA's gradients w.r.t. its inputs scaled by 1.02 in layer 1; its forward is healthy."""
     from regionkit import make_dump
 
-    return make_dump(tmp_path_factory.mktemp("backchain") / "sdpa_bwd", "llama", "sdpa",
-                     "tensor", fault=f"{SDPA}:1", bf16=True, phase="backward")
+    made = {}
+
+    def get(family):
+        if family not in made:
+            made[family] = make_dump(tmp_path_factory.mktemp("backchain") / family, family,
+                                     "sdpa", "tensor", fault=f"{SDPA}:1", bf16=True,
+                                     phase="backward")
+        return made[family]
+    return get
 
 
+@pytest.mark.parametrize("family, layer", [("llama", "model.layers.1.self_attn"),
+                                           ("gpt2", "transformer.h.1.attn")])
 def test_a_2pct_fault_in_sdpa_backward_is_named_by_the_backward_chain(hf_dump, backward_fault,
-                                                                      tmp_path):
+                                                                      tmp_path, family, layer):
     """Against fp32 eager golden the region's gradient error is not told apart from what its
     inputs carry (without the backward replay nothing is named); replayed as the vector-Jacobian
     product of its forward calls from its own saved inputs, the 2% stands out."""
-    golden = hf_dump("llama", "eager", "tensor")
-    result = opdiff.compare(str(backward_fault), str(golden), str(tmp_path / "out"),
+    golden = hf_dump(family, "eager", "tensor")
+    result = opdiff.compare(str(backward_fault(family)), str(golden), str(tmp_path / "out"),
                             progress=False)
     first = result.first_divergence
     assert first is not None and first.origin == "region", first
     assert first.phase == "backward" and first.kind == "replay", first
-    assert "region in `model.layers.1.self_attn` (backward;" in first.reason, first.reason
+    assert f"region in `{layer}` (backward;" in first.reason, first.reason
     assert SDPA in [o["op"] for o in first.region["target_ops"]]
     assert "(a vector-Jacobian product), the region's own gradient error is 0.02" in \
         first.reason, first.reason
     assert "scaled by 1.02" in first.reason
     assert f"{SDPA}.1.backward.output." in first.reason    # the worst gradient, by name
     errors = [r for r in result.rows if r.result == "error"]
-    assert errors and all("model.layers.1.self_attn" in (r.reason or "") for r in errors), errors
+    assert errors and all(layer in (r.reason or "") for r in errors), errors
