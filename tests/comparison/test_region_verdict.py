@@ -67,3 +67,49 @@ def test_side_locations_are_the_regions_own_lines_once_each_by_file():
                               ("/m/other.py", 9, 9, [(9, "line 9")])]
     # nothing ran inside the module: every op's lines
     assert [x["line"] for x in side_locations(ops[:1], "attn")] == [500]
+
+
+def _printed(divergence):
+    import io
+
+    from rich.console import Console
+
+    from opdiff.comparison.result import CompareResult
+    from opdiff.report.console import print_result
+
+    out = io.StringIO()
+    print_result(CompareResult("t", "g", [], divergence, {}), Console(file=out, width=400))
+    return out.getvalue()
+
+
+def _region_divergence(location, target_locations, golden_locations):
+    from opdiff.comparison.result import Divergence
+
+    return Divergence(name="Region.0.forward", op="Region", phase="forward",
+                      reason="region in `attn` ...", location=location, metrics={},
+                      origin="region", region={"target_ops": [], "golden_ops": [],
+                                               "target_locations": target_locations,
+                                               "golden_locations": golden_locations})
+
+
+def test_the_console_prints_each_sides_lines_and_the_divergences_own_line(tmp_path):
+    from opdiff.comparison.reasons import with_context
+    from opdiff.store.schema import Location
+
+    (tmp_path / "model.py").write_text("".join(f"code {n}\n" for n in range(1, 30)))
+    golden = [{"file": "/elsewhere/model.py", "line": 20, "code": None},
+              {"file": "/elsewhere/model.py", "line": 22, "code": None}]
+    # a compiled kernel's line is the user's line it came from, not among its ops' lines
+    fd = _region_divergence(Location("/src/user.py", 7, "y = f(x)"),
+                            [{"file": "/torch/_inductor/k.py", "line": 3, "code": "kernel()"}],
+                            golden)
+    text = _printed(with_context(fd, source_root=tmp_path))
+    lines = text.splitlines()
+    assert "  target: /src/user.py:7  `y = f(x)`" in lines, text
+    assert "  target: /torch/_inductor/k.py:3  `kernel()`" in lines, text
+    assert "  golden: /elsewhere/model.py:20-22" in lines, text
+    # golden's lines read under --source-root (the dump held no code for them)
+    assert any(x.strip() == ">    20 | code 20" for x in lines), text
+    assert any(x.strip() == "..." for x in lines), text      # 21 is no op's line
+    # without a location at all
+    assert "  golden: /elsewhere/model.py:20-22" in _printed(_region_divergence(None, [], golden))

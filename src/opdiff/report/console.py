@@ -103,7 +103,13 @@ def _region_lines(con: Console, fd) -> bool:
     sides = [(side, spans(region.get(f"{side}_locations") or [])) for side in ("target", "golden")]
     if not any(found for _, found in sides):
         return False
-    around = dict(fd.context) if fd.location is not None else {}
+    loc = fd.location
+    if loc is not None and not any(file == loc.file and loc.line in dict(lines)
+                                   for file, _, _, lines in sides[0][1]):
+        # the divergence's own line first (a compiled kernel's: the user's line it came from)
+        sides[0] = ("target", [(loc.file, loc.line, loc.line, [(loc.line, loc.code)]),
+                               *sides[0][1]])
+    around = dict(fd.context) if loc is not None else {}
     for side, found in sides:
         for file, first, last, lines in found:
             head = Text(f"  {side}: {one_line(file)}:{first}" + (f"-{last}" if last != first else ""),
@@ -111,10 +117,12 @@ def _region_lines(con: Console, fd) -> bool:
             if len(lines) == 1 and lines[0][1]:
                 head.append(f"  `{one_line(lines[0][1].strip())}`", style="bold")
             con.print(head)
-            here = around if side == "target" and file == fd.location.file and first in around \
-                else {}
+            here = around if around and side == "target" and file == loc.file \
+                and any(n in around for n, _ in lines) else {}
             listed = dict(lines)
             shown = sorted(set(here) | (set(listed) if len(lines) > 1 or here else set()))
+            if here:    # (lines the dump's context skips between its own are blank)
+                shown = sorted(set(shown) | set(range(min(here), max(here) + 1)))
             for k, n in enumerate(shown):
                 if k and n > shown[k - 1] + 1:
                     con.print(Text("            ...", style="dim"))
