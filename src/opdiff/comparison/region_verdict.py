@@ -59,7 +59,7 @@ def boundary_inputs(first: Any, rows: list[Any]) -> list[dict[str, Any]]:
         row = rows[i]
         tensor = row.target_name or ""
         reader = listed.readers.get(tensor)
-        name, op = tensor, None
+        name, op = _measured(tensor)
         if reader is not None:
             op, key, fqn = reader
             if fqn:
@@ -69,6 +69,21 @@ def boundary_inputs(first: Any, rows: list[Any]) -> list[dict[str, Any]]:
         out.append({"tensor": tensor, "name": name, "op": op,
                     "agrees": row.accuracy_reached != "No"})
     return out
+
+
+def _measured(tensor: str) -> tuple[str, Optional[str]]:
+    """(name, op) of a tensor known only by the name it was measured under: a module call's
+    input by its argument (`hidden_states`, `input.0`) of that call, its parameter by its FQN;
+    any other tensor by its whole name."""
+    for marker in (".input.", ".parameters."):
+        call, found, key = tensor.partition(marker)
+        parsed = RecordName.parse(call) if found and tensor.startswith("Module.") else None
+        if parsed is None or not key:
+            continue
+        if marker == ".parameters.":
+            return f"{module_path(parsed.op)}.{key}".lstrip("."), None
+        return (key if not key[0].isdigit() else f"input.{key}"), call
+    return tensor, None
 
 
 def input_words(inputs: list[dict[str, Any]]) -> str:
