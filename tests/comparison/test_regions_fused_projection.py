@@ -199,6 +199,8 @@ def test_a_fault_in_the_fused_projection_names_its_region(dumps, task):
     assert [o["op"] for o in fd.region["golden_ops"]] == ["Functional.linear"] * 3
     # the fused parameters were not compared, and the verdict says so
     assert "`attn.qkv_proj.weight`" in fd.reason and "were not compared" in fd.reason
+    # the one input it was judged from, by the argument the fused linear reads it as
+    assert [(i["name"], i["op"]) for i in fd.region["inputs"]] == [("input", "Functional.linear")]
     assert "no op is to blame" not in verdict_line(result)
 
 
@@ -298,6 +300,10 @@ def test_concat_names_a_fault_in_the_fused_projection(dumps, task, tmp_path):
     assert [o["op"] for o in fd.region["target_ops"]] == ["Functional.linear"]
     assert [o["op"] for o in fd.region["golden_ops"]] == ["Functional.linear"] * 3
     assert "were not compared" not in fd.reason      # the fused parameters were compared
+    # judged at the joined call: its input by its argument, its parameters by their FQNs
+    assert [(i["name"], i["op"]) for i in fd.region["inputs"]] == [
+        ("input.0", "Module.attn.qkv_proj.Linear.forward.0"), ("attn.qkv_proj.weight", None),
+        ("attn.qkv_proj.bias", None)], fd.region["inputs"]
     assert _row(result, "Module.attn.qkv_proj.Linear.forward.0.output.0").result == "error"
 
 

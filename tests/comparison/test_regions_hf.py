@@ -4,6 +4,7 @@ in its list, a fault in a later op names that op (dumps: tests/comparison/confte
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -50,6 +51,8 @@ def test_a_fault_in_sdpa_names_the_attention_region_of_its_layer(hf_dump, tmp_pa
     assert f"region in `{ATTENTION[family]}`" in first.reason
     assert "local error in this region" in first.reason
     assert first.region["target_ops"][0]["location"]["line"] > 0
+    assert [i["name"] for i in first.region["inputs"]] == ["query", "key", "value"]
+    assert first.region["target_locations"] and first.region["golden_locations"]
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["first_divergence"]["region"]["target_ops"][0]["op"] == SDPA
     schemas.validate("compare-summary", summary)      # the region is part of the contract
@@ -76,6 +79,11 @@ def test_rejudge_finds_the_region_again(hf_dump, tmp_path):
     assert first.region is not None and first.region["target_ops"][0]["op"] == SDPA
     assert "model.layers.1.self_attn" in first.reason
     assert again.counts["error"] >= 1
+    # rows.jsonl keeps no dataflow: the inputs are named as they were measured; both sides'
+    # lines come back from the rows' stacks
+    assert len(first.region["inputs"]) == 3 and all(i["agrees"] for i in first.region["inputs"])
+    assert first.region["target_locations"][0]["file"].endswith("sdpa_attention.py")
+    assert first.region["golden_locations"][0]["file"].endswith("modeling_llama.py")
 
 
 def _rows_jsonl(path):
@@ -105,12 +113,37 @@ def test_the_users_command_line_names_layer_0s_attention_region(hf_dump, tmp_pat
     headline = text[text.index("region in `"):text.index("): the two runs")]
     assert "`Torch.matmul`" in headline, headline
     assert " at modeling_llama.py:" in headline and "masking_utils" not in headline, headline
-    first = json.loads((out / "summary.json").read_text())["first_divergence"]
+    # both sides' lines in the sentence, the inputs it agreed on by the names SDPA reads them as
+    assert re.search(r"`Tensor\.reshape` at sdpa_attention\.py:\d+-\d+; golden: ", headline)
+    assert (f"the inputs' statistics agree exactly (`query`, `key`, `value` of `{SDPA}`), the "
+            f"output's do not") in text, text
+    # and as lines a user can click: one per side and file, each op's line under it
+    lines = text.splitlines()
+    target_line = next(x for x in lines if x.startswith("  target: "))
+    golden_line = next(x for x in lines if x.startswith("  golden: "))
+    assert re.fullmatch(r"  target: \S+/transformers/integrations/sdpa_attention\.py:\d+-\d+",
+                        target_line), target_line
+    assert re.fullmatch(r"  golden: \S+/transformers/models/llama/modeling_llama\.py:\d+-\d+",
+                        golden_line), golden_line
+    under_golden = lines[lines.index(golden_line) + 1:]
+    assert any("> " in x and "torch.matmul(" in x for x in under_golden[:12]), under_golden
+    summary = json.loads((out / "summary.json").read_text())
+    schemas.validate("compare-summary", summary)
+    first = summary["first_divergence"]
     assert first["origin"] == "region" and first["name"] == "Region.0.forward"
     assert first["module"] == "Module.model.layers.0.self_attn.LlamaAttention.forward.0"
     assert first["location"]["file"].endswith("sdpa_attention.py")
     sdpa = first["region"]["target_ops"][0]
     assert sdpa["name"] == f"{SDPA}.0.forward" and sdpa["location"]["line"] > 0
+    # the inputs by name, each side's source lines: the target's SDPA, golden's attention
+    assert [(i["name"], i["op"], i["agrees"]) for i in first["region"]["inputs"]] == \
+        [(n, SDPA, True) for n in ("query", "key", "value")]
+    assert first["region"]["target_locations"][0] == {
+        k: first["location"][k] for k in ("file", "line", "code")}
+    golden_lines = first["region"]["golden_locations"]
+    assert golden_lines and all(x["file"].endswith("modeling_llama.py") for x in golden_lines)
+    assert any("torch.matmul(" in x["code"] for x in golden_lines), golden_lines
+    assert golden_lines == sorted(golden_lines, key=lambda x: x["line"])
     # golden's side with its own source lines: eager attention's matmuls and softmax
     golden_ops = {o["op"]: o["location"] for o in first["region"]["golden_ops"]}
     for op in ("Torch.matmul", "Functional.softmax"):

@@ -45,7 +45,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, cast
 from ..numbers import human
 from ..store.schema import Kind, RecordName
 from . import ranks, reasons
-from .regions import REGION, region_divergence
+from .region_verdict import region_divergence
+from .regions import REGION
 from .result import ERROR, LEAF_KIND, NUMBER, RANDOM, WARNING, Divergence, Origin, TensorRow
 
 if TYPE_CHECKING:       # (blame imports this module)

@@ -277,7 +277,8 @@ class _PairCompare:
             if found is None:
                 continue
             listed = RegionOps(op_list(t_records, region.target, self._first_location(self.t)),
-                               op_list(g_records, region.golden, self._first_location(self.g)))
+                               op_list(g_records, region.golden, self._first_location(self.g)),
+                               bounds.entering(region) if region.boundary == "dataflow" else {})
             first = t_records[region.target[0]]
             loc = _location(self.t, first)
             op = OpScore(name=region.name, op="Region", phase=region.phase, kind=REGION,

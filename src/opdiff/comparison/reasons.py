@@ -29,13 +29,15 @@ LOCAL_VERDICT = "local error in this op"
 _D = TypeVar("_D")        # a Divergence, or None
 
 
-def describe(op: "OpScore", rows: list[TensorRow]) -> str:
-    """The one sentence that says why `op` is the culprit."""
+def describe(op: "OpScore", rows: list[TensorRow], inputs: str = "") -> str:
+    """The one sentence that says why `op` is the culprit. `inputs`: what its inputs are, in
+    words (a region's "`query`, `key`, `value` of `Functional.scaled_dot_product_attention`",
+    `region_verdict.input_words`), said where the sentence speaks of them."""
     if op.arg_diffs and op.blame != REPLAY:
         return _describe_error(op, rows, (
             f"its number arguments differ ({', '.join(op.arg_diffs[:3])}): the difference enters "
-            f"the computation here, through them"))
-    return _describe_error(op, rows)
+            f"the computation here, through them"), inputs)
+    return _describe_error(op, rows, inputs=inputs)
 
 
 def _stat_pair(row: TensorRow, key: str) -> str:
@@ -43,18 +45,20 @@ def _stat_pair(row: TensorRow, key: str) -> str:
 
 
 def describe_statistics(op: "OpScore", out: TensorRow, inp: Optional[TensorRow],
-                        verdict: str) -> str:
-    """The reason when only statistics were compared: no cosine or max abs err to quote."""
+                        verdict: str, named: str = "") -> str:
+    """The reason when only statistics were compared: no cosine or max abs err to quote.
+    `named`: the inputs in words (`describe`)."""
+    said = f" ({named})" if named else ""
     if inp is None:
         inputs = "no inputs to compare, the output's statistics differ"
     elif op.error_in == 0:
-        inputs = "the inputs' statistics agree exactly, the output's do not"
+        inputs = f"the inputs' statistics agree exactly{said}, the output's do not"
     elif inp.accuracy_reached != "No":     # within its tolerance
-        inputs = (f"the inputs' statistics agree (worst differs by {human(op.error_in)} of its "
-                  f"size), the output's do not")
+        inputs = (f"the inputs' statistics agree ({named + '; ' if named else ''}worst differs "
+                  f"by {human(op.error_in)} of its size), the output's do not")
     else:       # inputs that differ already, by an order of magnitude less than the output
-        inputs = (f"the inputs' statistics differ by at most {human(op.error_in)} of their size, "
-                  f"the output's by an order of magnitude more")
+        inputs = (f"the inputs' statistics differ by at most {human(op.error_in)} of their "
+                  f"size{said}, the output's by an order of magnitude more")
     if op.blame == SCALE:
         moved = (f"its L2 norm is {1 + cast(float, out.scale_error):.6g} times golden's "
                  f"(inputs {1 + op.scale_in:.6g})")
@@ -69,25 +73,27 @@ def _output_message(op: "OpScore") -> str:
     return next((m.message for i, m, *_ in op.outputs if i == op.worst_out), "")
 
 
-def _describe_error(op: "OpScore", rows: list[TensorRow], verdict: str = LOCAL_VERDICT) -> str:
+def _describe_error(op: "OpScore", rows: list[TensorRow], verdict: str = LOCAL_VERDICT,
+                    inputs: str = "") -> str:
+    named = inputs
     out = rows[op.worst_out] if op.worst_out is not None else None
     inp = rows[op.worst_in] if op.worst_in is not None else None
     if out is not None and out.mode == "statistics" and op.blame in (SCALE, LOCAL):
-        return describe_statistics(op, out, inp, verdict)
+        return describe_statistics(op, out, inp, verdict, named)
     if inp is None:
         inputs = "no inputs to compare"
     else:
-        inputs = (f"inputs agree (cosine {human(inp.metrics.get('Cosine'))}, "
-                  f"rel err {human(op.error_in)})")
+        inputs = (f"inputs agree ({named + ': ' if named else ''}cosine "
+                  f"{human(inp.metrics.get('Cosine'))}, rel err {human(op.error_in)})")
     if op.blame == REPLAY and not op.paired:
         return (f"the golden run has no such op to compare with, but {op.replay.describe()} "
                 f"— {LOCAL_VERDICT}")
     if op.blame == REPLAY:
         # Found by replay alone: golden cannot tell this op's error from what it inherited.
         seen = f", output rel err {human(out.error)}" if out is not None else ""
-        return (f"compared with golden its error is not distinguishable from what its inputs "
-                f"carry (input rel err {human(op.error_in)}{seen}), but {op.replay.describe()} "
-                f"— {LOCAL_VERDICT}")
+        return (f"compared with golden its error is not distinguishable from what its inputs"
+                f"{' (' + named + ')' if named else ''} carry (input rel err "
+                f"{human(op.error_in)}{seen}), but {op.replay.describe()} — {LOCAL_VERDICT}")
     if op.blame == SCALE:
         out = cast(TensorRow, out)
         output = (f"output does not: it is scaled by {1 + cast(float, out.scale_error):.6g} relative to golden "
@@ -254,12 +260,30 @@ def with_code(location: Optional[Location], source_root: Optional[str | os.PathL
 def with_context(divergence: _D, source_root: Optional[str | os.PathLike[str]] = None,
                  dumps: Iterable[Optional[str | os.PathLike[str]]] = ()) -> _D:
     """A Divergence with its `context` (`source_context`: under `source_root`, else what
-    `dumps` hold); unchanged when there is none."""
+    `dumps` hold), and a region's source lines of both sides with their code read under
+    `source_root` where the dump held none; unchanged when there is none."""
     if divergence is None:
         return divergence
     found: Any = divergence
+    changes: dict[str, Any] = {}
     context = source_context(found.location, source_root=source_root, dumps=dumps)
-    return cast(_D, dataclasses.replace(found, context=context)) if context else divergence
+    if context:
+        changes["context"] = context
+    if found.region and source_root is not None:    # a region's lines of both sides
+        changes["region"] = {**found.region, **{
+            side: [_code_of(loc, source_root) for loc in found.region.get(side) or ()]
+            for side in ("target_locations", "golden_locations")}}
+    return cast(_D, dataclasses.replace(found, **changes)) if changes else divergence
+
+
+def _code_of(loc: Any, source_root: str | os.PathLike[str]) -> Any:
+    """A region's source line ({"file", "line", "code"}) with its code read under
+    `source_root` where the dump held none (`with_code`)."""
+    if not isinstance(loc, dict) or loc.get("code") or not isinstance(loc.get("file"), str) \
+            or not isinstance(loc.get("line"), int):
+        return loc
+    found = with_code(Location(loc["file"], loc["line"]), source_root)
+    return {**loc, "code": found.code} if found is not None and found.code else loc
 
 
 def statistics_limits(rows: list[TensorRow], policy: "Policy", replayed: bool = False) -> Optional[str]:

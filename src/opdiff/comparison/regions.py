@@ -34,8 +34,7 @@ from typing import Any, Optional
 
 from ..store.records import iter_tensors
 from ..store.schema import Kind, Phase, RecordName, Role, module_path
-from . import reasons
-from .result import ERROR, WARNING, Divergence, Origin
+from .result import ERROR, WARNING, Origin
 
 Pair = tuple[Optional[int], Optional[int]]
 Record = dict[str, Any]
@@ -76,9 +75,11 @@ class Region:
 
 @dataclass
 class RegionOps:
-    """What a region divergence lists: each side's ops, with their source lines."""
+    """What a region divergence lists: each side's ops, with their source lines, and how the
+    region reads the tensors entering it (`Boundaries.entering`; empty without dataflow)."""
     target_ops: list[dict[str, Any]] = field(default_factory=list)
     golden_ops: list[dict[str, Any]] = field(default_factory=list)
+    readers: dict[str, tuple[str, str, str]] = field(default_factory=dict)
 
 
 def find_regions(pairs: list[Pair], target: list[Record], golden: list[Record]) -> list[Region]:
@@ -255,6 +256,37 @@ class Boundaries:
         region.unpaired_leaves = list(dict.fromkeys(unpaired))
         return list(inputs.values()), list(outputs.values())
 
+    def entering(self, region: Region) -> dict[str, tuple[str, str, str]]:
+        """The tensors entering a region through the dump's dataflow, by the name they are
+        measured under -> (the op of the region that reads it first, the input it reads it as:
+        "0", "attn_mask", "0.1" for a list's second tensor, the FQN of a parameter or buffer
+        or ""): what its verdict calls them (`region_verdict`). {} without dataflow."""
+        if not self.dataflow:
+            return {}
+        seqs = {self.target[i]["seq"] for i in region.target}
+        out: dict[str, tuple[str, str, str]] = {}
+        for i in region.target:
+            rec = self.target[i]
+            prefix = f"{rec['name']}.input."
+            for name, role, desc in iter_tensors(rec):
+                producer, leaf = desc.get("producer"), desc.get("leaf")
+                if role == Role.OUTPUT or (producer and producer[0] in seqs):
+                    continue
+                made = self.by_seq.get(producer[0]) if producer else None
+                if made is not None and producer:
+                    tensor = f"{made['name']}.output.{producer[1]}"
+                elif not producer and leaf in ("parameter", "buffer", "input"):
+                    leaf_record = self.leaf_names.get((leaf, desc.get("fqn")))
+                    if leaf_record is None:
+                        continue
+                    tensor = f"{leaf_record}.output.0"
+                else:
+                    continue
+                fqn = str(desc.get("fqn") or "") if leaf in ("parameter", "buffer") else ""
+                key = name[len(prefix):] if name.startswith(prefix) else name
+                out.setdefault(tensor, (str(rec["op"]), key, fqn))
+        return out
+
     def by_module(self, region: Region) -> Optional[tuple[list[Entry], list[Entry]]]:
         """(inputs, outputs) of the innermost paired module call holding the region."""
         if region.module is None:
@@ -336,26 +368,6 @@ def op_list(records: list[Record], indices: list[int], locate: Any) -> list[dict
     return out
 
 
-def _inside_first(ops: list[dict[str, Any]], where: str) -> tuple[list[dict[str, Any]], ...]:
-    """(ops run inside the module at `where`, then the others; the inside ones alone): what a
-    reason lists first is the region's own computation, not the ops outside that joined it
-    because they feed only it (eager attention's mask, built in `LlamaModel`)."""
-    def inside(o: dict[str, Any]) -> bool:
-        parsed = RecordName.parse(o.get("module") or "")
-        path = module_path(parsed.op) if parsed is not None else ""
-        return not where or path == where or path.startswith(where + ".")
-    own = [o for o in ops if inside(o)]
-    if not own:
-        return ops, ops
-    return own + [o for o in ops if not inside(o)], own
-
-
-def shown(ops: list[dict[str, Any]]) -> str:
-    """`Torch.matmul`, `Functional.softmax`, ... (the first few distinct ops, in order)."""
-    names = list(dict.fromkeys(f"`{o['op']}`" for o in ops))
-    return ", ".join(names[:SHOWN_OPS]) + (", ..." if len(names) > SHOWN_OPS else "")
-
-
 def region_members(op: Any) -> Optional[list[str]]:
     """The target records a region's score (`blame.OpScore` of kind region) stands for, in
     execution order: what its chain replay re-runs (`replay.chain`); None for any other op."""
@@ -371,59 +383,6 @@ def made_tensor(op: Any, measured: Optional[str]) -> Optional[str]:
     return made.get(measured, measured) if measured else measured
 
 
-def region_divergence(first: Any, rows: list[Any]) -> Divergence:
-    """The Divergence of a region blamed (`blame.first_divergence`)."""
-    region, listed, _ = first.region
-    out = rows[first.worst_out] if first.worst_out is not None else None
-    inp = rows[first.worst_in] if first.worst_in is not None else None
-    return Divergence(
-        name=first.name, op=first.op, phase=first.phase,
-        reason=region_reason(region, listed, reasons.describe(first, rows)),
-        location=first.location, metrics=dict(out.metrics) if out is not None else {},
-        tensor=made_tensor(first, out.target_name) if out is not None else None,
-        input_metrics=dict(inp.metrics) if inp is not None else {}, module=first.module,
-        context=reasons.source_context(first.location), kind=first.blame, origin=Origin.REGION,
-        region={"target_ops": listed.target_ops, "golden_ops": listed.golden_ops})
-
-
-def region_reason(region: Region, ops: RegionOps, why: str) -> str:
-    """The sentence of a region blamed: where, both sides' ops, and why (`reasons.describe`)."""
-    where = f" in `{region.where}`" if region.where else ""
-    why = why.replace("local error in this op", "local error in this region")
-    if "in this region" not in why:
-        why += " — local error in this region"
-    golden, own = _inside_first(ops.golden_ops, region.where)
-    return (f"region{where} ({region.phase}; target: {shown(ops.target_ops)}; golden: "
-            f"{shown(golden)}{_lines(own)}): the two runs execute different "
-            f"ops here, judged as one through the tensors entering and leaving it: {why}"
-            f"{_unpaired(region)}")
-
-
-def _unpaired(region: Region) -> str:
-    """What the verdict of a region whose parameters have no golden partner could not see."""
-    if not region.unpaired_leaves:
-        return ""
-    names = ", ".join(f"`{n}`" for n in region.unpaired_leaves[:SHOWN_OPS])
-    more = ", ..." if len(region.unpaired_leaves) > SHOWN_OPS else ""
-    return (f" (its parameters {names}{more} have no partner in golden, which holds them in "
-            f"other shapes, and were not compared: a difference in them would show the same way)")
-
-
-def _lines(ops: list[dict[str, Any]]) -> str:
-    """" at modeling_llama.py:176-199": where golden's ops are (the target's location is the
-    divergence's own)."""
-    located = [o["location"] for o in ops if o.get("location")]
-    if not located:
-        return ""
-    files = {loc["file"] for loc in located}
-    lines = sorted(loc["line"] for loc in located)
-    name = located[0]["file"].replace("\\", "/").rsplit("/", 1)[-1]
-    if len(files) > 1:
-        return f" at {name}:{located[0]['line']} and elsewhere"
-    return f" at {name}:{lines[0]}" + (f"-{lines[-1]}" if lines[-1] != lines[0] else "")
-
-
 __all__ = ["REGION", "Region", "RegionOps", "Boundaries", "find_regions", "members", "absorb",
            "label_number", "mark_region_rows", "unjudged_note",
-           "common_module", "op_list", "shown", "region_reason", "region_members", "made_tensor",
-           "region_divergence"]
+           "common_module", "op_list", "region_members", "made_tensor"]

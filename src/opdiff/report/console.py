@@ -64,7 +64,9 @@ def print_result(result, console: Console | None = None, *, worst: int = 5) -> N
             head.append(f" (step {fd.step}, rank {fd.rank})")
         con.print(head)
         con.print(Text(f"  {safe(fd.reason)}"))
-        if fd.location is not None:
+        if _region_lines(con, fd):
+            pass
+        elif fd.location is not None:
             where = Text(f"  at {one_line(fd.location.file)}:{fd.location.line}", style="cyan")
             if fd.location.code:
                 where.append(f"  `{one_line(fd.location.code.strip())}`", style="bold")
@@ -89,6 +91,46 @@ def print_result(result, console: Console | None = None, *, worst: int = 5) -> N
     if result.files:
         con.print(Text("Wrote " + ", ".join(os.path.basename(p) for p in result.files.values())
                        + f" to {os.path.dirname(next(iter(result.files.values())))}", style="dim"))
+
+
+def _region_lines(con: Console, fd) -> bool:
+    """A region's source lines of both sides, one `target: FILE:LINE` / `golden: FILE:FIRST-LAST`
+    per file (clickable in most terminals and editors), the lines under it; the target's first
+    with the lines around it, as an op's line is. False when the divergence holds none."""
+    from ..comparison.region_verdict import spans
+
+    region = fd.region if isinstance(fd.region, dict) else {}
+    sides = [(side, spans(region.get(f"{side}_locations") or [])) for side in ("target", "golden")]
+    if not any(found for _, found in sides):
+        return False
+    loc = fd.location
+    if loc is not None and not any(file == loc.file and loc.line in dict(lines)
+                                   for file, _, _, lines in sides[0][1]):
+        # the divergence's own line first (a compiled kernel's: the user's line it came from)
+        sides[0] = ("target", [(loc.file, loc.line, loc.line, [(loc.line, loc.code)]),
+                               *sides[0][1]])
+    around = dict(fd.context) if loc is not None else {}
+    for side, found in sides:
+        for file, first, last, lines in found:
+            head = Text(f"  {side}: {one_line(file)}:{first}" + (f"-{last}" if last != first else ""),
+                        style="cyan")
+            if len(lines) == 1 and lines[0][1]:
+                head.append(f"  `{one_line(lines[0][1].strip())}`", style="bold")
+            con.print(head)
+            here = around if around and side == "target" and file == loc.file \
+                and any(n in around for n, _ in lines) else {}
+            listed = dict(lines)
+            shown = sorted(set(here) | (set(listed) if len(lines) > 1 or here else set()))
+            if here:    # (lines the dump's context skips between its own are blank)
+                shown = sorted(set(shown) | set(range(min(here), max(here) + 1)))
+            for k, n in enumerate(shown):
+                if k and n > shown[k - 1] + 1:
+                    con.print(Text("            ...", style="dim"))
+                mark = ">" if n in listed else " "
+                con.print(Text(f"    {mark} {n:5d} | {one_line(here.get(n) or listed.get(n) or '')}",
+                               style="bold" if mark == ">" else "dim"))
+            around = {} if here else around     # (the context once)
+    return True
 
 
 def _inconclusive(note: str) -> str:
