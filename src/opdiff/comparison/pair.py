@@ -21,7 +21,7 @@ from ..store.schema import Kind, Location, locations_from_frames
 from ..store.source import DumpSource
 from ..environment import diff_meta
 from . import compiled, crossformat
-from .align import align
+from .align import align, classes_note, same_classes
 from .mapping import Mapping
 from .blame import OpScore, analyse, differing_numbers
 from .metrics import Measurement, measure, stats_measure
@@ -128,6 +128,9 @@ class _PairCompare:
             self.g = bound.golden_source(self.g)
             t_view = bound.view
             mapping_notes = [Note(n, Note.PAIRING) for n in [*bound.unused, *bound.notes]]
+        # a module class renamed at the same path (align.py): paired as if spelled alike
+        t_view, classes = same_classes(t_view, g_records)
+        mapping_notes += noted(classes_note(classes), Note.PAIRING)
         compiled_run = compiled.compiled_side(t_records) or compiled.compiled_side(g_records)
         # eager vs torch.compile: never two ops of other shapes, and only where dataflow agrees
         pairs = align(t_view, g_records, shape_flag=self.shape_flag or compiled_run)
