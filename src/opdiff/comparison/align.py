@@ -133,8 +133,7 @@ def classes_note(renames: dict[str, str]) -> Optional[str]:
         by_class.setdefault((module_class(t_op), module_class(g_op)), []).append(path_of(t_op))
     said = "; ".join(f"target `{t}` as golden's `{g}` ({', '.join(paths[:3])}"
                      f"{', ...' if len(paths) > 3 else ''})" for (t, g), paths in by_class.items())
-    return (f"module classes paired by path, call count and shapes: {said}; a mapping file "
-            f"(--map) decides otherwise")
+    return f"module classes paired by path, call count and shapes: {said}; --map decides otherwise"
 
 
 def _module_calls(records: list[Record]) -> dict[str, tuple[str, dict[tuple[str, int], int]]]:
