@@ -25,8 +25,8 @@ def hf_dump(tmp_path_factory) -> Callable[..., Path]:
     root = tmp_path_factory.mktemp("regions")
 
     def get(family: str, impl: str, task: str, fault: Optional[str] = None,
-            bf16: bool = False, noise: float = 0.0) -> Path:
-        key = (family, impl, task, fault, bf16, noise)
+            bf16: bool = False, noise: float = 0.0, renamed: bool = False) -> Path:
+        key = (family, impl, task, fault, bf16, noise, renamed)
         if key not in made:
             name = "_".join(str(k).replace(":", "-").replace(".", "-") for k in key)
             made[key] = make_dump(root / name, *key)

@@ -47,13 +47,24 @@ def _model(family: str, impl: str) -> torch.nn.Module:
     raise ValueError(family)
 
 
+def rename_attention(model: torch.nn.Module, name: str = "NpuAttention") -> None:
+    """Give every attention module a class of another name (a port's own attention class, the
+    same computation): module calls keep their paths, their names carry the new class."""
+    for module in model.modules():
+        if type(module).__name__.endswith("Attention") and "Rotary" not in type(module).__name__:
+            module.__class__ = type(name, (type(module),), {})
+
+
 def make_dump(path: Path, family: str, impl: str, task: str, fault: Optional[str] = None,
-              bf16: bool = False, noise: float = 0.0, phase: str = "forward") -> Path:
+              bf16: bool = False, noise: float = 0.0, phase: str = "forward",
+              renamed: bool = False) -> Path:
     """fault: "op:call", that call's output (phase "backward": its gradients w.r.t. its
     inputs) scaled by 1.02 or, with `noise`, given Gaussian noise of that size relative to each
-    value (`inject_fault`)."""
+    value (`inject_fault`); renamed: the attention class is `NpuAttention` (`rename_attention`)."""
     torch.manual_seed(0)
     model = _model(family, impl).eval()
+    if renamed:
+        rename_attention(model)
     ids = torch.randint(0, 64, (2, 8))
     planted = nullcontext()
     if fault:

@@ -1,7 +1,7 @@
 """A fused op against its composite, where the parameters differ in shape between the runs.
 
 Golden projects q, k and v with three `Linear` modules (`q_proj`, `k_proj`, `v_proj`), the
-target with one fused `qkv_proj` holding the same weights, then `.split`. Neither the module
+target with one fused `qkv_proj` holding the same weights, then `.split`. Neither the projection
 calls nor the parameters pair, so the ops between x and the paired `q @ k.T` form one region
 whose parameters have no golden partner. A 2% fault in the fused linear used to get "no op is
 to blame" (the region was silently not judged); it must name the region, or say
@@ -232,20 +232,42 @@ def test_a_fault_after_the_fused_op_names_that_op(dumps, case, culprit, task, tm
         assert fd.name == culprit and fd.phase == "forward", fd
 
 
-def test_a_region_that_cannot_be_measured_is_inconclusive(dumps, tmp_path):
-    """Without dataflow (a dump from an older opdiff) the region's boundary is the module call
-    holding it, `attn`, which does not pair (FusedAttention against SplitAttention): nothing
-    measures the region, and the verdict says "inconclusive", not "no op is to blame"."""
+def _without_dataflow(dumps, tmp_path: Path, moved: bool = False) -> Path:
+    """The faulty fused dump as an older opdiff wrote it (no dataflow); `moved`: its attention
+    recorded under another path too (`npu_attn`), so that no module call holds the region on
+    both sides."""
     target = tmp_path / "target"
     shutil.copytree(dumps["qkv", True, "tensor"], target)
     for meta in target.rglob("meta.json"):
         data = json.loads(meta.read_text())
         data["dataflow"] = 0
         meta.write_text(json.dumps(data))
+    for records in target.rglob("records.jsonl") if moved else ():
+        text = records.read_text()
+        records.write_text(text.replace("Module.attn.FusedAttention", "Module.npu_attn.FusedAttention"))
+    return target
+
+
+def test_without_dataflow_the_region_is_judged_at_the_module_call_holding_it(dumps, tmp_path):
+    """FusedAttention against SplitAttention at one path, `attn`: the calls pair by path and
+    call count (their input and output have the same shapes, align.same_classes), so the
+    region is measured at that call and the fault is named there."""
+    target = _without_dataflow(dumps, tmp_path)
+    result = opdiff.compare(str(target), str(dumps["qkv", "golden", "tensor"]))
+    fd = result.first_divergence
+    assert fd is not None and fd.origin == "region", verdict_line(result)
+    assert "region in `attn`" in fd.reason, fd.reason
+
+
+def test_a_region_that_cannot_be_measured_is_inconclusive(dumps, tmp_path):
+    """Without dataflow the region's boundary is the module call holding it, here `npu_attn`,
+    which does not pair (golden has `attn`): nothing measures the region, and the verdict says
+    "inconclusive", not "no op is to blame"."""
+    target = _without_dataflow(dumps, tmp_path, moved=True)
     result = opdiff.compare(str(target), str(dumps["qkv", "golden", "tensor"]))
     line = verdict_line(result)
     assert result.first_divergence is None, result.first_divergence
-    assert line.startswith("inconclusive: tensors differ, and region 0 in attn"), line
+    assert line.startswith("inconclusive: tensors differ, and region 0 in npu_attn"), line
     assert line in result.notes
 
 

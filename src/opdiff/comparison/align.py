@@ -22,6 +22,13 @@ side renames every later relu: names alone cannot pair the rest. The rule:
    `SWAP_WINDOW` places of each other.
 
 Nothing is ever paired by position alone: an unmatched op never shifts the pairing after it.
+
+Before all this, `same_classes` gives the target's records as alignment sees them where a module
+class is renamed (`NpuAttention` against golden's `LlamaAttention` at the same path): the
+module calls at a path pair by path, phase and call count when the tensors both calls hold have
+the same shapes, and the target's class is then spelled as golden's wherever a name carries it
+(the module call, the ops inside it, its `parameters_grad`). A mapping file is applied first
+and wins (`mapping.py`).
 """
 from __future__ import annotations
 
@@ -31,7 +38,8 @@ from difflib import SequenceMatcher
 from typing import Any, Optional, Sequence, cast
 
 from ..store.records import iter_tensors
-from ..store.schema import Kind, RecordName
+from ..store.schema import PARAM_GRAD_WORD, Kind, RecordName, module_class
+from ..store.schema import module_path as path_of
 
 Pair = tuple[Optional[int], Optional[int]]   # (target index, golden index)
 Pair2 = tuple[int, int]                       # ... both known
@@ -90,6 +98,111 @@ def align(target: list[Record], golden: list[Record], *, shape_flag: bool = Fals
                 pairs.append((ti, gi))
         i0, j0 = ti + 1, gi + 1
     return _pair_swapped(_prefer_same_names(pairs, target, golden), target, golden)
+
+
+def same_classes(target: list[Record], golden: list[Record]
+                 ) -> tuple[list[Record], dict[str, str]]:
+    """(target records with each renamed class spelled as golden's, {target module op: golden
+    module op} of those renamed): a module path whose class differs on the two sides is renamed
+    when every call of it that both sides made (same phase and call count) holds tensors of the
+    same shapes wherever both hold one, and at least one such tensor. Two different modules at
+    one path (a `Linear` where golden has a `Conv1d` of other shapes) stay apart. The records
+    themselves are not changed; with nothing renamed, `target` itself comes back."""
+    t_ops, g_ops = _module_calls(target), _module_calls(golden)
+    renames: dict[str, str] = {}
+    for path, (t_op, t_calls) in t_ops.items():
+        g_op, g_calls = g_ops.get(path, (t_op, {}))
+        if g_op == t_op or not g_calls:
+            continue
+        both = [(t_calls[k], g_calls[k]) for k in t_calls if k in g_calls]
+        if both and all(_same_shapes(target[i], golden[j]) for i, j in both):
+            renames[t_op] = g_op
+    if not renames:
+        return target, {}
+    seen: dict[str, str] = {}
+    return [_spelled(rec, renames, seen) for rec in target], renames
+
+
+def classes_note(renames: dict[str, str]) -> Optional[str]:
+    """What `same_classes` paired, in a line: "module classes paired by path: target
+    `NpuAttention` as golden's `LlamaAttention` (model.layers.0.self_attn, ...)"."""
+    if not renames:
+        return None
+    by_class: dict[tuple[str, str], list[str]] = {}
+    for t_op, g_op in renames.items():
+        by_class.setdefault((module_class(t_op), module_class(g_op)), []).append(path_of(t_op))
+    said = "; ".join(f"target `{t}` as golden's `{g}` ({', '.join(paths[:3])}"
+                     f"{', ...' if len(paths) > 3 else ''})" for (t, g), paths in by_class.items())
+    return f"module classes paired by path, call count and shapes: {said}; --map decides otherwise"
+
+
+def _module_calls(records: list[Record]) -> dict[str, tuple[str, dict[tuple[str, int], int]]]:
+    """module path -> (its module op, {(phase, call count): record index}); a path whose
+    records name two classes (not one module) is left out."""
+    out: dict[str, tuple[str, dict[tuple[str, int], int]]] = {}
+    mixed: set[str] = set()
+    for i, rec in enumerate(records):
+        if rec["kind"] != Kind.MODULE:
+            continue
+        parsed = RecordName.parse(rec["name"])
+        if parsed is None or not module_class(parsed.op):
+            continue
+        path = path_of(parsed.op)
+        op, calls = out.setdefault(path, (parsed.op, {}))
+        if op != parsed.op:
+            mixed.add(path)
+        calls[(parsed.phase, parsed.index)] = i
+    return {p: v for p, v in out.items() if p not in mixed}
+
+
+def _same_shapes(t: Record, g: Record) -> bool:
+    """Both module calls hold a tensor in one place at least, and every tensor both hold has
+    the same shape on both sides."""
+    cut_t, cut_g = len(t["name"]), len(g["name"])
+    g_shapes = {n[cut_g:]: tuple(d.get("shape") or ()) for n, _, d in iter_tensors(g)}
+    common = 0
+    for n, _, d in iter_tensors(t):
+        shape = g_shapes.get(n[cut_t:])
+        if shape is None:
+            continue
+        if shape != tuple(d.get("shape") or ()):
+            return False
+        common += 1
+    return common > 0
+
+
+_SPELLED = ("name", "op", "module", "reader", "forward")
+
+
+def _spelled(record: Record, renames: dict[str, str], seen: dict[str, str]) -> Record:
+    """The record with every name that carries a renamed module op spelled with golden's."""
+    changed: Optional[Record] = None
+    for f in _SPELLED:
+        value = record.get(f)
+        if not isinstance(value, str) or not value.startswith("Module."):
+            continue
+        new = seen.get(value)
+        if new is None:
+            new = seen[value] = _respelled(value, renames)
+        if new != value:
+            changed = changed if changed is not None else dict(record)
+            changed[f] = new
+    return changed if changed is not None else record
+
+
+def _respelled(value: str, renames: dict[str, str]) -> str:
+    """`Module.attn.NpuAttention.forward.0` -> `Module.attn.LlamaAttention.forward.0` (a record
+    name or a module op, `parameters_grad` ones too; anything else as it is)."""
+    parsed = RecordName.parse(value)
+    if parsed is not None and parsed.kind in (Kind.MODULE, Kind.PARAM_GRAD) \
+            and parsed.op in renames:
+        return RecordName(renames[parsed.op], parsed.phase, parsed.index, parsed.kind).text
+    op, _, word = value.rpartition(".")
+    if value in renames:
+        return renames[value]
+    if op in renames and word == PARAM_GRAD_WORD:
+        return f"{renames[op]}.{word}"
+    return value
 
 
 def module_anchors(target: list[Record], golden: list[Record]) -> list[Pair2]:

@@ -21,11 +21,12 @@ from ..store.schema import Kind, Location, locations_from_frames
 from ..store.source import DumpSource
 from ..environment import diff_meta
 from . import compiled, crossformat
-from .align import align
+from .align import align, classes_note, same_classes
 from .mapping import Mapping
 from .blame import OpScore, analyse, differing_numbers
 from .metrics import Measurement, measure, stats_measure
 from .reasons import not_comparable, placement_note, statistics_limits, unread_note
+from .region_cover import covered_tensors
 from .regions import (REGION, Boundaries, absorb, Region, RegionOps, find_regions, mark_region_rows,
                       members, op_list, unjudged_note)
 from .result import (ERROR, PASS, UNMATCHED, WARNING, CompareResult, Note, TensorRow, count,
@@ -109,6 +110,7 @@ class _PairCompare:
         self._by_tensor: dict[str, Any] = {}       # target tensor name -> row entry
         self._modules: dict[str, Any] = {}         # paired module call -> (inputs, outputs)
         self._region_rows: dict[int, list[int]] = {}   # region number -> its rows
+        self._covered: dict[int, dict[str, Region]] = {}    # region_cover.covered_tensors
 
     def run(self) -> CompareResult:
         t_records = list(self.t.records())
@@ -128,6 +130,9 @@ class _PairCompare:
             self.g = bound.golden_source(self.g)
             t_view = bound.view
             mapping_notes = [Note(n, Note.PAIRING) for n in [*bound.unused, *bound.notes]]
+        # a module class renamed at the same path (align.py): paired as if spelled alike
+        t_view, classes = same_classes(t_view, g_records)
+        mapping_notes += noted(classes_note(classes), Note.PAIRING)
         compiled_run = compiled.compiled_side(t_records) or compiled.compiled_side(g_records)
         # eager vs torch.compile: never two ops of other shapes, and only where dataflow agrees
         pairs = align(t_view, g_records, shape_flag=self.shape_flag or compiled_run)
@@ -146,12 +151,14 @@ class _PairCompare:
                             f"only {paired} of {len(t_records)} target and {len(g_records)} golden "
                             f"ops line up; compare dumps of the same model and step")
         regions = find_regions(pairs, t_view, g_records)
+        absorb(regions, pairs, t_view, g_records,
+               (bool((self.t.meta or {}).get("dataflow")), bool((self.g.meta or {}).get("dataflow"))))
+        # a module call's tensors that only one side has, made or used by a region's ops
+        self._covered = covered_tensors(regions, pairs, t_view, g_records)
         if t_view is not t_records:     # renamed: module calls are measured by recorded names
             recorded = {v["name"]: t["name"] for v, t in zip(t_view, t_records) if v is not t}
             for found in regions:
                 found.module = recorded.get(found.module or "", found.module)
-        absorb(regions, pairs, t_view, g_records,
-               (bool((self.t.meta or {}).get("dataflow")), bool((self.g.meta or {}).get("dataflow"))))
         t_region, g_region = members(regions)
         replayer = self._replayer(t_records)
         try:
@@ -225,14 +232,8 @@ class _PairCompare:
             rng=(t_rec.get("rng"), g_rec.get("rng")) if t_rec is not None and g_rec is not None
             and (t_rec.get("rng") or g_rec.get("rng")) else ())
         if region is not None:      # judged as one with the other ops of its region
-            rows = self._region_rows.setdefault(region.number, [])
             for suffix in list(t_tensors) + [s for s in g_tensors if s not in t_tensors]:
-                rows.append(len(self.rows))
-                self.rows.append(replace(
-                    self._unmatched(base, t_tensors.get(suffix), g_tensors.get(suffix), False),
-                    result=PASS, region=region.label(),
-                    reason=f"in {region.label()}: the runs execute different ops here; judged "
-                           f"as one through its boundary tensors"))
+                self._region_row(base, t_tensors.get(suffix), g_tensors.get(suffix), region)
             return
         op: Optional[OpScore] = None
         # Target-only ops get an OpScore too, with no measured tensors: the comparison cannot
@@ -244,6 +245,10 @@ class _PairCompare:
                 self._modules[name] = (op.inputs, op.outputs)
         for suffix in list(t_tensors) + [s for s in g_tensors if s not in t_tensors]:
             t_item, g_item = t_tensors.get(suffix), g_tensors.get(suffix)
+            covered = self._covered.get(position, {}).get(suffix)
+            if covered is not None and (t_item is None or g_item is None):
+                self._region_row(base, t_item, g_item, covered)
+                continue
             if t_item is None or g_item is None:
                 self.rows.append(self._unmatched(base, t_item, g_item,
                                                  paired_op=t_rec is not None and g_rec is not None))
@@ -258,6 +263,16 @@ class _PairCompare:
                 self._by_tensor[t_item[0]] = add_row(cast(OpScore, op), len(self.rows) - 1, row, m)
 
     # -- regions (regions.py) -------------------------------------------------------------------
+    def _region_row(self, base: dict[str, Any], t_item: Optional[_Item], g_item: Optional[_Item],
+                    region: Region) -> None:
+        """A tensor of a region's op (or one only one side's module call has, that a region
+        makes or reads): covered by the region, never unmatched."""
+        self._region_rows.setdefault(region.number, []).append(len(self.rows))
+        self.rows.append(replace(
+            self._unmatched(base, t_item, g_item, False), result=PASS, region=region.label(),
+            reason=f"in {region.label()}: the runs execute different ops here; judged as one "
+                   f"through its boundary tensors"))
+
     def _regions(self, regions: list[Region], t_records: list[dict[str, Any]],
                  g_records: list[dict[str, Any]]) -> list[OpScore]:
         """One OpScore per region whose boundary can be measured, added to the ops judged."""

@@ -34,6 +34,7 @@ from typing import Any, Optional
 
 from ..store.records import iter_tensors
 from ..store.schema import Kind, Phase, RecordName, Role, module_path
+from . import region_cover as cover
 from .result import ERROR, WARNING, Origin
 
 Pair = tuple[Optional[int], Optional[int]]
@@ -120,9 +121,12 @@ def find_regions(pairs: list[Pair], target: list[Record], golden: list[Record]) 
 def absorb(regions: list[Region], pairs: list[Pair], target: list[Record], golden: list[Record],
            dataflow: tuple[bool, bool]) -> None:
     """Ops only one run executes whose results feed nothing but regions of that side (eager
-    attention's mask, which SDPA's causal flag makes unneeded) join the first region they feed:
-    they are part of its computation, not unmatched ops. Needs that side's dataflow; module
-    records, which only pass tensors on, are not readers."""
+    attention's mask, which SDPA's causal flag makes unneeded) join the first region they
+    feed: they are part of its computation, not unmatched ops. So do forward ops whose results
+    no op reads at all (the mask builder's unused batch and head indices), when an op of the
+    same unbroken run of that side's unpaired ops joined a region: they belong to the same
+    work, and a value nothing reads cannot carry a difference anywhere. Needs that side's
+    dataflow; module records, which only pass tensors on, are not readers."""
     if not regions:
         return
     for side, records, flow in ((0, target, dataflow[0]), (1, golden, dataflow[1])):
@@ -135,22 +139,19 @@ def absorb(regions: list[Region], pairs: list[Pair], target: list[Record], golde
         lone = sorted((i for i in (p[side] for p in pairs if p[1 - side] is None)
                        if i is not None and i not in region_of), reverse=True)
         lone_set = set(lone)
-        at = {rec["seq"]: i for i, rec in enumerate(records)}
-        readers: dict[int, list[int]] = {}
-        for i, rec in enumerate(records):
-            if rec["kind"] == Kind.MODULE:
-                continue
-            for _, role, desc in iter_tensors(rec):
-                producer = desc.get("producer")
-                if role == Role.INPUT and producer and producer[0] in at:
-                    readers.setdefault(at[producer[0]], []).append(i)
+        readers = cover.readers(records)
+        dead: set[int] = set()
         for i in lone:          # latest first: an op feeding an absorbed op is absorbed after it
             rec = records[i]
             if rec["kind"] not in Kind.OPS or i not in lone_set:
                 continue
-            fed = readers.get(i)
+            fed = [k for k in readers.get(i, ()) if k not in dead]
             if fed and all(k in region_of for k in fed):
                 region_of[i] = min(region_of[k] for k in fed)
+            elif not fed and rec["phase"] == Phase.FORWARD:
+                dead.add(i)
+        if dead:
+            cover.join_runs(dead, region_of, pairs, side)
         for i, number in region_of.items():
             members_of = regions[number].target if side == 0 else regions[number].golden
             if i not in members_of:
