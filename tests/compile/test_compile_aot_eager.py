@@ -106,3 +106,25 @@ def test_a_wrong_kernel_at_mix_is_named_at_its_module_call(compiled_step, tmp_pa
     # no module call before it, nor of layer 0, is named
     errors = {r.op_name for r in result.rows if r.kind == "module" and r.result == "error"}
     assert not [n for n in errors if "layers.0" in n], errors
+
+
+def test_a_module_call_is_judged_only_where_its_boundary_is_proven(compiled_step):
+    from opdiff.comparison.compiled_modules import module_calls
+    from opdiff.store.schema import complete
+
+    target = [complete(r) for r in _records(compiled_step("mix", AOT))]
+    golden = [complete(r) for r in _records(compiled_step("mix"))]
+    act = "Module.model.layers.1.mlp.act_fn.SiLUActivation.forward.0"
+
+    def judged(records):
+        return {r["name"] for r in module_calls(records, golden) if r["kind"] == "module"}
+    assert act in judged(target)
+    silu = next(i for i, r in enumerate(target) if r["op"] == "Torch.silu.default"
+                and r["compiled"]["module"] == "model.layers.1.mlp.act_fn")
+    # an input whose maker is unknown: the boundary is not proven
+    unknown = dict(target[silu], inputs=[{k: v for k, v in d.items() if k != "producer"}
+                                         for d in target[silu]["inputs"]])
+    assert act not in judged(target[:silu] + [unknown] + target[silu + 1:])
+    # a random op inside (dropout in training draws other numbers than eager)
+    drawn = dict(target[silu], op="Torch.native_dropout.default")
+    assert act not in judged(target[:silu] + [drawn] + target[silu + 1:])

@@ -11,7 +11,8 @@ with the eager module call's inputs and outputs (the same count and the same sha
 a shape), the target gets a module record of that call, with that name, made of those
 descriptors, which pairs with the eager one by name and is judged as any module call (named
 where its inputs agree and its outputs do not). A module called more than once, one whose ops
-read a tensor whose maker is not recorded, or whose boundary does not correspond, gets none:
+read a tensor whose maker is not recorded or draw random numbers (dropout in training), or
+whose boundary does not correspond, gets none:
 it is not judged, never guessed. Only forward graphs are recorded at mix: backward is judged
 through the parameter gradients.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from .. import ops
 from ..store.records import iter_tensors
 from ..store.schema import Kind, Phase, Role, module_path
 
@@ -93,8 +95,8 @@ def _module_call(g: Record, compiled: list[Record], target: list[Record],
     path = module_path(g["op"])
     members = [r for r in compiled if _inside(path, r["compiled"]["module"])]
     seqs = {r["seq"] for r in members}
-    if not members or None in seqs:
-        return None
+    if not members or None in seqs or any(_random(r["op"]) for r in members):
+        return None     # (a random draw, dropout in training: eager's and the graph's differ)
     reads: dict[Any, dict[str, Any]] = {}      # (seq, slot) made outside -> its descriptor
     for r in members:
         for _, role, d in iter_tensors(r):
@@ -145,6 +147,12 @@ def _module_call(g: Record, compiled: list[Record], target: list[Record],
               # (where the call's compiled ops begin: its first node, the user's line)
               "compiled": {**first["compiled"], "module": path}}
     return last, record
+
+
+def _random(op: str) -> bool:
+    """Whether a compiled op draws random numbers (`Torch.native_dropout.default` is the aten
+    op `Aten.native_dropout.default`)."""
+    return ops.traits("Aten." + op.split(".", 1)[1] if op.startswith("Torch.") else op).random
 
 
 def _output(record: Optional[Record], slot: Any) -> Optional[dict[str, Any]]:
