@@ -324,7 +324,8 @@ eigvals eigvalsh lstsq lu lu_factor lu_solve solve solve_triangular triangular_s
 matrix_norm vector_norm matrix_rank matrix_power matrix_exp cond multi_dot householder_product
 vander fft ifft fft2 ifft2 fftn ifftn rfft irfft rfft2 irfft2 rfftn irfftn hfft ihfft fftshift
 ifftshift fftfreq rfftfreq
-_to_copy _unsafe_index _unsafe_index_put _foreach_add _foreach_mul _foreach_div _foreach_sub
+_to_copy _unsafe_index _unsafe_index_put _unsafe_masked_index_put_accumulate
+_foreach_add _foreach_mul _foreach_div _foreach_sub
 _foreach_add_ _foreach_mul_ _foreach_div_ _foreach_sub_ _foreach_sqrt _foreach_addcmul_
 _foreach_addcdiv_ _foreach_lerp_ _foreach_norm
 dropout dropout_ alpha_dropout feature_alpha_dropout dropout1d dropout2d dropout3d native_dropout

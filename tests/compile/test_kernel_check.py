@@ -25,6 +25,10 @@ def healthy(tmp_path_factory):
     return plain, target
 
 
+def _records(path):
+    return list(open_dump(str(path / "step0" / "rank0")).records())
+
+
 def _kernels(result):
     return [op for op in result.ops if op.name.startswith("Inductor.")]
 
@@ -87,9 +91,10 @@ def test_bfloat16_kernels_pass_against_their_own_dtype_chain(tmp_path):
     kernels = _kernels(result)
     passed = [op for op in kernels if op.status == "pass"]
     assert not result.failures, [(op.name, op.reason) for op in result.failures[:3]]
-    # (the embedding's gradient is converted to bf16 from an index_put accumulated in float32:
-    # an op replay does not trust, so that kernel is not checked, and says so)
-    assert len(passed) >= len(kernels) - 1 and len(kernels) >= 10, (len(passed), len(kernels))
-    assert all("untrusted: Aten._unsafe_masked_index_put_accumulate" in op.reason
-               for op in kernels if op.status == "not_checked")
+    # every kernel is checked, the embedding's gradient too (an index_put accumulated in
+    # float32, `aten._unsafe_masked_index_put_accumulate`, then converted to bf16)
+    assert len(passed) == len(kernels) and len(kernels) >= 10, \
+        [(op.name, op.reason) for op in kernels if op.status != "pass"]
+    assert any("index_put" in step["op"] for rec in _records(tmp_path / "d")
+               for step in rec.get("program", {}).get("steps", ())), "no index_put kernel"
     assert any(o.dtype == "bfloat16" for op in passed for o in op.outputs)

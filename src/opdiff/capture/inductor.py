@@ -32,6 +32,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from ..store.schema import Kind, Phase, Role, record_name
+from .imports import Waiting, after_import
 from .kernel_programs import Program, ProgramWatch, bind, inputs_read
 
 KERNEL_PREFIX = "Inductor"
@@ -94,20 +95,24 @@ class InductorKernels:
         self._programs: dict[str, dict[str, Program]] = {}    # wrapper file -> its programs
         self._watch = ProgramWatch()
         self._load: Any = None
+        self._waiting: Optional[Waiting] = None
 
     def start(self, model=None) -> None:
-        # `torch.compile(...)` imports Inductor's code cache; a run that never called it has
-        # no kernels, and importing it here would cost seconds
-        codecache = sys.modules.get("torch._inductor.codecache")
-        PyCodeCache = getattr(codecache, "PyCodeCache", None)
-        if PyCodeCache is None:
-            return
+        # Inductor's code cache costs a second to import and a run that never compiles has no
+        # kernels: hook into it when the program imports it (`torch.compile(...)` does),
+        # which may be inside this window (capture/imports.py)
+        if self.session.config.task == "tensor":     # (only a tensor dump can replay them)
+            self._watch.start()
+        self._waiting = after_import("torch._inductor.codecache", self._hook)
+
+    def _hook(self, codecache: Any) -> None:
+        """Wrap the kernels of every wrapper module loaded so far, and of each one loaded
+        from now on (through `PyCodeCache.load_by_key_path`)."""
+        PyCodeCache = codecache.PyCodeCache
         for mod in list(PyCodeCache.modules):
             self._wrap(mod)
         original = PyCodeCache.__dict__["load_by_key_path"]
         layer = self
-        if self.session.config.task == "tensor":     # (only a tensor dump can replay them)
-            self._watch.start()
 
         def load_by_key_path(cls, *args, **kwargs):
             programs = layer._watch.take()     # (made while this graph was generated)
@@ -121,6 +126,9 @@ class InductorKernels:
         PyCodeCache.load_by_key_path = classmethod(load_by_key_path)
 
     def stop(self) -> None:
+        if self._waiting is not None:
+            self._waiting.cancel()
+            self._waiting = None
         if self._load is not None:
             PyCodeCache = sys.modules["torch._inductor.codecache"].PyCodeCache
             PyCodeCache.load_by_key_path = self._load

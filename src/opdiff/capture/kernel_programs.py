@@ -33,6 +33,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from ..store.records import encode_float
+from .imports import Waiting, after_import
 
 log = logging.getLogger("opdiff")
 Program = dict[str, Any]
@@ -364,11 +365,15 @@ class ProgramWatch:
         self._by_graph: dict[int, tuple[Any, GraphFacts, dict[str, Program]]] = {}
         self._original: Optional[Callable[..., Any]] = None
         self._owner: Any = None
+        self._waiting: Optional[Waiting] = None
 
     def start(self) -> None:
-        try:
-            from torch._inductor.codegen.cpp import CppScheduling
-        except Exception:       # no C++ backend in this torch: kernels stay without programs
+        # (the C++ code generator is imported by the first compile, maybe after this)
+        self._waiting = after_import("torch._inductor.codegen.cpp", self._hook)
+
+    def _hook(self, cpp: Any) -> None:
+        CppScheduling = getattr(cpp, "CppScheduling", None)
+        if CppScheduling is None:   # no C++ backend in this torch: kernels stay without programs
             return
         original = CppScheduling.__dict__["codegen_comment"]
         watch = self
@@ -377,9 +382,12 @@ class ProgramWatch:
             watch._collect(sched, node_schedule, kernel_name)
             return original(sched, node_schedule, kernel_name)
         self._original, self._owner = original, CppScheduling
-        CppScheduling.codegen_comment = codegen_comment  # type: ignore[method-assign]
+        CppScheduling.codegen_comment = codegen_comment
 
     def stop(self) -> None:
+        if self._waiting is not None:
+            self._waiting.cancel()
+            self._waiting = None
         if self._original is not None:
             self._owner.codegen_comment = self._original
             self._original = self._owner = None

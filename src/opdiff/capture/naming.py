@@ -92,8 +92,11 @@ def _resolve(func) -> str | None:
     name = getattr(func, "__name__", None)
     if not name or name in ops.SKIPPED_FUNCTIONS:
         return None
+    # (an aten overload a compiled graph calls, `_unsafe_view`, is an op like any: without it
+    # the graph's dataflow has holes, comparison/compiled_modules.py)
     if name.startswith("_") and not (name.startswith("__") and name.endswith("__")) \
-            and not name.startswith(("_foreach", "_amp_foreach", "_amp_update")):
+            and not name.startswith(("_foreach", "_amp_foreach", "_amp_update")) \
+            and not (isinstance(func, torch._ops.OpOverload) and func.namespace == "aten"):
         return None
     qual = getattr(func, "__qualname__", "") or ""
     if qual.startswith(("TensorBase.", "Tensor.", "_TensorBase.")):

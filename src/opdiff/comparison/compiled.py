@@ -13,10 +13,11 @@ op by op.
 
 Inductor's own kernels, recorded at L2 (`capture/inductor.py`, kind `kernel`), never pair one to
 one: each falls in a region with the eager ops it replaces, between the extern kernels (mm, bmm)
-that pair with eager's. Where the two sides cannot be paired at all (a compiled run recorded at
-level mix or L1 against an eager one: compiled graphs are recorded per aten op, eager code per
-torch call; Triton kernels, which are not recorded), the compare is not refused: what pairs (leaves, parameter
-gradients) is compared, and the result says "inconclusive" with the reason (`note`).
+that pair with eager's. A compiled target recorded at level mix against an eager golden is
+judged per module call at its boundary (`compiled_modules.py`). Where the two sides cannot be
+paired at all (level L1, Inductor at mix, Triton kernels, which are not recorded), the compare
+is not refused: what pairs (leaves, parameter gradients) is compared, and the result says
+"inconclusive" with the reason (`note`, `unexplained`).
 """
 from __future__ import annotations
 
@@ -195,7 +196,10 @@ def comparable_records(target: list[Record], golden: list[Record]) -> int:
     """How many records could pair at most, for the "different models" check: where a side
     ran Inductor kernels (capture/inductor.py), each stands for several ops of the other side
     and never pairs one to one, so only that side's other records (extern kernels, leaves)
-    count; otherwise the larger side's records."""
+    count; where module calls of compiled code were made at mix (`judged_modules`), the
+    target's records that are not ops; otherwise the larger side's records."""
+    if judged_modules(target):      # mix: ops never pair, only records by their names
+        return sum(1 for r in target if r["kind"] not in Kind.REPLAYABLE)
     kernels = [sum(1 for r in side if r["kind"] == Kind.KERNEL) for side in (target, golden)]
     if any(kernels):
         return max(len(side) - k for side, k in zip((target, golden), kernels) if k)
@@ -225,11 +229,33 @@ def note(target: list[Record], golden: list[Record], t_meta: Optional[dict[str, 
     levels = {level_of(t_meta), level_of(g_meta)}
     if levels <= {"L2", None}:
         return None         # aten ops against aten ops: paired op by op where dataflow agrees
+    if judged_modules(target):
+        return None         # module calls judged at their boundaries (compiled_modules.py)
     return (f"{INCONCLUSIVE}: the {which} ran torch.compile'd code, whose graphs are recorded per "
             f"aten op, while the other run is recorded per torch call (level "
             f"{'/'.join(sorted(str(v) for v in levels))}): only inputs, parameters and parameter "
             f"gradients (where recorded) are compared, ops are not judged; record both runs with level=\"L2\" "
             f"(and backend=\"aot_eager\" for Inductor) to compare the compiled graphs op by op")
+
+
+def judged_modules(target: list[Record]) -> int:
+    """How many module calls of compiled code `compiled_modules.module_calls` made."""
+    return sum(1 for r in target if r["kind"] == Kind.MODULE and r.get("compiled"))
+
+
+def unexplained(rows: list[Any], target: list[Record]) -> Optional[str]:
+    """Where module calls of compiled code were judged at their boundaries and none is named:
+    the "inconclusive: ..." note when a tensor still differs (a parameter gradient: the
+    backward graphs are not recorded at mix), else None."""
+    judged = judged_modules(target)
+    differ = sorted({r.name for r in rows if r.result == "error"})
+    if not judged or not differ:
+        return None
+    return (f"{INCONCLUSIVE}: the target ran torch.compile'd code recorded at level mix; "
+            f"{judged} module calls were judged at their boundaries and none differs, but "
+            f"{len(differ)} tensors do ({', '.join(differ[:3])}{', ...' if len(differ) > 3 else ''}"
+            f"): the compiled backward and the module calls without a provable boundary are not "
+            f"judged; record both runs with level=\"L2\" to compare the compiled graphs op by op")
 
 
 def restrict(pairs: list[Pair], target: list[Record], golden: list[Record]) -> list[Pair]:
@@ -245,7 +271,9 @@ def restrict(pairs: list[Pair], target: list[Record], golden: list[Record]) -> l
     return by_name(out, target, golden)
 
 
-NAMED = (Kind.LEAF, Kind.PARAM_GRAD)    # records whose name says what they are, in any order
+# records whose name says what they are, in any order (a module call's name is its path,
+# class and call number: compiled_modules.py makes a compiled run's under the eager names)
+NAMED = (Kind.LEAF, Kind.PARAM_GRAD, Kind.MODULE)
 
 
 def by_name(pairs: list[Pair], target: list[Record], golden: list[Record]) -> list[Pair]:
@@ -344,4 +372,5 @@ def annotate(divergence: Any, target: list[Record], golden: list[Record],
 
 
 __all__ = ["INCONCLUSIVE", "NAMED", "where", "source", "stored_code", "annotate", "compiled_side", "level_of",
-           "verify", "link_backward", "signature", "inductor_calls", "note", "restrict", "by_name"]
+           "verify", "link_backward", "signature", "inductor_calls", "note", "restrict", "by_name",
+           "judged_modules", "unexplained"]

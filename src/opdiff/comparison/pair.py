@@ -20,7 +20,7 @@ from ..store.records import decoded_stats, iter_tensors
 from ..store.schema import Kind, Location, locations_from_frames
 from ..store.source import DumpSource
 from ..environment import diff_meta
-from . import compiled, crossformat
+from . import compiled, compiled_modules, crossformat
 from .align import align, classes_note, same_classes
 from .mapping import Mapping
 from .blame import OpScore, analyse, differing_numbers
@@ -130,10 +130,12 @@ class _PairCompare:
             self.g = bound.golden_source(self.g)
             t_view = bound.view
             mapping_notes = [Note(n, Note.PAIRING) for n in [*bound.unused, *bound.notes]]
+        compiled_run = compiled.compiled_side(t_records) or compiled.compiled_side(g_records)
+        if compiled_run and self.mapping is None:   # (mix: module calls at their boundaries)
+            t_records = t_view = compiled_modules.module_calls(t_records, g_records)
         # a module class renamed at the same path (align.py): paired as if spelled alike
         t_view, classes = same_classes(t_view, g_records)
         mapping_notes += noted(classes_note(classes), Note.PAIRING)
-        compiled_run = compiled.compiled_side(t_records) or compiled.compiled_side(g_records)
         # eager vs torch.compile: never two ops of other shapes, and only where dataflow agrees
         pairs = align(t_view, g_records, shape_flag=self.shape_flag or compiled_run)
         compiled_note = compiled.note(t_records, g_records, self.t.meta, self.g.meta) \
@@ -182,6 +184,8 @@ class _PairCompare:
             if compiled_run:      # the graph node, module and line the compiler names
                 divergence = compiled.annotate(divergence, t_records, g_records,
                                                ((self.t, t_records), (self.g, g_records)))
+        if compiled_run and divergence is None and not compiled_note:
+            compiled_note = compiled.unexplained(self.rows, t_records)
         notes: list[str] = [*noted(compiled_note, Note.INCONCLUSIVE), *mapping_notes]
         # A region not judged where tensors differ: never "no op is to blame". (A compiled run's
         # one-sided partitioner ops are paired by comparison/compiled.py, which says its own.)
