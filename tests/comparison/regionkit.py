@@ -56,8 +56,8 @@ def rename_attention(model: torch.nn.Module, name: str = "NpuAttention") -> None
 
 
 def make_dump(path: Path, family: str, impl: str, task: str, fault: Optional[str] = None,
-              bf16: bool = False, noise: float = 0.0, phase: str = "forward",
-              renamed: bool = False) -> Path:
+              bf16: bool = False, noise: float = 0.0, renamed: bool = False,
+              phase: str = "forward") -> Path:
     """fault: "op:call", that call's output (phase "backward": its gradients w.r.t. its
     inputs) scaled by 1.02 or, with `noise`, given Gaussian noise of that size relative to each
     value (`inject_fault`); renamed: the attention class is `NpuAttention` (`rename_attention`)."""
