@@ -76,11 +76,12 @@ def test_bad_combinations_are_one_line_before_any_dump_is_read(tmp_path, engine,
     assert words in str(err.value) and "\n" not in str(err.value)
 
 
-def test_a_mapping_file_is_refused_by_the_ray_engine(pair, tmp_path):
+def test_a_mapping_file_with_ray_shards_is_refused(pair, tmp_path):
+    # (a mapping with one task per pair runs: tests/distributed/test_ray_engine.py)
     mapping = tmp_path / "map.yaml"
     mapping.write_text("ignore:\n  - Functional.relu\n")
-    with pytest.raises(opdiff.OpdiffError, match="mapping file is not passed to Ray tasks yet"):
-        opdiff.compare(*map(str, pair), engine=RayEngine(), mapping=mapping)
+    with pytest.raises(opdiff.OpdiffError, match="cannot be combined with shard_mb"):
+        opdiff.compare(*map(str, pair), engine=RayEngine(shard_mb=4), mapping=mapping)
 
 
 @pytest.mark.parametrize("args, words", [
@@ -89,7 +90,7 @@ def test_a_mapping_file_is_refused_by_the_ray_engine(pair, tmp_path):
     (["--engine", "ray", "--ray-address", "nowhere"], "Ray address 'nowhere': expected auto"),
     (["--engine", "ray", "--ray-pin", "/a"], "--ray-pin expects PATH=RESOURCE"),
     (["--engine", "ray", "--shard-mb", "lots"], "--shard-mb expects a size in MiB"),
-    (["--engine", "ray", "--map", "MAP"], "mapping file is not passed to Ray tasks yet"),
+    (["--engine", "ray", "--shard-mb", "4", "--map", "MAP"], "cannot be combined with shard_mb"),
 ])
 def test_the_cli_says_a_bad_combination_in_one_line_exit_2(pair, tmp_path, capsys, args, words):
     mapping = tmp_path / "map.yaml"

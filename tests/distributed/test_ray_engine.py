@@ -24,6 +24,19 @@ def test_ray_gives_the_local_result_row_for_row(cluster, roots, local):
     same_result(opdiff.compare(str(roots[0]), str(roots[1]), engine=RayEngine()), local)
 
 
+def test_a_mapping_file_reaches_every_ray_task(cluster, roots, local, tmp_path):
+    """The parsed mapping goes to each pair task: Ray gives the local engine's result with the
+    same mapping, and the mapping took effect (the ignored op's rows are gone; the faulty gelu
+    is still named)."""
+    mapping = tmp_path / "map.yaml"
+    mapping.write_text("ignore:\n  - Functional.linear\n")
+    mapped = opdiff.compare(str(roots[0]), str(roots[1]), mapping=mapping)
+    assert not [r for r in mapped.rows if r.op_name.startswith("Functional.linear")]
+    assert [r for r in local.rows if r.op_name.startswith("Functional.linear")]
+    same_result(opdiff.compare(str(roots[0]), str(roots[1]), engine=RayEngine(),
+                               mapping=mapping), mapped)
+
+
 def test_the_old_ray_keywords_still_work_with_a_deprecation_warning(cluster, roots, local):
     # (which RayEngine they make: tests/comparison/test_engines.py)
     with pytest.warns(DeprecationWarning, match=r"pass engine=RayEngine\(address=, pins=\)"):

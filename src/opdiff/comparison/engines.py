@@ -70,7 +70,8 @@ class RayEngine(Engine):
     shard_mb: a pair whose saved tensors hold more than this many MiB is measured in shards of
         about that size, each its own Ray task; None: one task per pair.
 
-    A mapping file is not passed to Ray tasks yet: `compare(mapping=...)` refuses this engine.
+    A mapping file (`compare(mapping=...)`) goes to every pair task; with shard_mb it is
+    refused, since shards are planned by aligning the dumps without it.
     """
     name: ClassVar[str] = "ray"
     address: Optional[str] = None
@@ -99,9 +100,10 @@ class RayEngine(Engine):
                               f"one task per pair), not {mb!r}")
 
     def check(self, *, mapping: bool = False) -> None:
-        if mapping:
-            raise ConfigError("a mapping file is not passed to Ray tasks yet (engine ray); "
-                              "compare with the local engine (the default) to use it")
+        if mapping and self.shard_mb is not None:
+            raise ConfigError("a mapping file cannot be combined with shard_mb yet (engine ray: "
+                              "shards are planned without the mapping); leave shard_mb out to "
+                              "compare each pair in one task")
 
     def run(self, pairs: list[Pair], policy: Policy, *, shape_flag: bool = False,
             replay: str = "auto", replay_jobs: Optional[int] = None,
@@ -113,7 +115,7 @@ class RayEngine(Engine):
 
         return run_pairs_ray(pairs, policy, shape_flag=shape_flag, replay=replay,
                              replay_jobs=replay_jobs, address=self.address, pins=self.pins,
-                             tick=tick, on_pair=on_pair,
+                             tick=tick, on_pair=on_pair, mapping=mapping,
                              shard_bytes=int(self.shard_mb * 2**20) if self.shard_mb else None)
 
 

@@ -25,6 +25,7 @@ import socket
 from typing import Any, Callable, Iterator, Mapping, Optional
 
 from ..errors import OpdiffError
+from .mapping import Mapping as MappingFile
 from .result import CompareResult
 from .runs import Pair, _worker, count_records, unspooled
 from .shards import Scores, measure_shard, merged, plan
@@ -144,7 +145,8 @@ def run_pairs_ray(pairs: list[Pair], policy: Policy, *, shape_flag: bool = False
                   pins: Optional[Mapping[str, str]] = None,
                   tick: Optional[Callable[[int], None]] = None,
                   on_pair: Optional[Callable[[Pair], None]] = None,
-                  shard_bytes: Optional[int] = None) -> list[CompareResult]:
+                  shard_bytes: Optional[int] = None,
+                  mapping: Optional[MappingFile] = None) -> list[CompareResult]:
     """Every (target, golden) pair compared in a Ray task; results in the order of `pairs`.
 
     address: a running cluster ("auto", "ray://host:10001", "host:6379"); None starts a local
@@ -152,7 +154,8 @@ def run_pairs_ray(pairs: list[Pair], policy: Policy, *, shape_flag: bool = False
     shard_bytes: a pair whose saved tensors hold more is measured in shards of about this many
     bytes, each its own task (`shards.py`), before its pair task aligns, judges and blames;
     None: one task per pair.
-    tick, on_pair, replay_jobs: as for `runs.run_pairs`.
+    tick, on_pair, replay_jobs, mapping: as for `runs.run_pairs` (the parsed mapping travels
+    to every pair task; shards are planned without it, so `RayEngine` refuses the two together).
     """
     advance: Callable[[int], None] = tick or (lambda n: None)
     finished: Callable[[Pair], None] = on_pair or (lambda p: None)
@@ -171,7 +174,7 @@ def run_pairs_ray(pairs: list[Pair], policy: Policy, *, shape_flag: bool = False
                      for group in groups]
             refs.append(task.options(**opts[i]).remote(str(t.path), str(g.path),
                                                        policy.thresholds, shape_flag, replay,
-                                                       replay_jobs, *parts))
+                                                       replay_jobs, mapping, *parts))
         where = {outcome: i for i, (outcome, _rows) in enumerate(refs)}
         spool = Spool()
         results: list[Optional[CompareResult]] = [None] * len(refs)
@@ -208,12 +211,14 @@ def _plans(ray: Any, pairs: list[Pair], opts: list[dict[str, Any]], shard_bytes:
 
 
 def _remote(target_path: str, golden_path: str, thresholds: Any, shape_flag: bool,
-            replay: str, replay_jobs: Optional[int] = None, *parts: Scores
+            replay: str, replay_jobs: Optional[int] = None,
+            mapping: Optional[MappingFile] = None, *parts: Scores
             ) -> tuple[tuple[CompareResult, SpoolFile], bytes]:
     """A Ray task: (the pair's outcome without rows, where they lie), the spool bytes. `parts`:
-    its shards' scores (Ray hands the shard tasks' results over once they are done)."""
+    its shards' scores (Ray hands the shard tasks' results over once they are done); mapping:
+    the parsed mapping file, applied to this pair as the local engine applies it."""
     compact, meta, blob = _worker(target_path, golden_path, thresholds, shape_flag, replay, None,
-                                  replay_jobs, merged(parts) if parts else None)
+                                  replay_jobs, merged(parts) if parts else None, mapping)
     return (compact, meta), blob or b""
 
 
