@@ -150,14 +150,15 @@ def test_a_bad_file_exits_2_naming_the_file_and_line(dumps, tmp_path, capsys, te
         opdiff.compare(dumps / "npu", dumps / "gpu", progress=False, mapping=f)
 
 
-def test_a_missing_file_and_ray_are_refused(dumps, tmp_path, capsys):
+def test_a_missing_file_and_ray_shards_are_refused(dumps, tmp_path, capsys):
+    # (a mapping with one Ray task per pair runs: tests/distributed/test_ray_engine.py)
     assert main(["compare", str(dumps / "npu"), str(dumps / "gpu"), "--map",
                  str(tmp_path / "nope.yaml"), "--no-progress"]) == 2
     assert "nope.yaml" in capsys.readouterr().err
     f = _write(tmp_path, "modules:\n  npu_attn: self_attn\n")
     assert main(["compare", str(dumps / "npu"), str(dumps / "gpu"), "--map", str(f),
-                 "--engine", "ray", "--no-progress"]) == 2
-    assert "ray" in capsys.readouterr().err
+                 "--engine", "ray", "--shard-mb", "4", "--no-progress"]) == 2
+    assert "cannot be combined with shard_mb" in capsys.readouterr().err
 
 
 def test_msprobe_cell_mapping_is_accepted(dumps, tmp_path):
