@@ -322,3 +322,19 @@ def test_two_compares_at_once_leave_one_whole_result(dumps, tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     rows = (out / "rows.jsonl").read_text().splitlines()
     assert summary["counts"]["error"] >= 1 and len(rows) - 1 == sum(summary["counts"].values())
+
+
+def test_the_early_check_waits_its_judgement_while_another_run_writes(dumps, tmp_path):
+    """Another opdiff holding OUT has renamed a file in before recording it: the early check must
+    not call that file the user's; once the lock is free the same file is judged again."""
+    from opdiff.outdir.lock import lock, unlock
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "summary.json").write_text("{}")       # a file the manifest does not (yet) record
+    fd = lock(out)
+    try:
+        outputs.check_free(out, ("summary.json",))
+    finally:
+        unlock(out, fd)
+    with pytest.raises(outputs.OutputConflict):
+        outputs.check_free(out, ("summary.json",))

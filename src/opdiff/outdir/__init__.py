@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import IO, Iterable, Iterator, Optional
 
 from ..errors import ConfigError, OpdiffError
-from .lock import lock, unlock
+from .lock import held, lock, unlock
 from .records import (LOCK, MANIFEST, RESERVED, OutputConflict, clean, conflict, file_record,
                       identity, key, proven, quietly, read_manifest, same, save_manifest)
 
@@ -144,11 +144,15 @@ def make_file(path) -> Path:
 
 def check_free(out, names: Iterable[str]) -> None:
     """Raise OutputConflict now, before a long run, when OUT holds one of `names` that opdiff
-    did not write (read only: nothing is locked or changed)."""
+    did not write (read only: nothing is locked or changed). While another opdiff writes OUT its
+    manifest lags its files, so nothing is judged then: the session, once it holds the lock,
+    raises the same conflict for a file that is not opdiff's."""
     out = Path(os.fspath(out))
     if not out.is_dir():
         return
     s = _sessions.get(key(out))
+    if s is None and held(out):
+        return
     entries = s.entries if s is not None else read_manifest(out) or {}
     for name in names:
         if not os.path.lexists(out / name) or (s is not None and name in s.made):

@@ -67,6 +67,25 @@ def lock(out: Path) -> Optional[int]:
         return fd
 
 
+def held(out: Path) -> bool:
+    """Whether another process holds OUT's lock now (read only: no lock file is created)."""
+    if fcntl is None:
+        return False
+    try:
+        fd = os.open(out / LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)          # closing drops the shared lock taken above
+
+
 def unlock(out: Path, fd: Optional[int]) -> None:
     if fd is None:
         return
