@@ -70,8 +70,9 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
         (SECURITY.md).
     mapping: a mapping file (YAML; msprobe's data_mapping.yaml and cell_mapping.yaml too; or
         one parsed by `opdiff.comparison.mapping.load`) for
-        what dataflow cannot infer: module renames (`modules:`) and ops to drop before alignment
-        (`ignore:`); see docs/howto/different-ops.md. A bad line raises `MappingError` naming
+        what dataflow cannot infer: module renames (`modules:`), ops to drop before alignment
+        (`ignore:`), fused modules (`concat:`) and forced op pairs (`ops:`); see
+        docs/howto/different-ops.md. A bad line raises `MappingError` naming
         the file and line; lines never used come back in `result.notes`. Not with the Ray
         engine.
 

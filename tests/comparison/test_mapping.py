@@ -132,7 +132,7 @@ def test_an_unused_line_is_reported(dumps, tmp_path, capsys):
     ("modules:\n  - npu_attn\n", 2),                                # not name: name
     ("renames:\n  npu_attn: self_attn\n", 2),                      # msprobe-style: not a name
     ("concat:\n  qkv_proj: [q_proj, k_proj, v_proj]\n", 2),        # no fused module here
-    ("Functional.linear.0.forward.output.0: Functional.linear.0.forward.output.0\n", 1),
+    ("Functional.linear.9.forward.output.0: Functional.linear.0.forward.output.0\n", 1),
     ("modules:\n  npu_attn: self_attn\nextra: 1\n", 3),           # unknown section
     ("ignore:\n  - [Tensor.clone, [Torch.tanh]]\n", 2),             # a list in a list
     ("ignore:\n  target: &a [x, x]\n  golden: [*a, *a]\n", 2),     # ... through aliases

@@ -35,8 +35,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--map", metavar="FILE", default=None, dest="mapping",
                    help="mapping file (YAML: 'modules:' renames target: golden, 'concat:' one "
                         "fused output against several golden outputs joined along a dim, "
-                        "'ignore:' ops to drop; msprobe's data_mapping.yaml / cell_mapping.yaml "
-                        "too)")
+                        "'ignore:' ops to drop, 'ops:' op calls or tensors paired as named; "
+                        "msprobe's data_mapping.yaml / cell_mapping.yaml too)")
     p.add_argument("--thresholds", metavar="FILE", default=None,
                    help='JSON file of thresholds, e.g. {"tolerance": {"bf16": 0.02}, '
                         '"amplification": 10}')

@@ -23,6 +23,10 @@ side renames every later relu: names alone cannot pair the rest. The rule:
 
 Nothing is ever paired by position alone: an unmatched op never shifts the pairing after it.
 
+Forced pairs (`forced=`, the mapping file's `ops:` lines: `forced.py`) come before all this: each
+pairs as it is, whatever its names and shapes, and stands as an anchor beside the module calls
+(those that would cross one are dropped); the rest pairs between them as above.
+
 Before all this, `same_classes` gives the target's records as alignment sees them where a module
 class is renamed (`NpuAttention` against golden's `LlamaAttention` at the same path): the
 module calls at a path pair by path, phase and call count when the tensors both calls hold have
@@ -76,28 +80,45 @@ def fine_key(record: Record) -> tuple[Any, ...]:
     return coarse_key(record) + (module_path(record), shapes(record))
 
 
-def align(target: list[Record], golden: list[Record], *, shape_flag: bool = False) -> list[Pair]:
+def align(target: list[Record], golden: list[Record], *, shape_flag: bool = False,
+          forced: Sequence[Pair2] = ()) -> list[Pair]:
     """Pairs (ti, gi) covering every record of both sides once, in target execution order;
-    unmatched records come as (ti, None) or (None, gi) at their place in the sequence."""
-    if [r["name"] for r in target] == [r["name"] for r in golden]:
+    unmatched records come as (ti, None) or (None, gi) at their place in the sequence.
+    forced: pairs made whatever the records hold, increasing on both sides (`forced.py`)."""
+    fixed = set(forced)
+    if [r["name"] for r in target] == [r["name"] for r in golden] and \
+            all(ti == gi for ti, gi in fixed):
         pairs: list[Pair] = []
         for i, (t, g) in enumerate(zip(target, golden)):
-            if shape_flag and shapes(t) != shapes(g):
+            if shape_flag and shapes(t) != shapes(g) and (i, i) not in fixed:
                 pairs += [(i, None), (None, i)]
             else:
                 pairs.append((i, i))
         return pairs
     pairs = []
     i0 = j0 = 0
-    for ti, gi in module_anchors(target, golden) + [(len(target), len(golden))]:
+    anchors = _with_forced(module_anchors(target, golden), sorted(fixed))
+    for ti, gi in anchors + [(len(target), len(golden))]:
         pairs += _align_stretch(target, golden, i0, ti, j0, gi, shape_flag)
         if ti < len(target):
-            if shape_flag and shapes(target[ti]) != shapes(golden[gi]):
+            if shape_flag and shapes(target[ti]) != shapes(golden[gi]) and (ti, gi) not in fixed:
                 pairs += [(ti, None), (None, gi)]
             else:
                 pairs.append((ti, gi))
         i0, j0 = ti + 1, gi + 1
-    return _pair_swapped(_prefer_same_names(pairs, target, golden), target, golden)
+    return _pair_swapped(_prefer_same_names(pairs, target, golden, fixed), target, golden)
+
+
+def _with_forced(anchors: list[Pair2], forced: list[Pair2]) -> list[Pair2]:
+    """The forced pairs and the module anchors that keep the order of both on both sides
+    (between the same two forced pairs, on neither's records), by target order."""
+    if not forced:
+        return anchors
+    t_at, g_at = [t for t, _ in forced], [g for _, g in forced]
+    kept = [(ti, gi) for ti, gi in anchors
+            if bisect.bisect_left(t_at, ti) == bisect.bisect_left(g_at, gi)
+            and ti not in t_at and gi not in g_at]
+    return sorted(kept + forced)
 
 
 def same_classes(target: list[Record], golden: list[Record]
@@ -301,12 +322,16 @@ def _pair_swapped(pairs: list[Pair], target: list[Record], golden: list[Record])
     return [pair for pair in out if pair is not None]
 
 
-def _prefer_same_names(pairs: list[Pair], target: list[Record], golden: list[Record]) -> list[Pair]:
+def _prefer_same_names(pairs: list[Pair], target: list[Record], golden: list[Record],
+                       fixed: set[Pair2]) -> list[Pair]:
     """Where the diff could have put an unmatched op in several places (relu, relu), put it where
-    the names agree: slide the gap forward while the op after it has the gap op's name."""
+    the names agree: slide the gap forward while the op after it has the gap op's name (never
+    past a forced pair, in `fixed`)."""
     out = list(pairs)
     for k in range(len(out) - 1):
         a, b = out[k], out[k + 1]
+        if b in fixed:
+            continue
         if a[1] is None and b[0] is not None and b[1] is not None:       # target-only op
             i, (i2, j) = cast(int, a[0]), cast(Pair2, b)
             if target[i]["name"] == golden[j]["name"] and \

@@ -9,19 +9,22 @@
     concat:                       # one fused target module: golden modules it concatenates
       qkv_proj: [q_proj, k_proj, v_proj]                   #   along the last dim
       gate_up_proj: {golden: [gate_proj, up_proj], dim: -1}
+    ops:                          # target op call[.tensor]: golden op call[.tensor], forced pairs
+      Functional.scaled_dot_product_attention.0.forward.output.0: Torch.matmul.1.forward.output.0
 
 msprobe's `cell_mapping.yaml` (`ClassOrSegment: ClassOrSegment`, `fc2.Dense: fc2.Linear`) and
-`data_mapping.yaml` (`Module.<path>.<Class>.forward.0: Module....`) are read as they are and
-become the same rules: module names become path renames, bare names segment renames, and
-`name.Class` a rename of the name and of the class. Op-to-op lines of a
-`data_mapping.yaml` (`Functional.x.0.forward.input.0: ...`) are refused with the line: opdiff
-does not pair single ops from a file. What `concat:` does is `concat.py`'s.
+`data_mapping.yaml` are read as they are and become the same rules: module names
+(`Module.<path>.<Class>.forward.0[.output.0]`) become path renames, bare names segment renames,
+and `name.Class` a rename of the name and of the class; a `data_mapping.yaml`'s op lines
+(`NPU.npu_fusion_attention.4.forward.input.0: ...`, with or without the tensor) are `ops:` lines,
+and its `N/A` partners (what msprobe writes for "no partner") are left out. What `concat:` does
+is `concat.py`'s; what `ops:` does (forced pairs, their tensor lists) is `forced.py`'s.
 
 `load` parses and checks the file's shape (a YAML error or a malformed line: `MappingError`
 naming the file and line). `Mapping.bind` checks it against one pair of dumps (a name that
 matches nothing in either: `MappingError`) and gives the target records as alignment sees them
 (renamed), both sides without ignored records, golden with `concat:` parts joined, and the
-lines it never used.
+lines it never used, and the forced pairs of `ops:` lines.
 """
 from __future__ import annotations
 
@@ -32,12 +35,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 from ..errors import OpdiffError
+from ..store.schema import Kind, RecordName, split_tensor_name
+
+from .forced import ForcedPair, resolve
 
 if TYPE_CHECKING:
     from ..store.source import DumpSource
 
 Record = dict[str, Any]
-SECTIONS = ("modules", "ignore", "concat")
+SECTIONS = ("modules", "ignore", "concat", "ops")
+NO_PARTNER = "N/A"          # msprobe's data_mapping.yaml: a tensor without a partner
 SIDES = ("both", "target", "golden")
 _OP_PREFIXES = ("Functional.", "Torch.", "Tensor.", "Aten.", "NPU.", "Distributed.", "Jit.",
                 "Mint.", "Primitive.", "MintFunctional.", "VF.", "Parameter.", "Input.")
@@ -52,8 +59,10 @@ class MappingError(OpdiffError):
 @dataclass(frozen=True)
 class Rule:
     """One line of the file: a rename (`kind` "module", `old` -> `new`: dotted parts, renamed as
-    one segment or one contiguous path), an ignore (`kind` "ignore", `old` a pattern, `side`) or
-    a concatenation (`kind` "concat": the fused target module `old`, golden's `parts`, `dim`)."""
+    one segment or one contiguous path), an ignore (`kind` "ignore", `old` a pattern, `side`),
+    a concatenation (`kind` "concat": the fused target module `old`, golden's `parts`, `dim`) or
+    a forced pair (`kind` "op": target record `old`, golden record `new`, `parts` the two
+    tensor suffixes, `(".output.0", ".output.0")`, or () for the whole records)."""
     kind: str
     old: str
     new: str
@@ -66,6 +75,9 @@ class Rule:
     def text(self) -> str:
         if self.kind == "concat":
             return f"concat {self.old}: [{', '.join(self.parts)}] dim {self.dim}"
+        if self.kind == "op":
+            t, g = self.parts or ("", "")
+            return f"{self.old}{t}: {self.new}{g}"
         return f"{self.old}: {self.new}" if self.kind == "module" else f"ignore {self.old}"
 
 
@@ -82,8 +94,8 @@ class Mapping:
         """Check every rule against this pair of dumps and apply it (see `Bound`)."""
         t_names, g_names = _names(target), _names(golden)
         for rule in self.rules:
-            if rule.kind == "concat":
-                continue            # checked against module paths where it is applied
+            if rule.kind in ("concat", "op"):
+                continue            # checked where they are applied
             sides = ((rule.old, t_names | g_names),) if rule.kind == "ignore" else \
                 ((rule.old, t_names | g_names), (rule.new, t_names | g_names))
             for name, names in sides:
@@ -102,13 +114,17 @@ class Mapping:
         joiner = Joiner(self, used)
         kept_view = [view[i] for i in keep_t]
         joined = joiner.join(kept_view, [golden[j] for j in keep_g])
+        ops = [r for r in self.rules if r.kind == "op"]
+        forced = resolve(self, ops, target, [target[i] for i in keep_t], golden, joined) \
+            if ops else ()
+        used.update(r.line for r in ops)        # (every line resolved forces its pair)
         first = {r.line: r for r in reversed(self.rules)}      # a line's first rule names it
         unused = tuple(f"mapping {self.where(r)} ({r.text}) was never used: nothing it names "
                        f"changed the pairing" for line, r in sorted(first.items())
                        if line not in used)
         return Bound(view=kept_view, target_index=tuple(keep_t), golden_index=tuple(keep_g),
                      unused=unused, golden=joined, notes=tuple(joiner.notes.values()),
-                     joined_keys=joiner.keys)
+                     joined_keys=joiner.keys, forced=forced)
 
 
 @dataclass
@@ -116,8 +132,9 @@ class Bound:
     """A mapping applied to one pair of dumps: `view` the kept target records as alignment sees
     them (renamed), `target_index`/`golden_index` where each kept record sits in its dump,
     `unused` one note per line that changed nothing, `golden` the kept golden records with the
-    parts of each `concat:` line joined into one record, `notes` what a join left out, and
-    `joined_keys` the tensors `golden_source` concatenates when loaded."""
+    parts of each `concat:` line joined into one record, `notes` what a join left out,
+    `joined_keys` the tensors `golden_source` concatenates when loaded, and `forced` the pairs
+    of `ops:` lines (indices into `view` and `golden`, by target order)."""
     view: list[Record]
     target_index: tuple[int, ...]
     golden_index: tuple[int, ...]
@@ -125,6 +142,7 @@ class Bound:
     golden: list[Record] = field(default_factory=list)
     notes: tuple[str, ...] = field(default=())
     joined_keys: dict[str, tuple[int, tuple[str, ...]]] = field(default_factory=dict)
+    forced: tuple[ForcedPair, ...] = field(default=())
 
     def golden_source(self, dump: "DumpSource") -> "DumpSource":
         """The golden dump, loading the joined records' tensors as their parts concatenated."""
@@ -183,9 +201,14 @@ def _ours(where: str, root: Any) -> list[Rule]:
         section = _scalar(where, key)
         if section not in SECTIONS:
             raise MappingError(f"{where}:{_line(key)}: unknown section {section!r}; use "
-                               f"'modules:', 'ignore:' or 'concat:'")
+                               f"'modules:', 'ignore:', 'concat:' or 'ops:'")
         if section == "concat":
             rules += _concats(where, value)
+        elif section == "ops":
+            if not isinstance(value, yaml.MappingNode):
+                raise MappingError(f"{where}:{_line(value)}: 'ops:' takes 'target_op_call: "
+                                   f"golden_op_call' lines (Functional.x.0.forward[.output.0])")
+            rules += [_op_pair(where, k, v) for k, v in value.value]
         elif section == "modules":
             if not isinstance(value, yaml.MappingNode):
                 raise MappingError(f"{where}:{_line(value)}: 'modules:' takes 'target_name: "
@@ -285,17 +308,44 @@ def _module_part(where: str, node: Any, name: str) -> tuple[str, Optional[str]]:
                                f"Module.<path>.<Class>.forward.0")
         return ".".join(parts[1:-1]), parts[-1]
     if name.startswith(_OP_PREFIXES):
-        raise MappingError(f"{where}:{_line(node)}: {name!r} pairs single ops, which opdiff "
-                           f"does not take from a mapping yet; map the enclosing modules "
-                           f"instead (dataflow pairs the ops inside them)")
+        raise MappingError(f"{where}:{_line(node)}: {name!r} names an op call; pair op calls "
+                           f"under 'ops:' (Functional.x.0.forward[.output.0]: ...)")
     return name, None
+
+
+def _op_pair(where: str, key: Any, value: Any) -> Rule:
+    """An `ops:` line, or an op line of msprobe's data_mapping.yaml: two op call names
+    (`Functional.x.0.forward`), each with or without a tensor (`.input.0`, `.output.0`)."""
+    names, line = [], _line(key)
+    for node in (key, value):
+        text = _scalar(where, node)
+        record, role, _ = split_tensor_name(text)
+        parsed = RecordName.parse(record)
+        if parsed is None or parsed.kind not in (Kind.API, Kind.ATEN) or record.startswith(
+                _MODULE_PREFIXES):
+            raise MappingError(f"{where}:{_line(node)}: {text!r} names no op call; write "
+                               f"<Prefix>.<op>.<n>.<forward|backward>[.input.<i>|.output.<i>] "
+                               f"(module calls are renamed under 'modules:')")
+        names.append((record, text[len(record):] if role else ""))
+    (old, t_suffix), (new, g_suffix) = names
+    if bool(t_suffix) != bool(g_suffix):
+        raise MappingError(f"{where}:{line}: name a tensor on both sides of ':' or on neither "
+                           f"({old + t_suffix!r} against {new + g_suffix!r})")
+    return Rule("op", old, new, line, parts=(t_suffix, g_suffix) if t_suffix else ())
 
 
 def _msprobe(where: str, key: Any, value: Any) -> list[Rule]:
     """One line of msprobe's cell_mapping.yaml or data_mapping.yaml (target: golden). The
     `{module_name}.{class_name}` form (`fc2.Dense: fc2.Linear`) renames the module name wherever
     it stands (the modules and parameters under it, whose paths hold no class, pair too) and,
-    where they differ, the class."""
+    where they differ, the class. Op lines (`Functional.x.0.forward.output.0: ...`) are forced
+    pairs (`_op_pair`); a line whose partner is msprobe's `N/A` pairs nothing and is left out."""
+    import yaml
+    if isinstance(value, yaml.ScalarNode) and str(value.value).strip() == NO_PARTNER:
+        return []
+    if any(isinstance(n, yaml.ScalarNode) and str(n.value).strip().startswith(_OP_PREFIXES)
+           for n in (key, value)):
+        return [_op_pair(where, key, value)]
     rules = _rename(where, key, value)
     old, new = rules[0].old.rsplit(".", 1), rules[0].new.rsplit(".", 1)
     if len(rules) > 1 or len(old) < 2 or len(new) < 2 or not (old[1][:1].isupper()

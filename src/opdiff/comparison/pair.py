@@ -20,7 +20,7 @@ from ..store.records import decoded_stats, iter_tensors
 from ..store.schema import Kind, Location, locations_from_frames
 from ..store.source import DumpSource
 from ..environment import diff_meta
-from . import compiled, compiled_modules, crossformat
+from . import compiled, compiled_modules, crossformat, forced
 from .align import align, classes_note, same_classes
 from .mapping import Mapping
 from .blame import OpScore, analyse, differing_numbers
@@ -111,6 +111,8 @@ class _PairCompare:
         self._modules: dict[str, Any] = {}         # paired module call -> (inputs, outputs)
         self._region_rows: dict[int, list[int]] = {}   # region number -> its rows
         self._covered: dict[int, dict[str, Region]] = {}    # region_cover.covered_tensors
+        self._forced: dict[tuple[int, int], forced.ForcedPair] = {}    # the mapping's `ops:`
+        self._not_judged: list[str] = []        # forced pairs not judged (forced.CarriedInputs)
 
     def run(self) -> CompareResult:
         t_records = list(self.t.records())
@@ -130,6 +132,7 @@ class _PairCompare:
             self.g = bound.golden_source(self.g)
             t_view = bound.view
             mapping_notes = [Note(n, Note.PAIRING) for n in [*bound.unused, *bound.notes]]
+            self._forced = {(f.target, f.golden): f for f in bound.forced}
         compiled_run = compiled.compiled_side(t_records) or compiled.compiled_side(g_records)
         if compiled_run and self.mapping is None:   # (mix: module calls at their boundaries)
             t_records = t_view = compiled_modules.module_calls(t_records, g_records)
@@ -137,7 +140,8 @@ class _PairCompare:
         t_view, classes = same_classes(t_view, g_records)
         mapping_notes += noted(classes_note(classes), Note.PAIRING)
         # eager vs torch.compile: never two ops of other shapes, and only where dataflow agrees
-        pairs = align(t_view, g_records, shape_flag=self.shape_flag or compiled_run)
+        pairs = align(t_view, g_records, shape_flag=self.shape_flag or compiled_run,
+                      forced=list(self._forced))
         compiled_note = compiled.note(t_records, g_records, self.t.meta, self.g.meta) \
             if compiled_run else None
         if compiled_note:
@@ -163,6 +167,7 @@ class _PairCompare:
                 found.module = recorded.get(found.module or "", found.module)
         t_region, g_region = members(regions)
         replayer = self._replayer(t_records)
+        self._carried = forced.CarriedInputs(t_records, bool((self.t.meta or {}).get("dataflow")))
         try:
             if replayer is not None:    # replay on a second thread while this one measures
                 replayer.prefetch([r["name"] for r in t_records])
@@ -170,7 +175,7 @@ class _PairCompare:
                 t_rec = t_records[ti] if ti is not None else None
                 g_rec = g_records[gi] if gi is not None else None
                 region = t_region.get(ti) if ti is not None else g_region.get(gi)  # type: ignore[arg-type]
-                self._record(position, t_rec, g_rec, region)
+                self._record(position, t_rec, g_rec, region, self._forced.get((ti, gi)))  # type: ignore[arg-type]
                 self.tick(1)
             region_ops = self._regions(regions, t_records, g_records)
             divergence = analyse(self.ops, self.rows, self.policy, replay=replayer,
@@ -192,6 +197,8 @@ class _PairCompare:
         skipped = None if compiled_run else unjudged_note(regions, region_ops, self.rows,
                                                           divergence is not None)
         notes = noted(skipped, Note.INCONCLUSIVE) + notes
+        notes += noted(forced.unjudged_note(self._not_judged, divergence is None and any(
+            r.result in (ERROR, WARNING) for r in self.rows)), Note.INCONCLUSIVE)
         if replayer is not None and (replayer.done or replayer.regions):
             log.info("opdiff: %s", replayer.summary())
             notes.append(Note(replayer.summary(), Note.REPLAY))
@@ -217,15 +224,20 @@ class _PairCompare:
 
     # -- one op call --------------------------------------------------------------------------
     def _record(self, position: int, t_rec: Optional[dict[str, Any]],
-                g_rec: Optional[dict[str, Any]], region: Optional[Region] = None) -> None:
+                g_rec: Optional[dict[str, Any]], region: Optional[Region] = None,
+                pair: Optional[forced.ForcedPair] = None) -> None:
         rec = cast("dict[str, Any]", t_rec or g_rec)
         name = rec["name"]
         t_tensors = {n[len(t_rec["name"]):]: (n, role, d) for n, role, d in iter_tensors(t_rec)} \
             if t_rec else {}
         g_tensors = {n[len(g_rec["name"]):]: (n, role, d) for n, role, d in iter_tensors(g_rec)} \
             if g_rec else {}
+        if pair is not None:        # the mapping's tensor list: those tensors, and only those
+            t_tensors, g_tensors = pair.keyed(t_tensors, g_tensors)
         stack = _location(self.t, t_rec) if t_rec else _location(self.g, cast("dict[str, Any]", g_rec))
-        differ, limits = differing_numbers(t_rec, g_rec) if t_rec and g_rec else ([], [])
+        # (the number arguments of two different ops a mapping pairs are not the same arguments)
+        differ, limits = differing_numbers(t_rec, g_rec) if t_rec and g_rec and (
+            pair is None or t_rec["op"] == g_rec["op"]) else ([], [])
         # (the rows carry what the blame rules read, so that `rejudge` can apply them again)
         base: dict[str, Any] = dict(
             op_name=name, phase=rec["phase"], kind=rec["kind"],
@@ -265,6 +277,21 @@ class _PairCompare:
             self.rows.append(row)
             if m is not None:
                 self._by_tensor[t_item[0]] = add_row(cast(OpScore, op), len(self.rows) - 1, row, m)
+        if pair is not None and op is not None:
+            self._judge_forced(op, cast("dict[str, Any]", t_rec))
+
+    def _judge_forced(self, op: OpScore, t_rec: dict[str, Any]) -> None:
+        """A forced pair's inputs it did not measure, taken where they were made; else it is
+        not judged on its own (forced.py)."""
+        carried = self._carried.entries(t_rec, self._by_tensor)
+        if carried is not None:
+            op.inputs += cast("list[Any]", carried)
+            return
+        for i, *_ in op.outputs:
+            self.rows[i] = replace(self.rows[i], reason="; ".join(
+                r for r in (self.rows[i].reason, forced.NOT_JUDGED) if r))
+        op.outputs.clear()
+        self._not_judged.append(op.name)
 
     # -- regions (regions.py) -------------------------------------------------------------------
     def _region_row(self, base: dict[str, Any], t_item: Optional[_Item], g_item: Optional[_Item],

@@ -1,0 +1,186 @@
+"""Op-to-op lines of the mapping file: forced pairs, and how one is judged.
+
+    ops:                      # target record[.tensor]: golden record[.tensor]
+      Functional.scaled_dot_product_attention.0.forward.output.0: Torch.matmul.1.forward.output.0
+      NPU.npu_rms_norm.0.forward: Functional.rms_norm.0.forward      # whole records
+
+msprobe's `data_mapping.yaml` lines that name op calls (`NPU.npu_fusion_attention.4.forward.input.0:
+NPU.npu_fusion_attention.4.forward.input.0`) are the same lines without the section.
+
+A **forced pair** is one target record paired with one golden record, whatever their names or
+shapes: the alignment pairs it before anything else (`align.align(forced=)`), and the ops between
+it and other paired ops form regions as they would between any two paired ops. Lines that name
+tensors give its **tensor list**: only those tensors are compared (target `input.0` against
+golden `input.1`, say); its other tensors get no row. Lines that name whole records compare the
+tensors both records hold under one name (`.input.0` with `.input.0`). Several lines of one pair
+add up; a record paired with two records, a tensor paired twice, or two pairs in the other order
+on the two sides are errors naming the line (`resolve`).
+
+Judging it (`CarriedInputs`): blame asks whether an op's inputs agree while its outputs do not.
+A forced pair whose lines compare only outputs (SDPA's output against the last matmul's) or whose
+inputs could not be measured (other shapes) takes each input it did not measure from where the
+target run made it: the measured output of the op that made it (the dump's dataflow) or the
+record of the parameter, buffer or input. Where one cannot be found there, the op is not judged
+on its own: its rows say so, nothing blames it, and when nothing else is blamed either the pair
+is "inconclusive: ..." (`unjudged_note`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional
+
+from ..store.records import iter_tensors
+from ..store.schema import Kind, Role
+
+if TYPE_CHECKING:
+    from .mapping import Mapping, Rule
+
+Record = dict[str, Any]
+Entry = tuple[Any, ...]          # a row entry of an OpScore (scores.Entry)
+_LEAVES = ("parameter", "buffer", "input")
+
+
+@dataclass(frozen=True)
+class ForcedPair:
+    """One forced pair: `target`/`golden` indices in the records alignment sees (after ignored
+    records are dropped and `concat:` parts joined), `tensors` the (target suffix, golden suffix)
+    pairs compared (`.output.0`), `lines` the file's lines that made it."""
+    target: int
+    golden: int
+    tensors: tuple[tuple[str, str], ...]
+    lines: tuple[int, ...]
+
+    def keyed(self, t_tensors: dict[str, Any], g_tensors: dict[str, Any]
+              ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The two records' tensors ({suffix: item}) as the pair compares them: one key per
+        listed pair, the target's suffix naming both."""
+        return ({t: t_tensors[t] for t, _ in self.tensors},
+                {t: g_tensors[g] for t, g in self.tensors})
+
+
+def _suffixes(record: Record) -> list[str]:
+    cut = len(record["name"])
+    return [name[cut:] for name, _, _ in iter_tensors(record)]
+
+
+def resolve(mapping: "Mapping", rules: list["Rule"], target: list[Record], kept: list[Record],
+            golden: list[Record], joined: list[Record]) -> tuple[ForcedPair, ...]:
+    """The forced pairs of `rules` (kind "op") in one pair of dumps, by target order. target,
+    golden: every record of each dump; kept, joined: what alignment sees of each (ignored
+    records dropped, `concat:` parts joined). A line naming a record or tensor its dump does
+    not hold is a `MappingError` naming the file and line."""
+    from .mapping import MappingError
+
+    t_at = {r["name"]: k for k, r in enumerate(kept)}
+    g_at = {r["name"]: k for k, r in enumerate(joined)}
+    sides = (("target", t_at, {r["name"] for r in target}, {r["name"] for r in golden}),
+             ("golden", g_at, {r["name"] for r in golden}, {r["name"] for r in target}))
+    partner: dict[tuple[str, int], tuple[int, int]] = {}     # (side, index) -> (other, line)
+    listed: dict[tuple[int, int], dict[str, tuple[str, int]]] = {}
+    whole: set[tuple[int, int]] = set()              # pairs a line names whole
+    lines: dict[tuple[int, int], list[int]] = {}
+    for rule in rules:
+        where = mapping.where(rule)
+        found = []
+        for (side, at, recorded, other), name in zip(sides, (rule.old, rule.new)):
+            k = at.get(name)
+            if k is None:
+                why = ("an 'ignore:' line drops it" if name in recorded else
+                       f"the {'golden' if side == 'target' else 'target'} dump holds it: the "
+                       f"left name is the target's, the right one golden's" if name in other else
+                       "check the spelling against the report's names")
+                raise MappingError(f"{where}: {name!r} names no record of the {side} dump; {why}")
+            found.append(k)
+        ti, gi = found
+        for side, mine, theirs in (("target", ti, gi), ("golden", gi, ti)):
+            before = partner.setdefault((side, mine), (theirs, rule.line))
+            if before[0] != theirs:
+                name = rule.old if side == "target" else rule.new
+                raise MappingError(f"{where}: {name!r} is paired with another record on line "
+                                   f"{before[1]} already; a record pairs with one record")
+        lines.setdefault((ti, gi), []).append(rule.line)
+        if not rule.parts:
+            whole.add((ti, gi))
+            continue
+        for (suffix, records, k), name in zip(((rule.parts[0], kept, ti),
+                                               (rule.parts[1], joined, gi)), (rule.old, rule.new)):
+            held = _suffixes(records[k])
+            if suffix not in held:
+                raise MappingError(f"{where}: {name + suffix!r} names no tensor of {name!r} "
+                                   f"(it holds {', '.join(held) or 'none'})")
+        pairs = listed.setdefault((ti, gi), {})       # target suffix -> (golden's, line)
+        t_suffix, g_suffix = rule.parts
+        same = pairs.get(t_suffix)
+        if same is not None and same[0] == g_suffix:
+            continue                                   # the same pair said twice
+        clash = same[1] if same is not None else next(
+            (line for g, line in pairs.values() if g == g_suffix), None)
+        if clash is not None:
+            raise MappingError(f"{where}: a tensor of this line is paired on line {clash} "
+                               f"already; a tensor pairs with one tensor")
+        pairs[t_suffix] = (g_suffix, rule.line)
+    out: list[ForcedPair] = []
+    for (ti, gi), at_lines in sorted(lines.items()):
+        chosen = {t: g for t, (g, _) in listed.get((ti, gi), {}).items()}
+        if (ti, gi) in whole:       # the tensors both hold under one name, besides those listed
+            g_held = set(_suffixes(joined[gi])) - set(chosen.values())
+            chosen.update({s: s for s in _suffixes(kept[ti]) if s in g_held and s not in chosen})
+        order = {s: n for n, s in enumerate(_suffixes(kept[ti]))}     # the record's own order
+        out.append(ForcedPair(ti, gi, tuple(sorted(chosen.items(), key=lambda p: order[p[0]])),
+                              tuple(sorted(at_lines))))
+    for one, next_one in zip(out, out[1:]):
+        if next_one.golden < one.golden:
+            first, later = sorted((one.lines[0], next_one.lines[0]))
+            raise MappingError(f"{mapping.path}:{later}: its records ran in the other order "
+                               f"than those of line {first} on the two sides; forced pairs "
+                               f"must keep both runs' order")
+    return tuple(out)
+
+
+class CarriedInputs:
+    """The inputs of a forced pair it did not measure, measured where the target made them."""
+
+    def __init__(self, target: list[Record], dataflow: bool) -> None:
+        self.by_seq = {r["seq"]: r for r in target} if dataflow else {}
+        self.leaf_names = {(r.get("leaf"), r.get("tensor")): r["name"] for r in target
+                           if r["kind"] == Kind.LEAF}
+
+    def entries(self, record: Record, measured: dict[str, Entry]) -> Optional[list[Entry]]:
+        """The measured entries of the tensors `record` reads (inputs and parameters) that
+        were not measured as its own (`measured`: target tensor name -> entry), or None when
+        one of them cannot be found where it was made."""
+        out: list[Entry] = []
+        for name, role, desc in iter_tensors(record):
+            if role == Role.OUTPUT or name in measured or desc.get("overwritten"):
+                continue
+            producer, leaf = desc.get("producer"), desc.get("leaf")
+            made: Optional[str] = None
+            if producer:
+                rec = self.by_seq.get(producer[0])
+                made = f"{rec['name']}.output.{producer[1]}" if rec else None
+            elif leaf in _LEAVES:
+                rec_name = self.leaf_names.get((leaf, desc.get("fqn")))
+                made = f"{rec_name}.output.0" if rec_name else None
+            entry = measured.get(made) if made else None
+            if entry is None:
+                return None
+            out.append(entry)
+        return out
+
+
+NOT_JUDGED = ("not judged on its own: the mapping file pairs it, and a tensor it reads is "
+              "neither compared nor measured where it was made")
+
+
+def unjudged_note(names: list[str], differ: bool) -> Optional[str]:
+    """"inconclusive: ..." for forced pairs not judged (`CarriedInputs.entries` None) when
+    their tensors differ and nothing was blamed; else None."""
+    if not names or not differ:
+        return None
+    shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+    return (f"inconclusive: tensors differ, and {shown} (paired by the mapping file) could not "
+            f"be judged: what {'it reads is' if len(names) == 1 else 'they read is'} neither "
+            f"compared nor measured where it was made; no op elsewhere is blamed")
+
+
+__all__ = ["ForcedPair", "resolve", "CarriedInputs", "NOT_JUDGED", "unjudged_note"]

@@ -1,0 +1,200 @@
+"""Op-to-op lines of the mapping file (`ops:`, and msprobe's data_mapping.yaml as it is): forced
+pairs (comparison/forced.py) on real dumps of an attention block that runs
+`F.scaled_dot_product_attention` on the target side and eager `matmul -> softmax -> matmul` on
+the golden one, with faults planted in SDPA or upstream of it."""
+from __future__ import annotations
+
+import math
+import pickle
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Optional
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import opdiff
+from opdiff.cli import main
+from opdiff.comparison.forced import NOT_JUDGED
+from opdiff.comparison.mapping import MappingError, load
+from opdiff.testing import inject_fault
+
+from msprobekit import write_msprobe
+
+SDPA = "Functional.scaled_dot_product_attention.0.forward"
+LAST_MATMUL = "Torch.matmul.1.forward"      # eager attention's `weights @ v`
+
+# msprobe's data_mapping.yaml, in its own format (comments, tensor names, `N/A` for no partner)
+DATA_MAPPING = f"""# API
+{SDPA}.output.0: {LAST_MATMUL}.output.0
+{SDPA}.input.2: {LAST_MATMUL}.input.1
+Torch.matmul.0.forward.output.0: N/A
+# Module
+Module.attn.Attention.forward.0.output.0: Module.attn.Attention.forward.0.output.0
+"""
+
+
+class Attention(torch.nn.Module):
+    def __init__(self, fused: bool) -> None:
+        super().__init__()
+        self.fused = fused
+        # (no bias on k: softmax makes its gradient zero, and the runs' rounding of zero differs)
+        self.q, self.k, self.v = (torch.nn.Linear(16, 16, bias=False) for _ in range(3))
+        self.o = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = (p(x).view(b, t, 2, 8).transpose(1, 2) for p in (self.q, self.k, self.v))
+        if self.fused:
+            h = F.scaled_dot_product_attention(q, k, v)
+        else:
+            w = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(8)
+            h = torch.matmul(torch.softmax(w, dim=-1), v)
+        return self.o(h.transpose(1, 2).reshape(b, t, 16))
+
+
+class Block(torch.nn.Module):
+    def __init__(self, fused: bool) -> None:
+        super().__init__()
+        self.attn, self.fc = Attention(fused), torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.attn(x)))
+
+
+def _dump(path: Path, fused: bool, fault: Optional[str] = None) -> Path:
+    torch.manual_seed(0)
+    model = Block(fused)
+    x = torch.randn(2, 5, 16)
+    planted = inject_fault(op=fault, call=0, scale=1.02) if fault else nullcontext()
+    with planted:
+        with opdiff.dump(model, str(path), level="mix", task="tensor"):
+            model(x).sum().backward()
+    return path
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("mapping_ops")
+    _dump(root / "eager", fused=False)
+    _dump(root / "sdpa", fused=True)
+    _dump(root / "sdpa_bad", fused=True, fault="Functional.scaled_dot_product_attention")
+    _dump(root / "q_bad", fused=True, fault="Functional.linear")    # the q projection
+    return root
+
+
+def _write(tmp_path: Path, text: str, name: str = "data_mapping.yaml") -> Path:
+    f = tmp_path / name
+    f.write_text(text)
+    return f
+
+
+def _rows(result, op_name: str) -> list:
+    return [r for r in result.rows if r.op_name == op_name]
+
+
+def test_msprobe_data_mapping_pairs_sdpa_with_the_eager_matmul(dumps, tmp_path):
+    f = _write(tmp_path, DATA_MAPPING)
+    healthy = opdiff.compare(dumps / "sdpa", dumps / "eager", progress=False, mapping=f)
+    assert healthy.first_divergence is None
+    # (the backward region is left unjudged here with or without the file: not this test's)
+    assert not [n for n in healthy.notes if "paired by the mapping file" in n]
+    assert not [n for n in healthy.notes if f"{f}:2" in n or f"{f}:3" in n]
+    rows = _rows(healthy, SDPA)
+    # only the listed tensors, each against the golden tensor the file names
+    assert [(r.target_name, r.golden_name) for r in rows] == [
+        (f"{SDPA}.input.2", f"{LAST_MATMUL}.input.1"),
+        (f"{SDPA}.output.0", f"{LAST_MATMUL}.output.0")]
+    assert all(r.result == "pass" and r.metrics and not r.region for r in rows)
+    assert all(r.metrics["Cosine"] > 0.9999 for r in rows)
+
+    bare = opdiff.compare(dumps / "sdpa_bad", dumps / "eager", progress=False)
+    assert bare.first_divergence is not None and bare.first_divergence.name.startswith("Region.")
+    faulty = opdiff.compare(dumps / "sdpa_bad", dumps / "eager", progress=False, mapping=f)
+    found = faulty.first_divergence
+    assert found is not None and found.name == SDPA
+    # judged against the inputs it read, measured where q and k were made (its tensor list
+    # holds only v and the output)
+    assert "inputs agree" in found.reason
+
+
+def test_a_fault_upstream_is_not_blamed_on_the_forced_pair(dumps, tmp_path):
+    f = _write(tmp_path, DATA_MAPPING)
+    result = opdiff.compare(dumps / "q_bad", dumps / "eager", progress=False, mapping=f)
+    assert result.first_divergence is not None
+    assert result.first_divergence.name == "Functional.linear.0.forward"
+    # SDPA's output differs (inherited from q), and SDPA is not named for it
+    (out,) = [r for r in _rows(result, SDPA) if r.target_name.endswith("output.0")]
+    assert out.error > 1e-3 and out.result != "error"
+
+
+def test_our_ops_section_a_whole_record_line_and_a_shape_mismatch(dumps, tmp_path):
+    f = _write(tmp_path, f"ops:\n  {SDPA}: {LAST_MATMUL}\n", "pairs.yaml")
+    result = opdiff.compare(dumps / "sdpa", dumps / "eager", progress=False, mapping=f)
+    rows = {r.target_name[len(SDPA):]: r for r in _rows(result, SDPA)}
+    # a whole-record line compares the tensors both hold under one name
+    assert set(rows) == {".input.0", ".input.1", ".output.0"}
+    assert rows[".input.0"].result == "error"           # q [2, 2, 5, 8] vs weights [2, 2, 5, 5]
+    assert "shapes differ: [2, 2, 5, 8] vs [2, 2, 5, 5]" in rows[".input.0"].reason
+    assert rows[".output.0"].golden_name == f"{LAST_MATMUL}.output.0"
+    assert rows[".output.0"].metrics["Cosine"] > 0.9999
+
+    listed = _write(tmp_path, f"ops:\n  {SDPA}.input.0: {LAST_MATMUL}.input.0\n", "shape.yaml")
+    result = opdiff.compare(dumps / "sdpa", dumps / "eager", progress=False, mapping=listed)
+    (row,) = _rows(result, SDPA)
+    assert row.result == "error" and row.reason.startswith("shapes differ")
+    assert result.first_divergence is None
+
+
+def test_without_dataflow_a_forced_pair_is_not_judged_on_its_outputs_alone(dumps, tmp_path):
+    # msprobe dumps hold no dataflow: SDPA's q and k are neither listed nor traceable
+    target = write_msprobe(dumps / "sdpa_bad" / "step0" / "rank0", tmp_path / "npu")
+    golden = write_msprobe(dumps / "eager" / "step0" / "rank0", tmp_path / "gpu")
+    f = _write(tmp_path, f"{SDPA}.output.0: {LAST_MATMUL}.output.0\n")
+    result = opdiff.compare(target, golden, progress=False, mapping=f)
+    (out,) = _rows(result, SDPA)
+    assert out.golden_name == f"{LAST_MATMUL}.output.0" and NOT_JUDGED in out.reason
+    # never SDPA on its outputs alone: the pair says it cannot tell
+    assert result.first_divergence is None
+    assert any(n.startswith("inconclusive") and SDPA in n for n in result.notes)
+
+
+def test_loading_msprobe_lines(tmp_path):
+    m = load(_write(tmp_path, DATA_MAPPING))
+    assert [(r.kind, r.old, r.new, r.parts, r.line) for r in m.rules] == [
+        ("op", SDPA, LAST_MATMUL, (".output.0", ".output.0"), 2),
+        ("op", SDPA, LAST_MATMUL, (".input.2", ".input.1"), 3),
+        ("module", "attn", "attn", (), 6)]         # line 4 (`N/A`: no partner) is left out
+    assert pickle.loads(pickle.dumps(m)) == m
+    assert m.rules[0].text == f"{SDPA}.output.0: {LAST_MATMUL}.output.0"
+
+
+@pytest.mark.parametrize("text, line, words", [
+    (f"Functional.nothing.0.forward.output.0: {LAST_MATMUL}.output.0\n", 1,
+     "names no record of the target dump"),
+    (f"{LAST_MATMUL}.output.0: {SDPA}.output.0\n", 1, "the golden dump holds it"),
+    (f"{SDPA}.output.3: {LAST_MATMUL}.output.0\n", 1, "names no tensor"),
+    (f"{SDPA}.output.0: {LAST_MATMUL}\n", 1, "on both sides"),
+    (f"{SDPA}.output.0: {LAST_MATMUL}.output.0\n{SDPA}.input.0: Torch.matmul.0.forward.input.0\n",
+     2, "a record pairs with one record"),
+    (f"{SDPA}.output.0: {LAST_MATMUL}.output.0\n{SDPA}.input.2: {LAST_MATMUL}.output.0\n",
+     2, "a tensor pairs with one tensor"),
+    (f"{SDPA}.output.0: {LAST_MATMUL}.output.0\n"
+     f"Functional.linear.0.forward: Functional.linear.4.forward\n", 2, "other order"),
+    ("Functional.linear.0.forward: Module.attn.q.Linear.forward.0\n", 1, "names no op call"),
+    ("ops:\n  - Functional.linear.0.forward\n", 2, "'ops:' takes"),
+    (f"modules:\n  {SDPA}: {LAST_MATMUL}\n", 2, "under 'ops:'"),
+    (f"ignore:\n  - Functional.scaled_dot_product_attention\nops:\n  {SDPA}: {LAST_MATMUL}\n",
+     4, "an 'ignore:' line drops it"),
+])
+def test_a_bad_op_line_exits_2_naming_the_file_and_line(dumps, tmp_path, capsys, text, line,
+                                                         words):
+    f = _write(tmp_path, text)
+    assert main(["compare", str(dumps / "sdpa"), str(dumps / "eager"), "--map", str(f),
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert f"{f}:{line}:" in err and words in err, err
+    with pytest.raises(MappingError):
+        opdiff.compare(dumps / "sdpa", dumps / "eager", progress=False, mapping=f)
