@@ -18,6 +18,8 @@ import opdiff
 from opdiff.cli import main
 from opdiff.comparison.forced import NOT_JUDGED
 from opdiff.comparison.mapping import MappingError, load
+from opdiff.comparison.rejudge import rejudge
+from opdiff.report.summary import load_summary
 from opdiff.testing import inject_fault
 
 from msprobekit import write_msprobe
@@ -198,3 +200,25 @@ def test_a_bad_op_line_exits_2_naming_the_file_and_line(dumps, tmp_path, capsys,
     assert f"{f}:{line}:" in err and words in err, err
     with pytest.raises(MappingError):
         opdiff.compare(dumps / "sdpa", dumps / "eager", progress=False, mapping=f)
+
+
+@pytest.mark.parametrize("target", ["q_bad", "sdpa_bad"])
+def test_a_rejudged_result_judges_the_forced_pair_as_the_compare_did(dumps, tmp_path, target):
+    original = opdiff.compare(dumps / target, dumps / "eager", tmp_path / "out", progress=False,
+                              mapping=_write(tmp_path, DATA_MAPPING), replay="off")
+    # (SDPA's inherited error is a warning only because its q and k are its inputs too)
+    for again in (rejudge(original), rejudge(load_summary(original.files["summary"]))):
+        assert [(r.target_name, r.golden_name, r.result) for r in again.rows] == \
+            [(r.target_name, r.golden_name, r.result) for r in original.rows]
+        assert again.first_divergence.name == original.first_divergence.name
+
+
+def test_a_rejudged_result_keeps_a_forced_pair_unjudged(dumps, tmp_path):
+    target = write_msprobe(dumps / "sdpa_bad" / "step0" / "rank0", tmp_path / "npu")
+    golden = write_msprobe(dumps / "eager" / "step0" / "rank0", tmp_path / "gpu")
+    f = _write(tmp_path, f"{SDPA}.output.0: {LAST_MATMUL}.output.0\n")
+    original = opdiff.compare(target, golden, tmp_path / "out", progress=False, mapping=f)
+    for again in (rejudge(original), rejudge(load_summary(original.files["summary"]))):
+        assert again.first_divergence is None
+        (out,) = _rows(again, SDPA)
+        assert NOT_JUDGED in out.reason and out.reason.count(NOT_JUDGED) == 1

@@ -26,7 +26,7 @@ is "inconclusive: ..." (`unjudged_note`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Optional
 
 from ..store.records import iter_tensors
@@ -34,6 +34,7 @@ from ..store.schema import Kind, Role
 
 if TYPE_CHECKING:
     from .mapping import Mapping, Rule
+    from .result import TensorRow
 
 Record = dict[str, Any]
 Entry = tuple[Any, ...]          # a row entry of an OpScore (scores.Entry)
@@ -170,6 +171,35 @@ class CarriedInputs:
 
 NOT_JUDGED = ("not judged on its own: the mapping file pairs it, and a tensor it reads is "
               "neither compared nor measured where it was made")
+# Row marks (`TensorRow.boundary`) that keep a forced pair's judging in its rows, for `rejudge`:
+# "in:<op name>" on a row measured elsewhere that the pair takes as an input,
+# "unjudged:<op name>" on the output rows of a pair not judged on its own.
+IN, UNJUDGED = "in", "unjudged"
+
+
+def marked(row: "TensorRow", mark: str, op_name: str) -> "TensorRow":
+    """`row` with the mark added (once); an `UNJUDGED` row's reason says why too."""
+    tag = f"{mark}:{op_name}"
+    reason = row.reason
+    if mark == UNJUDGED and NOT_JUDGED not in reason:
+        reason = f"{reason}; {NOT_JUDGED}" if reason else NOT_JUDGED
+    return replace(row, reason=reason, boundary=row.boundary + (() if tag in row.boundary
+                                                                else (tag,)))
+
+
+def unjudged(row: "TensorRow") -> bool:
+    """Is `row` an output of a forced pair that was not judged on its own?"""
+    return any(m.startswith(f"{UNJUDGED}:") for m in row.boundary)
+
+
+def carry(rows: list["TensorRow"], scores: dict[str, Any], entries: dict[int, Entry]) -> None:
+    """Give each forced pair's score (`scores`, by op name) the inputs its rows were marked
+    with (`IN`); entries: row index -> its measured entry. What `rejudge` does again."""
+    for i, row in enumerate(rows):
+        for mark in row.boundary:
+            side, name = mark.split(":", 1)
+            if side == IN and name in scores and i in entries:
+                scores[name].inputs.append(entries[i])
 
 
 def unjudged_note(names: list[str], differ: bool) -> Optional[str]:
@@ -183,4 +213,5 @@ def unjudged_note(names: list[str], differ: bool) -> Optional[str]:
             f"compared nor measured where it was made; no op elsewhere is blamed")
 
 
-__all__ = ["ForcedPair", "resolve", "CarriedInputs", "NOT_JUDGED", "unjudged_note"]
+__all__ = ["ForcedPair", "resolve", "CarriedInputs", "NOT_JUDGED", "IN", "UNJUDGED", "marked",
+           "unjudged", "carry", "unjudged_note"]

@@ -286,10 +286,11 @@ class _PairCompare:
         carried = self._carried.entries(t_rec, self._by_tensor)
         if carried is not None:
             op.inputs += cast("list[Any]", carried)
+        for i, *_ in carried if carried is not None else op.outputs:
+            self.rows[i] = forced.marked(self.rows[i], forced.IN if carried is not None
+                                         else forced.UNJUDGED, op.name)
+        if carried is not None:
             return
-        for i, *_ in op.outputs:
-            self.rows[i] = replace(self.rows[i], reason="; ".join(
-                r for r in (self.rows[i].reason, forced.NOT_JUDGED) if r))
         op.outputs.clear()
         self._not_judged.append(op.name)
 

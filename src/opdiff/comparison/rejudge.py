@@ -32,6 +32,7 @@ from dataclasses import replace
 from typing import Any, Optional
 
 from ..store.schema import RecordName
+from . import forced
 from .blame import OpScore, analyse
 from .metric_table import Measurement
 from .reasons import statistics_limits, with_context
@@ -81,7 +82,11 @@ def _pair(result: CompareResult, rows: list[TensorRow], policy: Policy, step: Op
         if m is None:
             continue
         rows[i] = row = _judged(row, m, policy)
+        if forced.unjudged(row):        # a forced pair's output not judged on its own
+            rows[i] = forced.marked(row, forced.UNJUDGED, row.op_name)
+            continue
         entries[i] = add_row(score, i, row, m)
+    forced.carry(rows, scores, entries)     # its inputs measured where the target made them
     region_ops, region_rows = _regions(rows, entries)
     divergence = analyse(list(scores.values()) + region_ops, rows, policy)
     mark_region_rows(rows, region_ops, region_rows)
