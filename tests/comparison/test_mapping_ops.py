@@ -110,6 +110,12 @@ def test_msprobe_data_mapping_pairs_sdpa_with_the_eager_matmul(dumps, tmp_path):
         (f"{SDPA}.output.0", f"{LAST_MATMUL}.output.0")]
     assert all(r.result == "pass" and r.metrics and not r.region for r in rows)
     assert all(r.metrics["Cosine"] > 0.9999 for r in rows)
+    # eager attention's first matmul and softmax feed only the pair: covered by it
+    assert healthy.counts["unmatched"] == 0
+    (softmax,) = [r for r in healthy.rows if r.golden_name == "Torch.softmax.0.forward.output.0"]
+    assert softmax.result == "pass" and softmax.target_name is None
+    assert softmax.reason == (f"feeds only the mapping file's pair {SDPA} against {LAST_MATMUL} "
+                              f"({f}:2, 3): judged through its tensors")
 
     bare = opdiff.compare(dumps / "sdpa_bad", dumps / "eager", progress=False)
     assert bare.first_divergence is not None and bare.first_divergence.name.startswith("Region.")

@@ -115,9 +115,10 @@ def _with_forced(anchors: list[Pair2], forced: list[Pair2]) -> list[Pair2]:
     if not forced:
         return anchors
     t_at, g_at = [t for t, _ in forced], [g for _, g in forced]
+    t_taken, g_taken = set(t_at), set(g_at)
     kept = [(ti, gi) for ti, gi in anchors
             if bisect.bisect_left(t_at, ti) == bisect.bisect_left(g_at, gi)
-            and ti not in t_at and gi not in g_at]
+            and ti not in t_taken and gi not in g_taken]
     return sorted(kept + forced)
 
 

@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from ..store.records import iter_tensors
 from ..store.schema import Kind, Role
+from .region_cover import readers
+from .result import PASS
 
 if TYPE_CHECKING:
     from .mapping import Mapping, Rule
@@ -50,6 +52,12 @@ class ForcedPair:
     golden: int
     tensors: tuple[tuple[str, str], ...]
     lines: tuple[int, ...]
+    names: tuple[str, str] = ("", "")       # the two record names
+
+    def said(self, path: str) -> str:
+        """`Functional.x.0.forward against Torch.y.3.forward (pairs.yaml:2)`, as rows say it."""
+        at = ", ".join(str(n) for n in self.lines)
+        return f"{self.names[0]} against {self.names[1]} ({path}:{at})"
 
     def keyed(self, t_tensors: dict[str, Any], g_tensors: dict[str, Any]
               ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -128,7 +136,7 @@ def resolve(mapping: "Mapping", rules: list["Rule"], target: list[Record], kept:
             chosen.update({s: s for s in _suffixes(kept[ti]) if s in g_held and s not in chosen})
         order = {s: n for n, s in enumerate(_suffixes(kept[ti]))}     # the record's own order
         out.append(ForcedPair(ti, gi, tuple(sorted(chosen.items(), key=lambda p: order[p[0]])),
-                              tuple(sorted(at_lines))))
+                              tuple(sorted(at_lines)), (kept[ti]["name"], joined[gi]["name"])))
     for one, next_one in zip(out, out[1:]):
         if next_one.golden < one.golden:
             first, later = sorted((one.lines[0], next_one.lines[0]))
@@ -136,6 +144,34 @@ def resolve(mapping: "Mapping", rules: list["Rule"], target: list[Record], kept:
                                f"than those of line {first} on the two sides; forced pairs "
                                f"must keep both runs' order")
     return tuple(out)
+
+
+def fed_ops(pairs: list[tuple[Optional[int], Optional[int]]], target: list[Record],
+            golden: list[Record], forced: tuple[ForcedPair, ...], dataflow: tuple[bool, bool],
+            in_regions: tuple[dict[int, Any], dict[int, Any]]) -> dict[int, ForcedPair]:
+    """alignment position -> the forced pair its one-sided op feeds, for the ops only one run
+    executes whose results (through the dump's dataflow, that side's) feed nothing but forced
+    pairs' records and such ops: eager attention's first matmul and softmax, where the file pairs
+    SDPA's output with the last matmul's. They are that pair's computation, not unmatched ops."""
+    out: dict[int, ForcedPair] = {}
+    for side, records, flow in ((0, target, dataflow[0]), (1, golden, dataflow[1])):
+        if not flow or not forced:
+            continue
+        owner = {(f.target if side == 0 else f.golden): f for f in forced}
+        lone = {p[side]: k for k, p in enumerate(pairs) if p[1 - side] is None}
+        reads = readers(records)
+        for i in sorted((i for i in lone if i is not None), reverse=True):   # readers first
+            fed = reads.get(i, [])
+            if records[i]["kind"] in Kind.OPS and i not in in_regions[side] and fed and \
+                    all(k in owner for k in fed):
+                owner[i] = out[lone[i]] = owner[min(fed)]
+    return out
+
+
+def covered(row: "TensorRow", pair: ForcedPair, path: str) -> "TensorRow":
+    """An unmatched row of an op `fed_ops` gives to `pair`: covered by it."""
+    return replace(row, result=PASS, reason=f"feeds only the mapping file's pair "
+                                            f"{pair.said(path)}: judged through its tensors")
 
 
 class CarriedInputs:
@@ -213,5 +249,5 @@ def unjudged_note(names: list[str], differ: bool) -> Optional[str]:
             f"compared nor measured where it was made; no op elsewhere is blamed")
 
 
-__all__ = ["ForcedPair", "resolve", "CarriedInputs", "NOT_JUDGED", "IN", "UNJUDGED", "marked",
+__all__ = ["ForcedPair", "resolve", "fed_ops", "covered", "CarriedInputs", "NOT_JUDGED", "IN", "UNJUDGED", "marked",
            "unjudged", "carry", "unjudged_note"]

@@ -166,6 +166,9 @@ class _PairCompare:
             for found in regions:
                 found.module = recorded.get(found.module or "", found.module)
         t_region, g_region = members(regions)
+        fed = forced.fed_ops(pairs, t_view, g_records, tuple(self._forced.values()), (bool(
+            (self.t.meta or {}).get("dataflow")), bool((self.g.meta or {}).get("dataflow"))),
+            (t_region, g_region))       # one-sided ops that only feed a forced pair
         replayer = self._replayer(t_records)
         self._carried = forced.CarriedInputs(t_records, bool((self.t.meta or {}).get("dataflow")))
         try:
@@ -177,6 +180,8 @@ class _PairCompare:
                 region = t_region.get(ti) if ti is not None else g_region.get(gi)  # type: ignore[arg-type]
                 self._record(position, t_rec, g_rec, region, self._forced.get((ti, gi)))  # type: ignore[arg-type]
                 self.tick(1)
+            self.rows = [forced.covered(r, fed[r.index], self.mapping.path) if r.index in fed
+                         and r.result == UNMATCHED and self.mapping else r for r in self.rows]
             region_ops = self._regions(regions, t_records, g_records)
             divergence = analyse(self.ops, self.rows, self.policy, replay=replayer,
                                  replay_all=self.replay == "all")
