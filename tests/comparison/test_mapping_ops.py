@@ -228,3 +228,24 @@ def test_a_rejudged_result_keeps_a_forced_pair_unjudged(dumps, tmp_path):
         assert again.first_divergence is None
         (out,) = _rows(again, SDPA)
         assert NOT_JUDGED in out.reason and out.reason.count(NOT_JUDGED) == 1
+
+
+def test_a_llama_port_with_each_layers_sdpa_mapped_to_eager_attention(hf_dump, tmp_path):
+    # Hugging Face Llama (2 layers, from a config): SDPA against eager attention; eager's
+    # Torch.matmul.1/.3 are layer 0's and layer 1's `weights @ v`
+    f = _write(tmp_path, f"ops:\n  {SDPA}.output.0: {LAST_MATMUL}.output.0\n"
+                         f"  Functional.scaled_dot_product_attention.1.forward.output.0: "
+                         f"Torch.matmul.3.forward.output.0\n", "pairs.yaml")
+    golden = hf_dump("llama", "eager", "tensor")
+    faulty = hf_dump("llama", "sdpa", "tensor", fault="Functional.scaled_dot_product_attention:1")
+    result = opdiff.compare(faulty, golden, progress=False, mapping=f)
+    assert result.first_divergence is not None
+    assert result.first_divergence.name == "Functional.scaled_dot_product_attention.1.forward"
+    assert "inputs agree" in result.first_divergence.reason
+    # a healthy bf16 SDPA against fp32 eager attention names nothing
+    healthy = opdiff.compare(hf_dump("llama", "sdpa", "tensor", bf16=True), golden,
+                             progress=False, mapping=f)
+    assert healthy.first_divergence is None
+    assert not [n for n in healthy.notes if "paired by the mapping file" in n]
+    mapped = [r for r in healthy.rows if r.golden_name == "Torch.matmul.3.forward.output.0"]
+    assert len(mapped) == 1 and mapped[0].target_dtype == "bfloat16" and mapped[0].metrics

@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 from ..errors import OpdiffError
 from ..store.schema import Kind, RecordName, split_tensor_name
-
 from .forced import ForcedPair, resolve
 
 if TYPE_CHECKING:

@@ -289,15 +289,15 @@ class _PairCompare:
         """A forced pair's inputs it did not measure, taken where they were made; else it is
         not judged on its own (forced.py)."""
         carried = self._carried.entries(t_rec, self._by_tensor)
+        mark, entries = (forced.IN, carried) if carried is not None else \
+            (forced.UNJUDGED, op.outputs)
+        for i, *_ in entries:       # (what `rejudge` reads back)
+            self.rows[i] = forced.marked(self.rows[i], mark, op.name)
         if carried is not None:
             op.inputs += cast("list[Any]", carried)
-        for i, *_ in carried if carried is not None else op.outputs:
-            self.rows[i] = forced.marked(self.rows[i], forced.IN if carried is not None
-                                         else forced.UNJUDGED, op.name)
-        if carried is not None:
-            return
-        op.outputs.clear()
-        self._not_judged.append(op.name)
+        else:
+            op.outputs.clear()
+            self._not_judged.append(op.name)
 
     # -- regions (regions.py) -------------------------------------------------------------------
     def _region_row(self, base: dict[str, Any], t_item: Optional[_Item], g_item: Optional[_Item],
