@@ -137,7 +137,9 @@ class TensorRow:
     rng: tuple[Any, ...] = ()           # random ops: (target's, golden's) generator fingerprints
     leaf_input: Optional[str] = None    # an input row that is a leaf: "parameter <fqn>", "outside <name>"
     region: Optional[str] = None        # the tensor of an op in a region ("region 2 in model.layers.0.self_attn")
-    boundary: tuple[str, ...] = ()      # a region's boundary tensor: "in:Region.2.forward", "out:..." (rejudge)
+    # marks `rejudge` reads back: a region's boundary tensor ("in:Region.2.forward", "out:..."),
+    # a forced op pair's input measured elsewhere or unjudged output ("in:<op>", "unjudged:<op>")
+    boundary: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
