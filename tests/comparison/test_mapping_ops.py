@@ -65,11 +65,11 @@ class Block(torch.nn.Module):
         return self.fc(torch.relu(self.attn(x)))
 
 
-def _dump(path: Path, fused: bool, fault: Optional[str] = None) -> Path:
+def _dump(path: Path, fused: bool, fault: Optional[str] = None, phase: str = "forward") -> Path:
     torch.manual_seed(0)
     model = Block(fused)
     x = torch.randn(2, 5, 16)
-    planted = inject_fault(op=fault, call=0, scale=1.02) if fault else nullcontext()
+    planted = inject_fault(op=fault, call=0, scale=1.02, phase=phase) if fault else nullcontext()
     with planted:
         with opdiff.dump(model, str(path), level="mix", task="tensor"):
             model(x).sum().backward()
@@ -83,6 +83,8 @@ def dumps(tmp_path_factory) -> Path:
     _dump(root / "sdpa", fused=True)
     _dump(root / "sdpa_bad", fused=True, fault="Functional.scaled_dot_product_attention")
     _dump(root / "q_bad", fused=True, fault="Functional.linear")    # the q projection
+    _dump(root / "sdpa_bad_backward", fused=True, fault="Functional.scaled_dot_product_attention",
+          phase="backward")
     return root
 
 
@@ -249,3 +251,19 @@ def test_a_llama_port_with_each_layers_sdpa_mapped_to_eager_attention(hf_dump, t
     assert not [n for n in healthy.notes if "paired by the mapping file" in n]
     mapped = [r for r in healthy.rows if r.golden_name == "Torch.matmul.3.forward.output.0"]
     assert len(mapped) == 1 and mapped[0].target_dtype == "bfloat16" and mapped[0].metrics
+
+
+def test_a_backward_line_and_replay_name_a_fault_in_sdpa_backward(dumps, tmp_path):
+    # SDPA's gradient of v against the eager `weights @ v` matmul's gradient of v
+    f = _write(tmp_path, f"{SDPA[:-7]}backward.output.2: {LAST_MATMUL[:-7]}backward.output.1\n")
+    result = opdiff.compare(dumps / "sdpa_bad_backward", dumps / "eager", progress=False,
+                            mapping=f)
+    found = result.first_divergence
+    assert found is not None and found.name == "Functional.scaled_dot_product_attention.0.backward"
+    # the gradients it reads are not traced back here: not judged by the comparison, replay
+    # (its own inputs, float64) names it
+    assert found.reason.startswith(f"compared with golden it is {NOT_JUDGED}, but replayed")
+    (row,) = _rows(result, found.name)
+    assert row.golden_name == "Torch.matmul.1.backward.output.1" and row.metrics
+    healthy = opdiff.compare(dumps / "sdpa", dumps / "eager", progress=False, mapping=f)
+    assert healthy.first_divergence is None

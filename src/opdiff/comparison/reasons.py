@@ -18,6 +18,7 @@ from ..errors import OpdiffError
 from ..numbers import human
 from ..store import dumpfiles
 from ..store.schema import Location, Phase
+from . import forced
 from .result import NONFINITE, REPLAY, SCALE, LOCAL, INTEGER, UNMATCHED, TensorRow
 from .verdicts import run_precision
 
@@ -87,6 +88,10 @@ def _describe_error(op: "OpScore", rows: list[TensorRow], verdict: str = LOCAL_V
                   f"{human(inp.metrics.get('Cosine'))}, rel err {human(op.error_in)})")
     if op.blame == REPLAY and not op.paired:
         return (f"the golden run has no such op to compare with, but {op.replay.describe()} "
+                f"— {LOCAL_VERDICT}")
+    if op.blame == REPLAY and not op.outputs and any(
+            forced.unjudged(r) for r in rows if r.op_name == op.name):
+        return (f"compared with golden it is {forced.NOT_JUDGED}, but {op.replay.describe()} "
                 f"— {LOCAL_VERDICT}")
     if op.blame == REPLAY:
         # Found by replay alone: golden cannot tell this op's error from what it inherited.
