@@ -22,7 +22,12 @@ inputs could not be measured (other shapes) takes each input it did not measure 
 target run made it: the measured output of the op that made it (the dump's dataflow) or the
 record of the parameter, buffer or input. Where one cannot be found there, the op is not judged
 on its own: its rows say so, nothing blames it, and when nothing else is blamed either the pair
-is "inconclusive: ..." (`unjudged_note`).
+is "inconclusive: ..." (`unjudged_note`); replay may still name it from its own inputs. Both are
+marks on the rows (`marked`), which `rejudge` reads back (`unjudged`, `carry`).
+
+Ops only one run executes whose results feed nothing but a forced pair's op (eager attention's
+first matmul and softmax, where the file pairs SDPA's output with the last matmul's) are that
+pair's computation: their rows say the pair covers them (`fed_ops`, `covered`), not unmatched.
 """
 from __future__ import annotations
 
@@ -249,5 +254,5 @@ def unjudged_note(names: list[str], differ: bool) -> Optional[str]:
             f"compared nor measured where it was made; no op elsewhere is blamed")
 
 
-__all__ = ["ForcedPair", "resolve", "fed_ops", "covered", "CarriedInputs", "NOT_JUDGED", "IN", "UNJUDGED", "marked",
-           "unjudged", "carry", "unjudged_note"]
+__all__ = ["ForcedPair", "resolve", "fed_ops", "covered", "CarriedInputs", "NOT_JUDGED", "IN",
+           "UNJUDGED", "marked", "unjudged", "carry", "unjudged_note"]
