@@ -201,7 +201,7 @@ def comparable_records(target: list[Record], golden: list[Record]) -> int:
     count; where module calls of compiled code were made at mix (`judged_modules`), the
     target's records that are not ops; otherwise the larger side's records."""
     if judged_modules(target):      # mix: ops never pair, only records by their names
-        return sum(1 for r in target if r["kind"] not in Kind.REPLAYABLE)
+        return sum(1 for r in target if r["kind"] not in Kind.OPS)
     kernels = [sum(1 for r in side if r["kind"] == Kind.KERNEL) for side in (target, golden)]
     if any(kernels):
         return max(len(side) - k for side, k in zip((target, golden), kernels) if k)
