@@ -10,8 +10,9 @@ optimizer eager; one thread (torch.set_num_threads(1)).
 Overhead: two copies of the model, each compiled, one recorded every step by a
 PrecisionDebugger (task="statistics", `--levels`, default mix). Each round runs one plain and
 one recorded step, alternating which goes first; after warm-up rounds (which also compile) the
-median step time of each is taken and their ratio reported, wall and this thread's CPU time;
-`--runs` repeats the whole measurement to show its spread.
+median step time of each is taken and their ratio reported, wall and this thread's CPU time,
+with the records a recorded step writes; `--runs` repeats the whole measurement to show its
+spread.
 
 Compile time: the first step of a fresh model after `torch._dynamo.reset()` (dynamo, AOT
 autograd, the backend's compile, and the step itself), plain and recorded alternately,
@@ -93,11 +94,18 @@ def overhead(backend: str, level: str, rounds: int, warmup: int = 3) -> dict[str
         if counters["stats"]["unique_graphs"] != graphs:     # the ratio would time compiles
             print(f"  warning: {counters['stats']['unique_graphs'] - graphs} graphs compiled "
                   f"after warm-up", flush=True)
+        times["records"] = [float(_records(root / "dump"))]
     finally:
         del dbg
         shutil.rmtree(root, ignore_errors=True)
         torch._dynamo.reset()
     return times
+
+
+def _records(dump: Path) -> int:
+    """Records of the last recorded step (every recorded step writes as many)."""
+    steps = sorted(dump.glob("step*/rank*/records.jsonl"), key=lambda p: int(p.parts[-3][4:]))
+    return sum(1 for _ in steps[-1].open()) if steps else 0
 
 
 def compile_time(backend: str, level: Optional[str]) -> float:
@@ -134,10 +142,11 @@ def main(argv: Optional[list[str]] = None) -> int:
           f"{os.getloadavg()[0]:.1f}")
     for backend in args.backends.split(","):
         for level in args.levels.split(","):
-            wall, cpu, plains, recs = [], [], [], []
+            wall, cpu, plains, recs, count = [], [], [], [], 0.0
             for _ in range(args.runs if "steps" in args.what else 0):
                 t = overhead(backend, level, args.rounds)
                 pm, rm = statistics.median(t["plain"]), statistics.median(t["recorded"])
+                count = t["records"][0]
                 plains.append(pm)
                 recs.append(rm)
                 wall.append(rm / pm)
@@ -147,7 +156,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 print(f"step     {backend:<10} {level:<4} "
                       f"plain {statistics.median(plains) * 1e3:7.1f} ms"
                       f"  recorded {statistics.median(recs) * 1e3:7.1f} ms  wall {_spread(wall)}"
-                      f"  cpu {_spread(cpu)}", flush=True)
+                      f"  cpu {_spread(cpu)}  records/step {count:.0f}", flush=True)
             if "compile" not in args.what:
                 continue
             compile_time(backend, level)      # warm-up: the C++ compiler's output is on disk

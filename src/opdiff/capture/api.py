@@ -103,6 +103,8 @@ class ApiCapture(TorchFunctionMode):
             compiled = provenance(2)    # an aten op of a torch.compile'd FX graph (compiled.py)
             if compiled is not None:
                 record["compiled"] = compiled
+                if compiled.get("backend") == "inductor":   # (its buffers: see inductor.py)
+                    s.follow_buffers()
             if draws(op, args, kwargs):     # before the call: what its generator held
                 record["rng"] = fingerprint(args, kwargs)
             # Inputs are described now, before an in-place op can overwrite them.

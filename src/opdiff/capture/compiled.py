@@ -24,6 +24,7 @@ import sys
 from typing import Any, Optional
 
 from ..store.frames import is_internal
+from .kernel_modules import modules_at
 
 GRAPH_FILE = "<eval_with_key>"
 INDUCTOR_DIR = "torchinductor_"   # Inductor's generated Python (its cache dir's default name)
@@ -56,8 +57,13 @@ def provenance(skip: int = 1) -> Optional[dict[str, Any]]:
             kind = _classify(code, frame.f_globals)
         if kind == _INDUCTOR:
             # Inductor's wrapper calling an extern kernel (mm, bmm...): its fused kernels are
-            # C++ or Triton, run without a dispatch, and are not recorded
-            return {"graph": code.co_filename.rsplit("/", 1)[-1], "backend": "inductor"}
+            # C++ or Triton, run without a dispatch (capture/inductor.py records the C++ ones);
+            # the modules of its nodes where Inductor generated it while opdiff recorded
+            facts = {"graph": code.co_filename.rsplit("/", 1)[-1], "backend": "inductor"}
+            modules = modules_at(code.co_filename, frame.f_lineno)
+            if modules is not None:
+                facts["modules"] = modules
+            return facts
         if kind == _GRAPH:
             key = (code, frame.f_lineno)
             if key not in _cache:

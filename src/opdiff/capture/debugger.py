@@ -46,7 +46,7 @@ class Layer(Protocol):
 LEVELS: dict[str, tuple[type[Layer], ...]] = {
     "L0": (ModuleCapture,),
     "L1": (ApiCapture,),
-    "mix": (ModuleCapture, ApiCapture),
+    "mix": (ModuleCapture, ApiCapture, InductorKernels),
     "L2": (AtenCapture, InductorKernels),
 }
 

@@ -143,13 +143,21 @@ class Describer:
                 desc["producer"] = [entry[2], entry[3]]
             elif self.buffers:
                 entry = self.by_buffer.get(_address(t))
-                if entry is not None and entry[0]() is not None and entry[1] == _version(t):
+                if entry is not None and entry[0]() is not None and \
+                        entry[1] in (None, _version(t)):
                     desc["producer"] = [entry[2], entry[3]]
         return desc
 
-    def produced(self, seq: int, record: str) -> None:
+    def produced(self, seq: int, record: str, written: bool = False,
+                 inductor: bool = False) -> None:
         """The record `record` was emitted as `seq`: its outputs described since the last
-        record are its products (later readers' descriptors name it)."""
+        record are its products (later readers' descriptors name it). `written`: the record
+        was made after its call wrote its outputs (a torch call, whose `out=` has bumped the
+        version already; an Inductor kernel, whose raw writes bump none), unlike an aten op
+        seen before autograd bumps it. `inductor`: a call of Inductor's generated code, whose
+        readers get its buffers through `reinterpret_tensor` views, each with a version counter
+        of its own: found by address at any version (every write there is such a recorded
+        call, which registers the address again)."""
         producers = self.producers
         for ref, slot, name in self.outs:
             t = ref()
@@ -158,10 +166,14 @@ class Describer:
             version = _version(t)
             if version is not None:
                 if self.buffers:
-                    version += id(t) in self.read
+                    version += not written and id(t) in self.read
                     # alive while the buffer lives (the view may not)
                     base = t._base if t._base is not None else t
-                    self.by_buffer[_address(t)] = (weakref.ref(base), version, seq, slot)
+                    # (Inductor drops a buffer's tensor when it reuses the memory through a
+                    # view: its storage, which every view keeps alive, is what lives)
+                    self.by_buffer[_address(t)] = (
+                        weakref.ref(t.untyped_storage() if inductor else base),
+                        None if inductor else version, seq, slot)
                 producers[id(t)] = (ref, version, seq, slot)
         self.outs.clear()
         self.read.clear()

@@ -31,8 +31,11 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from ..store.frames import is_internal
 from ..store.schema import Kind, Phase, Role, record_name
 from .imports import Waiting, after_import
+from .kernel_modules import ModuleWatch, modules_at
+from .leaves import tag_leaves
 from .kernel_programs import Program, ProgramWatch, bind, inputs_read
 
 KERNEL_PREFIX = "Inductor"
@@ -94,6 +97,7 @@ class InductorKernels:
         self._kernels: dict[str, dict[str, list[str]]] = {}   # wrapper file -> its kernels
         self._programs: dict[str, dict[str, Program]] = {}    # wrapper file -> its programs
         self._watch = ProgramWatch()
+        self._modules = ModuleWatch()
         self._load: Any = None
         self._waiting: Optional[Waiting] = None
 
@@ -103,6 +107,7 @@ class InductorKernels:
         # which may be inside this window (capture/imports.py)
         if self.session.config.task == "tensor":     # (only a tensor dump can replay them)
             self._watch.start()
+        self._modules.start()
         self._waiting = after_import("torch._inductor.codecache", self._hook)
 
     def _hook(self, codecache: Any) -> None:
@@ -120,6 +125,8 @@ class InductorKernels:
             path = getattr(mod, "__file__", None)
             if programs and path:
                 layer._programs[path] = programs
+            if path:
+                layer._modules.loaded(path)
             layer._wrap(mod)
             return mod
         self._load = original
@@ -133,6 +140,7 @@ class InductorKernels:
             PyCodeCache = sys.modules["torch._inductor.codecache"].PyCodeCache
             PyCodeCache.load_by_key_path = self._load
             self._load = None
+        self._modules.stop()    # (before the programs' watch: both may wrap Inductor's codegen)
         self._watch.stop()
         for mod, name, fn in self._wrapped:
             setattr(mod, name, fn)
@@ -170,11 +178,16 @@ class InductorKernels:
         if s.config.task != "tensor":
             program = {}
         reads = inputs_read(program)
+        # at mix, as the API layer: forward calls only (backward is judged through the
+        # parameter gradients)
+        forward_only = s.config.level != "L2"
 
         def record_kernel(*args: Any) -> Any:
             if s.own.active or not s.recording:
                 return fn(*args)
             phase = Phase.BACKWARD if torch._C._current_graph_task_id() != -1 else Phase.FORWARD
+            if forward_only and phase == Phase.BACKWARD:
+                return fn(*args)
             pending = ins = None
             try:
                 index = s.next_index(f"{op}.{phase}")
@@ -182,13 +195,17 @@ class InductorKernels:
                 sel = s.selection
                 if sel.selected(name) and (sel.want_forward if phase == Phase.FORWARD
                                            else sel.want_backward):
+                    # its outputs are written through raw pointers and read through fresh
+                    # views: dataflow by data address from here on (describe.py)
+                    s.follow_buffers()
                     pending = s.begin(name, op, Kind.KERNEL, phase, index, None)
                     pending.record["compiled"] = _provenance(kernel, path)
                     if program:
                         pending.record["program"] = program
                     ins = [a for a, r in zip(args, roles) if r in ("in", "in_out")]
                     with s.own():
-                        pending.record["inputs"] = _inputs(s, ins, roles, name, reads)
+                        pending.record["inputs"] = _inputs(s, ins, roles, pending.record,
+                                                           reads)
             except Exception as exc:
                 s.fail(pending, exc, op)
                 if pending is not None:
@@ -204,12 +221,15 @@ class InductorKernels:
         return record_kernel
 
 
-def _inputs(s: Any, ins: list[Any], roles: list[str], name: str, reads: set[int]
+def _inputs(s: Any, ins: list[Any], roles: list[str], record: dict[str, Any], reads: set[int]
             ) -> list[dict[str, Any]]:
     """A kernel's inputs: its `in_ptr` arguments, and its `in_out_ptr` ones where a recorded op
     made them or its program reads them (`reads`; otherwise Inductor may have handed the kernel
-    a fresh buffer it writes before reading: shape and dtype only, as an `out=` tensor)."""
+    a fresh buffer it writes before reading: shape and dtype only, as an `out=` tensor).
+    Parameters, buffers and the root call's inputs are tagged as leaves (leaves.py)."""
+    name = record["name"]
     described = s.describe_all(ins, name, Role.INPUT)
+    tag_leaves(s, zip(ins, described), record)
     kinds = [r for r in roles if r in ("in", "in_out")]
     for i, (kind, desc) in enumerate(zip(kinds, described)):
         if kind == "in_out" and isinstance(desc, dict) and "producer" not in desc \
@@ -220,16 +240,23 @@ def _inputs(s: Any, ins: list[Any], roles: list[str], name: str, reads: set[int]
 
 def _provenance(kernel: str, path: str) -> dict[str, Any]:
     """The `compiled` field of a kernel call: its wrapper, name (which lists the ops it fuses:
-    `cpp_fused_mul_silu_5`) and the user's line
+    `cpp_fused_mul_silu_5`), the modules of the nodes this call fuses (`modules`, where
+    Inductor generated the wrapper while opdiff recorded: kernel_modules.py) and the user's line
     of the wrapper line calling it (from the stack traces Inductor keeps per wrapper line)."""
     out: dict[str, Any] = {"graph": path.rsplit("/", 1)[-1], "node": kernel,
                            "backend": "inductor"}
     try:
         from torch._inductor.codecache import PyCodeCache
         frame = sys._getframe(2)
+        modules = modules_at(path, frame.f_lineno)
+        if modules is not None:
+            out["modules"] = modules
         frames = PyCodeCache.stack_frames_for_code(path, frame.f_lineno) or []
     except Exception:
         frames = []
-    if frames:      # innermost first: the user's line in the model
-        out["source"] = [frames[0].get("filename"), frames[0].get("line")]
+    # innermost first: the user's line in the model (not opdiff's own, which a node traced
+    # under the API layer's mode lists too)
+    user = next((f for f in frames if not is_internal(str(f.get("filename") or ""))), None)
+    if user is not None:
+        out["source"] = [user.get("filename"), user.get("line")]
     return out

@@ -37,6 +37,25 @@ class Leaves:
         self._models: list[Any] = []           # weak references
         self._handles: list[Any] = []
         self._calls = 0
+        # storage address -> the one parameter or buffer on it: Inductor hands its kernels
+        # views made without autograd (`reinterpret_tensor`, no `_base`); built on demand
+        self._by_storage: Optional[dict[int, int]] = None
+
+    def follow_storage(self) -> None:
+        """Find a leaf by its storage too (`find`), for compiled code's views of it."""
+        if self._by_storage is None:
+            self._by_storage = {}
+            shared: set[int] = set()
+            for key, (ref, _, _) in self.table.items():
+                t = ref()
+                if t is None:
+                    continue
+                address = t.untyped_storage().data_ptr()
+                if address in self._by_storage:
+                    shared.add(address)      # (flat parameters: which one is not known)
+                self._by_storage[address] = key
+            for address in shared:
+                del self._by_storage[address]
 
     def follow(self, models: Any) -> None:
         """Build the table of `models`' parameters and buffers (kept when the models are the same)."""
@@ -55,6 +74,9 @@ class Leaves:
                     except TypeError:
                         continue
         self.table = table
+        if self._by_storage is not None:
+            self._by_storage = None
+            self.follow_storage()
 
     def hook_inputs(self) -> None:
         """Tag the tensors of each root module call as inputs (until `unhook`).
@@ -104,7 +126,13 @@ class Leaves:
         if entry is None:
             base = t._base
             if base is None:
-                return None
+                if self._by_storage is None or not t.numel():
+                    return None
+                found = self._by_storage.get(t.untyped_storage().data_ptr())
+                entry = self.table.get(found) if found is not None else None
+                if entry is None or entry[0]() is None:
+                    return None
+                return entry[1], entry[2], entry[0]()
             t, key = base, id(base)
             entry = self.table.get(key) or self._inputs.get(key)
             if entry is None:

@@ -54,6 +54,9 @@ class Session:
         # layer records (a module's inputs, read in its pre-hook, are checked again by its first
         # op), each module call at L0.
         self.ops_advance_epoch = False
+        # dataflow by data address too (describe.py `buffers`): at L2, and once Inductor's
+        # kernels are recorded at mix (capture/inductor.py)
+        self.buffers = config.level == "L2"
 
     # -- what the layers read on every op ------------------------------------------------------
     @property
@@ -133,7 +136,7 @@ class Session:
                         exc.strerror or exc)
             return
         self.opened = True
-        if cfg.level == "L2":      # dataflow through unrecorded views and compiled buffers
+        if self.buffers:      # dataflow through unrecorded views and compiled buffers
             cast("Describer", self.sink.describer).buffers = True
         if cfg.task == "overflow_check":
             from .describe import Describer
@@ -207,6 +210,15 @@ class Session:
             self.fail(pending, exc)
 
     # -- names and filters ---------------------------------------------------------------------
+    def follow_buffers(self) -> None:
+        """From now on, a tensor not found by identity is found by its data address and version
+        (Inductor's kernels write through raw pointers and their readers get fresh views)."""
+        self.leaves.follow_storage()        # (and the views it makes of the parameters)
+        if not self.buffers:
+            self.buffers = True
+            if self.sink.describer is not None:
+                cast("Describer", self.sink.describer).buffers = True
+
     def next_index(self, op: str) -> int:
         return self.sink.next_index(op)
 

@@ -129,7 +129,9 @@ class StepSink:
         if describer is not None and describer.outs:
             # dataflow: a forward op's outputs name it in later readers' descriptors
             if record.get("phase") == Phase.FORWARD and record.get("kind") in Kind.OPS:
-                describer.produced(record["seq"], record["name"])
+                describer.produced(
+                    record["seq"], record["name"], record.get("kind") in (Kind.API, Kind.KERNEL),
+                    (record.get("compiled") or {}).get("backend") == "inductor")
             else:
                 describer.outs.clear()
         if not self._selection.want_input:

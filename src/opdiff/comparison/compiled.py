@@ -14,8 +14,10 @@ op by op.
 Inductor's own kernels, recorded at L2 (`capture/inductor.py`, kind `kernel`), never pair one to
 one: each falls in a region with the eager ops it replaces, between the extern kernels (mm, bmm)
 that pair with eager's. A compiled target recorded at level mix against an eager golden is
-judged per module call at its boundary (`compiled_modules.py`). Where the two sides cannot be
-paired at all (level L1, Inductor at mix, Triton kernels, which are not recorded), the compare
+judged per module call at its boundary (`compiled_modules.py`), Inductor's kernels and extern
+kernels among them (each call names the modules of the nodes it fuses). Where the two sides
+cannot be paired at all (level L1, Triton kernels, which are not recorded, an Inductor wrapper
+whose modules are not known), the compare
 is not refused: what pairs (leaves, parameter gradients) is compared, and the result says
 "inconclusive" with the reason (`note`, `unexplained`).
 """
@@ -199,7 +201,7 @@ def comparable_records(target: list[Record], golden: list[Record]) -> int:
     count; where module calls of compiled code were made at mix (`judged_modules`), the
     target's records that are not ops; otherwise the larger side's records."""
     if judged_modules(target):      # mix: ops never pair, only records by their names
-        return sum(1 for r in target if r["kind"] not in Kind.REPLAYABLE)
+        return sum(1 for r in target if r["kind"] not in Kind.OPS)
     kernels = [sum(1 for r in side if r["kind"] == Kind.KERNEL) for side in (target, golden)]
     if any(kernels):
         return max(len(side) - k for side, k in zip((target, golden), kernels) if k)
@@ -231,6 +233,17 @@ def note(target: list[Record], golden: list[Record], t_meta: Optional[dict[str, 
         return None         # aten ops against aten ops: paired op by op where dataflow agrees
     if judged_modules(target):
         return None         # module calls judged at their boundaries (compiled_modules.py)
+    unplaced = [r for r in (target if t_compiled else golden) if r["kind"] in Kind.OPS and
+                (r.get("compiled") or {}).get("backend") == "inductor" and
+                not (r.get("compiled") or {}).get("modules")]
+    if kernels and unplaced:
+        return (f"{INCONCLUSIVE}: the {which} ran Inductor-generated kernels whose modules are "
+                f"not known ({len(unplaced)} calls, such as {unplaced[0]['op']}): Inductor "
+                f"generated its code while opdiff did not record, and its cache gave it back "
+                f"without the modules opdiff keeps beside it; no module call is judged, only "
+                f"inputs, parameters and parameter gradients are compared; record a step in "
+                f"which torch.compile compiles (after torch._dynamo.reset(), or with "
+                f"TORCHINDUCTOR_FX_GRAPH_CACHE=0)")
     return (f"{INCONCLUSIVE}: the {which} ran torch.compile'd code, whose graphs are recorded per "
             f"aten op, while the other run is recorded per torch call (level "
             f"{'/'.join(sorted(str(v) for v in levels))}): only inputs, parameters and parameter "
@@ -302,7 +315,12 @@ def where(record: Optional[Record]) -> str:
     if not facts.get("node"):
         return ""
     inside = f", in `{facts['module']}`" if facts.get("module") else ""
-    return f" (compiled graph `{facts.get('graph', '?')}`, node `{facts['node']}`{inside})"
+    kernels = facts.get("kernels")
+    if isinstance(kernels, list) and len(kernels) > 1:     # (a module call of Inductor's)
+        ran = "kernels " + ", ".join(f"`{k}`" for k in kernels)
+    else:
+        ran = f"node `{facts['node']}`"
+    return f" (compiled graph `{facts.get('graph', '?')}`, {ran}{inside})"
 
 
 def source(record: Optional[Record],

@@ -15,6 +15,17 @@ read a tensor whose maker is not recorded or draw random numbers (dropout in tra
 whose boundary does not correspond, gets none:
 it is not judged, never guessed. Only forward graphs are recorded at mix: backward is judged
 through the parameter gradients.
+
+Under Inductor the compiled calls are its generated kernels (`Inductor.<kernel>`, kind
+`kernel`) and the extern kernels its wrapper calls (mm, bmm), each naming the modules of every
+node it fuses (`compiled.modules`, capture/kernel_modules.py; views left out). A call is a
+member of a module's call when all those modules lie inside it; a call fusing nodes inside and
+outside it (the down projection's last op with the residual add after it) makes the module
+unjudged, and the enclosing module whose call holds all of it is judged instead. A boundary
+tensor may be saved in another grouping of the same dimensions than eager's (an mm's [16, 32]
+for a Linear's [2, 8, 32]): it is compared in eager's shape (`saved_shape` says which it had).
+Where an Inductor call names no module (its wrapper generated while opdiff did not watch), no
+module call is judged (compiled.py's note says why).
 """
 from __future__ import annotations
 
@@ -43,38 +54,88 @@ def _tensors(descs: Any) -> list[dict[str, Any]]:
     return [d for d in (descs if isinstance(descs, list) else []) if _shape(d) is not None]
 
 
+def _prefixes(shape: tuple[int, ...]) -> set[int]:
+    out, n = set(), 1
+    for d in shape:
+        n *= d
+        out.add(n)
+    return out
+
+
+def _flattened(shape: Optional[tuple[int, ...]], golden: Optional[tuple[int, ...]]) -> bool:
+    """Whether `shape` and `golden` are one shape with runs of neighbouring dimensions merged
+    or split (the [16, 32] an mm of Inductor's wrote for a Linear's [2, 8, 32]; the
+    [2, 8, 4, 8] of heads for [2, 8, 32]): the same elements in the same order, never a
+    transpose ([32, 16] for [16, 32])."""
+    if shape is None or golden is None or shape == golden or 1 in shape or 1 in golden:
+        return False
+    small, large = sorted((_prefixes(shape), _prefixes(golden)), key=len)
+    return max(small, default=0) == max(large, default=0) and small <= large
+
+
+def _same(d: dict[str, Any], g: dict[str, Any]) -> bool:
+    return _shape(d) == _shape(g) or _flattened(_shape(d), _shape(g))
+
+
 def _matched(golden: list[dict[str, Any]], found: list[list[dict[str, Any]]]
              ) -> Optional[list[dict[str, Any]]]:
     """One descriptor of each `found` tensor (each has one or more spellings: itself, the
-    reshape that alone reads it) in the order of `golden`'s descriptors, matched by shape; None
-    unless each golden shape is unique and met by exactly one found tensor, and none is left."""
+    reshape that alone reads it) in the order of `golden`'s descriptors, matched by shape (or
+    that shape flattened, `_flattened`: the descriptor then takes the golden shape and says the
+    one it was saved in); None unless each golden shape is unique and met by exactly one found
+    tensor, and none is left."""
     if len(golden) != len(found) or not golden:
         return None
     out = []
     for g in golden:
-        same = [d for ways in found for d in ways[:2] if _shape(d) == _shape(g)]
+        # (the shape itself first: a regrouped spelling only where no tensor has it)
+        same = [d for ways in found for d in ways[:2] if _shape(d) == _shape(g)] or \
+            [d for ways in found for d in ways[:2] if _same(d, g)]
         if len(same) != 1 or sum(_shape(x) == _shape(g) for x in golden) != 1:
             return None
-        out.append(same[0])
+        d = same[0]
+        if _shape(d) != _shape(g):
+            d = {**d, "shape": list(_shape(g) or ()), "saved_shape": d.get("shape")}
+        out.append(d)
     return out
+
+
+def _modules(r: Record) -> Optional[list[str]]:
+    """The modules of the nodes a compiled record computes: an FX node's one (`module`), or
+    those of every node an Inductor call fuses (`modules`, capture/kernel_modules.py)."""
+    facts = r.get("compiled") or {}
+    if isinstance(facts.get("module"), str):
+        return [facts["module"]]
+    found = facts.get("modules")
+    if isinstance(found, list) and found and all(isinstance(m, str) for m in found):
+        return found
+    return None
+
+
+def _unplaced(r: Record) -> bool:
+    """An Inductor call that names no module (its wrapper came from Inductor's cache): where it
+    belongs is unknown, so no module call made of compiled records is proven."""
+    facts = r.get("compiled") or {}
+    return facts.get("backend") == "inductor" and _modules(r) is None
 
 
 def module_calls(target: list[Record], golden: list[Record]) -> list[Record]:
     """`target` with a module record added after the compiled ops of each golden forward module
     call whose boundary corresponds (see the module docstring)."""
-    compiled = [r for r in target if r["kind"] in Kind.REPLAYABLE and r["phase"] == Phase.FORWARD
-                and isinstance((r.get("compiled") or {}).get("module"), str)]
-    if not compiled:
+    calls = [r for r in target if r["kind"] in Kind.OPS and r["phase"] == Phase.FORWARD
+             and r.get("compiled")]
+    compiled = [r for r in calls if _modules(r) is not None]
+    if not compiled or any(_unplaced(r) for r in calls):
         return target
     names = {r["name"] for r in target}
     by_seq = {r["seq"]: r for r in target if r["seq"] is not None}
     forward = [g for g in golden if g["kind"] == Kind.MODULE and g["phase"] == Phase.FORWARD]
-    calls: dict[str, int] = {}
+    count: dict[str, int] = {}
     for g in forward:
-        calls[g["op"]] = calls.get(g["op"], 0) + 1
+        count[g["op"]] = count.get(g["op"], 0) + 1
     after: dict[int, list[Record]] = {}
     for g in forward:
-        if calls[g["op"]] != 1 or g["name"] in names:
+        if count[g["op"]] != 1 or g["name"] in names:
             continue
         made = _module_call(g, compiled, target, by_seq)
         if made is not None:
@@ -93,14 +154,26 @@ def module_calls(target: list[Record], golden: list[Record]) -> list[Record]:
 def _module_call(g: Record, compiled: list[Record], target: list[Record],
                  by_seq: dict[Any, Record]) -> Optional[tuple[int, Record]]:
     path = module_path(g["op"])
-    members = [r for r in compiled if _inside(path, r["compiled"]["module"])]
+    members, straddle = [], False
+    for r in compiled:
+        inside = [_inside(path, m) for m in _modules(r) or ()]
+        if all(inside):
+            members.append(r)
+        elif any(inside):
+            straddle = True
     seqs = {r["seq"] for r in members}
-    if not members or None in seqs or any(_random(r["op"]) for r in members):
+    # a call fusing nodes inside and outside the module (a kernel of its last op and the
+    # residual add after it): the module's outputs are never written; its parent is judged
+    if not members or straddle or None in seqs or any(_random(r["op"]) for r in members):
         return None     # (a random draw, dropout in training: eager's and the graph's differ)
     reads: dict[Any, dict[str, Any]] = {}      # (seq, slot) made outside -> its descriptor
     for r in members:
         for _, role, d in iter_tensors(r):
-            if role == Role.OUTPUT or d.get("leaf") in ("parameter", "buffer"):
+            if role == Role.OUTPUT or d.get("leaf") in ("parameter", "buffer") or \
+                    d.get("overwritten") or d.get("uninitialized"):
+                continue        # (a buffer an Inductor kernel is handed to write, not read)
+            if d.get("leaf") == "input" and d.get("fqn"):
+                reads.setdefault(("input", d["fqn"]), d)
                 continue
             made = d.get("producer")
             if not made:
@@ -140,18 +213,32 @@ def _module_call(g: Record, compiled: list[Record], target: list[Record],
         return None
     last = max(i for i, r in enumerate(target) if r["seq"] in seqs)
     first = next(r for r in target if r["seq"] in seqs)
+    facts = {k: v for k, v in first["compiled"].items() if k != "modules"}
+    kernels = [r for r in members if r["kind"] == Kind.KERNEL]
+    if kernels:     # Inductor: the generated kernels it ran, the first one's user line
+        facts.update(node=kernels[0]["compiled"].get("node"),
+                     kernels=list(dict.fromkeys(str(r["compiled"].get("node"))
+                                                for r in kernels)))
+        facts.pop("source", None)
+        if kernels[0]["compiled"].get("source"):
+            facts["source"] = kernels[0]["compiled"]["source"]
     record = {**{k: v for k, v in g.items() if k not in ("inputs", "outputs", "kwargs", "seq",
                                                              "stack", "parameters")},
               "inputs": [_strip(d) for d in inputs], "outputs": [_strip(d) for d in outputs],
               "kwargs": {}, "parameters": {}, "seq": None, "stack": first.get("stack"),
               # (where the call's compiled ops begin: its first node, the user's line)
-              "compiled": {**first["compiled"], "module": path}}
+              "compiled": {**facts, "module": path}}
     return last, record
+
+
+_DRAWS = ("rand", "bernoulli", "dropout")     # (in an Inductor kernel's name: the ops it fuses)
 
 
 def _random(op: str) -> bool:
     """Whether a compiled op draws random numbers (`Torch.native_dropout.default` is the aten
-    op `Aten.native_dropout.default`)."""
+    op `Aten.native_dropout.default`; an Inductor kernel whose name lists a random op)."""
+    if op.startswith("Inductor."):
+        return any(word in op for word in _DRAWS)
     return ops.traits("Aten." + op.split(".", 1)[1] if op.startswith("Torch.") else op).random
 
 

@@ -1,0 +1,150 @@
+"""Eager golden against `torch.compile` with Inductor on the CPU, both recorded at level mix (a
+tiny Llama): capture records Inductor's C++ kernels beside the extern kernels (mm, bmm), each
+call naming the modules of the nodes it fuses (capture/kernel_modules.py), and the compare
+judges each eager module call whose compiled calls all lie inside it at its boundary
+(comparison/compiled_modules.py). A healthy step names nothing and says nothing is
+inconclusive; a wrong Inductor decomposition of `aten.silu` is named at the first layer's MLP,
+with the kernel holding the silu and the model's line. Capture adds no graph break and leaves the
+compiled step bitwise. Each compile runs once per module (caches off: a cached wrapper was not
+generated while opdiff watched)."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+import opdiff
+from compilekit import fresh_compile, run_step, wrong_silu_decomposition
+from opdiff.comparison import compiled
+from opdiff.comparison.compiled_modules import module_calls
+from opdiff.report.console import verdict_line
+from opdiff.store.schema import complete
+
+MLP = "Module.model.layers.{}.mlp.LlamaMLP.forward.0"
+
+
+@pytest.fixture(scope="module")
+def steps(tmp_path_factory):
+    root = tmp_path_factory.mktemp("inductor_mix")
+    with fresh_compile():
+        plain = run_step(None, backend="inductor")
+        healthy = run_step(root / "healthy", "mix", backend="inductor")
+    with wrong_silu_decomposition():
+        spoiled = run_step(root / "silu", "mix", backend="inductor")
+    return {"eager": run_step(root / "eager", "mix"), "plain": plain, "healthy": healthy,
+            "silu": spoiled}
+
+
+def _records(step) -> list[dict]:
+    path = step.path / "step0" / "rank0" / "records.jsonl"
+    return [complete(json.loads(line)) for line in path.read_text().splitlines()]
+
+
+def _compare(target, golden, out: Path):
+    return opdiff.compare(str(target.path), str(golden.path), str(out), progress=False)
+
+
+def test_capture_adds_no_graph_break_and_keeps_the_step_bitwise(steps):
+    plain, captured = steps["plain"], steps["healthy"]
+    assert torch.equal(plain.loss, captured.loss) and torch.equal(plain.grads, captured.grads)
+    assert not captured.counters.get("graph_break"), captured.counters
+    assert not captured.counters.get("recompiles"), captured.counters
+    assert captured.counters["stats"] == plain.counters["stats"], captured.counters
+
+
+def test_each_inductor_call_names_the_modules_of_what_it_fuses(steps):
+    records = _records(steps["healthy"])
+    kernels = [r for r in records if r["kind"] == "kernel"]
+    assert kernels and {r["phase"] for r in kernels} == {"forward"}    # (at mix: forward only)
+    silu = [r for r in kernels if "silu" in r["compiled"]["node"]]
+    assert [r["compiled"]["modules"] for r in silu] == [
+        [f"model.layers.{i}.mlp", f"model.layers.{i}.mlp.act_fn"] for i in range(2)]
+    # the same generated kernel called for both layers: the modules are the call's, not the name's
+    assert len({r["compiled"]["node"] for r in silu}) == 1
+    # extern kernels: the module of the node computed, not of the views folded into its inputs
+    mms = [r for r in records if r["op"] == "Torch.mm.default" or r["op"].startswith("Torch.mm")]
+    assert mms and [r["compiled"]["modules"] for r in mms][:3] == [
+        [f"model.layers.0.self_attn.{p}_proj"] for p in "qkv"]
+    # dataflow through Inductor's buffers: the silu kernel reads what the gate and up mms wrote
+    made = {r["seq"]: r for r in records}
+    assert [made[d["producer"][0]]["compiled"]["modules"] for d in silu[0]["inputs"]] == [
+        ["model.layers.0.mlp.gate_proj"], ["model.layers.0.mlp.up_proj"]]
+    # kept beside the wrapper for a later process that Inductor's cache hands the same wrapper
+    from opdiff.capture.kernel_modules import SIDECAR, lines_of
+    wrapper = next(p for p in _wrappers() if p.endswith(silu[0]["compiled"]["graph"]))
+    assert os.path.exists(wrapper + SIDECAR)
+    kept = json.loads(Path(wrapper + SIDECAR).read_text())
+    assert {int(k): v for k, v in kept.items()} == lines_of(wrapper)
+
+
+def _wrappers() -> list[str]:
+    from torch._inductor.codecache import PyCodeCache
+    return [str(getattr(m, "__file__", "")) for m in PyCodeCache.modules]
+
+
+def test_a_healthy_step_names_nothing_through_module_boundaries(steps, tmp_path):
+    result = _compare(steps["healthy"], steps["eager"], tmp_path / "out")
+    assert result.first_divergence is None, result.first_divergence
+    assert not [n for n in result.notes if n.startswith("inconclusive")], result.notes
+    assert not verdict_line(result).startswith("inconclusive"), verdict_line(result)
+    judged = {r.op_name for r in result.rows if r.kind == "module" and r.result == "pass"}
+    assert {MLP.format(i) for i in range(2)} <= judged, sorted(judged)
+    assert "Module.model.layers.1.self_attn.o_proj.Linear.forward.0" in judged
+    assert result.counts["error"] == 0
+
+
+def test_a_wrong_silu_decomposition_is_named_at_the_first_layers_mlp(steps, tmp_path):
+    result = _compare(steps["silu"], steps["eager"], tmp_path / "out")
+    first = result.first_divergence
+    assert first is not None, verdict_line(result)
+    assert first.name == MLP.format(0), first
+    assert "node `cpp_fused" in first.reason and "silu" in first.reason, first.reason
+    assert "in `model.layers.0.mlp`" in first.reason
+    assert first.location is not None and first.location.file.endswith("modeling_llama.py")
+    assert "act_fn" in (first.location.code or ""), first.location
+    # nothing before it is named: the attention's projections of layer 0 agree
+    rows = {(r.op_name, r.role): r.result for r in result.rows if r.kind == "module"}
+    assert rows[("Module.model.layers.0.self_attn.q_proj.Linear.forward.0", "output")] == "pass"
+    assert rows[(MLP.format(0), "input")] == "pass"
+
+
+def test_a_call_straddling_a_module_leaves_it_unjudged_and_unknown_modules_none(steps):
+    target, golden = _records(steps["healthy"]), _records(steps["eager"])
+
+    def judged(records):
+        return {r["name"] for r in module_calls(records, golden) if r["kind"] == "module"}
+    assert MLP.format(0) in judged(target)
+    silu = next(i for i, r in enumerate(target) if r["kind"] == "kernel"
+                and "silu" in r["compiled"]["node"])
+    # the silu kernel also fusing a node of the decoder layer (outside the MLP): the MLP is not
+    # judged, and the layer is not judged either (its rotary kernel straddles `model`)
+    wide = dict(target[silu], compiled={**target[silu]["compiled"], "modules": [
+        "model.layers.0", "model.layers.0.mlp.act_fn"]})
+    assert MLP.format(0) not in judged(target[:silu] + [wide] + target[silu + 1:])
+    assert MLP.format(1) in judged(target[:silu] + [wide] + target[silu + 1:])
+    # a call naming no module (a wrapper from Inductor's cache): nothing is judged, and the
+    # note says why
+    blind = [dict(r, compiled={k: v for k, v in r["compiled"].items() if k != "modules"})
+             if r.get("compiled") else r for r in target]
+    assert not judged(blind)
+    note = compiled.note(blind, golden, {"config": {"level": "mix"}},
+                         {"config": {"level": "mix"}})
+    assert note is not None and note.startswith("inconclusive") and "modules" in note, note
+
+
+@pytest.mark.slow
+def test_a_wrong_silu_decomposition_is_named_with_tensor_dumps(tmp_path):
+    eager = run_step(tmp_path / "eager", "mix", task="tensor")
+    with wrong_silu_decomposition():
+        target = run_step(tmp_path / "silu", "mix", backend="inductor", task="tensor")
+    result = _compare(target, eager, tmp_path / "out")
+    first = result.first_divergence
+    assert first is not None, verdict_line(result)
+    assert first.name == MLP.format(0), first
+    assert "silu" in first.reason and "in `model.layers.0.mlp`" in first.reason, first.reason
+    # boundary tensors saved in Inductor's shapes are compared in the module's
+    rows = [r for r in result.rows if r.op_name == MLP.format(0)]
+    assert rows and all("shapes differ" not in (r.reason or "") for r in rows), rows
