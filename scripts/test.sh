@@ -22,4 +22,7 @@ python -m mypy
 # The docs site: a broken link, a missing API reference or a page generated from a parser that
 # changed fails here (docs/hooks.py writes the reference pages from the code).
 NO_MKDOCS_2_WARNING=1 python -m mkdocs build --strict --quiet --site-dir "$(mktemp -d)"
-python -m pytest -q "$@"
+# One worker per core, at most four (each runs one top-level test directory at a time,
+# tests/conftest.py): the suite takes about half the time of one process.
+workers=$(python -c "import os; print(max(1, min(4, os.cpu_count() or 1)))")
+python -m pytest -q -n "$workers" --dist loadgroup "$@"

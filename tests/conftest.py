@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import pytest
@@ -233,6 +234,16 @@ def tiny_model(request) -> ModelCase:
 def dump_root(tmp_path):
     """A dump_path that does not exist yet (opdiff creates it)."""
     return tmp_path / "dump"
+
+
+# scripts/test.sh runs the suite on several workers (pytest-xdist, `--dist loadgroup`). Each
+# top-level test directory is one group, run on one worker: its session fixtures are built once,
+# and the tests that start processes, clusters or compiles of one kind never run beside each other.
+def pytest_collection_modifyitems(config, items):
+    tests = Path(__file__).parent
+    for item in items:
+        parts = Path(item.path).relative_to(tests).parts
+        item.add_marker(pytest.mark.xdist_group(parts[0] if len(parts) > 1 else "top"))
 
 
 # CI sets OPDIFF_REQUIRE_BROWSER=1: there a browser test that skips because chromium is missing
