@@ -171,15 +171,19 @@ def floor(name, workload, steps, warmup=2, clock=time.perf_counter):
     """What any Python capture pays on this model: each round times a plain step, the step under
     a torch-function mode that only calls through, under bench_per_op.FloorRecorder (the records
     opdiff writes, as tuples of tensor heads: no statistics, stacks or files) and under opdiff at
-    mix statistics; ratios of the medians to the plain step's."""
-    from bench_per_op import BareMode, FloorRecorder
+    mix statistics, and under bench_per_op.ContractRecorder (the floor plus statistics, producers,
+    call sites and JSON lines: the least that keeps opdiff's dump contract); ratios of the
+    medians to the plain step's."""
+    from bench_per_op import BareMode, ContractRecorder, FloorRecorder
     model, batch, loss_fn = workload()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for _ in range(warmup):
         run_step(model, batch, loss_fn, opt)
     recorder = FloorRecorder().watching(model)
-    times: dict = {"plain": [], "bare mode": [], "floor recorder": [], "opdiff mix": []}
+    times: dict = {"plain": [], "bare mode": [], "floor recorder": [], "contract recorder": [],
+                   "opdiff mix": []}
     with tempfile.TemporaryDirectory(prefix="opdiff-bench-") as root:
+        contractor = ContractRecorder(Path(root) / "contract.jsonl").watching(model)
         for i in range(-1, steps):      # round -1: warm-up, not timed
             t0 = clock()
             run_step(model, batch, loss_fn, opt)
@@ -192,6 +196,10 @@ def floor(name, workload, steps, warmup=2, clock=time.perf_counter):
             with recorder:
                 run_step(model, batch, loss_fn, opt)
             times["floor recorder"].append(clock() - t0)
+            t0 = clock()
+            with contractor:
+                run_step(model, batch, loss_fn, opt)
+            times["contract recorder"].append(clock() - t0)
             t0 = clock()
             dbg = opdiff.PrecisionDebugger(dump_path=f"{root}/{i}", level="mix", task="statistics")
             dbg.start(model)
@@ -220,7 +228,8 @@ def main(argv=None):
                              "tensors, of large ones, the rest)")
     parser.add_argument("--floor", action="store_true",
                         help="instead: the floor of any Python capture (a bare torch-function "
-                             "mode, bench_per_op.FloorRecorder) beside opdiff at mix statistics")
+                             "mode, bench_per_op.FloorRecorder, bench_per_op.ContractRecorder) "
+                             "beside opdiff at mix statistics")
     parser.add_argument("--device", default="cpu", help="where model and batch live (cuda: steps synchronized)")
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
     args = parser.parse_args(argv)

@@ -1,6 +1,7 @@
 """Host time opdiff spends per recorded op, on a model whose kernels take next to nothing.
 
-    python benchmarks/bench_per_op.py [--steps 31] [--level mix] [--device cuda] [--json out.json]
+    python benchmarks/bench_per_op.py [--steps 31] [--level mix] [--device cuda] [--floor] [--contract]
+                                      [--json out.json]
 
 A deep MLP of tiny layers (width 16, batch 4): the plain step is almost all Python and
 dispatch, so (captured step - plain step) / records per step is opdiff's own cost per record,
@@ -12,13 +13,17 @@ with a synchronize; the spread is the quartiles of the per-round per-record cost
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+import orjson
 import torch
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
@@ -116,6 +121,161 @@ class FloorRecorder(TorchFunctionMode):
         return super().__exit__(*exc)
 
 
+class ContractRecorder(FloorRecorder):
+    """FloorRecorder plus the least of what an opdiff record must hold that FloorRecorder leaves
+    out, each part done the cheapest way found: the statistics of each tensor (a small one's
+    values copied at call time and min/max/mean/norm reduced at the end of the step in one batch
+    of segment reductions per dtype; a large one reduced at call time), its producer (the record
+    and slot that made it), the user's call site (the first frame outside torch, cached per code
+    position), and one JSON line per record written at the end of the step. No names, selection,
+    leaves, checks or module paths: the floor under any recorder that keeps opdiff's dump
+    contract (`--contract`)."""
+
+    def __init__(self, path: Path):
+        super().__init__()
+        self._path = path
+        self._values: list = []
+        self._staged = {dtype: _Staging(np_dtype) for dtype, np_dtype in _NUMPY.items()}
+        self._made: dict = {}
+        self._sites: dict = {}
+
+    def _site(self) -> int:
+        f: object = sys._getframe(1)
+        while f is not None:
+            key = (f.f_code, f.f_lasti)
+            site = self._sites.get(key)
+            if site is None:
+                inside = f.f_code.co_filename.startswith(_TORCH_DIR) or f.f_code in _RECORDER_CODE
+                site = self._sites[key] = -1 if inside else len(self._sites)
+            if site >= 0:
+                return site
+            f = f.f_back
+        return -1
+
+    def _heads(self, values) -> list:
+        heads = []
+        made = self._made
+        for v in values if isinstance(values, (tuple, list)) else (values,):
+            if isinstance(v, torch.Tensor):
+                if type(v) is nn.Parameter and id(v) not in self._leaves:
+                    self._leaves.add(id(v))
+                    self.records.append(("leaf", id(v), v.shape, v.dtype))
+                heads.append((id(v), v.shape, v.dtype, v._version, made.get(id(v)), self._copy(v)))
+        return heads
+
+    def _copy(self, v: torch.Tensor) -> int:
+        """Copy v's values now, byte for byte into a kept buffer (as opdiff stages small CPU
+        tensors); their index in self._values."""
+        n = v.numel() * v.element_size()
+        if not v.is_contiguous() or v.device.type != "cpu" or v.dtype not in _NUMPY:
+            self._values.append(None)
+        elif v.numel() > _SMALL:     # reduced now, in its dtype (sums in float64), as opdiff does
+            w = v.detach()
+            self._values.append(("now", w.min().item(), w.max().item(),
+                                 w.sum(dtype=torch.float64).item() / w.numel(),
+                                 torch.linalg.vector_norm(w, dtype=torch.float64).item()))
+        else:
+            staging = self._staged[v.dtype]
+            if staging.used + n > len(staging.buffer):
+                staging.grow(staging.used + n)
+                self._values = [None] * len(self._values)   # (a bench: never hit after warm-up)
+            _memmove(staging.address + staging.used, v.data_ptr(), n)
+            self._values.append((v.dtype, staging.used // v.element_size(), v.numel()))
+            staging.used += n
+        return len(self._values) - 1
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if self._busy or getattr(func, "__name__", None) == "__get__":
+            return func(*args, **(kwargs or {}))
+        out = super().__torch_function__(func, types, args, kwargs)
+        self._busy = True
+        record = self.records[-1]
+        record.append(self._site())
+        seq = len(self.records) - 1
+        for slot, v in enumerate(out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(v, torch.Tensor):
+                self._made[id(v)] = (seq, slot)
+        self._busy = False
+        return out
+
+    def __exit__(self, *exc):
+        result = super().__exit__(*exc)
+        with _no_torch_function():
+            stats = _segment_stats(self._staged, self._values)
+            with open(self._path, "w") as out:
+                for record in self.records:
+                    out.write(orjson.dumps([_jsonable(item, stats) for item in record]).decode() + "\n")
+        self._values.clear()
+        for staging in self._staged.values():
+            staging.used = 0
+        self._made.clear()
+        return result
+
+
+_TORCH_DIR = str(Path(torch.__file__).parent)
+_memmove = ctypes.memmove
+_RECORDER_CODE = {f.__code__ for c in (FloorRecorder, ContractRecorder) for f in vars(c).values()
+                  if hasattr(f, "__code__")}
+
+
+_SMALL = 16384    # elements: a larger tensor is reduced at call time (opdiff's threshold)
+_NUMPY = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}
+
+
+class _Staging:
+    """A kept byte buffer the small tensors of one dtype are copied into, end to end."""
+
+    def __init__(self, np_dtype):
+        self.np_dtype = np_dtype
+        self.used = 0
+        self.grow(1 << 20)
+
+    def grow(self, size: int) -> None:
+        self.buffer = np.empty(size * 2, dtype=np.uint8)
+        self.address = self.buffer.ctypes.data
+        self.used = 0
+
+
+def _segment_stats(staged: dict, values: list) -> list:
+    """(min, max, mean, norm) of each copied tensor, reduced per dtype in one batch of segment
+    reductions (numpy's reduceat over the tensors laid end to end; min and max in their dtype,
+    sums in float64)."""
+    out: list = [None] * len(values)
+    by_dtype: dict = {}
+    for i, v in enumerate(values):
+        if v is not None and v[0] == "now":
+            out[i] = v[1:]
+        elif v is not None and v[2]:
+            by_dtype.setdefault(v[0], []).append(i)
+    for dtype, indices in by_dtype.items():
+        staging = staged[dtype]
+        native = staging.buffer[:staging.used].view(staging.np_dtype)
+        starts = np.fromiter((values[i][1] for i in indices), dtype=np.intp, count=len(indices))
+        lengths = np.fromiter((values[i][2] for i in indices), dtype=np.float64, count=len(indices))
+        wide = native.astype(np.float64)
+        low = np.minimum.reduceat(native, starts).tolist()
+        high = np.maximum.reduceat(native, starts).tolist()
+        mean = (np.add.reduceat(wide, starts) / lengths).tolist()
+        np.multiply(wide, wide, out=wide)
+        norm = np.sqrt(np.add.reduceat(wide, starts)).tolist()
+        for k, i in enumerate(indices):
+            out[i] = (low[k], high[k], mean[k], norm[k])
+    return out
+
+
+def _jsonable(item, stats):
+    if isinstance(item, list):
+        return [(h[0], list(h[1]), str(h[2]), h[3], h[4], stats[h[5]]) if isinstance(h, tuple) else h
+                for h in item]
+    if isinstance(item, tuple):
+        return [_jsonable(i, stats) for i in item]
+    if isinstance(item, (int, float, str)) or item is None:
+        return item
+    if isinstance(item, torch.dtype):
+        return str(item)
+    return getattr(item, "__name__", None) or type(item).__name__
+
+
 class BareMode(TorchFunctionMode):
     """A torch-function mode that only calls through: what intercepting each call costs."""
 
@@ -136,6 +296,10 @@ def main(argv=None):
     parser.add_argument("--floor", action="store_true",
                         help="also time a bare torch-function mode and FloorRecorder (the least a "
                              "Python capture can do per record) in the same rounds")
+    parser.add_argument("--contract", action="store_true",
+                        help="also time ContractRecorder (the floor plus statistics, producers, call "
+                             "sites and JSON lines: the least a recorder keeping opdiff's dump "
+                             "contract does) in the same rounds")
     parser.add_argument("--device", default="cpu", help="where the MLP runs (cuda: steps synchronized)")
     parser.add_argument("--json", default=None, help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
@@ -158,7 +322,9 @@ def main(argv=None):
     root = Path(tempfile.mkdtemp(prefix="opdiff-bench-"))
     plain, captured, records = [], [], 0
     bare, floor, floor_records = [], [], 0
+    contract, contract_records = [], 0
     recorder = FloorRecorder().watching(model)
+    contractor = ContractRecorder(root / "contract.jsonl").watching(model)
     shared = opdiff.PrecisionDebugger(dump_path=str(root / "shared"), level=args.level,
                                       task=args.task)
     try:
@@ -186,6 +352,12 @@ def main(argv=None):
                     step()
                 floor.append(clock() - t0)
                 floor_records = len(recorder.records)
+            if args.contract:
+                t0 = clock()
+                with contractor:
+                    step()
+                contract.append(clock() - t0)
+                contract_records = len(contractor.records)
             directory = path / f"step{dbg.session.step_index - 1}" / "rank0"
             if i == 0:
                 records = sum(1 for _ in open_dump(directory).records())
@@ -208,6 +380,12 @@ def main(argv=None):
         print(f"  floor recorder: {f * 1e3:.2f} ms, {floor_records} records: "
               f"{(f - p) / floor_records * 1e6:.1f} us per record, "
               f"{(f - p) / records * 1e6:.1f} us per opdiff record")
+    if args.contract:
+        k = statistics.median(contract)
+        figures["contract_us_per_record"] = (k - p) / contract_records * 1e6 if contract_records else None
+        print(f"  contract recorder: {k * 1e3:.2f} ms, {contract_records} records: "
+              f"{(k - p) / contract_records * 1e6:.1f} us per record, "
+              f"{(k - p) / records * 1e6:.1f} us per opdiff record")
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1))
 
