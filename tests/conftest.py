@@ -237,13 +237,20 @@ def dump_root(tmp_path):
 
 
 # scripts/test.sh runs the suite on several workers (pytest-xdist, `--dist loadgroup`). Each
-# top-level test directory is one group, run on one worker: its session fixtures are built once,
-# and the tests that start processes, clusters or compiles of one kind never run beside each other.
+# top-level test directory is one group, run on one worker: its session fixtures are built once.
+# The tests that start Ray clusters or torchrun process groups are one group wherever they live,
+# so two clusters (and their CPU-bound workers) never run beside each other.
+_PROCESS_GROUPS = {"distributed", "launch"}
+
+
 def pytest_collection_modifyitems(config, items):
     tests = Path(__file__).parent
     for item in items:
         parts = Path(item.path).relative_to(tests).parts
-        item.add_marker(pytest.mark.xdist_group(parts[0] if len(parts) > 1 else "top"))
+        group = parts[0] if len(parts) > 1 else "top"
+        if group in _PROCESS_GROUPS or "_ray" in Path(item.path).stem:
+            group = "processes"
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 # CI sets OPDIFF_REQUIRE_BROWSER=1: there a browser test that skips because chromium is missing
