@@ -10,10 +10,11 @@ made, and the tensors its ops made that ops outside it read. Where these corresp
 with the eager module call's inputs and outputs (the same count and the same shapes, no two of
 a shape), the target gets a module record of that call, with that name, made of those
 descriptors, which pairs with the eager one by name and is judged as any module call (named
-where its inputs agree and its outputs do not). A module called more than once, one whose ops
-read a tensor whose maker is not recorded or draw random numbers (dropout in training), or
-whose boundary does not correspond, gets none:
-it is not judged, never guessed. Only forward graphs are recorded at mix: backward is judged
+where its inputs agree and its outputs do not). A tensor whose maker is not recorded (the
+compiled graph's input, the token ids) is one the call reads from outside: it is compared as
+one of its inputs, so wherever it came from, it must agree before the call is named. A module
+called more than once, one whose ops draw random numbers (dropout in training), or whose
+boundary does not correspond, gets none: it is not judged, never guessed. Only forward graphs are recorded at mix: backward is judged
 through the parameter gradients.
 
 Under Inductor the compiled calls are its generated kernels (`Inductor.<kernel>`, kind
@@ -21,7 +22,8 @@ Under Inductor the compiled calls are its generated kernels (`Inductor.<kernel>`
 node it fuses (`compiled.modules`, capture/kernel_modules.py; views left out). A call is a
 member of a module's call when all those modules lie inside it; a call fusing nodes inside and
 outside it (the down projection's last op with the residual add after it) makes the module
-unjudged, and the enclosing module whose call holds all of it is judged instead. A boundary
+unjudged, and the enclosing module whose call holds all of it is judged instead (and the
+smallest span of module calls that closes the call: compiled_spans.py). A boundary
 tensor may be saved in another grouping of the same dimensions than eager's (an mm's [16, 32]
 for a Linear's [2, 8, 32]): it is compared in eager's shape (`saved_shape` says which it had).
 Where an Inductor call names no module (its wrapper generated while opdiff did not watch), no
