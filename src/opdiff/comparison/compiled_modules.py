@@ -14,8 +14,8 @@ where its inputs agree and its outputs do not). A tensor whose maker is not reco
 compiled graph's input, the token ids) is one the call reads from outside: it is compared as
 one of its inputs, so wherever it came from, it must agree before the call is named. A module
 called more than once, one whose ops draw random numbers (dropout in training), or whose
-boundary does not correspond, gets none: it is not judged, never guessed. Only forward graphs are recorded at mix: backward is judged
-through the parameter gradients.
+boundary does not correspond, gets none: it is not judged, never guessed. Only forward graphs
+are recorded at mix: backward is judged through the parameter gradients.
 
 Under Inductor the compiled calls are its generated kernels (`Inductor.<kernel>`, kind
 `kernel`) and the extern kernels its wrapper calls (mm, bmm), each naming the modules of every
