@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import opdiff
-from compilekit import (fresh_compile, run_step, wrong_rsqrt_decomposition,
+from compilekit import (fresh_compile, llama, run_step, wrong_rsqrt_decomposition,
                         wrong_silu_decomposition)
 from opdiff.comparison import compiled
 from opdiff.comparison.compiled_modules import module_calls
@@ -73,6 +73,13 @@ def test_each_inductor_call_names_the_modules_of_what_it_fuses(steps):
         [f"model.layers.{i}.mlp", f"model.layers.{i}.mlp.act_fn"] for i in range(2)]
     # the same generated kernel called for both layers: the modules are the call's, not the name's
     assert len({r["compiled"]["node"] for r in silu}) == 1
+    # every module named is the root or one of the model's tree (the rotary embedding's nodes run
+    # in transformers' global `apply_rotary_pos_emb` module, inside the attention's call)
+    tree = {name for name, _ in llama().named_modules()}
+    assert {m for r in kernels for m in r["compiled"]["modules"]} <= tree
+    rotary = [r for r in kernels if "cos" in r["compiled"]["node"]]
+    assert rotary and all(f"model.layers.{i}.self_attn" in r["compiled"]["modules"]
+                          for i, r in enumerate(rotary)), [r["compiled"] for r in rotary]
     # extern kernels: the module of the node computed, not of the views folded into its inputs
     mms = [r for r in records if r["op"] == "Torch.mm.default" or r["op"].startswith("Torch.mm")]
     assert mms and [r["compiled"]["modules"] for r in mms][:3] == [

@@ -10,11 +10,9 @@ made, and the tensors its ops made that ops outside it read. Where these corresp
 with the eager module call's inputs and outputs (the same count and the same shapes, no two of
 a shape), the target gets a module record of that call, with that name, made of those
 descriptors, which pairs with the eager one by name and is judged as any module call (named
-where its inputs agree and its outputs do not). A tensor whose maker is not recorded (the
-compiled graph's input, the token ids) is one the call reads from outside: it is compared as
-one of its inputs, so wherever it came from, it must agree before the call is named. A module
-called more than once, one whose ops draw random numbers (dropout in training), or whose
-boundary does not correspond, gets none: it is not judged, never guessed. Only forward graphs
+where its inputs agree and its outputs do not). A module called more than once, one whose ops
+read a tensor whose maker is not recorded or draw random numbers (dropout in training), or
+whose boundary does not correspond, gets none: it is not judged, never guessed. Only forward graphs
 are recorded at mix: backward is judged through the parameter gradients.
 
 Under Inductor the compiled calls are its generated kernels (`Inductor.<kernel>`, kind
@@ -190,13 +188,16 @@ class Boundary(NamedTuple):
     # per tensor read outside: its spellings (itself, the one reshape that alone reads it)
     # and the modules of the calls that read it
     leaving: list[tuple[list[dict[str, Any]], set[str]]]
+    unmade: frozenset[int] = frozenset()    # entering tensors whose maker is not recorded
 
 
 def boundary(members: list[Record], target: list[Record], by_seq: dict[Any, Record],
-             ) -> Optional[Boundary]:
+             unmade: bool = False) -> Optional[Boundary]:
     """The boundary of the compiled calls `members` by the target's dataflow (the module
     docstring), or None where it is not known: no member, a member without a seq, one that
-    draws random numbers, a tensor read whose maker is not recorded."""
+    draws random numbers, a tensor read whose maker is not recorded (with `unmade`, such a
+    tensor enters instead, its index in `Boundary.unmade`: the graph's input, which the caller
+    pairs only with the model's input)."""
     seqs = {r["seq"] for r in members}
     if not members or None in seqs or any(_random(r["op"]) for r in members):
         return None     # (a random draw, dropout in training: eager's and the graph's differ)
@@ -210,10 +211,9 @@ def boundary(members: list[Record], target: list[Record], by_seq: dict[Any, Reco
                 reads.setdefault(("input", d["fqn"]), d)
                 continue
             made = d.get("producer")
+            if not made and not unmade:
+                return None     # a tensor whose maker is not recorded: the boundary is unknown
             if not made:
-                # a tensor whose maker is not recorded (the compiled graph's input: the token
-                # ids) enters: it is compared as one of the call's inputs, so its values agree
-                # with eager's before the call can be named, wherever it came from
                 reads.setdefault(("unmade", id(d)), d)
             elif made[0] not in seqs:
                 source = _output(by_seq.get(made[0]), made[1])
@@ -245,7 +245,8 @@ def boundary(members: list[Record], target: list[Record], by_seq: dict[Any, Reco
         reshaped = _output(who[0], 0) if len(who) == 1 and who[0]["op"] in _RESHAPES else None
         leaving.append(([source] + ([reshaped] if reshaped is not None else []),
                         _read_by(who, target, seqs)))
-    return Boundary(list(reads.values()), leaving)
+    return Boundary(list(reads.values()), leaving,
+                    frozenset(i for i, key in enumerate(reads) if key[0] == "unmade"))
 
 
 def _read_by(who: list[Record], target: list[Record], seqs: set[Any]) -> set[str]:

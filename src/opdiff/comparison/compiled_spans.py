@@ -15,7 +15,8 @@ A closed span of two or more module calls, each called once, is judged as one ca
 eager side its ops are the torch calls made inside those module calls, on the compiled side the
 compiled calls inside them. The boundary of each is found by dataflow (`"producer"`): the
 tensors read from outside (parameters left out; a compiled tensor whose maker is not recorded,
-the graph's token ids, enters and is compared like any input) and the tensors read outside.
+the graph's input, enters where eager's tensor of its shape is the model's input: the token
+ids) and the tensors read outside.
 They must correspond one to one: entering tensors by shape (no two of a shape), leaving ones
 by shape and by who reads them (a tensor the first layer's q/k/v projections read, another the
 residual add of `model.layers.0` reads: two [2, 8, 32] tensors told apart by their readers, the
@@ -109,12 +110,12 @@ def _span(units: list[str], calls: dict[str, tuple[int, Record]], compiled: list
           ) -> Optional[tuple[tuple[int, Record], tuple[int, Record]]]:
     members = [r for r in compiled if all(any(inside(u, m) for u in units)
                                           for m in modules_of(r) or ())]
-    t_side = boundary(members, target, by_seq)
+    t_side = boundary(members, target, by_seq, unmade=True)
     eager = _eager_boundary(units, golden)
     if t_side is None or eager is None:
         return None
     g_side, made_in = eager
-    inputs = _entering(g_side.entering, t_side.entering)
+    inputs = _entering(g_side.entering, t_side)
     outputs = _leaving(g_side, t_side)
     if inputs is None or outputs is None:
         return None
@@ -196,19 +197,21 @@ def _shape(d: dict[str, Any]) -> tuple[int, ...]:
     return tuple(d.get("shape") or ())
 
 
-def _entering(golden: list[dict[str, Any]], target: list[dict[str, Any]]
+def _entering(golden: list[dict[str, Any]], target: Boundary
               ) -> Optional[list[tuple[dict[str, Any], dict[str, Any]]]]:
     """Each golden entering tensor with the one target tensor of its shape (each shape
-    once on each side, none left over), else None."""
-    if len(golden) != len(target) or not unique_shapes(golden) or not unique_shapes(target):
+    once on each side, none left over; a target tensor whose maker is not recorded only as
+    the model's input), else None."""
+    found = target.entering
+    if len(golden) != len(found) or not unique_shapes(golden) or not unique_shapes(found):
         return None
     out = []
     for g in golden:
-        same = [t for t in target if _shape(t) == _shape(g)] or \
-            [t for t in target if flattened(_shape(t), _shape(g))]
-        if len(same) != 1:
+        same = [i for i, t in enumerate(found) if _shape(t) == _shape(g)] or \
+            [i for i, t in enumerate(found) if flattened(_shape(t), _shape(g))]
+        if len(same) != 1 or (same[0] in target.unmade and g.get("leaf") != "input"):
             return None
-        out.append((g, _as_golden(same[0], g)))
+        out.append((g, _as_golden(found[same[0]], g)))
     return out
 
 
