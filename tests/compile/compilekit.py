@@ -106,21 +106,34 @@ def fresh_compile() -> Iterator[None]:
 
 
 @contextmanager
-def wrong_silu_decomposition(scale: float = 1.001) -> Iterator[None]:
-    """Inductor decomposes `aten.silu` as `x * sigmoid(x) * scale` in this process (caches off,
+def wrong_decomposition(op: Any, decomposed: Any) -> Iterator[None]:
+    """Inductor decomposes the aten overload `op` as `decomposed` in this process (caches off,
     so that no other test compiles with it or reads what it compiled)."""
     from torch._inductor import decomposition
 
-    silu = torch.ops.aten.silu.default
-    before = decomposition.decompositions.get(silu)
-    decomposition.decompositions[silu] = lambda x: x * torch.sigmoid(x) * scale
+    before = decomposition.decompositions.get(op)
+    decomposition.decompositions[op] = decomposed
     decomposition.fast_random_decomps.cache_clear()     # (a copy of the table, made once)
     try:
         with fresh_compile():
             yield
     finally:
         if before is None:
-            decomposition.decompositions.pop(silu, None)
+            decomposition.decompositions.pop(op, None)
         else:
-            decomposition.decompositions[silu] = before
+            decomposition.decompositions[op] = before
         decomposition.fast_random_decomps.cache_clear()
+
+
+def wrong_silu_decomposition(scale: float = 1.001) -> Any:
+    """Inductor decomposes `aten.silu` as `x * sigmoid(x) * scale` in this process."""
+    return wrong_decomposition(torch.ops.aten.silu.default,
+                               lambda x: x * torch.sigmoid(x) * scale)
+
+
+def wrong_rsqrt_decomposition(scale: float = 1.001) -> Any:
+    """Inductor decomposes `aten.rsqrt` (the RMSNorm's `1 / sqrt(variance + eps)`) as
+    `reciprocal(sqrt(x)) * scale` in this process: a norm's decomposition gone wrong, the kind
+    of pytorch#168126."""
+    return wrong_decomposition(torch.ops.aten.rsqrt.default,
+                               lambda x: torch.reciprocal(torch.sqrt(x)) * scale)

@@ -2,9 +2,12 @@
 tiny Llama): capture records Inductor's C++ kernels beside the extern kernels (mm, bmm), each
 call naming the modules of the nodes it fuses (capture/kernel_modules.py), and the compare
 judges each eager module call whose compiled calls all lie inside it at its boundary
-(comparison/compiled_modules.py). A healthy step names nothing and says nothing is
-inconclusive; a wrong Inductor decomposition of `aten.silu` is named at the first layer's MLP,
-with the kernel holding the silu and the model's line. Capture adds no graph break and leaves the
+(comparison/compiled_modules.py), and module calls a kernel straddles together, as the smallest
+span that closes it (comparison/compiled_spans.py). A healthy step names nothing and says
+nothing is inconclusive; a wrong Inductor decomposition of `aten.silu` is named at the first
+layer's MLP, with the kernel holding the silu and the model's line; a wrong one of `aten.rsqrt`
+(the RMSNorm's, fused with the embedding) at the span from the embedding to the first layer's
+input norm, at the norm's line. Capture adds no graph break and leaves the
 compiled step bitwise. Each compile runs once per module (caches off: a cached wrapper was not
 generated while opdiff watched)."""
 from __future__ import annotations
@@ -17,13 +20,17 @@ import pytest
 import torch
 
 import opdiff
-from compilekit import fresh_compile, run_step, wrong_silu_decomposition
+from compilekit import (fresh_compile, llama, run_step, wrong_rsqrt_decomposition,
+                        wrong_silu_decomposition)
 from opdiff.comparison import compiled
 from opdiff.comparison.compiled_modules import module_calls
+from opdiff.comparison.compiled_spans import span_calls
 from opdiff.report.console import verdict_line
 from opdiff.store.schema import complete
 
 MLP = "Module.model.layers.{}.mlp.LlamaMLP.forward.0"
+# Inductor fuses the embedding's gather with layer 0's input RMSNorm: one kernel, two calls
+SPAN = "Module.model.embed_tokens..model.layers.0.input_layernorm.Span.forward.0"
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +41,10 @@ def steps(tmp_path_factory):
         healthy = run_step(root / "healthy", "mix", backend="inductor")
     with wrong_silu_decomposition():
         spoiled = run_step(root / "silu", "mix", backend="inductor")
+    with wrong_rsqrt_decomposition():
+        norm = run_step(root / "rsqrt", "mix", backend="inductor")
     return {"eager": run_step(root / "eager", "mix"), "plain": plain, "healthy": healthy,
-            "silu": spoiled}
+            "silu": spoiled, "rsqrt": norm}
 
 
 def _records(step) -> list[dict]:
@@ -64,6 +73,13 @@ def test_each_inductor_call_names_the_modules_of_what_it_fuses(steps):
         [f"model.layers.{i}.mlp", f"model.layers.{i}.mlp.act_fn"] for i in range(2)]
     # the same generated kernel called for both layers: the modules are the call's, not the name's
     assert len({r["compiled"]["node"] for r in silu}) == 1
+    # every module named is the root or one of the model's tree (the rotary embedding's nodes run
+    # in transformers' global `apply_rotary_pos_emb` module, inside the attention's call)
+    tree = {name for name, _ in llama().named_modules()}
+    assert {m for r in kernels for m in r["compiled"]["modules"]} <= tree
+    rotary = [r for r in kernels if "cos" in r["compiled"]["node"]]
+    assert rotary and all(f"model.layers.{i}.self_attn" in r["compiled"]["modules"]
+                          for i, r in enumerate(rotary)), [r["compiled"] for r in rotary]
     # extern kernels: the module of the node computed, not of the views folded into its inputs
     mms = [r for r in records if r["op"] == "Torch.mm.default" or r["op"].startswith("Torch.mm")]
     assert mms and [r["compiled"]["modules"] for r in mms][:3] == [
@@ -93,6 +109,7 @@ def test_a_healthy_step_names_nothing_through_module_boundaries(steps, tmp_path)
     judged = {r.op_name for r in result.rows if r.kind == "module" and r.result == "pass"}
     assert {MLP.format(i) for i in range(2)} <= judged, sorted(judged)
     assert "Module.model.layers.1.self_attn.o_proj.Linear.forward.0" in judged
+    assert SPAN in judged       # (the embedding and layer 0's first norm, judged together)
     assert result.counts["error"] == 0
 
 
@@ -109,6 +126,46 @@ def test_a_wrong_silu_decomposition_is_named_at_the_first_layers_mlp(steps, tmp_
     rows = {(r.op_name, r.role): r.result for r in result.rows if r.kind == "module"}
     assert rows[("Module.model.layers.0.self_attn.q_proj.Linear.forward.0", "output")] == "pass"
     assert rows[(MLP.format(0), "input")] == "pass"
+
+
+def test_a_wrong_rsqrt_decomposition_is_named_at_the_span_holding_layer_0s_first_norm(
+        steps, tmp_path):
+    result = _compare(steps["rsqrt"], steps["eager"], tmp_path / "out")
+    first = result.first_divergence
+    assert first is not None, verdict_line(result)
+    assert first.name == SPAN, first
+    assert "rsqrt" in first.reason and "span of 2 module calls" in first.reason, first.reason
+    assert "from `model.embed_tokens` (modeling_llama.py:" in first.reason, first.reason
+    assert "differs most is made in `model.layers.0.input_layernorm`" in first.reason
+    assert first.location is not None and first.location.file.endswith("modeling_llama.py")
+    assert "self.input_layernorm(" in (first.location.code or ""), first.location
+    # the token ids agree; of the two [2, 8, 32] it hands out, the embedding's agrees and the
+    # norm's does not
+    rows = [(r.role, r.result) for r in result.rows if r.op_name == SPAN]
+    assert sorted(rows) == [("input", "pass"), ("output", "error"), ("output", "pass")], rows
+    assert not [n for n in result.notes if n.startswith("inconclusive")], result.notes
+
+
+def test_judged_calls_with_spans_and_a_span_that_does_not_close(steps):
+    target, golden = _records(steps["healthy"]), _records(steps["eager"])
+    eager_calls = [r for r in golden if r["kind"] == "module" and r["phase"] == "forward"]
+
+    def judged(records):
+        t, g = span_calls(module_calls(records, golden), golden)
+        made = [r["name"] for r in t if r["kind"] == "module"]
+        assert [n for n in made if n.endswith(".Span.forward.0")] == [
+            r["name"] for r in g if r["kind"] == "module" and r["op"].endswith(".Span")]
+        return made
+    # 17 module calls of the 31 on their own (the others straddled by Inductor's kernels),
+    # and the embedding with layer 0's first norm as one span
+    assert len(eager_calls) == 31 and len(judged(target)) == 18 and SPAN in judged(target)
+    # the kernel also computing code of the model's root (outside every recorded module
+    # call): no span closes, nothing is guessed
+    fused = next(i for i, r in enumerate(target) if r["kind"] == "kernel"
+                 and "model.embed_tokens" in r["compiled"]["modules"])
+    wide = dict(target[fused], compiled={**target[fused]["compiled"], "modules": [
+        "", "model.embed_tokens", "model.layers.0.input_layernorm"]})
+    assert SPAN not in judged(target[:fused] + [wide] + target[fused + 1:])
 
 
 def test_a_call_straddling_a_module_leaves_it_unjudged_and_unknown_modules_none(steps):

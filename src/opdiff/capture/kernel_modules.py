@@ -18,7 +18,10 @@ again in later ones; and in a small file beside the wrapper in Inductor's cache 
 (`<wrapper>.py.opdiff-modules.json`), for a later process that Inductor's cache hands the same
 wrapper without generating it. Nothing generated changes.
 
-A call whose node lacks a module (`nn_module_stack`) gets the root's `""`; a wrapper generated
+A node run by a module outside the model's tree (dynamo's `G[...]`: transformers' global
+`apply_rotary_pos_emb`, a hub kernel) counts as the innermost module of the tree on its stack,
+where eager records its ops. A call whose node lacks a module (`nn_module_stack`) gets the
+root's `""`; a wrapper generated
 while opdiff did not watch (and not cached with that file) names no module, and the comparison
 judges no module call made of its calls (compiled.py's note says so).
 """
@@ -103,8 +106,12 @@ def node_modules(fx_nodes: Any) -> list[str]:
     found = set()
     for node in computing or fx_nodes:
         meta = getattr(node, "meta", None) or {}
-        stack = meta.get("nn_module_stack") or meta.get("fwd_nn_module_stack")
-        found.add(module_path(list(stack.values())[-1][0]) if stack else "")
+        stack = meta.get("nn_module_stack") or meta.get("fwd_nn_module_stack") or {}
+        # (a module outside the model's tree, a global such as transformers' hub-kernel
+        # `apply_rotary_pos_emb`, runs inside the innermost module of the tree that called it:
+        # eager records its ops there, its call is not recorded)
+        inner = [entry[0] for entry in stack.values() if not str(entry[0]).startswith("G[")]
+        found.add(module_path(inner[-1]) if inner else "")
     return sorted(found)
 
 

@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterable, Optional
 
 from ..store.records import iter_tensors
 from ..store.schema import Kind, Location, Phase, Role
+from .compiled_spans import span_said
 
 Pair = tuple[Optional[int], Optional[int]]
 Record = dict[str, Any]
@@ -385,8 +386,12 @@ def annotate(divergence: Any, target: list[Record], golden: list[Record],
     said = where(rec)
     if not said:
         return divergence
-    loc = source(rec, stored_code(list(dumps))) or divergence.location
-    return replace(divergence, reason=divergence.reason + said, location=loc)
+    dumps = list(dumps)
+    loc = source(rec, stored_code(dumps)) or divergence.location
+    # a span of module calls (compiled_spans.py): its first and last call, and the line of
+    # the one that made the output that differs
+    spanned, line = span_said(rec or {}, dumps, divergence.tensor)
+    return replace(divergence, reason=divergence.reason + said + spanned, location=line or loc)
 
 
 __all__ = ["INCONCLUSIVE", "NAMED", "where", "source", "stored_code", "annotate", "compiled_side", "level_of",

@@ -12,16 +12,16 @@ a shape), the target gets a module record of that call, with that name, made of 
 descriptors, which pairs with the eager one by name and is judged as any module call (named
 where its inputs agree and its outputs do not). A module called more than once, one whose ops
 read a tensor whose maker is not recorded or draw random numbers (dropout in training), or
-whose boundary does not correspond, gets none:
-it is not judged, never guessed. Only forward graphs are recorded at mix: backward is judged
-through the parameter gradients.
+whose boundary does not correspond, gets none: it is not judged, never guessed. Only forward graphs
+are recorded at mix: backward is judged through the parameter gradients.
 
 Under Inductor the compiled calls are its generated kernels (`Inductor.<kernel>`, kind
 `kernel`) and the extern kernels its wrapper calls (mm, bmm), each naming the modules of every
 node it fuses (`compiled.modules`, capture/kernel_modules.py; views left out). A call is a
 member of a module's call when all those modules lie inside it; a call fusing nodes inside and
 outside it (the down projection's last op with the residual add after it) makes the module
-unjudged, and the enclosing module whose call holds all of it is judged instead. A boundary
+unjudged, and the enclosing module whose call holds all of it is judged instead (and the
+smallest span of module calls that closes the call: compiled_spans.py). A boundary
 tensor may be saved in another grouping of the same dimensions than eager's (an mm's [16, 32]
 for a Linear's [2, 8, 32]): it is compared in eager's shape (`saved_shape` says which it had).
 Where an Inductor call names no module (its wrapper generated while opdiff did not watch), no
@@ -29,7 +29,7 @@ module call is judged (compiled.py's note says why).
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from .. import ops
 from ..store.records import iter_tensors
@@ -40,7 +40,7 @@ _RESHAPES = frozenset({"Torch.view.default", "Torch._unsafe_view.default",
                        "Torch.reshape.default"})
 
 
-def _inside(path: str, module: str) -> bool:
+def inside(path: str, module: str) -> bool:
     return path == "" or module == path or module.startswith(path + ".")
 
 
@@ -62,7 +62,7 @@ def _prefixes(shape: tuple[int, ...]) -> set[int]:
     return out
 
 
-def _flattened(shape: Optional[tuple[int, ...]], golden: Optional[tuple[int, ...]]) -> bool:
+def flattened(shape: Optional[tuple[int, ...]], golden: Optional[tuple[int, ...]]) -> bool:
     """Whether `shape` and `golden` are one shape with runs of neighbouring dimensions merged
     or split (the [16, 32] an mm of Inductor's wrote for a Linear's [2, 8, 32]; the
     [2, 8, 4, 8] of heads for [2, 8, 32]): the same elements in the same order, never a
@@ -73,15 +73,21 @@ def _flattened(shape: Optional[tuple[int, ...]], golden: Optional[tuple[int, ...
     return max(small, default=0) == max(large, default=0) and small <= large
 
 
+def unique_shapes(descs: list[dict[str, Any]]) -> bool:
+    """Whether no two of `descs` have one shape."""
+    shapes = [_shape(d) for d in descs]
+    return len(set(shapes)) == len(shapes)
+
+
 def _same(d: dict[str, Any], g: dict[str, Any]) -> bool:
-    return _shape(d) == _shape(g) or _flattened(_shape(d), _shape(g))
+    return _shape(d) == _shape(g) or flattened(_shape(d), _shape(g))
 
 
 def _matched(golden: list[dict[str, Any]], found: list[list[dict[str, Any]]]
              ) -> Optional[list[dict[str, Any]]]:
     """One descriptor of each `found` tensor (each has one or more spellings: itself, the
     reshape that alone reads it) in the order of `golden`'s descriptors, matched by shape (or
-    that shape flattened, `_flattened`: the descriptor then takes the golden shape and says the
+    that shape flattened, `flattened`: the descriptor then takes the golden shape and says the
     one it was saved in); None unless each golden shape is unique and met by exactly one found
     tensor, and none is left."""
     if len(golden) != len(found) or not golden:
@@ -100,7 +106,7 @@ def _matched(golden: list[dict[str, Any]], found: list[list[dict[str, Any]]]
     return out
 
 
-def _modules(r: Record) -> Optional[list[str]]:
+def modules_of(r: Record) -> Optional[list[str]]:
     """The modules of the nodes a compiled record computes: an FX node's one (`module`), or
     those of every node an Inductor call fuses (`modules`, capture/kernel_modules.py)."""
     facts = r.get("compiled") or {}
@@ -116,7 +122,7 @@ def _unplaced(r: Record) -> bool:
     """An Inductor call that names no module (its wrapper came from Inductor's cache): where it
     belongs is unknown, so no module call made of compiled records is proven."""
     facts = r.get("compiled") or {}
-    return facts.get("backend") == "inductor" and _modules(r) is None
+    return facts.get("backend") == "inductor" and modules_of(r) is None
 
 
 def module_calls(target: list[Record], golden: list[Record]) -> list[Record]:
@@ -124,7 +130,7 @@ def module_calls(target: list[Record], golden: list[Record]) -> list[Record]:
     call whose boundary corresponds (see the module docstring)."""
     calls = [r for r in target if r["kind"] in Kind.OPS and r["phase"] == Phase.FORWARD
              and r.get("compiled")]
-    compiled = [r for r in calls if _modules(r) is not None]
+    compiled = [r for r in calls if modules_of(r) is not None]
     if not compiled or any(_unplaced(r) for r in calls):
         return target
     names = {r["name"] for r in target}
@@ -156,15 +162,44 @@ def _module_call(g: Record, compiled: list[Record], target: list[Record],
     path = module_path(g["op"])
     members, straddle = [], False
     for r in compiled:
-        inside = [_inside(path, m) for m in _modules(r) or ()]
-        if all(inside):
+        within = [inside(path, m) for m in modules_of(r) or ()]
+        if all(within):
             members.append(r)
-        elif any(inside):
+        elif any(within):
             straddle = True
-    seqs = {r["seq"] for r in members}
     # a call fusing nodes inside and outside the module (a kernel of its last op and the
     # residual add after it): the module's outputs are never written; its parent is judged
-    if not members or straddle or None in seqs or any(_random(r["op"]) for r in members):
+    # (or the smallest span of module calls that closes the call: compiled_spans.py)
+    if straddle:
+        return None
+    found = boundary(members, target, by_seq)
+    if found is None:
+        return None
+    inputs = _matched(_tensors(g.get("inputs")), [[d] for d in found.entering])
+    outputs = _matched(_tensors(g.get("outputs")), [ways for ways, _ in found.leaving])
+    if inputs is None or outputs is None:
+        return None
+    return compiled_record(g, members, target, inputs, outputs, {"module": path})
+
+
+class Boundary(NamedTuple):
+    """What a set of compiled calls reads from outside it and what it hands out."""
+    entering: list[dict[str, Any]]      # one descriptor per tensor read from outside
+    # per tensor read outside: its spellings (itself, the one reshape that alone reads it)
+    # and the modules of the calls that read it
+    leaving: list[tuple[list[dict[str, Any]], set[str]]]
+    unmade: frozenset[int] = frozenset()    # entering tensors whose maker is not recorded
+
+
+def boundary(members: list[Record], target: list[Record], by_seq: dict[Any, Record],
+             unmade: bool = False) -> Optional[Boundary]:
+    """The boundary of the compiled calls `members` by the target's dataflow (the module
+    docstring), or None where it is not known: no member, a member without a seq, one that
+    draws random numbers, a tensor read whose maker is not recorded (with `unmade`, such a
+    tensor enters instead, its index in `Boundary.unmade`: the graph's input, which the caller
+    pairs only with the model's input)."""
+    seqs = {r["seq"] for r in members}
+    if not members or None in seqs or any(_random(r["op"]) for r in members):
         return None     # (a random draw, dropout in training: eager's and the graph's differ)
     reads: dict[Any, dict[str, Any]] = {}      # (seq, slot) made outside -> its descriptor
     for r in members:
@@ -176,9 +211,11 @@ def _module_call(g: Record, compiled: list[Record], target: list[Record],
                 reads.setdefault(("input", d["fqn"]), d)
                 continue
             made = d.get("producer")
-            if not made:
+            if not made and not unmade:
                 return None     # a tensor whose maker is not recorded: the boundary is unknown
-            if made[0] not in seqs:
+            if not made:
+                reads.setdefault(("unmade", id(d)), d)
+            elif made[0] not in seqs:
                 source = _output(by_seq.get(made[0]), made[1])
                 if source is None:
                     return None
@@ -197,7 +234,7 @@ def _module_call(g: Record, compiled: list[Record], target: list[Record],
             made = d.get("producer") if role != Role.OUTPUT else None
             if made and made[0] in seqs and made[0] not in passed:
                 readers.setdefault((made[0], made[1]), []).append(r)
-    escapes: list[list[dict[str, Any]]] = []
+    leaving: list[tuple[list[dict[str, Any]], set[str]]] = []
     for (seq, slot), who in readers.items():
         source = _output(by_seq.get(seq), slot)
         if source is None:
@@ -206,11 +243,31 @@ def _module_call(g: Record, compiled: list[Record], target: list[Record],
         # batch shape in the parent module): the module's output is that reshape's, the same
         # elements in the shape the eager module returned
         reshaped = _output(who[0], 0) if len(who) == 1 and who[0]["op"] in _RESHAPES else None
-        escapes.append([source] + ([reshaped] if reshaped is not None else []))
-    inputs = _matched(_tensors(g.get("inputs")), [[d] for d in reads.values()])
-    outputs = _matched(_tensors(g.get("outputs")), escapes)
-    if inputs is None or outputs is None:
-        return None
+        leaving.append(([source] + ([reshaped] if reshaped is not None else []),
+                        _read_by(who, target, seqs)))
+    return Boundary(list(reads.values()), leaving,
+                    frozenset(i for i, key in enumerate(reads) if key[0] == "unmade"))
+
+
+def _read_by(who: list[Record], target: list[Record], seqs: set[Any]) -> set[str]:
+    """The modules of the compiled calls that read a tensor (through one reshape: its readers)."""
+    out: set[str] = set()
+    for r in who:
+        out.update(modules_of(r) or ())
+        if r["op"] in _RESHAPES and r["seq"] is not None:
+            out.update(m for x in target if x["seq"] not in seqs for _, role, d in
+                       iter_tensors(x) if role != Role.OUTPUT and
+                       (d.get("producer") or [None])[0] == r["seq"] for m in modules_of(x) or ())
+    return out
+
+
+def compiled_record(g: Record, members: list[Record], target: list[Record],
+                    inputs: list[dict[str, Any]], outputs: list[dict[str, Any]],
+                    facts_added: dict[str, Any]) -> tuple[int, Record]:
+    """The target's record of the golden module (or span) call `g`, made of the compiled calls
+    `members` with those boundary descriptors, and the index of the last member in `target`
+    (the record goes after it)."""
+    seqs = {r["seq"] for r in members}
     last = max(i for i, r in enumerate(target) if r["seq"] in seqs)
     first = next(r for r in target if r["seq"] in seqs)
     facts = {k: v for k, v in first["compiled"].items() if k != "modules"}
@@ -227,7 +284,7 @@ def _module_call(g: Record, compiled: list[Record], target: list[Record],
               "inputs": [_strip(d) for d in inputs], "outputs": [_strip(d) for d in outputs],
               "kwargs": {}, "parameters": {}, "seq": None, "stack": first.get("stack"),
               # (where the call's compiled ops begin: its first node, the user's line)
-              "compiled": {**facts, "module": path}}
+              "compiled": {**facts, **facts_added}}
     return last, record
 
 
@@ -255,4 +312,5 @@ def _strip(desc: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in desc.items() if k != "producer"}
 
 
-__all__ = ["module_calls"]
+__all__ = ["Boundary", "boundary", "compiled_record", "flattened", "inside", "module_calls",
+           "modules_of", "unique_shapes"]

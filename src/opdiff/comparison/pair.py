@@ -20,7 +20,7 @@ from ..store.records import decoded_stats, iter_tensors
 from ..store.schema import Kind, Location, locations_from_frames
 from ..store.source import DumpSource
 from ..environment import diff_meta
-from . import compiled, compiled_modules, crossformat, forced
+from . import compiled, compiled_modules, compiled_spans, crossformat, forced
 from .align import align, classes_note, same_classes
 from .mapping import Mapping
 from .blame import OpScore, analyse, differing_numbers
@@ -141,7 +141,10 @@ class _PairCompare:
             self._forced = {(f.target, f.golden): f for f in bound.forced}
         compiled_run = compiled.compiled_side(t_records) or compiled.compiled_side(g_records)
         if compiled_run and self.mapping is None:   # (mix: module calls at their boundaries)
-            t_records = t_view = compiled_modules.module_calls(t_records, g_records)
+            t_records = compiled_modules.module_calls(t_records, g_records)
+            # (a kernel straddling module calls: the smallest span of calls that closes it)
+            t_records, g_records = compiled_spans.span_calls(t_records, g_records)
+            t_view = t_records
         # a module class renamed at the same path (align.py): paired as if spelled alike
         t_view, classes = same_classes(t_view, g_records)
         mapping_notes += noted(classes_note(classes), Note.PAIRING)

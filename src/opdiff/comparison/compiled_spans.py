@@ -1,0 +1,296 @@
+"""Eager at level mix against Inductor: module calls judged together where a kernel straddles them.
+
+Inductor fuses across module boundaries: the embedding's gather with the first layer's RMSNorm,
+a residual add with the next norm, a rotary embedding's cos/sin with the attention that uses
+them. Such a kernel leaves every module call it touches unjudged on its own
+(`compiled_modules.py`): the module's own outputs are never written. A *span* is the smallest
+set of eager module calls that closes it: start from the modules a straddling kernel computes,
+add the modules of every compiled call that computes any node of theirs, and again, until the
+set stops growing (a call inside a module of the set is inside the span). Where the span
+reaches a module's own code (the decoder layer's residual add), that module's whole call joins
+it; where it reaches code outside every recorded module call (the root, a module outside the
+model's tree), nothing closes and nothing is judged.
+
+A closed span of two or more module calls, each called once, is judged as one call: on the
+eager side its ops are the torch calls made inside those module calls, on the compiled side the
+compiled calls inside them. The boundary of each is found by dataflow (`"producer"`): the
+tensors read from outside (parameters left out; a compiled tensor whose maker is not recorded,
+the graph's input, enters where eager's tensor of its shape is the model's input: the token
+ids) and the tensors read outside.
+They must correspond one to one: entering tensors by shape (no two of a shape), leaving ones
+by shape and by who reads them (a tensor the first layer's q/k/v projections read, another the
+residual add of `model.layers.0` reads: two [2, 8, 32] tensors told apart by their readers, the
+same modules on both sides, each pairing with exactly one). Then both sides get a module record
+of the span, `Module.<first>..<last>.Span.forward.0`, which pairs by name and is judged as a
+module call: named where its inputs agree and its outputs do not. Its `compiled` facts list the
+span's module calls (`span`) and kernels; `compiled.annotate` names the first and last call with
+their lines.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable, Optional
+
+from ..store.records import iter_tensors
+from ..store.schema import (Kind, Location, Phase, RecordName, Role, locations_from_frames,
+                            module_op, module_path, record_name, split_tensor_name)
+from .compiled_modules import (Boundary, boundary, compiled_record, flattened, inside,
+                               modules_of, unique_shapes)
+
+Record = dict[str, Any]
+SPAN_CLASS = "Span"
+
+
+def span_calls(target: list[Record], golden: list[Record]
+               ) -> tuple[list[Record], list[Record]]:
+    """`target` and `golden`, each with a module record of every span that closes and whose
+    boundary corresponds (see the module docstring) added after the span's last call."""
+    compiled = [r for r in target if r["kind"] in Kind.OPS and r["phase"] == Phase.FORWARD
+                and r.get("compiled") and modules_of(r) is not None]
+    if not compiled or any(r["kind"] == Kind.MODULE and r.get("compiled", {}).get("span")
+                           for r in target):
+        return target, golden
+    calls = _once_called(golden)
+    tried: set[frozenset[str]] = set()
+    t_after: dict[int, list[Record]] = {}
+    g_after: dict[int, list[Record]] = {}
+    by_seq = {r["seq"]: r for r in target if r["seq"] is not None}
+    for r in compiled:
+        units = _closure(set(modules_of(r) or ()), compiled)
+        if units is None or len(units) < 2 or frozenset(units) in tried:
+            continue
+        tried.add(frozenset(units))
+        if not all(u in calls for u in units):
+            continue        # (the root's own code, a module outside the model's tree)
+        made = _span(sorted(units, key=lambda u: calls[u][0]), calls, compiled, target,
+                     golden, by_seq)
+        if made is not None:
+            (ti, t_record), (gi, g_record) = made
+            t_after.setdefault(ti, []).append(t_record)
+            g_after.setdefault(gi, []).append(g_record)
+    return _inserted(target, t_after), _inserted(golden, g_after)
+
+
+def _once_called(golden: list[Record]) -> dict[str, tuple[int, Record]]:
+    """Module path -> (index, record) of each eager forward module call made once."""
+    count: dict[str, int] = {}
+    found: dict[str, tuple[int, Record]] = {}
+    for i, g in enumerate(golden):
+        if g["kind"] == Kind.MODULE and g["phase"] == Phase.FORWARD:
+            path = module_path(g["op"])
+            count[path] = count.get(path, 0) + 1
+            found[path] = (i, g)
+    return {p: found[p] for p, n in count.items() if n == 1}
+
+
+def _outermost(paths: set[str]) -> set[str]:
+    return {p for p in paths if not any(q != p and inside(q, p) for q in paths)}
+
+
+def _closure(start: set[str], compiled: list[Record]) -> Optional[set[str]]:
+    """The smallest set of module paths holding `start` and closed under "a compiled call
+    computing a node of one of them": all that call's modules join (outermost paths only)."""
+    units = _outermost(start)
+    while True:
+        reached = set(units)
+        for r in compiled:
+            mods = modules_of(r) or ()
+            if any(inside(u, m) for u in units for m in mods):
+                reached.update(mods)
+        grown = _outermost(reached)
+        if grown == units:
+            return units
+        if "" in grown:
+            return None     # (the root: every call; judged as a module if at all)
+        units = grown
+
+
+def _span(units: list[str], calls: dict[str, tuple[int, Record]], compiled: list[Record],
+          target: list[Record], golden: list[Record], by_seq: dict[Any, Record]
+          ) -> Optional[tuple[tuple[int, Record], tuple[int, Record]]]:
+    members = [r for r in compiled if all(any(inside(u, m) for u in units)
+                                          for m in modules_of(r) or ())]
+    t_side = boundary(members, target, by_seq, unmade=True)
+    eager = _eager_boundary(units, golden)
+    if t_side is None or eager is None:
+        return None
+    g_side, made_in = eager
+    inputs = _entering(g_side.entering, t_side)
+    outputs = _leaving(g_side, t_side)
+    if inputs is None or outputs is None:
+        return None
+    first = calls[units[0]][1]
+    op = module_op(f"{units[0]}..{units[-1]}", SPAN_CLASS)
+    g_record: Record = {
+        "name": record_name(op, Phase.FORWARD, 0, Kind.MODULE), "op": op, "kind": Kind.MODULE,
+        "phase": Phase.FORWARD, "module": first.get("module"), "stack": first.get("stack"),
+        "seq": None, "inputs": [d for d, _ in inputs], "outputs": [d for d, _ in outputs],
+        "kwargs": {}, "parameters": {}}
+    span = {"span": [calls[u][1]["name"] for u in units],
+            # (which module call of the span made each output: the verdict's line)
+            "outputs_of": [calls[made_in[id(d)]][1]["name"] for d, _ in outputs]}
+    ti, t_record = compiled_record(g_record, members, target, [t for _, t in inputs],
+                                   [t for _, t in outputs], span)
+    t_record["compiled"].pop("module", None)
+    return (ti, t_record), (max(calls[u][0] for u in units), g_record)
+
+
+def _eager_boundary(units: list[str], golden: list[Record]
+                    ) -> Optional[tuple[Boundary, dict[int, str]]]:
+    """The eager span's boundary: the tensors its torch calls read that calls outside made (or
+    that are the model's inputs) and those they made that torch calls outside read, with the
+    modules of those readers; and which of `units` made each leaving tensor (by `id`)."""
+    where = {g["name"]: module_path(g["op"]) for g in golden if g["kind"] == Kind.MODULE}
+    ops = [g for g in golden if g["kind"] in Kind.OPS and g["phase"] == Phase.FORWARD]
+    unit_of: dict[Any, str] = {}        # seq of a torch call inside the span -> its unit
+    for g in ops:
+        path = where.get(g.get("module") or "")
+        unit = next((u for u in units if path is not None and inside(u, path)), None)
+        if unit is not None:
+            unit_of[g["seq"]] = unit
+    if not unit_of or None in unit_of:
+        return None
+    by_seq = {g["seq"]: g for g in golden if g["seq"] is not None}
+    reads: dict[Any, dict[str, Any]] = {}
+    for seq in unit_of:
+        for _, role, d in iter_tensors(by_seq[seq]):
+            if role == Role.OUTPUT or d.get("leaf") in ("parameter", "buffer"):
+                continue
+            made = d.get("producer")
+            if d.get("leaf") == "input" and d.get("fqn"):
+                reads.setdefault(("input", d["fqn"]), d)
+            elif not made:
+                return None     # (a tensor from nowhere recorded: the boundary is unknown)
+            elif made[0] not in unit_of:
+                source = _output(by_seq.get(made[0]), made[1])
+                if source is None:
+                    return None
+                reads.setdefault((made[0], made[1]), source)
+    readers: dict[Any, set[str]] = {}
+    for g in ops:
+        if g["seq"] in unit_of:
+            continue
+        for _, role, d in iter_tensors(g):
+            made = d.get("producer") if role != Role.OUTPUT else None
+            if made and made[0] in unit_of:
+                readers.setdefault((made[0], made[1]), set()).add(
+                    where.get(g.get("module") or "", ""))
+    leaving, made_in = [], {}
+    for (seq, slot), who in readers.items():
+        source = _output(by_seq.get(seq), slot)
+        if source is None:
+            return None
+        leaving.append(([source], who))
+        made_in[id(source)] = unit_of[seq]
+    return Boundary(list(reads.values()), leaving), made_in
+
+
+def _output(record: Optional[Record], slot: Any) -> Optional[dict[str, Any]]:
+    outs = (record or {}).get("outputs")
+    if not isinstance(outs, list) or not isinstance(slot, int) or not 0 <= slot < len(outs):
+        return None
+    d = outs[slot]
+    return d if isinstance(d, dict) and d.get("type") == "tensor" else None
+
+
+def _shape(d: dict[str, Any]) -> tuple[int, ...]:
+    return tuple(d.get("shape") or ())
+
+
+def _entering(golden: list[dict[str, Any]], target: Boundary
+              ) -> Optional[list[tuple[dict[str, Any], dict[str, Any]]]]:
+    """Each golden entering tensor with the one target tensor of its shape (each shape
+    once on each side, none left over; a target tensor whose maker is not recorded only as
+    the model's input), else None."""
+    found = target.entering
+    if len(golden) != len(found) or not unique_shapes(golden) or not unique_shapes(found):
+        return None
+    out = []
+    for g in golden:
+        same = [i for i, t in enumerate(found) if _shape(t) == _shape(g)] or \
+            [i for i, t in enumerate(found) if flattened(_shape(t), _shape(g))]
+        if len(same) != 1 or (same[0] in target.unmade and g.get("leaf") != "input"):
+            return None
+        out.append((g, _as_golden(found[same[0]], g)))
+    return out
+
+
+def _leaving(golden: Boundary, target: Boundary
+             ) -> Optional[list[tuple[dict[str, Any], dict[str, Any]]]]:
+    """Each golden leaving tensor with the one target tensor of its shape read by a module
+    that reads it in eager too (one to one, none left over), else None."""
+    if len(golden.leaving) != len(target.leaving) or not golden.leaving:
+        return None
+    out, used = [], set()
+    for ways, who in golden.leaving:
+        g = ways[0]
+        fits = [(i, t) for i, (spellings, readers) in enumerate(target.leaving)
+                if readers & who for t in spellings[:2]
+                if _shape(t) == _shape(g) or flattened(_shape(t), _shape(g))]
+        exact = [f for f in fits if _shape(f[1]) == _shape(g)] or fits
+        if len({i for i, _ in exact}) != 1 or exact[0][0] in used:
+            return None
+        used.add(exact[0][0])
+        out.append((g, _as_golden(exact[0][1], g)))
+    return out
+
+
+def _as_golden(t: dict[str, Any], g: dict[str, Any]) -> dict[str, Any]:
+    """A target descriptor in the golden shape (saying the one it was saved in)."""
+    if _shape(t) == _shape(g):
+        return t
+    return {**t, "shape": list(_shape(g)), "saved_shape": t.get("shape")}
+
+
+def span_said(record: Record, dumps: Iterable[tuple[Any, list[Record]]],
+              tensor: Optional[str]) -> tuple[str, Optional[Location]]:
+    """What a verdict at a span's record adds: its first and last module call with their
+    call lines (from the eager dump's stacks), the call that made the output `tensor` (the one
+    that differs most), and that call's line as the verdict's location ("", None for a record
+    that is no span)."""
+    facts = record.get("compiled") or {}
+    calls = [c for c in facts.get("span") or () if isinstance(c, str)]
+    if len(calls) < 2:
+        return "", None
+    lines: dict[str, Location] = {}
+    for dump, records in dumps:
+        for r in records:
+            if r["name"] in calls and r["name"] not in lines and r["kind"] == Kind.MODULE \
+                    and not r.get("compiled") and r["stack"] is not None:
+                try:
+                    found = locations_from_frames(dump.stack(r["stack"]))
+                except Exception:       # an unreadable stack is only a missing line
+                    continue
+                if found:
+                    lines[r["name"]] = found[0]
+
+    def path(name: str) -> str:
+        parsed = RecordName.parse(name)
+        return f"`{module_path(parsed.op)}`" if parsed else f"`{name}`"
+
+    def call(name: str) -> str:
+        at = lines.get(name)
+        return f"{path(name)} ({os.path.basename(at.file)}:{at.line})" if at else path(name)
+    said = (f"; judged as one span of {len(calls)} module calls that Inductor fused across, "
+            f"from {call(calls[0])} to {call(calls[-1])}")
+    made = facts.get("outputs_of") or []
+    parts = split_tensor_name(tensor) if tensor else None
+    slot = parts[2] if parts and parts[1] == Role.OUTPUT else None
+    maker = made[int(slot)] if slot is not None and str(slot).isdigit() and \
+        int(slot) < len(made) and isinstance(made[int(slot)], str) else None
+    if maker is not None:
+        said += f"; the output that differs most is made in {path(maker)}"
+    return said, lines.get(maker or "") or lines.get(calls[0])
+
+
+def _inserted(records: list[Record], after: dict[int, list[Record]]) -> list[Record]:
+    if not after:
+        return records
+    out: list[Record] = []
+    for i, r in enumerate(records):
+        out.append(r)
+        out += after.get(i, [])
+    return out
+
+
+__all__ = ["SPAN_CLASS", "span_calls", "span_said"]
