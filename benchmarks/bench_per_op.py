@@ -20,6 +20,7 @@ import statistics
 import sys
 import tempfile
 import time
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,7 @@ import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
 import opdiff
+from opdiff.capture.stats import cpu_stats
 from opdiff.store import open_dump
 
 
@@ -125,7 +127,8 @@ class ContractRecorder(FloorRecorder):
     """FloorRecorder plus the least of what an opdiff record must hold that FloorRecorder leaves
     out, each part done the cheapest way found: the statistics of each tensor (a small one's
     values copied at call time and min/max/mean/norm reduced at the end of the step in one batch
-    of segment reductions per dtype; a large one reduced at call time), its producer (the record
+    of segment reductions per dtype; a large one reduced at call time by opdiff's own
+    reductions, `stats.cpu_stats`), its producer (the record
     and slot that made it), the user's call site (the first frame outside torch, cached per code
     position), and one JSON line per record written at the end of the step. No names, selection,
     leaves, checks or module paths: the floor under any recorder that keeps opdiff's dump
@@ -137,6 +140,7 @@ class ContractRecorder(FloorRecorder):
         self._values: list = []
         self._staged = {dtype: _Staging(np_dtype) for dtype, np_dtype in _NUMPY.items()}
         self._made: dict = {}
+        self._known: dict = {}
         self._sites: dict = {}
 
     def _site(self) -> int:
@@ -165,15 +169,24 @@ class ContractRecorder(FloorRecorder):
 
     def _copy(self, v: torch.Tensor) -> int:
         """Copy v's values now, byte for byte into a kept buffer (as opdiff stages small CPU
-        tensors); their index in self._values."""
+        tensors); their index in self._values. A tensor read again unchanged (the next op's
+        input, its module's output) is the same index: reduced once, as opdiff does."""
+        known = self._known.get(id(v))
+        if known is not None and known[0]() is v and known[1] == v._version:
+            return known[2]
+        index = self._stage(v)
+        try:
+            self._known[id(v)] = (weakref.ref(v), v._version, index)
+        except TypeError:
+            pass
+        return index
+
+    def _stage(self, v: torch.Tensor) -> int:
         n = v.numel() * v.element_size()
         if not v.is_contiguous() or v.device.type != "cpu" or v.dtype not in _NUMPY:
             self._values.append(None)
-        elif v.numel() > _SMALL:     # reduced now, in its dtype (sums in float64), as opdiff does
-            w = v.detach()
-            self._values.append(("now", w.min().item(), w.max().item(),
-                                 w.sum(dtype=torch.float64).item() / w.numel(),
-                                 torch.linalg.vector_norm(w, dtype=torch.float64).item()))
+        elif v.numel() > _SMALL:     # reduced now, by opdiff's own reductions (the fastest found)
+            self._values.append(("now", cpu_stats(v)))
         else:
             staging = self._staged[v.dtype]
             if staging.used + n > len(staging.buffer):
@@ -206,6 +219,7 @@ class ContractRecorder(FloorRecorder):
                 for record in self.records:
                     out.write(orjson.dumps([_jsonable(item, stats) for item in record]).decode() + "\n")
         self._values.clear()
+        self._known.clear()
         for staging in self._staged.values():
             staging.used = 0
         self._made.clear()
@@ -244,7 +258,7 @@ def _segment_stats(staged: dict, values: list) -> list:
     by_dtype: dict = {}
     for i, v in enumerate(values):
         if v is not None and v[0] == "now":
-            out[i] = v[1:]
+            out[i] = v[1]
         elif v is not None and v[2]:
             by_dtype.setdefault(v[0], []).append(i)
     for dtype, indices in by_dtype.items():
