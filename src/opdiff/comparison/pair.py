@@ -191,7 +191,7 @@ class _PairCompare:
             region_ops = self._regions(regions, t_records, g_records)
             divergence = analyse(self.ops, self.rows, self.policy, replay=replayer,
                                  replay_all=self.replay == "all")
-            self._region_verdicts(region_ops)
+            self._region_verdicts(region_ops, regions)
         finally:
             if replayer is not None:
                 replayer.close()
@@ -333,6 +333,7 @@ class _PairCompare:
                 found = bounds.by_module(region)
                 region.boundary = "module" if found is not None else ""
             if found is None:
+                region.why = bounds.unproven(region)
                 continue
             listed = RegionOps(op_list(t_records, region.target, self._first_location(self.t)),
                                op_list(g_records, region.golden, self._first_location(self.g)),
@@ -354,14 +355,15 @@ class _PairCompare:
             return loc[0] if loc else None
         return locate
 
-    def _region_verdicts(self, region_ops: list[OpScore]) -> None:
+    def _region_verdicts(self, region_ops: list[OpScore], regions: list[Region]) -> None:
         """Region rows say what their region's verdict is; boundary rows name their region."""
         for op in region_ops:
             for side, entries in (("in", op.inputs), ("out", op.outputs)):
                 for i, *_ in entries:
                     row = self.rows[i]
                     self.rows[i] = replace(row, boundary=row.boundary + (f"{side}:{op.name}",))
-        mark_region_rows(self.rows, region_ops, self._region_rows)
+        mark_region_rows(self.rows, region_ops, self._region_rows,
+                         {r.number: r.why for r in regions if r.why})
 
     def _unmatched(self, base: dict[str, Any], t_item: Optional[_Item], g_item: Optional[_Item],
                    paired_op: bool) -> TensorRow:

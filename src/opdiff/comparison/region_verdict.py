@@ -64,6 +64,8 @@ def boundary_inputs(first: Any, rows: list[Any]) -> list[dict[str, Any]]:
             op, key, fqn = reader
             if fqn:
                 name, op = fqn, None
+            elif key.startswith("grad_output"):    # a gradient entering a backward region
+                name = key
             else:
                 name = argument_name(op, key) or f"input.{key}"
         out.append({"tensor": tensor, "name": name, "op": op,

@@ -12,10 +12,12 @@ holds ops of both sides is a *region*:
 - its **outputs** are the tensors its target ops made that paired ops outside it read: measured
   where those ops read them (the consumer's input row pairs the target region's output with the
   golden region's);
-- without dataflow (dumps written before it, foreign dumps) or where it does not reach (backward,
-  a region fed by another region), the boundary is the innermost module call that holds the
-  region's target ops, when that call is paired on both sides: its inputs and parameters, its
-  outputs.
+- backward, the same through each backward record's forward call: the gradients its target ops
+  receive from paired ops and hand back to them (`region_gradients.py`);
+- without dataflow (dumps written before it, foreign dumps) or where it does not reach (a
+  region fed by another region, a gradient shared with ops outside it), the boundary is the
+  innermost module call that holds the region's target ops, when that call is paired on both
+  sides: its inputs and parameters, its outputs.
 
 A region is scored like an op (`blame.judge`: inputs agree and outputs do not: local error),
 and can be the first divergence (`Divergence.region`). Its ops are never blamed one by one nor
@@ -35,6 +37,7 @@ from typing import Any, Optional
 from ..store.records import iter_tensors
 from ..store.schema import Kind, Phase, RecordName, Role, module_path
 from . import region_cover as cover
+from .region_gradients import Gradients
 from .result import ERROR, WARNING, Origin
 
 Pair = tuple[Optional[int], Optional[int]]
@@ -57,6 +60,7 @@ class Region:
     boundary: str = ""                  # "dataflow" | "module" | "" (not measured)
     place: str = ""                     # `where`, when known without the module call (rejudge)
     unpaired_leaves: list[str] = field(default_factory=list)   # its parameters without a partner
+    why: str = ""                       # why it was not judged, when known (`Boundaries.unproven`)
 
     @property
     def name(self) -> str:
@@ -200,14 +204,27 @@ class Boundaries:
         self.by_seq = {r["seq"]: r for r in target} if dataflow else {}
         self.leaf_names = {(r.get("leaf"), r.get("tensor")): r["name"] for r in target
                            if r["kind"] == Kind.LEAF}
+        self.gradients = Gradients(target) if dataflow else None
+        # backward region number -> the gradients entering it (`Gradients.boundary`)
+        self.arriving: dict[int, dict[str, tuple[str, str]]] = {}
+        self.unproven_by_dataflow: dict[int, str] = {}  # ... or why the dataflow does not prove it
 
     def consumers(self, regions: list[Region]) -> dict[int, dict[str, str]]:
-        """region number -> {consumer's input tensor name: the region's output tensor it reads}."""
+        """region number -> {consumer's input tensor name: the region's output tensor it reads};
+        a backward region's: {where a gradient it makes arrives: that gradient}."""
         if not self.dataflow or not regions:
             return {}
+        out: dict[int, dict[str, str]] = {}
+        for r in regions:
+            if r.phase == Phase.BACKWARD and self.gradients is not None:
+                found = self.gradients.boundary([self.target[i] for i in r.target], self.measured)
+                if isinstance(found, str):
+                    self.unproven_by_dataflow[r.number] = found
+                else:
+                    self.arriving[r.number], out[r.number] = found
+        regions = [r for r in regions if r.phase != Phase.BACKWARD]
         region_of = {self.target[i]["seq"]: r.number for r in regions for i in r.target}
         inside = {i for r in regions for i in r.target}
-        out: dict[int, dict[str, str]] = {}
         for k, rec in enumerate(self.target):
             if k in inside:
                 continue
@@ -222,8 +239,12 @@ class Boundaries:
     def by_dataflow(self, region: Region, consumers: dict[str, str]
                     ) -> Optional[tuple[list[Entry], list[Entry]]]:
         """(inputs, outputs) through the dump's dataflow, or None where it does not reach."""
-        if not self.dataflow or region.phase != Phase.FORWARD:
+        if not self.dataflow:
             return None
+        if region.phase == Phase.BACKWARD:
+            entering = [self.measured[n] for n in self.arriving.get(region.number, ())]
+            leaving = [self.measured[n] for n in consumers]
+            return (entering, leaving) if entering and leaving else None
         seqs = {self.target[i]["seq"] for i in region.target}
         inputs: dict[int, Entry] = {}
         unpaired: list[str] = []
@@ -261,9 +282,13 @@ class Boundaries:
         """The tensors entering a region through the dump's dataflow, by the name they are
         measured under -> (the op of the region that reads it first, the input it reads it as:
         "0", "attn_mask", "0.1" for a list's second tensor, the FQN of a parameter or buffer
-        or ""): what its verdict calls them (`region_verdict`). {} without dataflow."""
+        or ""): what its verdict calls them (`region_verdict`). {} without dataflow, and for
+        a backward region the op that receives each gradient, and "grad_output" (or
+        "grad_output.1" for its second output's)."""
         if not self.dataflow:
             return {}
+        if region.phase == Phase.BACKWARD:
+            return {n: (op, key, "") for n, (op, key) in self.arriving.get(region.number, {}).items()}
         seqs = {self.target[i]["seq"] for i in region.target}
         out: dict[str, tuple[str, str, str]] = {}
         for i in region.target:
@@ -301,6 +326,23 @@ class Boundaries:
             return None
         return found
 
+    def unproven(self, region: Region) -> str:
+        """Why a backward region has no boundary (neither `by_dataflow` nor `by_module`), in
+        words; "" for a forward region (its rows say its boundary tensors are not paired)."""
+        if region.phase != Phase.BACKWARD:
+            return ""
+        where = f"`{region.where}`" if region.where else "the model"
+        if region.module is None:
+            module = "its ops run in no one module call"
+        elif self.module_entries.get(RecordName.parse(region.module).with_phase(  # type: ignore[union-attr]
+                Phase.BACKWARD).text) is None:
+            module = f"the backward of its module call {where} is not paired with golden's"
+        else:
+            module = f"its module call {where} hands back no gradient (its inputs need none)"
+        flow = self.unproven_by_dataflow.get(region.number) if self.dataflow else \
+            "the dump has no dataflow"
+        return f"{flow}, and {module}" if flow else module
+
 
 def label_number(label: str) -> Optional[int]:
     """The number in a `Region.label()` ("region 2 in ..." -> 2)."""
@@ -308,20 +350,24 @@ def label_number(label: str) -> Optional[int]:
     return int(words[1]) if len(words) > 1 and words[0] == "region" and words[1].isdigit() else None
 
 
-def mark_region_rows(rows: list[Any], region_ops: list[Any], region_rows: dict[int, list[int]]
-                     ) -> None:
+def mark_region_rows(rows: list[Any], region_ops: list[Any], region_rows: dict[int, list[int]],
+                     unjudged: Optional[dict[int, str]] = None) -> None:
     """After the blame: a region's rows say its verdict (not judged when its boundary could not
-    be measured; cleared or not replayed by its chain replay), and a blamed region's worst
-    boundary output row is an error."""
+    be measured, and why where `unjudged` (region number -> why) knows; cleared or not replayed
+    by its chain replay), and a blamed region's worst boundary output row is an error. Without
+    `unjudged` (rejudge) the rows of a region not judged are left as they are."""
     judged = {op.region[0].number: op for op in region_ops}
     for number, indices in region_rows.items():
         op = judged.get(number)
         for i in indices:
             row = rows[i]
             if op is None:
+                if unjudged is None:
+                    continue        # (rejudge: the compare's rows say why)
+                why = unjudged.get(number) or "the tensors entering and leaving it are not paired"
                 rows[i] = replace(row, result=WARNING, reason=(
-                    f"in {row.region}: the runs execute different ops here, and the tensors "
-                    f"entering and leaving it are not paired: not judged"))
+                    f"in {row.region}: the runs execute different ops here, and {why}: not "
+                    f"judged"))
             elif op.local:
                 rows[i] = replace(row, reason=f"in {row.region}: local error in this region "
                                               f"(see the first divergence)")
@@ -347,12 +393,14 @@ def unjudged_note(regions: list[Region], region_ops: list[Any], rows: list[Any],
     if found or not skipped or not any(
             row.result in (ERROR, WARNING) and not row.region for row in rows):
         return None
-    names = ", ".join(r.label() for r in skipped[:SHOWN_OPS]) + (
-        ", ..." if len(skipped) > SHOWN_OPS else "")
-    return (f"inconclusive: tensors differ, and {names} could not be judged (the runs execute "
-            f"different ops there, and the tensors entering and leaving "
-            f"{'it are' if len(skipped) == 1 else 'them are'} not paired): the difference may "
-            f"start there; no op elsewhere is blamed")
+    names = ", ".join(r.label() + (f" ({r.why})" if r.why else "")
+                      for r in skipped[:SHOWN_OPS]) + (", ..." if len(skipped) > SHOWN_OPS else "")
+    generic = ("the runs execute different ops there, and the tensors entering and leaving "
+               f"{'it are' if len(skipped) == 1 else 'them are'} not paired")
+    if all(r.why for r in skipped):
+        generic = "the runs execute different ops there"
+    return (f"inconclusive: tensors differ, and {names} could not be judged ({generic}): the "
+            f"difference may start there; no op elsewhere is blamed")
 
 
 def op_list(records: list[Record], indices: list[int], locate: Any) -> list[dict[str, Any]]:

@@ -1,0 +1,119 @@
+"""A backward region judged through its forward calls' dataflow (comparison/region_gradients.py).
+
+A bare attention block (regionkit.Block: q/k/v projections, SDPA on the target side, eager
+`matmul -> softmax -> matmul` on the golden one) on an input that needs no gradient: the
+attention module call hands back no gradient, so its module boundary cannot judge the backward
+region; the gradients SDPA's backward receives (from the paired `transpose` after it) and hands
+back (to the paired `transpose`s that made q, k, v) can. Faults are planted below the recorder
+in SDPA's backward (its input gradients scaled by 1.02)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import opdiff
+
+from regionkit import Attention, Block, block_dump
+
+SDPA = "Functional.scaled_dot_product_attention"
+
+
+class SharedValue(Attention):
+    """The attention block with v also added to the attention's output: v's gradient is the
+    sum of the attention's and the addition's."""
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = (p(x).view(b, t, 2, 8).transpose(1, 2) for p in (self.q, self.k, self.v))
+        if self.fused:
+            h = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        else:
+            w = torch.matmul(q, k.transpose(-2, -1)) / 8 ** 0.5
+            h = torch.matmul(torch.softmax(w, dim=-1), v)
+        return self.o((h + v).transpose(1, 2).reshape(b, t, 16))
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory):
+    root = tmp_path_factory.mktemp("region_backward")
+    made: dict[tuple, Path] = {}
+
+    def get(name: str, task: str) -> Path:
+        if (name, task) not in made:
+            fused = name != "eager" and name != "shared_eager"
+            fault = SDPA if "bad" in name else None
+            attention = SharedValue if name.startswith("shared") else Attention
+            phase = "forward" if name.endswith("forward") else "backward"
+            made[(name, task)] = block_dump(root / f"{name}_{task}", fused, fault=fault,
+                                            phase=phase, task=task,
+                                            make=lambda f: Block(f, attention))
+        return made[(name, task)]
+    return get
+
+
+def _backward_region(result) -> str:
+    (name,) = {m.split(":", 1)[1] for r in result.rows for m in r.boundary
+               if m.endswith(".backward")}
+    return name
+
+
+@pytest.mark.parametrize("task", ["statistics", "tensor"])
+def test_a_healthy_sdpa_backward_is_judged_and_names_nothing(dumps, task):
+    result = opdiff.compare(dumps("sdpa", task), dumps("eager", task), progress=False)
+    assert result.first_divergence is None
+    assert not [n for n in result.notes if n.startswith("inconclusive")], result.notes
+    backward = [r for r in result.rows if r.region and r.phase == "backward"]
+    assert backward and all(r.result == "pass" and "not judged" not in r.reason
+                            for r in backward), backward
+    # its boundary: the gradient SDPA receives, as the paired transpose after it hands it back;
+    # the gradients of q, k, v, where the paired transposes that made them receive them
+    region = _backward_region(result)
+    marked = {r.target_name: m.split(":")[0] for r in result.rows for m in r.boundary
+              if m.endswith(f":{region}")}
+    assert marked == {"Tensor.transpose.3.backward.output.0": "in",
+                      "Tensor.transpose.0.backward.input.0": "out",
+                      "Tensor.transpose.1.backward.input.0": "out",
+                      "Tensor.transpose.2.backward.input.0": "out"}
+
+
+@pytest.mark.parametrize("task", ["statistics", "tensor"])
+def test_a_2pct_fault_in_sdpa_backward_names_the_backward_region(dumps, task):
+    result = opdiff.compare(dumps("sdpa_bad", task), dumps("eager", task), progress=False)
+    first = result.first_divergence
+    assert first is not None and first.origin == "region" and first.phase == "backward", first
+    assert first.reason.startswith("region in `attn` (backward; target: "
+                                   f"`{SDPA}` at "), first.reason
+    assert [o["op"] for o in first.region["target_ops"]] == [SDPA]
+    assert {o["op"] for o in first.region["golden_ops"]} >= {"Torch.matmul", "Torch.softmax"}
+    # the gradient entering it is named as SDPA receives it, and agrees
+    assert [(i["name"], i["op"], i["agrees"]) for i in first.region["inputs"]] == \
+        [("grad_output", SDPA, True)]
+    assert f"`grad_output` of `{SDPA}`" in first.reason
+    assert "local error in this region" in first.reason
+    if task == "tensor":
+        # the worst gradient is SDPA's own, replayed as the VJP of its forward call
+        assert first.tensor.startswith(f"{SDPA}.0.backward.output."), first.tensor
+        assert "the region's own gradient error is 0.0196" in first.reason, first.reason
+    errors = [r for r in result.rows if r.result == "error"]
+    assert errors and all("region" in r.reason for r in errors), errors
+
+
+@pytest.mark.parametrize("task", ["statistics", "tensor"])
+def test_a_gradient_summed_outside_the_region_leaves_it_unjudged_and_says_why(dumps, task):
+    # v's gradient is the attention's plus the addition's: the region's share of it is not
+    # recorded anywhere, and the attention module hands back no gradient
+    healthy = opdiff.compare(dumps("shared", task), dumps("shared_eager", task), progress=False)
+    assert healthy.first_divergence is None
+    faulty = opdiff.compare(dumps("shared_bad", task), dumps("shared_eager", task),
+                            progress=False)
+    assert faulty.first_divergence is None         # never an innocent op
+    (note,) = [n for n in faulty.notes if n.startswith("inconclusive")]
+    assert "\n" not in note
+    assert ("`Tensor.transpose.2.forward.output.0` is read inside it and outside it "
+            "(`Tensor.__add__.0.forward`)") in note, note
+    assert "its module call `attn` hands back no gradient (its inputs need none)" in note, note
+    backward = [r for r in faulty.rows if r.region and r.phase == "backward"]
+    assert backward and all("is read inside it and outside it" in r.reason and
+                            r.reason.endswith("not judged") for r in backward), backward
