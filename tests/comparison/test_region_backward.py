@@ -14,6 +14,8 @@ import pytest
 import torch
 
 import opdiff
+from opdiff.comparison.rejudge import rejudge
+from opdiff.report.summary import load_summary
 
 from regionkit import Attention, Block, block_dump
 
@@ -117,3 +119,24 @@ def test_a_gradient_summed_outside_the_region_leaves_it_unjudged_and_says_why(du
     backward = [r for r in faulty.rows if r.region and r.phase == "backward"]
     assert backward and all("is read inside it and outside it" in r.reason and
                             r.reason.endswith("not judged") for r in backward), backward
+@pytest.mark.parametrize("phase", ["forward", "backward"])
+@pytest.mark.parametrize("task", ["statistics", "tensor"])
+def test_a_rejudged_region_reads_as_the_compare(dumps, tmp_path, task, phase):
+    """rejudge reads no dump: the region's sentence, its inputs' names (`query`, `key`,
+    `value`; `grad_output`), the tensor it made and its module come back from the rows' marks
+    (comparison/region_marks.py), from the result and from its files alike."""
+    name = "sdpa_bad" if phase == "backward" else "sdpa_bad_forward"
+    original = opdiff.compare(dumps(name, task), dumps("eager", task), tmp_path / "out",
+                              progress=False, replay="off")
+    first = original.first_divergence
+    assert first is not None and first.origin == "region" and first.phase == phase, first
+    names = [i["name"] for i in first.region["inputs"]]
+    assert names == (["query", "key", "value"] if phase == "forward" else ["grad_output"])
+    assert first.tensor.startswith(f"{SDPA}.0.{phase}.output.")
+    loose = {"tolerance": {"fp32": 0.005}}
+    for again in (rejudge(original, loose), rejudge(load_summary(original.files["summary"]),
+                                                    loose)):
+        found = again.first_divergence
+        assert found is not None
+        assert (found.name, found.reason, found.region, found.tensor, found.module) == \
+            (first.name, first.reason, first.region, first.tensor, first.module)

@@ -27,6 +27,7 @@ from .blame import OpScore, analyse, differing_numbers
 from .metrics import Measurement, measure, stats_measure
 from .reasons import not_comparable, placement_note, statistics_limits, unread_note
 from .region_cover import covered_tensors
+from .region_marks import mark_boundaries
 from .regions import (REGION, Boundaries, absorb, Region, RegionOps, find_regions, mark_region_rows,
                       members, op_list, unjudged_note)
 from .result import (ERROR, PASS, UNMATCHED, WARNING, CompareResult, Note, TensorRow, count,
@@ -356,12 +357,8 @@ class _PairCompare:
         return locate
 
     def _region_verdicts(self, region_ops: list[OpScore], regions: list[Region]) -> None:
-        """Region rows say what their region's verdict is; boundary rows name their region."""
-        for op in region_ops:
-            for side, entries in (("in", op.inputs), ("out", op.outputs)):
-                for i, *_ in entries:
-                    row = self.rows[i]
-                    self.rows[i] = replace(row, boundary=row.boundary + (f"{side}:{op.name}",))
+        """Region rows say their region's verdict; boundary rows name it (`region_marks.py`)."""
+        mark_boundaries(self.rows, region_ops)
         mark_region_rows(self.rows, region_ops, self._region_rows,
                          {r.number: r.why for r in regions if r.why})
 
