@@ -37,16 +37,14 @@ Record = dict[str, Any]
 class Gradients:
     """The forward dataflow of one dump, read for backward regions (built once per pair)."""
 
-    def __init__(self, records: list[Record]) -> None:
-        self.by_name: dict[str, Record] = {}
-        self.by_seq: dict[Any, Record] = {}
+    def __init__(self, records: list[Record], by_seq: dict[Any, Record]) -> None:
+        self.by_seq = by_seq                              # seq -> record (the dump's)
+        self.by_name: dict[str, Record] = {}              # forward op calls by name
         self.backward_of: dict[str, Record] = {}          # forward call name -> backward record
         self.readers: dict[tuple[Any, str], list[str]] = {}   # (seq, slot) -> reading records
         self.param_readers: dict[str, list[str]] = {}     # parameter FQN -> reading records
         self.param_grads: dict[str, str] = {}             # parameter FQN -> its gradient's name
         for rec in records:
-            self.by_name[rec["name"]] = rec
-            self.by_seq[rec.get("seq")] = rec
             kind, phase = rec["kind"], rec["phase"]
             if kind == Kind.PARAM_GRAD:
                 self._param_grads(rec)
@@ -57,6 +55,7 @@ class Gradients:
                 self.backward_of.setdefault(link, rec)
             if phase != Phase.FORWARD:
                 continue
+            self.by_name[rec["name"]] = rec
             for _, role, desc in iter_tensors(rec):
                 if role != Role.INPUT:
                     continue

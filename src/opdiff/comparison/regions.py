@@ -204,7 +204,7 @@ class Boundaries:
         self.by_seq = {r["seq"]: r for r in target} if dataflow else {}
         self.leaf_names = {(r.get("leaf"), r.get("tensor")): r["name"] for r in target
                            if r["kind"] == Kind.LEAF}
-        self.gradients = Gradients(target) if dataflow else None
+        self.gradients: Optional[Gradients] = None     # made for the first backward region
         # backward region number -> the gradients entering it (`Gradients.boundary`)
         self.arriving: dict[int, dict[str, tuple[str, str]]] = {}
         self.unproven_by_dataflow: dict[int, str] = {}  # ... or why the dataflow does not prove it
@@ -216,7 +216,9 @@ class Boundaries:
             return {}
         out: dict[int, dict[str, str]] = {}
         for r in regions:
-            if r.phase == Phase.BACKWARD and self.gradients is not None:
+            if r.phase == Phase.BACKWARD:
+                if self.gradients is None:
+                    self.gradients = Gradients(self.target, self.by_seq)
                 found = self.gradients.boundary([self.target[i] for i in r.target], self.measured)
                 if isinstance(found, str):
                     self.unproven_by_dataflow[r.number] = found
