@@ -45,7 +45,8 @@ def dumps(tmp_path_factory):
     def get(name: str, task: str) -> Path:
         if (name, task) not in made:
             fused = name != "eager" and name != "shared_eager"
-            fault = SDPA if "bad" in name else None
+            fault = "Functional.linear" if name.startswith("q_") else SDPA if "bad" in name \
+                else None
             attention = SharedValue if name.startswith("shared") else Attention
             phase = "forward" if name.endswith("forward") else "backward"
             made[(name, task)] = block_dump(root / f"{name}_{task}", fused, fault=fault,
@@ -70,11 +71,17 @@ def test_a_healthy_sdpa_backward_is_judged_and_names_nothing(dumps, task):
     assert backward and all(r.result == "pass" and "not judged" not in r.reason
                             for r in backward), backward
     # its boundary: the gradient SDPA receives, as the paired transpose after it hands it back;
-    # the gradients of q, k, v, where the paired transposes that made them receive them
+    # the gradients of q, k, v, where the paired transposes that made them receive them; and,
+    # as for an op's backward, what its forward call read and made (q, k, v where they were
+    # made, its output where the transpose after it reads it)
     region = _backward_region(result)
     marked = {r.target_name: m.split(":")[0] for r in result.rows for m in r.boundary
               if m.endswith(f":{region}")}
-    assert marked == {"Tensor.transpose.3.backward.output.0": "in",
+    assert marked == {"Tensor.transpose.0.forward.output.0": "in",
+                      "Tensor.transpose.1.forward.output.0": "in",
+                      "Tensor.transpose.2.forward.output.0": "in",
+                      "Tensor.transpose.3.forward.input.0": "in",
+                      "Tensor.transpose.3.backward.output.0": "in",
                       "Tensor.transpose.0.backward.input.0": "out",
                       "Tensor.transpose.1.backward.input.0": "out",
                       "Tensor.transpose.2.backward.input.0": "out"}
@@ -89,10 +96,11 @@ def test_a_2pct_fault_in_sdpa_backward_names_the_backward_region(dumps, task):
                                    f"`{SDPA}` at "), first.reason
     assert [o["op"] for o in first.region["target_ops"]] == [SDPA]
     assert {o["op"] for o in first.region["golden_ops"]} >= {"Torch.matmul", "Torch.softmax"}
-    # the gradient entering it is named as SDPA receives it, and agrees
+    # the gradient entering it is named as SDPA receives it, with what its forward call read
+    # and made, and all agree
     assert [(i["name"], i["op"], i["agrees"]) for i in first.region["inputs"]] == \
-        [("grad_output", SDPA, True)]
-    assert f"`grad_output` of `{SDPA}`" in first.reason
+        [(name, SDPA, True) for name in ("query", "key", "value", "output", "grad_output")]
+    assert f"`query`, `key`, `value`, `output`, `grad_output` of `{SDPA}`" in first.reason
     assert "local error in this region" in first.reason
     if task == "tensor":
         # the worst gradient is SDPA's own, replayed as the VJP of its forward call
@@ -100,6 +108,20 @@ def test_a_2pct_fault_in_sdpa_backward_names_the_backward_region(dumps, task):
         assert "the region's own gradient error is 0.0196" in first.reason, first.reason
     errors = [r for r in result.rows if r.result == "error"]
     assert errors and all("region" in r.reason for r in errors), errors
+
+
+@pytest.mark.parametrize("task", ["statistics", "tensor"])
+def test_a_fault_in_q_is_not_blamed_on_the_backward_region(dumps, task):
+    # q differs by 2%: SDPA's gradients differ with it although the gradient it receives
+    # agrees; what its forward call read counts as its input, as for an op's backward
+    result = opdiff.compare(dumps("q_bad_forward", task), dumps("eager", task), progress=False,
+                            replay="off")
+    assert result.first_divergence is not None
+    assert result.first_divergence.name == "Functional.linear.0.forward"
+    region = _backward_region(result)
+    boundary = [r for r in result.rows if any(m.endswith(f":{region}") for m in r.boundary)]
+    assert any(r.result != "pass" for r in boundary)        # the difference reaches it
+    assert not [r for r in result.rows if "local error in this region" in (r.reason or "")]
 
 
 @pytest.mark.parametrize("task", ["statistics", "tensor"])
@@ -131,7 +153,8 @@ def test_a_rejudged_region_reads_as_the_compare(dumps, tmp_path, task, phase):
     first = original.first_divergence
     assert first is not None and first.origin == "region" and first.phase == phase, first
     names = [i["name"] for i in first.region["inputs"]]
-    assert names == (["query", "key", "value"] if phase == "forward" else ["grad_output"])
+    assert names == ["query", "key", "value"] + ([] if phase == "forward" else
+                                                 ["output", "grad_output"])
     assert first.tensor.startswith(f"{SDPA}.0.{phase}.output.")
     loose = {"tolerance": {"fp32": 0.005}}
     for again in (rejudge(original, loose), rejudge(load_summary(original.files["summary"]),

@@ -75,10 +75,11 @@ class Gradients:
             self.param_grads.setdefault(f"{path}.{local}".lstrip("."), name)
 
     def boundary(self, members: list[Record], measured: Any
-                 ) -> Union[tuple[dict[str, tuple[str, str]], dict[str, str]], str]:
+                 ) -> Union[tuple[dict[str, tuple[str, str]], dict[str, str], list[Record]], str]:
         """({measured name of a gradient entering: (the region's op that receives it, what it
         receives it as: "grad_output", "grad_output.1")}, {measured name of a gradient leaving:
-        the region's tensor}) of a backward region whose target ops are `members`; where the
+        the region's tensor}, its forward calls) of a backward region whose target ops are
+        `members`; where the
         dataflow does not prove it (see the module docstring), why not, in words. `measured`:
         the names measured against golden (a container)."""
         calls: list[tuple[Record, Record]] = []
@@ -99,7 +100,25 @@ class Gradients:
             return str(exc)
         if not entering or not leaving:
             return f"no gradient {'enters' if not entering else 'leaves'} it through a paired op"
-        return entering, leaving
+        return entering, leaving, [f for _, f in calls]
+
+    def read_outside(self, calls: list[Record]) -> dict[str, tuple[str, str]]:
+        """{the name of an input of an op outside `calls` that reads what `calls` made (where a
+        forward region's output is measured): (the op that made it, "output" or "output.1")}."""
+        inside = {f["name"] for f in calls}
+        out: dict[str, tuple[str, str]] = {}
+        for f in calls:
+            cut = len(f["name"]) + len(".output.")
+            slots = [n[cut:] for n, role, _ in iter_tensors(f) if role == Role.OUTPUT]
+            for slot in slots:
+                key = "output" if len(slots) == 1 else f"output.{slot}"
+                for reader in self.readers.get((f.get("seq"), slot), []):
+                    if reader in inside:
+                        continue
+                    for name, r_role, d in iter_tensors(self.by_name[reader]):
+                        if r_role == Role.INPUT and _producer(d) == (f.get("seq"), slot):
+                            out.setdefault(name, (str(f["op"]), key))
+        return out
 
     def _entering(self, b: Record, f: Record, inside: set[str], measured: Any,
                   out: dict[str, tuple[str, str]]) -> None:

@@ -65,7 +65,7 @@ def boundary_inputs(first: Any, rows: list[Any]) -> list[dict[str, Any]]:
             op, key, fqn = reader
             if fqn:
                 name, op = fqn, None
-            elif key.startswith("grad_output"):    # a gradient entering a backward region
+            elif key.startswith(("grad_output", "output")):   # (a backward region's)
                 name = key
             else:
                 name = argument_name(op, key) or f"input.{key}"

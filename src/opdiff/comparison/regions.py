@@ -207,6 +207,7 @@ class Boundaries:
         self.gradients: Optional[Gradients] = None     # made for the first backward region
         # backward region number -> the gradients entering it (`Gradients.boundary`)
         self.arriving: dict[int, dict[str, tuple[str, str]]] = {}
+        self.calls: dict[int, list[Record]] = {}        # ... and its forward calls
         self.unproven_by_dataflow: dict[int, str] = {}  # ... or why the dataflow does not prove it
 
     def consumers(self, regions: list[Region]) -> dict[int, dict[str, str]]:
@@ -223,7 +224,7 @@ class Boundaries:
                 if isinstance(found, str):
                     self.unproven_by_dataflow[r.number] = found
                 else:
-                    self.arriving[r.number], out[r.number] = found
+                    self.arriving[r.number], out[r.number], self.calls[r.number] = found
         regions = [r for r in regions if r.phase != Phase.BACKWARD]
         region_of = {self.target[i]["seq"]: r.number for r in regions for i in r.target}
         inside = {i for r in regions for i in r.target}
@@ -244,22 +245,56 @@ class Boundaries:
         if not self.dataflow:
             return None
         if region.phase == Phase.BACKWARD:
-            entering = [self.measured[n] for n in self.arriving.get(region.number, ())]
-            leaving = [self.measured[n] for n in consumers]
-            return (entering, leaving) if entering and leaving else None
-        seqs = {self.target[i]["seq"] for i in region.target}
+            return self._backward(region, consumers)
+        read = self._read([self.target[i] for i in region.target])
+        if read is None:
+            return None
+        inputs, unpaired = read
+        outputs = {e[0]: e for e in (self.measured.get(n) for n in consumers) if e is not None}
+        if not outputs or not inputs:
+            return None
+        region.unpaired_leaves = unpaired
+        return list(inputs.values()), list(outputs.values())
+
+    def _backward(self, region: Region, consumers: dict[str, str]
+                  ) -> Optional[tuple[list[Entry], list[Entry]]]:
+        """A backward region's (inputs, outputs): the gradients entering it and, since its
+        backward formulas read them, the tensors its forward calls read and made (measured where
+        they were made and where they are read), as an op's backward is judged with its forward
+        call's tensors (`blame.linked`); the gradients leaving it."""
+        arriving, calls = self.arriving.get(region.number), self.calls.get(region.number, [])
+        if not arriving or not consumers or self.gradients is None:
+            return None
+        read = self._read(calls)
+        if read is None:
+            self.unproven_by_dataflow[region.number] = (
+                "a tensor its forward calls read is not compared with golden, so its gradients "
+                "cannot be told apart from what that tensor carries")
+            return None
+        inputs, region.unpaired_leaves = read
+        for name in [*self.gradients.read_outside(calls), *arriving]:
+            entry = self.measured.get(name)
+            if entry is not None:
+                inputs[entry[0]] = entry
+        return list(inputs.values()), [self.measured[n] for n in consumers]
+
+    def _read(self, records: list[Record]) -> Optional[tuple[dict[int, Entry], list[str]]]:
+        """({row: entry} of the tensors `records` read from outside them, measured where they
+        were made; the FQNs of parameters without a golden partner, left out), or None where
+        one is not measured (made by an unpaired op)."""
+        seqs = {r["seq"] for r in records}
         inputs: dict[int, Entry] = {}
         unpaired: list[str] = []
-        for i in region.target:
-            for _, role, desc in iter_tensors(self.target[i]):
+        for rec in records:
+            for _, role, desc in iter_tensors(rec):
                 if role == Role.OUTPUT:
                     continue
                 producer, leaf = desc.get("producer"), desc.get("leaf")
                 if producer and producer[0] in seqs:
                     continue
                 if producer:
-                    rec = self.by_seq.get(producer[0])
-                    name = f"{rec['name']}.output.{producer[1]}" if rec else None
+                    maker = self.by_seq.get(producer[0])
+                    name = f"{maker['name']}.output.{producer[1]}" if maker else None
                 elif leaf in ("parameter", "buffer", "input"):
                     rec_name = self.leaf_names.get((leaf, desc.get("fqn")))
                     name = f"{rec_name}.output.0" if rec_name else None
@@ -274,11 +309,7 @@ class Boundaries:
                 if entry is None:
                     return None     # fed by an unpaired op (another region): not by dataflow
                 inputs[entry[0]] = entry
-        outputs = {e[0]: e for e in (self.measured.get(n) for n in consumers) if e is not None}
-        if not outputs or not inputs:
-            return None
-        region.unpaired_leaves = list(dict.fromkeys(unpaired))
-        return list(inputs.values()), list(outputs.values())
+        return inputs, list(dict.fromkeys(unpaired))
 
     def entering(self, region: Region) -> dict[str, tuple[str, str, str]]:
         """The tensors entering a region through the dump's dataflow, by the name they are
@@ -286,15 +317,26 @@ class Boundaries:
         "0", "attn_mask", "0.1" for a list's second tensor, the FQN of a parameter or buffer
         or ""): what its verdict calls them (`region_verdict`). {} without dataflow, and for
         a backward region the op that receives each gradient, and "grad_output" (or
-        "grad_output.1" for its second output's)."""
+        "grad_output.1" for its second output's), and its forward calls' tensors (their
+        outputs as "output")."""
         if not self.dataflow:
             return {}
         if region.phase == Phase.BACKWARD:
-            return {n: (op, key, "") for n, (op, key) in self.arriving.get(region.number, {}).items()}
-        seqs = {self.target[i]["seq"] for i in region.target}
+            out = {n: (op, key, "") for n, (op, key) in self.arriving.get(region.number, {}).items()}
+            calls = self.calls.get(region.number, [])
+            for tensor, reader in self._readers(calls).items():
+                out.setdefault(tensor, reader)
+            if self.gradients is not None:
+                for tensor, (op, key) in self.gradients.read_outside(calls).items():
+                    out.setdefault(tensor, (op, key, ""))
+            return out
+        return self._readers([self.target[i] for i in region.target])
+
+    def _readers(self, records: list[Record]) -> dict[str, tuple[str, str, str]]:
+        """`entering` of the ops `records`."""
+        seqs = {r["seq"] for r in records}
         out: dict[str, tuple[str, str, str]] = {}
-        for i in region.target:
-            rec = self.target[i]
+        for rec in records:
             prefix = f"{rec['name']}.input."
             for name, role, desc in iter_tensors(rec):
                 producer, leaf = desc.get("producer"), desc.get("leaf")
