@@ -86,6 +86,46 @@ def test_msprobe_data_mapping_pairs_sdpa_with_the_eager_matmul(dumps, tmp_path):
     assert "inputs agree" in found.reason
 
 
+# msprobe's data_mapping.yaml lets one target op stand for several golden ops: SDPA's q against
+# eager attention's first matmul, k against the transpose of it, v and the output against the
+# last matmul
+TWO_OPS = f"""{SDPA}.input.0: Torch.matmul.0.forward.input.0
+{SDPA}.input.1: Tensor.transpose.3.forward.input.0
+{SDPA}.input.2: {LAST_MATMUL}.input.1
+{SDPA}.output.0: {LAST_MATMUL}.output.0
+"""
+
+
+@pytest.mark.parametrize("target, culprit", [("sdpa", None), ("sdpa_bad", SDPA),
+                                             ("q_bad", "Functional.linear.0.forward")])
+def test_one_target_op_against_several_golden_ops(dumps, tmp_path, target, culprit):
+    f = _write(tmp_path, TWO_OPS)
+    result = opdiff.compare(dumps / target, dumps / "eager", tmp_path / "out", progress=False,
+                            mapping=f)
+    rows = _rows(result, SDPA)
+    # each tensor against the golden tensor its line names, in whichever golden record
+    assert [(r.target_name[len(SDPA):], r.golden_name) for r in rows] == [
+        (".input.0", "Torch.matmul.0.forward.input.0"),
+        (".input.1", "Tensor.transpose.3.forward.input.0"),
+        (".input.2", f"{LAST_MATMUL}.input.1"), (".output.0", f"{LAST_MATMUL}.output.0")]
+    assert all(r.metrics for r in rows)
+    assert result.counts["unmatched"] == 0
+    (softmax,) = [r for r in result.rows if r.golden_name == "Torch.softmax.0.forward.output.0"]
+    assert softmax.reason == (f"feeds only the mapping file's pair {SDPA} against "
+                              f"Tensor.transpose.3.forward, Torch.matmul.0.forward and "
+                              f"{LAST_MATMUL} ({f}:1, 2, 3, 4): judged through its tensors")
+    found = result.first_divergence
+    assert (found.name if found else None) == culprit
+    if target == "sdpa_bad":
+        assert found.reason.startswith("inputs agree")
+    if target == "q_bad":       # q differs where SDPA reads it, so SDPA is not named
+        assert rows[0].error > 1e-3 and rows[-1].error > 1e-3 and rows[-1].result != "error"
+    for again in (rejudge(result), rejudge(load_summary(result.files["summary"]))):
+        assert [(r.target_name, r.golden_name, r.result) for r in again.rows] == \
+            [(r.target_name, r.golden_name, r.result) for r in result.rows]
+        assert (again.first_divergence.name if again.first_divergence else None) == culprit
+
+
 def test_a_fault_upstream_is_not_blamed_on_the_forced_pair(dumps, tmp_path):
     f = _write(tmp_path, DATA_MAPPING)
     result = opdiff.compare(dumps / "q_bad", dumps / "eager", progress=False, mapping=f)
@@ -143,8 +183,14 @@ def test_loading_msprobe_lines(tmp_path):
     (f"{LAST_MATMUL}.output.0: {SDPA}.output.0\n", 1, "the golden dump holds it"),
     (f"{SDPA}.output.3: {LAST_MATMUL}.output.0\n", 1, "names no tensor"),
     (f"{SDPA}.output.0: {LAST_MATMUL}\n", 1, "on both sides"),
-    (f"{SDPA}.output.0: {LAST_MATMUL}.output.0\n{SDPA}.input.0: Torch.matmul.0.forward.input.0\n",
-     2, "a record pairs with one record"),
+    (f"{SDPA}: {LAST_MATMUL}\n{SDPA}.input.0: Torch.matmul.0.forward.input.0\n",
+     2, "a record pairs with one record (with several only through lines that name tensors)"),
+    (f"{SDPA}.input.0: Torch.matmul.0.forward.input.0\n{SDPA}.output.0: {LAST_MATMUL}.output.0\n"
+     f"{SDPA}: Torch.matmul.0.forward\n",
+     3, "a line naming whole records cannot say which holds which tensor"),
+    (f"{SDPA}.output.0: {LAST_MATMUL}.output.0\n"
+     f"Functional.linear.3.forward.input.0: {LAST_MATMUL}.output.0\n", 2,
+     f"'{LAST_MATMUL}' is paired with another record on line 1 already"),
     (f"{SDPA}.output.0: {LAST_MATMUL}.output.0\n{SDPA}.input.2: {LAST_MATMUL}.output.0\n",
      2, "a tensor pairs with one tensor"),
     (f"{SDPA}.output.0: {LAST_MATMUL}.output.0\n"
