@@ -1,14 +1,17 @@
-"""Tiny Hugging Face models whose runs can execute different attention ops (eager, SDPA),
-dumped the way tests/comparison/test_regions*.py need (see conftest.py's `hf_dump`)."""
+"""Tiny models whose runs can execute different attention ops (eager, SDPA), dumped the way
+tests/comparison/test_regions*.py need: Hugging Face models built from configs (see
+conftest.py's `hf_dump`), and a bare attention block (`block_dump`)."""
 from __future__ import annotations
 
+import math
 import types
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import opdiff
 from opdiff.testing import inject_fault
@@ -76,6 +79,54 @@ def make_dump(path: Path, family: str, impl: str, task: str, fault: Optional[str
             with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext():
                 loss = model(ids, labels=ids).loss
             loss.backward()
+    if fault:
+        assert planted.hits == 1     # type: ignore[attr-defined]
+    return path
+
+
+class Attention(torch.nn.Module):
+    """q, k, v projections, attention as `F.scaled_dot_product_attention` (fused) or eager
+    `matmul -> softmax -> matmul`, an output projection."""
+
+    def __init__(self, fused: bool) -> None:
+        super().__init__()
+        self.fused = fused
+        # (no bias on k: softmax makes its gradient zero, and the runs' rounding of zero differs)
+        self.q, self.k, self.v = (torch.nn.Linear(16, 16, bias=False) for _ in range(3))
+        self.o = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = (p(x).view(b, t, 2, 8).transpose(1, 2) for p in (self.q, self.k, self.v))
+        if self.fused:
+            h = F.scaled_dot_product_attention(q, k, v)
+        else:
+            w = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(8)
+            h = torch.matmul(torch.softmax(w, dim=-1), v)
+        return self.o(h.transpose(1, 2).reshape(b, t, 16))
+
+
+class Block(torch.nn.Module):
+    def __init__(self, fused: bool, attention: type = Attention) -> None:
+        super().__init__()
+        self.attn, self.fc = attention(fused), torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.attn(x)))
+
+
+def block_dump(path: Path, fused: bool, fault: Optional[str] = None, phase: str = "forward",
+               task: str = "tensor", make: Callable[[bool], torch.nn.Module] = Block) -> Path:
+    """One training step of `make(fused)` on an input that needs no gradient, dumped at level
+    mix; fault: that op's first call's output (phase "backward": its input gradients) scaled
+    by 1.02 (`inject_fault`)."""
+    torch.manual_seed(0)
+    model = make(fused)
+    x = torch.randn(2, 5, 16)
+    planted = inject_fault(op=fault, call=0, scale=1.02, phase=phase) if fault else nullcontext()
+    with planted:
+        with opdiff.dump(model, str(path), level="mix", task=task):
+            model(x).sum().backward()
     if fault:
         assert planted.hits == 1     # type: ignore[attr-defined]
     return path

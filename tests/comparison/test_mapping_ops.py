@@ -4,15 +4,10 @@ pairs (comparison/forced.py) on real dumps of an attention block that runs
 the golden one, with faults planted in SDPA or upstream of it."""
 from __future__ import annotations
 
-import math
 import pickle
-from contextlib import nullcontext
 from pathlib import Path
-from typing import Optional
 
 import pytest
-import torch
-import torch.nn.functional as F
 
 import opdiff
 from opdiff.cli import main
@@ -20,9 +15,9 @@ from opdiff.comparison.forced import NOT_JUDGED
 from opdiff.comparison.mapping import MappingError, load
 from opdiff.comparison.rejudge import rejudge
 from opdiff.report.summary import load_summary
-from opdiff.testing import inject_fault
 
 from msprobekit import write_msprobe
+from regionkit import block_dump
 
 SDPA = "Functional.scaled_dot_product_attention.0.forward"
 LAST_MATMUL = "Torch.matmul.1.forward"      # eager attention's `weights @ v`
@@ -37,53 +32,14 @@ Module.attn.Attention.forward.0.output.0: Module.attn.Attention.forward.0.output
 """
 
 
-class Attention(torch.nn.Module):
-    def __init__(self, fused: bool) -> None:
-        super().__init__()
-        self.fused = fused
-        # (no bias on k: softmax makes its gradient zero, and the runs' rounding of zero differs)
-        self.q, self.k, self.v = (torch.nn.Linear(16, 16, bias=False) for _ in range(3))
-        self.o = torch.nn.Linear(16, 16)
-
-    def forward(self, x):
-        b, t, _ = x.shape
-        q, k, v = (p(x).view(b, t, 2, 8).transpose(1, 2) for p in (self.q, self.k, self.v))
-        if self.fused:
-            h = F.scaled_dot_product_attention(q, k, v)
-        else:
-            w = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(8)
-            h = torch.matmul(torch.softmax(w, dim=-1), v)
-        return self.o(h.transpose(1, 2).reshape(b, t, 16))
-
-
-class Block(torch.nn.Module):
-    def __init__(self, fused: bool) -> None:
-        super().__init__()
-        self.attn, self.fc = Attention(fused), torch.nn.Linear(16, 16)
-
-    def forward(self, x):
-        return self.fc(torch.relu(self.attn(x)))
-
-
-def _dump(path: Path, fused: bool, fault: Optional[str] = None, phase: str = "forward") -> Path:
-    torch.manual_seed(0)
-    model = Block(fused)
-    x = torch.randn(2, 5, 16)
-    planted = inject_fault(op=fault, call=0, scale=1.02, phase=phase) if fault else nullcontext()
-    with planted:
-        with opdiff.dump(model, str(path), level="mix", task="tensor"):
-            model(x).sum().backward()
-    return path
-
-
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("mapping_ops")
-    _dump(root / "eager", fused=False)
-    _dump(root / "sdpa", fused=True)
-    _dump(root / "sdpa_bad", fused=True, fault="Functional.scaled_dot_product_attention")
-    _dump(root / "q_bad", fused=True, fault="Functional.linear")    # the q projection
-    _dump(root / "sdpa_bad_backward", fused=True, fault="Functional.scaled_dot_product_attention",
+    block_dump(root / "eager", fused=False)
+    block_dump(root / "sdpa", fused=True)
+    block_dump(root / "sdpa_bad", fused=True, fault="Functional.scaled_dot_product_attention")
+    block_dump(root / "q_bad", fused=True, fault="Functional.linear")    # the q projection
+    block_dump(root / "sdpa_bad_backward", fused=True, fault="Functional.scaled_dot_product_attention",
           phase="backward")
     return root
 
@@ -102,7 +58,8 @@ def test_msprobe_data_mapping_pairs_sdpa_with_the_eager_matmul(dumps, tmp_path):
     f = _write(tmp_path, DATA_MAPPING)
     healthy = opdiff.compare(dumps / "sdpa", dumps / "eager", progress=False, mapping=f)
     assert healthy.first_divergence is None
-    # (the backward region is left unjudged here with or without the file: not this test's)
+    # (the backward region is judged through its gradients: test_region_backward.py)
+    assert not [n for n in healthy.notes if n.startswith("inconclusive")], healthy.notes
     assert not [n for n in healthy.notes if "paired by the mapping file" in n]
     assert not [n for n in healthy.notes if f"{f}:2" in n or f"{f}:3" in n]
     rows = _rows(healthy, SDPA)
@@ -127,6 +84,46 @@ def test_msprobe_data_mapping_pairs_sdpa_with_the_eager_matmul(dumps, tmp_path):
     # judged against the inputs it read, measured where q and k were made (its tensor list
     # holds only v and the output)
     assert "inputs agree" in found.reason
+
+
+# msprobe's data_mapping.yaml lets one target op stand for several golden ops: SDPA's q against
+# eager attention's first matmul, k against the transpose of it, v and the output against the
+# last matmul
+TWO_OPS = f"""{SDPA}.input.0: Torch.matmul.0.forward.input.0
+{SDPA}.input.1: Tensor.transpose.3.forward.input.0
+{SDPA}.input.2: {LAST_MATMUL}.input.1
+{SDPA}.output.0: {LAST_MATMUL}.output.0
+"""
+
+
+@pytest.mark.parametrize("target, culprit", [("sdpa", None), ("sdpa_bad", SDPA),
+                                             ("q_bad", "Functional.linear.0.forward")])
+def test_one_target_op_against_several_golden_ops(dumps, tmp_path, target, culprit):
+    f = _write(tmp_path, TWO_OPS)
+    result = opdiff.compare(dumps / target, dumps / "eager", tmp_path / "out", progress=False,
+                            mapping=f)
+    rows = _rows(result, SDPA)
+    # each tensor against the golden tensor its line names, in whichever golden record
+    assert [(r.target_name[len(SDPA):], r.golden_name) for r in rows] == [
+        (".input.0", "Torch.matmul.0.forward.input.0"),
+        (".input.1", "Tensor.transpose.3.forward.input.0"),
+        (".input.2", f"{LAST_MATMUL}.input.1"), (".output.0", f"{LAST_MATMUL}.output.0")]
+    assert all(r.metrics for r in rows)
+    assert result.counts["unmatched"] == 0
+    (softmax,) = [r for r in result.rows if r.golden_name == "Torch.softmax.0.forward.output.0"]
+    assert softmax.reason == (f"feeds only the mapping file's pair {SDPA} against "
+                              f"Tensor.transpose.3.forward, Torch.matmul.0.forward and "
+                              f"{LAST_MATMUL} ({f}:1, 2, 3, 4): judged through its tensors")
+    found = result.first_divergence
+    assert (found.name if found else None) == culprit
+    if target == "sdpa_bad":
+        assert found.reason.startswith("inputs agree")
+    if target == "q_bad":       # q differs where SDPA reads it, so SDPA is not named
+        assert rows[0].error > 1e-3 and rows[-1].error > 1e-3 and rows[-1].result != "error"
+    for again in (rejudge(result), rejudge(load_summary(result.files["summary"]))):
+        assert [(r.target_name, r.golden_name, r.result) for r in again.rows] == \
+            [(r.target_name, r.golden_name, r.result) for r in result.rows]
+        assert (again.first_divergence.name if again.first_divergence else None) == culprit
 
 
 def test_a_fault_upstream_is_not_blamed_on_the_forced_pair(dumps, tmp_path):
@@ -186,8 +183,14 @@ def test_loading_msprobe_lines(tmp_path):
     (f"{LAST_MATMUL}.output.0: {SDPA}.output.0\n", 1, "the golden dump holds it"),
     (f"{SDPA}.output.3: {LAST_MATMUL}.output.0\n", 1, "names no tensor"),
     (f"{SDPA}.output.0: {LAST_MATMUL}\n", 1, "on both sides"),
-    (f"{SDPA}.output.0: {LAST_MATMUL}.output.0\n{SDPA}.input.0: Torch.matmul.0.forward.input.0\n",
-     2, "a record pairs with one record"),
+    (f"{SDPA}: {LAST_MATMUL}\n{SDPA}.input.0: Torch.matmul.0.forward.input.0\n",
+     2, "a record pairs with one record (with several only through lines that name tensors)"),
+    (f"{SDPA}.input.0: Torch.matmul.0.forward.input.0\n{SDPA}.output.0: {LAST_MATMUL}.output.0\n"
+     f"{SDPA}: Torch.matmul.0.forward\n",
+     3, "a line naming whole records cannot say which holds which tensor"),
+    (f"{SDPA}.output.0: {LAST_MATMUL}.output.0\n"
+     f"Functional.linear.3.forward.input.0: {LAST_MATMUL}.output.0\n", 2,
+     f"'{LAST_MATMUL}' is paired with another record on line 1 already"),
     (f"{SDPA}.output.0: {LAST_MATMUL}.output.0\n{SDPA}.input.2: {LAST_MATMUL}.output.0\n",
      2, "a tensor pairs with one tensor"),
     (f"{SDPA}.output.0: {LAST_MATMUL}.output.0\n"

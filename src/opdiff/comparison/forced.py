@@ -13,8 +13,14 @@ it and other paired ops form regions as they would between any two paired ops. L
 tensors give its **tensor list**: only those tensors are compared (target `input.0` against
 golden `input.1`, say); its other tensors get no row. Lines that name whole records compare the
 tensors both records hold under one name (`.input.0` with `.input.0`). Several lines of one pair
-add up; a record paired with two records, a tensor paired twice, or two pairs in the other order
-on the two sides are errors naming the line (`resolve`).
+add up. Lines that name tensors may pair one target record with several golden records
+(msprobe's data_mapping.yaml: SDPA's q against eager attention's first matmul's input, its output
+against the last matmul's): alignment pairs it with the latest of them, and each tensor is
+compared with the golden tensor its line names wherever that is (`ForcedPair.borrowed`), so it
+is judged as one op against both (its golden side both ops). A golden record paired with two
+target records, a target record paired with several by a line naming whole records, a tensor
+paired twice, or two pairs in the other order on the two sides are errors naming the line
+(`resolve`).
 
 Judging it (`CarriedInputs`): blame asks whether an op's inputs agree while its outputs do not.
 A forced pair whose lines compare only outputs (SDPA's output against the last matmul's) or whose
@@ -57,7 +63,14 @@ class ForcedPair:
     golden: int
     tensors: tuple[tuple[str, str], ...]
     lines: tuple[int, ...]
-    names: tuple[str, str] = ("", "")       # the two record names
+    names: tuple[str, str] = ("", "")       # the two record names ("G1 and G2" for several)
+    # a target record paired with several golden ones (msprobe's data_mapping.yaml lets one NPU
+    # op stand for two GPU ops): alignment pairs it with the latest (`golden`); the tensors the
+    # lines take from the others, (target suffix, the golden tensor (name, role, descriptor)),
+    # and those golden records' indices. Judged as one op: its inputs against the golden
+    # tensors the lines name wherever they are, its outputs the same (a region, in effect).
+    borrowed: tuple[tuple[str, Any], ...] = ()
+    others: tuple[int, ...] = ()
 
     def said(self, path: str) -> str:
         """`Functional.x.0.forward against Torch.y.3.forward (pairs.yaml:2)`, as rows say it."""
@@ -68,8 +81,23 @@ class ForcedPair:
               ) -> tuple[dict[str, Any], dict[str, Any]]:
         """The two records' tensors ({suffix: item}) as the pair compares them: one key per
         listed pair, the target's suffix naming both."""
-        return ({t: t_tensors[t] for t, _ in self.tensors},
-                {t: g_tensors[g] for t, g in self.tensors})
+        borrowed = dict(self.borrowed)
+        order = [t for t in t_tensors if t in borrowed or any(t == s for s, _ in self.tensors)]
+        golden = {t: g_tensors[g] for t, g in self.tensors}
+        golden.update(borrowed)
+        return {t: t_tensors[t] for t in order}, {t: golden[t] for t in order}
+
+
+def _listed(names: list[str]) -> str:
+    """"A", "A and B", "A, B and C"."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def _tensor(record: Record, suffix: str) -> tuple[str, str, dict[str, Any]]:
+    """(name, role, descriptor) of a record's tensor by its suffix (`.input.0`), as pair.py
+    keys a record's tensors."""
+    name = record["name"] + suffix
+    return next(t for t in iter_tensors(record) if t[0] == name)
 
 
 def _suffixes(record: Record) -> list[str]:
@@ -92,6 +120,9 @@ def resolve(mapping: "Mapping", rules: list["Rule"], target: list[Record], kept:
     partner: dict[tuple[str, int], tuple[int, int]] = {}     # (side, index) -> (other, line)
     listed: dict[tuple[int, int], dict[str, tuple[str, int]]] = {}
     whole: set[tuple[int, int]] = set()              # pairs a line names whole
+    whole_t: set[int] = set()                         # ... their target records
+    golden_of: dict[int, set[int]] = {}               # target record -> golden records it pairs
+    taken: dict[tuple[int, str], tuple[str, int, int]] = {}  # (ti, t suffix) -> (g suffix, gi, line)
     lines: dict[tuple[int, int], list[int]] = {}
     for rule in rules:
         where = mapping.where(rule)
@@ -108,14 +139,25 @@ def resolve(mapping: "Mapping", rules: list["Rule"], target: list[Record], kept:
         ti, gi = found
         for side, mine, theirs in (("target", ti, gi), ("golden", gi, ti)):
             before = partner.setdefault((side, mine), (theirs, rule.line))
-            if before[0] != theirs:
+            # (a target record against several golden ones only through lines that name
+            # tensors, which say which golden record holds each: `ForcedPair.borrowed`)
+            if before[0] != theirs and (side == "golden" or not rule.parts or ti in whole_t):
                 name = rule.old if side == "target" else rule.new
                 raise MappingError(f"{where}: {name!r} is paired with another record on line "
-                                   f"{before[1]} already; a record pairs with one record")
+                                   f"{before[1]} already; a record pairs with one record"
+                                   + ("" if side == "golden" else " (with several only through "
+                                      "lines that name tensors)"))
         lines.setdefault((ti, gi), []).append(rule.line)
         if not rule.parts:
+            if partner[("target", ti)][0] != gi or any(
+                    g != gi for g in golden_of.get(ti, ())):
+                raise MappingError(f"{where}: {rule.old!r} is paired with several golden "
+                                   f"records; a line naming whole records cannot say which "
+                                   f"holds which tensor")
             whole.add((ti, gi))
+            whole_t.add(ti)
             continue
+        golden_of.setdefault(ti, set()).add(gi)
         for (suffix, records, k), name in zip(((rule.parts[0], kept, ti),
                                                (rule.parts[1], joined, gi)), (rule.old, rule.new)):
             held = _suffixes(records[k])
@@ -124,26 +166,35 @@ def resolve(mapping: "Mapping", rules: list["Rule"], target: list[Record], kept:
                                    f"(it holds {', '.join(held) or 'none'})")
         pairs = listed.setdefault((ti, gi), {})       # target suffix -> (golden's, line)
         t_suffix, g_suffix = rule.parts
-        same = pairs.get(t_suffix)
-        if same is not None and same[0] == g_suffix:
+        same = taken.get((ti, t_suffix))
+        if same is not None and same[:2] == (g_suffix, gi):
             continue                                   # the same pair said twice
-        clash = same[1] if same is not None else next(
+        clash = same[2] if same is not None else next(
             (line for g, line in pairs.values() if g == g_suffix), None)
         if clash is not None:
             raise MappingError(f"{where}: a tensor of this line is paired on line {clash} "
                                f"already; a tensor pairs with one tensor")
         pairs[t_suffix] = (g_suffix, rule.line)
+        taken[(ti, t_suffix)] = (g_suffix, gi, rule.line)
     out: list[ForcedPair] = []
-    for (ti, gi), at_lines in sorted(lines.items()):
+    for ti in sorted({t for t, _ in lines}):
+        goldens = sorted(golden_of.get(ti, ())) or [partner[("target", ti)][0]]
+        gi = goldens[-1]        # the latest golden record is the one alignment pairs it with
         chosen = {t: g for t, (g, _) in listed.get((ti, gi), {}).items()}
         if (ti, gi) in whole:       # the tensors both hold under one name, besides those listed
             g_held = set(_suffixes(joined[gi])) - set(chosen.values())
             chosen.update({s: s for s in _suffixes(kept[ti]) if s in g_held and s not in chosen})
         order = {s: n for n, s in enumerate(_suffixes(kept[ti]))}     # the record's own order
+        borrowed = tuple(sorted(((t, _tensor(joined[g], suffix)) for g in goldens[:-1]
+                                 for t, (suffix, _) in listed[(ti, g)].items()),
+                                key=lambda p: order[p[0]]))
+        at_lines = [n for g in goldens for n in lines[(ti, g)]]
         out.append(ForcedPair(ti, gi, tuple(sorted(chosen.items(), key=lambda p: order[p[0]])),
-                              tuple(sorted(at_lines)), (kept[ti]["name"], joined[gi]["name"])))
+                              tuple(sorted(at_lines)), (kept[ti]["name"], _listed(
+                                  [joined[g]["name"] for g in goldens])), borrowed,
+                              tuple(goldens[:-1])))
     for one, next_one in zip(out, out[1:]):
-        if next_one.golden < one.golden:
+        if min(next_one.others, default=next_one.golden) < one.golden:
             first, later = sorted((one.lines[0], next_one.lines[0]))
             raise MappingError(f"{mapping.path}:{later}: its records ran in the other order "
                                f"than those of line {first} on the two sides; forced pairs "

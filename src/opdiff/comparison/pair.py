@@ -27,6 +27,7 @@ from .blame import OpScore, analyse, differing_numbers
 from .metrics import Measurement, measure, stats_measure
 from .reasons import not_comparable, placement_note, statistics_limits, unread_note
 from .region_cover import covered_tensors
+from .region_marks import mark_boundaries
 from .regions import (REGION, Boundaries, absorb, Region, RegionOps, find_regions, mark_region_rows,
                       members, op_list, unjudged_note)
 from .result import (ERROR, PASS, UNMATCHED, WARNING, CompareResult, Note, TensorRow, count,
@@ -194,7 +195,7 @@ class _PairCompare:
             region_ops = self._regions(regions, t_records, g_records)
             divergence = analyse(self.ops, self.rows, self.policy, replay=replayer,
                                  replay_all=self.replay == "all")
-            self._region_verdicts(region_ops)
+            self._region_verdicts(region_ops, regions)
         finally:
             if replayer is not None:
                 replayer.close()
@@ -336,6 +337,7 @@ class _PairCompare:
                 found = bounds.by_module(region)
                 region.boundary = "module" if found is not None else ""
             if found is None:
+                region.why = bounds.unproven(region)
                 continue
             listed = RegionOps(op_list(t_records, region.target, self._first_location(self.t)),
                                op_list(g_records, region.golden, self._first_location(self.g)),
@@ -357,14 +359,11 @@ class _PairCompare:
             return loc[0] if loc else None
         return locate
 
-    def _region_verdicts(self, region_ops: list[OpScore]) -> None:
-        """Region rows say what their region's verdict is; boundary rows name their region."""
-        for op in region_ops:
-            for side, entries in (("in", op.inputs), ("out", op.outputs)):
-                for i, *_ in entries:
-                    row = self.rows[i]
-                    self.rows[i] = replace(row, boundary=row.boundary + (f"{side}:{op.name}",))
-        mark_region_rows(self.rows, region_ops, self._region_rows)
+    def _region_verdicts(self, region_ops: list[OpScore], regions: list[Region]) -> None:
+        """Region rows say their region's verdict; boundary rows name it (`region_marks.py`)."""
+        mark_boundaries(self.rows, region_ops)
+        mark_region_rows(self.rows, region_ops, self._region_rows,
+                         {r.number: r.why for r in regions if r.why})
 
     def _unmatched(self, base: dict[str, Any], t_item: Optional[_Item], g_item: Optional[_Item],
                    paired_op: bool) -> TensorRow:

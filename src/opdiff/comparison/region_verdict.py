@@ -8,9 +8,10 @@
     — local error in this region
 
 The tensors entering the region are named by the arguments the region's ops read them as
-(`arguments.argument_name`: SDPA's `query`, `key`, `value`), a parameter by its FQN; without the
-dump's dataflow (a region judged at its module call, a result re-judged from its files) by the
-name they were measured under. `Divergence.region` carries both sides' ops, these inputs, and
+(`arguments.argument_name`: SDPA's `query`, `key`, `value`), a parameter by its FQN, a gradient
+entering a backward region as `grad_output`; without the dump's dataflow (a region judged at its
+module call) by the name they were measured under. A result re-judged from its files names them
+the same way, from its rows' marks (`region_marks.py`). `Divergence.region` carries both sides' ops, these inputs, and
 each side's source lines (`target_locations`, `golden_locations`): what the console prints as
 `target: FILE:LINE` and `golden: FILE:FIRST-LAST`.
 """
@@ -64,6 +65,8 @@ def boundary_inputs(first: Any, rows: list[Any]) -> list[dict[str, Any]]:
             op, key, fqn = reader
             if fqn:
                 name, op = fqn, None
+            elif key.startswith(("grad_output", "output")):   # (a backward region's)
+                name = key
             else:
                 name = argument_name(op, key) or f"input.{key}"
         out.append({"tensor": tensor, "name": name, "op": op,

@@ -12,10 +12,12 @@ holds ops of both sides is a *region*:
 - its **outputs** are the tensors its target ops made that paired ops outside it read: measured
   where those ops read them (the consumer's input row pairs the target region's output with the
   golden region's);
-- without dataflow (dumps written before it, foreign dumps) or where it does not reach (backward,
-  a region fed by another region), the boundary is the innermost module call that holds the
-  region's target ops, when that call is paired on both sides: its inputs and parameters, its
-  outputs.
+- backward, the same through each backward record's forward call: the gradients its target ops
+  receive from paired ops and hand back to them (`region_gradients.py`);
+- without dataflow (dumps written before it, foreign dumps) or where it does not reach (a
+  region fed by another region, a gradient shared with ops outside it), the boundary is the
+  innermost module call that holds the region's target ops, when that call is paired on both
+  sides: its inputs and parameters, its outputs.
 
 A region is scored like an op (`blame.judge`: inputs agree and outputs do not: local error),
 and can be the first divergence (`Divergence.region`). Its ops are never blamed one by one nor
@@ -35,6 +37,7 @@ from typing import Any, Optional
 from ..store.records import iter_tensors
 from ..store.schema import Kind, Phase, RecordName, Role, module_path
 from . import region_cover as cover
+from .region_gradients import Gradients
 from .result import ERROR, WARNING, Origin
 
 Pair = tuple[Optional[int], Optional[int]]
@@ -57,6 +60,7 @@ class Region:
     boundary: str = ""                  # "dataflow" | "module" | "" (not measured)
     place: str = ""                     # `where`, when known without the module call (rejudge)
     unpaired_leaves: list[str] = field(default_factory=list)   # its parameters without a partner
+    why: str = ""                       # why it was not judged, when known (`Boundaries.unproven`)
 
     @property
     def name(self) -> str:
@@ -200,14 +204,30 @@ class Boundaries:
         self.by_seq = {r["seq"]: r for r in target} if dataflow else {}
         self.leaf_names = {(r.get("leaf"), r.get("tensor")): r["name"] for r in target
                            if r["kind"] == Kind.LEAF}
+        self.gradients: Optional[Gradients] = None     # made for the first backward region
+        # backward region number -> the gradients entering it (`Gradients.boundary`)
+        self.arriving: dict[int, dict[str, tuple[str, str]]] = {}
+        self.calls: dict[int, list[Record]] = {}        # ... and its forward calls
+        self.unproven_by_dataflow: dict[int, str] = {}  # ... or why the dataflow does not prove it
 
     def consumers(self, regions: list[Region]) -> dict[int, dict[str, str]]:
-        """region number -> {consumer's input tensor name: the region's output tensor it reads}."""
+        """region number -> {consumer's input tensor name: the region's output tensor it reads};
+        a backward region's: {where a gradient it makes arrives: that gradient}."""
         if not self.dataflow or not regions:
             return {}
+        out: dict[int, dict[str, str]] = {}
+        for r in regions:
+            if r.phase == Phase.BACKWARD:
+                if self.gradients is None:
+                    self.gradients = Gradients(self.target, self.by_seq)
+                found = self.gradients.boundary([self.target[i] for i in r.target], self.measured)
+                if isinstance(found, str):
+                    self.unproven_by_dataflow[r.number] = found
+                else:
+                    self.arriving[r.number], out[r.number], self.calls[r.number] = found
+        regions = [r for r in regions if r.phase != Phase.BACKWARD]
         region_of = {self.target[i]["seq"]: r.number for r in regions for i in r.target}
         inside = {i for r in regions for i in r.target}
-        out: dict[int, dict[str, str]] = {}
         for k, rec in enumerate(self.target):
             if k in inside:
                 continue
@@ -222,21 +242,59 @@ class Boundaries:
     def by_dataflow(self, region: Region, consumers: dict[str, str]
                     ) -> Optional[tuple[list[Entry], list[Entry]]]:
         """(inputs, outputs) through the dump's dataflow, or None where it does not reach."""
-        if not self.dataflow or region.phase != Phase.FORWARD:
+        if not self.dataflow:
             return None
-        seqs = {self.target[i]["seq"] for i in region.target}
+        if region.phase == Phase.BACKWARD:
+            return self._backward(region, consumers)
+        read = self._read([self.target[i] for i in region.target])
+        if read is None:
+            return None
+        inputs, unpaired = read
+        outputs = {e[0]: e for e in (self.measured.get(n) for n in consumers) if e is not None}
+        if not outputs or not inputs:
+            return None
+        region.unpaired_leaves = unpaired
+        return list(inputs.values()), list(outputs.values())
+
+    def _backward(self, region: Region, consumers: dict[str, str]
+                  ) -> Optional[tuple[list[Entry], list[Entry]]]:
+        """A backward region's (inputs, outputs): the gradients entering it and, since its
+        backward formulas read them, the tensors its forward calls read and made (measured where
+        they were made and where they are read), as an op's backward is judged with its forward
+        call's tensors (`blame.linked`); the gradients leaving it."""
+        arriving, calls = self.arriving.get(region.number), self.calls.get(region.number, [])
+        if not arriving or not consumers or self.gradients is None:
+            return None
+        read = self._read(calls)
+        if read is None:
+            self.unproven_by_dataflow[region.number] = (
+                "a tensor its forward calls read is not compared with golden, so its gradients "
+                "cannot be told apart from what that tensor carries")
+            return None
+        inputs, region.unpaired_leaves = read
+        for name in [*self.gradients.read_outside(calls), *arriving]:
+            entry = self.measured.get(name)
+            if entry is not None:
+                inputs[entry[0]] = entry
+        return list(inputs.values()), [self.measured[n] for n in consumers]
+
+    def _read(self, records: list[Record]) -> Optional[tuple[dict[int, Entry], list[str]]]:
+        """({row: entry} of the tensors `records` read from outside them, measured where they
+        were made; the FQNs of parameters without a golden partner, left out), or None where
+        one is not measured (made by an unpaired op)."""
+        seqs = {r["seq"] for r in records}
         inputs: dict[int, Entry] = {}
         unpaired: list[str] = []
-        for i in region.target:
-            for _, role, desc in iter_tensors(self.target[i]):
+        for rec in records:
+            for _, role, desc in iter_tensors(rec):
                 if role == Role.OUTPUT:
                     continue
                 producer, leaf = desc.get("producer"), desc.get("leaf")
                 if producer and producer[0] in seqs:
                     continue
                 if producer:
-                    rec = self.by_seq.get(producer[0])
-                    name = f"{rec['name']}.output.{producer[1]}" if rec else None
+                    maker = self.by_seq.get(producer[0])
+                    name = f"{maker['name']}.output.{producer[1]}" if maker else None
                 elif leaf in ("parameter", "buffer", "input"):
                     rec_name = self.leaf_names.get((leaf, desc.get("fqn")))
                     name = f"{rec_name}.output.0" if rec_name else None
@@ -251,23 +309,34 @@ class Boundaries:
                 if entry is None:
                     return None     # fed by an unpaired op (another region): not by dataflow
                 inputs[entry[0]] = entry
-        outputs = {e[0]: e for e in (self.measured.get(n) for n in consumers) if e is not None}
-        if not outputs or not inputs:
-            return None
-        region.unpaired_leaves = list(dict.fromkeys(unpaired))
-        return list(inputs.values()), list(outputs.values())
+        return inputs, list(dict.fromkeys(unpaired))
 
     def entering(self, region: Region) -> dict[str, tuple[str, str, str]]:
         """The tensors entering a region through the dump's dataflow, by the name they are
         measured under -> (the op of the region that reads it first, the input it reads it as:
         "0", "attn_mask", "0.1" for a list's second tensor, the FQN of a parameter or buffer
-        or ""): what its verdict calls them (`region_verdict`). {} without dataflow."""
+        or ""): what its verdict calls them (`region_verdict`). {} without dataflow, and for
+        a backward region the op that receives each gradient, and "grad_output" (or
+        "grad_output.1" for its second output's), and its forward calls' tensors (their
+        outputs as "output")."""
         if not self.dataflow:
             return {}
-        seqs = {self.target[i]["seq"] for i in region.target}
+        if region.phase == Phase.BACKWARD:
+            out = {n: (op, key, "") for n, (op, key) in self.arriving.get(region.number, {}).items()}
+            calls = self.calls.get(region.number, [])
+            for tensor, reader in self._readers(calls).items():
+                out.setdefault(tensor, reader)
+            if self.gradients is not None:
+                for tensor, (op, key) in self.gradients.read_outside(calls).items():
+                    out.setdefault(tensor, (op, key, ""))
+            return out
+        return self._readers([self.target[i] for i in region.target])
+
+    def _readers(self, records: list[Record]) -> dict[str, tuple[str, str, str]]:
+        """`entering` of the ops `records`."""
+        seqs = {r["seq"] for r in records}
         out: dict[str, tuple[str, str, str]] = {}
-        for i in region.target:
-            rec = self.target[i]
+        for rec in records:
             prefix = f"{rec['name']}.input."
             for name, role, desc in iter_tensors(rec):
                 producer, leaf = desc.get("producer"), desc.get("leaf")
@@ -301,6 +370,23 @@ class Boundaries:
             return None
         return found
 
+    def unproven(self, region: Region) -> str:
+        """Why a backward region has no boundary (neither `by_dataflow` nor `by_module`), in
+        words; "" for a forward region (its rows say its boundary tensors are not paired)."""
+        if region.phase != Phase.BACKWARD:
+            return ""
+        where = f"`{region.where}`" if region.where else "the model"
+        if region.module is None:
+            module = "its ops run in no one module call"
+        elif self.module_entries.get(RecordName.parse(region.module).with_phase(  # type: ignore[union-attr]
+                Phase.BACKWARD).text) is None:
+            module = f"the backward of its module call {where} is not paired with golden's"
+        else:
+            module = f"its module call {where} hands back no gradient (its inputs need none)"
+        flow = self.unproven_by_dataflow.get(region.number) if self.dataflow else \
+            "the dump has no dataflow"
+        return f"{flow}, and {module}" if flow else module
+
 
 def label_number(label: str) -> Optional[int]:
     """The number in a `Region.label()` ("region 2 in ..." -> 2)."""
@@ -308,20 +394,24 @@ def label_number(label: str) -> Optional[int]:
     return int(words[1]) if len(words) > 1 and words[0] == "region" and words[1].isdigit() else None
 
 
-def mark_region_rows(rows: list[Any], region_ops: list[Any], region_rows: dict[int, list[int]]
-                     ) -> None:
+def mark_region_rows(rows: list[Any], region_ops: list[Any], region_rows: dict[int, list[int]],
+                     unjudged: Optional[dict[int, str]] = None) -> None:
     """After the blame: a region's rows say its verdict (not judged when its boundary could not
-    be measured; cleared or not replayed by its chain replay), and a blamed region's worst
-    boundary output row is an error."""
+    be measured, and why where `unjudged` (region number -> why) knows; cleared or not replayed
+    by its chain replay), and a blamed region's worst boundary output row is an error. Without
+    `unjudged` (rejudge) the rows of a region not judged are left as they are."""
     judged = {op.region[0].number: op for op in region_ops}
     for number, indices in region_rows.items():
         op = judged.get(number)
         for i in indices:
             row = rows[i]
             if op is None:
+                if unjudged is None:
+                    continue        # (rejudge: the compare's rows say why)
+                why = unjudged.get(number) or "the tensors entering and leaving it are not paired"
                 rows[i] = replace(row, result=WARNING, reason=(
-                    f"in {row.region}: the runs execute different ops here, and the tensors "
-                    f"entering and leaving it are not paired: not judged"))
+                    f"in {row.region}: the runs execute different ops here, and {why}: not "
+                    f"judged"))
             elif op.local:
                 rows[i] = replace(row, reason=f"in {row.region}: local error in this region "
                                               f"(see the first divergence)")
@@ -347,12 +437,14 @@ def unjudged_note(regions: list[Region], region_ops: list[Any], rows: list[Any],
     if found or not skipped or not any(
             row.result in (ERROR, WARNING) and not row.region for row in rows):
         return None
-    names = ", ".join(r.label() for r in skipped[:SHOWN_OPS]) + (
-        ", ..." if len(skipped) > SHOWN_OPS else "")
-    return (f"inconclusive: tensors differ, and {names} could not be judged (the runs execute "
-            f"different ops there, and the tensors entering and leaving "
-            f"{'it are' if len(skipped) == 1 else 'them are'} not paired): the difference may "
-            f"start there; no op elsewhere is blamed")
+    names = ", ".join(r.label() + (f" ({r.why})" if r.why else "")
+                      for r in skipped[:SHOWN_OPS]) + (", ..." if len(skipped) > SHOWN_OPS else "")
+    generic = ("the runs execute different ops there, and the tensors entering and leaving "
+               f"{'it are' if len(skipped) == 1 else 'them are'} not paired")
+    if all(r.why for r in skipped):
+        generic = "the runs execute different ops there"
+    return (f"inconclusive: tensors differ, and {names} could not be judged ({generic}): the "
+            f"difference may start there; no op elsewhere is blamed")
 
 
 def op_list(records: list[Record], indices: list[int], locate: Any) -> list[dict[str, Any]]:

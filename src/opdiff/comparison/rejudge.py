@@ -19,6 +19,9 @@ What it cannot redo, because it needs the dumps:
 - rows.jsonl written before the rows carried `leaf`, `leaf_tensor`, `reader`, `leaf_strict`,
   `rng` and `leaf_input` (what the origin rules read): there a leaf origin is found again only
   as the leaf record itself, and a random op as its own error;
+- rows.jsonl written before region rows carried what a region's verdict says of its boundary
+  (`region_marks.py`: how its ops read its inputs, the tensors it made, its module call): there
+  a region's inputs are named as they were measured;
 - the noise-around-zero rule takes its scale from the statistics' norms (a compare measures it
   from the tensors: the same number in the dump's precision).
 
@@ -36,7 +39,8 @@ from . import forced
 from .blame import OpScore, analyse
 from .metric_table import Measurement
 from .reasons import statistics_limits, with_context
-from .regions import REGION, Region, RegionOps, label_number, mark_region_rows
+from .region_marks import regions_from_rows
+from .regions import mark_region_rows
 from .result import UNMATCHED, CompareResult, Divergence, Note, TensorRow, count, note_kind, noted
 from .runs import merge
 from .scores import add_row, op_facts, op_score
@@ -87,7 +91,7 @@ def _pair(result: CompareResult, rows: list[TensorRow], policy: Policy, step: Op
             continue
         entries[i] = add_row(score, i, row, m)
     forced.carry(rows, scores, entries)     # its inputs measured where the target made them
-    region_ops, region_rows = _regions(rows, entries)
+    region_ops, region_rows = regions_from_rows(rows, entries, OpScore)
     divergence = analyse(list(scores.values()) + region_ops, rows, policy)
     mark_region_rows(rows, region_ops, region_rows)
     if divergence is not None:
@@ -110,50 +114,6 @@ def _with_context(result: CompareResult, divergence: Divergence) -> Divergence:
     sides = [(p.get("target"), p.get("golden")) for p in result.pairs
              if (p.get("step"), p.get("rank")) == (divergence.step, divergence.rank)]
     return with_context(divergence, dumps=sides[0] if sides else (result.target, result.golden))
-
-
-def _regions(rows: list[TensorRow], entries: dict[int, Any]
-             ) -> tuple[list[OpScore], dict[int, list[int]]]:
-    """The regions of a compare (`regions.py`) from their rows: boundary rows name them
-    (`TensorRow.boundary`), their ops' rows carry `TensorRow.region`."""
-    region_rows: dict[int, list[int]] = {}
-    listed: dict[int, RegionOps] = {}
-    for i, row in enumerate(rows):
-        number = label_number(row.region) if row.region else None
-        if number is None:
-            continue
-        region_rows.setdefault(number, []).append(i)
-        ops = listed.setdefault(number, RegionOps())
-        listing = ops.target_ops if row.target_name else ops.golden_ops
-        if not any(o["name"] == row.op_name for o in listing):
-            loc = row.stack[0] if row.stack else None
-            parsed = RecordName.parse(row.op_name)
-            listing.append({"name": row.op_name, "op": parsed.op if parsed else row.op_name,
-                            "location": None if loc is None else {"file": loc.file,
-                                                                  "line": loc.line,
-                                                                  "code": loc.code},
-                            "module": row.module})
-    found: dict[str, OpScore] = {}
-    for i, row in enumerate(rows):
-        for mark in row.boundary:
-            side, name = mark.split(":", 1)
-            parts = name.split(".")
-            number = int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
-            if number is None or number not in region_rows or i not in entries:
-                continue
-            op = found.get(name)
-            if op is None:
-                first = rows[region_rows[number][0]]
-                label = first.region or ""
-                region = Region(number, parts[2], [], [], position=first.index,
-                                place=label.split(" in ", 1)[1] if " in " in label else "")
-                op = found[name] = OpScore(
-                    name=name, op="Region", phase=parts[2], kind=REGION, module=first.module,
-                    forward=None, seq=first.index,
-                    location=first.stack[0] if first.stack else None)
-                op.region = (region, listed[number], {})
-            (op.outputs if side == "out" else op.inputs).append(entries[i])
-    return list(found.values()), region_rows
 
 
 def measurement(row: TensorRow) -> Optional[Measurement]:

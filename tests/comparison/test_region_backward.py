@@ -1,0 +1,165 @@
+"""A backward region judged through its forward calls' dataflow (comparison/region_gradients.py).
+
+A bare attention block (regionkit.Block: q/k/v projections, SDPA on the target side, eager
+`matmul -> softmax -> matmul` on the golden one) on an input that needs no gradient: the
+attention module call hands back no gradient, so its module boundary cannot judge the backward
+region; the gradients SDPA's backward receives (from the paired `transpose` after it) and hands
+back (to the paired `transpose`s that made q, k, v) can. Faults are planted below the recorder
+in SDPA's backward (its input gradients scaled by 1.02)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import opdiff
+from opdiff.comparison.rejudge import rejudge
+from opdiff.report.summary import load_summary
+
+from regionkit import Attention, Block, block_dump
+
+SDPA = "Functional.scaled_dot_product_attention"
+
+
+class SharedValue(Attention):
+    """The attention block with v also added to the attention's output: v's gradient is the
+    sum of the attention's and the addition's."""
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = (p(x).view(b, t, 2, 8).transpose(1, 2) for p in (self.q, self.k, self.v))
+        if self.fused:
+            h = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        else:
+            w = torch.matmul(q, k.transpose(-2, -1)) / 8 ** 0.5
+            h = torch.matmul(torch.softmax(w, dim=-1), v)
+        return self.o((h + v).transpose(1, 2).reshape(b, t, 16))
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory):
+    root = tmp_path_factory.mktemp("region_backward")
+    made: dict[tuple, Path] = {}
+
+    def get(name: str, task: str) -> Path:
+        if (name, task) not in made:
+            fused = name != "eager" and name != "shared_eager"
+            fault = "Functional.linear" if name.startswith("q_") else SDPA if "bad" in name \
+                else None
+            attention = SharedValue if name.startswith("shared") else Attention
+            phase = "forward" if name.endswith("forward") else "backward"
+            made[(name, task)] = block_dump(root / f"{name}_{task}", fused, fault=fault,
+                                            phase=phase, task=task,
+                                            make=lambda f: Block(f, attention))
+        return made[(name, task)]
+    return get
+
+
+def _backward_region(result) -> str:
+    (name,) = {m.split(":", 1)[1] for r in result.rows for m in r.boundary
+               if m.endswith(".backward")}
+    return name
+
+
+@pytest.mark.parametrize("task", ["statistics", "tensor"])
+def test_a_healthy_sdpa_backward_is_judged_and_names_nothing(dumps, task):
+    result = opdiff.compare(dumps("sdpa", task), dumps("eager", task), progress=False)
+    assert result.first_divergence is None
+    assert not [n for n in result.notes if n.startswith("inconclusive")], result.notes
+    backward = [r for r in result.rows if r.region and r.phase == "backward"]
+    assert backward and all(r.result == "pass" and "not judged" not in r.reason
+                            for r in backward), backward
+    # its boundary: the gradient SDPA receives, as the paired transpose after it hands it back;
+    # the gradients of q, k, v, where the paired transposes that made them receive them; and,
+    # as for an op's backward, what its forward call read and made (q, k, v where they were
+    # made, its output where the transpose after it reads it)
+    region = _backward_region(result)
+    marked = {r.target_name: m.split(":")[0] for r in result.rows for m in r.boundary
+              if m.endswith(f":{region}")}
+    assert marked == {"Tensor.transpose.0.forward.output.0": "in",
+                      "Tensor.transpose.1.forward.output.0": "in",
+                      "Tensor.transpose.2.forward.output.0": "in",
+                      "Tensor.transpose.3.forward.input.0": "in",
+                      "Tensor.transpose.3.backward.output.0": "in",
+                      "Tensor.transpose.0.backward.input.0": "out",
+                      "Tensor.transpose.1.backward.input.0": "out",
+                      "Tensor.transpose.2.backward.input.0": "out"}
+
+
+@pytest.mark.parametrize("task", ["statistics", "tensor"])
+def test_a_2pct_fault_in_sdpa_backward_names_the_backward_region(dumps, task):
+    result = opdiff.compare(dumps("sdpa_bad", task), dumps("eager", task), progress=False)
+    first = result.first_divergence
+    assert first is not None and first.origin == "region" and first.phase == "backward", first
+    assert first.reason.startswith("region in `attn` (backward; target: "
+                                   f"`{SDPA}` at "), first.reason
+    assert [o["op"] for o in first.region["target_ops"]] == [SDPA]
+    assert {o["op"] for o in first.region["golden_ops"]} >= {"Torch.matmul", "Torch.softmax"}
+    # the gradient entering it is named as SDPA receives it, with what its forward call read
+    # and made, and all agree
+    assert [(i["name"], i["op"], i["agrees"]) for i in first.region["inputs"]] == \
+        [(name, SDPA, True) for name in ("query", "key", "value", "output", "grad_output")]
+    assert f"`query`, `key`, `value`, `output`, `grad_output` of `{SDPA}`" in first.reason
+    assert "local error in this region" in first.reason
+    if task == "tensor":
+        # the worst gradient is SDPA's own, replayed as the VJP of its forward call
+        assert first.tensor.startswith(f"{SDPA}.0.backward.output."), first.tensor
+        assert "the region's own gradient error is 0.0196" in first.reason, first.reason
+    errors = [r for r in result.rows if r.result == "error"]
+    assert errors and all("region" in r.reason for r in errors), errors
+
+
+@pytest.mark.parametrize("task", ["statistics", "tensor"])
+def test_a_fault_in_q_is_not_blamed_on_the_backward_region(dumps, task):
+    # q differs by 2%: SDPA's gradients differ with it although the gradient it receives
+    # agrees; what its forward call read counts as its input, as for an op's backward
+    result = opdiff.compare(dumps("q_bad_forward", task), dumps("eager", task), progress=False,
+                            replay="off")
+    assert result.first_divergence is not None
+    assert result.first_divergence.name == "Functional.linear.0.forward"
+    region = _backward_region(result)
+    boundary = [r for r in result.rows if any(m.endswith(f":{region}") for m in r.boundary)]
+    assert any(r.result != "pass" for r in boundary)        # the difference reaches it
+    assert not [r for r in result.rows if "local error in this region" in (r.reason or "")]
+
+
+@pytest.mark.parametrize("task", ["statistics", "tensor"])
+def test_a_gradient_summed_outside_the_region_leaves_it_unjudged_and_says_why(dumps, task):
+    # v's gradient is the attention's plus the addition's: the region's share of it is not
+    # recorded anywhere, and the attention module hands back no gradient
+    healthy = opdiff.compare(dumps("shared", task), dumps("shared_eager", task), progress=False)
+    assert healthy.first_divergence is None
+    faulty = opdiff.compare(dumps("shared_bad", task), dumps("shared_eager", task),
+                            progress=False)
+    assert faulty.first_divergence is None         # never an innocent op
+    (note,) = [n for n in faulty.notes if n.startswith("inconclusive")]
+    assert "\n" not in note
+    assert ("`Tensor.transpose.2.forward.output.0` is read inside it and outside it "
+            "(`Tensor.__add__.0.forward`)") in note, note
+    assert "its module call `attn` hands back no gradient (its inputs need none)" in note, note
+    backward = [r for r in faulty.rows if r.region and r.phase == "backward"]
+    assert backward and all("is read inside it and outside it" in r.reason and
+                            r.reason.endswith("not judged") for r in backward), backward
+@pytest.mark.parametrize("phase", ["forward", "backward"])
+@pytest.mark.parametrize("task", ["statistics", "tensor"])
+def test_a_rejudged_region_reads_as_the_compare(dumps, tmp_path, task, phase):
+    """rejudge reads no dump: the region's sentence, its inputs' names (`query`, `key`,
+    `value`; `grad_output`), the tensor it made and its module come back from the rows' marks
+    (comparison/region_marks.py), from the result and from its files alike."""
+    name = "sdpa_bad" if phase == "backward" else "sdpa_bad_forward"
+    original = opdiff.compare(dumps(name, task), dumps("eager", task), tmp_path / "out",
+                              progress=False, replay="off")
+    first = original.first_divergence
+    assert first is not None and first.origin == "region" and first.phase == phase, first
+    names = [i["name"] for i in first.region["inputs"]]
+    assert names == ["query", "key", "value"] + ([] if phase == "forward" else
+                                                 ["output", "grad_output"])
+    assert first.tensor.startswith(f"{SDPA}.0.{phase}.output.")
+    loose = {"tolerance": {"fp32": 0.005}}
+    for again in (rejudge(original, loose), rejudge(load_summary(original.files["summary"]),
+                                                    loose)):
+        found = again.first_divergence
+        assert found is not None
+        assert (found.name, found.reason, found.region, found.tensor, found.module) == \
+            (first.name, first.reason, first.region, first.tensor, first.module)
