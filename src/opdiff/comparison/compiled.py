@@ -19,7 +19,7 @@ kernels among them (each call names the modules of the nodes it fuses). Where th
 cannot be paired at all (level L1, Triton kernels, which are not recorded, an Inductor wrapper
 whose modules are not known), the compare
 is not refused: what pairs (leaves, parameter gradients) is compared, and the result says
-"inconclusive" with the reason (`note`, `unexplained`).
+"inconclusive" with the reason (`note`, `compiled_backward.unexplained`).
 """
 from __future__ import annotations
 
