@@ -28,7 +28,9 @@ from opdiff.comparison import compiled
 from opdiff.comparison.compiled_backward import WITHHELD, withheld
 from opdiff.comparison.compiled_modules import module_calls
 from opdiff.comparison.compiled_spans import span_calls
+from opdiff.comparison.rejudge import rejudge
 from opdiff.report.console import verdict_line
+from opdiff.report.summary import load_summary
 from opdiff.store.schema import complete
 
 MLP = "Module.model.layers.{}.mlp.LlamaMLP.forward.0"
@@ -177,6 +179,9 @@ def test_a_fault_in_code_no_judged_call_holds_names_nothing_and_says_what_was_no
         r.target_name for r in grads}
     assert grads and all(r.result == "warning" and r.reason.endswith(WITHHELD) for r in grads)
     assert {r.mode for r in grads} == {mode}
+    # judged again from the files (no dump read): still never named (the rows' marks say so)
+    again = rejudge(load_summary(tmp_path / "out"), {})
+    assert again.first_divergence is None, again.first_divergence
     # every judged module call before the head agrees at its output; the head's inherits
     judged = {r.op_name: r.result for r in result.rows if r.kind == "module" and
               r.role == "output" and r.target_name is not None}

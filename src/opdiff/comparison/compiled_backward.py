@@ -15,6 +15,7 @@ compute, and the first judged call whose input already differs.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Optional
 
 from ..store.schema import Kind, Phase, RecordName, Role, module_path, param_grad_links
@@ -24,6 +25,7 @@ from .reasons import made_earlier
 from .result import ERROR, WARNING, TensorRow
 
 Record = dict[str, Any]
+MARK = "withheld"
 WITHHELD = ("not named: the compiled backward that made it is not recorded at this level, and "
             "the gradient it was computed from depends on every forward computation after its "
             "module, not all of which is judged")
@@ -45,6 +47,20 @@ def withheld(target: list[Record]) -> dict[str, str]:
     names = {r["name"] for r in target}
     return {r["name"]: WITHHELD for r in target if r["kind"] == Kind.PARAM_GRAD
             and not any(link in names for link in param_grad_links(r["name"])[1:])}
+
+
+def mark(rows: list[TensorRow], held: dict[str, str]) -> None:
+    """Mark each row of a `held` record "withheld:<record>" (`TensorRow.boundary`), in place:
+    `rejudge` reads it back (`held_in`), as the rows alone do not say what the dump did."""
+    for i, r in enumerate(rows):
+        if r.op_name in held and f"{MARK}:{r.op_name}" not in r.boundary:
+            rows[i] = replace(r, boundary=r.boundary + (f"{MARK}:{r.op_name}",))
+
+
+def held_in(rows: list[TensorRow]) -> dict[str, str]:
+    """The `withheld` records of a compare, from its rows' marks (`mark`)."""
+    return {m.split(":", 1)[1]: WITHHELD for r in rows for m in r.boundary
+            if m.startswith(f"{MARK}:")}
 
 
 def judged_paths(target: list[Record]) -> list[set[str]]:
@@ -139,5 +155,5 @@ def _first_late_input(rows: list[TensorRow], target: list[Record]
     return None
 
 
-__all__ = ["WITHHELD", "backward_unrecorded", "withheld", "judged_paths", "unjudged_calls",
+__all__ = ["MARK", "WITHHELD", "backward_unrecorded", "withheld", "mark", "held_in", "judged_paths", "unjudged_calls",
            "unexplained"]

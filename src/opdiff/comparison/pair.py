@@ -193,6 +193,7 @@ class _PairCompare:
                          and r.result == UNMATCHED and self.mapping else r for r in self.rows]
             region_ops = self._regions(regions, t_records, g_records)
             held = compiled_backward.withheld(t_records) if compiled_run else {}
+            compiled_backward.mark(self.rows, held)     # (for rejudge)
             divergence = analyse(self.ops, self.rows, self.policy, replay=replayer,
                                  replay_all=self.replay == "all", withheld=held)
             self._region_verdicts(region_ops)

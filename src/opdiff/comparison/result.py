@@ -138,7 +138,8 @@ class TensorRow:
     leaf_input: Optional[str] = None    # an input row that is a leaf: "parameter <fqn>", "outside <name>"
     region: Optional[str] = None        # the tensor of an op in a region ("region 2 in model.layers.0.self_attn")
     # marks `rejudge` reads back: a region's boundary tensor ("in:Region.2.forward", "out:..."),
-    # a forced op pair's input measured elsewhere or unjudged output ("in:<op>", "unjudged:<op>")
+    # a forced op pair's input measured elsewhere or unjudged output ("in:<op>", "unjudged:<op>"),
+    # a compiled backward's parameter gradient never named ("withheld:<op>": compiled_backward.py)
     boundary: tuple[str, ...] = ()
 
 
