@@ -137,3 +137,25 @@ def wrong_rsqrt_decomposition(scale: float = 1.001) -> Any:
     of pytorch#168126."""
     return wrong_decomposition(torch.ops.aten.rsqrt.default,
                                lambda x: torch.reciprocal(torch.sqrt(x)) * scale)
+
+
+@contextmanager
+def wrong_rsqrt_decomposition_in(module: str, scale: float = 1.001) -> Iterator[list[str]]:
+    """Inductor decomposes `aten.rsqrt` wrongly (as `wrong_rsqrt_decomposition`) only for the
+    nodes traced inside the module at path `module` (`model.norm`): the node's own module stack,
+    as the compiler records it while tracing. Yields the module paths of the nodes it spoiled
+    (the caller checks that it spoiled what it meant to)."""
+    import torch.fx.traceback as fx_traceback
+
+    spoiled: list[str] = []
+
+    def decomposed(x: torch.Tensor) -> torch.Tensor:
+        stack = fx_traceback.get_current_meta().get("nn_module_stack") or {}
+        paths = [str(path) for path, _ in stack.values()]
+        out = torch.reciprocal(torch.sqrt(x))
+        if paths and (paths[-1] == module or paths[-1].endswith("." + module)):
+            spoiled.append(paths[-1])
+            return out * scale
+        return out
+    with wrong_decomposition(torch.ops.aten.rsqrt.default, decomposed):
+        yield spoiled

@@ -7,8 +7,10 @@ span that closes it (comparison/compiled_spans.py). A healthy step names nothing
 nothing is inconclusive; a wrong Inductor decomposition of `aten.silu` is named at the first
 layer's MLP, with the kernel holding the silu and the model's line; a wrong one of `aten.rsqrt`
 (the RMSNorm's, fused with the embedding) at the span from the embedding to the first layer's
-input norm, at the norm's line. Capture adds no graph break and leaves the
-compiled step bitwise. Each compile runs once per module (caches off: a cached wrapper was not
+input norm, at the norm's line; a wrong one in the final norm only, whose kernel no judged call
+holds, names nothing and says "inconclusive: ..." with what was not judged (its parameter
+gradients, made by the unrecorded compiled backward, are never named: compiled_backward.py).
+Capture adds no graph break and leaves the compiled step bitwise. Each compile runs once per module (caches off: a cached wrapper was not
 generated while opdiff watched)."""
 from __future__ import annotations
 
@@ -21,11 +23,14 @@ import torch
 
 import opdiff
 from compilekit import (fresh_compile, llama, run_step, wrong_rsqrt_decomposition,
-                        wrong_silu_decomposition)
+                        wrong_rsqrt_decomposition_in, wrong_silu_decomposition)
 from opdiff.comparison import compiled
+from opdiff.comparison.compiled_backward import WITHHELD, withheld
 from opdiff.comparison.compiled_modules import module_calls
 from opdiff.comparison.compiled_spans import span_calls
+from opdiff.comparison.rejudge import rejudge
 from opdiff.report.console import verdict_line
+from opdiff.report.summary import load_summary
 from opdiff.store.schema import complete
 
 MLP = "Module.model.layers.{}.mlp.LlamaMLP.forward.0"
@@ -43,8 +48,15 @@ def steps(tmp_path_factory):
         spoiled = run_step(root / "silu", "mix", backend="inductor")
     with wrong_rsqrt_decomposition():
         norm = run_step(root / "rsqrt", "mix", backend="inductor")
+    # only the final norm's rsqrt: Inductor fuses it with layer 1's residual add, in code that
+    # no judged module call or span holds (tensors: compared with statistics against the
+    # statistics golden, with whole tensors and replay against the tensor one)
+    with wrong_rsqrt_decomposition_in("model.norm") as hit:
+        final = run_step(root / "final_norm", "mix", backend="inductor", task="tensor")
+    assert len(hit) == 1 and hit[0].endswith(".model.norm"), hit
     return {"eager": run_step(root / "eager", "mix"), "plain": plain, "healthy": healthy,
-            "silu": spoiled, "rsqrt": norm}
+            "silu": spoiled, "rsqrt": norm, "final_norm": final,
+            "eager_tensor": run_step(root / "eager_tensor", "mix", task="tensor")}
 
 
 def _records(step) -> list[dict]:
@@ -144,6 +156,49 @@ def test_a_wrong_rsqrt_decomposition_is_named_at_the_span_holding_layer_0s_first
     rows = [(r.role, r.result) for r in result.rows if r.op_name == SPAN]
     assert sorted(rows) == [("input", "pass"), ("output", "error"), ("output", "pass")], rows
     assert not [n for n in result.notes if n.startswith("inconclusive")], result.notes
+
+
+@pytest.mark.parametrize("golden,mode", [("eager", "statistics"), ("eager_tensor", "tensor")])
+def test_a_fault_in_code_no_judged_call_holds_names_nothing_and_says_what_was_not_judged(
+        steps, tmp_path, golden, mode):
+    # the final norm's rsqrt spoiled: its kernel also computes layer 1's residual add, so no
+    # module call holds it; the parameter gradients all differ (the loss's gradient does), and
+    # their modules' forward calls agree: one was named before, an innocent culprit
+    result = _compare(steps["final_norm"], steps[golden], tmp_path / "out")
+    assert result.first_divergence is None, result.first_divergence
+    line = verdict_line(result)
+    assert line.startswith("inconclusive"), line
+    assert "none makes a difference of its own" in line and "compiled backward" in line, line
+    # what is known: the head's input differs where it is judged; what is not judged, by name
+    assert "the input of `lm_head` already differs" in line, line
+    assert "`model.norm`" in line and "cpp_fused" in line, line
+    assert result.counts["error"] == 0, [r.target_name for r in result.rows
+                                          if r.result == "error"]
+    grads = [r for r in result.rows if r.kind == "param_grad" and r.result != "pass"]
+    assert "Module.model.layers.0.self_attn.q_proj.Linear.parameters_grad.0.weight" in {
+        r.target_name for r in grads}
+    assert grads and all(r.result == "warning" and r.reason.endswith(WITHHELD) for r in grads)
+    assert {r.mode for r in grads} == {mode}
+    # judged again from the files (no dump read): still never named (the rows' marks say so)
+    again = rejudge(load_summary(tmp_path / "out"), {})
+    assert again.first_divergence is None, again.first_divergence
+    # every judged module call before the head agrees at its output; the head's inherits
+    judged = {r.op_name: r.result for r in result.rows if r.kind == "module" and
+              r.role == "output" and r.target_name is not None}
+    head = "Module.lm_head.Linear.forward.0"
+    assert len(judged) == 18 and judged.pop(head) == "warning", judged
+    assert set(judged.values()) == {"pass"}, judged
+
+
+def test_only_gradients_of_an_unrecorded_compiled_backward_are_withheld(steps):
+    target, golden = _records(steps["healthy"]), _records(steps["eager"])
+    grads = [r["name"] for r in target if r["kind"] == "param_grad"]
+    assert len(grads) == 21 and set(withheld(target)) == set(grads)
+    assert withheld(golden) == {}       # (eager: its module backward calls are recorded)
+    # a module run eagerly past a graph break has its backward call recorded: judged as ever
+    q = "Module.model.layers.0.self_attn.q_proj.Linear.parameters_grad.0"
+    ran = next(r for r in golden if r["name"] == q.replace("parameters_grad", "backward"))
+    assert q not in withheld(target + [ran]) and len(withheld(target + [ran])) == 20
 
 
 def test_judged_calls_with_spans_and_a_span_that_does_not_close(steps):

@@ -48,7 +48,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Optional, cast
+from typing import TYPE_CHECKING, Any, Mapping, Optional, cast
 
 from .. import ops
 from ..dtypes import LARGEST_FINITE, canonical_dtype, is_float
@@ -251,12 +251,17 @@ def _ancestors(name: Optional[str], parent: dict[str, str]) -> list[str]:
 
 def analyse(op_scores: list[OpScore], rows: list[TensorRow], policy: Policy,
             replay: Optional[Replayer] = None,
-            replay_all: bool = False) -> Optional[Divergence]:
+            replay_all: bool = False,
+            withheld: Optional[Mapping[str, str]] = None) -> Optional[Divergence]:
     """Judge every op, rewrite row verdicts in place, and return the first divergence.
 
     replay: an `opdiff.comparison.replay.Replayer` over the target dump (needs its tensors), or None.
     It gives a second opinion (see `second_opinion`); replay_all replays every op it can.
+    withheld: op name -> why it is never named (what it was computed from is not recorded:
+    the parameter gradients of a compiled backward, compiled_backward.py); its output rows
+    beyond their tolerance say that why.
     """
+    withheld = withheld or {}
     by_name = {op.name: op for op in op_scores}
     run_dtype = run_precision(rows)
     # ops with DTensor shards placed differently in the two runs: nothing to judge them by
@@ -270,17 +275,19 @@ def analyse(op_scores: list[OpScore], rows: list[TensorRow], policy: Policy,
         judge(op, by_name, policy, run_dtype)
         if op.kind == Kind.PARAM_GRAD and not any(n in by_name for n in linked(op)):
             op.local = False  # nothing recorded to say what its inputs were: cannot judge it
+        if op.name in withheld:
+            op.local = False
     noise.clear(op_scores, rows, policy, run_dtype)     # noise in, noise out (comparison/noise.py)
     if replay is not None:
         second_opinion(op_scores, rows, policy, replay, replay_all)
     for name in explained(op_scores, policy):
         by_name[name].local = False
     origins.judge_outside(op_scores, rows, policy, run_dtype)   # inputs changed outside torch
-    for name in unjudged & set(by_name):
+    for name in (unjudged | set(withheld)) & set(by_name):
         by_name[name].local = False
     for op in op_scores:
         if op.kind != REGION:   # (a region's rows are its caller's: pair.py)
-            _revise_rows(op, rows, op.name in unjudged)
+            _revise_rows(op, rows, op.name in unjudged, withheld.get(op.name))
     return first_divergence(op_scores, rows)
 
 
@@ -437,7 +444,8 @@ def _take(op: OpScore, local: LocalError, rows: list[TensorRow]) -> bool:
     return True
 
 
-def _revise_rows(op: OpScore, rows: list[TensorRow], unjudged: bool = False) -> None:
+def _revise_rows(op: OpScore, rows: list[TensorRow], unjudged: bool = False,
+                 withheld: Optional[str] = None) -> None:
     for row_index, _, _, _ in op.outputs:
         row = rows[row_index]
         if op.local and row_index == op.worst_out and op.kind == Kind.LEAF:
@@ -451,6 +459,8 @@ def _revise_rows(op: OpScore, rows: list[TensorRow], unjudged: bool = False) -> 
             rows[row_index] = replace(row, result=ERROR, accuracy_reached="No",
                                       reason=reasons.local_row(op, rows) if random is None
                                       else f"random draws differ: {random}")
+        elif row.result == ERROR and withheld is not None:
+            rows[row_index] = replace(row, result=WARNING, reason=f"{row.reason}; {withheld}")
         elif row.result == ERROR and not op.local:
             rows[row_index] = replace(row, result=WARNING, reason=reasons.not_judged(row.reason)
                                       if unjudged else reasons.not_this_op(op, row.reason))

@@ -19,7 +19,7 @@ kernels among them (each call names the modules of the nodes it fuses). Where th
 cannot be paired at all (level L1, Triton kernels, which are not recorded, an Inductor wrapper
 whose modules are not known), the compare
 is not refused: what pairs (leaves, parameter gradients) is compared, and the result says
-"inconclusive" with the reason (`note`, `unexplained`).
+"inconclusive" with the reason (`note`, `compiled_backward.unexplained`).
 """
 from __future__ import annotations
 
@@ -257,21 +257,6 @@ def judged_modules(target: list[Record]) -> int:
     return sum(1 for r in target if r["kind"] == Kind.MODULE and r.get("compiled"))
 
 
-def unexplained(rows: list[Any], target: list[Record]) -> Optional[str]:
-    """Where module calls of compiled code were judged at their boundaries and none is named:
-    the "inconclusive: ..." note when a tensor still differs (a parameter gradient: the
-    backward graphs are not recorded at mix), else None."""
-    judged = judged_modules(target)
-    differ = sorted({r.name for r in rows if r.result == "error"})
-    if not judged or not differ:
-        return None
-    return (f"{INCONCLUSIVE}: the target ran torch.compile'd code recorded at level mix; "
-            f"{judged} module calls were judged at their boundaries and none differs, but "
-            f"{len(differ)} tensors do ({', '.join(differ[:3])}{', ...' if len(differ) > 3 else ''}"
-            f"): the compiled backward and the module calls without a provable boundary are not "
-            f"judged; record both runs with level=\"L2\" to compare the compiled graphs op by op")
-
-
 def restrict(pairs: list[Pair], target: list[Record], golden: list[Record]) -> list[Pair]:
     """Only records that are not ops stay paired (leaves, parameter gradients, module calls):
     where compiled code and eager code are recorded differently, two ops of the same name and
@@ -396,4 +381,4 @@ def annotate(divergence: Any, target: list[Record], golden: list[Record],
 
 __all__ = ["INCONCLUSIVE", "NAMED", "where", "source", "stored_code", "annotate", "compiled_side", "level_of",
            "verify", "link_backward", "signature", "inductor_calls", "note", "restrict", "by_name",
-           "judged_modules", "unexplained"]
+           "judged_modules"]

@@ -13,7 +13,7 @@ descriptors, which pairs with the eager one by name and is judged as any module 
 where its inputs agree and its outputs do not). A module called more than once, one whose ops
 read a tensor whose maker is not recorded or draw random numbers (dropout in training), or
 whose boundary does not correspond, gets none: it is not judged, never guessed. Only forward graphs
-are recorded at mix: backward is judged through the parameter gradients.
+are recorded at mix: the parameter gradients are compared, never named (compiled_backward.py).
 
 Under Inductor the compiled calls are its generated kernels (`Inductor.<kernel>`, kind
 `kernel`) and the extern kernels its wrapper calls (mm, bmm), each naming the modules of every

@@ -20,7 +20,7 @@ from ..store.records import decoded_stats, iter_tensors
 from ..store.schema import Kind, Location, locations_from_frames
 from ..store.source import DumpSource
 from ..environment import diff_meta
-from . import compiled, compiled_modules, compiled_spans, crossformat, forced
+from . import compiled, compiled_backward, compiled_modules, compiled_spans, crossformat, forced
 from .align import align, classes_note, same_classes
 from .mapping import Mapping
 from .blame import OpScore, analyse, differing_numbers
@@ -193,8 +193,10 @@ class _PairCompare:
             self.rows = [forced.covered(r, fed[r.index], self.mapping.path) if r.index in fed
                          and r.result == UNMATCHED and self.mapping else r for r in self.rows]
             region_ops = self._regions(regions, t_records, g_records)
+            held = compiled_backward.withheld(t_records) if compiled_run else {}
+            compiled_backward.mark(self.rows, held)     # (for rejudge)
             divergence = analyse(self.ops, self.rows, self.policy, replay=replayer,
-                                 replay_all=self.replay == "all")
+                                 replay_all=self.replay == "all", withheld=held)
             self._region_verdicts(region_ops, regions)
         finally:
             if replayer is not None:
@@ -205,7 +207,7 @@ class _PairCompare:
                 divergence = compiled.annotate(divergence, t_records, g_records,
                                                ((self.t, t_records), (self.g, g_records)))
         if compiled_run and divergence is None and not compiled_note:
-            compiled_note = compiled.unexplained(self.rows, t_records)
+            compiled_note = compiled_backward.unexplained(self.rows, t_records, held)
         notes: list[str] = [*noted(compiled_note, Note.INCONCLUSIVE), *mapping_notes]
         # A region not judged where tensors differ: never "no op is to blame". (A compiled run's
         # one-sided partitioner ops are paired by comparison/compiled.py, which says its own.)

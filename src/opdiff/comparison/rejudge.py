@@ -37,6 +37,7 @@ from typing import Any, Optional
 from ..store.schema import RecordName
 from . import forced
 from .blame import OpScore, analyse
+from .compiled_backward import held_in
 from .metric_table import Measurement
 from .reasons import statistics_limits, with_context
 from .region_marks import regions_from_rows
@@ -92,7 +93,8 @@ def _pair(result: CompareResult, rows: list[TensorRow], policy: Policy, step: Op
         entries[i] = add_row(score, i, row, m)
     forced.carry(rows, scores, entries)     # its inputs measured where the target made them
     region_ops, region_rows = regions_from_rows(rows, entries, OpScore)
-    divergence = analyse(list(scores.values()) + region_ops, rows, policy)
+    divergence = analyse(list(scores.values()) + region_ops, rows, policy,
+                         withheld=held_in(rows))    # (a compiled backward's gradients)
     mark_region_rows(rows, region_ops, region_rows)
     if divergence is not None:
         divergence = _with_context(result, replace(divergence, step=step, rank=rank))

@@ -140,7 +140,8 @@ class TensorRow:
     # marks `rejudge` reads back: a region's boundary tensor ("in:Region.2.forward", "out:...")
     # and what its verdict says of it ("reads:...", "made:...", "module:...", "unpaired:...":
     # comparison/region_marks.py), a forced op pair's input measured elsewhere or unjudged output
-    # ("in:<op>", "unjudged:<op>")
+    # ("in:<op>", "unjudged:<op>"), a compiled backward's parameter gradient never named
+    # ("withheld:<op>": compiled_backward.py)
     boundary: tuple[str, ...] = ()
 
 
