@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Union
 
-from ..store.records import iter_tensors
+from ..store.records import iter_tensors, producer_of
 from ..store.schema import Kind, Phase, RecordName, Role, module_path
 
 Record = dict[str, Any]
@@ -59,7 +59,7 @@ class Gradients:
             for _, role, desc in iter_tensors(rec):
                 if role != Role.INPUT:
                     continue
-                producer = _producer(desc)
+                producer = producer_of(desc)
                 if producer is not None:
                     self.readers.setdefault(producer, []).append(rec["name"])
                 elif desc.get("leaf") == "parameter" and isinstance(desc.get("fqn"), str):
@@ -116,7 +116,7 @@ class Gradients:
                     if reader in inside:
                         continue
                     for name, r_role, d in iter_tensors(self.by_name[reader]):
-                        if r_role == Role.INPUT and _producer(d) == (f.get("seq"), slot):
+                        if r_role == Role.INPUT and producer_of(d) == (f.get("seq"), slot):
                             out.setdefault(name, (str(f["op"]), key))
         return out
 
@@ -159,7 +159,7 @@ class Gradients:
         args = [d for _, role, d in iter_tensors(reader) if role == Role.INPUT]
         names = []
         for i, d in enumerate(args):
-            if _producer(d) != producer:
+            if producer_of(d) != producer:
                 continue
             name = f"{back['name']}.output.{i}"
             if i >= len(sent) or not _is_tensor(sent[i]):
@@ -179,7 +179,7 @@ class Gradients:
         for i, ((arg, d), g) in enumerate(zip(args, sent)):
             if not _is_tensor(g):
                 continue
-            producer = _producer(d)
+            producer = producer_of(d)
             if producer is not None:
                 maker = self.by_seq.get(producer[0])
                 if maker is not None and maker["name"] in inside:
@@ -229,17 +229,6 @@ class Gradients:
 
 class Unproven(Exception):
     """Why a backward region's boundary is not proven by the dataflow (its message)."""
-
-
-def _producer(desc: dict[str, Any]) -> Optional[tuple[Any, str]]:
-    """(seq, slot) of the op that made an input; None for anything else (a dump is untrusted)."""
-    found = desc.get("producer")
-    if not isinstance(found, (list, tuple)) or len(found) != 2:
-        return None
-    seq, slot = found
-    if not isinstance(seq, int) or isinstance(seq, bool) or not isinstance(slot, (int, str)):
-        return None
-    return seq, str(slot)
 
 
 def _is_tensor(desc: Any) -> bool:

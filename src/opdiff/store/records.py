@@ -199,6 +199,18 @@ def iter_tensors(record: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, A
             yield path, role, leaf
 
 
+def producer_of(desc: dict[str, Any]) -> Optional[tuple[int, str]]:
+    """(seq, slot) of the op that made an input (`"producer": [seq, slot]`), or None. A dump is
+    untrusted: anything else there (a list for a seq, a dict) is no producer."""
+    found = desc.get("producer")
+    if not isinstance(found, (list, tuple)) or len(found) != 2:
+        return None
+    seq, slot = found
+    if not isinstance(seq, int) or isinstance(seq, bool) or not isinstance(slot, (int, str)):
+        return None
+    return seq, str(slot)
+
+
 _NUMBERS = ("int", "float", "bool")
 
 

@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from ... import ops
-from ...store.records import iter_tensors
+from ...store.records import iter_tensors, producer_of
 from ...store.schema import Kind, Role
 from .calls import NotReplayable, flat_tensors, rebuild_call
 from .rules import TensorLocalError, judge_tensor, settle
@@ -34,18 +34,6 @@ from .running import autocast_to, rng_guard, shielded
 
 Record = dict[str, Any]
 _LOW = (torch.bfloat16, torch.float16)
-
-
-def producer_of(desc: dict[str, Any]) -> Optional[tuple[int, str]]:
-    """(seq, slot) of the op that made an input (`"producer": [seq, slot]`), or None. A dump is
-    untrusted: anything else there (a list for a seq, a dict) is no producer."""
-    found = desc.get("producer")
-    if not isinstance(found, (list, tuple)) or len(found) != 2:
-        return None
-    seq, slot = found
-    if not isinstance(seq, int) or isinstance(seq, bool) or not isinstance(slot, (int, str)):
-        return None
-    return seq, str(slot)
 
 
 class Readers:
