@@ -140,22 +140,40 @@ def wrong_rsqrt_decomposition(scale: float = 1.001) -> Any:
 
 
 @contextmanager
-def wrong_rsqrt_decomposition_in(module: str, scale: float = 1.001) -> Iterator[list[str]]:
-    """Inductor decomposes `aten.rsqrt` wrongly (as `wrong_rsqrt_decomposition`) only for the
-    nodes traced inside the module at path `module` (`model.norm`): the node's own module stack,
-    as the compiler records it while tracing. Yields the module paths of the nodes it spoiled
-    (the caller checks that it spoiled what it meant to)."""
+def wrong_decomposition_in(op: Any, right: Any, module: str,
+                           scale: float = 1.001) -> Iterator[list[str]]:
+    """Inductor decomposes the aten overload `op` as `right` (a correct decomposition) times
+    `scale` only for the nodes traced inside the module at path `module` (`model.norm`): the
+    node's own module stack, as the compiler records it while tracing; elsewhere as `right`.
+    Yields the module paths of the nodes it spoiled (the caller checks that it spoiled what it
+    meant to)."""
     import torch.fx.traceback as fx_traceback
 
     spoiled: list[str] = []
 
-    def decomposed(x: torch.Tensor) -> torch.Tensor:
+    def decomposed(*args: Any) -> torch.Tensor:
         stack = fx_traceback.get_current_meta().get("nn_module_stack") or {}
         paths = [str(path) for path, _ in stack.values()]
-        out = torch.reciprocal(torch.sqrt(x))
+        out = right(*args)
         if paths and (paths[-1] == module or paths[-1].endswith("." + module)):
             spoiled.append(paths[-1])
             return out * scale
         return out
-    with wrong_decomposition(torch.ops.aten.rsqrt.default, decomposed):
+    with wrong_decomposition(op, decomposed):
         yield spoiled
+
+
+def wrong_rsqrt_decomposition_in(module: str, scale: float = 1.001) -> Any:
+    """Inductor decomposes `aten.rsqrt` wrongly (as `wrong_rsqrt_decomposition`) only inside
+    the module at path `module` (`wrong_decomposition_in`)."""
+    return wrong_decomposition_in(torch.ops.aten.rsqrt.default,
+                                  lambda x: torch.reciprocal(torch.sqrt(x)), module, scale)
+
+
+def wrong_softmax_decomposition_in(module: str, scale: float = 1.001) -> Any:
+    """Inductor decomposes `aten._softmax` as `exp(x - max) / sum * scale` only inside the
+    module at path `module` (an attention, whose kernels straddle its calls: not judged)."""
+    def softmax(x: torch.Tensor, dim: int, half_to_float: bool) -> torch.Tensor:
+        e = torch.exp(x - torch.amax(x, dim, keepdim=True))
+        return e / e.sum(dim, keepdim=True)
+    return wrong_decomposition_in(torch.ops.aten._softmax.default, softmax, module, scale)

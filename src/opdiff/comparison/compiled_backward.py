@@ -114,7 +114,8 @@ def unexplained(rows: list[TensorRow], target: list[Record],
             f"{judged} module calls were judged at their boundaries and none makes a difference "
             f"of its own, but "
             f"{len(differ)} tensors do ({_listed(differ, 3)})")
-    if any(r.op_name in held for r in rows if (r.target_name or r.golden_name) in differ):
+    if any(r.op_name in held and r.kind == Kind.PARAM_GRAD for r in rows
+           if (r.target_name or r.golden_name) in differ):
         said += ("; a parameter gradient is made by the compiled backward, which is not "
                  "recorded, from every forward computation after its module")
     late = _first_late_input(rows, target)

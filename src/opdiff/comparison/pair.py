@@ -20,7 +20,7 @@ from ..store.records import decoded_stats, iter_tensors
 from ..store.schema import Kind, Location, locations_from_frames
 from ..store.source import DumpSource
 from ..environment import diff_meta
-from . import compiled, compiled_backward, compiled_modules, compiled_spans, crossformat, forced
+from . import compiled, compiled_backward, compiled_inputs, compiled_modules, compiled_spans, crossformat, forced
 from .align import align, classes_note, same_classes
 from .mapping import Mapping
 from .blame import OpScore, analyse, differing_numbers
@@ -195,6 +195,9 @@ class _PairCompare:
             region_ops = self._regions(regions, t_records, g_records)
             held = compiled_backward.withheld(t_records) if compiled_run else {}
             compiled_backward.mark(self.rows, held)     # (for rejudge)
+            exposed = compiled_inputs.exposed(t_records) if compiled_run else set()
+            compiled_inputs.mark(self.rows, exposed)
+            held = {**held, **compiled_inputs.late(self.rows, exposed)}
             divergence = analyse(self.ops, self.rows, self.policy, replay=replayer,
                                  replay_all=self.replay == "all", withheld=held)
             self._region_verdicts(region_ops, regions)

@@ -38,6 +38,7 @@ from ..store.schema import RecordName
 from . import forced
 from .blame import OpScore, analyse
 from .compiled_backward import held_in
+from .compiled_inputs import exposed_in, late
 from .metric_table import Measurement
 from .reasons import statistics_limits, with_context
 from .region_marks import regions_from_rows
@@ -94,7 +95,8 @@ def _pair(result: CompareResult, rows: list[TensorRow], policy: Policy, step: Op
     forced.carry(rows, scores, entries)     # its inputs measured where the target made them
     region_ops, region_rows = regions_from_rows(rows, entries, OpScore)
     divergence = analyse(list(scores.values()) + region_ops, rows, policy,
-                         withheld=held_in(rows))    # (a compiled backward's gradients)
+                         withheld={**held_in(rows), **late(rows, exposed_in(rows))})
+    # (a compiled backward's gradients; a judged compiled call whose input unjudged code made)
     mark_region_rows(rows, region_ops, region_rows)
     if divergence is not None:
         divergence = _with_context(result, replace(divergence, step=step, rank=rank))
