@@ -23,6 +23,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..store.schema import Kind, Phase, Role
+from . import compiled_backward
 from .compiled_backward import unjudged_calls
 from .result import ERROR, WARNING, TensorRow
 
@@ -60,9 +61,21 @@ def mark(rows: list[TensorRow], calls: set[str]) -> None:
             rows[i] = replace(r, boundary=r.boundary + (f"{MARK}:{r.op_name}",))
 
 
+def not_named(rows: list[TensorRow], target: list[Record]) -> dict[str, str]:
+    """Record name -> why blame must not name it, in a compare of a compiled target at mix: the
+    parameter gradients of an unrecorded compiled backward (`compiled_backward.withheld`) and
+    the `exposed` calls whose input already differs in statistics (`late`); every row of both
+    marked in place for `rejudge`."""
+    held = compiled_backward.withheld(target)
+    compiled_backward.mark(rows, held)
+    calls = exposed(target)
+    mark(rows, calls)
+    return {**held, **late(rows, calls)}
+
+
 def exposed_in(rows: list[TensorRow]) -> set[str]:
     """The `exposed` calls of a compare, from its rows' marks (`mark`)."""
     return {m.split(":", 1)[1] for r in rows for m in r.boundary if m.startswith(f"{MARK}:")}
 
 
-__all__ = ["MARK", "LATE", "exposed", "late", "mark", "exposed_in"]
+__all__ = ["MARK", "LATE", "exposed", "late", "mark", "not_named", "exposed_in"]

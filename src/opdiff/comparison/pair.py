@@ -193,11 +193,7 @@ class _PairCompare:
             self.rows = [forced.covered(r, fed[r.index], self.mapping.path) if r.index in fed
                          and r.result == UNMATCHED and self.mapping else r for r in self.rows]
             region_ops = self._regions(regions, t_records, g_records)
-            held = compiled_backward.withheld(t_records) if compiled_run else {}
-            compiled_backward.mark(self.rows, held)     # (for rejudge)
-            exposed = compiled_inputs.exposed(t_records) if compiled_run else set()
-            compiled_inputs.mark(self.rows, exposed)
-            held = {**held, **compiled_inputs.late(self.rows, exposed)}
+            held = compiled_inputs.not_named(self.rows, t_records) if compiled_run else {}
             divergence = analyse(self.ops, self.rows, self.policy, replay=replayer,
                                  replay_all=self.replay == "all", withheld=held)
             self._region_verdicts(region_ops, regions)
