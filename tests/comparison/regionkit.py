@@ -3,7 +3,9 @@ tests/comparison/test_regions*.py need: Hugging Face models built from configs (
 conftest.py's `hf_dump`), and a bare attention block (`block_dump`)."""
 from __future__ import annotations
 
+import json
 import math
+import shutil
 import types
 from contextlib import nullcontext
 from pathlib import Path
@@ -130,3 +132,25 @@ def block_dump(path: Path, fused: bool, fault: Optional[str] = None, phase: str 
     if fault:
         assert planted.hits == 1     # type: ignore[attr-defined]
     return path
+
+
+def without_dataflow(src: Path, dst: Path) -> Path:
+    """A copy of a dump as one written before dataflow existed (no producers, no meta flag)."""
+    shutil.copytree(src, dst)
+    for f in dst.rglob("records.jsonl"):
+        text = f.read_text()
+        lines = []
+        for line in text.splitlines():
+            record = json.loads(line)
+            for d in record.get("inputs") or []:
+                d.pop("producer", None)
+                for item in d.get("items") or []:
+                    if isinstance(item, dict):
+                        item.pop("producer", None)
+            lines.append(json.dumps(record))
+        f.write_text("\n".join(lines) + "\n")
+    for f in dst.rglob("meta.json"):
+        meta = json.loads(f.read_text())
+        meta.pop("dataflow", None)
+        f.write_text(json.dumps(meta))
+    return dst

@@ -17,7 +17,7 @@ import opdiff
 from opdiff.comparison.rejudge import rejudge
 from opdiff.report.summary import load_summary
 
-from regionkit import Attention, Block, block_dump
+from regionkit import Attention, Block, block_dump, without_dataflow
 
 SDPA = "Functional.scaled_dot_product_attention"
 
@@ -141,6 +141,54 @@ def test_a_gradient_summed_outside_the_region_leaves_it_unjudged_and_says_why(du
     backward = [r for r in faulty.rows if r.region and r.phase == "backward"]
     assert backward and all("is read inside it and outside it" in r.reason and
                             r.reason.endswith("not judged") for r in backward), backward
+
+
+class GainedBlock(Block):
+    """The block on its input times a learned gain: the attention module's backward hands
+    back its input's gradient, so a backward region can be judged at that module call."""
+
+    def __init__(self, fused: bool) -> None:
+        super().__init__(fused)
+        self.gain = torch.nn.Parameter(torch.full((16,), 1.5))
+
+    def forward(self, x):
+        return super().forward(x * self.gain)
+
+
+@pytest.mark.parametrize("task", ["statistics", "tensor"])
+def test_at_a_module_boundary_a_fault_in_q_is_not_blamed_on_the_backward_region(tmp_path, task):
+    # without dataflow the backward region's boundary is the attention module's backward call:
+    # the gradient it receives agrees and the one it hands back differs, because q (its
+    # forward's work, before the region) differs: its forward call's tensors count as its
+    # inputs, as an op's backward is judged with its forward call's
+    def dump(name: str, fused: bool, fault=None) -> Path:
+        made = block_dump(tmp_path / name, fused, fault=fault, phase="forward", task=task,
+                          make=GainedBlock)
+        return without_dataflow(made, tmp_path / f"{name}_bare")
+    golden = dump("eager", False)
+    healthy = opdiff.compare(dump("sdpa", True), golden, progress=False, replay="off")
+    assert healthy.first_divergence is None
+    assert [r.boundary for r in healthy.rows if r.region and r.phase == "backward"]
+    result = opdiff.compare(dump("q_bad", True, "Functional.linear"), golden, progress=False,
+                            replay="off")
+    assert result.first_divergence is not None
+    assert result.first_divergence.name == "Functional.linear.0.forward"
+    region = _backward_region(result)
+    boundary = [r for r in result.rows if any(m.endswith(f":{region}") for m in r.boundary)]
+    assert any(m.startswith("module:") for r in boundary for m in r.boundary), boundary
+    assert any(r.result != "pass" for r in boundary)        # the difference reaches it
+    backward = [r for r in result.rows if r.region and r.phase == "backward"]
+    assert backward and not [r for r in backward if "local error" in r.reason], backward
+    (label,) = {r.region for r in backward}
+    assert not [r for r in result.rows if f"the output of {label}: local error" in r.reason]
+    # a fault in SDPA's own backward is still named there, its forward's tensors agreeing
+    made = block_dump(tmp_path / "sdpa_bad", True, fault=SDPA, phase="backward", task=task,
+                      make=GainedBlock)
+    first = opdiff.compare(without_dataflow(made, tmp_path / "sdpa_bad_bare"), golden,
+                           progress=False, replay="off").first_divergence
+    assert first is not None and first.origin == "region" and first.phase == "backward", first
+
+
 @pytest.mark.parametrize("phase", ["forward", "backward"])
 @pytest.mark.parametrize("task", ["statistics", "tensor"])
 def test_a_rejudged_region_reads_as_the_compare(dumps, tmp_path, task, phase):

@@ -15,7 +15,7 @@ from opdiff.comparison.regions import find_regions
 from opdiff.report.console import verdict_line
 from opdiff.store.schema import complete
 
-from regionkit import make_dump
+from regionkit import make_dump, without_dataflow
 
 
 def rec(name, ins, outs, module="Module.attn.Attention.forward.0"):
@@ -75,34 +75,10 @@ def test_capture_names_each_inputs_producer(tmp_path):
     assert meta["dataflow"] == 1
 
 
-def _without_dataflow(src: Path, dst: Path) -> Path:
-    """A copy of a dump as one written before dataflow existed (no producers, no meta flag)."""
-    import shutil
-
-    shutil.copytree(src, dst)
-    for f in dst.rglob("records.jsonl"):
-        text = f.read_text()
-        lines = []
-        for line in text.splitlines():
-            record = json.loads(line)
-            for d in record.get("inputs") or []:
-                d.pop("producer", None)
-                for item in d.get("items") or []:
-                    if isinstance(item, dict):
-                        item.pop("producer", None)
-            lines.append(json.dumps(record))
-        f.write_text("\n".join(lines) + "\n")
-    for f in dst.rglob("meta.json"):
-        meta = json.loads(f.read_text())
-        meta.pop("dataflow", None)
-        f.write_text(json.dumps(meta))
-    return dst
-
-
 def test_without_dataflow_a_region_is_judged_at_its_module(hf_dump, tmp_path):
-    golden = _without_dataflow(hf_dump("llama", "eager", "statistics"), tmp_path / "g")
-    healthy = _without_dataflow(hf_dump("llama", "sdpa", "statistics"), tmp_path / "t")
-    faulty = _without_dataflow(hf_dump("llama", "sdpa", "statistics",
+    golden = without_dataflow(hf_dump("llama", "eager", "statistics"), tmp_path / "g")
+    healthy = without_dataflow(hf_dump("llama", "sdpa", "statistics"), tmp_path / "t")
+    faulty = without_dataflow(hf_dump("llama", "sdpa", "statistics",
                                        fault="Functional.scaled_dot_product_attention:1"),
                                tmp_path / "f")
     assert opdiff.compare(str(healthy), str(golden), progress=False).first_divergence is None

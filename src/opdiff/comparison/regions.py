@@ -17,7 +17,8 @@ holds ops of both sides is a *region*:
 - without dataflow (dumps written before it, foreign dumps) or where it does not reach (a
   region fed by another region, a gradient shared with ops outside it), the boundary is the
   innermost module call that holds the region's target ops, when that call is paired on both
-  sides: its inputs and parameters, its outputs.
+  sides: its inputs and parameters, its outputs (backward: with its forward call's inputs and
+  outputs among the inputs, `Boundaries.by_module`).
 
 A region is scored like an op (`blame.judge`: inputs agree and outputs do not: local error),
 and can be the first divergence (`Divergence.region`). Its ops are never blamed one by one nor
@@ -358,7 +359,12 @@ class Boundaries:
         return out
 
     def by_module(self, region: Region) -> Optional[tuple[list[Entry], list[Entry]]]:
-        """(inputs, outputs) of the innermost paired module call holding the region."""
+        """(inputs, outputs) of the innermost paired module call holding the region. A
+        backward region's inputs also hold its module's forward call's inputs and outputs:
+        its backward formulas read the activations that call made, so a difference made
+        before the region in the forward (q's projection) reaches the gradients it hands back
+        while the gradient it receives agrees, as for an op's backward (`blame.linked`); it is
+        not judged where that forward call is not paired."""
         if region.module is None:
             return None
         name = region.module
@@ -368,7 +374,13 @@ class Boundaries:
         found = self.module_entries.get(name)
         if found is None or not found[1]:
             return None
-        return found
+        if region.phase != Phase.BACKWARD:
+            return found
+        forward = self.module_entries.get(region.module)
+        if forward is None:
+            return None
+        inputs = {e[0]: e for e in (*found[0], *forward[0], *forward[1])}
+        return list(inputs.values()), found[1]
 
     def unproven(self, region: Region) -> str:
         """Why a backward region has no boundary (neither `by_dataflow` nor `by_module`), in
@@ -381,6 +393,9 @@ class Boundaries:
         elif self.module_entries.get(RecordName.parse(region.module).with_phase(  # type: ignore[union-attr]
                 Phase.BACKWARD).text) is None:
             module = f"the backward of its module call {where} is not paired with golden's"
+        elif self.module_entries.get(region.module) is None:
+            module = (f"the forward of its module call {where}, whose activations its "
+                      f"gradients read, is not paired with golden's")
         else:
             module = f"its module call {where} hands back no gradient (its inputs need none)"
         flow = self.unproven_by_dataflow.get(region.number) if self.dataflow else \
