@@ -236,21 +236,31 @@ def dump_root(tmp_path):
     return tmp_path / "dump"
 
 
-# scripts/test.sh runs the suite on several workers (pytest-xdist, `--dist loadgroup`). Each
-# top-level test directory is one group, run on one worker: its session fixtures are built once.
-# The tests that start Ray clusters or torchrun process groups are one group wherever they live,
-# so two clusters (and their CPU-bound workers) never run beside each other.
+# scripts/test.sh runs the suite in two parts. First everything but the tests that start Ray
+# clusters or torchrun process groups, on several workers (pytest-xdist, `--dist loadgroup`): each
+# top-level test directory is one group, run on one worker, so its session fixtures are built
+# once. Then those process tests, alone in one process: a Ray raylet died under the shard-worker
+# kill test while the other worker ran CPU-bound tests beside it. OPDIFF_TEST_PART ("parallel" or
+# "alone") picks the part; unset, every test runs.
 _PROCESS_GROUPS = {"distributed", "launch"}
 
 
 def pytest_collection_modifyitems(config, items):
     tests = Path(__file__).parent
+    part = os.environ.get("OPDIFF_TEST_PART")
+    kept, left = [], []
     for item in items:
         parts = Path(item.path).relative_to(tests).parts
         group = parts[0] if len(parts) > 1 else "top"
-        if group in _PROCESS_GROUPS or "_ray" in Path(item.path).stem:
-            group = "processes"
-        item.add_marker(pytest.mark.xdist_group(group))
+        alone = group in _PROCESS_GROUPS or "_ray" in Path(item.path).stem
+        item.add_marker(pytest.mark.xdist_group("processes" if alone else group))
+        if part is None or (part == "alone") == alone:
+            kept.append(item)
+        else:
+            left.append(item)
+    if left:
+        config.hook.pytest_deselected(items=left)
+        items[:] = kept
 
 
 # CI sets OPDIFF_REQUIRE_BROWSER=1: there a browser test that skips because chromium is missing
