@@ -15,14 +15,13 @@ compute, and the first judged call whose input already differs.
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any, Optional
 
 from ..store.schema import Kind, Phase, RecordName, Role, module_path, param_grad_links
 from .compiled import INCONCLUSIVE
 from .compiled_modules import inside, modules_of
 from .reasons import made_earlier
-from .result import ERROR, WARNING, TensorRow
+from .result import ERROR, WARNING, TensorRow, mark_records, marked_records
 
 Record = dict[str, Any]
 MARK = "withheld"
@@ -52,15 +51,12 @@ def withheld(target: list[Record]) -> dict[str, str]:
 def mark(rows: list[TensorRow], held: dict[str, str]) -> None:
     """Mark each row of a `held` record "withheld:<record>" (`TensorRow.boundary`), in place:
     `rejudge` reads it back (`held_in`), as the rows alone do not say what the dump did."""
-    for i, r in enumerate(rows):
-        if r.op_name in held and f"{MARK}:{r.op_name}" not in r.boundary:
-            rows[i] = replace(r, boundary=r.boundary + (f"{MARK}:{r.op_name}",))
+    mark_records(rows, held, MARK)
 
 
 def held_in(rows: list[TensorRow]) -> dict[str, str]:
     """The `withheld` records of a compare, from its rows' marks (`mark`)."""
-    return {m.split(":", 1)[1]: WITHHELD for r in rows for m in r.boundary
-            if m.startswith(f"{MARK}:")}
+    return dict.fromkeys(marked_records(rows, MARK), WITHHELD)
 
 
 def judged_paths(target: list[Record]) -> list[set[str]]:

@@ -19,13 +19,12 @@ judged as ever.
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from ..store.schema import Kind, Phase, Role
 from . import compiled_backward
 from .compiled_backward import unjudged_calls
-from .result import ERROR, WARNING, TensorRow
+from .result import ERROR, WARNING, TensorRow, mark_records, marked_records
 
 Record = dict[str, Any]
 MARK = "exposed"
@@ -56,9 +55,7 @@ def late(rows: list[TensorRow], calls: set[str]) -> dict[str, str]:
 def mark(rows: list[TensorRow], calls: set[str]) -> None:
     """Mark each row of an `exposed` call "exposed:<record>" (`TensorRow.boundary`), in place:
     `rejudge` reads them back (`exposed_in`) and applies `late` to its own verdicts."""
-    for i, r in enumerate(rows):
-        if r.op_name in calls and f"{MARK}:{r.op_name}" not in r.boundary:
-            rows[i] = replace(r, boundary=r.boundary + (f"{MARK}:{r.op_name}",))
+    mark_records(rows, calls, MARK)
 
 
 def not_named(rows: list[TensorRow], target: list[Record]) -> dict[str, str]:
@@ -75,7 +72,7 @@ def not_named(rows: list[TensorRow], target: list[Record]) -> dict[str, str]:
 
 def exposed_in(rows: list[TensorRow]) -> set[str]:
     """The `exposed` calls of a compare, from its rows' marks (`mark`)."""
-    return {m.split(":", 1)[1] for r in rows for m in r.boundary if m.startswith(f"{MARK}:")}
+    return marked_records(rows, MARK)
 
 
 __all__ = ["MARK", "LATE", "exposed", "late", "mark", "not_named", "exposed_in"]

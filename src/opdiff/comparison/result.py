@@ -1,8 +1,8 @@
 """What a compare produces: rows, verdicts and the first divergence. Report reads only these."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from dataclasses import dataclass, field, replace
+from typing import Any, Collection, Optional
 
 from ..store.schema import Location  # noqa: F401  (re-exported: other stages import it from here)
 from .metric_table import METRICS  # noqa: F401  (re-exported: the metric column names, in CSV order)
@@ -194,6 +194,21 @@ class CompareResult:
         """The share of tensors that have a partner on the other side (None without rows): a
         compare that found nothing is "inconclusive" below `MIN_COVERAGE`."""
         return coverage(self.rows)
+
+
+def mark_records(rows: list[TensorRow], names: Collection[str], mark: str) -> None:
+    """Mark each row of a record in `names` "<mark>:<record>" (`TensorRow.boundary`), in place,
+    once: what a compare decided of a record that `rejudge` reads back (`marked_records`)."""
+    for i, r in enumerate(rows):
+        tag = f"{mark}:{r.op_name}"
+        if r.op_name in names and tag not in r.boundary:
+            rows[i] = replace(r, boundary=r.boundary + (tag,))
+
+
+def marked_records(rows: list[TensorRow], mark: str) -> set[str]:
+    """The records `mark_records` marked with `mark`, from the rows alone."""
+    prefix = f"{mark}:"
+    return {m[len(prefix):] for r in rows for m in r.boundary if m.startswith(prefix)}
 
 
 def coverage(rows: list[TensorRow]) -> Optional[float]:
