@@ -110,6 +110,9 @@ def test_one_target_op_against_several_golden_ops(dumps, tmp_path, target, culpr
         (".input.2", f"{LAST_MATMUL}.input.1"), (".output.0", f"{LAST_MATMUL}.output.0")]
     assert all(r.metrics for r in rows)
     assert result.counts["unmatched"] == 0
+    # a golden tensor the pair takes from another record is shown once, in the pair's row
+    shown = [r.golden_name for r in result.rows if r.golden_name]
+    assert len(shown) == len(set(shown)), sorted(n for n in shown if shown.count(n) > 1)
     (softmax,) = [r for r in result.rows if r.golden_name == "Torch.softmax.0.forward.output.0"]
     assert softmax.reason == (f"feeds only the mapping file's pair {SDPA} against "
                               f"Tensor.transpose.3.forward, Torch.matmul.0.forward and "

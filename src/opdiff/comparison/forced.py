@@ -33,12 +33,13 @@ marks on the rows (`marked`), which `rejudge` reads back (`unjudged`, `carry`).
 
 Ops only one run executes whose results feed nothing but a forced pair's op (eager attention's
 first matmul and softmax, where the file pairs SDPA's output with the last matmul's) are that
-pair's computation: their rows say the pair covers them (`fed_ops`, `covered`), not unmatched.
+pair's computation: their rows say the pair covers them (`fed_ops`, `covered`), not unmatched; a golden tensor a
+pair takes from another record (`borrowed`) is shown in the pair's row only.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 from ..store.records import iter_tensors
 from ..store.schema import Kind, Role
@@ -230,6 +231,13 @@ def covered(row: "TensorRow", pair: ForcedPair, path: str) -> "TensorRow":
                                             f"{pair.said(path)}: judged through its tensors")
 
 
+def borrowed(pairs: Iterable[ForcedPair]) -> set[str]:
+    """The golden tensors forced pairs take from golden records other than their own (eager
+    attention's first matmul's input, paired with SDPA's q): each is shown in the pair's row
+    only, not again as its own record's unmatched or covered row."""
+    return {tensor[0] for pair in pairs for _, tensor in pair.borrowed}
+
+
 class CarriedInputs:
     """The inputs of a forced pair it did not measure, measured where the target made them."""
 
@@ -305,5 +313,5 @@ def unjudged_note(names: list[str], differ: bool) -> Optional[str]:
             f"compared nor measured where it was made; no op elsewhere is blamed")
 
 
-__all__ = ["ForcedPair", "resolve", "fed_ops", "covered", "CarriedInputs", "NOT_JUDGED", "IN",
+__all__ = ["ForcedPair", "resolve", "fed_ops", "covered", "borrowed", "CarriedInputs", "NOT_JUDGED", "IN",
            "UNJUDGED", "marked", "unjudged", "carry", "unjudged_note"]

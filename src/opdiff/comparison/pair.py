@@ -282,6 +282,8 @@ class _PairCompare:
                 self._region_row(base, t_item, g_item, covered)
                 continue
             if t_item is None or g_item is None:
+                if g_item is not None and g_item[0] in forced.borrowed(self._forced.values()):
+                    continue        # shown once: in the row of the forced pair comparing it
                 self.rows.append(self._unmatched(base, t_item, g_item,
                                                  paired_op=t_rec is not None and g_rec is not None))
                 continue
