@@ -96,6 +96,25 @@ def test_a_wrong_silu_kernel_is_named_at_that_op_and_layer(compiled_step, tmp_pa
     assert first.location is not None and first.location.file.endswith("activations.py")
 
 
+@pytest.mark.parametrize("task", TASKS)
+def test_a_wrong_silu_backward_kernel_is_named_at_that_op_and_layer(compiled_step, tmp_path,
+                                                                     task):
+    # the compiled backward graph's ops pair with eager's through their forward op; backward
+    # runs the layers in reverse, so silu_backward's second call is layer 0's
+    result = _compare(compiled_step("L2", AOT, "silu_backward:1", task),
+                      compiled_step("L2", task=task), tmp_path)
+    first = result.first_divergence
+    assert first is not None, verdict_line(result)
+    assert (first.name, first.phase, first.origin) == \
+        ("Aten.silu_backward.1.backward", "backward", "op"), first
+    assert "`model.layers.0.mlp.act_fn`" in first.reason
+    assert first.location is not None and first.location.file.endswith("activations.py")
+    # nothing before it in the backward is an error: the fault is local to that call
+    errors = {r.op_name for r in result.rows if r.result == "error" and r.role == "output"
+              and r.phase == "backward"}
+    assert "Aten.silu_backward.0.backward" not in errors, errors
+
+
 def test_a_wrong_kernel_at_mix_is_named_at_its_module_call(compiled_step, tmp_path):
     result = _compare(compiled_step("mix", AOT, "silu:1"), compiled_step("mix"), tmp_path)
     first = result.first_divergence
