@@ -57,6 +57,20 @@ def test_compiled_graph_ops_carry_the_compilers_provenance(compiled_step):
     assert not any(r.get("compiled") for r in eager)
 
 
+def test_a_graph_compiled_again_names_its_own_nodes(tmp_path):
+    # the same model compiled twice in one process generates graphs of the same code (code
+    # objects compare equal whatever their file): each graph's ops must carry its own nodes'
+    # facts, not the first graph's (whose seq_nr linked no backward op to its forward op)
+    from compilekit import run_step
+    run_step(tmp_path / "first", "mix", AOT)
+    records = _records(run_step(tmp_path / "again", "L2", AOT))
+    backward = [r for r in records if r["phase"] == "backward" and r.get("compiled")]
+    linked = [r for r in backward if r.get("forward")]
+    assert backward and len(linked) > len(backward) / 2, (len(linked), len(backward))
+    silu = [r["name"] for r in records if r["op"] == "Aten.silu" and r["phase"] == "forward"]
+    assert {r["forward"] for r in backward if r["op"] == "Aten.silu_backward"} == set(silu)
+
+
 TASKS = ["statistics", pytest.param("tensor", marks=pytest.mark.slow)]
 
 

@@ -31,7 +31,7 @@ INDUCTOR_DIR = "torchinductor_"   # Inductor's generated Python (its cache dir's
 DEPTH = 10       # frames between the dispatch mode's handler and the graph's code (8 on the
                  # first call, when AOT autograd runs the graph under a mode of its own)
 
-_cache: dict[tuple[Any, int], Optional[dict[str, Any]]] = {}   # (graph code, line) -> facts
+_cache: dict[tuple[int, int], tuple[Any, Optional[dict[str, Any]]]] = {}  # (id(code), line) -> (code, facts)
 _CACHE_MAX = 65536
 _GETATTR = re.compile(r"getattr\((.*?), '(\w+)'\)")
 _INDEX = re.compile(r"\[(\d+)\]")
@@ -65,12 +65,17 @@ def provenance(skip: int = 1) -> Optional[dict[str, Any]]:
                 facts["modules"] = modules
             return facts
         if kind == _GRAPH:
-            key = (code, frame.f_lineno)
-            if key not in _cache:
+            # Keyed by id, the entry holding the code object (its id is not reused while the
+            # entry exists): code objects compare equal whatever their file, and a graph
+            # compiled again from the same model, or another block's, generates the same code
+            # with other nodes (their seq_nr, their module).
+            key = (id(code), frame.f_lineno)
+            entry = _cache.get(key)
+            if entry is None or entry[0] is not code:
                 if len(_cache) > _CACHE_MAX:
                     _cache.clear()
-                _cache[key] = _node_facts(frame)
-            return _cache[key]
+                entry = _cache[key] = (code, _node_facts(frame))
+            return entry[1]
         frame = frame.f_back
     return None
 
