@@ -96,8 +96,8 @@ def test_kernel_roles_from_a_generated_wrapper(tmp_path):
     assert kernels_of(str(tmp_path / "missing.py")) == {}
 
 
-def _gpt2_step(path, backend=None):
-    """One step of a tiny GPT-2 (silu MLP) recorded at L2, eager or compiled."""
+def _gpt2_step(path, backend=None, level="L2"):
+    """One step of a tiny GPT-2 (silu MLP) recorded at `level`, eager or compiled."""
     import torch._dynamo
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
@@ -107,7 +107,7 @@ def _gpt2_step(path, backend=None):
     run = torch.compile(model, backend=backend) if backend else model
     ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
     torch._dynamo.reset()
-    with opdiff.dump(model, str(path), level="L2"):
+    with opdiff.dump(model, str(path), level=level):
         run(ids, labels=ids).loss.backward()
     torch._dynamo.reset()
     return path
@@ -127,3 +127,26 @@ def test_gpt2_healthy_names_nothing_and_a_wrong_decomposition_names_its_kernel(t
     kernels = [op["op"] for op in first.region["target_ops"] if op["op"].startswith("Inductor.")]
     assert len(kernels) == 1 and "silu" in kernels[0], first.region
     assert first.tensor is not None and first.tensor.startswith(f"{kernels[0]}.0.forward.output")
+
+
+@pytest.mark.slow
+def test_gpt2_at_mix_healthy_names_nothing_and_a_wrong_decomposition_names_act(tmp_path):
+    # level mix: module calls judged at their boundaries against the compiled ops (aot_eager)
+    # or Inductor's kernels; the silu kernel also fuses the `view` of c_fc's output, and names
+    # Conv1D's line: the culprit is pointed at the line golden ran inside `act`
+    golden = _gpt2_step(tmp_path / "eager", level="mix")
+    for backend in ("aot_eager", "inductor"):
+        healthy = _gpt2_step(tmp_path / backend, backend, level="mix")
+        result = opdiff.compare(str(healthy), str(golden), str(tmp_path / f"out_{backend}"),
+                                progress=False)
+        assert result.first_divergence is None, (backend, result.first_divergence)
+        assert not verdict_line(result).startswith("inconclusive"), verdict_line(result)
+    with wrong_silu_decomposition():
+        spoiled = _gpt2_step(tmp_path / "spoiled", "inductor", level="mix")
+    first = opdiff.compare(str(spoiled), str(golden), str(tmp_path / "out"),
+                           progress=False).first_divergence
+    assert first is not None and first.name == \
+        "Module.transformer.h.0.mlp.act.SiLUActivation.forward.0", first
+    assert "silu" in first.reason and "in `transformer.h.0.mlp.act`" in first.reason
+    assert first.location is not None and first.location.file.endswith("activations.py"), \
+        first.location

@@ -27,7 +27,7 @@ from dataclasses import replace
 from typing import Any, Callable, Iterable, Optional
 
 from ..store.records import iter_tensors
-from ..store.schema import Kind, Location, Phase, Role
+from ..store.schema import Kind, Location, Phase, Role, locations_from_frames
 from .compiled_spans import span_said
 
 Pair = tuple[Optional[int], Optional[int]]
@@ -355,6 +355,42 @@ def stored_code(dumps: Iterable[tuple[Any, list[Record]]]) -> Callable[[str, int
 _MAX_CODE = 1000
 
 
+def module_line(call: str, kernel_line: Optional[Location], golden: list[Record],
+                dumps: Iterable[tuple[Any, list[Record]]]) -> Optional[Location]:
+    """Where to point for the compiled ops judged as the module call `call`: the line its first
+    kernel names (`kernel_line`) if the golden run executed that line inside that call (a frame
+    of one of its ops' stacks); else the line of golden's first op inside the call. A kernel
+    fuses across modules and names one node's line: GPT-2's silu kernel names Conv1D's
+    `addmm` line (the `view` of `c_fc`'s output it fuses), not `act`'s. None where golden's
+    stacks cannot tell."""
+    dump = next((d for d, records in dumps if records is golden), None)
+    if dump is None:
+        return None
+    parents = {r["name"]: r["module"] for r in golden if r["kind"] == Kind.MODULE}
+
+    def within(module: Optional[str]) -> bool:
+        seen: set[str] = set()
+        while module and module not in seen:
+            if module == call:
+                return True
+            seen.add(module)
+            module = parents.get(module)
+        return False
+    first: Optional[Location] = None
+    for r in golden:
+        if r["kind"] not in Kind.OPS or r["stack"] is None or not within(r["module"]):
+            continue
+        try:
+            frames = locations_from_frames(dump.stack(r["stack"]))
+        except Exception:       # an unreadable stack is only a missing line
+            continue
+        if kernel_line is not None and any((f.file, f.line) == (kernel_line.file, kernel_line.line)
+                                           for f in frames):
+            return kernel_line
+        first = first or (frames[0] if frames else None)
+    return first
+
+
 def annotate(divergence: Any, target: list[Record], golden: list[Record],
              dumps: Iterable[tuple[Any, list[Record]]] = ()) -> Any:
     """A divergence at an op of compiled code says where the compiler put it: its graph node,
@@ -373,6 +409,8 @@ def annotate(divergence: Any, target: list[Record], golden: list[Record],
         return divergence
     dumps = list(dumps)
     loc = source(rec, stored_code(dumps)) or divergence.location
+    if rec is not None and rec["kind"] == Kind.MODULE and not rec["compiled"].get("span"):
+        loc = module_line(rec["name"], loc, golden, dumps) or loc
     # a span of module calls (compiled_spans.py): its first and last call, and the line of
     # the one that made the output that differs
     spanned, line = span_said(rec or {}, dumps, divergence.tensor)
