@@ -65,8 +65,8 @@ def constant_code(golden: list[Record]) -> Constants:
 
 
 def _constant(d: dict[str, Any], made: set[tuple[Any, Any]]) -> bool:
-    if d.get("leaf") in ("parameter", "buffer"):
-        return True
+    if d.get("leaf"):
+        return d["leaf"] in ("parameter", "buffer")     # (the model's inputs are data)
     found = d.get("producer")
     return isinstance(found, list) and len(found) == 2 and (found[0], found[1]) in made
 

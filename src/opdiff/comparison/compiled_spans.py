@@ -4,27 +4,33 @@ Inductor fuses across module boundaries: the embedding's gather with the first l
 a residual add with the next norm, a rotary embedding's cos/sin with the attention that uses
 them. Such a kernel leaves every module call it touches unjudged on its own
 (`compiled_modules.py`): the module's own outputs are never written. A *span* is the smallest
-set of eager module calls that closes it: start from the modules a straddling kernel computes,
-add the modules of every compiled call that computes any node of theirs, and again, until the
-set stops growing (a call inside a module of the set is inside the span). Where the span
-reaches a module's own code (the decoder layer's residual add), that module's whole call joins
-it; where it reaches code outside every recorded module call (the root, a module outside the
-model's tree), nothing closes and nothing is judged.
+set of eager module calls, each standing for its own code (the torch calls made in its
+`forward`, not in the module calls inside it, which are judged on their own), that closes it:
+start from the modules a straddling kernel computes code of, add the modules of every compiled
+call that computes code of one of them, and again, until the set stops growing. Where it
+reaches code outside every recorded module call (the root, a module outside the model's tree),
+nothing closes and nothing is judged. Code a kernel only *recomputes* (module code made from
+parameters, buffers and constants alone, such as the rotary embedding's cos/sin and the causal
+mask, which Inductor inlines into each attention's kernels) joins no span:
+compiled_recompute.py. A span whose dataflow leaves it and comes back (the MLP between a
+layer's two residual adds) is cut there: compiled_cuts.py.
 
-A closed span of two or more module calls, each called once, is judged as one call: on the
-eager side its ops are the torch calls made inside those module calls, on the compiled side the
-compiled calls inside them. The boundary of each is found by dataflow (`"producer"`): the
-tensors read from outside (parameters left out; a compiled tensor whose maker is not recorded,
-the graph's input, enters where eager's tensor of its shape is the model's input: the token
-ids) and the tensors read outside.
-They must correspond one to one: entering tensors by shape (no two of a shape), leaving ones
-by shape and by who reads them (a tensor the first layer's q/k/v projections read, another the
-residual add of `model.layers.0` reads: two [2, 8, 32] tensors told apart by their readers, the
-same modules on both sides, each pairing with exactly one). Then both sides get a module record
-of the span, `Module.<first>..<last>.Span.forward.0`, which pairs by name and is judged as a
-module call: named where its inputs agree and its outputs do not. Its `compiled` facts list the
-span's module calls (`span`) and kernels; `compiled.annotate` names the first and last call with
-their lines.
+A closed span of module calls each called once, of two or more calls or recomputing code, is
+judged as one call: on the eager side its ops are its torch calls, on the compiled side the
+compiled calls that compute only its code (and code they recompute). The boundary of each is
+found by dataflow (`"producer"`): the tensors read from outside (parameters left out; a
+compiled tensor whose maker is not recorded, the graph's input, enters where eager's tensor of
+its shape is the model's input: the token ids) and the tensors read outside.
+They must correspond one to one: entering tensors by shape and by the modules that made them
+(layer 0's `k_proj` and `v_proj` outputs, both [2, 8, 16]), eager's constants of code the span
+recomputes left over; leaving ones by shape and by who reads them (a tensor the first layer's
+q/k/v projections read, another the residual add of `model.layers.0` reads: two [2, 8, 32]
+tensors told apart by their readers, the same modules on both sides, each pairing with exactly
+one). Then both sides get a module record of the span, `Module.<first>..<last>.Span.forward.0`,
+which pairs by name and is judged as a module call: named where its inputs agree and its
+outputs do not. Its `compiled` facts list the span's module calls (`span`), the code its
+kernels recompute (`recomputes`) and kernels; `compiled.annotate` names the first and last call
+with their lines.
 """
 from __future__ import annotations
 
