@@ -2,24 +2,31 @@
 tiny Llama): capture records Inductor's C++ kernels beside the extern kernels (mm, bmm), each
 call naming the modules of the nodes it fuses (capture/kernel_modules.py), and the compare
 judges each eager module call whose compiled calls all lie inside it at its boundary
-(comparison/compiled_modules.py), and module calls a kernel straddles together, as the smallest
-span that closes it (comparison/compiled_spans.py). A healthy step names nothing and says
-nothing is inconclusive; a wrong Inductor decomposition of `aten.silu` is named at the first
-layer's MLP, with the kernel holding the silu and the model's line; a wrong one of `aten.rsqrt`
-(the RMSNorm's, fused with the embedding) at the span from the embedding to the first layer's
-input norm, at the norm's line; a wrong one in the final norm only, whose kernel no judged call
-holds, names nothing and says "inconclusive: ..." with what was not judged (its parameter
-gradients, made by the unrecorded compiled backward, are never named: compiled_backward.py);
-one in layer 0's attention softmax, whose kernels no judged call holds either, names nothing
-from statistics either (a later call whose input already differs is not named:
-compiled_inputs.py).
+(comparison/compiled_modules.py), and module calls' own code a kernel straddles together, as
+the smallest span that closes it (comparison/compiled_spans.py; the rotary embedding's cos/sin
+and the causal mask, which Inductor recomputes inside each attention's kernels from a buffer
+and constants, are no straddle: compiled_recompute.py; a span the MLP's output comes back into
+is cut there: compiled_cuts.py). A healthy step names nothing and says nothing is
+inconclusive; a wrong Inductor decomposition of `aten.silu` is named at the first layer's MLP,
+with the kernel holding the silu and the model's line; a wrong one of `aten.rsqrt` (the
+RMSNorm's, fused with the embedding) at the span from the embedding to the first layer's input
+norm, at the norm's line; one only in layer 1's post-attention norm at the span of that norm and
+layer 1's first residual add; one only in the final norm at the span of layer 1's second
+residual add and that norm; one in layer 0's attention softmax at the span of the attention's
+own code. Where a kernel also computes code outside every recorded module call (made so here by
+rewriting the dump), nothing holding it is judged: nothing is named and the compare says
+"inconclusive: ..." with what was not judged (parameter gradients, made by the unrecorded
+compiled backward, are never named: compiled_backward.py; a later call whose input already
+differs in statistics is not named: compiled_inputs.py).
 Capture adds no graph break and leaves the compiled step bitwise. Each compile runs once per module (caches off: a cached wrapper was not
 generated while opdiff watched)."""
 from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -32,6 +39,7 @@ from opdiff.comparison import compiled
 from opdiff.comparison.compiled_backward import WITHHELD, withheld
 from opdiff.comparison.compiled_inputs import LATE, exposed
 from opdiff.comparison.compiled_modules import module_calls
+from opdiff.comparison.compiled_recompute import constant_code
 from opdiff.comparison.compiled_spans import span_calls
 from opdiff.comparison.rejudge import rejudge
 from opdiff.report.console import verdict_line
@@ -41,6 +49,18 @@ from opdiff.store.schema import complete
 MLP = "Module.model.layers.{}.mlp.LlamaMLP.forward.0"
 # Inductor fuses the embedding's gather with layer 0's input RMSNorm: one kernel, two calls
 SPAN = "Module.model.embed_tokens..model.layers.0.input_layernorm.Span.forward.0"
+# each attention's own code (its projections judged on their own), the rotary embedding's
+# cos/sin and the causal mask recomputed inside its kernels
+ATTENTION = "Module.model.layers.{0}.self_attn..model.layers.{0}.self_attn.Span.forward.0"
+# a layer's first residual add and its post-attention norm; its second add and the next norm
+# (the MLP between them: the span of both is cut where the MLP's output comes back)
+LATER_NORM = "Module.model.layers.1.post_attention_layernorm..model.layers.1.Span.forward.0"
+FINAL_NORM = "Module.model.layers.1..model.norm.Span.forward.0"
+# module calls and spans judged where a kernel of the final norm also computes root code
+JUDGED_WITHOUT_LAYER_1S_NORMS = 17 + 4
+SPANS = [SPAN, ATTENTION.format(0),
+         "Module.model.layers.0.post_attention_layernorm..model.layers.1.input_layernorm"
+         ".Span.forward.0", ATTENTION.format(1), LATER_NORM, FINAL_NORM]
 
 
 @pytest.fixture(scope="module")
@@ -59,12 +79,18 @@ def steps(tmp_path_factory):
     with wrong_rsqrt_decomposition_in("model.norm") as hit:
         final = run_step(root / "final_norm", "mix", backend="inductor", task="tensor")
     assert len(hit) == 1 and hit[0].endswith(".model.norm"), hit
-    # only layer 0's attention softmax: its kernels straddle the attention's calls (not judged)
+    # only layer 0's attention softmax: its kernels straddle the attention's calls and the
+    # model's code they recompute
     with wrong_softmax_decomposition_in("model.layers.0.self_attn") as hit:
         attention = run_step(root / "softmax", "mix", backend="inductor")
     assert hit and all(h.endswith(".model.layers.0.self_attn") for h in hit), hit
+    # only layer 1's post-attention norm: fused with layer 1's first residual add
+    with wrong_rsqrt_decomposition_in("model.layers.1.post_attention_layernorm") as hit:
+        later = run_step(root / "later_norm", "mix", backend="inductor")
+    assert len(hit) == 1 and hit[0].endswith(".model.layers.1.post_attention_layernorm"), hit
     return {"eager": run_step(root / "eager", "mix"), "plain": plain, "healthy": healthy,
             "silu": spoiled, "rsqrt": norm, "final_norm": final, "softmax": attention,
+            "later_norm": later,
             "eager_tensor": run_step(root / "eager_tensor", "mix", task="tensor")}
 
 
@@ -75,6 +101,22 @@ def _records(step) -> list[dict]:
 
 def _compare(target, golden, out: Path):
     return opdiff.compare(str(target.path), str(golden.path), str(out), progress=False)
+
+
+def _with_root_code(step, where: Path, kernel) -> SimpleNamespace:
+    """A copy of `step`'s dump in which each Inductor call `kernel(record)` picks also computes
+    code of the model's root, outside every recorded module call: nothing that holds it is
+    judged."""
+    shutil.copytree(step.path, where)
+    records = where / "step0" / "rank0" / "records.jsonl"
+    lines = []
+    for line in records.read_text().splitlines():
+        r = json.loads(line)
+        if r.get("compiled") and kernel(r):
+            r["compiled"]["modules"] = [""] + r["compiled"]["modules"]
+        lines.append(json.dumps(r))
+    records.write_text("\n".join(lines) + "\n")
+    return SimpleNamespace(path=where)
 
 
 def test_capture_adds_no_graph_break_and_keeps_the_step_bitwise(steps):
@@ -131,6 +173,8 @@ def test_a_healthy_step_names_nothing_through_module_boundaries(steps, tmp_path)
     assert {MLP.format(i) for i in range(2)} <= judged, sorted(judged)
     assert "Module.model.layers.1.self_attn.o_proj.Linear.forward.0" in judged
     assert SPAN in judged       # (the embedding and layer 0's first norm, judged together)
+    # past layer 0's first norm: each attention's own code, the norms and residual adds
+    assert set(SPANS) <= judged, sorted(judged)
     assert result.counts["error"] == 0
 
 
@@ -167,13 +211,81 @@ def test_a_wrong_rsqrt_decomposition_is_named_at_the_span_holding_layer_0s_first
     assert not [n for n in result.notes if n.startswith("inconclusive")], result.notes
 
 
+def test_a_fault_only_in_layer_1s_post_attention_norm_is_named_in_layer_1(steps, tmp_path):
+    # its kernel fuses layer 1's first residual add; the layer's second add is fused with the
+    # final norm, and the MLP between reads this norm's output and hands its own to that add:
+    # judged as one span, its input (the MLP's output) already differs, and it was inconclusive
+    result = _compare(steps["later_norm"], steps["eager"], tmp_path / "out")
+    first = result.first_divergence
+    assert first is not None, verdict_line(result)
+    assert first.name == LATER_NORM, first
+    assert "rsqrt" in first.reason and "span of 2 module calls" in first.reason, first.reason
+    assert "differs most is made in `model.layers.1.post_attention_layernorm`" in first.reason
+    assert "own code" in first.reason, first.reason     # (of the layer: its adds, not its calls)
+    assert first.location is not None and first.location.file.endswith("modeling_llama.py")
+    assert "self.post_attention_layernorm(" in (first.location.code or ""), first.location
+    # the residual and the attention's output agree; of the two [2, 8, 32] it hands out, the
+    # residual agrees and the norm's output does not
+    rows = [(r.role, r.result) for r in result.rows if r.op_name == LATER_NORM]
+    assert sorted(rows) == [("input", "pass"), ("input", "pass"), ("output", "error"),
+                            ("output", "pass")], rows
+    assert not [n for n in result.notes if n.startswith("inconclusive")], result.notes
+    again = rejudge(load_summary(tmp_path / "out"), {})
+    assert again.first_divergence is not None and again.first_divergence.name == LATER_NORM
+
+
+@pytest.mark.parametrize("golden,mode", [("eager", "statistics"), ("eager_tensor", "tensor")])
+def test_a_fault_only_in_the_final_norm_is_named_at_the_span_holding_it(
+        steps, tmp_path, golden, mode):
+    # its kernel also computes layer 1's second residual add: the span of that add and the norm
+    result = _compare(steps["final_norm"], steps[golden], tmp_path / "out")
+    first = result.first_divergence
+    assert first is not None, verdict_line(result)
+    assert first.name == FINAL_NORM, first
+    assert "differs most is made in `model.norm`" in first.reason, first.reason
+    assert first.location is not None and first.location.file.endswith("modeling_llama.py")
+    assert "self.norm(" in (first.location.code or ""), first.location
+    assert {r.mode for r in result.rows if r.op_name == FINAL_NORM} == {mode}
+    again = rejudge(load_summary(tmp_path / "out"), {})
+    assert again.first_divergence is not None and again.first_divergence.name == FINAL_NORM
+
+
+def test_a_fault_in_layer_0s_attention_is_named_at_its_own_code(steps, tmp_path):
+    # its kernels recompute the rotary embedding's cos/sin and the causal mask (code of
+    # `model.rotary_emb` and of `model`, called once, before): no straddle
+    result = _compare(steps["softmax"], steps["eager"], tmp_path / "out")
+    first = result.first_divergence
+    assert first is not None, verdict_line(result)
+    assert first.name == ATTENTION.format(0), first
+    assert "softmax" in first.reason and "`model.rotary_emb`" in first.reason, first.reason
+    assert first.location is not None and "self.self_attn(" in (first.location.code or "")
+    # what enters: q, k and v as the projections made them (judged on their own), agreeing;
+    # cos, sin and the mask are recomputed inside, from the buffer `inv_freq` and constants
+    rows = [(r.role, r.result) for r in result.rows if r.op_name == ATTENTION.format(0)]
+    assert sorted(rows) == [("input", "pass")] * 3 + [("output", "error")], rows
+    again = rejudge(load_summary(tmp_path / "out"), {})
+    assert again.first_divergence is not None
+    assert again.first_divergence.name == ATTENTION.format(0)
+
+
+def _final_norm_kernel(r) -> bool:
+    return "model.norm" in r["compiled"].get("modules", ())
+
+
+def _softmax_kernel(r) -> bool:
+    return "softmax" in r["compiled"].get("node", "") and \
+        "model.layers.0.self_attn" in r["compiled"].get("modules", ())
+
+
 @pytest.mark.parametrize("golden,mode", [("eager", "statistics"), ("eager_tensor", "tensor")])
 def test_a_fault_in_code_no_judged_call_holds_names_nothing_and_says_what_was_not_judged(
         steps, tmp_path, golden, mode):
-    # the final norm's rsqrt spoiled: its kernel also computes layer 1's residual add, so no
-    # module call holds it; the parameter gradients all differ (the loss's gradient does), and
-    # their modules' forward calls agree: one was named before, an innocent culprit
-    result = _compare(steps["final_norm"], steps[golden], tmp_path / "out")
+    # the final norm's rsqrt spoiled, in a kernel that (rewritten here) also computes code of
+    # the model's root: no span holds it; the parameter gradients all differ (the loss's
+    # gradient does), and their modules' forward calls agree: one was named before, an
+    # innocent culprit
+    target = _with_root_code(steps["final_norm"], tmp_path / "target", _final_norm_kernel)
+    result = _compare(target, steps[golden], tmp_path / "out")
     assert result.first_divergence is None, result.first_divergence
     line = verdict_line(result)
     assert line.startswith("inconclusive"), line
@@ -195,16 +307,19 @@ def test_a_fault_in_code_no_judged_call_holds_names_nothing_and_says_what_was_no
     judged = {r.op_name: r.result for r in result.rows if r.kind == "module" and
               r.role == "output" and r.target_name is not None}
     head = "Module.lm_head.Linear.forward.0"
-    assert len(judged) == 18 and judged.pop(head) == "warning", judged
+    assert len(judged) == JUDGED_WITHOUT_LAYER_1S_NORMS and judged.pop(head) == "warning", \
+        judged
     assert set(judged.values()) == {"pass"}, judged
 
 
 def test_a_fault_in_unjudged_code_is_not_blamed_on_a_later_call_from_statistics(steps, tmp_path):
-    # layer 0's softmax spoiled (x1.001) in a kernel no judged call holds: o_proj's input
-    # differs by 1e-3 where it is judged; after the norm and silu * mul, down_proj's input
-    # statistics differ by 1.8e-5 and its output's by 3.7e-4, twenty times more: statistics
-    # understate the input's element-wise error, and down_proj was named, an innocent culprit
-    result = _compare(steps["softmax"], steps["eager"], tmp_path / "out")
+    # layer 0's softmax spoiled (x1.001) in a kernel that (rewritten here) also computes code
+    # of the model's root: no judged call holds it; o_proj's input differs by 1e-3 where it is
+    # judged; after the norm and silu * mul, down_proj's input statistics differ by 1.8e-5 and
+    # its output's by 3.7e-4, twenty times more: statistics understate the input's element-wise
+    # error, and down_proj was named, an innocent culprit
+    target = _with_root_code(steps["softmax"], tmp_path / "target", _softmax_kernel)
+    result = _compare(target, steps["eager"], tmp_path / "out")
     assert result.first_divergence is None, result.first_divergence
     line = verdict_line(result)
     assert line.startswith("inconclusive"), line
@@ -220,11 +335,14 @@ def test_a_fault_in_unjudged_code_is_not_blamed_on_a_later_call_from_statistics(
     again = rejudge(load_summary(tmp_path / "out"), {})
     assert again.first_divergence is None, again.first_divergence
     # the rule is narrow: only judged compiled calls after unjudged compiled code (the span
-    # runs first, the MLP after the attention: named above, its input agreeing), never eager's
+    # runs first, the MLP after the attention), never eager's, and none in a healthy step,
+    # whose every compiled call but the loss's (the root's own code, last) a judged call holds
     golden = _records(steps["eager"])
-    target, _ = span_calls(module_calls(_records(steps["healthy"]), golden), golden)
-    assert MLP.format(0) in exposed(target) and SPAN not in exposed(target)
-    assert exposed(golden) == set()
+    target_records = _records(target)
+    exposed_here = exposed(span_calls(module_calls(target_records, golden), golden)[0])
+    assert MLP.format(0) in exposed_here and SPAN not in exposed_here
+    healthy, _ = span_calls(module_calls(_records(steps["healthy"]), golden), golden)
+    assert exposed(healthy) == set() and exposed(golden) == set()
 
 
 def test_only_gradients_of_an_unrecorded_compiled_backward_are_withheld(steps):
@@ -249,8 +367,12 @@ def test_judged_calls_with_spans_and_a_span_that_does_not_close(steps):
             r["name"] for r in g if r["kind"] == "module" and r["op"].endswith(".Span")]
         return made
     # 17 module calls of the 31 on their own (the others straddled by Inductor's kernels),
-    # and the embedding with layer 0's first norm as one span
-    assert len(eager_calls) == 31 and len(judged(target)) == 18 and SPAN in judged(target)
+    # and six spans: the embedding with layer 0's first norm, each attention's own code, layer
+    # 0's residual adds with its second norm and layer 1's first, layer 1's first add with
+    # its second norm and its second add with the final norm
+    made = judged(target)
+    assert len(eager_calls) == 31 and len(made) == 17 + 6, made
+    assert [n for n in made if n.endswith(".Span.forward.0")] == SPANS
     # the kernel also computing code of the model's root (outside every recorded module
     # call): no span closes, nothing is guessed
     fused = next(i for i, r in enumerate(target) if r["kind"] == "kernel"
@@ -258,6 +380,47 @@ def test_judged_calls_with_spans_and_a_span_that_does_not_close(steps):
     wide = dict(target[fused], compiled={**target[fused]["compiled"], "modules": [
         "", "model.embed_tokens", "model.layers.0.input_layernorm"]})
     assert SPAN not in judged(target[:fused] + [wide] + target[fused + 1:])
+
+
+def test_code_recomputed_from_constants_only_is_no_straddle(steps):
+    target, golden = _records(steps["healthy"]), _records(steps["eager"])
+    # the mask and position ids (the model's own code) and cos/sin: from arange and inv_freq
+    assert constant_code(golden).modules == {"model", "model.rotary_emb"}
+    rotary = [r for r in target if r["kind"] == "kernel"
+              and "model.rotary_emb" in r["compiled"]["modules"]]
+    assert len(rotary) == 2 and all("model" in r["compiled"]["modules"] for r in rotary)
+
+    def spans(records):
+        t, _ = span_calls(module_calls(target, records), records)
+        return [r["name"] for r in t if r["kind"] == "module" and r["op"].endswith(".Span")]
+    assert ATTENTION.format(1) in spans(golden)
+    # the rotary embedding reading the model's input (position ids a user passed): its cos/sin
+    # are data, a kernel computing them with the attention straddles both, nothing is guessed
+    at = next(i for i, r in enumerate(golden) if r["kind"] == "api"
+              and r["op"] == "Tensor.__mul__" and "rotary_emb" in (r["module"] or ""))
+    position = {k: v for k, v in golden[at]["inputs"][0].items() if k != "producer"}
+    read = dict(golden[at], inputs=[{**position, "leaf": "input", "fqn": "position_ids"}]
+                + golden[at]["inputs"][1:])
+    data = golden[:at] + [read] + golden[at + 1:]
+    assert constant_code(data).modules == {"model"}
+    assert not {ATTENTION.format(i) for i in range(2)} & set(spans(data)), spans(data)
+
+
+def test_a_kernel_reading_back_what_it_wrote_has_that_input_unread(steps):
+    # the rotary kernel writes rotate_half's cat through aliases of its halves and reads the
+    # whole buffer back: no recorded op made it, its values before the call mean nothing (it
+    # was a graph input to the span, with no eager partner)
+    records = _records(steps["healthy"])
+    rotary = next(r for r in records if r["kind"] == "kernel"
+                  and "model.rotary_emb" in r["compiled"]["modules"])
+    unread = [d for d in rotary["inputs"] if "producer" not in d and not d.get("leaf")]
+    assert [d["shape"] for d in unread] == [[2, 2, 8, 8], [2, 4, 8, 8]], rotary["inputs"]
+    assert all(d.get("overwritten") and d["stats"] is None for d in unread), unread
+    # the only tensors a kernel reads that no recorded op made: the token ids (the graph's
+    # inputs) and the buffers it was handed to write
+    made = [d for r in records if r["kind"] == "kernel" for d in r["inputs"]
+            if "producer" not in d and not d.get("leaf") and not d.get("overwritten")]
+    assert {tuple(d["shape"]) for d in made} == {(2, 8)}, made
 
 
 def test_a_call_straddling_a_module_leaves_it_unjudged_and_unknown_modules_none(steps):

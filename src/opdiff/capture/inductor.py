@@ -203,9 +203,10 @@ class InductorKernels:
                     if program:
                         pending.record["program"] = program
                     ins = [a for a, r in zip(args, roles) if r in ("in", "in_out")]
+                    written = _storages([a for a, r in zip(args, roles) if r == "out"])
                     with s.own():
                         pending.record["inputs"] = _inputs(s, ins, roles, pending.record,
-                                                           reads)
+                                                           reads, written)
             except Exception as exc:
                 s.fail(pending, exc, op)
                 if pending is not None:
@@ -221,21 +222,30 @@ class InductorKernels:
         return record_kernel
 
 
-def _inputs(s: Any, ins: list[Any], roles: list[str], record: dict[str, Any], reads: set[int]
-            ) -> list[dict[str, Any]]:
+def _inputs(s: Any, ins: list[Any], roles: list[str], record: dict[str, Any], reads: set[int],
+            written: set[int]) -> list[dict[str, Any]]:
     """A kernel's inputs: its `in_ptr` arguments, and its `in_out_ptr` ones where a recorded op
     made them or its program reads them (`reads`; otherwise Inductor may have handed the kernel
-    a fresh buffer it writes before reading: shape and dtype only, as an `out=` tensor).
-    Parameters, buffers and the root call's inputs are tagged as leaves (leaves.py)."""
+    a fresh buffer it writes before reading: shape and dtype only, as an `out=` tensor). An
+    `in_ptr` argument no recorded op made whose memory the kernel is also handed to write
+    (`written`: a `cat`'s buffer, written through aliases of its halves and read whole in the
+    same kernel) is such a buffer too, unless its program reads it. Parameters, buffers and
+    the root call's inputs are tagged as leaves (leaves.py)."""
     name = record["name"]
     described = s.describe_all(ins, name, Role.INPUT)
     tag_leaves(s, zip(ins, described), record)
     kinds = [r for r in roles if r in ("in", "in_out")]
     for i, (kind, desc) in enumerate(zip(kinds, described)):
-        if kind == "in_out" and isinstance(desc, dict) and "producer" not in desc \
-                and i not in reads:
+        if not isinstance(desc, dict) or "producer" in desc or i in reads:
+            continue
+        if kind == "in_out" or (not desc.get("leaf") and _storages([ins[i]]) & written):
             described[i] = s.unread(ins[i], name, Role.INPUT, i)
     return described
+
+
+def _storages(tensors: list[Any]) -> set[int]:
+    """The addresses of the storages of `tensors` (a view shares its base's)."""
+    return {t.untyped_storage().data_ptr() for t in tensors if isinstance(t, torch.Tensor)}
 
 
 def _provenance(kernel: str, path: str) -> dict[str, Any]:

@@ -59,9 +59,11 @@ def held_in(rows: list[TensorRow]) -> dict[str, str]:
     return dict.fromkeys(marked_records(rows, MARK), WITHHELD)
 
 
-def judged_paths(target: list[Record]) -> list[set[str]]:
-    """The module paths of each judged module call or span of compiled code in the target."""
-    out: list[set[str]] = []
+def judged_paths(target: list[Record]) -> list[tuple[set[str], set[str]]]:
+    """Of each judged module call or span of compiled code in the target: the module paths
+    whose whole call it holds, and those whose own code it holds (a span's calls, each its own
+    code: compiled_spans.py, with the code its kernels recompute)."""
+    out: list[tuple[set[str], set[str]]] = []
     for r in target:
         facts = r.get("compiled") or {}
         if r["kind"] != Kind.MODULE or not facts:
@@ -69,9 +71,10 @@ def judged_paths(target: list[Record]) -> list[set[str]]:
         calls = [c for c in facts.get("span") or () if isinstance(c, str)]
         parsed = [RecordName.parse(c) for c in calls]
         if calls and all(p is not None for p in parsed):
-            out.append({module_path(p.op) for p in parsed if p is not None})
+            again = {m for m in facts.get("recomputes") or () if isinstance(m, str)}
+            out.append((set(), {module_path(p.op) for p in parsed if p is not None} | again))
         elif isinstance(facts.get("module"), str):
-            out.append({facts["module"]})
+            out.append(({facts["module"]}, set()))
     return out
 
 
@@ -85,7 +88,8 @@ def unjudged_calls(target: list[Record]) -> list[Record]:
             r["phase"] == Phase.FORWARD else None
         if mods is None:
             continue
-        if not any(all(any(inside(p, m) for p in paths) for m in mods) for paths in judged):
+        if not any(all(m in own or any(inside(p, m) for p in whole) for m in mods)
+                   for whole, own in judged):
             out.append(r)
     return out
 

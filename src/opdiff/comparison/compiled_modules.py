@@ -189,6 +189,7 @@ class Boundary(NamedTuple):
     # and the modules of the calls that read it
     leaving: list[tuple[list[dict[str, Any]], set[str]]]
     unmade: frozenset[int] = frozenset()    # entering tensors whose maker is not recorded
+    made_by: tuple[Any, ...] = ()   # per entering tensor: its maker's seq (None: an input)
 
 
 def boundary(members: list[Record], target: list[Record], by_seq: dict[Any, Record],
@@ -246,7 +247,8 @@ def boundary(members: list[Record], target: list[Record], by_seq: dict[Any, Reco
         leaving.append(([source] + ([reshaped] if reshaped is not None else []),
                         _read_by(who, target, seqs)))
     return Boundary(list(reads.values()), leaving,
-                    frozenset(i for i, key in enumerate(reads) if key[0] == "unmade"))
+                    frozenset(i for i, key in enumerate(reads) if key[0] == "unmade"),
+                    tuple(None if key[0] in ("input", "unmade") else key[0] for key in reads))
 
 
 def _read_by(who: list[Record], target: list[Record], seqs: set[Any]) -> set[str]:

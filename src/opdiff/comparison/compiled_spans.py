@@ -4,41 +4,57 @@ Inductor fuses across module boundaries: the embedding's gather with the first l
 a residual add with the next norm, a rotary embedding's cos/sin with the attention that uses
 them. Such a kernel leaves every module call it touches unjudged on its own
 (`compiled_modules.py`): the module's own outputs are never written. A *span* is the smallest
-set of eager module calls that closes it: start from the modules a straddling kernel computes,
-add the modules of every compiled call that computes any node of theirs, and again, until the
-set stops growing (a call inside a module of the set is inside the span). Where the span
-reaches a module's own code (the decoder layer's residual add), that module's whole call joins
-it; where it reaches code outside every recorded module call (the root, a module outside the
-model's tree), nothing closes and nothing is judged.
+set of eager module calls, each standing for its own code (the torch calls made in its
+`forward`, not in the module calls inside it, which are judged on their own), that closes it:
+start from the modules a straddling kernel computes code of, add the modules of every compiled
+call that computes code of one of them, and again, until the set stops growing. Where it
+reaches code outside every recorded module call (the root, a module outside the model's tree),
+nothing closes and nothing is judged. Code a kernel only *recomputes* (module code made from
+parameters, buffers and constants alone, such as the rotary embedding's cos/sin and the causal
+mask, which Inductor inlines into each attention's kernels) joins no span:
+compiled_recompute.py. A span whose dataflow leaves it and comes back (the MLP between a
+layer's two residual adds) is cut there: compiled_cuts.py.
 
-A closed span of two or more module calls, each called once, is judged as one call: on the
-eager side its ops are the torch calls made inside those module calls, on the compiled side the
-compiled calls inside them. The boundary of each is found by dataflow (`"producer"`): the
-tensors read from outside (parameters left out; a compiled tensor whose maker is not recorded,
-the graph's input, enters where eager's tensor of its shape is the model's input: the token
-ids) and the tensors read outside.
-They must correspond one to one: entering tensors by shape (no two of a shape), leaving ones
-by shape and by who reads them (a tensor the first layer's q/k/v projections read, another the
-residual add of `model.layers.0` reads: two [2, 8, 32] tensors told apart by their readers, the
-same modules on both sides, each pairing with exactly one). Then both sides get a module record
-of the span, `Module.<first>..<last>.Span.forward.0`, which pairs by name and is judged as a
-module call: named where its inputs agree and its outputs do not. Its `compiled` facts list the
-span's module calls (`span`) and kernels; `compiled.annotate` names the first and last call with
-their lines.
+A closed span of module calls each called once, of two or more calls or recomputing code, is
+judged as one call: on the eager side its ops are its torch calls, on the compiled side the
+compiled calls that compute only its code (and code they recompute). The boundary of each is
+found by dataflow (`"producer"`): the tensors read from outside (parameters left out; a
+compiled tensor whose maker is not recorded, the graph's input, enters where eager's tensor of
+its shape is the model's input: the token ids) and the tensors read outside.
+They must correspond one to one: entering tensors by shape and by the modules that made them
+(layer 0's `k_proj` and `v_proj` outputs, both [2, 8, 16]), eager's constants of code the span
+recomputes left over; leaving ones by shape and by who reads them (a tensor the first layer's
+q/k/v projections read, another the residual add of `model.layers.0` reads: two [2, 8, 32]
+tensors told apart by their readers, the same modules on both sides, each pairing with exactly
+one). Then both sides get a module record of the span, `Module.<first>..<last>.Span.forward.0`,
+which pairs by name and is judged as a module call: named where its inputs agree and its
+outputs do not. Its `compiled` facts list the span's module calls (`span`), the code its
+kernels recompute (`recomputes`) and kernels; `compiled.annotate` names the first and last call
+with their lines.
 """
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, NamedTuple, Optional
 
 from ..store.records import iter_tensors
 from ..store.schema import (Kind, Location, Phase, RecordName, Role, locations_from_frames,
                             module_op, module_path, record_name, split_tensor_name)
 from .compiled_modules import (Boundary, boundary, compiled_record, flattened, inside,
-                               modules_of, unique_shapes)
+                               modules_of)
+from .compiled_cuts import cut
+from .compiled_recompute import Constants, constant_code
 
 Record = dict[str, Any]
 SPAN_CLASS = "Span"
+Made = tuple[tuple[int, Record], tuple[int, Record]]    # (index, record) on each side
+
+
+class _Entering(NamedTuple):
+    """A tensor the eager span reads from outside it."""
+    desc: dict[str, Any]
+    maker: Optional[str]        # the module path of the torch call that made it (None: input)
+    constant: bool              # made from parameters, buffers and constants alone
 
 
 def span_calls(target: list[Record], golden: list[Record]
@@ -51,24 +67,40 @@ def span_calls(target: list[Record], golden: list[Record]
                            for r in target):
         return target, golden
     calls = _once_called(golden)
+    constants = constant_code(golden)
+    # module calls judged on their own (compiled_modules.py): a span inside one adds nothing
+    judged = [module_path(r["op"]) for r in target
+              if r["kind"] == Kind.MODULE and (r.get("compiled") or {}).get("module") is not None]
     tried: set[frozenset[str]] = set()
+    names: dict[str, Optional[Made]] = {}
     t_after: dict[int, list[Record]] = {}
     g_after: dict[int, list[Record]] = {}
     by_seq = {r["seq"]: r for r in target if r["seq"] is not None}
     for r in compiled:
-        units = _closure(set(modules_of(r) or ()), compiled)
-        if units is None or len(units) < 2 or frozenset(units) in tried:
+        units = _closure(_own(r, constants.modules), compiled, constants.modules)
+        if not units or frozenset(units) in tried:
             continue
         tried.add(frozenset(units))
-        if not all(u in calls for u in units):
+        if not all(u in calls for u in units) or \
+                any(all(inside(p, u) for u in units) for p in judged):
             continue        # (the root's own code, a module outside the model's tree)
-        made = _span(sorted(units, key=lambda u: calls[u][0]), calls, compiled, target,
-                     golden, by_seq)
+        for (ti, t_record), (gi, g_record) in _spans(units, calls, compiled, target, golden,
+                                                      by_seq, constants):
+            if g_record["name"] not in names:   # (two spans of one name: neither is judged)
+                names[g_record["name"]] = (ti, t_record), (gi, g_record)
+            else:
+                names[g_record["name"]] = None
+    for made in names.values():
         if made is not None:
             (ti, t_record), (gi, g_record) = made
             t_after.setdefault(ti, []).append(t_record)
             g_after.setdefault(gi, []).append(g_record)
     return _inserted(target, t_after), _inserted(golden, g_after)
+
+
+def _own(r: Record, recomputed: frozenset[str]) -> set[str]:
+    """The modules whose own code a compiled call computes, less the code it recomputes."""
+    return {m for m in modules_of(r) or () if m not in recomputed}
 
 
 def _once_called(golden: list[Record]) -> dict[str, tuple[int, Record]]:
@@ -83,39 +115,69 @@ def _once_called(golden: list[Record]) -> dict[str, tuple[int, Record]]:
     return {p: found[p] for p, n in count.items() if n == 1}
 
 
-def _outermost(paths: set[str]) -> set[str]:
-    return {p for p in paths if not any(q != p and inside(q, p) for q in paths)}
-
-
-def _closure(start: set[str], compiled: list[Record]) -> Optional[set[str]]:
-    """The smallest set of module paths holding `start` and closed under "a compiled call
-    computing a node of one of them": all that call's modules join (outermost paths only)."""
-    units = _outermost(start)
-    while True:
+def _closure(start: set[str], compiled: list[Record], recomputed: frozenset[str]
+             ) -> Optional[set[str]]:
+    """The smallest set of module paths (each standing for its own code) holding `start` and
+    closed under "a compiled call computing code of one of them": all the other code that call
+    computes joins, but code it recomputes (compiled_recompute.py); None where the root's
+    code joins."""
+    units = set(start)
+    while units:
         reached = set(units)
         for r in compiled:
-            mods = modules_of(r) or ()
-            if any(inside(u, m) for u in units for m in mods):
-                reached.update(mods)
-        grown = _outermost(reached)
-        if grown == units:
-            return units
-        if "" in grown:
+            mods = _own(r, recomputed)
+            if mods & units:
+                reached |= mods
+        if "" in reached:
             return None     # (the root: every call; judged as a module if at all)
-        units = grown
+        if reached == units:
+            return units
+        units = reached
+    return None
 
 
-def _span(units: list[str], calls: dict[str, tuple[int, Record]], compiled: list[Record],
-          target: list[Record], golden: list[Record], by_seq: dict[Any, Record]
-          ) -> Optional[tuple[tuple[int, Record], tuple[int, Record]]]:
-    members = [r for r in compiled if all(any(inside(u, m) for u in units)
-                                          for m in modules_of(r) or ())]
+def _spans(units: set[str], calls: dict[str, tuple[int, Record]], compiled: list[Record],
+           target: list[Record], golden: list[Record], by_seq: dict[Any, Record],
+           constants: Constants) -> list[Made]:
+    """The records of the span of `units` (each its own code): where its dataflow leaves it
+    and comes back, of each part that corresponds (compiled_cuts.py), and of the whole where
+    not both do; else of the whole."""
+    members = [r for r in compiled
+               if _own(r, constants.modules) and _own(r, constants.modules) <= units]
+    if len(units) < 2 and not any(set(modules_of(r) or ()) & constants.modules
+                                  for r in members):
+        return []       # (one module call straddling nothing: compiled_modules.py's)
+    where = {g["name"]: module_path(g["op"]) for g in golden if g["kind"] == Kind.MODULE}
+    unit_of: dict[Any, str] = {}        # seq of a torch call inside the span -> its unit
+    for g in golden:
+        path = where.get(g.get("module") or "")
+        if g["kind"] in Kind.OPS and g["phase"] == Phase.FORWARD and path in units:
+            unit_of[g["seq"]] = path
+    whole = _span(unit_of, members, calls, target, golden, by_seq, constants)
+    g_parts = cut(set(unit_of), golden)
+    t_parts = cut({r["seq"] for r in members}, target)
+    if g_parts is None or t_parts is None or len(g_parts) != 2 or len(t_parts) != 2:
+        return [whole] if whole is not None else []
+    parts = [_span({s: unit_of[s] for s in g}, [r for r in members if r["seq"] in t],
+                   calls, target, golden, by_seq, constants) for g, t in zip(g_parts, t_parts)]
+    made = [m for m in parts if m is not None]
+    return made if len(made) == 2 or whole is None else made + [whole]
+
+
+def _span(unit_of: dict[Any, str], members: list[Record], calls: dict[str, tuple[int, Record]],
+          target: list[Record], golden: list[Record], by_seq: dict[Any, Record],
+          constants: Constants) -> Optional[Made]:
+    """The records of the span made of the eager torch calls `unit_of` (seq -> its module
+    call) and the compiled calls `members`, where their boundaries correspond."""
+    units = sorted(set(unit_of.values()), key=lambda u: calls[u][0])
+    recomputes = sorted({m for r in members for m in modules_of(r) or ()
+                         if m in constants.modules})
     t_side = boundary(members, target, by_seq, unmade=True)
-    eager = _eager_boundary(units, golden)
-    if t_side is None or eager is None:
+    eager = _eager_boundary(unit_of, golden, constants)
+    if not units or t_side is None or eager is None:
         return None
-    g_side, made_in = eager
-    inputs = _entering(g_side.entering, t_side)
+    g_entering, g_side, made_in = eager
+    inputs = _entering(g_entering, t_side, by_seq, set(recomputes))
     outputs = _leaving(g_side, t_side)
     if inputs is None or outputs is None:
         return None
@@ -126,55 +188,67 @@ def _span(units: list[str], calls: dict[str, tuple[int, Record]], compiled: list
         "phase": Phase.FORWARD, "module": first.get("module"), "stack": first.get("stack"),
         "seq": None, "inputs": [d for d, _ in inputs], "outputs": [d for d, _ in outputs],
         "kwargs": {}, "parameters": {}}
-    span = {"span": [calls[u][1]["name"] for u in units],
-            # (which module call of the span made each output: the verdict's line)
-            "outputs_of": [calls[made_in[id(d)]][1]["name"] for d, _ in outputs]}
+    span: dict[str, Any] = {
+        "span": [calls[u][1]["name"] for u in units],
+        # (which module call of the span made each output: the verdict's line)
+        "outputs_of": [calls[made_in[id(d)]][1]["name"] for d, _ in outputs]}
+    if recomputes:
+        span["recomputes"] = recomputes
     ti, t_record = compiled_record(g_record, members, target, [t for _, t in inputs],
                                    [t for _, t in outputs], span)
     t_record["compiled"].pop("module", None)
     return (ti, t_record), (max(calls[u][0] for u in units), g_record)
 
 
-def _eager_boundary(units: list[str], golden: list[Record]
-                    ) -> Optional[tuple[Boundary, dict[int, str]]]:
-    """The eager span's boundary: the tensors its torch calls read that calls outside made (or
-    that are the model's inputs) and those they made that torch calls outside read, with the
-    modules of those readers; and which of `units` made each leaving tensor (by `id`)."""
+def _eager_boundary(unit_of: dict[Any, str], golden: list[Record], constants: Constants
+                    ) -> Optional[tuple[list[_Entering], Boundary, dict[int, str]]]:
+    """The eager span's boundary: the tensors its torch calls (`unit_of`: seq -> its module
+    call) read that calls outside made (or that are the model's inputs), and those they made
+    that torch calls outside read, with the modules of those readers; and which module call
+    of the span made each leaving tensor (by `id`)."""
     where = {g["name"]: module_path(g["op"]) for g in golden if g["kind"] == Kind.MODULE}
     ops = [g for g in golden if g["kind"] in Kind.OPS and g["phase"] == Phase.FORWARD]
-    unit_of: dict[Any, str] = {}        # seq of a torch call inside the span -> its unit
-    for g in ops:
-        path = where.get(g.get("module") or "")
-        unit = next((u for u in units if path is not None and inside(u, path)), None)
-        if unit is not None:
-            unit_of[g["seq"]] = unit
     if not unit_of or None in unit_of:
         return None
     by_seq = {g["seq"]: g for g in golden if g["seq"] is not None}
-    reads: dict[Any, dict[str, Any]] = {}
+    reads: dict[Any, _Entering] = {}
     for seq in unit_of:
         for _, role, d in iter_tensors(by_seq[seq]):
             if role == Role.OUTPUT or d.get("leaf") in ("parameter", "buffer"):
                 continue
             made = d.get("producer")
             if d.get("leaf") == "input" and d.get("fqn"):
-                reads.setdefault(("input", d["fqn"]), d)
+                reads.setdefault(("input", d["fqn"]), _Entering(d, None, False))
             elif not made:
                 return None     # (a tensor from nowhere recorded: the boundary is unknown)
             elif made[0] not in unit_of:
-                source = _output(by_seq.get(made[0]), made[1])
-                if source is None:
+                maker = by_seq.get(made[0])
+                source = _output(maker, made[1])
+                if source is None or maker is None:
                     return None
-                reads.setdefault((made[0], made[1]), source)
+                reads.setdefault((made[0], made[1]), _Entering(
+                    source, where.get(maker.get("module") or ""),
+                    (made[0], made[1]) in constants.tensors))
+    # who reads each torch call's outputs (a call reading one tensor, `[:, -n:]` in the
+    # model's own code, is read through: the compiled graph folds it into its readers)
+    read_by: dict[Any, set[str]] = {}
+    for g in ops:
+        for _, role, d in iter_tensors(g):
+            made = d.get("producer") if role != Role.OUTPUT else None
+            if made:
+                read_by.setdefault(made[0], set()).add(where.get(g.get("module") or "", ""))
     readers: dict[Any, set[str]] = {}
     for g in ops:
         if g["seq"] in unit_of:
             continue
-        for _, role, d in iter_tensors(g):
-            made = d.get("producer") if role != Role.OUTPUT else None
+        ins = [d for _, role, d in iter_tensors(g) if role != Role.OUTPUT]
+        for d in ins:
+            made = d.get("producer")
             if made and made[0] in unit_of:
-                readers.setdefault((made[0], made[1]), set()).add(
-                    where.get(g.get("module") or "", ""))
+                who = readers.setdefault((made[0], made[1]), set())
+                who.add(where.get(g.get("module") or "", ""))
+                if len(ins) == 1:
+                    who |= read_by.get(g["seq"], set())
     leaving, made_in = [], {}
     for (seq, slot), who in readers.items():
         source = _output(by_seq.get(seq), slot)
@@ -182,7 +256,7 @@ def _eager_boundary(units: list[str], golden: list[Record]
             return None
         leaving.append(([source], who))
         made_in[id(source)] = unit_of[seq]
-    return Boundary(list(reads.values()), leaving), made_in
+    return list(reads.values()), Boundary([e.desc for e in reads.values()], leaving), made_in
 
 
 def _output(record: Optional[Record], slot: Any) -> Optional[dict[str, Any]]:
@@ -197,22 +271,30 @@ def _shape(d: dict[str, Any]) -> tuple[int, ...]:
     return tuple(d.get("shape") or ())
 
 
-def _entering(golden: list[dict[str, Any]], target: Boundary
-              ) -> Optional[list[tuple[dict[str, Any], dict[str, Any]]]]:
-    """Each golden entering tensor with the one target tensor of its shape (each shape
-    once on each side, none left over; a target tensor whose maker is not recorded only as
-    the model's input), else None."""
-    found = target.entering
-    if len(golden) != len(found) or not unique_shapes(golden) or not unique_shapes(found):
-        return None
-    out = []
-    for g in golden:
-        same = [i for i, t in enumerate(found) if _shape(t) == _shape(g)] or \
-            [i for i, t in enumerate(found) if flattened(_shape(t), _shape(g))]
-        if len(same) != 1 or (same[0] in target.unmade and g.get("leaf") != "input"):
+def _entering(golden: list[_Entering], target: Boundary, by_seq: dict[Any, Record],
+              recomputes: set[str]) -> Optional[list[tuple[dict[str, Any], dict[str, Any]]]]:
+    """Each golden entering tensor with the one target tensor it corresponds to, else None:
+    each target tensor pairs with the one golden tensor of its shape (or that shape regrouped)
+    whose maker's module made the target's too (where both makers are known); a target
+    tensor whose maker is not recorded only with the model's input; no golden tensor twice.
+    Golden tensors left over must be constants of code the span recomputes
+    (compiled_recompute.py): none else is left out."""
+    paired: dict[int, dict[str, Any]] = {}
+    for i, t in enumerate(target.entering):
+        seq = target.made_by[i] if i < len(target.made_by) else None
+        mods = set(modules_of(by_seq[seq]) or ()) if seq in by_seq else set()
+        fits = [j for j, g in enumerate(golden) if _shape(t) == _shape(g.desc)] or \
+            [j for j, g in enumerate(golden) if flattened(_shape(t), _shape(g.desc))]
+        fits = [j for j in fits if (golden[j].desc.get("leaf") == "input" or
+                                    i not in target.unmade) and
+                (not mods or golden[j].maker is None or golden[j].maker in mods)]
+        if len(fits) != 1 or fits[0] in paired:
             return None
-        out.append((g, _as_golden(found[same[0]], g)))
-    return out
+        paired[fits[0]] = t
+    if any(j not in paired and not (g.constant and g.maker in recomputes)
+           for j, g in enumerate(golden)):
+        return None
+    return [(golden[j].desc, _as_golden(paired[j], golden[j].desc)) for j in sorted(paired)]
 
 
 def _leaving(golden: Boundary, target: Boundary
@@ -250,11 +332,14 @@ def span_said(record: Record, dumps: Iterable[tuple[Any, list[Record]]],
     that is no span)."""
     facts = record.get("compiled") or {}
     calls = [c for c in facts.get("span") or () if isinstance(c, str)]
-    if len(calls) < 2:
+    if not calls:
         return "", None
     lines: dict[str, Location] = {}
+    paths: set[str] = set()
     for dump, records in dumps:
         for r in records:
+            if r["kind"] == Kind.MODULE and not r.get("compiled"):
+                paths.add(module_path(r["op"]))
             if r["name"] in calls and r["name"] not in lines and r["kind"] == Kind.MODULE \
                     and not r.get("compiled") and r["stack"] is not None:
                 try:
@@ -272,13 +357,24 @@ def span_said(record: Record, dumps: Iterable[tuple[Any, list[Record]]],
         at = lines.get(name)
         return f"{path(name)} ({os.path.basename(at.file)}:{at.line})" if at else path(name)
     said = (f"; judged as one span of {len(calls)} module calls that Inductor fused across, "
-            f"from {call(calls[0])} to {call(calls[-1])}")
+            f"from {call(calls[0])} to {call(calls[-1])}" if len(calls) > 1 else
+            f"; judged as one span, the module call {call(calls[0])}")
+    parents = [path(c) for c in calls if (p := RecordName.parse(c)) is not None and any(
+        q.startswith(module_path(p.op) + ".") for q in paths)]
+    if parents:
+        said += (f" (of {', '.join(parents)} its own code: the module calls inside it are "
+                 f"judged on their own)")
+    again = [m for m in facts.get("recomputes") or () if isinstance(m, str)]
+    if again:
+        said += (f"; its kernels also recompute the code of "
+                 f"{', '.join(f'`{m}`' for m in again)}, made once in eager from parameters, "
+                 f"buffers and constants alone")
     made = facts.get("outputs_of") or []
     parts = split_tensor_name(tensor) if tensor else None
     slot = parts[2] if parts and parts[1] == Role.OUTPUT else None
     maker = made[int(slot)] if slot is not None and str(slot).isdigit() and \
         int(slot) < len(made) and isinstance(made[int(slot)], str) else None
-    if maker is not None:
+    if maker is not None and len(calls) > 1:
         said += f"; the output that differs most is made in {path(maker)}"
     return said, lines.get(maker or "") or lines.get(calls[0])
 
