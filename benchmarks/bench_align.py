@@ -16,7 +16,8 @@ import time
 import tracemalloc
 
 from opdiff.comparison.align import align
-from opdiff.comparison.regions import Boundaries, find_regions
+from opdiff.comparison.region_boundaries import Boundaries
+from opdiff.comparison.regions import find_regions
 from opdiff.store.schema import complete
 
 EAGER = ["Torch.matmul", "Tensor.__mul__", "Tensor.__add__", "Functional.softmax", "Tensor.to",

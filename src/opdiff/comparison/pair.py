@@ -26,10 +26,11 @@ from .mapping import Mapping
 from .blame import OpScore, analyse, differing_numbers
 from .metrics import Measurement, measure, stats_measure
 from .reasons import not_comparable, placement_note, statistics_limits, unread_note
+from .region_boundaries import Boundaries
 from .region_cover import covered_tensors
 from .region_marks import mark_boundaries
-from .regions import (REGION, Boundaries, absorb, Region, RegionOps, find_regions, mark_region_rows,
-                      members, op_list, unjudged_note)
+from .regions import (REGION, absorb, Region, RegionOps, find_regions, mark_region_rows, members,
+                      op_list, unjudged_note)
 from .result import (ERROR, PASS, UNMATCHED, WARNING, CompareResult, Note, TensorRow, count,
                      noted)
 from .scores import add_row, counts_as_output, op_score
@@ -113,7 +114,7 @@ class _PairCompare:
         # A saved tensor is referenced by every record that saw it (an op's output is the next
         # op's input and its module's output): measure each pair of saved tensors once.
         self._measured: dict[tuple[Any, Any], Measurement] = dict(measured or {})  # shards.py
-        # what a region's boundary is measured by (regions.Boundaries)
+        # what a region's boundary is measured by (region_boundaries.Boundaries)
         self._by_tensor: dict[str, Any] = {}       # target tensor name -> row entry
         self._modules: dict[str, Any] = {}         # paired module call -> (inputs, outputs)
         self._region_rows: dict[int, list[int]] = {}   # region number -> its rows

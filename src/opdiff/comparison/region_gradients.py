@@ -17,7 +17,7 @@ matmul backwards), with F the forward calls of its target ops:
   op outside F reads that tensor too; a parameter's arrives whole at its `parameters_grad`
   record when only F reads the parameter. A tensor also read outside F, a model input's
   gradient (recorded nowhere else) or a gradient whose record has no partner leaves the region
-  without this boundary: `regions.Boundaries.by_module` is tried next.
+  without this boundary: `region_boundaries.Boundaries.by_module` is tried next.
 
 This is what makes a bare attention block's backward judged where its module call has no input
 gradient to compare (its input does not require grad). The measured names map to the tensors
