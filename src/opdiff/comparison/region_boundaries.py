@@ -37,6 +37,7 @@ class Boundaries:
         self.arriving: dict[int, dict[str, tuple[str, str]]] = {}
         self.calls: dict[int, list[Record]] = {}        # ... and its forward calls
         self.unproven_by_dataflow: dict[int, str] = {}  # ... or why the dataflow does not prove it
+        self.inside: Optional[dict[str, list[int]]] = None   # module call -> indices of its ops
 
     def consumers(self, regions: list[Region]) -> dict[int, dict[str, str]]:
         """region number -> {consumer's input tensor name: the region's output tensor it reads};
@@ -186,7 +187,10 @@ class Boundaries:
         return out
 
     def by_module(self, region: Region) -> Optional[tuple[list[Entry], list[Entry]]]:
-        """(inputs, outputs) of the innermost paired module call holding the region. A
+        """(inputs, outputs) of the innermost paired module call holding the region. Its
+        inputs also hold the outputs of the paired ops of its phase inside that call that ran
+        before the region's first op (q's projection before SDPA): a difference they made
+        enters the region without passing the call's inputs, and is not the region's. A
         backward region's inputs also hold its module's forward call's inputs and outputs:
         its backward formulas read the activations that call made, so a difference made
         before the region in the forward (q's projection) reaches the gradients it hands back
@@ -201,13 +205,37 @@ class Boundaries:
         found = self.module_entries.get(name)
         if found is None or not found[1]:
             return None
-        if region.phase != Phase.BACKWARD:
-            return found
-        forward = self.module_entries.get(region.module)
-        if forward is None:
-            return None
-        inputs = {e[0]: e for e in (*found[0], *forward[0], *forward[1])}
+        inputs = {e[0]: e for e in (*found[0], *self._made_before(region))}
+        if region.phase == Phase.BACKWARD:
+            forward = self.module_entries.get(region.module)
+            if forward is None:
+                return None
+            inputs.update((e[0], e) for e in (*forward[0], *forward[1]))
         return list(inputs.values()), found[1]
+
+    def _made_before(self, region: Region) -> list[Entry]:
+        """The measured outputs of the ops of the region's phase inside its module call
+        (named by its forward call, as backward ops name theirs) that ran before its first op."""
+        if self.inside is None:
+            parents = {r["name"]: r["module"] for r in self.target if r["kind"] == Kind.MODULE}
+            self.inside = {}
+            for i, rec in enumerate(self.target):
+                if rec["kind"] in Kind.OPS:
+                    for call in common_chain(rec.get("module"), parents):
+                        self.inside.setdefault(call, []).append(i)
+        first = min(region.target)
+        out: list[Entry] = []
+        for i in self.inside.get(region.module, ()):
+            rec = self.target[i]
+            if i >= first:
+                break
+            if rec["phase"] != region.phase:
+                continue
+            for tensor, role, _ in iter_tensors(rec):
+                entry = self.measured.get(tensor) if role == Role.OUTPUT else None
+                if entry is not None:
+                    out.append(entry)
+        return out
 
     def unproven(self, region: Region) -> str:
         """Why a backward region has no boundary (neither `by_dataflow` nor `by_module`), in
@@ -230,4 +258,13 @@ class Boundaries:
         return f"{flow}, and {module}" if flow else module
 
 
-__all__ = ["Boundaries", "Entry"]
+def common_chain(module: Optional[str], parents: dict[str, Any]) -> list[str]:
+    """`module` (a module call name) and every module call holding it, innermost first."""
+    chain: list[str] = []
+    while module and module not in chain:
+        chain.append(module)
+        module = parents.get(module)
+    return chain
+
+
+__all__ = ["Boundaries", "Entry", "common_chain"]

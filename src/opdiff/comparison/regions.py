@@ -17,8 +17,9 @@ holds ops of both sides is a *region*:
 - without dataflow (dumps written before it, foreign dumps) or where it does not reach (a
   region fed by another region, a gradient shared with ops outside it), the boundary is the
   innermost module call that holds the region's target ops, when that call is paired on both
-  sides: its inputs and parameters, its outputs (backward: with its forward call's inputs and
-  outputs among the inputs, `region_boundaries.Boundaries.by_module`).
+  sides: its inputs and parameters, and what the paired ops inside it made before the region,
+  against its outputs (backward: with its forward call's inputs and outputs among the inputs,
+  `region_boundaries.Boundaries.by_module`).
 
 A region is scored like an op (`blame.judge`: inputs agree and outputs do not: local error),
 and can be the first divergence (`Divergence.region`). Its ops are never blamed one by one nor
