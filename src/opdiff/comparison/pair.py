@@ -28,6 +28,7 @@ from .metrics import Measurement, measure, stats_measure
 from .reasons import not_comparable, placement_note, statistics_limits, unread_note
 from .region_boundaries import Boundaries
 from .region_cover import covered_tensors
+from .region_onesided import one_sided
 from .region_marks import mark_boundaries
 from .regions import (REGION, absorb, Region, RegionOps, find_regions, mark_region_rows, members,
                       op_list, unjudged_note)
@@ -172,6 +173,8 @@ class _PairCompare:
                (bool((self.t.meta or {}).get("dataflow")), bool((self.g.meta or {}).get("dataflow"))))
         # a module call's tensors that only one side has, made or used by a region's ops
         self._covered = covered_tensors(regions, pairs, t_view, g_records)
+        regions += [] if compiled_run else one_sided(     # (one side's ops alone, proven)
+            regions, pairs, t_view, g_records, bool((self.t.meta or {}).get("dataflow")))
         if t_view is not t_records:     # renamed: module calls are measured by recorded names
             recorded = {v["name"]: t["name"] for v, t in zip(t_view, t_records) if v is not t}
             for found in regions:
@@ -328,7 +331,7 @@ class _PairCompare:
         if not regions:
             return []
         dataflow = bool((self.t.meta or {}).get("dataflow"))
-        bounds = Boundaries(t_records, dataflow, self._by_tensor, self._modules)
+        bounds = Boundaries(t_records, dataflow, self._by_tensor, self._modules, g_records)
         consumers = bounds.consumers(regions)
         out: list[OpScore] = []
         for region in regions:
@@ -344,8 +347,8 @@ class _PairCompare:
             listed = RegionOps(op_list(t_records, region.target, self._first_location(self.t)),
                                op_list(g_records, region.golden, self._first_location(self.g)),
                                bounds.entering(region) if region.boundary == "dataflow" else {})
-            first = t_records[region.target[0]]
-            loc = _location(self.t, first)
+            # (golden's ops alone: no target line; the region lists golden's own)
+            loc = _location(self.t, t_records[region.target[0]]) if region.target else None
             op = OpScore(name=region.name, op="Region", phase=region.phase, kind=REGION,
                          module=region.module, forward=None, seq=region.position,
                          location=loc[0] if loc else None, inputs=list(found[0]),

@@ -22,12 +22,14 @@ class Boundaries:
     """Finds each region's boundary tensors among the measured rows of one pair of dumps.
 
     measured: target tensor name -> its measured row entry (rows of paired ops);
-    module_entries: module call name -> (input entries, output entries) of paired module calls.
+    module_entries: module call name -> (input entries, output entries) of paired module calls;
+    golden: golden's records, for a backward region of golden's ops alone (`Region.twins`).
     """
 
     def __init__(self, target: list[Record], dataflow: bool, measured: dict[str, Entry],
-                 module_entries: dict[str, tuple[list[Entry], list[Entry]]]) -> None:
-        self.target, self.dataflow = target, dataflow
+                 module_entries: dict[str, tuple[list[Entry], list[Entry]]],
+                 golden: Optional[list[Record]] = None) -> None:
+        self.target, self.dataflow, self.golden = target, dataflow, golden or []
         self.measured, self.module_entries = measured, module_entries
         self.by_seq = {r["seq"]: r for r in target} if dataflow else {}
         self.leaf_names = {(r.get("leaf"), r.get("tensor")): r["name"] for r in target
@@ -49,11 +51,19 @@ class Boundaries:
             if r.phase == Phase.BACKWARD:
                 if self.gradients is None:
                     self.gradients = Gradients(self.target, self.by_seq)
-                found = self.gradients.boundary([self.target[i] for i in r.target], self.measured)
+                if r.target:
+                    found = self.gradients.boundary([self.target[i] for i in r.target],
+                                                    self.measured)
+                else:       # golden's ops alone, through the target's twins of their calls
+                    found = self.gradients.boundary([self.golden[i] for i in r.golden],
+                                                    self.measured,
+                                                    [self.target[i] for i in r.twins])
                 if isinstance(found, str):
                     self.unproven_by_dataflow[r.number] = found
                 else:
                     self.arriving[r.number], out[r.number], self.calls[r.number] = found
+                    if not r.target:    # (it made no target tensor: each is measured as is)
+                        out[r.number] = {n: n for n in out[r.number]}
         regions = [r for r in regions if r.phase != Phase.BACKWARD]
         region_of = {self.target[i]["seq"]: r.number for r in regions for i in r.target}
         inside = {i for r in regions for i in r.target}
@@ -195,9 +205,10 @@ class Boundaries:
         its backward formulas read the activations that call made, so a difference made
         before the region in the forward (q's projection) reaches the gradients it hands back
         while the gradient it receives agrees, as for an op's backward (`blame.linked`); it is
-        not judged where that forward call is not paired."""
-        if region.module is None:
-            return None
+        not judged where that forward call is not paired, nor is a region of one side's ops
+        alone (`region_onesided.py`): the call may hold the other side's work elsewhere."""
+        if region.module is None or not region.target or not region.golden:
+            return None     # (one side's ops alone: the call holds other work too)
         name = region.module
         if region.phase == Phase.BACKWARD:
             parsed = RecordName.parse(name)

@@ -21,6 +21,9 @@ holds ops of both sides is a *region*:
   against its outputs (backward: with its forward call's inputs and outputs among the inputs,
   `region_boundaries.Boundaries.by_module`).
 
+A stretch of ops only one side executes is a region too where the target's dataflow proves its
+boundary (`region_onesided.py`, after `find_regions` and `absorb`), and is unmatched otherwise.
+
 A region is scored like an op (`blame.judge`: inputs agree and outputs do not: local error),
 and can be the first divergence (`Divergence.region`). Its ops are never blamed one by one nor
 counted unmatched: their rows say the region covers them. A region whose boundary cannot be
@@ -60,6 +63,9 @@ class Region:
     place: str = ""                     # `where`, when known without the module call (rejudge)
     unpaired_leaves: list[str] = field(default_factory=list)   # its parameters without a partner
     why: str = ""                       # why it was not judged, when known (`region_boundaries`)
+    # a backward region of golden's ops alone: the target's forward calls twin to theirs
+    # (record indices), through which its boundary is found (`region_onesided.py`)
+    twins: list[int] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -265,9 +271,10 @@ def op_list(records: list[Record], indices: list[int], locate: Any) -> list[dict
 
 def region_members(op: Any) -> Optional[list[str]]:
     """The target records a region's score (`blame.OpScore` of kind region) stands for, in
-    execution order: what its chain replay re-runs (`replay.chain`); None for any other op."""
-    if op.kind != REGION or op.region is None:
-        return None
+    execution order: what its chain replay re-runs (`replay.chain`); None for any other op and
+    for a region without target ops."""
+    if op.kind != REGION or op.region is None or not op.region[1].target_ops:
+        return None     # (a region of golden's ops alone: nothing of the target's to replay)
     return [o["name"] for o in op.region[1].target_ops]
 
 
