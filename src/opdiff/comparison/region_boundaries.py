@@ -7,6 +7,7 @@ Regions are `regions.Region` objects (typed `Any` here: regions.py imports this 
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Optional
 
 from ..store.records import iter_tensors
@@ -26,7 +27,7 @@ class Boundaries:
     golden: golden's records, for a backward region of golden's ops alone (`Region.twins`).
     """
 
-    def __init__(self, target: list[Record], dataflow: bool, measured: dict[str, Entry],
+    def __init__(self, target: list[Record], dataflow: bool, measured: Mapping[str, Entry],
                  module_entries: dict[str, tuple[list[Entry], list[Entry]]],
                  golden: Optional[list[Record]] = None) -> None:
         self.target, self.dataflow, self.golden = target, dataflow, golden or []
@@ -65,6 +66,8 @@ class Boundaries:
                     if not r.target:    # (it made no target tensor: each is measured as is)
                         out[r.number] = {n: n for n in out[r.number]}
         regions = [r for r in regions if r.phase != Phase.BACKWARD]
+        if not regions:
+            return out
         region_of = {self.target[i]["seq"]: r.number for r in regions for i in r.target}
         inside = {i for r in regions for i in r.target}
         for k, rec in enumerate(self.target):

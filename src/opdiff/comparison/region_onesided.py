@@ -11,8 +11,8 @@ and outputs do not (a one-sided `x * 2`), it is a local error in this region, it
 saying that one side runs no op there (`region_verdict.region_reason`). Proven:
 
 - a target-only forward run: every tensor its ops read from outside it is compared with golden
-  (made by a paired op, or a paired parameter, buffer or input), and every op that reads what
-  it made is paired, at least one (`region_boundaries.Boundaries.by_dataflow`);
+  (made by a paired op, or a paired parameter, buffer or input), every op outside it that reads
+  what it made is paired, and something compared reads it (`Boundaries.by_dataflow`);
 - a backward run of one side, through the forward calls of its ops (`region_gradients.py`):
   the target's own calls, or, for golden's backward records, the target's calls paired with
   theirs (the forward op both runs ran, whose backward only golden recorded: `Region.twins`).
@@ -28,11 +28,11 @@ one-sided partitioner ops are `compiled.py`'s).
 """
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from typing import Any, Optional
 
 from ..store.records import iter_tensors
-from ..store.schema import Kind, Phase
-from . import region_cover as cover
+from ..store.schema import Kind, Phase, Role
 from .region_boundaries import Boundaries, Entry
 from .regions import Region, common_module, members
 
@@ -49,29 +49,34 @@ def one_sided(regions: list[Region], pairs: list[Pair], target: list[Record],
     runs = _runs(pairs, target, golden, regions)
     if not runs:
         return []
-    paired = {ti for ti, gi in pairs if ti is not None and gi is not None}
     twin_of = {gi: ti for ti, gi in pairs if ti is not None and gi is not None}
     golden_at = {rec["name"]: j for j, rec in enumerate(golden)}
-    readers = cover.readers(target)
-    candidates: list[Region] = []
+    forward: list[Region] = []
+    backward: list[Region] = []
     for side, phase, position, indices in runs:
-        region = Region(len(regions) + len(candidates), phase, indices if side == 0 else [],
-                        [] if side == 0 else indices, position=position)
-        if side == 1:
-            twins = _twins([golden[j] for j in indices], golden_at, twin_of, target) \
-                if phase == Phase.BACKWARD else None
-            if twins is None:
-                continue        # (golden-only forward: the target's dataflow cannot see it)
-            region.twins = twins
-        elif phase == Phase.FORWARD and not _read_by_paired(indices, readers, paired):
+        region = Region(len(regions) + len(forward) + len(backward), phase,
+                        indices if side == 0 else [], [] if side == 0 else indices,
+                        position=position)
+        if phase == Phase.FORWARD:
+            if side == 0:       # (golden's: the target's dataflow cannot see them)
+                forward.append(region)
             continue
-        candidates.append(region)
-    bounds = Boundaries(target, True, _comparable(pairs, target, golden), {}, golden)
-    consumers = bounds.consumers(candidates)
+        if side == 1:
+            twins = _twins([golden[j] for j in indices], golden_at, twin_of, target)
+            if twins is None:
+                continue
+            region.twins = twins
+        backward.append(region)
+    if not forward and not backward:
+        return []
+    bounds = Boundaries(target, True, Comparable(pairs, target, golden), {}, golden)
+    consumers = bounds.consumers(backward)
+    consumers.update(_read_by_paired(forward, target, set(twin_of.values())))
     found: list[Region] = []
     parents = {r["name"]: r["module"] for r in target if r["kind"] == Kind.MODULE}
-    for region in candidates:
-        if bounds.by_dataflow(region, consumers.get(region.number, {})) is None:
+    for region in sorted(forward + backward, key=lambda r: r.number):
+        made = consumers.get(region.number)
+        if made is None or bounds.by_dataflow(region, made) is None:
             continue
         region.number = len(regions) + len(found)
         region.unpaired_leaves = []     # (found again when it is judged)
@@ -116,11 +121,30 @@ def _runs(pairs: list[Pair], target: list[Record], golden: list[Record],
     return runs
 
 
-def _read_by_paired(indices: list[int], readers: dict[int, list[int]], paired: set[int]) -> bool:
-    """Does every op outside the run that reads what it made run on both sides (at least one)?"""
-    inside = set(indices)
-    outside = [k for i in indices for k in readers.get(i, ()) if k not in inside]
-    return bool(outside) and all(k in paired for k in outside)
+def _read_by_paired(forward: list[Region], target: list[Record], paired: set[int]
+                    ) -> dict[int, dict[str, str]]:
+    """{region number: {a reader's input: the region's tensor it reads}} of the forward
+    target-only runs whose every reading op outside the run is paired (a module call, which
+    only passes a tensor on, is no reading op; its input is measured like an op's):
+    `Boundaries.consumers`'s map, for `Boundaries.by_dataflow`."""
+    region_of = {target[i]["seq"]: r.number for r in forward for i in r.target}
+    if not region_of:
+        return {}
+    by_seq = {target[i]["seq"]: target[i] for r in forward for i in r.target}
+    out: dict[int, dict[str, str]] = {}
+    refused: set[int] = set()
+    for k, rec in enumerate(target):
+        for name, role, desc in iter_tensors(rec):
+            producer = desc.get("producer")
+            if role != Role.INPUT or not producer:
+                continue
+            number = region_of.get(producer[0])
+            if number is None or region_of.get(rec["seq"]) == number:
+                continue
+            if rec["kind"] != Kind.MODULE and k not in paired:
+                refused.add(number)     # (what it made reaches an op it is not compared at)
+            out.setdefault(number, {})[name] = f"{by_seq[producer[0]]['name']}.output.{producer[1]}"
+    return {n: made for n, made in out.items() if n not in refused}
 
 
 def _twins(backward: list[Record], golden_at: dict[str, int], twin_of: dict[int, int],
@@ -138,24 +162,52 @@ def _twins(backward: list[Record], golden_at: dict[str, int], twin_of: dict[int,
     return out
 
 
-def _comparable(pairs: list[Pair], target: list[Record], golden: list[Record]
-                ) -> dict[str, Entry]:
+class Comparable(Mapping[str, Entry]):
     """The target tensors a compare will measure against golden, as far as the records tell
-    (both sides of a paired record hold it, in one non-empty shape), each under an entry of
-    its own: what the proof reads in place of the measured rows."""
-    out: dict[str, Entry] = {}
-    for ti, gi in pairs:
-        if ti is None or gi is None:
-            continue
-        t, g = target[ti], golden[gi]
-        held = {n[len(g["name"]):]: d for n, _, d in iter_tensors(g)}
-        for name, _, desc in iter_tensors(t):
-            other = held.get(name[len(t["name"]):])
-            shape = desc.get("shape")
-            if other is not None and isinstance(shape, list) and shape == other.get("shape") \
-                    and all(isinstance(n, int) and n > 0 for n in shape):
-                out[name] = (len(out), None, desc.get("dtype"), other.get("dtype"))
-    return out
+    (both sides of a paired record hold it, in one non-empty shape), each under an entry of its
+    own: what the proof reads in place of the measured rows. Looked up by name, each record's
+    worked out when first asked for (a big dump's proof reads a few)."""
+
+    def __init__(self, pairs: list[Pair], target: list[Record], golden: list[Record]) -> None:
+        self.target, self.golden = target, golden
+        self.partner = {target[ti]["name"]: (ti, gi) for ti, gi in pairs
+                        if ti is not None and gi is not None}
+        self.found: dict[str, dict[str, Entry]] = {}
+        self.count = 0
+
+    def __getitem__(self, name: str) -> Entry:
+        parts = name.split(".")
+        for k in range(len(parts) - 1, 0, -1):      # (the record's name is a prefix of it)
+            record = ".".join(parts[:k])
+            if record in self.partner:
+                entry = self._entries(record).get(name)
+                if entry is not None:
+                    return entry
+        raise KeyError(name)
+
+    def _entries(self, record: str) -> dict[str, Entry]:
+        if record not in self.found:
+            ti, gi = self.partner[record]
+            t, g = self.target[ti], self.golden[gi]
+            held = {n[len(g["name"]):]: d for n, _, d in iter_tensors(g)}
+            out: dict[str, Entry] = {}
+            for name, _, desc in iter_tensors(t):
+                other = held.get(name[len(t["name"]):])
+                shape = desc.get("shape")
+                if other is not None and isinstance(shape, list) and \
+                        shape == other.get("shape") and \
+                        all(isinstance(n, int) and n > 0 for n in shape):
+                    self.count += 1
+                    out[name] = (self.count, None, desc.get("dtype"), other.get("dtype"))
+            self.found[record] = out
+        return self.found[record]
+
+    def __iter__(self) -> Iterator[str]:
+        for record in self.partner:
+            yield from self._entries(record)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
-__all__ = ["one_sided"]
+__all__ = ["one_sided", "Comparable"]
