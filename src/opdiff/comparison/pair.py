@@ -28,8 +28,8 @@ from .metrics import Measurement, measure, stats_measure
 from .reasons import not_comparable, placement_note, statistics_limits, unread_note
 from .region_boundaries import Boundaries
 from .region_cover import covered_tensors
-from .region_onesided import one_sided
 from .region_marks import mark_boundaries
+from .region_onesided import one_sided
 from .regions import (REGION, absorb, Region, RegionOps, find_regions, mark_region_rows, members,
                       op_list, unjudged_note)
 from .result import (ERROR, PASS, UNMATCHED, WARNING, CompareResult, Note, TensorRow, count,
