@@ -6,7 +6,7 @@ Two op sequences of a transformer-like model (layers of linear / norm / attentio
 forward then backward, with dataflow producers on inputs): "identical" compares the sequence
 with itself (the fast path), "regions" against one whose attention runs one fused SDPA call
 where the other runs eight eager ops, in every layer and both phases. Reports the time of
-`align` + `find_regions` + the boundary search (`Boundaries`), and the peak Python memory they
+`align` + `find_regions` + `one_sided` + the boundary search (`Boundaries`), and the peak Python memory they
 allocate beyond the records themselves (tracemalloc).
 """
 from __future__ import annotations
@@ -16,7 +16,9 @@ import time
 import tracemalloc
 
 from opdiff.comparison.align import align
-from opdiff.comparison.regions import Boundaries, find_regions
+from opdiff.comparison.region_boundaries import Boundaries
+from opdiff.comparison.region_onesided import one_sided
+from opdiff.comparison.regions import find_regions
 from opdiff.store.schema import complete
 
 EAGER = ["Torch.matmul", "Tensor.__mul__", "Tensor.__add__", "Functional.softmax", "Tensor.to",
@@ -75,6 +77,7 @@ def records(n: int, attention: list[str]) -> list[dict]:
 def _run(target: list[dict], golden: list[dict]) -> tuple[int, int]:
     pairs = align(target, golden)
     regions = find_regions(pairs, target, golden)
+    regions += one_sided(regions, pairs, target, golden, True)
     bounds = Boundaries(target, True, {}, {})
     consumers = bounds.consumers(regions)
     for region in regions:

@@ -189,6 +189,37 @@ def test_at_a_module_boundary_a_fault_in_q_is_not_blamed_on_the_backward_region(
     assert first is not None and first.origin == "region" and first.phase == "backward", first
 
 
+@pytest.mark.parametrize("task", ["statistics", "tensor"])
+def test_at_a_module_boundary_a_fault_in_q_is_not_blamed_on_the_forward_region(tmp_path, task):
+    # without dataflow the forward region's boundary is the attention module call: its input
+    # agrees and its output differs, because q's projection, a paired op inside that call that
+    # ran before the region, differs: the outputs of such ops count as the region's inputs
+    def dump(name: str, fused: bool, fault=None) -> Path:
+        made = block_dump(tmp_path / name, fused, fault=fault, phase="forward", task=task,
+                          make=GainedBlock)
+        return without_dataflow(made, tmp_path / f"{name}_bare")
+    golden = dump("eager", False)
+    result = opdiff.compare(dump("q_bad", True, "Functional.linear"), golden, progress=False,
+                            replay="off")
+    assert result.first_divergence is not None
+    assert result.first_divergence.name == "Functional.linear.0.forward"
+    forward = [r for r in result.rows if r.region and r.phase == "forward"]
+    assert forward and not [r for r in forward if "not judged" in r.reason], forward
+    assert not [r for r in forward if "local error" in r.reason], forward
+    (label,) = {r.region for r in forward}
+    assert not [r for r in result.rows if f"the output of {label}: local error" in r.reason]
+    # its boundary: the module call's, with q's, k's and v's projections among its inputs
+    (region,) = {m for r in result.rows for m in r.boundary
+                 if m.startswith("in:") and m.endswith(".forward")}
+    marked = {r.target_name for r in result.rows if region in r.boundary}
+    assert {f"Functional.linear.{i}.forward.output.0" for i in range(3)} <= marked, marked
+    # a fault in SDPA itself is still named at the region, what ran before it agreeing
+    first = opdiff.compare(dump("sdpa_bad", True, SDPA), golden, progress=False,
+                           replay="off").first_divergence
+    assert first is not None and first.origin == "region" and first.phase == "forward", first
+    assert "local error in this region" in first.reason, first.reason
+
+
 @pytest.mark.parametrize("phase", ["forward", "backward"])
 @pytest.mark.parametrize("task", ["statistics", "tensor"])
 def test_a_rejudged_region_reads_as_the_compare(dumps, tmp_path, task, phase):

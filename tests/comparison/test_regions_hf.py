@@ -11,6 +11,8 @@ import pytest
 import opdiff
 from opdiff import schemas
 
+from regionkit import make_dump
+
 SDPA = "Functional.scaled_dot_product_attention"
 ATTENTION = {"llama": "model.layers.1.self_attn", "gpt2": "transformer.h.1.attn",
              "qwen2": "model.layers.1.self_attn"}
@@ -29,12 +31,14 @@ CASES = [pytest.param(f, t, b, marks=[pytest.mark.slow] if t == "tensor" else []
          for b in (False, True)]
 
 
-# What a healthy pair still reports unmatched, each op with no twin to compare (its input and
-# output rows): the SDPA path's attention output is already contiguous after its transpose, so
-# `.contiguous()` is a no-op there, one that only SDPA's code calls (GPT-2, forward), or one
-# that both call and only eager's records a backward for (Llama, Qwen2: a no-op makes no
-# autograd node); under autocast the target's `.float()` of bf16 logits is a cast whose
-# backward the fp32 golden, where it is a no-op, never runs.
+# What only one run executes, each op with no twin: the SDPA path's attention output is already
+# contiguous after its transpose, so `.contiguous()` is a no-op there, one that only SDPA's code
+# calls (GPT-2, forward), or one that both call and only eager's records a backward for (Llama,
+# Qwen2: a no-op makes no autograd node); under autocast the target's `.float()` of bf16 logits
+# is a cast whose backward the fp32 golden, where it is a no-op, never runs. The dataflow proves
+# each one's boundary (paired ops make what it reads and read what it makes, in backward through
+# its forward call, or golden's forward call's target twin): each is a one-sided region of its
+# own that passes (comparison/region_onesided.py), none is unmatched.
 NO_TWIN = {"llama": ["Tensor.contiguous.0.backward", "Tensor.contiguous.2.backward"],
            "gpt2": ["Tensor.contiguous.0.forward", "Tensor.contiguous.2.forward"],
            "qwen2": ["Tensor.contiguous.0.backward", "Tensor.contiguous.2.backward"]}
@@ -50,15 +54,47 @@ def test_healthy_pairs_name_nothing(hf_dump, tmp_path, family, task, bf16):
     assert region_rows and all(r.result != "unmatched" for r in region_rows)
     assert any(SDPA in (r.target_name or "") for r in region_rows)
     # the mask ops eager attention builds, the mask it passes into the attention and decoder
-    # layer calls and the attention weights it returns are the attention region's, not unmatched
-    unmatched = [r for r in result.rows if r.result == "unmatched"]
+    # layer calls and the attention weights it returns are the attention region's, not unmatched;
+    # the ops with no twin are regions of their own
+    assert result.counts["unmatched"] == 0, [(r.target_name, r.golden_name) for r in result.rows
+                                             if r.result == "unmatched"]
+    alone = {r.region: set() for r in region_rows}
+    for r in region_rows:
+        alone[r.region].add(r.op_name)
     expected = NO_TWIN[family] + ([FLOAT_BACKWARD[family]] if bf16 else [])
-    assert sorted({r.op_name for r in unmatched}) == sorted(expected), \
-        [(r.target_name, r.golden_name) for r in unmatched]
-    assert result.counts["unmatched"] == 2 * len(expected)       # each op's input and output
+    one_sided = sorted(op for ops in alone.values() if len(ops) == 1 for op in ops)
+    assert one_sided == sorted(expected), alone
+    judged = [r for r in region_rows if r.op_name in expected]
+    assert judged and all(r.result == "pass" and "not judged" not in r.reason
+                          for r in judged), judged
     covered = {r.golden_name for r in region_rows if r.kind == "module"}
     attention = ATTENTION[family].replace(".1.", ".0.")
     assert any(n and attention in n and n.endswith(".output.1") for n in covered), covered
+
+
+def test_a_fault_in_an_op_only_golden_records_a_backward_for_names_its_region(hf_dump, tmp_path):
+    # eager Llama's `.contiguous()` of the attention output copies (SDPA's is a no-op, with no
+    # backward): 2% planted in golden's gradient through it is named as a region of golden's op
+    # alone, judged through the target's call of that op
+    golden = make_dump(tmp_path / "eager_bad", "llama", "eager", "statistics",
+                       fault="Tensor.contiguous:2", phase="backward")
+    result = opdiff.compare(str(hf_dump("llama", "sdpa", "statistics")), str(golden),
+                            progress=False)
+    first = result.first_divergence
+    assert first is not None and first.origin == "region" and first.phase == "backward", first
+    assert first.region["target_ops"] == []
+    assert [o["name"] for o in first.region["golden_ops"]] == ["Tensor.contiguous.2.backward"]
+    assert first.reason.startswith(f"region in `{ATTENTION['llama']}` (backward; target: no "
+                                   "op; golden: `Tensor.contiguous` at "), first.reason
+    assert "only the golden run executes ops here" in first.reason
+    assert "local error in this region" in first.reason
+    assert first.location is None       # (no target line: golden's is listed as golden's)
+    assert first.region["golden_locations"][0]["file"].endswith("modeling_llama.py")
+    assert result.counts["unmatched"] == 0
+    from opdiff.comparison import rejudge
+    again = rejudge(result, {}).first_divergence
+    assert again is not None and (again.name, again.reason, again.location) == \
+        (first.name, first.reason, None)
 
 
 @pytest.mark.parametrize("family, task, bf16", CASES)

@@ -25,11 +25,14 @@ from .align import align, classes_note, same_classes
 from .mapping import Mapping
 from .blame import OpScore, analyse, differing_numbers
 from .metrics import Measurement, measure, stats_measure
-from .reasons import not_comparable, placement_note, statistics_limits, unread_note
+from .reasons import not_comparable, placement_note, statistics_limits
+from .region_boundaries import Boundaries
 from .region_cover import covered_tensors
 from .region_marks import mark_boundaries
-from .regions import (REGION, Boundaries, absorb, Region, RegionOps, find_regions, mark_region_rows,
-                      members, op_list, unjudged_note)
+from .region_onesided import one_sided
+from .regions import (REGION, absorb, Region, RegionOps, find_regions, mark_region_rows, members,
+                      op_list, unjudged_note)
+from .saved import load_saved, numel
 from .result import (ERROR, PASS, UNMATCHED, WARNING, CompareResult, Note, TensorRow, count,
                      noted)
 from .scores import add_row, counts_as_output, op_score
@@ -59,40 +62,11 @@ def _location(dump: DumpSource, record: dict[str, Any]) -> tuple[Location, ...]:
                                  if record["stack"] is not None else ())
 
 
-def _numel(shape: Any) -> int:
-    n = 1
-    for s in shape or ():
-        n *= int(s)
-    return n
-
-
 def _whole(desc: dict[str, Any]) -> bool:
     """Does the tensor hold all of its values: a plain tensor, or a DTensor whose local shard is
     the global tensor (replicated, or sharded over one device) and not a partial sum?"""
     placed = desc.get("placement")
     return not placed or bool(placed.get("whole"))
-
-
-def _load(dump: DumpSource, desc: dict[str, Any], unread: Optional[list[str]] = None) -> Any:
-    key = desc.get("key")
-    if not key:
-        return None
-    try:
-        found = dump.tensor(key)
-        # a compiled module call's boundary tensor, saved with its leading or trailing
-        # dimensions merged (compiled_modules.py): the same elements, in the module's shape
-        if desc.get("saved_shape") is not None and found is not None and \
-                found.numel() == _numel(desc.get("shape")):
-            found = found.reshape(desc["shape"])
-        return found
-    except OpdiffError:
-        raise
-    except Exception as exc:  # an unreadable shard or file: compare the statistics instead
-        log.warning("opdiff: cannot read tensor %s from %s (%s); using its statistics", key,
-                    getattr(dump, "path", "?"), exc)
-        if unread is not None:   # the row says so too
-            unread.append(unread_note(key, exc))
-        return None
 
 
 class _PairCompare:
@@ -113,7 +87,7 @@ class _PairCompare:
         # A saved tensor is referenced by every record that saw it (an op's output is the next
         # op's input and its module's output): measure each pair of saved tensors once.
         self._measured: dict[tuple[Any, Any], Measurement] = dict(measured or {})  # shards.py
-        # what a region's boundary is measured by (regions.Boundaries)
+        # what a region's boundary is measured by (region_boundaries.Boundaries)
         self._by_tensor: dict[str, Any] = {}       # target tensor name -> row entry
         self._modules: dict[str, Any] = {}         # paired module call -> (inputs, outputs)
         self._region_rows: dict[int, list[int]] = {}   # region number -> its rows
@@ -171,6 +145,8 @@ class _PairCompare:
                (bool((self.t.meta or {}).get("dataflow")), bool((self.g.meta or {}).get("dataflow"))))
         # a module call's tensors that only one side has, made or used by a region's ops
         self._covered = covered_tensors(regions, pairs, t_view, g_records)
+        regions += [] if compiled_run else one_sided(     # (one side's ops alone, proven)
+            regions, pairs, t_view, g_records, bool((self.t.meta or {}).get("dataflow")))
         if t_view is not t_records:     # renamed: module calls are measured by recorded names
             recorded = {v["name"]: t["name"] for v, t in zip(t_view, t_records) if v is not t}
             for found in regions:
@@ -329,7 +305,7 @@ class _PairCompare:
         if not regions:
             return []
         dataflow = bool((self.t.meta or {}).get("dataflow"))
-        bounds = Boundaries(t_records, dataflow, self._by_tensor, self._modules)
+        bounds = Boundaries(t_records, dataflow, self._by_tensor, self._modules, g_records)
         consumers = bounds.consumers(regions)
         out: list[OpScore] = []
         for region in regions:
@@ -345,8 +321,8 @@ class _PairCompare:
             listed = RegionOps(op_list(t_records, region.target, self._first_location(self.t)),
                                op_list(g_records, region.golden, self._first_location(self.g)),
                                bounds.entering(region) if region.boundary == "dataflow" else {})
-            first = t_records[region.target[0]]
-            loc = _location(self.t, first)
+            # (golden's ops alone: no target line; the region lists golden's own)
+            loc = _location(self.t, t_records[region.target[0]]) if region.target else None
             op = OpScore(name=region.name, op="Region", phase=region.phase, kind=REGION,
                          module=region.module, forward=None, seq=region.position,
                          location=loc[0] if loc else None, inputs=list(found[0]),
@@ -407,7 +383,7 @@ class _PairCompare:
         for why, reason in _UNREAD.items():
             if td.get(why) or gd.get(why):   # values that mean nothing (see Describer.unread)
                 return TensorRow(result=PASS, accuracy_reached="", reason=reason, **common), None
-        if _numel(t_shape) == 0:             # capture saves neither statistics nor values of it
+        if numel(t_shape) == 0:             # capture saves neither statistics nor values of it
             return TensorRow(result=PASS, accuracy_reached="Yes", reason=EMPTY, **common), None
         pair = (td.get("key"), gd.get("key"))
         unread: list[str] = []
@@ -415,9 +391,9 @@ class _PairCompare:
         if m is not None:
             m = replace(m, metrics=dict(m.metrics))
         else:
-            tt = _load(self.t, td, unread)
+            tt = load_saved(self.t, td, unread)
             if tt is not None:
-                gt = _load(self.g, gd, unread)
+                gt = load_saved(self.g, gd, unread)
                 if gt is not None:
                     if tuple(tt.shape) != tuple(gt.shape):
                         return TensorRow(result=ERROR, accuracy_reached="No",
@@ -429,7 +405,7 @@ class _PairCompare:
                 del tt, gt
         if m is None:
             if common["target_stats"] and common["golden_stats"]:
-                m = stats_measure(common["target_stats"], common["golden_stats"], _numel(t_shape))
+                m = stats_measure(common["target_stats"], common["golden_stats"], numel(t_shape))
             else:
                 return TensorRow(result=WARNING, accuracy_reached="",
                                  reason="neither tensor nor statistics saved on both sides",

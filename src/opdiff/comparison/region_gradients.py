@@ -17,7 +17,7 @@ matmul backwards), with F the forward calls of its target ops:
   op outside F reads that tensor too; a parameter's arrives whole at its `parameters_grad`
   record when only F reads the parameter. A tensor also read outside F, a model input's
   gradient (recorded nowhere else) or a gradient whose record has no partner leaves the region
-  without this boundary: `regions.Boundaries.by_module` is tried next.
+  without this boundary: `region_boundaries.Boundaries.by_module` is tried next.
 
 This is what makes a bare attention block's backward judged where its module call has no input
 gradient to compare (its input does not require grad). The measured names map to the tensors
@@ -74,18 +74,23 @@ class Gradients:
             local = name[len(rec["name"]) + 1:]
             self.param_grads.setdefault(f"{path}.{local}".lstrip("."), name)
 
-    def boundary(self, members: list[Record], measured: Any
+    def boundary(self, members: list[Record], measured: Any,
+                 twins: Optional[list[Record]] = None
                  ) -> Union[tuple[dict[str, tuple[str, str]], dict[str, str], list[Record]], str]:
         """({measured name of a gradient entering: (the region's op that receives it, what it
         receives it as: "grad_output", "grad_output.1")}, {measured name of a gradient leaving:
         the region's tensor}, its forward calls) of a backward region whose target ops are
         `members`; where the
         dataflow does not prove it (see the module docstring), why not, in words. `measured`:
-        the names measured against golden (a container)."""
+        the names measured against golden (a container). `twins`: the forward calls of
+        `members`, one each, where they are not this dump's (golden's backward records of a
+        forward op both runs ran and only golden recorded a backward for: the target's calls
+        of that op, `region_onesided.py`)."""
         calls: list[tuple[Record, Record]] = []
-        for b in members:
+        for k, b in enumerate(members):
             link = b.get("forward")
-            f = self.by_name.get(link) if isinstance(link, str) else None
+            f = (twins[k] if k < len(twins) else None) if twins is not None else \
+                self.by_name.get(link) if isinstance(link, str) else None
             if f is None or f["phase"] != Phase.FORWARD or f.get("op") != b.get("op"):
                 return f"`{b['name']}` names no forward call of its op in the dump"
             calls.append((b, f))

@@ -113,7 +113,8 @@ def _score(found: dict[str, Any], name: str, number: int, rows: list[Any], indic
                     place=label.split(" in ", 1)[1] if " in " in label else "")
     op = found[name] = score(name=name, op="Region", phase=phase, kind=REGION,
                              module=first.module, forward=None, seq=rows[indices[0]].index,
-                             location=first.stack[0] if first.stack else None)
+                             location=first.stack[0] if first.stack and first.target_name
+                             else None)    # (golden's ops alone: no target line)
     op.region = (region, ops, {})
     return op
 

@@ -137,10 +137,13 @@ def region_reason(region: Region, ops: RegionOps, why: str) -> str:
         why += " — local error in this region"
     target, _ = _inside_first(ops.target_ops, region.where)
     golden, _ = _inside_first(ops.golden_ops, region.where)
-    return (f"region{where} ({region.phase}; target: {shown(target)}"
-            f"{_lines(side_locations(ops.target_ops, region.where))}; golden: {shown(golden)}"
-            f"{_lines(side_locations(ops.golden_ops, region.where))}): the two runs execute "
-            f"different ops here, judged as one through the tensors entering and leaving it: "
+    # (a one-sided region, `region_onesided.py`: one run executes ops the other has no twin of)
+    runs = "the two runs execute different ops here" if target and golden else \
+        f"only the {'target' if target else 'golden'} run executes ops here"
+    return (f"region{where} ({region.phase}; target: {shown(target) or 'no op'}"
+            f"{_lines(side_locations(ops.target_ops, region.where))}; golden: "
+            f"{shown(golden) or 'no op'}{_lines(side_locations(ops.golden_ops, region.where))}): "
+            f"{runs}, judged as one through the tensors entering and leaving it: "
             f"{why}{_unpaired(region)}")
 
 

@@ -17,8 +17,12 @@ holds ops of both sides is a *region*:
 - without dataflow (dumps written before it, foreign dumps) or where it does not reach (a
   region fed by another region, a gradient shared with ops outside it), the boundary is the
   innermost module call that holds the region's target ops, when that call is paired on both
-  sides: its inputs and parameters, its outputs (backward: with its forward call's inputs and
-  outputs among the inputs, `Boundaries.by_module`).
+  sides: its inputs and parameters, and what the paired ops inside it made before the region,
+  against its outputs (backward: with its forward call's inputs and outputs among the inputs,
+  `region_boundaries.Boundaries.by_module`).
+
+A stretch of ops only one side executes is a region too where the target's dataflow proves its
+boundary (`region_onesided.py`, after `find_regions` and `absorb`), and is unmatched otherwise.
 
 A region is scored like an op (`blame.judge`: inputs agree and outputs do not: local error),
 and can be the first divergence (`Divergence.region`). Its ops are never blamed one by one nor
@@ -35,15 +39,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
-from ..store.records import iter_tensors
-from ..store.schema import Kind, Phase, RecordName, Role, module_path
+from ..store.schema import Kind, Phase, RecordName, module_path
 from . import region_cover as cover
-from .region_gradients import Gradients
 from .result import ERROR, WARNING, Origin
 
 Pair = tuple[Optional[int], Optional[int]]
 Record = dict[str, Any]
-Entry = tuple[int, Any, Optional[str], Optional[str]]   # (row index, Measurement, t dtype, g dtype)
 
 REGION = Origin.REGION      # OpScore.kind and Divergence.origin of a region
 SHOWN_OPS = 6               # ops listed per side in a reason
@@ -61,7 +62,10 @@ class Region:
     boundary: str = ""                  # "dataflow" | "module" | "" (not measured)
     place: str = ""                     # `where`, when known without the module call (rejudge)
     unpaired_leaves: list[str] = field(default_factory=list)   # its parameters without a partner
-    why: str = ""                       # why it was not judged, when known (`Boundaries.unproven`)
+    why: str = ""                       # why it was not judged, when known (`region_boundaries`)
+    # a backward region of golden's ops alone: the target's forward calls twin to theirs
+    # (record indices), through which its boundary is found (`region_onesided.py`)
+    twins: list[int] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -82,7 +86,8 @@ class Region:
 @dataclass
 class RegionOps:
     """What a region divergence lists: each side's ops, with their source lines, and how the
-    region reads the tensors entering it (`Boundaries.entering`; empty without dataflow)."""
+    region reads the tensors entering it (`region_boundaries.Boundaries.entering`; empty
+    without dataflow)."""
     target_ops: list[dict[str, Any]] = field(default_factory=list)
     golden_ops: list[dict[str, Any]] = field(default_factory=list)
     readers: dict[str, tuple[str, str, str]] = field(default_factory=dict)
@@ -191,218 +196,6 @@ def members(regions: list[Region]) -> tuple[dict[int, Region], dict[int, Region]
     return t_of, g_of
 
 
-class Boundaries:
-    """Finds each region's boundary tensors among the measured rows of one pair of dumps.
-
-    measured: target tensor name -> its measured row entry (rows of paired ops);
-    module_entries: module call name -> (input entries, output entries) of paired module calls.
-    """
-
-    def __init__(self, target: list[Record], dataflow: bool, measured: dict[str, Entry],
-                 module_entries: dict[str, tuple[list[Entry], list[Entry]]]) -> None:
-        self.target, self.dataflow = target, dataflow
-        self.measured, self.module_entries = measured, module_entries
-        self.by_seq = {r["seq"]: r for r in target} if dataflow else {}
-        self.leaf_names = {(r.get("leaf"), r.get("tensor")): r["name"] for r in target
-                           if r["kind"] == Kind.LEAF}
-        self.gradients: Optional[Gradients] = None     # made for the first backward region
-        # backward region number -> the gradients entering it (`Gradients.boundary`)
-        self.arriving: dict[int, dict[str, tuple[str, str]]] = {}
-        self.calls: dict[int, list[Record]] = {}        # ... and its forward calls
-        self.unproven_by_dataflow: dict[int, str] = {}  # ... or why the dataflow does not prove it
-
-    def consumers(self, regions: list[Region]) -> dict[int, dict[str, str]]:
-        """region number -> {consumer's input tensor name: the region's output tensor it reads};
-        a backward region's: {where a gradient it makes arrives: that gradient}."""
-        if not self.dataflow or not regions:
-            return {}
-        out: dict[int, dict[str, str]] = {}
-        for r in regions:
-            if r.phase == Phase.BACKWARD:
-                if self.gradients is None:
-                    self.gradients = Gradients(self.target, self.by_seq)
-                found = self.gradients.boundary([self.target[i] for i in r.target], self.measured)
-                if isinstance(found, str):
-                    self.unproven_by_dataflow[r.number] = found
-                else:
-                    self.arriving[r.number], out[r.number], self.calls[r.number] = found
-        regions = [r for r in regions if r.phase != Phase.BACKWARD]
-        region_of = {self.target[i]["seq"]: r.number for r in regions for i in r.target}
-        inside = {i for r in regions for i in r.target}
-        for k, rec in enumerate(self.target):
-            if k in inside:
-                continue
-            for name, role, desc in iter_tensors(rec):
-                producer = desc.get("producer")
-                if role == Role.INPUT and producer and producer[0] in region_of:
-                    made = self.by_seq.get(producer[0])
-                    out.setdefault(region_of[producer[0]], {})[name] = \
-                        f"{made['name']}.output.{producer[1]}" if made else name
-        return out
-
-    def by_dataflow(self, region: Region, consumers: dict[str, str]
-                    ) -> Optional[tuple[list[Entry], list[Entry]]]:
-        """(inputs, outputs) through the dump's dataflow, or None where it does not reach."""
-        if not self.dataflow:
-            return None
-        if region.phase == Phase.BACKWARD:
-            return self._backward(region, consumers)
-        read = self._read([self.target[i] for i in region.target])
-        if read is None:
-            return None
-        inputs, unpaired = read
-        outputs = {e[0]: e for e in (self.measured.get(n) for n in consumers) if e is not None}
-        if not outputs or not inputs:
-            return None
-        region.unpaired_leaves = unpaired
-        return list(inputs.values()), list(outputs.values())
-
-    def _backward(self, region: Region, consumers: dict[str, str]
-                  ) -> Optional[tuple[list[Entry], list[Entry]]]:
-        """A backward region's (inputs, outputs): the gradients entering it and, since its
-        backward formulas read them, the tensors its forward calls read and made (measured where
-        they were made and where they are read), as an op's backward is judged with its forward
-        call's tensors (`blame.linked`); the gradients leaving it."""
-        arriving, calls = self.arriving.get(region.number), self.calls.get(region.number, [])
-        if not arriving or not consumers or self.gradients is None:
-            return None
-        read = self._read(calls)
-        if read is None:
-            self.unproven_by_dataflow[region.number] = (
-                "a tensor its forward calls read is not compared with golden, so its gradients "
-                "cannot be told apart from what that tensor carries")
-            return None
-        inputs, region.unpaired_leaves = read
-        for name in [*self.gradients.read_outside(calls), *arriving]:
-            entry = self.measured.get(name)
-            if entry is not None:
-                inputs[entry[0]] = entry
-        return list(inputs.values()), [self.measured[n] for n in consumers]
-
-    def _read(self, records: list[Record]) -> Optional[tuple[dict[int, Entry], list[str]]]:
-        """({row: entry} of the tensors `records` read from outside them, measured where they
-        were made; the FQNs of parameters without a golden partner, left out), or None where
-        one is not measured (made by an unpaired op)."""
-        seqs = {r["seq"] for r in records}
-        inputs: dict[int, Entry] = {}
-        unpaired: list[str] = []
-        for rec in records:
-            for _, role, desc in iter_tensors(rec):
-                if role == Role.OUTPUT:
-                    continue
-                producer, leaf = desc.get("producer"), desc.get("leaf")
-                if producer and producer[0] in seqs:
-                    continue
-                if producer:
-                    maker = self.by_seq.get(producer[0])
-                    name = f"{maker['name']}.output.{producer[1]}" if maker else None
-                elif leaf in ("parameter", "buffer", "input"):
-                    rec_name = self.leaf_names.get((leaf, desc.get("fqn")))
-                    name = f"{rec_name}.output.0" if rec_name else None
-                else:
-                    continue        # made outside the recorded ops: nothing to measure it by
-                entry = self.measured.get(name) if name else None
-                if entry is None and name and leaf in ("parameter", "buffer"):
-                    # golden holds it in other shapes (three q/k/v weights against one fused
-                    # qkv weight): not compared; the verdict says so (`region_reason`)
-                    unpaired.append(str(desc.get("fqn")))
-                    continue
-                if entry is None:
-                    return None     # fed by an unpaired op (another region): not by dataflow
-                inputs[entry[0]] = entry
-        return inputs, list(dict.fromkeys(unpaired))
-
-    def entering(self, region: Region) -> dict[str, tuple[str, str, str]]:
-        """The tensors entering a region through the dump's dataflow, by the name they are
-        measured under -> (the op of the region that reads it first, the input it reads it as:
-        "0", "attn_mask", "0.1" for a list's second tensor, the FQN of a parameter or buffer
-        or ""): what its verdict calls them (`region_verdict`). {} without dataflow, and for
-        a backward region the op that receives each gradient, and "grad_output" (or
-        "grad_output.1" for its second output's), and its forward calls' tensors (their
-        outputs as "output")."""
-        if not self.dataflow:
-            return {}
-        if region.phase == Phase.BACKWARD:
-            out = {n: (op, key, "") for n, (op, key) in self.arriving.get(region.number, {}).items()}
-            calls = self.calls.get(region.number, [])
-            for tensor, reader in self._readers(calls).items():
-                out.setdefault(tensor, reader)
-            if self.gradients is not None:
-                for tensor, (op, key) in self.gradients.read_outside(calls).items():
-                    out.setdefault(tensor, (op, key, ""))
-            return out
-        return self._readers([self.target[i] for i in region.target])
-
-    def _readers(self, records: list[Record]) -> dict[str, tuple[str, str, str]]:
-        """`entering` of the ops `records`."""
-        seqs = {r["seq"] for r in records}
-        out: dict[str, tuple[str, str, str]] = {}
-        for rec in records:
-            prefix = f"{rec['name']}.input."
-            for name, role, desc in iter_tensors(rec):
-                producer, leaf = desc.get("producer"), desc.get("leaf")
-                if role == Role.OUTPUT or (producer and producer[0] in seqs):
-                    continue
-                made = self.by_seq.get(producer[0]) if producer else None
-                if made is not None and producer:
-                    tensor = f"{made['name']}.output.{producer[1]}"
-                elif not producer and leaf in ("parameter", "buffer", "input"):
-                    leaf_record = self.leaf_names.get((leaf, desc.get("fqn")))
-                    if leaf_record is None:
-                        continue
-                    tensor = f"{leaf_record}.output.0"
-                else:
-                    continue
-                fqn = str(desc.get("fqn") or "") if leaf in ("parameter", "buffer") else ""
-                key = name[len(prefix):] if name.startswith(prefix) else name
-                out.setdefault(tensor, (str(rec["op"]), key, fqn))
-        return out
-
-    def by_module(self, region: Region) -> Optional[tuple[list[Entry], list[Entry]]]:
-        """(inputs, outputs) of the innermost paired module call holding the region. A
-        backward region's inputs also hold its module's forward call's inputs and outputs:
-        its backward formulas read the activations that call made, so a difference made
-        before the region in the forward (q's projection) reaches the gradients it hands back
-        while the gradient it receives agrees, as for an op's backward (`blame.linked`); it is
-        not judged where that forward call is not paired."""
-        if region.module is None:
-            return None
-        name = region.module
-        if region.phase == Phase.BACKWARD:
-            parsed = RecordName.parse(name)
-            name = parsed.with_phase(Phase.BACKWARD).text if parsed is not None else name
-        found = self.module_entries.get(name)
-        if found is None or not found[1]:
-            return None
-        if region.phase != Phase.BACKWARD:
-            return found
-        forward = self.module_entries.get(region.module)
-        if forward is None:
-            return None
-        inputs = {e[0]: e for e in (*found[0], *forward[0], *forward[1])}
-        return list(inputs.values()), found[1]
-
-    def unproven(self, region: Region) -> str:
-        """Why a backward region has no boundary (neither `by_dataflow` nor `by_module`), in
-        words; "" for a forward region (its rows say its boundary tensors are not paired)."""
-        if region.phase != Phase.BACKWARD:
-            return ""
-        where = f"`{region.where}`" if region.where else "the model"
-        if region.module is None:
-            module = "its ops run in no one module call"
-        elif self.module_entries.get(RecordName.parse(region.module).with_phase(  # type: ignore[union-attr]
-                Phase.BACKWARD).text) is None:
-            module = f"the backward of its module call {where} is not paired with golden's"
-        elif self.module_entries.get(region.module) is None:
-            module = (f"the forward of its module call {where}, whose activations its "
-                      f"gradients read, is not paired with golden's")
-        else:
-            module = f"its module call {where} hands back no gradient (its inputs need none)"
-        flow = self.unproven_by_dataflow.get(region.number) if self.dataflow else \
-            "the dump has no dataflow"
-        return f"{flow}, and {module}" if flow else module
-
-
 def label_number(label: str) -> Optional[int]:
     """The number in a `Region.label()` ("region 2 in ..." -> 2)."""
     words = label.split()
@@ -478,9 +271,10 @@ def op_list(records: list[Record], indices: list[int], locate: Any) -> list[dict
 
 def region_members(op: Any) -> Optional[list[str]]:
     """The target records a region's score (`blame.OpScore` of kind region) stands for, in
-    execution order: what its chain replay re-runs (`replay.chain`); None for any other op."""
-    if op.kind != REGION or op.region is None:
-        return None
+    execution order: what its chain replay re-runs (`replay.chain`); None for any other op and
+    for a region without target ops."""
+    if op.kind != REGION or op.region is None or not op.region[1].target_ops:
+        return None     # (a region of golden's ops alone: nothing of the target's to replay)
     return [o["name"] for o in op.region[1].target_ops]
 
 
@@ -491,6 +285,6 @@ def made_tensor(op: Any, measured: Optional[str]) -> Optional[str]:
     return made.get(measured, measured) if measured else measured
 
 
-__all__ = ["REGION", "Region", "RegionOps", "Boundaries", "find_regions", "members", "absorb",
+__all__ = ["REGION", "Region", "RegionOps", "find_regions", "members", "absorb",
            "label_number", "mark_region_rows", "unjudged_note",
            "common_module", "op_list", "region_members", "made_tensor"]
