@@ -22,6 +22,7 @@ from ..store.source import DumpSource
 from ..environment import diff_meta
 from . import compiled, compiled_backward, compiled_inputs, compiled_modules, compiled_spans, crossformat, forced
 from .align import align, classes_note, same_classes
+from .compiled_params import link_modules
 from .mapping import Mapping
 from .blame import OpScore, analyse, differing_numbers
 from .metrics import Measurement, measure, stats_measure
@@ -132,8 +133,8 @@ class _PairCompare:
             pairs = compiled.restrict(pairs, t_records, g_records)
         elif compiled_run:
             pairs = compiled.by_name(compiled.verify(compiled.link_backward(
-                compiled.verify(pairs, t_records, g_records), t_records, g_records),
-                t_records, g_records, strict=False), t_records, g_records)
+                compiled.verify(link_modules(pairs, t_records, g_records), t_records, g_records),
+                t_records, g_records), t_records, g_records, strict=False), t_records, g_records)
         paired = sum(1 for ti, gi in pairs if ti is not None and gi is not None)
         if paired < MIN_PAIRED_FRACTION * compiled.comparable_records(t_records, g_records) \
                 and not compiled_note:
@@ -184,10 +185,10 @@ class _PairCompare:
         if compiled_run and divergence is None and not compiled_note:
             compiled_note = compiled_backward.unexplained(self.rows, t_records, held)
         notes: list[str] = [*noted(compiled_note, Note.INCONCLUSIVE), *mapping_notes]
-        # A region not judged where tensors differ: never "no op is to blame". (A compiled run's
-        # one-sided partitioner ops are paired by comparison/compiled.py, which says its own.)
-        skipped = None if compiled_run else unjudged_note(regions, region_ops, self.rows,
-                                                          divergence is not None)
+        # A region not judged where tensors differ: never "no op is to blame" (a compiled run
+        # whose side is recorded unlike the other has said its own: compiled_note)
+        skipped = None if compiled_note else unjudged_note(regions, region_ops, self.rows,
+                                                           divergence is not None, compiled_run)
         notes = noted(skipped, Note.INCONCLUSIVE) + notes
         notes += noted(forced.unjudged_note(self._not_judged, divergence is None and any(
             r.result in (ERROR, WARNING) for r in self.rows)), Note.INCONCLUSIVE)

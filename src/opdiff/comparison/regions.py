@@ -236,15 +236,22 @@ def mark_region_rows(rows: list[Any], region_ops: list[Any], region_rows: dict[i
 
 
 def unjudged_note(regions: list[Region], region_ops: list[Any], rows: list[Any],
-                  found: bool) -> Optional[str]:
+                  found: bool, compiled: bool = False) -> Optional[str]:
     """"inconclusive: ..." when nothing was blamed, tensors differ, and a region could not be
     judged (its boundary not measured): the difference may start there, so opdiff does not
-    say that every difference is inherited."""
+    say that every difference is inherited. In a compiled run (`compiled`) only a tensor beyond
+    its tolerance is evidence (fusion changes rounding everywhere), and a backward op's is not:
+    the compiled backward's ops pair with eager's through their forward op, and one of several
+    alike (a product's two `mul`s) may pair with the other's twin."""
     judged = {op.region[0].number for op in region_ops}
     skipped = [r for r in regions if r.number not in judged]
-    if found or not skipped or not any(
-            row.result in (ERROR, WARNING) and not row.region for row in rows):
+    differ = [row.index for row in rows if row.result in (ERROR, WARNING) and not row.region
+              and not (compiled and (row.accuracy_reached != "No" or (
+                  row.phase == Phase.BACKWARD and row.kind in Kind.OPS)))]
+    if found or not skipped or not differ:
         return None
+    # (a region after the first difference cannot have made it: those before it, if any)
+    skipped = [r for r in skipped if r.position < min(differ)] or skipped
     names = ", ".join(r.label() + (f" ({r.why})" if r.why else "")
                       for r in skipped[:SHOWN_OPS]) + (", ..." if len(skipped) > SHOWN_OPS else "")
     generic = ("the runs execute different ops there, and the tensors entering and leaving "

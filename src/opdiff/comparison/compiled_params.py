@@ -1,0 +1,103 @@
+"""Eager against Inductor at L2: forward extern kernels paired by the modules whose parameters
+they read, not by their place in the sequence.
+
+Inductor orders its extern kernels as it schedules them: layer 0's k, v and q projections'
+`mm`s run in that order, eager's in q, k, v. The alignment pairs `mm` with `mm` by place and
+shape, so q's `mm` met k's, and a region ending at it was judged against another tensor (a
+healthy bf16-autocast step named a false culprit, its output "error 8.9"). Each extern kernel
+names the modules of the nodes it computes (`compiled.modules`, capture/kernel_modules.py), and
+each eager op reads its module's parameter, through autocast's cast and a transpose at most.
+Where the two disagree the pair is split, and each such target op is paired with the one free
+golden op of its kind, shapes and module, in the target op's place (`link_modules`).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from ..store.records import iter_tensors
+from ..store.schema import Phase, Role
+
+Pair = tuple[Optional[int], Optional[int]]
+Record = dict[str, Any]
+
+# ops that hand a parameter on unchanged in value (autocast's cast of a weight, its transpose)
+CARRIERS = frozenset({"Aten.t", "Aten._to_copy", "Aten.view", "Aten._unsafe_view",
+                      "Aten.transpose", "Aten.permute", "Aten.expand", "Aten.clone",
+                      "Aten.alias", "Aten.contiguous"})
+
+
+def link_modules(pairs: list[Pair], target: list[Record], golden: list[Record]) -> list[Pair]:
+    """`pairs` with each forward pair whose target op names modules (`compiled.modules`) that
+    the golden op's parameters do not belong to split, and each such target op paired with the
+    one free golden op of the same kind and shapes that reads its module's parameters."""
+    by_seq = {r["seq"]: j for j, r in enumerate(golden) if r["seq"] is not None}
+    owners = {j: parameter_modules(golden[j], golden, by_seq) for j in range(len(golden))
+              if golden[j]["phase"] == Phase.FORWARD and golden[j]["kind"] == "aten"}
+    split: list[Pair] = []
+    for ti, gi in pairs:
+        if ti is not None and gi is not None and gi in owners and _other(target[ti], owners[gi]):
+            split += [(ti, None), (None, gi)]
+        else:
+            split.append((ti, gi))
+    if len(split) == len(pairs):
+        return pairs
+    free = {gi for ti, gi in split if ti is None and gi is not None and owners.get(gi)}
+    out: list[Pair] = []
+    used: set[int] = set()
+    for ti, gi in split:
+        if ti is not None and gi is None and _modules(target[ti]):
+            found = [j for j in sorted(free - used) if _alike(target[ti], golden[j])
+                     and not _other(target[ti], owners[j])]
+            if len(found) == 1:
+                used.add(found[0])
+                out.append((ti, found[0]))
+                continue
+        out.append((ti, gi))
+    return [(ti, gi) for ti, gi in out if not (ti is None and gi in used)]
+
+
+def parameter_modules(record: Record, records: list[Record], by_seq: dict[Any, int],
+                      depth: int = 4) -> set[str]:
+    """The modules whose parameters `record` reads, directly or through `CARRIERS`."""
+    out: set[str] = set()
+    for _, role, desc in iter_tensors(record):
+        if role == Role.OUTPUT:
+            continue
+        fqn, producer = desc.get("fqn"), desc.get("producer")
+        if desc.get("leaf") == "parameter" and isinstance(fqn, str):
+            out.add(fqn.rsplit(".", 1)[0] if "." in fqn else "")
+        elif producer and depth > 0:
+            made = by_seq.get(producer[0])
+            if made is not None and records[made]["op"] in CARRIERS:
+                out |= parameter_modules(records[made], records, by_seq, depth - 1)
+    return out
+
+
+def _modules(record: Record) -> list[str]:
+    found = (record.get("compiled") or {}).get("modules")
+    if record["phase"] != Phase.FORWARD or not isinstance(found, list):
+        return []
+    return [str(m) for m in found]
+
+
+def _other(t: Record, owners: set[str]) -> bool:
+    """Does the target op compute nodes of none of the modules whose parameters golden's reads?"""
+    modules = _modules(t)
+    if not modules or not owners:
+        return False
+    return not any(a == b or a.startswith(b + ".") or b.startswith(a + ".") or not b
+                   for a in owners for b in modules)
+
+
+def _alike(t: Record, g: Record) -> bool:
+    """The same op and phase, and the same shapes of the tensors both hold under one name (an
+    extern kernel's `out=` buffer is the target's alone)."""
+    if (t["op"], t["phase"]) != (g["op"], g["phase"]):
+        return False
+    t_shapes = {n[len(t["name"]):]: d.get("shape") for n, _, d in iter_tensors(t)}
+    g_shapes = {n[len(g["name"]):]: d.get("shape") for n, _, d in iter_tensors(g)}
+    shared = set(t_shapes) & set(g_shapes)
+    return bool(shared) and all(t_shapes[k] == g_shapes[k] for k in shared)
+
+
+__all__ = ["link_modules", "parameter_modules", "CARRIERS"]
