@@ -155,6 +155,14 @@ class GainedBlock(Block):
         return super().forward(x * self.gain)
 
 
+def _bare(tmp_path: Path, name: str, fused: bool, task: str, fault=None,
+          phase: str = "forward") -> Path:
+    """A GainedBlock dump with its dataflow (`producer`) stripped, as older or foreign dumps."""
+    made = block_dump(tmp_path / name, fused, fault=fault, phase=phase, task=task,
+                      make=GainedBlock)
+    return without_dataflow(made, tmp_path / f"{name}_bare")
+
+
 @pytest.mark.parametrize("task", ["statistics", "tensor"])
 def test_at_a_module_boundary_a_fault_in_q_is_not_blamed_on_the_backward_region(tmp_path, task):
     # without dataflow the backward region's boundary is the attention module's backward call:
@@ -162,9 +170,7 @@ def test_at_a_module_boundary_a_fault_in_q_is_not_blamed_on_the_backward_region(
     # forward's work, before the region) differs: its forward call's tensors count as its
     # inputs, as an op's backward is judged with its forward call's
     def dump(name: str, fused: bool, fault=None) -> Path:
-        made = block_dump(tmp_path / name, fused, fault=fault, phase="forward", task=task,
-                          make=GainedBlock)
-        return without_dataflow(made, tmp_path / f"{name}_bare")
+        return _bare(tmp_path, name, fused, task, fault)
     golden = dump("eager", False)
     healthy = opdiff.compare(dump("sdpa", True), golden, progress=False, replay="off")
     assert healthy.first_divergence is None
@@ -182,9 +188,7 @@ def test_at_a_module_boundary_a_fault_in_q_is_not_blamed_on_the_backward_region(
     (label,) = {r.region for r in backward}
     assert not [r for r in result.rows if f"the output of {label}: local error" in r.reason]
     # a fault in SDPA's own backward is still named there, its forward's tensors agreeing
-    made = block_dump(tmp_path / "sdpa_bad", True, fault=SDPA, phase="backward", task=task,
-                      make=GainedBlock)
-    first = opdiff.compare(without_dataflow(made, tmp_path / "sdpa_bad_bare"), golden,
+    first = opdiff.compare(_bare(tmp_path, "sdpa_bad", True, task, SDPA, "backward"), golden,
                            progress=False, replay="off").first_divergence
     assert first is not None and first.origin == "region" and first.phase == "backward", first
 
@@ -195,9 +199,7 @@ def test_at_a_module_boundary_a_fault_in_q_is_not_blamed_on_the_forward_region(t
     # agrees and its output differs, because q's projection, a paired op inside that call that
     # ran before the region, differs: the outputs of such ops count as the region's inputs
     def dump(name: str, fused: bool, fault=None) -> Path:
-        made = block_dump(tmp_path / name, fused, fault=fault, phase="forward", task=task,
-                          make=GainedBlock)
-        return without_dataflow(made, tmp_path / f"{name}_bare")
+        return _bare(tmp_path, name, fused, task, fault)
     golden = dump("eager", False)
     result = opdiff.compare(dump("q_bad", True, "Functional.linear"), golden, progress=False,
                             replay="off")

@@ -113,21 +113,32 @@ def test_kernel_roles_from_a_generated_wrapper(tmp_path):
     assert kernels_of(str(tmp_path / "missing.py")) == {}
 
 
+def _one_step(model, path, backend=None, level="L2", autocast=False):
+    """One forward and backward of `model` on tokens, recorded at `level`, eager or compiled
+    (Inductor without its caches), under CPU bf16 autocast when asked."""
+    import contextlib
+
+    import torch._dynamo
+    from compilekit import fresh_compile
+    run = torch.compile(model, backend=backend) if backend else model
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
+    cast = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+    torch._dynamo.reset()
+    with fresh_compile(), opdiff.dump(model, str(path), level=level):
+        with cast:
+            loss = run(ids, labels=ids).loss
+        loss.backward()
+    torch._dynamo.reset()
+    return path
+
+
 def _gpt2_step(path, backend=None, level="L2"):
     """One step of a tiny GPT-2 (silu MLP) recorded at `level`, eager or compiled."""
-    import torch._dynamo
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=32,
                                   attn_implementation="eager", activation_function="silu")
-    model = transformers.GPT2LMHeadModel(cfg).eval()
-    run = torch.compile(model, backend=backend) if backend else model
-    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
-    torch._dynamo.reset()
-    with opdiff.dump(model, str(path), level=level):
-        run(ids, labels=ids).loss.backward()
-    torch._dynamo.reset()
-    return path
+    return _one_step(transformers.GPT2LMHeadModel(cfg).eval(), path, backend, level)
 
 
 @pytest.mark.slow
@@ -171,18 +182,8 @@ def test_gpt2_at_mix_healthy_names_nothing_and_a_wrong_decomposition_names_act(t
 
 def _autocast_step(path, backend=None):
     """One step of the tiny Llama under CPU bf16 autocast, recorded at L2, eager or compiled."""
-    import torch._dynamo
-    from compilekit import fresh_compile, llama
-    model = llama(2)
-    run = torch.compile(model, backend=backend) if backend else model
-    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
-    torch._dynamo.reset()
-    with fresh_compile(), opdiff.dump(model, str(path), level="L2"):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = run(ids, labels=ids).loss
-        loss.backward()
-    torch._dynamo.reset()
-    return path
+    from compilekit import llama
+    return _one_step(llama(2), path, backend, autocast=True)
 
 
 @pytest.mark.slow
