@@ -7,6 +7,8 @@ holding that silu, in the first layer, at the model's line; capture adds no grap
 leaves the step bitwise."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -81,6 +83,10 @@ def test_wrong_inductor_decomposition_names_the_kernel_holding_silu(tmp_path, ea
     # the kernel's first call: layer 0, the first layer where the silu runs
     assert first.tensor is not None and first.tensor.startswith(f"{kernels[0]}.0.forward.output")
     assert "node `cpp_fused" in first.reason and "silu" in first.reason
+    if task == "tensor":    # the kernel's stored program replayed as the region's chain
+        assert re.search(r"replayed as a chain of its 1 target op\(s\) in float64 .* own output "
+                         r"error is 0\.000999 .* in their own dtypes \(float32\) make \d", first.reason), \
+            first.reason
     assert first.location is not None and first.location.file.endswith("modeling_llama.py"), first
     assert "act_fn" in (first.location.code or ""), first.location
 

@@ -29,6 +29,7 @@ from ... import ops
 from ...store.records import iter_tensors, producer_of
 from ...store.schema import Kind, Role
 from .calls import NotReplayable, flat_tensors, rebuild_call
+from .kernels import program_refusal, run_program
 from .rules import TensorLocalError, judge_tensor, settle
 from .running import autocast_to, rng_guard, shielded
 
@@ -84,9 +85,11 @@ def refusal(members: list[Record]) -> Optional[str]:
     for rec in members:
         if not isinstance(rec["seq"], int) or isinstance(rec["seq"], bool):
             return f"{rec['name']} has no sequence number for the dataflow to name it by"
-        if rec["kind"] == Kind.KERNEL:
-            return (f"{rec['name']} is a compiled kernel, which replay does not re-run (its "
-                    f"code is not in the dump)")
+        if rec["kind"] == Kind.KERNEL:     # (its stored program: the aten ops it fuses)
+            why = program_refusal(rec)
+            if why:
+                return f"{rec['name']} is a compiled kernel, whose program replay cannot run: {why}"
+            continue
         if rec["kind"] not in Kind.REPLAYABLE:
             return f"{rec['name']} is a {rec['kind']} record, made of other ops"
         refused = ops.replay_refusal(str(rec["op"]))
@@ -120,31 +123,58 @@ def run_chain(members: list[Record], load: Callable[[str], Any], cast: Optional[
     values: dict[str, torch.Tensor] = {}
     used: list[Optional[torch.dtype]] = []
     for i, rec in enumerate(members):
-        fed = _fed(rec, seqs, values)
-        chain_load = _loader(fed, load)
-        want = grads.want.get(rec["name"], set()) if grads is not None else None
-        outs, autocast, leaves = _run(rec, chain_load, cast, want)
-        if grads is not None:
-            grads.made.update({(rec["name"], k): leaf for k, leaf in leaves.items()})
-        used.append(autocast)
-        names = [n for n, _ in output_slots(rec)]
-        shapes = [d.get("shape") for _, role, d in iter_tensors(rec) if role == Role.OUTPUT]
-        if len(outs) != len(names):
-            raise NotReplayable(f"{rec['name']}: the replay returns {len(outs)} tensors, the "
-                                f"dump {len(names)}")
-        for n, out, shape in zip(names, outs, shapes):
-            if shape is not None and list(out.shape) != list(shape):
-                raise NotReplayable(f"{n}: replayed shape {list(out.shape)}, dump {shape}")
-            values[n] = out if grads is not None else out.detach()
+        kernel = rec["kind"] == Kind.KERNEL
+        chain_load = _loader(_fed(rec, seqs, values, kernel), load)
+        if kernel:
+            _kernel(rec, chain_load, cast, grads is not None, values)
+            used.append(None)
+        else:
+            want = grads.want.get(rec["name"], set()) if grads is not None else None
+            outs, autocast, leaves = _run(rec, chain_load, cast, want)
+            if grads is not None:
+                grads.made.update({(rec["name"], k): leaf for k, leaf in leaves.items()})
+            used.append(autocast)
+            _keep(rec, outs, values, grads is not None)
         for n in [n for n, at in last_use.items() if at == i and n not in wanted]:
             values.pop(n, None)
     return {n: values[n] for n in wanted}, used
 
 
-def _fed(rec: Record, seqs: dict[Any, Record], values: dict[str, torch.Tensor]
-         ) -> dict[str, torch.Tensor]:
+def _keep(rec: Record, outs: list[torch.Tensor], values: dict[str, torch.Tensor],
+          graph: bool) -> None:
+    """An op's replayed outputs into `values`, checked against the dump's count and shapes."""
+    names = [n for n, _ in output_slots(rec)]
+    shapes = [d.get("shape") for _, role, d in iter_tensors(rec) if role == Role.OUTPUT]
+    if len(outs) != len(names):
+        raise NotReplayable(f"{rec['name']}: the replay returns {len(outs)} tensors, the "
+                            f"dump {len(names)}")
+    for n, out, shape in zip(names, outs, shapes):
+        if shape is not None and list(out.shape) != list(shape):
+            raise NotReplayable(f"{n}: replayed shape {list(out.shape)}, dump {shape}")
+        values[n] = out if graph else out.detach()
+
+
+def _kernel(rec: Record, load: Callable[[str], Any], cast: Optional[torch.dtype],
+            backward: bool, values: dict[str, torch.Tensor]) -> None:
+    """A compiled kernel of the chain, run as its stored program (replay/kernels.py): the
+    outputs it names join `values`; one it does not name (Inductor's internal buffers) is
+    absent, and an op or region output reading it makes the chain say so."""
+    if backward:
+        raise NotReplayable(f"{rec['name']} is a compiled kernel, replayed forward only")
+    shapes = [d.get("shape") for _, role, d in iter_tensors(rec) if role == Role.OUTPUT]
+    names = [n for n, _ in output_slots(rec)]
+    for o, out in run_program(rec, load, cast).items():
+        shape = shapes[o]
+        if isinstance(shape, list) and list(out.shape) != shape:
+            raise NotReplayable(f"{names[o]}: replayed shape {list(out.shape)}, dump {shape}")
+        values[names[o]] = out.detach()
+
+
+def _fed(rec: Record, seqs: dict[Any, Record], values: dict[str, torch.Tensor],
+         kernel: bool = False) -> dict[str, torch.Tensor]:
     """{saved key: chain value} for the record's inputs made by earlier ops of the chain;
-    NotReplayable where an input is neither made there nor saved."""
+    NotReplayable where an input is neither made there nor saved (a kernel's: where its
+    program reads it, replay/kernels.py says so; an `out=` buffer it only writes is not)."""
     fed: dict[str, torch.Tensor] = {}
     for n, role, desc in iter_tensors(rec):
         if role == Role.OUTPUT:
@@ -159,7 +189,7 @@ def _fed(rec: Record, seqs: dict[Any, Record], values: dict[str, torch.Tensor]
             if key in fed and fed[key] is not values[made]:
                 raise NotReplayable(f"{n}: one saved tensor stands for two chain values")
             fed[key] = values[made]
-        elif not key:
+        elif not key and not kernel:
             raise NotReplayable(f"{n} is neither a saved input of the region nor made by an "
                                 f"earlier op of it")
         elif key in fed:

@@ -1,6 +1,6 @@
 """A compiled kernel replayed from its saved inputs: the aten ops it fuses, run as the small
 program capture stored with it (`capture/kernel_programs.py`), in float64 and on the CPU in their
-own dtypes, for `opdiff check`.
+own dtypes, for `opdiff check` and, as one op of a region's chain, for compare (`run_program`).
 
     from opdiff.comparison.replay.kernels import kernel_tensors
     rep = kernel_tensors(record, dump.tensor)
@@ -150,6 +150,25 @@ def _run(record: Record, steps: list[dict[str, Any]], load: Callable[[str], Any]
     return out
 
 
+def program_refusal(record: Record) -> Optional[str]:
+    """Why a kernel record's program must not run (checked before anything runs), or None."""
+    try:
+        _steps(record)
+    except NotReplayable as exc:
+        return str(exc)
+    return None
+
+
+def run_program(record: Record, load: Callable[[str], Any], cast: Optional[torch.dtype]
+                ) -> dict[int, torch.Tensor]:
+    """A kernel record's program run on `load`ed inputs (the saved ones, or a region chain's
+    values under their keys): {output index: tensor} of the outputs it names, in float64
+    (`cast`) or in its own dtypes (None). A region's chain replay runs a kernel this way."""
+    steps, pairs = _steps(record)
+    made = _run(record, steps, load, cast, {j for _, j in pairs})
+    return {o: made[j] for o, j in pairs}
+
+
 def kernel_tensors(record: Record, load: Callable[[str], Any]) -> Replayed:
     """Re-run a kernel record's program in float64 and in its own dtypes on the CPU; the
     target is each output the program names, as the dump saved it. Raises NotReplayable with
@@ -175,4 +194,4 @@ def kernel_tensors(record: Record, load: Callable[[str], Any]) -> Replayed:
     return Replayed("CPU chain of its fused aten ops (own dtypes)", tuple(found))
 
 
-__all__ = ["kernel_tensors"]
+__all__ = ["kernel_tensors", "program_refusal", "run_program"]
