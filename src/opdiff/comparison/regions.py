@@ -21,6 +21,11 @@ holds ops of both sides is a *region*:
   against its outputs (backward: with its forward call's inputs and outputs among the inputs,
   `region_boundaries.Boundaries.by_module`).
 
+Against a compiled run (Inductor's kernels) a tensor one region makes and only another reads
+(the residual stream between norm kernels) is judged from what it was made of, through the
+regions judged before (`region_boundaries`, upstream; `Region.through`), and a region whose
+results only a later region reads joins it (`compiled_regions.py`).
+
 A stretch of ops only one side executes is a region too where the target's dataflow proves its
 boundary (`region_onesided.py`, after `find_regions` and `absorb`), and is unmatched otherwise.
 
