@@ -301,6 +301,9 @@ def where(record: Optional[Record]) -> str:
     if not facts.get("node"):
         return ""
     inside = f", in `{facts['module']}`" if facts.get("module") else ""
+    modules = facts.get("modules")     # (a kernel's: the modules of the nodes it computes)
+    if not inside and isinstance(modules, list) and any(modules):
+        inside = ", computing " + ", ".join(f"`{m}`" for m in modules if m)
     kernels = facts.get("kernels")
     if isinstance(kernels, list) and len(kernels) > 1:     # (a module call of Inductor's)
         ran = "kernels " + ", ".join(f"`{k}`" for k in kernels)

@@ -12,10 +12,11 @@ golden op of its kind, shapes and module, in the target op's place (`link_module
 """
 from __future__ import annotations
 
+from bisect import bisect_right
 from typing import Any, Optional
 
 from ..store.records import iter_tensors
-from ..store.schema import Phase, Role
+from ..store.schema import Kind, Phase, Role
 
 Pair = tuple[Optional[int], Optional[int]]
 Record = dict[str, Any]
@@ -53,7 +54,35 @@ def link_modules(pairs: list[Pair], target: list[Record], golden: list[Record]) 
                 out.append((ti, found[0]))
                 continue
         out.append((ti, gi))
-    return [(ti, gi) for ti, gi in out if not (ti is None and gi in used)]
+    return in_golden_order([(ti, gi) for ti, gi in out if not (ti is None and gi in used)],
+                           golden)
+
+
+def in_golden_order(pairs: list[Pair], golden: list[Record]) -> list[Pair]:
+    """`pairs` with each record only golden has moved to just before the first pair of ops (in
+    the target's order) that holds a golden op it ran before: pairs made out of the alignment's
+    order (q's `mm` met at k's place) leave golden's ops between them where the alignment put
+    them, before every op of the target's that they are the twins of, and the regions
+    (`regions.find_regions`, stretches of the list) would hold golden's ops of whole layers
+    against none of the target's."""
+    paired = sorted((gi, pos) for pos, (ti, gi) in enumerate(pairs)
+                    if ti is not None and gi is not None and golden[gi]["kind"] in Kind.OPS)
+    if not paired:
+        return pairs
+    first_after = [0] * len(paired)     # over paired[k:], the earliest place in the list
+    low = len(pairs)
+    for k in range(len(paired) - 1, -1, -1):
+        low = min(low, paired[k][1])
+        first_after[k] = low
+    keys = [gi for gi, _ in paired]
+    placed: list[tuple[float, int, Pair]] = []
+    for pos, (ti, gi) in enumerate(pairs):
+        where = float(pos)
+        if ti is None and gi is not None:
+            k = bisect_right(keys, gi)
+            where = first_after[k] - 0.5 if k < len(paired) else float(len(pairs))
+        placed.append((where, pos, (ti, gi)))
+    return [pair for _, _, pair in sorted(placed, key=lambda p: (p[0], p[1]))]
 
 
 def parameter_modules(record: Record, records: list[Record], by_seq: dict[Any, int],
@@ -100,4 +129,4 @@ def _alike(t: Record, g: Record) -> bool:
     return bool(shared) and all(t_shapes[k] == g_shapes[k] for k in shared)
 
 
-__all__ = ["link_modules", "parameter_modules", "CARRIERS"]
+__all__ = ["link_modules", "in_golden_order", "parameter_modules", "CARRIERS"]

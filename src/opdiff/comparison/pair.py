@@ -20,7 +20,8 @@ from ..store.records import decoded_stats, iter_tensors
 from ..store.schema import Kind, Location, locations_from_frames
 from ..store.source import DumpSource
 from ..environment import diff_meta
-from . import compiled, compiled_backward, compiled_inputs, compiled_modules, compiled_spans, crossformat, forced
+from . import (compiled, compiled_backward, compiled_inputs, compiled_modules, compiled_regions,
+               compiled_spans, crossformat, forced)
 from .align import align, classes_note, same_classes
 from .compiled_params import link_modules
 from .mapping import Mapping
@@ -144,6 +145,7 @@ class _PairCompare:
         regions = find_regions(pairs, t_view, g_records)
         absorb(regions, pairs, t_view, g_records,
                (bool((self.t.meta or {}).get("dataflow")), bool((self.g.meta or {}).get("dataflow"))))
+        regions = compiled_regions.joined(regions, t_view) if compiled_run else regions
         # a module call's tensors that only one side has, made or used by a region's ops
         self._covered = covered_tensors(regions, pairs, t_view, g_records)
         regions += [] if compiled_run else one_sided(     # (one side's ops alone, proven)
@@ -169,7 +171,7 @@ class _PairCompare:
                 self.tick(1)
             self.rows = [forced.covered(r, fed[r.index], self.mapping.path) if r.index in fed
                          and r.result == UNMATCHED and self.mapping else r for r in self.rows]
-            region_ops = self._regions(regions, t_records, g_records)
+            region_ops = self._regions(regions, t_records, g_records, bool(compiled_run))
             held = compiled_inputs.not_named(self.rows, t_records) if compiled_run else {}
             divergence = analyse(self.ops, self.rows, self.policy, replay=replayer,
                                  replay_all=self.replay == "all", withheld=held)
@@ -301,12 +303,13 @@ class _PairCompare:
                    f"through its boundary tensors"))
 
     def _regions(self, regions: list[Region], t_records: list[dict[str, Any]],
-                 g_records: list[dict[str, Any]]) -> list[OpScore]:
+                 g_records: list[dict[str, Any]], compiled: bool = False) -> list[OpScore]:
         """One OpScore per region whose boundary can be measured, added to the ops judged."""
         if not regions:
             return []
         dataflow = bool((self.t.meta or {}).get("dataflow"))
-        bounds = Boundaries(t_records, dataflow, self._by_tensor, self._modules, g_records)
+        bounds = Boundaries(t_records, dataflow, self._by_tensor, self._modules, g_records,
+                            upstream=compiled)
         consumers = bounds.consumers(regions)
         out: list[OpScore] = []
         for region in regions:

@@ -3,6 +3,20 @@
 Found among the measured rows of one pair of dumps: through the dump's dataflow
 (`Boundaries.by_dataflow`; backward through its forward calls, `region_gradients.py`), or,
 without it, at the innermost paired module call holding the region (`Boundaries.by_module`).
+
+Upstream (`upstream=True`, eager against a compiled run): a forward region may read a tensor
+that another region made and no paired op reads (Inductor's residual stream: the kernel that
+adds a layer's output to the residual and normalises it reads the residual its predecessor's
+kernel made, or recomputes it from the embedding kernel's output; eager's `add`s are in the
+regions too). Such a tensor is not compared, so it is judged from what it was made of: the
+inputs of the op that made it, measured where they were made, traced back through the ops of
+earlier forward regions whose own boundary was found (judged regions: an op no region judges,
+an unmatched one, is never traced through) until every one is compared (a parameter, a buffer,
+the model's input, a paired op's output). The region is then judged as the computation from
+those tensors to its outputs; the ops traced through are `Region.through`, named in its verdict
+(a difference they made in the tensor they hand it, and in no tensor their region hands on
+compared, would show as this region's; a chain replay from its saved inputs, with tensor dumps,
+tells the two apart).
 Regions are `regions.Region` objects (typed `Any` here: regions.py imports this module).
 """
 from __future__ import annotations
@@ -29,8 +43,12 @@ class Boundaries:
 
     def __init__(self, target: list[Record], dataflow: bool, measured: Mapping[str, Entry],
                  module_entries: dict[str, tuple[list[Entry], list[Entry]]],
-                 golden: Optional[list[Record]] = None) -> None:
+                 golden: Optional[list[Record]] = None, upstream: bool = False) -> None:
         self.target, self.dataflow, self.golden = target, dataflow, golden or []
+        self.upstream = upstream and dataflow       # (see the module docstring)
+        self.regional: set[Any] = set()     # seqs of judged forward regions' target ops
+        self.traced: list[str] = []         # ops `_read` traced through (`upstream`)
+        self.sources: dict[Any, Optional[tuple[dict[int, Entry], list[str], list[str]]]] = {}
         self.measured, self.module_entries = measured, module_entries
         self.by_seq = {r["seq"]: r for r in target} if dataflow else {}
         self.leaf_names = {(r.get("leaf"), r.get("tensor")): r["name"] for r in target
@@ -88,6 +106,7 @@ class Boundaries:
             return None
         if region.phase == Phase.BACKWARD:
             return self._backward(region, consumers)
+        self.traced = []
         read = self._read([self.target[i] for i in region.target])
         if read is None:
             return None
@@ -96,6 +115,9 @@ class Boundaries:
         if not outputs or not inputs:
             return None
         region.unpaired_leaves = unpaired
+        region.through = list(dict.fromkeys(self.traced))
+        if self.upstream:       # (its ops made tensors a later region may be judged through)
+            self.regional.update(self.target[i]["seq"] for i in region.target)
         return list(inputs.values()), list(outputs.values())
 
     def _backward(self, region: Region, consumers: dict[str, str]
@@ -148,10 +170,32 @@ class Boundaries:
                     # qkv weight): not compared; the verdict says so (`region_reason`)
                     unpaired.append(str(desc.get("fqn")))
                     continue
+                if entry is None and producer and producer[0] in self.regional:
+                    source = self._source(producer[0])
+                    if source is not None:      # (what made it, compared: module docstring)
+                        inputs.update(source[0])
+                        unpaired += source[1]
+                        self.traced += source[2]
+                        continue
                 if entry is None:
                     return None     # fed by an unpaired op (another region): not by dataflow
                 inputs[entry[0]] = entry
         return inputs, list(dict.fromkeys(unpaired))
+
+    def _source(self, seq: Any) -> Optional[tuple[dict[int, Entry], list[str], list[str]]]:
+        """What the forward region op `seq` made its outputs of, all compared (`_read` of it,
+        tracing on): (its input entries, unpaired parameters, the ops traced through, itself
+        first), or None where one of them is not compared."""
+        if seq not in self.sources:
+            self.sources[seq] = None        # (the dataflow runs forward: no cycle; guarded)
+            made = self.by_seq.get(seq)
+            outer, self.traced = self.traced, []
+            read = self._read([made]) if made is not None and \
+                made["phase"] == Phase.FORWARD else None
+            if read is not None and made is not None:
+                self.sources[seq] = (read[0], read[1], [made["name"], *self.traced])
+            self.traced = outer
+        return self.sources[seq]
 
     def entering(self, region: Region) -> dict[str, tuple[str, str, str]]:
         """The tensors entering a region through the dump's dataflow, by the name they are
@@ -172,7 +216,17 @@ class Boundaries:
                 for tensor, (op, key) in self.gradients.read_outside(calls).items():
                     out.setdefault(tensor, (op, key, ""))
             return out
-        return self._readers([self.target[i] for i in region.target])
+        out = self._readers([self.target[i] for i in region.target])
+        if region.through:      # (what the ops traced through read: `upstream`)
+            by_name = {self.target[i]["name"]: self.target[i] for i in self.regional_ops()}
+            traced = [by_name[n] for n in region.through if n in by_name]
+            for tensor, reader in self._readers(traced).items():
+                out.setdefault(tensor, reader)
+        return out
+
+    def regional_ops(self) -> list[int]:
+        """Indices of the judged forward regions' target ops `upstream` may trace through."""
+        return [i for i, r in enumerate(self.target) if r["seq"] in self.regional]
 
     def _readers(self, records: list[Record]) -> dict[str, tuple[str, str, str]]:
         """`entering` of the ops `records`."""

@@ -14,8 +14,9 @@ in the marks (`TensorRow.boundary`, kept in rows.jsonl) that `mark_boundaries` l
                                           ... leaving: the tensor the region made
     module:Region.2.forward:Module.model.layers.0.self_attn.LlamaAttention.forward.0
     unpaired:Region.2.forward:["model.layers.0.self_attn.qkv_proj.weight"]
+    through:Region.4.forward:["Inductor.cpp_fused_add_embedding_mean_mul_pow_rsqrt_0.0.forward"]
 
-(the last two once per region, on its first boundary row). Rows written before the last four
+(the last three once per region, on its first boundary row). Rows written before the last four
 existed re-judge as they did: inputs by their measured names.
 """
 from __future__ import annotations
@@ -27,7 +28,8 @@ from typing import Any
 from ..store.schema import Kind, RecordName
 from .regions import REGION, Region, RegionOps, label_number
 
-IN, OUT, READS, MADE, MODULE, UNPAIRED = "in", "out", "reads", "made", "module", "unpaired"
+IN, OUT, READS, MADE, MODULE, UNPAIRED, THROUGH = \
+    "in", "out", "reads", "made", "module", "unpaired", "through"
 
 
 def mark_boundaries(rows: list[Any], region_ops: list[Any]) -> None:
@@ -37,6 +39,8 @@ def mark_boundaries(rows: list[Any], region_ops: list[Any]) -> None:
         facts = [f"{MODULE}:{op.name}:{region.module}"] if region.module else []
         if region.unpaired_leaves:
             facts.append(f"{UNPAIRED}:{op.name}:{json.dumps(region.unpaired_leaves)}")
+        if region.through:
+            facts.append(f"{THROUGH}:{op.name}:{json.dumps(region.through)}")
         for side, entries in ((IN, op.inputs), (OUT, op.outputs)):
             for i, *_ in entries:
                 row = rows[i]
@@ -83,7 +87,7 @@ def regions_from_rows(rows: list[Any], entries: dict[int, Any], score: Any
             parts = name.split(".")
             number = int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
             if number is None or number not in region_rows or kind not in (
-                    IN, OUT, READS, MADE, MODULE, UNPAIRED):
+                    IN, OUT, READS, MADE, MODULE, UNPAIRED, THROUGH):
                 continue
             op = found.get(name) or _score(found, name, number, rows, region_rows[number],
                                            listed[number], score)
@@ -100,6 +104,8 @@ def regions_from_rows(rows: list[Any], entries: dict[int, Any], score: Any
                 region.module = op.module = value
             elif kind == UNPAIRED:
                 region.unpaired_leaves = _strings(value) or []
+            elif kind == THROUGH:
+                region.through = _strings(value) or []
     return list(found.values()), region_rows
 
 
@@ -132,4 +138,4 @@ def _strings(text: str, size: int = -1) -> Any:
 
 
 __all__ = ["mark_boundaries", "regions_from_rows", "IN", "OUT", "READS", "MADE", "MODULE",
-           "UNPAIRED"]
+           "UNPAIRED", "THROUGH"]

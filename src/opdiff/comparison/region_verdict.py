@@ -144,7 +144,7 @@ def region_reason(region: Region, ops: RegionOps, why: str) -> str:
             f"{_lines(side_locations(ops.target_ops, region.where))}; golden: "
             f"{shown(golden) or 'no op'}{_lines(side_locations(ops.golden_ops, region.where))}): "
             f"{runs}, judged as one through the tensors entering and leaving it: "
-            f"{why}{_unpaired(region)}")
+            f"{why}{_unpaired(region)}{_through(region)}")
 
 
 def shown(ops: list[dict[str, Any]]) -> str:
@@ -175,6 +175,18 @@ def _unpaired(region: Region) -> str:
     more = ", ..." if len(region.unpaired_leaves) > SHOWN_OPS else ""
     return (f" (its parameters {names}{more} have no partner in golden, which holds them in "
             f"other shapes, and were not compared: a difference in them would show the same way)")
+
+
+def _through(region: Region) -> str:
+    """What the verdict of a region judged from what its inputs were made of could not see
+    (`region_boundaries`, upstream)."""
+    if not region.through:
+        return ""
+    names = ", ".join(f"`{n}`" for n in region.through[:SHOWN_OPS])
+    more = ", ..." if len(region.through) > SHOWN_OPS else ""
+    return (f" (tensors it reads that no op compared, made by other regions' {names}{more}, "
+            f"were judged from what those ops made them of: a difference those ops made in them "
+            f"alone would show the same way)")
 
 
 def _lines(located: list[dict[str, Any]]) -> str:

@@ -21,6 +21,11 @@ holds ops of both sides is a *region*:
   against its outputs (backward: with its forward call's inputs and outputs among the inputs,
   `region_boundaries.Boundaries.by_module`).
 
+Against a compiled run (Inductor's kernels) a tensor one region makes and only another reads
+(the residual stream between norm kernels) is judged from what it was made of, through the
+regions judged before (`region_boundaries`, upstream; `Region.through`), and a region whose
+results only a later region reads joins it (`compiled_regions.py`).
+
 A stretch of ops only one side executes is a region too where the target's dataflow proves its
 boundary (`region_onesided.py`, after `find_regions` and `absorb`), and is unmatched otherwise.
 
@@ -66,6 +71,9 @@ class Region:
     # a backward region of golden's ops alone: the target's forward calls twin to theirs
     # (record indices), through which its boundary is found (`region_onesided.py`)
     twins: list[int] = field(default_factory=list)
+    # other regions' ops that made tensors it reads that nothing compared: it is judged from
+    # what they were made of (`region_boundaries`, upstream), and its verdict names them
+    through: list[str] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -250,8 +258,11 @@ def unjudged_note(regions: list[Region], region_ops: list[Any], rows: list[Any],
                   row.phase == Phase.BACKWARD and row.kind in Kind.OPS)))]
     if found or not skipped or not differ:
         return None
-    # (a region after the first difference cannot have made it: those before it, if any)
-    skipped = [r for r in skipped if r.position < min(differ)] or skipped
+    # (a region after the first difference cannot have made it: those before it, if any; in a
+    # compiled run, whose alignment is in the target's order, none: a region after it is moot)
+    skipped = [r for r in skipped if r.position < min(differ)] or ([] if compiled else skipped)
+    if not skipped:
+        return None
     names = ", ".join(r.label() + (f" ({r.why})" if r.why else "")
                       for r in skipped[:SHOWN_OPS]) + (", ..." if len(skipped) > SHOWN_OPS else "")
     generic = ("the runs execute different ops there, and the tensors entering and leaving "
