@@ -116,6 +116,10 @@ def test_a_wrong_rsqrt_in_a_norm_fused_with_a_residual_add_is_named_at_L2(tmp_pa
     assert f"computing `model.layers.1`, `{norm}`" in first.reason, first.reason  # (its layer)
     assert "Aten.rsqrt" in [op["op"] for op in first.region["golden_ops"]], first.region
     assert any("rsqrt" in (loc["code"] or "") for loc in first.region["golden_locations"])
+    # pointed at the norm's code (the kernel names the line of a node it was scheduled with:
+    # `lm_head`'s for the final norm), golden's last op in the region
+    assert first.location is not None and "self.weight * hidden_states" in first.location.code, \
+        first.location
     assert all(i["agrees"] for i in first.region["inputs"]), first.region["inputs"]
     # the residual entering it, made by earlier norms' kernels, was judged from their inputs
     assert "were judged from what those ops made them of" in first.reason, first.reason

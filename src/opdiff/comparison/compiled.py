@@ -394,6 +394,24 @@ def module_line(call: str, kernel_line: Optional[Location], golden: list[Record]
     return first
 
 
+def region_line(region: dict[str, Any], kernel_line: Optional[Location]) -> Optional[Location]:
+    """Where to point for a region of compiled code: its kernel's line if golden ran one of the
+    region's ops there; else the line of golden's last op in the region, which makes what the
+    region hands on (Inductor's final-norm kernel names `lm_head`'s line, the node it was
+    scheduled with; golden's last op is the norm's `self.weight * hidden_states`)."""
+    lines = [o["location"] for o in region.get("golden_ops") or []
+             if isinstance(o.get("location"), dict)]
+    if not lines or (kernel_line is not None and any(
+            (at.get("file"), at.get("line")) == (kernel_line.file, kernel_line.line)
+            for at in lines)):
+        return kernel_line
+    last = lines[-1]
+    try:
+        return Location(str(last["file"]), int(last["line"]), str(last.get("code") or ""))
+    except (KeyError, TypeError, ValueError):
+        return kernel_line
+
+
 def annotate(divergence: Any, target: list[Record], golden: list[Record],
              dumps: Iterable[tuple[Any, list[Record]]] = ()) -> Any:
     """A divergence at an op of compiled code says where the compiler put it: its graph node,
@@ -414,6 +432,8 @@ def annotate(divergence: Any, target: list[Record], golden: list[Record],
     loc = source(rec, stored_code(dumps)) or divergence.location
     if rec is not None and rec["kind"] == Kind.MODULE and not rec["compiled"].get("span"):
         loc = module_line(rec["name"], loc, golden, dumps) or loc
+    elif divergence.region:
+        loc = region_line(divergence.region, loc)
     # a span of module calls (compiled_spans.py): its first and last call, and the line of
     # the one that made the output that differs
     spanned, line = span_said(rec or {}, dumps, divergence.tensor)
