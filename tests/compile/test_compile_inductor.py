@@ -247,3 +247,26 @@ def test_autocast_extern_kernels_pair_by_module_not_by_place(tmp_path):
         twin = by_name[row.golden_name[:-len(".output.0")]]
         assert parameter_modules(twin, eager, by_seq) == {module}, (name, module, twin["name"])
         assert row.result != "error", row
+
+
+@pytest.mark.slow
+def test_qwen2_healthy_names_nothing_at_L2(tmp_path):
+    # q/k/v with biases (addmm); the attention output's reshape, a kernel region, is read by
+    # o_proj's forward mm and by its weight gradient's backward mm, which may pair with another
+    # backward mm's twin: the region is measured where forward ops read it (it was named, its
+    # "output" 0.93 off against another tensor)
+    transformers = pytest.importorskip("transformers")
+
+    def qwen2():
+        torch.manual_seed(0)
+        cfg = transformers.Qwen2Config(
+            vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+            attn_implementation="eager")
+        return transformers.Qwen2ForCausalLM(cfg).eval()
+    golden = _one_step(qwen2(), tmp_path / "eager")
+    target = _one_step(qwen2(), tmp_path / "inductor", "inductor")
+    result = opdiff.compare(str(target), str(golden), str(tmp_path / "out"), progress=False)
+    assert result.first_divergence is None, result.first_divergence
+    assert not verdict_line(result).startswith("inconclusive"), verdict_line(result)
+    assert result.counts["error"] == 0

@@ -89,7 +89,10 @@ class Boundaries:
         region_of = {self.target[i]["seq"]: r.number for r in regions for i in r.target}
         inside = {i for r in regions for i in r.target}
         for k, rec in enumerate(self.target):
-            if k in inside:
+            # (against a compiled run a backward op pairs with eager's through its forward op
+            # only, and one of two alike, the o_proj weight gradient's `mm`, may meet the
+            # other's twin: a forward region's output is measured where forward ops read it)
+            if k in inside or (self.upstream and rec["phase"] == Phase.BACKWARD):
                 continue
             for name, role, desc in iter_tensors(rec):
                 producer = desc.get("producer")
