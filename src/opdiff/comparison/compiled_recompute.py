@@ -56,7 +56,7 @@ def constant_code(golden: list[Record]) -> Constants:
         constant = not ops.traits(g["op"]).random and all(
             _constant(d, made) for _, role, d in iter_tensors(g) if role != Role.OUTPUT)
         if constant:
-            made.update((g["seq"], i) for i in range(len(g.get("outputs") or ())))
+            made.update((g["seq"], i) for i in range(len(g["outputs"])))
         owner = where.get(g.get("module") or "")
         if owner is not None:
             code[owner] = code.get(owner, True) and constant
