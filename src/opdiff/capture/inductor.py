@@ -18,7 +18,9 @@ A kernel record is `Inductor.<kernel>.<n>.<phase>` of kind `kernel`, with the `c
 the comparison reads: `{"graph": <wrapper file>, "node": <kernel>, "backend": "inductor",
 "source": [file, line]}` (the kernel's name lists the ops it fuses); the user's line comes
 from the FX node stack traces Inductor keeps for each line of its wrapper
-(`PyCodeCache.stack_frames_for_code`). Each kernel record of a tensor dump also carries
+(`PyCodeCache.stack_frames_for_code`); at mix, `from_parameters` lists the outputs the kernel
+computes from parameters and buffers alone, with their names (autocast's weight casts, from
+the kernel's program: `from_parameters`). Each kernel record of a tensor dump also carries
 `program`, what the kernel computes as aten ops over its arguments (`kernel_programs.py`:
 collected while Inductor generates the wrapper in this process, `{"unmapped": why}`
 otherwise), which `opdiff check` replays. Triton kernels (GPU) are not recorded yet.
@@ -36,7 +38,7 @@ from ..store.schema import Kind, Phase, Role, record_name
 from .imports import Waiting, after_import
 from .kernel_modules import ModuleWatch, modules_at
 from .leaves import tag_leaves
-from .kernel_programs import Program, ProgramWatch, bind, inputs_read
+from .kernel_programs import Program, ProgramWatch, bind, inputs_of_outputs, inputs_read
 
 KERNEL_PREFIX = "Inductor"
 _BINDING = re.compile(r"^(\w+) = async_compile\.cpp_pybinding\(\[[^\]]*\],\s*r'''(.*?)'''",
@@ -105,7 +107,9 @@ class InductorKernels:
         # Inductor's code cache costs a second to import and a run that never compiles has no
         # kernels: hook into it when the program imports it (`torch.compile(...)` does),
         # which may be inside this window (capture/imports.py)
-        if self.session.config.task == "tensor":     # (only a tensor dump can replay them)
+        # (only a tensor dump can replay them; at mix they say which outputs are computed from
+        # parameters alone: autocast's weight casts, `from_parameters`)
+        if self.session.config.task == "tensor" or self.session.config.level == "mix":
             self._watch.start()
         self._modules.start()
         self._waiting = after_import("torch._inductor.codecache", self._hook)
@@ -174,6 +178,7 @@ class InductorKernels:
         s = self.session
         op = f"{KERNEL_PREFIX}.{kernel}"
         roles = [_role(p) for p in params]
+        derived = inputs_of_outputs(program) if "steps" in program else {}
         # (only a tensor dump can replay it: a statistics dump is not made larger by programs)
         if s.config.task != "tensor":
             program = {}
@@ -207,6 +212,9 @@ class InductorKernels:
                     with s.own():
                         pending.record["inputs"] = _inputs(s, ins, roles, pending.record,
                                                            reads, written)
+                    made = from_parameters(derived, pending.record["inputs"])
+                    if made:
+                        pending.record["compiled"]["from_parameters"] = made
             except Exception as exc:
                 s.fail(pending, exc, op)
                 if pending is not None:
@@ -241,6 +249,21 @@ def _inputs(s: Any, ins: list[Any], roles: list[str], record: dict[str, Any], re
         if kind == "in_out" or (not desc.get("leaf") and _storages([ins[i]]) & written):
             described[i] = s.unread(ins[i], name, Role.INPUT, i)
     return described
+
+
+def from_parameters(derived: dict[int, set[int]], inputs: list[Any]) -> list[list[Any]]:
+    """[output index, [parameter fqns]] for each output a kernel computes from parameters and
+    buffers alone (`derived`: the inputs each output is computed from, by its program), such as
+    autocast's bf16 cast of a Linear's weight that Inductor fuses into another module's kernel:
+    the comparison reads it as that parameter's, not as data handed between modules."""
+    out = []
+    for slot, read in sorted(derived.items()):
+        descs = [inputs[i] if 0 <= i < len(inputs) else None for i in sorted(read)]
+        fqns = [str(d["fqn"]) for d in descs if isinstance(d, dict)
+                and d.get("leaf") in ("parameter", "buffer") and isinstance(d.get("fqn"), str)]
+        if read and len(fqns) == len(read):
+            out.append([slot, sorted(set(fqns))])
+    return out
 
 
 def _storages(tensors: list[Any]) -> set[int]:

@@ -92,14 +92,21 @@ _VIEWS = frozenset({"view", "_unsafe_view", "reshape", "permute", "t", "transpos
                     "unsqueeze", "squeeze", "slice", "select", "alias", "as_strided"})
 
 
+# A dtype cast computes no value of its own either: autocast's bf16 cast of a Linear's weight
+# (or of its input) that Inductor fuses into the kernel of the code before the Linear names the
+# Linear only through the cast; that kernel's other code is not the Linear's (the comparison
+# reads a cast of parameters alone as those parameters': `compiled.from_parameters`).
+_CASTS = frozenset({"convert_element_type", "_to_copy"})
+
+
 def _is_view(node: Any) -> bool:
     packet = getattr(getattr(node, "target", None), "overloadpacket", None)
-    return getattr(packet, "__name__", None) in _VIEWS
+    return getattr(packet, "__name__", None) in _VIEWS | _CASTS
 
 
 def node_modules(fx_nodes: Any) -> list[str]:
-    """The innermost module of each FX node that computes (views left out, unless all are
-    views; `""` for a node without a module), sorted, unique."""
+    """The innermost module of each FX node that computes (views and dtype casts left out,
+    unless all are; `""` for a node without a module), sorted, unique."""
     from .compiled import module_path     # (compiled.py asks this module at run time)
     fx_nodes = list(fx_nodes)
     computing = [n for n in fx_nodes if not _is_view(n)]

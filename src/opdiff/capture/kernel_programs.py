@@ -32,6 +32,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from .. import ops
 from ..store.records import encode_float
 from .imports import Waiting, after_import
 
@@ -353,6 +354,44 @@ def inputs_read(program: Program) -> set[int]:
         for v in list(step["args"]) + list(step["kwargs"].values()):
             walk(v)
     return found
+
+
+def inputs_of_outputs(program: Program) -> dict[int, set[int]]:
+    """Per output index of a bound program, the record inputs its value is computed from
+    (through its steps; constants aside). An output computed through a step that draws random
+    numbers is left out."""
+    steps = program.get("steps", ())
+    memo: dict[int, Optional[set[int]]] = {}
+
+    def of(v: Any) -> Optional[set[int]]:
+        if isinstance(v, dict) and v.get("ref") == "input":
+            return {v["index"]}
+        if isinstance(v, dict) and v.get("ref") == "step":
+            i = v["index"]
+            if i not in memo:
+                memo[i] = None      # (a cycle cannot be: steps only read earlier ones)
+                step = steps[i]
+                found: Optional[set[int]] = set()
+                if ops.traits(str(step.get("op"))).random:
+                    found = None
+                for a in list(step["args"]) + list(step["kwargs"].values()):
+                    got = of(a)
+                    found = None if got is None or found is None else found | got
+                memo[i] = found
+            return memo[i]
+        if isinstance(v, dict) and v.get("type") == "list":
+            out: Optional[set[int]] = set()
+            for x in v["items"]:
+                got = of(x)
+                out = None if got is None or out is None else out | got
+            return out
+        return set()
+    result: dict[int, set[int]] = {}
+    for o in program.get("outputs", ()):
+        found = of(o["value"])
+        if found is not None:
+            result[o["output"]] = found
+    return result
 
 
 class ProgramWatch:

@@ -25,7 +25,11 @@ smallest span of module calls that closes the call: compiled_spans.py). A bounda
 tensor may be saved in another grouping of the same dimensions than eager's (an mm's [16, 32]
 for a Linear's [2, 8, 32]): it is compared in eager's shape (`saved_shape` says which it had).
 Where an Inductor call names no module (its wrapper generated while opdiff did not watch), no
-module call is judged (compiled.py's note says why).
+module call is judged (compiled.py's note says why). Under autocast Inductor fuses a Linear's
+bf16 weight cast into the kernel of the code before it; a cast names no module there, and the
+kernel says which outputs it computes from parameters alone (`compiled.from_parameters`): such a
+tensor enters no boundary of the module owning those parameters (the cast is its own code; the
+parameters are compared as leaves) and leaves none of calls that own none of them.
 """
 from __future__ import annotations
 
@@ -217,6 +221,8 @@ def boundary(members: list[Record], target: list[Record], by_seq: dict[Any, Reco
             if not made:
                 reads.setdefault(("unmade", id(d)), d)
             elif made[0] not in seqs:
+                if _own_parameters(by_seq.get(made[0]), made[1], members):
+                    continue    # (a cast of the members' own weight, made in another's kernel)
                 source = _output(by_seq.get(made[0]), made[1])
                 if source is None:
                     return None
@@ -237,6 +243,8 @@ def boundary(members: list[Record], target: list[Record], by_seq: dict[Any, Reco
                 readers.setdefault((made[0], made[1]), []).append(r)
     leaving: list[tuple[list[dict[str, Any]], set[str]]] = []
     for (seq, slot), who in readers.items():
+        if _foreign_parameters(by_seq.get(seq), slot, members):
+            continue    # (a cast of another module's weight, fused into a member's kernel)
         source = _output(by_seq.get(seq), slot)
         if source is None:
             return None
@@ -249,6 +257,33 @@ def boundary(members: list[Record], target: list[Record], by_seq: dict[Any, Reco
     return Boundary(list(reads.values()), leaving,
                     frozenset(i for i, key in enumerate(reads) if key[0] == "unmade"),
                     tuple(None if key[0] in ("input", "unmade") else key[0] for key in reads))
+
+
+def _parameters_of(record: Optional[Record], slot: Any) -> Optional[list[str]]:
+    """The modules of the parameters an Inductor call's output `slot` is computed from alone
+    (`compiled.from_parameters`, capture/inductor.py), or None where it reads anything else."""
+    for entry in ((record or {}).get("compiled") or {}).get("from_parameters") or ():
+        if isinstance(entry, list) and len(entry) == 2 and entry[0] == slot and entry[1]:
+            return [str(fqn).rsplit(".", 1)[0] if "." in str(fqn) else "" for fqn in entry[1]]
+    return None
+
+
+def _own_parameters(record: Optional[Record], slot: Any, members: list[Record]) -> bool:
+    """Whether a tensor the members read is computed from parameters alone, each of a module
+    the members' own code runs in (autocast's weight cast, done in eager inside that module's
+    call: the parameters are compared as leaves, the cast is the call's own code)."""
+    owners = _parameters_of(record, slot)
+    mine = {m for r in members for m in modules_of(r) or ()}
+    return owners is not None and all(o in mine for o in owners)
+
+
+def _foreign_parameters(record: Optional[Record], slot: Any, members: list[Record]) -> bool:
+    """Whether a tensor the members hand out is computed from parameters alone, none of a
+    module the members' own code runs in (another module's weight cast, fused into a kernel of
+    the members): not data the members compute."""
+    owners = _parameters_of(record, slot)
+    mine = {m for r in members for m in modules_of(r) or ()}
+    return owners is not None and not any(o in mine for o in owners)
 
 
 def _read_by(who: list[Record], target: list[Record], seqs: set[Any]) -> set[str]:
