@@ -17,6 +17,7 @@ from typing import Any, Optional
 
 from ..store.records import iter_tensors
 from ..store.schema import Kind, Phase, Role
+from .compiled_modules import inside
 
 Pair = tuple[Optional[int], Optional[int]]
 Record = dict[str, Any]
@@ -114,8 +115,7 @@ def _other(t: Record, owners: set[str]) -> bool:
     modules = _modules(t)
     if not modules or not owners:
         return False
-    return not any(a == b or a.startswith(b + ".") or b.startswith(a + ".") or not b
-                   for a in owners for b in modules)
+    return not any(inside(b, a) or inside(a, b) for a in owners for b in modules)
 
 
 def _alike(t: Record, g: Record) -> bool:
