@@ -195,7 +195,7 @@ def _candidate(op: OpScore, m: Measurement, tdt: Optional[str], gdt: Optional[st
         return (math.inf, NONFINITE) if math.isfinite(e_in) else None
     if not (is_float(tdt) or is_float(gdt)):
         return (m.error, INTEGER) if e_in == 0.0 and m.error > 0 else None
-    tol = max(policy.tolerance_for(tdt, gdt), policy.tolerance_for(run_dtype, run_dtype))
+    tol = policy.run_tolerance_for(tdt, gdt, run_dtype)
     stol = max(policy.scale_tolerance_for(tdt, gdt),
                policy.scale_tolerance_for(run_dtype, run_dtype))
     if m.mode == "statistics":

@@ -22,6 +22,7 @@ from .compiled import INCONCLUSIVE
 from .compiled_modules import inside, modules_of
 from .reasons import made_earlier
 from .result import ERROR, WARNING, TensorRow, mark_records, marked_records
+from .verdicts import Policy, run_precision
 
 Record = dict[str, Any]
 MARK = "withheld"
@@ -99,15 +100,20 @@ def _listed(items: list[str], most: int = 4) -> str:
     return shown + (f" and {len(items) - most} more" if len(items) > most else "")
 
 
-def unexplained(rows: list[TensorRow], target: list[Record],
-                held: dict[str, str]) -> Optional[str]:
+def unexplained(rows: list[TensorRow], target: list[Record], held: dict[str, str],
+                policy: Policy) -> Optional[str]:
     """Where module calls of compiled code were judged and none is named: the "inconclusive:
     ..." note when a tensor still differs (an error row, or a `held` gradient beyond its
-    tolerance), else None."""
+    tolerance) beyond what the run's precision allows, else None. Under bf16 autocast the
+    float32 parameter gradients a compiled backward makes are bf16 products widened, and the
+    float32 residual stream is fed by bf16 matmuls: they differ from eager's by bf16's
+    rounding, which is no evidence (`Policy.beyond_run_tolerance`)."""
     judged = sum(1 for r in target if r["kind"] == Kind.MODULE and r.get("compiled"))
+    run = run_precision(rows)
     differ = list(dict.fromkeys(
-        r.target_name or r.golden_name or r.op_name for r in rows if r.result == ERROR or
-        (r.result == WARNING and r.op_name in held and r.reason.endswith(held[r.op_name]))))
+        r.target_name or r.golden_name or r.op_name for r in rows if (r.result == ERROR or (
+            r.result == WARNING and r.op_name in held and r.reason.endswith(held[r.op_name])))
+        and policy.beyond_run_tolerance(r, run)))
     if not judged or not differ:
         return None
     said = (f"{INCONCLUSIVE}: the target ran torch.compile'd code recorded at level mix; "

@@ -140,7 +140,7 @@ def divides_by_noise(op: "OpScore", rows: list[Any], policy: "Policy",
         row = rows[row_index]
         if _slot(row) not in slots:
             continue
-        tol = max(policy.tolerance_for(tdt, gdt), policy.tolerance_for(run_dtype, run_dtype))
+        tol = policy.run_tolerance_for(tdt, gdt, run_dtype)
         if any(_near_zero(stats, tol) for stats in (row.target_stats, row.golden_stats)):
             return str(row.target_name or row.golden_name)
     return None

@@ -71,7 +71,7 @@ def judge_leaf(op: "OpScore", policy: Any, run_dtype: Optional[str] = None) -> N
         elif not op.leaf_strict or (tdt != gdt and m.mode == "statistics"):
             # (after step 0 the weights carry the earlier steps' healthy rounding differences)
             run = run_dtype or gdt
-            tol = max(policy.tolerance_for(tdt, gdt), policy.tolerance_for(run, run))
+            tol = policy.run_tolerance_for(tdt, gdt, run)
             if m.mode == "statistics":
                 tol = max(tol, policy.statistics_tolerance_for(tdt, gdt, op.phase, m.numel),
                           policy.statistics_tolerance_for(run, run, op.phase, m.numel))
@@ -94,7 +94,7 @@ def _beyond_tolerance(op: "OpScore", m: Any, tdt: Optional[str], gdt: Optional[s
     if m.nonfinite_mismatch:
         return True
     run = run_dtype or gdt
-    tol = max(policy.tolerance_for(tdt, gdt), policy.tolerance_for(run, run))
+    tol = policy.run_tolerance_for(tdt, gdt, run)
     if m.mode == "statistics":
         tol = max(tol, policy.statistics_tolerance_for(tdt, gdt, op.phase, m.numel),
                   policy.statistics_tolerance_for(run, run, op.phase, m.numel))

@@ -185,12 +185,14 @@ class _PairCompare:
                 divergence = compiled.annotate(divergence, t_records, g_records,
                                                ((self.t, t_records), (self.g, g_records)))
         if compiled_run and divergence is None and not compiled_note:
-            compiled_note = compiled_backward.unexplained(self.rows, t_records, held)
+            compiled_note = compiled_backward.unexplained(self.rows, t_records, held,
+                                                          self.policy)
         notes: list[str] = [*noted(compiled_note, Note.INCONCLUSIVE), *mapping_notes]
         # A region not judged where tensors differ: never "no op is to blame" (a compiled run
         # whose side is recorded unlike the other has said its own: compiled_note)
         skipped = None if compiled_note else unjudged_note(regions, region_ops, self.rows,
-                                                           divergence is not None, compiled_run)
+                                                           divergence is not None,
+                                                           compiled_run, self.policy)
         notes = noted(skipped, Note.INCONCLUSIVE) + notes
         notes += noted(forced.unjudged_note(self._not_judged, divergence is None and any(
             r.result in (ERROR, WARNING) for r in self.rows)), Note.INCONCLUSIVE)

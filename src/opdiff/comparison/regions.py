@@ -47,6 +47,7 @@ from typing import Any, Optional
 from ..store.schema import Kind, Phase, RecordName, module_path
 from . import region_cover as cover
 from .result import ERROR, WARNING, Origin
+from .verdicts import Policy, run_precision
 
 Pair = tuple[Optional[int], Optional[int]]
 Record = dict[str, Any]
@@ -244,17 +245,21 @@ def mark_region_rows(rows: list[Any], region_ops: list[Any], region_rows: dict[i
 
 
 def unjudged_note(regions: list[Region], region_ops: list[Any], rows: list[Any],
-                  found: bool, compiled: bool = False) -> Optional[str]:
+                  found: bool, compiled: bool = False,
+                  policy: Optional[Policy] = None) -> Optional[str]:
     """"inconclusive: ..." when nothing was blamed, tensors differ, and a region could not be
     judged (its boundary not measured): the difference may start there, so opdiff does not
     say that every difference is inherited. In a compiled run (`compiled`) only a tensor beyond
-    its tolerance is evidence (fusion changes rounding everywhere), and a backward op's is not:
-    the compiled backward's ops pair with eager's through their forward op, and one of several
-    alike (a product's two `mul`s) may pair with the other's twin."""
+    its tolerance, and beyond the run's precision (`policy.beyond_run_tolerance`), is evidence
+    (fusion changes rounding everywhere), and a backward op's is not: the compiled backward's
+    ops pair with eager's through their forward op, and one of several alike (a product's two
+    `mul`s) may pair with the other's twin."""
     judged = {op.region[0].number for op in region_ops}
     skipped = [r for r in regions if r.number not in judged]
+    run = run_precision(rows) if compiled else None
     differ = [row.index for row in rows if row.result in (ERROR, WARNING) and not row.region
               and not (compiled and (row.accuracy_reached != "No" or (
+                  policy is not None and not policy.beyond_run_tolerance(row, run)) or (
                   row.phase == Phase.BACKWARD and row.kind in Kind.OPS)))]
     if found or not skipped or not differ:
         return None

@@ -265,6 +265,24 @@ class Policy:
         """Relative L2 error beyond which a tensor of this dtype pair does not agree."""
         return self._lookup(self.thresholds.tolerance, target_dtype, golden_dtype)
 
+    def run_tolerance_for(self, target_dtype: str | None, golden_dtype: str | None,
+                          run_dtype: str | None) -> float:
+        """`tolerance_for` a tensor of a run whose precision is `run_dtype` (`run_precision`):
+        the coarser of its own dtype pair's and the run's."""
+        return max(self.tolerance_for(target_dtype, golden_dtype),
+                   self.tolerance_for(run_dtype, run_dtype))
+
+    def beyond_run_tolerance(self, row: Any, run_dtype: str | None) -> bool:
+        """Whether a compared tensor's row (`TensorRow`) differs beyond what its run allows
+        (`run_tolerance_for`): a float32 tensor of a bf16 autocast run carries bf16 noise (a
+        gradient computed in bf16 and widened, a residual stream fed by bf16 matmuls), so it
+        is evidence of a difference only beyond bf16's tolerance. A row without a finite
+        error (shapes or inf/NaN positions differ) always is."""
+        err = row.error
+        if err is None or not math.isfinite(err):
+            return True
+        return bool(err > self.run_tolerance_for(row.target_dtype, row.golden_dtype, run_dtype))
+
     def scale_tolerance_for(self, target_dtype: str | None, golden_dtype: str | None) -> float:
         """Scale error (<t,g>/<g,g> - 1) beyond which an output's scale is off."""
         return self._lookup(self.thresholds.scale_tolerance, target_dtype, golden_dtype)
