@@ -213,7 +213,8 @@ def note(target: list[Record], golden: list[Record], t_meta: Optional[dict[str, 
          g_meta: Optional[dict[str, Any]]) -> Optional[str]:
     """The pair's "inconclusive: ..." note when one side ran compiled code that cannot be paired
     op by op with the other side's records; None when the sides pair op by op (aot_eager and
-    other FX backends at level L2 against eager at L2)."""
+    other FX backends at level L2 against eager at L2; compiled against compiled, recorded
+    alike)."""
     t_compiled, g_compiled = compiled_side(target), compiled_side(golden)
     if not (t_compiled or g_compiled):
         return None
@@ -232,6 +233,14 @@ def note(target: list[Record], golden: list[Record], t_meta: Optional[dict[str, 
     levels = {level_of(t_meta), level_of(g_meta)}
     if levels <= {"L2", None}:
         return None         # aten ops against aten ops: paired op by op where dataflow agrees
+    if t_compiled and g_compiled and len(levels) == 1:
+        if kernels == any(r["kind"] == Kind.KERNEL for r in golden):
+            return None     # compiled against compiled, recorded alike: op by op too
+        return (f"{INCONCLUSIVE}: one run ran Inductor's kernels and the other the aten ops of "
+                f"another backend, both recorded at level {levels.pop()}: only inputs, "
+                f"parameters and parameter gradients (where recorded) are compared, ops are not "
+                f"judged; record both runs with level=\"L2\" to judge each kernel against the "
+                f"ops it fuses")
     if judged_modules(target):
         return None         # module calls judged at their boundaries (compiled_modules.py)
     unplaced = [r for r in (target if t_compiled else golden) if r["kind"] in Kind.OPS and
@@ -394,22 +403,30 @@ def module_line(call: str, kernel_line: Optional[Location], golden: list[Record]
     return first
 
 
-def region_line(region: dict[str, Any], kernel_line: Optional[Location]) -> Optional[Location]:
+def region_line(region: dict[str, Any], kernel_line: Optional[Location],
+                golden_line: Callable[[str], Optional[Location]] = lambda name: None
+                ) -> Optional[Location]:
     """Where to point for a region of compiled code: its kernel's line if golden ran one of the
     region's ops there; else the line of golden's last op in the region, which makes what the
     region hands on (Inductor's final-norm kernel names `lm_head`'s line, the node it was
-    scheduled with; golden's last op is the norm's `self.weight * hidden_states`)."""
-    lines = [o["location"] for o in region.get("golden_ops") or []
-             if isinstance(o.get("location"), dict)]
+    scheduled with; golden's last op is the norm's `self.weight * hidden_states`).
+    `golden_line(name)`: the user's line of a golden op that ran compiled code itself (its
+    stack's innermost frame is the compiled graph's code, `<eval_with_key>.N`)."""
+    lines: list[Location] = []
+    for o in region.get("golden_ops") or []:
+        at = golden_line(str(o.get("name")))
+        if at is None and isinstance(o.get("location"), dict):
+            try:
+                at = Location(str(o["location"]["file"]), int(o["location"]["line"]),
+                              str(o["location"].get("code") or ""))
+            except (KeyError, TypeError, ValueError):
+                continue
+        if at is not None:
+            lines.append(at)
     if not lines or (kernel_line is not None and any(
-            (at.get("file"), at.get("line")) == (kernel_line.file, kernel_line.line)
-            for at in lines)):
+            (at.file, at.line) == (kernel_line.file, kernel_line.line) for at in lines)):
         return kernel_line
-    last = lines[-1]
-    try:
-        return Location(str(last["file"]), int(last["line"]), str(last.get("code") or ""))
-    except (KeyError, TypeError, ValueError):
-        return kernel_line
+    return lines[-1]
 
 
 def annotate(divergence: Any, target: list[Record], golden: list[Record],
@@ -433,7 +450,8 @@ def annotate(divergence: Any, target: list[Record], golden: list[Record],
     if rec is not None and rec["kind"] == Kind.MODULE and not rec["compiled"].get("span"):
         loc = module_line(rec["name"], loc, golden, dumps) or loc
     elif divergence.region:
-        loc = region_line(divergence.region, loc)
+        code, g_by = stored_code(dumps), {r["name"]: r for r in golden}
+        loc = region_line(divergence.region, loc, lambda name: source(g_by.get(name), code))
     # a span of module calls (compiled_spans.py): its first and last call, and the line of
     # the one that made the output that differs
     spanned, line = span_said(rec or {}, dumps, divergence.tensor)
