@@ -56,9 +56,12 @@ ATTENTION = "Module.model.layers.{0}.self_attn..model.layers.{0}.self_attn.Span.
 # (the MLP between them: the span of both is cut where the MLP's output comes back)
 LATER_NORM = "Module.model.layers.1.post_attention_layernorm..model.layers.1.Span.forward.0"
 FINAL_NORM = "Module.model.layers.1..model.norm.Span.forward.0"
+# layer 0's: its second add is fused with layer 1's input norm, and Inductor computes its
+# first add again there (the part before the MLP is judged without it)
+FIRST_NORM = "Module.model.layers.0.post_attention_layernorm..model.layers.0.Span.forward.0"
 # module calls and spans judged where a kernel of the final norm also computes root code
-JUDGED_WITHOUT_LAYER_1S_NORMS = 17 + 4
-SPANS = [SPAN, ATTENTION.format(0),
+JUDGED_WITHOUT_LAYER_1S_NORMS = 17 + 5
+SPANS = [SPAN, ATTENTION.format(0), FIRST_NORM,
          "Module.model.layers.0.post_attention_layernorm..model.layers.1.input_layernorm"
          ".Span.forward.0", ATTENTION.format(1), LATER_NORM, FINAL_NORM]
 
@@ -88,9 +91,14 @@ def steps(tmp_path_factory):
     with wrong_rsqrt_decomposition_in("model.layers.1.post_attention_layernorm") as hit:
         later = run_step(root / "later_norm", "mix", backend="inductor")
     assert len(hit) == 1 and hit[0].endswith(".model.layers.1.post_attention_layernorm"), hit
+    # only layer 0's post-attention norm: Inductor recomputes its first residual add in the
+    # kernel of the second
+    with wrong_rsqrt_decomposition_in("model.layers.0.post_attention_layernorm") as hit:
+        first_norm = run_step(root / "first_norm", "mix", backend="inductor")
+    assert len(hit) == 1 and hit[0].endswith(".model.layers.0.post_attention_layernorm"), hit
     return {"eager": run_step(root / "eager", "mix"), "plain": plain, "healthy": healthy,
             "silu": spoiled, "rsqrt": norm, "final_norm": final, "softmax": attention,
-            "later_norm": later,
+            "later_norm": later, "first_norm": first_norm,
             "eager_tensor": run_step(root / "eager_tensor", "mix", task="tensor")}
 
 
@@ -234,6 +242,25 @@ def test_a_fault_only_in_layer_1s_post_attention_norm_is_named_in_layer_1(steps,
     assert again.first_divergence is not None and again.first_divergence.name == LATER_NORM
 
 
+def test_a_fault_only_in_layer_0s_post_attention_norm_is_named_in_layer_0(steps, tmp_path):
+    # Inductor computes layer 0's first residual add twice: in the norm's kernel and again in
+    # the kernel of the second add, from the embedding's output and the attention's. The
+    # span's first part hands on the norm's output only, and the residual eager's first part
+    # hands on (read by the second add alone) is left out of it; before, neither part was
+    # judged and the whole span's input (the MLP's output) already differed: "inconclusive"
+    result = _compare(steps["first_norm"], steps["eager"], tmp_path / "out")
+    first = result.first_divergence
+    assert first is not None, verdict_line(result)
+    assert first.name == FIRST_NORM, first
+    assert "rsqrt" in first.reason and "span of 2 module calls" in first.reason, first.reason
+    assert "differs most is made in `model.layers.0.post_attention_layernorm`" in first.reason
+    assert first.location is not None and first.location.file.endswith("modeling_llama.py")
+    assert "self.post_attention_layernorm(" in (first.location.code or ""), first.location
+    rows = [(r.role, r.result) for r in result.rows if r.op_name == FIRST_NORM]
+    assert sorted(rows) == [("input", "pass"), ("input", "pass"), ("output", "error")], rows
+    assert not [n for n in result.notes if n.startswith("inconclusive")], result.notes
+
+
 @pytest.mark.parametrize("golden,mode", [("eager", "statistics"), ("eager_tensor", "tensor")])
 def test_a_fault_only_in_the_final_norm_is_named_at_the_span_holding_it(
         steps, tmp_path, golden, mode):
@@ -367,11 +394,12 @@ def test_judged_calls_with_spans_and_a_span_that_does_not_close(steps):
             r["name"] for r in g if r["kind"] == "module" and r["op"].endswith(".Span")]
         return made
     # 17 module calls of the 31 on their own (the others straddled by Inductor's kernels),
-    # and six spans: the embedding with layer 0's first norm, each attention's own code, layer
-    # 0's residual adds with its second norm and layer 1's first, layer 1's first add with
+    # and seven spans: the embedding with layer 0's first norm, each attention's own code,
+    # layer 0's first residual add with its second norm, and its adds with its second norm and
+    # layer 1's first (whole: its second part does not correspond), layer 1's first add with
     # its second norm and its second add with the final norm
     made = judged(target)
-    assert len(eager_calls) == 31 and len(made) == 17 + 6, made
+    assert len(eager_calls) == 31 and len(made) == 17 + 7, made
     assert [n for n in made if n.endswith(".Span.forward.0")] == SPANS
     # the kernel also computing code of the model's root (outside every recorded module
     # call): no span closes, nothing is guessed

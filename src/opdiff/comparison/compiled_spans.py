@@ -159,16 +159,19 @@ def _spans(units: set[str], calls: dict[str, tuple[int, Record]], compiled: list
     if g_parts is None or t_parts is None or len(g_parts) != 2 or len(t_parts) != 2:
         return [whole] if whole is not None else []
     parts = [_span({s: unit_of[s] for s in g}, [r for r in members if r["seq"] in t],
-                   calls, target, golden, by_seq, constants) for g, t in zip(g_parts, t_parts)]
+                   calls, target, golden, by_seq, constants, frozenset(units))
+             for g, t in zip(g_parts, t_parts)]
     made = [m for m in parts if m is not None]
     return made if len(made) == 2 or whole is None else made + [whole]
 
 
 def _span(unit_of: dict[Any, str], members: list[Record], calls: dict[str, tuple[int, Record]],
           target: list[Record], golden: list[Record], by_seq: dict[Any, Record],
-          constants: Constants) -> Optional[Made]:
+          constants: Constants, spare: frozenset[str] = frozenset()) -> Optional[Made]:
     """The records of the span made of the eager torch calls `unit_of` (seq -> its module
-    call) and the compiled calls `members`, where their boundaries correspond."""
+    call) and the compiled calls `members`, where their boundaries correspond. `spare`: for
+    a part of a cut span, the whole span's units, whose code may recompute what the part
+    hands on (`_leaving`)."""
     units = sorted(set(unit_of.values()), key=lambda u: calls[u][0])
     recomputes = sorted({m for r in members for m in modules_of(r) or ()
                          if m in constants.modules})
@@ -178,7 +181,7 @@ def _span(unit_of: dict[Any, str], members: list[Record], calls: dict[str, tuple
         return None
     g_entering, g_side, made_in = eager
     inputs = _entering(g_entering, t_side, by_seq, set(recomputes))
-    outputs = _leaving(g_side, t_side)
+    outputs = _leaving(g_side, t_side, spare)
     if inputs is None or outputs is None:
         return None
     first = calls[units[0]][1]
@@ -297,11 +300,15 @@ def _entering(golden: list[_Entering], target: Boundary, by_seq: dict[Any, Recor
     return [(golden[j].desc, _as_golden(paired[j], golden[j].desc)) for j in sorted(paired)]
 
 
-def _leaving(golden: Boundary, target: Boundary
+def _leaving(golden: Boundary, target: Boundary, spare: frozenset[str] = frozenset()
              ) -> Optional[list[tuple[dict[str, Any], dict[str, Any]]]]:
     """Each golden leaving tensor with the one target tensor of its shape read by a module
-    that reads it in eager too (one to one, none left over), else None."""
-    if len(golden.leaving) != len(target.leaving) or not golden.leaving:
+    that reads it in eager too (one to one, none left over), else None. A golden tensor read
+    only by code of `spare` (the other part of a cut span) that no target tensor fits is left
+    out: Inductor recomputes it there from the part's own inputs (a decoder layer's first
+    residual add, computed again in the kernel of the second), and what the part is judged on
+    (its other outputs, from all its inputs) is unchanged."""
+    if not golden.leaving or not target.leaving:
         return None
     out, used = [], set()
     for ways, who in golden.leaving:
@@ -309,12 +316,14 @@ def _leaving(golden: Boundary, target: Boundary
         fits = [(i, t) for i, (spellings, readers) in enumerate(target.leaving)
                 if readers & who for t in spellings[:2]
                 if _shape(t) == _shape(g) or flattened(_shape(t), _shape(g))]
+        if not fits and who and who <= spare:
+            continue
         exact = [f for f in fits if _shape(f[1]) == _shape(g)] or fits
         if len({i for i, _ in exact}) != 1 or exact[0][0] in used:
             return None
         used.add(exact[0][0])
         out.append((g, _as_golden(exact[0][1], g)))
-    return out
+    return out if len(used) == len(target.leaving) else None
 
 
 def _as_golden(t: dict[str, Any], g: dict[str, Any]) -> dict[str, Any]:
