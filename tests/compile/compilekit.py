@@ -16,13 +16,13 @@ import opdiff
 LAYERS = 2
 
 
-def llama(layers: int = LAYERS) -> torch.nn.Module:
+def llama(layers: int = LAYERS, attn: str = "eager") -> torch.nn.Module:
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(
         vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
-        attn_implementation="eager")
+        attn_implementation=attn)
     return transformers.LlamaForCausalLM(cfg).eval()
 
 
@@ -36,13 +36,15 @@ class Step:
 
 
 def run_step(path: Optional[Path], level: str = "L2", backend: Optional[str] = None,
-             fault: Optional[str] = None, task: str = "statistics", layers: int = LAYERS) -> Step:
+             fault: Optional[str] = None, task: str = "statistics", layers: int = LAYERS,
+             attn: str = "eager") -> Step:
     """One forward and backward; compiled with `backend` when given; dumped into `path` when
-    given; `fault` = "op:call" spoils that call of the op's CPU kernel (scale 1.01)."""
+    given; `fault` = "op:call" spoils that call of the op's CPU kernel (scale 1.01); `attn`:
+    the model's attention implementation ("sdpa": HF's default)."""
     import torch._dynamo
     from torch._dynamo.utils import counters
 
-    model = llama(layers)
+    model = llama(layers, attn)
     run = torch.compile(model, backend=backend) if backend else model
     ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
     torch._dynamo.reset()

@@ -102,6 +102,7 @@ class InductorKernels:
         self._modules = ModuleWatch()
         self._load: Any = None
         self._waiting: Optional[Waiting] = None
+        self._caches: list[tuple[Any, str, Any]] = []     # (config module, flag, its value)
 
     def start(self, model=None) -> None:
         # Inductor's code cache costs a second to import and a run that never compiles has no
@@ -116,7 +117,9 @@ class InductorKernels:
 
     def _hook(self, codecache: Any) -> None:
         """Wrap the kernels of every wrapper module loaded so far, and of each one loaded
-        from now on (through `PyCodeCache.load_by_key_path`)."""
+        from now on (through `PyCodeCache.load_by_key_path`); and turn Inductor's caches off
+        while this layer records (`_fresh`)."""
+        self._fresh()
         PyCodeCache = codecache.PyCodeCache
         for mod in list(PyCodeCache.modules):
             self._wrap(mod)
@@ -136,7 +139,23 @@ class InductorKernels:
         self._load = original
         PyCodeCache.load_by_key_path = classmethod(load_by_key_path)
 
+    def _fresh(self) -> None:
+        """Turn off Inductor's FX graph cache and AOTAutograd's cache while this layer records:
+        a graph compiled now is generated here, with its modules and programs noted, never
+        handed back from a compile made without opdiff (a user's earlier run of the same
+        script), whose kernels name no module. What Inductor generates is the same either way
+        (the cache only skips generating it), and its C++ kernels stay in their own cache;
+        nothing is written to the caches meanwhile. Put back by `stop`."""
+        from torch._functorch import config as aot_config
+        from torch._inductor import config
+        for module, flag in ((config, "fx_graph_cache"), (aot_config, "enable_autograd_cache")):
+            self._caches.append((module, flag, getattr(module, flag)))
+            setattr(module, flag, False)
+
     def stop(self) -> None:
+        for module, flag, value in reversed(self._caches):
+            setattr(module, flag, value)
+        self._caches.clear()
         if self._waiting is not None:
             self._waiting.cancel()
             self._waiting = None

@@ -12,7 +12,8 @@ to the kernel's name.
 wrapper's `call` function: `CppScheduling.define_kernel` (a C++ kernel group about to be called;
 its scheduled nodes) and `Scheduler.codegen_extern_call` (an extern kernel: mm, bmm). When the
 wrapper module is loaded, the i-th definition of a kernel is its i-th call line in the file, and
-the i-th extern call the i-th `extern_kernels.` line (only where the counts agree). What it
+the i-th extern call the i-th `extern_kernels.` line or call of an op Inductor falls back to,
+`torch.ops.aten.<op>.<overload>(` (SDPA on the CPU; only where the counts agree). What it
 found is kept for the process by wrapper file (`lines_of`): a wrapper compiled in one step runs
 again in later ones; and in a small file beside the wrapper in Inductor's cache directory
 (`<wrapper>.py.opdiff-modules.json`), for a later process that Inductor's cache hands the same
@@ -40,7 +41,9 @@ log = logging.getLogger("opdiff")
 _KEEP = 256                 # wrappers remembered per process (each a few hundred lines)
 _known: dict[str, dict[int, list[str]]] = {}     # wrapper file -> call line -> modules
 _CALL = re.compile(r"^\s+(\w+)\(")
-_EXTERN = re.compile(r"^\s+(?:\w+ = )?extern_kernels\.\w+\(")
+# an extern kernel call: `extern_kernels.mm(...)`, or an op Inductor falls back to, called by
+# its overload (`buf15 = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(`)
+_EXTERN = re.compile(r"^\s+(?:\w+ = )?(?:extern_kernels\.\w+|torch\.ops\.\w+\.\w+\.\w+)\(")
 
 
 SIDECAR = ".opdiff-modules.json"
@@ -188,7 +191,9 @@ class ModuleWatch:
 
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
             def codegen_extern_call(sched: Any, node: Any, *args: Any, **kw: Any) -> Any:
-                watch._note("extern", "", lambda: _computed(node))
+                # (a fallback's results taken apart, `buf16 = buf15[0]`: no call of its own)
+                if type(getattr(node, "node", None)).__name__ != "MultiOutput":
+                    watch._note("extern", "", lambda: _computed(node))
                 return original(sched, node, *args, **kw)
             return codegen_extern_call
         if getattr(scheduler, "Scheduler", None) is not None:
@@ -223,7 +228,7 @@ class ModuleWatch:
 
 def match_lines(text: str, calls: list[tuple[str, str, list[str]]]) -> dict[int, list[str]]:
     """Call line (1-based) -> modules: the i-th definition of a kernel at its i-th call line,
-    the i-th extern call at the i-th `extern_kernels.` line where both counts agree."""
+    the i-th extern call at the i-th extern line (`_EXTERN`) where both counts agree."""
     body = text.split("\n")
     start = next((i for i, line in enumerate(body) if line.lstrip().startswith("def call(")), 0)
     kernels: dict[str, list[list[str]]] = {}

@@ -249,11 +249,11 @@ def note(target: list[Record], golden: list[Record], t_meta: Optional[dict[str, 
     if kernels and unplaced:
         return (f"{INCONCLUSIVE}: the {which} ran Inductor-generated kernels whose modules are "
                 f"not known ({len(unplaced)} calls, such as {unplaced[0]['op']}): Inductor "
-                f"generated its code while opdiff did not record, and its cache gave it back "
-                f"without the modules opdiff keeps beside it; no module call is judged, only "
-                f"inputs, parameters and parameter gradients are compared; record a step in "
-                f"which torch.compile compiles (after torch._dynamo.reset(), or with "
-                f"TORCHINDUCTOR_FX_GRAPH_CACHE=0)")
+                f"generated its code while opdiff did not record (the model was compiled "
+                f"before capture started, or a wrapper call opdiff could not place); no "
+                f"module call is judged, only inputs, parameters and parameter gradients are "
+                f"compared; record a step in which torch.compile compiles (start capture "
+                f"before the first compiled call, or call torch._dynamo.reset() first)")
     return (f"{INCONCLUSIVE}: the {which} ran torch.compile'd code, whose graphs are recorded per "
             f"aten op, while the other run is recorded per torch call (level "
             f"{'/'.join(sorted(str(v) for v in levels))}): only inputs, parameters and parameter "
