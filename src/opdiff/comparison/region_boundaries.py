@@ -64,6 +64,7 @@ class Boundaries:
         self.flows: set[int] = set()
         # (producer seq, slot) of a backward call's output -> (input name, shape) of its readers
         self.read_at: Optional[dict[tuple[Any, ...], list[tuple[str, Any]]]] = None
+        self.read_by: dict[Any, set[Any]] = {}     # backward call's seq -> seqs of its readers
 
     def consumers(self, regions: list[Region]) -> dict[int, dict[str, str]]:
         """region number -> {consumer's input tensor name: the region's output tensor it reads};
@@ -160,6 +161,7 @@ class Boundaries:
                             made["phase"] == Phase.BACKWARD:
                         self.read_at.setdefault(tuple(desc["producer"]), []).append(
                             (name, desc.get("shape")))
+                        self.read_by.setdefault(made["seq"], set()).add(rec["seq"])
         return bool(self.read_at)
 
     def _feeds_backward(self, region: Region) -> bool:
@@ -173,9 +175,7 @@ class Boundaries:
         if region.number not in self.flows:
             return True
         seqs = {self.target[i]["seq"] for i in region.target}
-        return any(key[0] in seqs and any(not name.startswith(tuple(
-            self.target[i]["name"] + "." for i in region.target)) for name, _ in readers)
-            for key, readers in (self.read_at or {}).items())
+        return any(self.read_by.get(seq, set()) - seqs for seq in seqs)
 
     def _read_elsewhere(self, producer: Any, made: Optional[Record]) -> Optional[Entry]:
         """A backward call's output no row measures as made, measured where a paired op reads
