@@ -91,8 +91,44 @@ def link_backward_modules(pairs: list[Pair], target: list[Record],
         out.append((ti, gi))
     if len(split) == len(pairs) and not used:
         return pairs
-    return in_golden_order([(ti, gi) for ti, gi in out if not (ti is None and gi in used)],
-                           golden)
+    return beside_makers(in_golden_order(
+        [(ti, gi) for ti, gi in out if not (ti is None and gi in used)], golden), target, golden)
+
+
+def beside_makers(pairs: list[Pair], target: list[Record], golden: list[Record]) -> list[Pair]:
+    """`pairs` with each stretch of golden's backward ops alone that runs just before a pair
+    whose target op reads what one unpaired call of Inductor's backward made moved beside that
+    call: golden made there what the pair reads, as that kernel did (eager's `silu_backward`
+    runs after `up_proj`'s gradient `mm`s, Inductor's kernel holding it before them), so the
+    region judging the kernel lists it (the region's boundary is the target's dataflow alone)."""
+    by_seq = {r["seq"]: i for i, r in enumerate(target) if r["seq"] is not None}
+    place = {ti: k for k, (ti, gi) in enumerate(pairs) if ti is not None and gi is None}
+    moves: dict[int, list[int]] = {}        # place of the kernel -> places to put after it
+    for k, (ti, gi) in enumerate(pairs):
+        if ti is None or gi is None or target[ti]["phase"] != Phase.BACKWARD:
+            continue
+        makers = {place[m] for m in (by_seq.get((d.get("producer") or (None,))[0])
+                                     for _, role, d in iter_tensors(target[ti])
+                                     if role != Role.OUTPUT)
+                  if m is not None and m in place and target[m]["phase"] == Phase.BACKWARD}
+        alone: list[int] = []
+        for q in range(k - 1, -1, -1):
+            tq, gq = pairs[q]
+            if tq is not None or gq is None or golden[gq]["phase"] != Phase.BACKWARD:
+                break
+            alone.insert(0, q)
+        if len(makers) == 1 and alone and min(makers) < alone[0] and \
+                any(t is not None and g is not None for t, g in pairs[min(makers):alone[0]]):
+            moves.setdefault(min(makers), []).extend(alone)
+    if not moves:
+        return pairs
+    moved = {q for qs in moves.values() for q in qs}
+    out: list[Pair] = []
+    for k, pair in enumerate(pairs):
+        if k not in moved:
+            out.append(pair)
+        out += [pairs[q] for q in moves.get(k, ())]
+    return out
 
 
 class ModuleTwins:
@@ -207,5 +243,6 @@ def _alike(t: Record, g: Record) -> bool:
     return bool(shared) and all(t_shapes[k] == g_shapes[k] for k in shared)
 
 
-__all__ = ["link_modules", "link_backward_modules", "ModuleTwins", "backward_modules", "read_parameters",
-           "in_golden_order", "parameter_modules", "CARRIERS"]
+__all__ = ["link_modules", "link_backward_modules", "beside_makers", "ModuleTwins",
+           "backward_modules", "read_parameters", "in_golden_order", "parameter_modules",
+           "CARRIERS"]
