@@ -262,10 +262,11 @@ def unjudged_note(regions: list[Region], region_ops: list[Any], rows: list[Any],
     skipped = [r for r in regions if r.number not in judged]
     beyond = [row for row in rows if row.result in (ERROR, WARNING) and not row.region
               and not (compiled and row.accuracy_reached != "No")]
+    backward = [row.index for row in beyond
+                if compiled and row.phase == Phase.BACKWARD and row.kind in Kind.OPS]
     differ = [row.index for row in beyond
               if not (compiled and row.phase == Phase.BACKWARD and row.kind in Kind.OPS)]
     if compiled:
-        backward = [row.index for row in beyond if row.index not in differ]
         skipped = [r for r in skipped if r.position < min(differ, default=-1)
                    or (r.feeds_backward and r.position < min(backward, default=-1))]
         differ = differ or backward
