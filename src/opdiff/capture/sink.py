@@ -127,11 +127,15 @@ class StepSink:
         self.seq += 1
         describer = self.describer
         if describer is not None and describer.outs:
-            # dataflow: a forward op's outputs name it in later readers' descriptors
-            if record.get("phase") == Phase.FORWARD and record.get("kind") in Kind.OPS:
+            # dataflow: a forward op's outputs name it in later readers' descriptors; so do
+            # the calls of Inductor's compiled backward (its kernels hand each other buffers,
+            # where autograd hands eager's backward ops gradients, found through forward calls)
+            inductor = (record.get("compiled") or {}).get("backend") == "inductor"
+            if record.get("kind") in Kind.OPS and (record.get("phase") == Phase.FORWARD or
+                                                   inductor):
                 describer.produced(
                     record["seq"], record["name"], record.get("kind") in (Kind.API, Kind.KERNEL),
-                    (record.get("compiled") or {}).get("backend") == "inductor")
+                    inductor)
             else:
                 describer.outs.clear()
         if not self._selection.want_input:

@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterable, Optional
 
 from ..store.records import iter_tensors
 from ..store.schema import Kind, Location, Phase, Role, locations_from_frames
+from .compiled_params import ModuleTwins, backward_modules
 from .compiled_spans import span_said
 
 Pair = tuple[Optional[int], Optional[int]]
@@ -66,11 +67,13 @@ def verify(pairs: list[Pair], target: list[Record], golden: list[Record],
     other a tensor without a producer (a gradient, or a view of that same output: weak evidence,
     used before `link_backward`, which prefers twins it does not contradict)."""
     t_by_seq = {r["seq"]: i for i, r in enumerate(target) if r["seq"] is not None}
+    in_backward = frozenset(i for i, r in enumerate(target) if r["phase"] == Phase.BACKWARD)
     g_by_seq = {r["seq"]: j for j, r in enumerate(golden) if r["seq"] is not None}
     if not t_by_seq or not g_by_seq:
         return pairs       # no dataflow on one side: nothing to check against
     t_by_name = {r["name"]: i for i, r in enumerate(target)}
     g_by_name = {r["name"]: j for j, r in enumerate(golden)}
+    twins = ModuleTwins(golden)
     out = list(pairs)
     for _ in range(8):
         partner = {ti: gi for ti, gi in out if ti is not None and gi is not None}
@@ -80,8 +83,8 @@ def verify(pairs: list[Pair], target: list[Record], golden: list[Record],
         for ti, gi in out:
             if ti is not None and gi is not None and (
                     _contradicts(target[ti], golden[gi], partner, taken, t_by_seq, g_by_seq,
-                                 strict) or
-                    _other_forward(target[ti], golden[gi], partner, t_by_name, g_by_name)):
+                                 strict, in_backward) or
+                    _other_forward(target[ti], golden[gi], partner, t_by_name, g_by_name, twins)):
                 split += [(ti, None), (None, gi)]
                 changed = True
             else:
@@ -93,12 +96,14 @@ def verify(pairs: list[Pair], target: list[Record], golden: list[Record],
 
 
 def _other_forward(t: Record, g: Record, partner: dict[int, int], t_by_name: dict[str, int],
-                   g_by_name: dict[str, int]) -> bool:
+                   g_by_name: dict[str, int], golden_twins: ModuleTwins) -> bool:
     """Whether two backward ops are not known to belong to forward ops that are each other's
     twins (a compiled backward op names its forward op through the graph node's `seq_nr`; the
     backward of eager and compiled code run in other orders, so a name or shape proves nothing)."""
     if t["phase"] != Phase.BACKWARD or t["kind"] not in Kind.REPLAYABLE:
         return False
+    if backward_modules(t):     # (Inductor's: its `forward` is the compiled function's)
+        return not golden_twins(t, g)
     tf, gf = t.get("forward"), g.get("forward")
     ti, gi = t_by_name.get(tf or ""), g_by_name.get(gf or "")
     # a backward pair stands only on positive evidence: its forward ops are each other's twins
@@ -113,6 +118,7 @@ def link_backward(pairs: list[Pair], target: list[Record], golden: list[Record])
     partner = {ti: gi for ti, gi in pairs if ti is not None and gi is not None}
     taken = {gi: ti for ti, gi in partner.items()}
     t_by_seq = {r["seq"]: i for i, r in enumerate(target) if r["seq"] is not None}
+    in_backward = frozenset(i for i, r in enumerate(target) if r["phase"] == Phase.BACKWARD)
     g_by_seq = {r["seq"]: j for j, r in enumerate(golden) if r["seq"] is not None}
     t_by_name = {r["name"]: i for i, r in enumerate(target)}
     free: dict[tuple[Any, ...], list[int]] = {}
@@ -132,7 +138,8 @@ def link_backward(pairs: list[Pair], target: list[Record], golden: list[Record])
                 if waiting:
                     # the first candidate whose inputs' makers do not contradict it
                     gj = next((j for j in waiting if not _contradicts(
-                        t, golden[j], partner, taken, t_by_seq, g_by_seq, True)), waiting[0])
+                        t, golden[j], partner, taken, t_by_seq, g_by_seq, True, in_backward)),
+                        waiting[0])
                     waiting.remove(gj)
                     used.add(gj)
                     out.append((ti, gj))
@@ -148,7 +155,8 @@ def signature(record: Record) -> tuple[Any, ...]:
 
 
 def _contradicts(t: Record, g: Record, partner: dict[int, int], taken: dict[int, int],
-                 t_by_seq: dict[Any, int], g_by_seq: dict[Any, int], strict: bool) -> bool:
+                 t_by_seq: dict[Any, int], g_by_seq: dict[Any, int], strict: bool,
+                 in_backward: frozenset[int] = frozenset()) -> bool:
     """Whether the inputs of t and g were made by ops that are not each other's twins."""
     if t["kind"] not in Kind.REPLAYABLE:
         return False        # modules, leaves, parameter gradients pair by their names
@@ -181,8 +189,11 @@ def _contradicts(t: Record, g: Record, partner: dict[int, int], taken: dict[int,
             return True         # another parameter, buffer or input
         elif backward and (tp or gp) and not (tl or gl):
             # in backward, a tensor without a producer is a gradient (or a view): one side
-            # reads a forward op's output where the other reads a gradient
+            # reads a forward op's output where the other reads a gradient (Inductor's
+            # backward calls name the ones that made theirs: gradients too)
             made = t_by_seq.get(tp[0]) if tp else g_by_seq.get((gp or (None,))[0])
+            if tp and made in in_backward:
+                continue
             if made is not None and (made in partner if tp else made in taken):
                 return True
     return False

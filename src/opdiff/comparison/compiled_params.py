@@ -42,7 +42,7 @@ def link_modules(pairs: list[Pair], target: list[Record], golden: list[Record]) 
         else:
             split.append((ti, gi))
     if len(split) == len(pairs):
-        return pairs
+        return link_backward_modules(pairs, target, golden)
     free = {gi for ti, gi in split if ti is None and gi is not None and owners.get(gi)}
     out: list[Pair] = []
     used: set[int] = set()
@@ -55,8 +55,122 @@ def link_modules(pairs: list[Pair], target: list[Record], golden: list[Record]) 
                 out.append((ti, found[0]))
                 continue
         out.append((ti, gi))
-    return in_golden_order([(ti, gi) for ti, gi in out if not (ti is None and gi in used)],
-                           golden)
+    return link_backward_modules(in_golden_order(
+        [(ti, gi) for ti, gi in out if not (ti is None and gi in used)], golden), target, golden)
+
+
+def link_backward_modules(pairs: list[Pair], target: list[Record],
+                          golden: list[Record]) -> list[Pair]:
+    """`pairs` with each backward extern kernel of Inductor's (a weight's or an input's
+    gradient `mm`) paired with the one free golden backward op of its kind and shapes whose
+    forward op reads the parameters of the same modules (`compiled.modules`), reading the same
+    parameters itself (the input gradient reads the weight, the weight gradient the activation:
+    `k_proj`'s two `mm`s have one shape); a pair the alignment made against that evidence is
+    split first. Inductor's backward calls name no forward op of theirs (`forward` is the
+    compiled function's), so their modules are the evidence. The pair takes the target op's
+    place, golden's other ops put back in its order (`in_golden_order`)."""
+    twins = ModuleTwins(golden)
+    split: list[Pair] = []
+    for ti, gi in pairs:
+        if ti is not None and gi is not None and backward_modules(target[ti]) and \
+                not twins(target[ti], golden[gi]):
+            split += [(ti, None), (None, gi)]
+        else:
+            split.append((ti, gi))
+    free = [gi for ti, gi in split if ti is None and gi is not None and
+            golden[gi]["phase"] == Phase.BACKWARD and golden[gi]["kind"] == "aten"]
+    used: set[int] = set()
+    out: list[Pair] = []
+    for ti, gi in split:
+        if ti is not None and gi is None and backward_modules(target[ti]):
+            found = [j for j in free if j not in used and twins(target[ti], golden[j])]
+            if len(found) == 1:
+                used.add(found[0])
+                out.append((ti, found[0]))
+                continue
+        out.append((ti, gi))
+    if len(split) == len(pairs) and not used:
+        return pairs
+    return beside_makers(in_golden_order(
+        [(ti, gi) for ti, gi in out if not (ti is None and gi in used)], golden), target, golden)
+
+
+def beside_makers(pairs: list[Pair], target: list[Record], golden: list[Record]) -> list[Pair]:
+    """`pairs` with each stretch of golden's backward ops alone that runs just before a pair
+    whose target op reads what one unpaired call of Inductor's backward made moved beside that
+    call: golden made there what the pair reads, as that kernel did (eager's `silu_backward`
+    runs after `up_proj`'s gradient `mm`s, Inductor's kernel holding it before them), so the
+    region judging the kernel lists it (the region's boundary is the target's dataflow alone)."""
+    by_seq = {r["seq"]: i for i, r in enumerate(target) if r["seq"] is not None}
+    place = {ti: k for k, (ti, gi) in enumerate(pairs) if ti is not None and gi is None}
+    moves: dict[int, list[int]] = {}        # place of the kernel -> places to put after it
+    for k, (ti, gi) in enumerate(pairs):
+        if ti is None or gi is None or target[ti]["phase"] != Phase.BACKWARD:
+            continue
+        makers = {place[m] for m in (by_seq.get((d.get("producer") or (None,))[0])
+                                     for _, role, d in iter_tensors(target[ti])
+                                     if role != Role.OUTPUT)
+                  if m is not None and m in place and target[m]["phase"] == Phase.BACKWARD}
+        alone: list[int] = []
+        for q in range(k - 1, -1, -1):
+            tq, gq = pairs[q]
+            if tq is not None or gq is None or golden[gq]["phase"] != Phase.BACKWARD:
+                break
+            alone.insert(0, q)
+        if len(makers) == 1 and alone and min(makers) < alone[0] and \
+                any(t is not None and g is not None for t, g in pairs[min(makers):alone[0]]):
+            moves.setdefault(min(makers), []).extend(alone)
+    if not moves:
+        return pairs
+    moved = {q for qs in moves.values() for q in qs}
+    out: list[Pair] = []
+    for k, pair in enumerate(pairs):
+        if k not in moved:
+            out.append(pair)
+        out += [pairs[q] for q in moves.get(k, ())]
+    return out
+
+
+class ModuleTwins:
+    """`twins(t, g)`: whether an extern kernel of Inductor's compiled backward and a golden
+    backward op are twins by the evidence `link_backward_modules` pairs them on: the modules
+    whose parameters g's forward op reads are those t names, and they read the same
+    parameters, in the same shapes."""
+
+    def __init__(self, golden: list[Record]) -> None:
+        self.golden = golden
+        self.by_seq = {r["seq"]: j for j, r in enumerate(golden) if r["seq"] is not None}
+        self.by_name = {r["name"]: j for j, r in enumerate(golden)}
+        self.owners: dict[str, set[str]] = {}
+
+    def __call__(self, t: Record, g: Record) -> bool:
+        modules = set(backward_modules(t))
+        if not modules or g["phase"] != Phase.BACKWARD or not _alike(t, g):
+            return False
+        forward = str(g.get("forward") or "")
+        if forward not in self.owners:
+            made = self.by_name.get(forward)
+            self.owners[forward] = set() if made is None else \
+                parameter_modules(self.golden[made], self.golden, self.by_seq)
+        return self.owners[forward] == modules and read_parameters(t) == read_parameters(g)
+
+
+def backward_modules(record: Record) -> list[str]:
+    """The modules an extern kernel of Inductor's compiled backward computes the gradients of
+    (`compiled.modules`; [] for any other record, and for a kernel Inductor generated)."""
+    facts = record.get("compiled") or {}
+    found = facts.get("modules")
+    if record["phase"] != Phase.BACKWARD or record["kind"] != "aten" or \
+            facts.get("backend") != "inductor" or not isinstance(found, list):
+        return []
+    return [str(m) for m in found if m]
+
+
+def read_parameters(record: Record) -> set[tuple[str, str]]:
+    """(input, parameter FQN) of each parameter `record` reads directly."""
+    name = record["name"]
+    return {(n[len(name):], str(d.get("fqn"))) for n, role, d in iter_tensors(record)
+            if role != Role.OUTPUT and d.get("leaf") == "parameter"}
 
 
 def in_golden_order(pairs: list[Pair], golden: list[Record]) -> list[Pair]:
@@ -129,4 +243,6 @@ def _alike(t: Record, g: Record) -> bool:
     return bool(shared) and all(t_shapes[k] == g_shapes[k] for k in shared)
 
 
-__all__ = ["link_modules", "in_golden_order", "parameter_modules", "CARRIERS"]
+__all__ = ["link_modules", "link_backward_modules", "beside_makers", "ModuleTwins",
+           "backward_modules", "read_parameters", "in_golden_order", "parameter_modules",
+           "CARRIERS"]

@@ -59,15 +59,24 @@ class Boundaries:
         self.calls: dict[int, list[Record]] = {}        # ... and its forward calls
         self.unproven_by_dataflow: dict[int, str] = {}  # ... or why the dataflow does not prove it
         self.inside: Optional[dict[str, list[int]]] = None   # module call -> indices of its ops
+        # backward regions judged like forward ones, through the dataflow Inductor's compiled
+        # backward carries between its calls (capture/sink.py): their numbers
+        self.flows: set[int] = set()
+        # (producer seq, slot) of a backward call's output -> (input name, shape) of its readers
+        self.read_at: Optional[dict[tuple[Any, ...], list[tuple[str, Any]]]] = None
+        self.read_by: dict[Any, set[Any]] = {}     # backward call's seq -> seqs of its readers
 
     def consumers(self, regions: list[Region]) -> dict[int, dict[str, str]]:
         """region number -> {consumer's input tensor name: the region's output tensor it reads};
         a backward region's: {where a gradient it makes arrives: that gradient}."""
+        self.flows = {r.number for r in regions if self._flows(r)}
+        for r in regions:
+            r.feeds_backward = self._feeds_backward(r)
         if not self.dataflow or not regions:
             return {}
         out: dict[int, dict[str, str]] = {}
         for r in regions:
-            if r.phase == Phase.BACKWARD:
+            if r.phase == Phase.BACKWARD and r.number not in self.flows:
                 if self.gradients is None:
                     self.gradients = Gradients(self.target, self.by_seq)
                 if r.target:
@@ -83,20 +92,25 @@ class Boundaries:
                     self.arriving[r.number], out[r.number], self.calls[r.number] = found
                     if not r.target:    # (it made no target tensor: each is measured as is)
                         out[r.number] = {n: n for n in out[r.number]}
-        regions = [r for r in regions if r.phase != Phase.BACKWARD]
+        regions = [r for r in regions if r.phase != Phase.BACKWARD or r.number in self.flows]
         if not regions:
             return out
         region_of = {self.target[i]["seq"]: r.number for r in regions for i in r.target}
+        backward = {self.target[i]["seq"] for r in regions if r.phase == Phase.BACKWARD
+                    for i in r.target}
         inside = {i for r in regions for i in r.target}
         for k, rec in enumerate(self.target):
             # (against a compiled run a backward op pairs with eager's through its forward op
             # only, and one of two alike, the o_proj weight gradient's `mm`, may meet the
-            # other's twin: a forward region's output is measured where forward ops read it)
-            if k in inside or (self.upstream and rec["phase"] == Phase.BACKWARD):
+            # other's twin: a forward region's output is measured where forward ops read it;
+            # a backward region's where Inductor's backward calls read it)
+            if k in inside:
                 continue
+            reads_backward = self.upstream and rec["phase"] == Phase.BACKWARD
             for name, role, desc in iter_tensors(rec):
                 producer = desc.get("producer")
-                if role == Role.INPUT and producer and producer[0] in region_of:
+                if role == Role.INPUT and producer and producer[0] in region_of and \
+                        (producer[0] in backward) == reads_backward:
                     made = self.by_seq.get(producer[0])
                     out.setdefault(region_of[producer[0]], {})[name] = \
                         f"{made['name']}.output.{producer[1]}" if made else name
@@ -107,14 +121,19 @@ class Boundaries:
         """(inputs, outputs) through the dump's dataflow, or None where it does not reach."""
         if not self.dataflow:
             return None
-        if region.phase == Phase.BACKWARD:
+        if region.phase == Phase.BACKWARD and region.number not in self.flows:
             return self._backward(region, consumers)
         self.traced = []
         read = self._read([self.target[i] for i in region.target])
+        outputs = {e[0]: e for e in (self.measured.get(n) for n in consumers) if e is not None}
+        if region.number in self.flows and (read is None or not outputs):
+            self.unproven_by_dataflow[region.number] = (
+                "a tensor its kernels read is not compared with golden" if read is None else
+                "no op compared with golden's reads what it makes (gradients of parameters, "
+                "which L2 does not record, are left)")
         if read is None:
             return None
         inputs, unpaired = read
-        outputs = {e[0]: e for e in (self.measured.get(n) for n in consumers) if e is not None}
         if not outputs or not inputs:
             return None
         region.unpaired_leaves = unpaired
@@ -122,6 +141,56 @@ class Boundaries:
         if self.upstream:       # (its ops made tensors a later region may be judged through)
             self.regional.update(self.target[i]["seq"] for i in region.target)
         return list(inputs.values()), list(outputs.values())
+
+    def _flows(self, region: Region) -> bool:
+        """Whether a backward region's target ops are calls of Inductor's compiled backward
+        whose inputs name the backward calls that made them (dumps since capture records
+        that dataflow): it is judged like a forward region, at the tensors its kernels read
+        and hand on; its `forward` is the compiled function's, no op's of its own."""
+        if not self.upstream or region.phase != Phase.BACKWARD or not region.target:
+            return False
+        ops = [self.target[i] for i in region.target]
+        if not any((r.get("compiled") or {}).get("backend") == "inductor" for r in ops):
+            return False
+        if self.read_at is None:    # (made once: who reads each backward call's outputs)
+            self.read_at = {}
+            for rec in self.target:
+                for name, role, desc in iter_tensors(rec):
+                    made = self.by_seq.get((desc.get("producer") or (None,))[0])
+                    if role != Role.OUTPUT and made is not None and \
+                            made["phase"] == Phase.BACKWARD:
+                        self.read_at.setdefault(tuple(desc["producer"]), []).append(
+                            (name, desc.get("shape")))
+                        self.read_by.setdefault(made["seq"], set()).add(rec["seq"])
+        return bool(self.read_at)
+
+    def _feeds_backward(self, region: Region) -> bool:
+        """Whether a backward region of Inductor's compiled backward may hand what it makes to
+        recorded ops: not where the backward's dataflow is recorded and no op outside it reads
+        its outputs (its results go to parameters' gradients only)."""
+        if region.phase != Phase.BACKWARD or not any(
+                (self.target[i].get("compiled") or {}).get("backend") == "inductor"
+                for i in region.target):
+            return False
+        if region.number not in self.flows:
+            return True
+        seqs = {self.target[i]["seq"] for i in region.target}
+        return any(self.read_by.get(seq, set()) - seqs for seq in seqs)
+
+    def _read_elsewhere(self, producer: Any, made: Optional[Record]) -> Optional[Entry]:
+        """A backward call's output no row measures as made, measured where a paired op reads
+        it whole (another view of the same elements: the gradient kernel's output an `mm`
+        reads transposed), or None."""
+        if made is None or made["phase"] != Phase.BACKWARD or not self.read_at:
+            return None
+        size = _elements(next((d.get("shape") for n, role, d in iter_tensors(made)
+                               if role == Role.OUTPUT and n.endswith(f".output.{producer[1]}")),
+                              None))
+        for name, shape in self.read_at.get(tuple(producer), ()):
+            entry = self.measured.get(name)
+            if entry is not None and size is not None and _elements(shape) == size:
+                return entry
+        return None
 
     def _backward(self, region: Region, consumers: dict[str, str]
                   ) -> Optional[tuple[list[Entry], list[Entry]]]:
@@ -161,6 +230,8 @@ class Boundaries:
                     continue
                 if producer:
                     maker = self.by_seq.get(producer[0])
+                    if maker is not None and _constant(maker):
+                        continue    # (a buffer Inductor allocates: `zeros`, read nothing)
                     name = f"{maker['name']}.output.{producer[1]}" if maker else None
                 elif leaf in ("parameter", "buffer", "input"):
                     rec_name = self.leaf_names.get((leaf, desc.get("fqn")))
@@ -168,6 +239,8 @@ class Boundaries:
                 else:
                     continue        # made outside the recorded ops: nothing to measure it by
                 entry = self.measured.get(name) if name else None
+                if entry is None and producer:
+                    entry = self._read_elsewhere(producer, self.by_seq.get(producer[0]))
                 if entry is None and name and leaf in ("parameter", "buffer"):
                     # golden holds it in other shapes (three q/k/v weights against one fused
                     # qkv weight): not compared; the verdict says so (`region_reason`)
@@ -193,8 +266,8 @@ class Boundaries:
             self.sources[seq] = None        # (the dataflow runs forward: no cycle; guarded)
             made = self.by_seq.get(seq)
             outer, self.traced = self.traced, []
-            read = self._read([made]) if made is not None and \
-                made["phase"] == Phase.FORWARD else None
+            read = self._read([made]) if made is not None and (
+                made["phase"] == Phase.FORWARD or self.read_at) else None
             if read is not None and made is not None:
                 self.sources[seq] = (read[0], read[1], [made["name"], *self.traced])
             self.traced = outer
@@ -210,7 +283,7 @@ class Boundaries:
         outputs as "output")."""
         if not self.dataflow:
             return {}
-        if region.phase == Phase.BACKWARD:
+        if region.phase == Phase.BACKWARD and region.number not in self.flows:
             out = {n: (op, key, "") for n, (op, key) in self.arriving.get(region.number, {}).items()}
             calls = self.calls.get(region.number, [])
             for tensor, reader in self._readers(calls).items():
@@ -327,6 +400,21 @@ class Boundaries:
         flow = self.unproven_by_dataflow.get(region.number) if self.dataflow else \
             "the dump has no dataflow"
         return f"{flow}, and {module}" if flow else module
+
+
+def _elements(shape: Any) -> Optional[int]:
+    if not isinstance(shape, (list, tuple)):
+        return None
+    size = 1
+    for n in shape:
+        size *= int(n)
+    return size
+
+
+def _constant(record: Record) -> bool:
+    """Whether an op made its output of no tensor (an allocation: `zeros`, `empty`)."""
+    return record["kind"] in Kind.OPS and not any(
+        role != Role.OUTPUT for _, role, _ in iter_tensors(record))
 
 
 def common_chain(module: Optional[str], parents: dict[str, Any]) -> list[str]:

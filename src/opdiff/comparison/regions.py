@@ -75,6 +75,10 @@ class Region:
     # other regions' ops that made tensors it reads that nothing compared: it is judged from
     # what they were made of (`region_boundaries`, upstream), and its verdict names them
     through: list[str] = field(default_factory=list)
+    # a backward region of Inductor's compiled backward whose results recorded ops may read (not
+    # proven otherwise by the dataflow): a backward op differing after it may come from it
+    # (`unjudged_note`; set by `region_boundaries.Boundaries.consumers`)
+    feeds_backward: bool = False
 
     @property
     def name(self) -> str:
@@ -253,19 +257,30 @@ def unjudged_note(regions: list[Region], region_ops: list[Any], rows: list[Any],
     its tolerance, and beyond the run's precision (`policy.beyond_run_tolerance`), is evidence
     (fusion changes rounding everywhere), and a backward op's is not: the compiled backward's
     ops pair with eager's through their forward op, and one of several alike (a product's two
-    `mul`s) may pair with the other's twin."""
+    `mul`s) may pair with the other's twin: such a row is evidence only after a region of
+    Inductor's compiled backward not judged whose results recorded ops may read
+    (`Region.feeds_backward`; a twin mispaired there makes the answer inconclusive, never a
+    false claim of agreement)."""
     judged = {op.region[0].number for op in region_ops}
     skipped = [r for r in regions if r.number not in judged]
     run = run_precision(rows) if compiled else None
-    differ = [row.index for row in rows if row.result in (ERROR, WARNING) and not row.region
+    beyond = [row for row in rows if row.result in (ERROR, WARNING) and not row.region
               and not (compiled and (row.accuracy_reached != "No" or (
-                  policy is not None and not policy.beyond_run_tolerance(row, run)) or (
-                  row.phase == Phase.BACKWARD and row.kind in Kind.OPS)))]
+                  policy is not None and not policy.beyond_run_tolerance(row, run))))]
+    backward = [row.index for row in beyond
+                if compiled and row.phase == Phase.BACKWARD and row.kind in Kind.OPS]
+    differ = [row.index for row in beyond
+              if not (compiled and row.phase == Phase.BACKWARD and row.kind in Kind.OPS)]
+    if compiled:
+        skipped = [r for r in skipped if r.position < min(differ, default=-1)
+                   or (r.feeds_backward and r.position < min(backward, default=-1))]
+        differ = differ or backward
     if found or not skipped or not differ:
         return None
     # (a region after the first difference cannot have made it: those before it, if any; in a
     # compiled run, whose alignment is in the target's order, none: a region after it is moot)
-    skipped = [r for r in skipped if r.position < min(differ)] or ([] if compiled else skipped)
+    skipped = skipped if compiled else ([r for r in skipped if r.position < min(differ)]
+                                        or skipped)
     if not skipped:
         return None
     names = ", ".join(r.label() + (f" ({r.why})" if r.why else "")
