@@ -118,6 +118,8 @@ class _Row:
     def __init__(self, index: int, phase: str, kind: str = "aten") -> None:
         self.index, self.phase, self.kind = index, phase, kind
         self.result, self.accuracy_reached, self.region = WARNING, "No", None
+        self.target_dtype = self.golden_dtype = "float32"
+        self.error = 1e-3       # (beyond float32's tolerance, the run's precision)
 
 
 def test_a_backward_op_beyond_tolerance_after_an_unjudged_backward_region_is_inconclusive():
@@ -134,3 +136,17 @@ def test_a_backward_op_beyond_tolerance_after_an_unjudged_backward_region_is_inc
     # (aot_eager's backward, or a kernel whose results no recorded op reads: not evidence)
     ends = Region(3, "backward", [10], [11], position=5)
     assert unjudged_note([ends], [], [_Row(7, "backward")], False, compiled=True) is None
+
+
+@pytest.mark.slow
+def test_inductor_backward_calls_name_no_forward_op_of_the_compiled_function(steps):
+    # an extern kernel of the compiled backward runs under the compiled function's autograd
+    # node, whose number names the first op its forward ran (before: every one of them said
+    # `forward: Aten.mm.0.forward`, and a replay could take it for that op's backward)
+    path = steps("healthy", "statistics").path / "step0" / "rank0" / "records.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    calls = [r for r in records if r["phase"] == "backward" and r["kind"] == "aten"
+             and r.get("autograd_node") == "CompiledFunctionBackward"]
+    assert len(calls) > 20, len(calls)
+    assert not [r["name"] for r in calls if r.get("forward")], [
+        (r["name"], r["forward"]) for r in calls if r.get("forward")][:3]

@@ -100,8 +100,12 @@ class AtenCapture(TorchDispatchMode):
             if node is None and draws(op, args, kwargs):
                 record["rng"] = fingerprint(args, kwargs)
             if node is not None:
-                record["forward"] = self.forward_names.get(node._sequence_nr())
                 record["autograd_node"] = node.name()
+                # (inside a compiled backward the node is the whole compiled function's: its
+                # number names the first op its forward ran, not this op's; an FX graph's
+                # node says below, Inductor's calls say none)
+                record["forward"] = (None if record["autograd_node"] == "CompiledFunctionBackward"
+                                     else self.forward_names.get(node._sequence_nr()))
             compiled = provenance(2)    # run by an FX graph of torch.compile (compiled.py)
             if compiled is not None:
                 record["compiled"] = compiled
