@@ -219,46 +219,36 @@ def test_a_wrong_rsqrt_decomposition_is_named_at_the_span_holding_layer_0s_first
     assert not [n for n in result.notes if n.startswith("inconclusive")], result.notes
 
 
-def test_a_fault_only_in_layer_1s_post_attention_norm_is_named_in_layer_1(steps, tmp_path):
-    # its kernel fuses layer 1's first residual add; the layer's second add is fused with the
-    # final norm, and the MLP between reads this norm's output and hands its own to that add:
-    # judged as one span, its input (the MLP's output) already differs, and it was inconclusive
-    result = _compare(steps["later_norm"], steps["eager"], tmp_path / "out")
+# Layer 1's kernel fuses its first residual add; the layer's second add is fused with the final
+# norm, and the MLP between reads this norm's output and hands its own to that add: judged as
+# one span, its input (the MLP's output) already differed, and it was inconclusive. The residual
+# and the attention's output agree; of the two [2, 8, 32] it hands out, the residual agrees and
+# the norm's output does not.
+# Layer 0's: Inductor computes its first residual add twice, in the norm's kernel and again in
+# the kernel of the second add, from the embedding's output and the attention's. The span's
+# first part hands on the norm's output only, and the residual eager's first part hands on
+# (read by the second add alone) is left out of it; before, neither part was judged and the
+# whole span's input (the MLP's output) already differed: "inconclusive".
+@pytest.mark.parametrize("step,layer,span,outputs", [
+    ("later_norm", 1, LATER_NORM, [("output", "error"), ("output", "pass")]),
+    ("first_norm", 0, FIRST_NORM, [("output", "error")])])
+def test_a_fault_only_in_one_post_attention_norm_is_named_in_its_layer(steps, tmp_path, step,
+                                                                        layer, span, outputs):
+    result = _compare(steps[step], steps["eager"], tmp_path / "out")
     first = result.first_divergence
     assert first is not None, verdict_line(result)
-    assert first.name == LATER_NORM, first
+    assert first.name == span, first
     assert "rsqrt" in first.reason and "span of 2 module calls" in first.reason, first.reason
-    assert "differs most is made in `model.layers.1.post_attention_layernorm`" in first.reason
+    assert f"differs most is made in `model.layers.{layer}.post_attention_layernorm`" in \
+        first.reason
     assert "own code" in first.reason, first.reason     # (of the layer: its adds, not its calls)
     assert first.location is not None and first.location.file.endswith("modeling_llama.py")
     assert "self.post_attention_layernorm(" in (first.location.code or ""), first.location
-    # the residual and the attention's output agree; of the two [2, 8, 32] it hands out, the
-    # residual agrees and the norm's output does not
-    rows = [(r.role, r.result) for r in result.rows if r.op_name == LATER_NORM]
-    assert sorted(rows) == [("input", "pass"), ("input", "pass"), ("output", "error"),
-                            ("output", "pass")], rows
+    rows = [(r.role, r.result) for r in result.rows if r.op_name == span]
+    assert sorted(rows) == [("input", "pass"), ("input", "pass")] + outputs, rows
     assert not [n for n in result.notes if n.startswith("inconclusive")], result.notes
     again = rejudge(load_summary(tmp_path / "out"), {})
-    assert again.first_divergence is not None and again.first_divergence.name == LATER_NORM
-
-
-def test_a_fault_only_in_layer_0s_post_attention_norm_is_named_in_layer_0(steps, tmp_path):
-    # Inductor computes layer 0's first residual add twice: in the norm's kernel and again in
-    # the kernel of the second add, from the embedding's output and the attention's. The
-    # span's first part hands on the norm's output only, and the residual eager's first part
-    # hands on (read by the second add alone) is left out of it; before, neither part was
-    # judged and the whole span's input (the MLP's output) already differed: "inconclusive"
-    result = _compare(steps["first_norm"], steps["eager"], tmp_path / "out")
-    first = result.first_divergence
-    assert first is not None, verdict_line(result)
-    assert first.name == FIRST_NORM, first
-    assert "rsqrt" in first.reason and "span of 2 module calls" in first.reason, first.reason
-    assert "differs most is made in `model.layers.0.post_attention_layernorm`" in first.reason
-    assert first.location is not None and first.location.file.endswith("modeling_llama.py")
-    assert "self.post_attention_layernorm(" in (first.location.code or ""), first.location
-    rows = [(r.role, r.result) for r in result.rows if r.op_name == FIRST_NORM]
-    assert sorted(rows) == [("input", "pass"), ("input", "pass"), ("output", "error")], rows
-    assert not [n for n in result.notes if n.startswith("inconclusive")], result.notes
+    assert again.first_divergence is not None and again.first_divergence.name == span
 
 
 @pytest.mark.parametrize("golden,mode", [("eager", "statistics"), ("eager_tensor", "tensor")])
