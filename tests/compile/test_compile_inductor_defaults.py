@@ -1,7 +1,7 @@
 """Eager against Inductor at level mix with what a user's script has by default: Hugging Face's
 default attention (SDPA, which Inductor runs on the CPU as a fallback to
 `aten._scaled_dot_product_flash_attention_for_cpu`, its results taken apart by two more extern
-nodes), and Inductor's on-disk cache warmed by an earlier run of the script without opdiff.
+nodes; the tiny Llama and a tiny Mistral), and Inductor's on-disk cache warmed by an earlier run of the script without opdiff.
 Before, either made every compare "inconclusive: ... kernels whose modules are not known": the
 fallback's call lines were not counted among the extern calls (so no extern call got its
 modules), and a cached wrapper named none."""
@@ -59,6 +59,40 @@ def test_sdpa_healthy_names_nothing_and_a_wrong_silu_is_named_at_the_mlp(sdpa, t
                            progress=False).first_divergence
     assert first is not None and first.name == MLP, first
     assert "silu" in first.reason, first.reason
+
+
+def _mistral_step(path: Path, backend=None) -> Path:
+    """One forward and backward of a tiny Mistral with its default attention (SDPA), at mix."""
+    import torch
+    import torch._dynamo
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = transformers.MistralForCausalLM(transformers.MistralConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)).eval()
+    assert model.config._attn_implementation == "sdpa"
+    run = torch.compile(model, backend=backend) if backend else model
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
+    torch._dynamo.reset()
+    with opdiff.dump(model, str(path), level="mix"):
+        run(input_ids=ids, labels=ids).loss.backward()
+    torch._dynamo.reset()
+    return path
+
+
+def test_another_family_with_its_default_attention_too(tmp_path):
+    # (a tiny Mistral: SDPA by default, as the Llama above)
+    eager = _mistral_step(tmp_path / "eager")
+    with fresh_compile():
+        healthy = _mistral_step(tmp_path / "healthy", "inductor")
+    with wrong_silu_decomposition():
+        silu = _mistral_step(tmp_path / "silu", "inductor")
+    result = opdiff.compare(str(healthy), str(eager), str(tmp_path / "h"), progress=False)
+    assert result.first_divergence is None, result.first_divergence
+    assert not verdict_line(result).startswith("inconclusive"), verdict_line(result)
+    first = opdiff.compare(str(silu), str(eager), str(tmp_path / "s"),
+                           progress=False).first_divergence
+    assert first is not None and first.name == "Module.model.layers.0.mlp.MistralMLP.forward.0"
 
 
 _SCRIPT = """
