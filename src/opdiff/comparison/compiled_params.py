@@ -34,7 +34,7 @@ def link_modules(pairs: list[Pair], target: list[Record], golden: list[Record]) 
     one free golden op of the same kind and shapes that reads its module's parameters."""
     by_seq = {r["seq"]: j for j, r in enumerate(golden) if r["seq"] is not None}
     owners = {j: parameter_modules(golden[j], golden, by_seq) for j in range(len(golden))
-              if golden[j]["phase"] == Phase.FORWARD and golden[j]["kind"] == "aten"}
+              if golden[j]["phase"] == Phase.FORWARD and golden[j]["kind"] == Kind.ATEN}
     split: list[Pair] = []
     for ti, gi in pairs:
         if ti is not None and gi is not None and gi in owners and _other(target[ti], owners[gi]):
@@ -78,7 +78,7 @@ def link_backward_modules(pairs: list[Pair], target: list[Record],
         else:
             split.append((ti, gi))
     free = [gi for ti, gi in split if ti is None and gi is not None and
-            golden[gi]["phase"] == Phase.BACKWARD and golden[gi]["kind"] == "aten"]
+            golden[gi]["phase"] == Phase.BACKWARD and golden[gi]["kind"] == Kind.ATEN]
     used: set[int] = set()
     out: list[Pair] = []
     for ti, gi in split:
@@ -160,7 +160,7 @@ def backward_modules(record: Record) -> list[str]:
     (`compiled.modules`; [] for any other record, and for a kernel Inductor generated)."""
     facts = record.get("compiled") or {}
     found = facts.get("modules")
-    if record["phase"] != Phase.BACKWARD or record["kind"] != "aten" or \
+    if record["phase"] != Phase.BACKWARD or record["kind"] != Kind.ATEN or \
             facts.get("backend") != "inductor" or not isinstance(found, list):
         return []
     return [str(m) for m in found if m]
