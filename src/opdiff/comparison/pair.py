@@ -33,7 +33,7 @@ from .region_cover import covered_tensors
 from .region_marks import mark_boundaries
 from .region_onesided import one_sided
 from .regions import (REGION, absorb, Region, RegionOps, find_regions, mark_region_rows, members,
-                      op_list, unjudged_note)
+                      op_list, unjudged_note, unrecorded_note)
 from .saved import load_saved, numel
 from .result import (ERROR, PASS, UNMATCHED, WARNING, CompareResult, Note, TensorRow, count,
                      noted)
@@ -194,6 +194,8 @@ class _PairCompare:
                                                            divergence is not None,
                                                            compiled_run, self.policy)
         notes = noted(skipped, Note.INCONCLUSIVE) + notes
+        notes += noted(unrecorded_note(regions, region_ops, t_records, divergence is not None
+                                       or bool(skipped)), Note.PAIRING)
         notes += noted(forced.unjudged_note(self._not_judged, divergence is None and any(
             r.result in (ERROR, WARNING) for r in self.rows)), Note.INCONCLUSIVE)
         if replayer is not None and (replayer.done or replayer.regions):

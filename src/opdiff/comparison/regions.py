@@ -293,6 +293,27 @@ def unjudged_note(regions: list[Region], region_ops: list[Any], rows: list[Any],
             f"difference may start there; no op elsewhere is blamed")
 
 
+def unrecorded_note(regions: list[Region], region_ops: list[Any], target: list[Record],
+                    found: bool) -> Optional[str]:
+    """Where nothing was blamed: the regions of Inductor's compiled backward not judged whose
+    results recorded ops do not read (`Region.feeds_backward` False: the last kernel, making
+    the embedding's and the first norm's weight gradients, at L2, which records no parameter
+    gradient). A difference they make shows in no tensor compared: said, not hidden."""
+    judged = {op.region[0].number for op in region_ops}
+    left = [r for r in regions if not found and r.number not in judged and
+            r.phase == Phase.BACKWARD and not r.feeds_backward and r.target and
+            any((target[i].get("compiled") or {}).get("backend") == "inductor" for i in r.target)]
+    if not left:
+        return None
+    kernels = [f"`{target[i]['op']}`" for r in left for i in r.target
+               if target[i]["kind"] == Kind.KERNEL]
+    return (f"not judged: {', '.join(r.label() for r in left)} of the compiled backward "
+            f"({', '.join(kernels[:SHOWN_OPS]) or 'its calls'}): its results are parameters' "
+            f"gradients only, which this level does not record, so a difference it makes shows "
+            f"in no tensor compared here; record the step at level mix as well, where "
+            f"parameter gradients are compared")
+
+
 def op_list(records: list[Record], indices: list[int], locate: Any) -> list[dict[str, Any]]:
     """[{"name", "op", "location", "module"}] of a side's region ops (`locate(record)` ->
     Location|None; `module` the module call the op ran in)."""
@@ -324,5 +345,5 @@ def made_tensor(op: Any, measured: Optional[str]) -> Optional[str]:
 
 
 __all__ = ["REGION", "Region", "RegionOps", "find_regions", "members", "absorb",
-           "label_number", "mark_region_rows", "unjudged_note",
+           "label_number", "mark_region_rows", "unjudged_note", "unrecorded_note",
            "common_module", "op_list", "region_members", "made_tensor"]
