@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterable, Optional
 
 from ..store.records import iter_tensors
 from ..store.schema import Kind, Location, Phase, Role, locations_from_frames
+from .compiled_modules import by_inductor
 from .compiled_params import ModuleTwins, backward_modules
 from .compiled_spans import span_said
 
@@ -202,8 +203,7 @@ def _contradicts(t: Record, g: Record, partner: dict[int, int], taken: dict[int,
 def inductor_calls(records: list[Record]) -> list[str]:
     """The ops of a dump recorded inside Inductor's generated code (its extern kernels and,
     from capture/inductor.py, its own kernels)."""
-    return [r["op"] for r in records
-            if (r.get("compiled") or {}).get("backend") == "inductor"]
+    return [r["op"] for r in records if by_inductor(r)]
 
 
 def comparable_records(target: list[Record], golden: list[Record]) -> int:
@@ -255,7 +255,7 @@ def note(target: list[Record], golden: list[Record], t_meta: Optional[dict[str, 
     if judged_modules(target):
         return None         # module calls judged at their boundaries (compiled_modules.py)
     unplaced = [r for r in (target if t_compiled else golden) if r["kind"] in Kind.OPS and
-                (r.get("compiled") or {}).get("backend") == "inductor" and
+                by_inductor(r) and
                 not (r.get("compiled") or {}).get("modules")]
     if kernels and unplaced:
         return (f"{INCONCLUSIVE}: the {which} ran Inductor-generated kernels whose modules are "

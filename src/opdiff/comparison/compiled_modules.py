@@ -122,11 +122,17 @@ def modules_of(r: Record) -> Optional[list[str]]:
     return None
 
 
+def by_inductor(r: Record) -> bool:
+    """Whether a record is a call of Inductor's generated code (one of its kernels, or an
+    extern kernel its wrapper calls)."""
+    return (r.get("compiled") or {}).get("backend") == "inductor"
+
+
 def _unplaced(r: Record) -> bool:
-    """An Inductor call that names no module (its wrapper came from Inductor's cache): where it
-    belongs is unknown, so no module call made of compiled records is proven."""
-    facts = r.get("compiled") or {}
-    return facts.get("backend") == "inductor" and modules_of(r) is None
+    """An Inductor call that names no module (its wrapper generated while opdiff did not
+    record): where it belongs is unknown, so no module call made of compiled records is
+    proven."""
+    return by_inductor(r) and modules_of(r) is None
 
 
 def module_calls(target: list[Record], golden: list[Record]) -> list[Record]:
@@ -349,5 +355,5 @@ def _strip(desc: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in desc.items() if k != "producer"}
 
 
-__all__ = ["Boundary", "boundary", "compiled_record", "flattened", "inside", "module_calls",
+__all__ = ["by_inductor", "Boundary", "boundary", "compiled_record", "flattened", "inside", "module_calls",
            "modules_of", "unique_shapes"]

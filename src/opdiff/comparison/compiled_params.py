@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 from ..store.records import iter_tensors
 from ..store.schema import Kind, Phase, Role
-from .compiled_modules import inside
+from .compiled_modules import by_inductor, inside, modules_of
 
 Pair = tuple[Optional[int], Optional[int]]
 Record = dict[str, Any]
@@ -158,12 +158,10 @@ class ModuleTwins:
 def backward_modules(record: Record) -> list[str]:
     """The modules an extern kernel of Inductor's compiled backward computes the gradients of
     (`compiled.modules`; [] for any other record, and for a kernel Inductor generated)."""
-    facts = record.get("compiled") or {}
-    found = facts.get("modules")
     if record["phase"] != Phase.BACKWARD or record["kind"] != Kind.ATEN or \
-            facts.get("backend") != "inductor" or not isinstance(found, list):
+            not by_inductor(record):
         return []
-    return [str(m) for m in found if m]
+    return [m for m in modules_of(record) or () if m]
 
 
 def read_parameters(record: Record) -> set[tuple[str, str]]:

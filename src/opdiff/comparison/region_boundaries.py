@@ -26,6 +26,7 @@ from typing import Any, Optional
 
 from ..store.records import iter_tensors
 from ..store.schema import Kind, Phase, RecordName, Role
+from .compiled_modules import by_inductor
 from .region_gradients import Gradients
 
 Record = dict[str, Any]
@@ -150,7 +151,7 @@ class Boundaries:
         if not self.upstream or region.phase != Phase.BACKWARD or not region.target:
             return False
         ops = [self.target[i] for i in region.target]
-        if not any((r.get("compiled") or {}).get("backend") == "inductor" for r in ops):
+        if not any(by_inductor(r) for r in ops):
             return False
         if self.read_at is None:    # (made once: who reads each backward call's outputs)
             self.read_at = {}
@@ -169,8 +170,7 @@ class Boundaries:
         recorded ops: not where the backward's dataflow is recorded and no op outside it reads
         its outputs (its results go to parameters' gradients only)."""
         if region.phase != Phase.BACKWARD or not any(
-                (self.target[i].get("compiled") or {}).get("backend") == "inductor"
-                for i in region.target):
+                by_inductor(self.target[i]) for i in region.target):
             return False
         if region.number not in self.flows:
             return True

@@ -46,6 +46,7 @@ from typing import Any, Optional
 
 from ..store.schema import Kind, Phase, RecordName, module_path
 from . import region_cover as cover
+from .compiled_modules import by_inductor
 from .result import ERROR, WARNING, Origin
 from .verdicts import Policy, run_precision
 
@@ -299,10 +300,11 @@ def unrecorded_note(regions: list[Region], region_ops: list[Any], target: list[R
     results recorded ops do not read (`Region.feeds_backward` False: the last kernel, making
     the embedding's and the first norm's weight gradients, at L2, which records no parameter
     gradient). A difference they make shows in no tensor compared: said, not hidden."""
+    if found:
+        return None
     judged = {op.region[0].number for op in region_ops}
-    left = [r for r in regions if not found and r.number not in judged and
-            r.phase == Phase.BACKWARD and not r.feeds_backward and r.target and
-            any((target[i].get("compiled") or {}).get("backend") == "inductor" for i in r.target)]
+    left = [r for r in regions if r.number not in judged and r.phase == Phase.BACKWARD and
+            not r.feeds_backward and r.target and any(by_inductor(target[i]) for i in r.target)]
     if not left:
         return None
     kernels = [f"`{target[i]['op']}`" for r in left for i in r.target
