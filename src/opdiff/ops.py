@@ -38,9 +38,10 @@ class OpTraits:
     # nothing it is given. Replay re-runs only these (a dump is untrusted: its op names must
     # not reach torch.load, torch.save, torch.from_file...). See `REPLAY_SAFE`.
     replay_safe: bool = False
-    # Its result's size comes from its (non-tensor) arguments: replay checks them against
-    # --max-tensor-mb before running it (`comparison/replay/calls.py`, `Call.check_size`).
-    sized_by_arguments: bool = False
+    # Its result has no more elements than its tensor arguments broadcast together (an
+    # elementwise op, a reduction, a view): replay sizes it from their shapes. Any other op's
+    # result is sized on the meta device before it runs (`comparison/replay/guards.py`).
+    sized_by_inputs: bool = False
     cpu_reference: Optional[Callable] = None   # a CPU implementation for a custom op
     # Every output value is one of its floating inputs' values or 0 (relu, a reshape): its
     # result in the inputs' own dtype is its float64 result, forward and backward.
@@ -153,16 +154,28 @@ def _replay_safe(op: str) -> bool:
     method = method_of(op)
     if not method.isidentifier() or not op.startswith(_REPLAY_NAMESPACES):
         return False
-    entries = [_BY_NAME.get(op), _BY_METHOD.get(method)]
     if op.startswith("Aten.") and op.count(".") >= 2:
-        entries.append(_BY_METHOD.get(op.split(".", 1)[1]))
         overload = op.split(".", 2)[2]
         if overload == "out" or overload.endswith("_out") or not overload.isidentifier():
             return False                # writes into a tensor it is handed
-    if op.startswith("Aten.") and method.endswith("_backward"):
-        entries.append(_BY_METHOD.get(method[:-len("_backward")]))   # gelu_backward: as gelu
+    return any(t.replay_safe for t in _entries(op))
+
+
+def sized_by_inputs(op: str) -> bool:
+    """Whether an op's result is no larger than its tensor arguments broadcast together
+    (`OpTraits.sized_by_inputs`, set under its whole name, its method name or a prefix)."""
+    return any(t.sized_by_inputs for t in _entries(op))
+
+
+def _entries(op: str) -> list[OpTraits]:
+    """Every traits entry that names an op: its whole name, its method, its aten overload, its
+    prefixes."""
+    method = method_of(op)
+    entries = [_BY_NAME.get(op), _BY_METHOD.get(method)]
+    if op.startswith("Aten.") and op.count(".") >= 2:
+        entries.append(_BY_METHOD.get(op.split(".", 1)[1]))
     entries += [t for prefix, t in _BY_PREFIX.items() if op.startswith(prefix)]
-    return any(t is not None and t.replay_safe for t in entries)
+    return [t for t in entries if t is not None]
 
 
 # What replay resolves op names in (`comparison/replay/calls.py`).
@@ -242,9 +255,14 @@ register("Functional.relu", "Torch.relu", "Tensor.relu", "Tensor.relu_", "Torch.
 register("Tensor.__iadd__", "Tensor.__add__", "Tensor.__radd__", "Tensor.add", "Tensor.add_",
          "Torch.add", exact_backward=True)
 
-# What replay may re-run (`replay_safe`): pure tensor computations, by method name in every
-# namespace (`add` covers Torch.add, Tensor.add, Aten.add.Tensor; an aten `X_backward` counts as
-# X). Left out on purpose: anything that reads or writes files or makes storage from a path,
+# What replay may re-run (`replay_safe`): pure tensor computations whose CPU kernels check the
+# arguments a dump can give them (sizes, strides, indices, dtypes), or whose arguments replay
+# checks itself first (`comparison/replay/guards.py`: index tensors against their table, views
+# against their storage, results against --max-tensor-mb); by method name in every namespace
+# (`add` covers Torch.add, Tensor.add, Aten.add), backward kernels by their own names.
+# tests/security/test_replay_fuzz.py calls every op admitted here with hostile arguments.
+# Left out because their kernels trust what they are given: ctc_loss (lengths), and any
+# backward kernel not listed. Left out on purpose: anything that reads or writes files or makes storage from a path,
 # buffer or pointer (load, save, from_file, frombuffer, from_numpy, set_, storage), calls what
 # it is given (apply_, map_, register_hook) or changes process state (manual_seed,
 # set_default_dtype). Replay also refuses `out=`, string arguments that are not known enums
@@ -318,10 +336,10 @@ cross_entropy nll_loss nll_loss2d nll_loss_nd nll_loss_forward nll_loss2d_forwar
 l1_loss smooth_l1_loss huber_loss binary_cross_entropy binary_cross_entropy_with_logits kl_div
 poisson_nll_loss gaussian_nll_loss cosine_embedding_loss hinge_embedding_loss
 margin_ranking_loss multi_margin_loss multilabel_margin_loss multilabel_soft_margin_loss
-soft_margin_loss triplet_margin_loss ctc_loss
+soft_margin_loss triplet_margin_loss
 inverse det logdet slogdet cholesky cholesky_solve cholesky_inverse qr svd svdvals eig eigh
 eigvals eigvalsh lstsq lu lu_factor lu_solve solve solve_triangular triangular_solve pinv
-matrix_norm vector_norm matrix_rank matrix_power matrix_exp cond multi_dot householder_product
+matrix_norm vector_norm matrix_rank matrix_power matrix_exp multi_dot householder_product
 vander fft ifft fft2 ifft2 fftn ifftn rfft irfft rfft2 irfft2 rfftn irfftn hfft ihfft fftshift
 ifftshift fftfreq rfftfreq
 _to_copy _unsafe_index _unsafe_index_put _unsafe_masked_index_put_accumulate
@@ -331,14 +349,59 @@ _foreach_addcdiv_ _foreach_lerp_ _foreach_norm
 dropout dropout_ alpha_dropout feature_alpha_dropout dropout1d dropout2d dropout3d native_dropout
 bernoulli bernoulli_ rand rand_like randn randn_like randint randint_like randperm multinomial
 normal normal_ uniform_ poisson rrelu
+_adaptive_avg_pool2d_backward _adaptive_avg_pool3d_backward _fused_rms_norm_backward
+_scaled_dot_product_flash_attention_for_cpu_backward adaptive_avg_pool3d_backward
+adaptive_max_pool2d_backward adaptive_max_pool3d_backward avg_pool2d_backward avg_pool3d_backward
+batch_norm_backward binary_cross_entropy_backward conv_tbc_backward convolution_backward
+cumprod_backward diagonal_backward elu_backward embedding_backward embedding_dense_backward
+gather_backward gelu_backward glu_backward hardshrink_backward hardsigmoid_backward
+hardswish_backward hardtanh_backward huber_loss_backward index_select_backward
+leaky_relu_backward linear_backward logit_backward masked_scatter_backward masked_select_backward
+matmul_backward matrix_exp_backward max_pool2d_backward max_pool2d_with_indices_backward
+max_pool3d_with_indices_backward mish_backward mse_loss_backward multi_margin_loss_backward
+multilabel_margin_loss_backward native_batch_norm_backward native_dropout_backward
+native_group_norm_backward native_layer_norm_backward nll_loss2d_backward nll_loss_backward
+reflection_pad1d_backward reflection_pad2d_backward reflection_pad3d_backward
+replication_pad1d_backward replication_pad2d_backward replication_pad3d_backward select_backward
+sigmoid_backward silu_backward slice_backward smooth_l1_loss_backward soft_margin_loss_backward
+softplus_backward softshrink_backward tanh_backward threshold_backward trace_backward
+unfold_backward upsample_bicubic2d_backward upsample_bilinear2d_backward
+upsample_linear1d_backward upsample_nearest1d_backward upsample_nearest2d_backward
+upsample_nearest3d_backward upsample_trilinear3d_backward
 """.split())   # (the random ones last: replay refuses them when they draw, `running.rng_guard`)
 register_method(*REPLAY_SAFE, replay_safe=True)
+register("Torch.linalg.cond", replay_safe=True)     # (not `Torch.cond`: a control-flow op)
 
-register_method("zeros", "ones", "full", "arange", "range", "linspace", "logspace", "eye",
-                "new_zeros", "new_ones", "new_full", "new_empty", "empty", "rand", "randn",
-                "randint", "randperm", "expand", "broadcast_to", "repeat", "tile",
-                "repeat_interleave", "resize_", "tril_indices", "triu_indices", "one_hot",
-                sized_by_arguments=True)
+# Ops whose result is no larger than their tensor arguments broadcast together (see OpTraits):
+# elementwise ops, activations, reductions, views of the same elements.
+SIZED_BY_INPUTS = frozenset("""
+__add__ __radd__ __iadd__ __sub__ __rsub__ __isub__ __mul__ __rmul__ __imul__ __truediv__
+__rtruediv__ __itruediv__ __div__ __rdiv__ __idiv__ __floordiv__ __rfloordiv__ __ifloordiv__
+__mod__ __rmod__ __imod__ __pow__ __rpow__ __ipow__ __neg__ __pos__ __abs__ __invert__ __and__
+__rand__ __iand__ __or__ __ror__ __ior__ __xor__ __rxor__ __ixor__ __eq__ __ne__ __lt__ __le__
+__gt__ __ge__ abs absolute acos arccos acosh arccosh asin arcsin asinh arcsinh atan arctan atan2
+arctan2 atanh arctanh add addcdiv addcmul ceil clamp clamp_min clamp_max clip copysign cos cosh
+deg2rad digamma div divide erf erfc erfinv exp exp2 expm1 float_power floor floor_divide fmod
+frac hypot i0 igamma igammac lerp lgamma log log10 log1p log2 logaddexp logaddexp2 logit mul
+multiply nan_to_num neg negative nextafter pow rad2deg reciprocal remainder round rsqrt sgn
+sigmoid sign signbit sin sinc sinh sqrt square sub subtract rsub tan tanh trunc fix true_divide
+xlogy eq ne lt le gt ge greater greater_equal less less_equal not_equal isclose isfinite isinf
+isnan isneginf isposinf isreal logical_and logical_or logical_not logical_xor bitwise_and
+bitwise_or bitwise_xor bitwise_not bitwise_left_shift bitwise_right_shift maximum minimum fmax
+fmin amax amin sum nansum mean nanmean prod all any where masked_fill
+relu relu6 elu selu celu gelu silu mish softplus softsign softshrink hardshrink tanhshrink
+hardtanh hardsigmoid hardswish leaky_relu logsigmoid threshold softmax log_softmax softmin
+_softmax _log_softmax view view_as reshape reshape_as flatten squeeze unsqueeze permute
+transpose swapaxes swapdims moveaxis movedim t T mT H mH adjoint contiguous clone detach
+_unsafe_view to type_as float double half bfloat16 int long short char byte bool
+fill_ zero_ copy_ masked_fill_ clamp_ clamp_min_ clamp_max_ add_ sub_ mul_ div_ pow_ addcmul_
+addcdiv_ lerp_ neg_ abs_ exp_ log_ sqrt_ rsqrt_ sigmoid_ tanh_ relu_ floor_ ceil_ round_ trunc_
+sign_ reciprocal_ fmod_ remainder_ copysign_ nan_to_num_ erf_ erfinv_ exp2_ expm1_ log1p_ log2_
+log10_ sin_ cos_ tan_ atan2_ hardtanh_ leaky_relu_ elu_ selu_ celu_ silu_ mish_ hardsigmoid_
+hardswish_ threshold_ logit_ clip_ threshold_backward gelu_backward silu_backward
+sigmoid_backward tanh_backward
+""".split())
+register_method(*SIZED_BY_INPUTS, sized_by_inputs=True)
 
 # The string arguments replay passes on: enum values of torch's ops (reduction, approximate,
 # rounding_mode, padding and interpolation modes, norms, fft norms, sides, drivers...). Any other
@@ -362,5 +425,6 @@ def replay_string(op: str, value: str) -> bool:
 
 
 __all__ = ["OpTraits", "traits", "replay_refusal", "replay_string", "REPLAY_SAFE", "REPLAY_STRINGS",
+           "SIZED_BY_INPUTS", "sized_by_inputs",
            "register", "register_method", "register_prefix", "method_of",
            "is_mutating", "SKIPPED_FUNCTIONS", "SKIPPED_DISTRIBUTED", "SKIPPED_ATEN"]

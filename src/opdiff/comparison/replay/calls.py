@@ -15,7 +15,6 @@ be rebuilt faithfully raises `NotReplayable` with the reason; nothing is guessed
 """
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -23,7 +22,8 @@ from typing import Any, Callable, Optional
 import torch
 
 from ... import ops
-from ...store.limits import TensorTooLarge, check_size
+from . import guards
+from ...store.limits import TensorTooLarge
 from ...store.records import decode_float
 
 
@@ -74,8 +74,29 @@ def resolve(op: str) -> Callable[..., Any]:
                         break
     if not callable(func):
         raise NotReplayable(f"no torch function named {op} in this torch")
+    if not _a_torch_op(func):
+        raise NotReplayable(f"untrusted: {op[:80]} names {type(func).__name__} "
+                            f"{getattr(func, '__module__', None)}.{getattr(func, '__name__', '?')}, "
+                            f"not a tensor op")
     found: Callable[..., Any] = func
     return found
+
+
+# Python functions replay may call: the tensor ops written in Python (an allowed method name
+# found elsewhere, `torch.cond` (a control-flow op that calls what it is given) or a module's
+# own `__eq__`, is not one).
+_PYTHON_OPS = ("torch.nn.functional", "torch.functional", "torch._tensor", "torch._linalg_utils")
+
+
+def _a_torch_op(func: Any) -> bool:
+    """A C++ tensor op (a torch builtin, a Tensor method, an aten packet) or a tensor op that
+    torch writes in Python (`_PYTHON_OPS`)."""
+    if isinstance(func, torch._ops.OpOverloadPacket):
+        return True
+    kind = type(func).__name__
+    if kind in ("builtin_function_or_method", "method_descriptor", "wrapper_descriptor"):
+        return True
+    return kind == "function" and getattr(func, "__module__", "") in _PYTHON_OPS
 
 
 @dataclass
@@ -92,56 +113,19 @@ class Call:
         return self.func(*self.args, **self.kwargs)
 
     def check_size(self, op: str) -> None:
-        """Refuse (NotReplayable) a call whose result would be over `--max-tensor-mb` in
-        float64, estimated from its arguments without running it: the broadcast of its tensor
-        arguments (an elementwise op of [N, 1] and [1, N]), and for ops sized by their
-        arguments (`ops.OpTraits.sized_by_arguments`: factories, expand, repeat, arange...) the
-        sizes they are given (a dump's `zeros([10**6, 10**6])`)."""
-        shapes = [tuple(t.shape) for _, t in self.tensors]
-        largest = max((math.prod(s) for s in shapes), default=1)
-        total = math.prod(broadcast(shapes)) if shapes else 0
-        if ops.traits(op).sized_by_arguments:
-            total = max(total, _asked(ops.method_of(op), self.args, self.kwargs, largest))
-        try:
-            check_size("result", total * 8, "what the call's arguments ask for, in float64")
-        except TensorTooLarge as exc:
-            raise NotReplayable(str(exc)) from None
+        """Refuse (NotReplayable) a call that must not reach its kernel, before anything is
+        allocated: arguments that a kernel which trusts them would take out of bounds (an index
+        past its table, a view past its storage: `guards.argument_refusal`), or a result over
+        `--max-tensor-mb` in float64 (its size on the meta device, or from its tensors' values:
+        `guards.result_refusal`; a `zeros([10**6, 10**6])`, a `pad` by 2**40)."""
+        refused = guards.argument_refusal(op, self.args, self.kwargs) or \
+            guards.result_refusal(op, self.func, self.args, self.kwargs)
+        if refused:
+            raise NotReplayable(f"untrusted: {refused}" if not refused.startswith("tensor ")
+                                else refused)
 
 
-def broadcast(shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
-    """The shape the tensors broadcast to, () when they do not. (`torch.broadcast_shapes`
-    imports sympy on its first call: seconds, for the first replay of a compare.)"""
-    out: list[int] = []
-    for dims in zip(*(s[::-1] + (1,) * (max(map(len, shapes)) - len(s)) for s in shapes)):
-        sizes = {d for d in dims if d != 1}
-        if len(sizes) > 1:
-            return ()
-        out.append(sizes.pop() if sizes else 1)
-    return tuple(out[::-1])
-
-
-def _asked(method: str, args: list[Any], kwargs: dict[str, Any], largest: int) -> int:
-    """Elements an op sized by its arguments makes: a range's length, else the product of the
-    sizes it is given (times its input's for repeat, tile and one_hot)."""
-    numbers = [v for v in list(args) + list(kwargs.values())
-               if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    if method in ("arange", "range"):
-        if not numbers:
-            return 0
-        start, end = (0, numbers[0]) if len(numbers) == 1 else (numbers[0], numbers[1])
-        step = numbers[2] if len(numbers) > 2 else 1
-        return int(abs(end - start) / abs(step)) + 1 if step else 0
-    if method in ("linspace", "logspace"):
-        steps = kwargs.get("steps", args[2] if len(args) > 2 else 0)
-        return int(steps) if isinstance(steps, (int, float)) else 0
-    sizes = 1
-    for v in list(args) + list(kwargs.values()):
-        items = v if isinstance(v, (list, tuple)) else [v]
-        for n in items:
-            if isinstance(n, int) and not isinstance(n, bool) and n > 0:
-                sizes *= n
-    return sizes * largest if method in ("repeat", "tile", "repeat_interleave", "one_hot") \
-        else sizes
+broadcast = guards.broadcast      # (where it was first: the size check broadcasts shapes itself)
 
 
 class _Builder:
