@@ -83,6 +83,7 @@ def test_a_dump_naming_a_private_file_discloses_nothing(dumps, secret, tmp_path,
 
 def test_source_root_shows_the_lines_around(dumps, secret, tmp_path, capsys):
     target = Path(shutil.copytree(dumps[0], tmp_path / "t" / "step0" / "rank0"))
+    secret = secret.rename(secret.with_suffix(".py"))       # the user's source: a .py file
     _point_stacks_at(target, secret)
     out = tmp_path / "out"
     text = _run(capsys, "compare", str(target), str(dumps[1]), "-o", str(out),

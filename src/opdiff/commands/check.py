@@ -60,7 +60,8 @@ def add_parser(subparsers: Any) -> None:
                         "older spelling)")
     p.add_argument("--source-root", metavar="DIR", default=None,
                    help="show the source lines around a failure's line in report.html from "
-                        "the run's files under DIR (default: the lines the dump holds)")
+                        "the run's .py files under DIR, none hidden or in .git (default: the "
+                        "lines the dump holds)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="show a progress bar (default: when slow and on a terminal)")
     p.set_defaults(run=run)

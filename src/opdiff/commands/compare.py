@@ -66,9 +66,10 @@ def add_parser(subparsers) -> None:
                         "MB MiB in shards of about MB MiB, each its own Ray task (default: one "
                         "task per pair)")
     p.add_argument("--source-root", metavar="DIR", default=None,
-                   help="show the source lines around the culprit's line from the run's files "
-                        "under DIR (default: the lines the dump holds, which opdiff's capture "
-                        "stores; opdiff never reads a file just because a dump names it)")
+                   help="show the source lines around the culprit's line from the run's .py "
+                        "files under DIR, none hidden or in .git (default: the lines the dump "
+                        "holds, which opdiff's capture stores; opdiff never reads a file just "
+                        "because a dump names it)")
     p.add_argument("--max-tensor-mb", metavar="MB", default=None,
                    help="the largest tensor opdiff makes from what a dump claims (a "
                         "reference repeating its bytes, a statistics record's shape, a "

@@ -33,9 +33,9 @@ def add_parser(subparsers) -> None:
                    help="exit 1 when an op created inf/NaN (for CI); scaler-skipped steps pass "
                         "(--fail-on-overflow is the older spelling)")
     p.add_argument("--source-root", metavar="DIR", default=None,
-                   help="read the origin's source line from the run's files under DIR when the "
-                        "dump holds none (foreign dumps; opdiff never reads a file just because "
-                        "a dump names it)")
+                   help="read the origin's source line from the run's .py files under DIR (none "
+                        "hidden or in .git) when the dump holds none (foreign dumps; opdiff never "
+                        "reads a file just because a dump names it)")
     p.set_defaults(run=run)
 
 

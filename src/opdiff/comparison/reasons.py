@@ -10,6 +10,7 @@ Tests assert on `Divergence.kind` and the culprit's name, not on these phrases.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
 from typing import TYPE_CHECKING, Any, Iterable, Optional, TypeVar, cast
@@ -27,6 +28,7 @@ if TYPE_CHECKING:       # (blame imports this module: no import at run time)
     from .verdicts import Policy
 
 LOCAL_VERDICT = "local error in this op"
+log = logging.getLogger("opdiff")
 _D = TypeVar("_D")        # a Divergence, or None
 
 
@@ -236,10 +238,12 @@ _MAX_SOURCE_BYTES = 8 << 20
 
 
 def source_file(file: str, source_root: str | os.PathLike[str]) -> Optional[str]:
-    """The regular file under `source_root` (symlinks resolved, never leaving it) that a dump's
-    frame path names: the path itself when it lies under the root, else the longest tail of its
-    parts found under the root (a dump from another machine: `/home/a/proj/model.py` is
-    `ROOT/proj/model.py` or `ROOT/model.py`). None when there is none."""
+    """The Python source file under `source_root` (symlinks resolved, never leaving it) that a
+    dump's frame path names: the path itself when it lies under the root, else the longest tail
+    of its parts found under the root (a dump from another machine: `/home/a/proj/model.py` is
+    `ROOT/proj/model.py` or `ROOT/model.py`). Only a `.py` file, none of whose parts under the
+    root is hidden or version-control metadata (`.git/config`, `.env`, `secrets.yaml` are never
+    read: `not_source`). None when there is none."""
     root = os.path.realpath(source_root)
     if not os.path.isdir(root):
         return None
@@ -248,7 +252,29 @@ def source_file(file: str, source_root: str | os.PathLike[str]) -> Optional[str]
     candidates += [os.path.join(root, *parts[i:]) for i in range(len(parts))]
     for candidate in candidates:
         if dumpfiles.is_file(candidate, root):
-            return os.path.realpath(candidate)
+            real = os.path.realpath(candidate)
+            why = not_source(os.path.relpath(real, root))
+            if why is None:
+                return real
+            if real not in _said:
+                _said.add(real)
+                log.warning("opdiff: --source-root: not showing the lines of %s: %s", real, why)
+            return None
+    return None
+
+
+_VCS = frozenset({"CVS", "RCS", "SCCS", "_darcs"})     # version-control folders without a dot
+_said: set[str] = set()
+
+
+def not_source(relative: str) -> Optional[str]:
+    """Why the file at `relative` (a path under --source-root) is not shown; None for a Python
+    source file (`.py`, no part hidden or version-control metadata)."""
+    parts = re.split(r"[\\/]+", relative)
+    if not parts[-1].endswith(".py"):
+        return "only .py source files are read there"
+    if any(p.startswith(".") or p in _VCS for p in parts):
+        return "files in hidden or version-control folders (.git, .hg, ...) are never read"
     return None
 
 

@@ -291,6 +291,9 @@ def _rank_notes(results: list[CompareResult], first: Optional[Divergence]) -> li
 
 def _incomplete_note(i: Incomplete) -> str:
     side = "target and golden" if i["side"] == "both" else i["side"]
+    if i["why"] in _EMPTY_CUT.values():     # cut before its first record: what it ran is unknown
+        return Note(f"step {i['step']} rank {i['rank']}: inconclusive: the {side} {i['why']}; "
+                    f"not compared", Note.INCONCLUSIVE)
     return Note(f"step {i['step']} rank {i['rank']}: the {side} {i['why']}; not compared",
                 Note.DUMPS)
 

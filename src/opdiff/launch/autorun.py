@@ -285,11 +285,10 @@ class Autorun:
             return
         self.control_stamp = stamp
         try:
-            with open(path) as f:
-                steps = json.load(f)["steps"]
+            steps = json.loads(_read_control(path))["steps"]
             if not isinstance(steps, list) or not all(isinstance(x, int) and x >= 0 for x in steps):
                 raise ValueError("'steps' must be a list of step numbers")
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
             say(f"control-{stamp}", f"control file {path}: {exc}; expected {{\"steps\": [120, 121]}}")
             return
         self.off = not steps
@@ -322,6 +321,27 @@ class Autorun:
         except Exception:  # noqa: BLE001
             pass
         self.uninstall()
+
+
+MAX_CONTROL_BYTES = 1 << 20
+
+
+def _read_control(path: str) -> bytes:
+    """The control file's bytes, read in the training process without waiting or growing: a
+    regular file only (a FIFO, a device such as /dev/zero or a link to one is refused, never
+    opened for a blocking read: `store.dumpfiles.open_file`), at most MAX_CONTROL_BYTES."""
+    from ..errors import DumpError
+    from ..store import dumpfiles
+
+    try:
+        with dumpfiles.open_file(path) as f:
+            raw = f.read(MAX_CONTROL_BYTES + 1)
+    except DumpError as exc:
+        raise ValueError(str(exc).replace("a dump holds only regular files",
+                                          "a control file must be one")) from None
+    if len(raw) > MAX_CONTROL_BYTES:
+        raise ValueError(f"larger than {MAX_CONTROL_BYTES} bytes")
+    return raw
 
 
 __all__ = ["Autorun", "say"]

@@ -6,9 +6,11 @@ A Python script (`python [-u] script.py ...`, `python -m pkg ...` with this inte
 bare `script.py`) runs in this process through runpy after the hooks are installed: its
 arguments, stdin/stdout, exit code and signals are its own, and an exception it raises is
 printed as Python prints it, from the script's own frames. Any other command (torchrun,
-accelerate launch, deepspeed, a shell script) replaces this process (`os.execvpe`) with the
-environment that reaches its Python processes. A command that cannot be run is an OpdiffError
-(exit 2, one line).
+accelerate launch, deepspeed, a shell script, and `python` with any interpreter option but `-u`
+and `-q`: `-O`, `-B`, `-s`, `-W ...`, `-X ...`, which only a new interpreter honours) replaces
+this process (`os.execvpe`) with the environment that reaches its Python processes. Options that
+would skip that start-up (`-E`, `-I`, `-S`: PYTHONPATH or site ignored) are refused rather than
+silently capturing nothing. A command that cannot be run is an OpdiffError (exit 2, one line).
 """
 from __future__ import annotations
 
@@ -23,8 +25,10 @@ from . import ENV
 from .settings import RunSettings
 
 SITE_DIR = str(Path(__file__).resolve().parent / "site")
-# python options that take no value and do not change what runs (others: run it as a command)
-_PLAIN_FLAGS = {"-u", "-B", "-O", "-OO", "-q", "-s"}
+# python options this process can honour itself (others: a new interpreter, run as a command)
+_PLAIN_FLAGS = {"-u", "-q"}
+# python options that skip PYTHONPATH or site, so opdiff's start-up never runs in that process
+_NO_STARTUP = frozenset("EIS")
 
 
 def child_environment(settings: RunSettings, env: Optional[dict[str, str]] = None) -> dict[str, str]:
@@ -70,6 +74,25 @@ def in_process_target(cmd: list[str]) -> Optional[tuple[str, str, list[str]]]:
     return None
 
 
+def _skips_startup(args: list[str]) -> Optional[str]:
+    """The option among python's own (before the script, `-m` or `-c`) that skips site or
+    PYTHONPATH (`-E`, `-I`, `-S`, alone or in a group such as `-OE`), or None."""
+    words = iter(args)
+    for arg in words:
+        if arg in ("-", "--") or not arg.startswith("-") or arg.startswith("--"):
+            return None
+        for i, letter in enumerate(arg[1:]):
+            if letter in _NO_STARTUP:
+                return f"-{letter}"
+            if letter in "cm":
+                return None             # what follows is the program
+            if letter in "WX":
+                if i == len(arg) - 2:
+                    next(words, None)   # its value is the next word
+                break
+    return None
+
+
 def check_settings(settings: RunSettings) -> None:
     """Raise the ConfigError every process would meet, before anything starts."""
     if settings.monitor is None:
@@ -84,6 +107,11 @@ def run_command(settings: RunSettings, cmd: list[str]) -> int:
     if not cmd:
         raise ConfigError("opdiff run needs a command after '--', e.g. opdiff run --dump ./dump -- python train.py")
     check_settings(settings)
+    skipped = _skips_startup(cmd[1:]) if os.path.basename(cmd[0]).startswith("python") else None
+    if skipped:
+        raise ConfigError(f"'{cmd[0]} {skipped}' skips the start-up opdiff run relies on "
+                          f"(PYTHONPATH and site): nothing would be captured; drop {skipped}, "
+                          f"or call opdiff.PrecisionDebugger in the script")
     target = in_process_target(cmd)
     env = child_environment(settings)
     if target is None:

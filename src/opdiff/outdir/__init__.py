@@ -2,13 +2,16 @@
 
 OUT is the user's directory: opdiff removes only what it wrote there, proven, and never
 overwrites a file it did not write. OUT/.opdiff-outputs.json (the manifest) records each entry
-opdiff wrote: a file's relative name, size and sha256 (or, while a run is still writing it,
-its inode), a folder's inode. The next run into OUT removes a recorded file only when it is
-still a regular file with that size and hash (or that inode), and a recorded folder only when
-nothing else is left in it; names are plain names inside OUT (no `..`, no absolute path) and
-no symlink is followed. A same-named file opdiff cannot prove it wrote is an `OutputConflict`
-(one line, exit 2), and nothing is overwritten. Two opdiff runs into one OUT take turns: the
-second waits on OUT/.opdiff-lock (an flock, so a dead holder's lock is free at once)::
+opdiff wrote: a file's relative name, inode, size and sha256 (while a run is still writing it,
+its inode alone), a folder's inode; it is sealed with an HMAC under a key kept outside OUT
+(`outdir/key.py`) and bound to OUT's own inode, so a manifest opdiff did not write for this
+folder (planted, copied, or an older opdiff's) proves nothing. The next run into OUT removes a
+recorded file only when it is still the same regular file (inode) with that size and hash, and a
+recorded folder only when it is the one opdiff made and nothing else is left in it; names are
+plain names inside OUT (no `..`, no absolute path) and no symlink is followed. A same-named
+file opdiff cannot prove it wrote is an `OutputConflict` (one line, exit 2), and nothing is
+overwritten. Two opdiff runs into one OUT take turns: the second waits on OUT/.opdiff-lock (an
+flock, so a dead holder's lock is free at once)::
 
     from opdiff import outdir as outputs      # also opdiff.report.outputs
     with outputs.session("./out", keep=[dump]) as out:   # lock, remove what opdiff wrote last time
@@ -34,7 +37,7 @@ from typing import IO, Iterable, Iterator, Optional
 from ..errors import ConfigError, OpdiffError
 from .lock import held, lock, unlock
 from .records import (LOCK, MANIFEST, RESERVED, OutputConflict, clean, conflict, file_record,
-                      identity, key, proven, quietly, read_manifest, same, save_manifest)
+                      identity, key, load, proven, quietly, read_manifest, same, save_manifest)
 
 log = logging.getLogger("opdiff")
 
@@ -47,6 +50,7 @@ class _Session:
         self.declared: list[str] = []
         self.made: set[str] = set()
         self.new_manifest = False
+        self.distrust: Optional[str] = None     # why OUT's earlier manifest proves nothing
 
 
 _sessions: dict[str, _Session] = {}
@@ -75,16 +79,18 @@ def session(out, keep: Iterable = (), fresh: bool = False) -> Iterator[Path]:
     s = _Session(out)
     failed = started = False
     try:
-        previous = read_manifest(out)
+        previous, s.distrust = load(out)
         s.entries = clean(out, previous or {}, keep)
-        if fresh and previous is None:
+        if fresh and not previous:
             others = sorted(n for n in os.listdir(out) if n not in RESERVED)
             if others:
+                why = f"; {s.distrust}" if s.distrust else ""
                 raise OutputConflict(f"{out} is not empty and was not written by opdiff (it holds "
-                                     f"{others[0]}); pass -o a new or empty directory (nothing "
-                                     f"was changed)")
-        s.new_manifest = previous is None
-        _save(s)
+                                     f"{others[0]}{why}); pass -o a new or empty directory "
+                                     f"(nothing was changed)")
+        s.new_manifest = previous is None and s.distrust is None
+        if s.distrust is None:
+            _save(s)              # an untrusted manifest stays until this run writes something
         started = True
         _sessions[key(out)] = s
         yield out
@@ -153,12 +159,16 @@ def check_free(out, names: Iterable[str]) -> None:
     s = _sessions.get(key(out))
     if s is None and held(out):
         return
-    entries = s.entries if s is not None else read_manifest(out) or {}
+    if s is not None:
+        entries, distrust = s.entries, s.distrust
+    else:
+        found, distrust = load(out)
+        entries = found or {}
     for name in names:
         if not os.path.lexists(out / name) or (s is not None and name in s.made):
             continue
         if not proven(out, name, entries.get(name), same_run=s is not None):
-            raise conflict(out, name)
+            raise conflict(out, name, distrust)
 
 
 def written(out) -> list[str]:
@@ -240,7 +250,7 @@ def _claim(s: _Session, name: str) -> bool:
     exists = os.path.lexists(s.out / name)
     if name not in s.declared:
         if exists and not proven(s.out, name, s.entries.get(name), same_run=True):
-            raise conflict(s.out, name)
+            raise conflict(s.out, name, s.distrust)
         s.declared.append(name)
         if not exists:
             s.made.add(name)        # it appears during this run: this run writes it
@@ -249,7 +259,7 @@ def _claim(s: _Session, name: str) -> bool:
         return exists
     if proven(s.out, name, s.entries.get(name), same_run=True):
         return True
-    raise conflict(s.out, name)
+    raise conflict(s.out, name, s.distrust)
 
 
 def _finish(s: _Session) -> None:
@@ -269,8 +279,9 @@ def _finish(s: _Session) -> None:
             s.entries[name] = file_record(s.out / name)
         elif stat.S_ISDIR(st.st_mode):
             _record_tree(s, name)
-    if s.new_manifest and not s.entries:
-        quietly(os.unlink, s.out / MANIFEST)     # nothing written (a conflict): leave no trace
+    if not s.entries and (s.new_manifest or s.distrust):
+        if s.new_manifest:
+            quietly(os.unlink, s.out / MANIFEST)     # nothing written (a conflict): leave no trace
         return
     _save(s)
 

@@ -1,9 +1,12 @@
 """The manifest of an output directory, and the proof that an entry in it is opdiff's.
 
 OUT/.opdiff-outputs.json records, for each entry opdiff wrote (a plain relative name, "/" between
-folders): a file's size and sha256, or, while a run still writes it, its device and inode; a
-folder's device and inode. `proven` checks an entry against its record without following a
-symlink; `clean` removes what an earlier run provably wrote. Used by `opdiff.outdir`.
+folders): a file's device, inode, size and sha256 (while a run still writes it, its device and
+inode alone); a folder's device and inode. The manifest is sealed (`outdir/key.py`): an HMAC under
+a key kept outside OUT, over its entries and OUT's own device and inode, so a manifest planted or
+copied into OUT, or left by an older opdiff, proves nothing (`load` says why). `proven` checks an
+entry against its record without following a symlink: a file by identity AND content; `clean`
+removes what an earlier run provably wrote. Used by `opdiff.outdir`.
 """
 from __future__ import annotations
 
@@ -20,12 +23,13 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional
 
 from ..errors import ConfigError, OpdiffError
+from .key import seal, sealed
 
 log = logging.getLogger("opdiff")
 
 MANIFEST = ".opdiff-outputs.json"
 LOCK = ".opdiff-lock"
-FORMAT = 2
+FORMAT = 3
 RESERVED = (MANIFEST, LOCK)
 MANIFEST_TMP = re.compile(re.escape(MANIFEST) + r"\.\d+-[0-9a-f]{8}\.tmp")
 MAX_MANIFEST = 64 << 20
@@ -40,9 +44,10 @@ def key(path) -> str:
     return os.path.realpath(os.fspath(path))
 
 
-def conflict(out: Path, name: str) -> OutputConflict:
-    return OutputConflict(f"{out / name} exists and was not written by opdiff (or was changed "
-                          f"since); it is left as it is: choose another -o or remove it")
+def conflict(out: Path, name: str, distrust: Optional[str] = None) -> OutputConflict:
+    why = f" ({distrust})" if distrust else " (or was changed since)"
+    return OutputConflict(f"{out / name} exists and was not written by opdiff{why}; it is left "
+                          f"as it is: choose another -o or remove it")
 
 
 def clean(out: Path, previous: dict[str, dict], keep: Iterable) -> dict[str, dict]:
@@ -156,8 +161,10 @@ def proven_at(at: tuple[int, str], rec: dict, same_run: bool = False) -> bool:
             return stat.S_ISDIR(st.st_mode) and same(st, rec)
         if not stat.S_ISREG(st.st_mode):
             return False
-        if "sha256" not in rec or (same_run and same(st, rec)):
-            return same(st, rec)
+        if not same(st, rec):
+            return False            # identity AND content: a copy of opdiff's bytes is not its file
+        if "sha256" not in rec or same_run:
+            return True
         if st.st_size != rec["size"]:
             return False
         fd = os.open(leaf, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dfd)
@@ -178,28 +185,44 @@ def proven(out: Path, name: str, rec: Optional[dict], same_run: bool = False) ->
 
 # -- the manifest --------------------------------------------------------------------------------
 def read_manifest(out: Path) -> Optional[dict[str, dict]]:
-    """The valid records of OUT's manifest; None when there is none. A file of its name that is
-    not an opdiff manifest is an OutputConflict; an unreadable or older one records nothing."""
+    """The valid records of OUT's manifest; None when there is none, {} when it proves nothing."""
+    return load(out)[0]
+
+
+def load(out: Path) -> tuple[Optional[dict[str, dict]], Optional[str]]:
+    """(the valid records of OUT's manifest, None) when this opdiff sealed it for this folder;
+    (None, None) when there is none; ({}, why it proves nothing) otherwise. A file of its name
+    that is not an opdiff manifest is an OutputConflict."""
     try:
-        fd = os.open(out / MANIFEST, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(out / MANIFEST, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
-        return None
+        return None, None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise conflict(out, MANIFEST) from None
         log.warning("opdiff: %s is unreadable; nothing earlier runs wrote is removed", out / MANIFEST)
-        return {}
+        return {}, f"{out / MANIFEST} is unreadable"
     try:
         with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise conflict(out, MANIFEST)
             data = json.loads(f.read(MAX_MANIFEST).decode("utf-8"))
     except (OSError, ValueError, RecursionError):
         data = None
     if not isinstance(data, dict) or not str(data.get("written_by", "")).startswith("opdiff"):
         raise conflict(out, MANIFEST)
-    entries = data.get("entries") if data.get("format") == FORMAT else None
-    if not isinstance(entries, dict):
-        return {}      # an older opdiff's list of names proves nothing: nothing is removed
-    return {n: r for n, r in entries.items() if valid_name(n) and valid_record(r)}
+    entries, folder = data.get("entries"), data.get("folder")
+    untrusted = (f"{out / MANIFEST} was written by an older opdiff, for another folder or by "
+                 f"someone else, and proves nothing")
+    if data.get("format") != FORMAT or not isinstance(entries, dict):
+        return {}, untrusted
+    try:
+        here = identity(os.stat(out))
+    except OSError:
+        return {}, untrusted
+    if folder != here or not sealed(here, entries, data.get("mac")):
+        return {}, untrusted
+    return {n: r for n, r in entries.items() if valid_name(n) and valid_record(r)}, None
 
 
 def valid_name(name: Any) -> bool:
@@ -222,7 +245,9 @@ def valid_record(rec: Any) -> bool:
 
 def save_manifest(out: Path, entries: dict[str, dict]) -> None:
     """Write OUT's manifest (through a temporary file renamed over it)."""
-    text = json.dumps({"written_by": "opdiff", "format": FORMAT, "entries": entries}, indent=1)
+    folder = identity(os.stat(out))
+    text = json.dumps({"written_by": "opdiff", "format": FORMAT, "folder": folder,
+                       "mac": seal(folder, entries), "entries": entries}, indent=1)
     path = out / MANIFEST
     tmp = path.with_name(f"{MANIFEST}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
     try:
