@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 
 from ... import ops
-from ...store.limits import TensorTooLarge, check_size
+from ...store.limits import TensorTooLarge, check_size, max_tensor_mb
 
 Args = list[Any]
 Kwargs = dict[str, Any]
@@ -129,20 +129,25 @@ _ENUM_ARG = re.compile(r"\b(ScalarType|MemoryFormat|Layout)\??\s+(\w+)")
 
 
 @functools.lru_cache(maxsize=1024)
-def _schema_facts(packet: str) -> tuple[dict[Any, str], bool]:
+def _schema_facts(packet: str) -> tuple[dict[Any, str], bool, frozenset[str]]:
     """For an aten packet: {position or name: enum type} of the arguments that are an enum in
-    some overload, and whether some overload takes and returns plain numbers only (TorchScript's
-    `remainder.int`, whose C++ divides by zero unchecked)."""
+    some overload, whether some overload takes and returns plain numbers only (TorchScript's
+    `remainder.int`, whose C++ divides by zero unchecked), and the keyword arguments an
+    overload writes into (`out`, `grad_input`: the packet picks that overload when one is
+    given)."""
     found = getattr(torch.ops.aten, packet, None)
     enums: dict[Any, str] = {}
     scalar = False
+    written: set[str] = set()
     if not isinstance(found, torch._ops.OpOverloadPacket):
-        return enums, scalar
+        return enums, scalar, frozenset(written)
     for name in found.overloads():
         schema = getattr(found, name)._schema
         # (the Python schema types call them ints; the schema's text names them)
         named = dict((n, k) for k, n in _ENUM_ARG.findall(str(schema).split(") ->")[0]))
         for i, a in enumerate(schema.arguments):
+            if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write:
+                written.add(a.name)
             kind = named.get(a.name)
             if kind is not None:
                 enums[a.name] = kind
@@ -150,7 +155,7 @@ def _schema_facts(packet: str) -> tuple[dict[Any, str], bool]:
                     enums[i] = kind
         if not any("Tensor" in str(r.type) for r in schema.returns):
             scalar = True
-    return enums, scalar
+    return enums, scalar, frozenset(written)
 
 
 def _aten_refusal(op: str, args: Args, kwargs: Kwargs) -> str:
@@ -159,7 +164,9 @@ def _aten_refusal(op: str, args: Args, kwargs: Kwargs) -> str:
     TorchScript's integer arithmetic (a division by zero kills the process)."""
     if not op.startswith("Aten."):
         return ""
-    enums, scalar = _schema_facts(ops.method_of(op))
+    enums, scalar, written = _schema_facts(ops.method_of(op))
+    if written & set(kwargs):
+        return f"it writes into the tensor it is given as {sorted(written & set(kwargs))[0]}="
     for key, v in list(enumerate(args)) + list(kwargs.items()):
         kind = enums.get(key)
         if kind is not None and _int(v) and v not in _ENUMS[kind]:
@@ -209,6 +216,18 @@ def _group_norm(x_at: int, n_at: int) -> Callable[[Args, Kwargs], str]:
     return check
 
 
+def _pdist(args: Args, kwargs: Kwargs) -> str:
+    x = _arg(args, kwargs, 0, "input")
+    if isinstance(x, torch.Tensor) and x.dim() == 2 and x.shape[0] == 0:
+        return "its input has no rows (its gradient kernel reads past them)"
+    return ""
+
+
+def _elements(args: Args, kwargs: Kwargs) -> int:
+    """Elements of float64 that --max-tensor-mb allows."""
+    return max_tensor_mb() * (1 << 20) // 8
+
+
 def _numel0(args: Args, kwargs: Kwargs) -> int:
     x = args[0] if args else kwargs.get("self", kwargs.get("input"))
     return x.numel() if isinstance(x, torch.Tensor) else 0
@@ -230,6 +249,9 @@ _CHECKS: dict[str, Callable[[Args, Kwargs], str]] = {
     "_native_batch_norm_legit_functional": _batch_norm((3, 4), 5),
     "native_group_norm": _group_norm(0, 3),
     "native_group_norm_backward": _group_norm(1, 5),
+    "pdist": _pdist,
+    # (histc makes its bins before it checks its range)
+    "histc": _count(1, "bins", _elements, "more bins than --max-tensor-mb allows"),
     "arange": _range,
     "range": _range,
     "mvlgamma": _count(1, "p", lambda a, k: 1 << 16, "that many terms"),
