@@ -1,17 +1,21 @@
 """What replay checks of a rebuilt call before its kernel sees it: a dump is untrusted, and
 some of torch's CPU kernels trust their arguments (an index tensor's values, a view's sizes and
-strides, optional statistics that must be there). A kernel on replay's allow-list
-(`opdiff.ops.REPLAY_SAFE`) checks its arguments itself, or is listed here with the check
-replay makes for it; and every call's result is bounded by `--max-tensor-mb` before anything is
-allocated.
+strides, optional statistics that must be there, an integer cast to an enum). A kernel on
+replay's allow-list (`opdiff.ops.REPLAY_SAFE`) checks its arguments itself, or is listed here
+(`CHECKED`) with the check replay makes for it; and every call's result is bounded by
+`--max-tensor-mb` before anything is allocated. `calls.Call.check_size` asks both for every
+rebuilt call (plain records, region chains, kernel programs, `opdiff check`).
 
-    from opdiff.comparison.replay.guards import refusal
-    refusal("Aten.embedding_dense_backward", args, kwargs)   # "" or why it must not run
+    from opdiff.comparison.replay.guards import argument_refusal, result_refusal
+    argument_refusal("Aten.embedding_dense_backward", args, kwargs)  # "" or why it must not run
+    result_refusal(op, func, args, kwargs)                           # "" or "tensor ... needs"
 
-The result's size is worked out on the meta device (the same call on tensors that have shapes
-but no memory: the size the real kernel will make, from the op's own shape rules), or, for ops
-whose result size depends on the values in their tensors (`nonzero`, `bincount`, `unique`...),
+The result's size comes from its tensors' shapes for ops that make no more than those
+(`ops.SIZED_BY_INPUTS`), else from the same call on the meta device (tensors with shapes but
+no memory: the size the real kernel will make, by the op's own shape rules), else, for ops
+whose result size depends on the values in their tensors (`nonzero`, `bincount`, `one_hot`...),
 from those values; a call whose result cannot be bounded either way is refused.
+tests/security/test_replay_fuzz.py holds every admitted op to this.
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ from typing import Any, Callable
 import torch
 
 from ... import ops
-from ...store.limits import TensorTooLarge, check_size
+from ...store.limits import TensorTooLarge, check_size, max_tensor_mb
 
 Args = list[Any]
 Kwargs = dict[str, Any]
@@ -99,50 +103,61 @@ def _view(args: Args, kwargs: Kwargs) -> str:
     return ""
 
 
-def _batch_norm(stats: tuple[int, int], training: int) -> Callable[[Args, Kwargs], str]:
+def _batch_norm(training: int) -> Callable[[Args, Kwargs], str]:
     """The batch norm kernels index their weight, bias and running statistics by channel and
-    read the statistics in eval mode without checking that they are there."""
+    read the statistics in eval mode without checking that they are there. Arguments: (input,
+    weight, bias, running_mean, running_var, training at `training`, ...), or `training` -1:
+    never training (`_no_training`); `_native_batch_norm_legit.no_stats` has no statistics and
+    its `training` at 3."""
     def check(args: Args, kwargs: Kwargs) -> str:
         x = _arg(args, kwargs, 0, "input")
         if not isinstance(x, torch.Tensor) or x.dim() < 2:
             return "its input is not a tensor of 2 or more dimensions"
         channels = x.shape[1]
-        names = ("weight", "bias", "running_mean", "running_var")
-        for i, name in zip((1, 2, *stats), names):
-            t = _arg(args, kwargs, i, name)
+        no_stats = isinstance(_arg(args, kwargs, 3, "training"), bool)
+        where = {"weight": 1, "bias": 2, "running_mean": 3, "running_var": 4}
+        values = {name: (None if no_stats and i > 2 else _arg(args, kwargs, i, name))
+                  for name, i in where.items()}
+        for name, t in values.items():
             if t is not None and (not isinstance(t, torch.Tensor) or t.dim() != 1
                                   or t.shape[0] != channels):
                 return f"its {name} is not one value per channel ({channels})"
-        mean, var = (_arg(args, kwargs, i, n) for i, n in zip(stats, names[2:]))
-        train = _arg(args, kwargs, training, "training") if training >= 0 else True
-        if train is not True and (mean is None or var is None):
+        at = 3 if no_stats else training
+        train = _arg(args, kwargs, at, "training") if at >= 0 else False
+        if train is not True and (values["running_mean"] is None or values["running_var"] is None):
             return "it normalises by running statistics it was not given"
         return ""
     return check
 
 
 _ENUMS = {"ScalarType": frozenset(range(12)) | {15}, "MemoryFormat": frozenset(range(4)),
-          "Layout": frozenset({0})}
+          "Layout": frozenset({0}), "reduction": frozenset(range(3))}
 
 
 _ENUM_ARG = re.compile(r"\b(ScalarType|MemoryFormat|Layout)\??\s+(\w+)")
 
 
 @functools.lru_cache(maxsize=1024)
-def _schema_facts(packet: str) -> tuple[dict[Any, str], bool]:
+def _schema_facts(packet: str) -> tuple[dict[Any, str], bool, frozenset[str]]:
     """For an aten packet: {position or name: enum type} of the arguments that are an enum in
-    some overload, and whether some overload takes and returns plain numbers only (TorchScript's
-    `remainder.int`, whose C++ divides by zero unchecked)."""
+    some overload, whether some overload takes and returns plain numbers only (TorchScript's
+    `remainder.int`, whose C++ divides by zero unchecked), and the keyword arguments an
+    overload writes into (`out`, `grad_input`: the packet picks that overload when one is
+    given)."""
     found = getattr(torch.ops.aten, packet, None)
     enums: dict[Any, str] = {}
     scalar = False
+    written: set[str] = set()
     if not isinstance(found, torch._ops.OpOverloadPacket):
-        return enums, scalar
+        return enums, scalar, frozenset(written)
     for name in found.overloads():
         schema = getattr(found, name)._schema
         # (the Python schema types call them ints; the schema's text names them)
         named = dict((n, k) for k, n in _ENUM_ARG.findall(str(schema).split(") ->")[0]))
+        named.update({"reduction": "reduction"} if "int reduction" in str(schema) else {})
         for i, a in enumerate(schema.arguments):
+            if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write:
+                written.add(a.name)
             kind = named.get(a.name)
             if kind is not None:
                 enums[a.name] = kind
@@ -150,7 +165,7 @@ def _schema_facts(packet: str) -> tuple[dict[Any, str], bool]:
                     enums[i] = kind
         if not any("Tensor" in str(r.type) for r in schema.returns):
             scalar = True
-    return enums, scalar
+    return enums, scalar, frozenset(written)
 
 
 def _aten_refusal(op: str, args: Args, kwargs: Kwargs) -> str:
@@ -159,7 +174,9 @@ def _aten_refusal(op: str, args: Args, kwargs: Kwargs) -> str:
     TorchScript's integer arithmetic (a division by zero kills the process)."""
     if not op.startswith("Aten."):
         return ""
-    enums, scalar = _schema_facts(ops.method_of(op))
+    enums, scalar, written = _schema_facts(ops.method_of(op))
+    if written & set(kwargs):
+        return f"it writes into the tensor it is given as {sorted(written & set(kwargs))[0]}="
     for key, v in list(enumerate(args)) + list(kwargs.items()):
         kind = enums.get(key)
         if kind is not None and _int(v) and v not in _ENUMS[kind]:
@@ -209,6 +226,50 @@ def _group_norm(x_at: int, n_at: int) -> Callable[[Args, Kwargs], str]:
     return check
 
 
+def _pdist(args: Args, kwargs: Kwargs) -> str:
+    x = _arg(args, kwargs, 0, "input")
+    if isinstance(x, torch.Tensor) and x.dim() == 2 and x.shape[0] == 0:
+        return "its input has no rows (its gradient kernel reads past them)"
+    return ""
+
+
+def _padding(at: int, dims: int) -> Callable[[Args, Kwargs], str]:
+    """reflection_pad*d_backward and replication_pad*d_backward read 2 * dims paddings without
+    counting them."""
+    def check(args: Args, kwargs: Kwargs) -> str:
+        padding = _arg(args, kwargs, at, "padding")
+        if not isinstance(padding, (list, tuple)) or len(padding) != 2 * dims:
+            return f"its padding is not {2 * dims} numbers"
+        return ""
+    return check
+
+
+def _margin(at: int, multilabel: bool) -> Callable[[Args, Kwargs], str]:
+    """multi_margin_loss and multilabel_margin_loss (their backwards above all) index their
+    input's classes by the target's values, and frames by its length."""
+    def check(args: Args, kwargs: Kwargs) -> str:
+        x, target = _arg(args, kwargs, at - 1, "self"), _arg(args, kwargs, at, "target")
+        if not isinstance(x, torch.Tensor) or not isinstance(target, torch.Tensor) \
+                or x.dim() not in (1, 2) or x.numel() == 0:
+            return "its input and target are not a 1-D or 2-D input and a tensor"
+        classes = x.shape[-1]
+        frames = x.shape[0] if x.dim() == 2 else 1
+        if tuple(target.shape) != (tuple(x.shape) if multilabel else (frames,)[:target.dim()]) \
+                or target.numel() != (x.numel() if multilabel else frames):
+            return f"its target {list(target.shape)} does not fit its input {list(x.shape)}"
+        weight = None if multilabel else _arg(args, kwargs, at + 3, "weight")
+        if weight is not None and (not isinstance(weight, torch.Tensor)
+                                   or weight.numel() != classes):
+            return f"its weight is not one value per class ({classes})"
+        return _indices_within("target", target, -1 if multilabel else 0, classes)
+    return check
+
+
+def _elements(args: Args, kwargs: Kwargs) -> int:
+    """Elements of float64 that --max-tensor-mb allows."""
+    return max_tensor_mb() * (1 << 20) // 8
+
+
 def _numel0(args: Args, kwargs: Kwargs) -> int:
     x = args[0] if args else kwargs.get("self", kwargs.get("input"))
     return x.numel() if isinstance(x, torch.Tensor) else 0
@@ -224,12 +285,22 @@ _CHECKS: dict[str, Callable[[Args, Kwargs], str]] = {
     "adaptive_max_pool3d_backward": _pool_backward(2, 3),
     "_reshape_alias": _view,
     "as_strided": _view,
-    "native_batch_norm": _batch_norm((3, 4), 5),
-    "_native_batch_norm_legit": _batch_norm((3, 4), 5),
-    "_native_batch_norm_legit_no_training": _batch_norm((3, 4), -1),
-    "_native_batch_norm_legit_functional": _batch_norm((3, 4), 5),
+    "native_batch_norm": _batch_norm(5),
+    "_native_batch_norm_legit": _batch_norm(5),
+    "_native_batch_norm_legit_no_training": _batch_norm(-1),
+    "_native_batch_norm_legit_functional": _batch_norm(5),
     "native_group_norm": _group_norm(0, 3),
     "native_group_norm_backward": _group_norm(1, 5),
+    "pdist": _pdist,
+    **{f"{kind}_pad{d}d_backward": _padding(2, d) for kind in ("reflection", "replication")
+       for d in (1, 2, 3)},
+    "multi_margin_loss": _margin(1, False),
+    "multi_margin_loss_backward": _margin(2, False),
+    "multilabel_margin_loss": _margin(1, True),
+    "multilabel_margin_loss_forward": _margin(1, True),
+    "multilabel_margin_loss_backward": _margin(2, True),
+    # (histc makes its bins before it checks its range)
+    "histc": _count(1, "bins", _elements, "more bins than --max-tensor-mb allows"),
     "arange": _range,
     "range": _range,
     "mvlgamma": _count(1, "p", lambda a, k: 1 << 16, "that many terms"),
