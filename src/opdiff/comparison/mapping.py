@@ -163,6 +163,7 @@ def load(path: str | os.PathLike[str]) -> Mapping:
         raise MappingError(f"{where}: cannot read the mapping file ({e}); pass a UTF-8 YAML "
                            f"file to --map") from None
     try:
+        _check_depth(where, yaml.parse(text, Loader=yaml.SafeLoader))
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
@@ -180,6 +181,26 @@ def load(path: str | os.PathLike[str]) -> Mapping:
     else:
         rules = [r for k, v in root.value for r in _msprobe(where, k, v)]
     return Mapping(where, tuple(rules))
+
+
+MAX_DEPTH = 100      # a mapping file nests about 4 deep; the composer recurses once a level
+
+
+def _check_depth(where: str, events: Any) -> None:
+    """Refuse a file nested deeper than MAX_DEPTH (read event by event, before anything
+    recurses over it: a 50,000-deep file would end in RecursionError)."""
+    import yaml
+
+    depth = 0
+    for event in events:
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise MappingError(f"{where}:{event.start_mark.line + 1}: nested more than "
+                                   f"{MAX_DEPTH} deep; a mapping file is a few levels of "
+                                   f"'name: name' lines")
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
 
 
 def _line(node: Any) -> int:

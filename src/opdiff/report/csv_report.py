@@ -8,8 +8,11 @@ Importing this module does not import torch (a report can be written far from a 
 
 Every CSV opdiff writes goes through `safe_writer`: a text cell a spreadsheet would run as a
 formula (one that starts with =, +, -, @, a tab or a carriage return: an op or module name from
-a hostile dump, say) is written with a leading apostrophe, so it is shown as text. A number stays
-a number ("-0.5", "-inf", "1e-05"), for the scripts that parse these columns.
+a hostile dump, say) is written with a leading apostrophe, so it is shown as text; its control
+characters (ESC, BEL, every C0 but newline and tab, DEL, C1, the bidirectional overrides) are
+written as visible escapes such as `\\x1b` (`opdiff.terminal.safe`), so `cat` or `less` on the
+CSV cannot drive the terminal. A number stays a number ("-0.5", "-inf", "1e-05"), for the
+scripts that parse these columns.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import re
 from pathlib import Path
 from typing import IO, Any, Iterable
 
+from ..terminal import safe
 from .columns import csv_columns
 from .outputs import atomic_open
 
@@ -27,9 +31,13 @@ _NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?
 
 
 def safe_cell(value: Any) -> Any:
-    """`value` as a CSV cell that a spreadsheet shows and does not run: a text starting with
+    """`value` as a CSV cell that a spreadsheet shows and does not run, and a terminal shows
+    and does not obey: control characters as escapes (`\\x1b`), then a text starting with
     = + - @ tab or CR (and that is not a number) gets a leading apostrophe."""
-    if isinstance(value, str) and value and value[0] in _FORMULA and not _NUMBER.fullmatch(value):
+    if not isinstance(value, str) or not value:
+        return value
+    value = safe(value)
+    if value[0] in _FORMULA and not _NUMBER.fullmatch(value):
         return "'" + value
     return value
 
