@@ -34,7 +34,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from ..store.frames import is_internal
-from ..store.schema import Kind, Phase, Role, record_name
+from ..store.schema import INDUCTOR, Kind, Phase, Role, record_name
 from .imports import Waiting, after_import
 from .kernel_modules import ModuleWatch, modules_at
 from .leaves import tag_leaves
@@ -296,7 +296,7 @@ def _provenance(kernel: str, path: str) -> dict[str, Any]:
     Inductor generated the wrapper while opdiff recorded: kernel_modules.py) and the user's line
     of the wrapper line calling it (from the stack traces Inductor keeps per wrapper line)."""
     out: dict[str, Any] = {"graph": path.rsplit("/", 1)[-1], "node": kernel,
-                           "backend": "inductor"}
+                           "backend": INDUCTOR}
     try:
         from torch._inductor.codecache import PyCodeCache
         frame = sys._getframe(2)
