@@ -26,9 +26,9 @@ import re
 import sys
 import tokenize
 from pathlib import Path
-from typing import Any, Dict, List, Tuple, Union, get_type_hints
+from typing import Any, Dict, List, Tuple, Union
 
-from typing_extensions import Literal, get_args, get_origin, is_typeddict
+from typing_extensions import Literal, get_args, get_origin, get_type_hints, is_typeddict
 
 from . import schema
 
