@@ -96,6 +96,21 @@ def test_a_key_without_a_type_is_refused():
     assert _untyped([{**record, "compiled": {"seq_nr": "3"}}])
 
 
+def test_a_programs_list_argument_may_hold_references():
+    """A kernel's program step reading a list of its inputs (`cat`): references nest in lists."""
+    step = {"op": "Aten.cat", "kwargs": {}, "node": "cat",
+            "args": [{"type": "list", "items": [{"ref": "input", "index": 0},
+                                                {"ref": "step", "index": 1}]},
+                     {"type": "int", "value": -1}]}
+    record = {"name": "Inductor.cpp_fused_cat_0.0.forward", "op": "Inductor.cpp_fused_cat_0",
+              "kind": "kernel", "phase": "forward",
+              "program": {"steps": [step], "outputs": [{"output": 0, "value": {"ref": "step", "index": 0}}]}}
+    assert _untyped([record]) == []
+    schemas.validate("dump-record", record)
+    step["args"][0]["items"].append({"ref": "elsewhere", "index": 0})
+    assert _untyped([record])
+
+
 @pytest.mark.parametrize("level", ["L0", "L1", "L2", "mix"])
 @pytest.mark.parametrize("task", ["statistics", "tensor"])
 def test_every_key_capture_writes_is_typed(tmp_path, level, task):

@@ -111,7 +111,13 @@ class ProgramRef(TypedDict):
     index: int                  # which one, from 0
 
 
-ProgramArgument = Union[ProgramRef, Descriptor]   # a reference or a constant (a list descriptor nests either)
+class ProgramList(TypedDict):
+    """A list argument of a program's step (`torch.cat`'s tensors): references or constants."""
+    type: Literal["list"]       # a list
+    items: List["ProgramArgument"]   # its items
+
+
+ProgramArgument = Union[ProgramRef, ProgramList, Descriptor]   # a reference, a list of either, or a constant
 
 
 class ProgramStep(TypedDict, total=False):
