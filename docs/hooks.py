@@ -48,6 +48,9 @@ ENVIRONMENT = {
                            "the run ends there.",
     "OPDIFF_RUN_CONFIG": "set by `opdiff run` for every process it launches: the capture settings as one "
                          "JSON object (read by the start-up hook; not meant to be set by hand).",
+    "OPDIFF_TRITON_KERNELS": "1 records Inductor's Triton kernels (GPU) at `L2` and `mix`, through its "
+                             "launcher (`capture/kernel_triton.py`). Experimental: not yet run on a GPU; "
+                             "without it a compiled CUDA step's compare says they are not recorded.",
     "OPDIFF_REQUIRE_BROWSER": "tests only: 1 makes the HTML report's browser tests fail instead of skipping "
                               "when chromium is missing (CI sets it).",
 }
