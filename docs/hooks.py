@@ -11,14 +11,11 @@ The functions are plain (text in, text out) so that tests/docs/ can call them to
 """
 from __future__ import annotations
 
-import ast
 import contextlib
-import io
 import json
 import os
 import re
 import sys
-import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,6 +48,9 @@ ENVIRONMENT = {
                            "the run ends there.",
     "OPDIFF_RUN_CONFIG": "set by `opdiff run` for every process it launches: the capture settings as one "
                          "JSON object (read by the start-up hook; not meant to be set by hand).",
+    "OPDIFF_TRITON_KERNELS": "1 records Inductor's Triton kernels (GPU) at `L2` and `mix`, through its "
+                             "launcher (`capture/kernel_triton.py`). Experimental: not yet run on a GPU; "
+                             "without it a compiled CUDA step's compare says they are not recorded.",
     "OPDIFF_REQUIRE_BROWSER": "tests only: 1 makes the HTML report's browser tests fail instead of skipping "
                               "when chromium is missing (CI sets it).",
 }
@@ -192,17 +192,16 @@ def exit_codes_page() -> str:
 
 def record_fields() -> list[tuple[str, str, str]]:
     """(field, type, comment) of store/schema.py's Record TypedDict, in source order."""
-    path = SRC / "opdiff" / "store" / "schema.py"
-    text = path.read_text(encoding="utf-8")
-    comments = {tok.start[0]: tok.string.lstrip("# ").strip()
-                for tok in tokenize.generate_tokens(io.StringIO(text).readline) if tok.type == tokenize.COMMENT}
-    tree = ast.parse(text)
-    record = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Record")
-    fields = []
-    for node in record.body:
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            fields.append((node.target.id, ast.unparse(node.annotation), comments.get(node.lineno, "")))
-    return fields
+    from opdiff.store import record_schema
+    return record_schema.fields(record_schema.ROOT)
+
+
+def _field_table(rows: list[tuple[str, str, str]]) -> list[str]:
+    out = ["| field | type | meaning |", "| --- | --- | --- |"]
+    for name, kind, comment in rows:
+        comment = comment.replace("|", "\\|")     # a pipe would end the table cell
+        out.append(f"| `{name}` | `{kind}` | {comment} |")
+    return out
 
 
 def dump_format_page() -> str:
@@ -219,11 +218,13 @@ def dump_format_page() -> str:
            "default may be left out (and `inputs`, `outputs`, `kwargs`, `parameters` may be null): every "
            "reader, of opdiff's dumps and of the other tools', fills it in with that default as the dump is "
            "read (`opdiff.store.schema.complete`). The fields after `stack` are present only where they apply.",
-           "", "| field | type | meaning |", "| --- | --- | --- |"]
-    for name, kind, comment in record_fields():
-        comment = comment.replace("|", "\\|")     # a pipe would end the table cell
-        out.append(f"| `{name}` | `{kind}` | {comment} |")
-    out += ["", "Schema of a line: [`dump-record.schema.json`](outputs.md#dump-record).", "",
+           ""] + _field_table(record_fields())
+    from opdiff.store import record_schema
+    for cls in record_schema.types()[1:]:     # the types the fields above name
+        out += ["", f"### {cls.__name__}", "", " ".join((cls.__doc__ or "").split()), ""]
+        out += _field_table(record_schema.fields(cls))
+    out += ["", "Schema of a line: [`dump-record.schema.json`](outputs.md#dump-record), generated from "
+            "these types (`opdiff.store.record_schema`).", "",
             "## Record names", "", "::: opdiff.store.schema", "    options:", "      show_root_heading: false",
             "      show_root_toc_entry: false", "      members: false", "",
             "## Descriptors: one per argument", "", "::: opdiff.store.records", "    options:",

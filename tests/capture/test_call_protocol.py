@@ -14,7 +14,7 @@ import opdiff
 from opdiff.capture import session as capture_session
 
 LAYERS = ["api.py", "aten.py", "modules.py", "backward.py", "leaves.py", "collectives.py",
-          "inductor.py"]
+          "inductor.py", "kernel_recorder.py"]
 
 
 class _ExplodingList(list):

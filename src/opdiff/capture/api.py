@@ -5,7 +5,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from .. import ops
-from ..store.schema import Kind, Phase, record_name
+from ..store.schema import Kind, Phase, is_inductor, record_name
 from . import collectives, naming
 from .backward import hook_api_backward, in_backward, input_edges
 from .callsite import api_caller, call_as, dispatched
@@ -103,7 +103,7 @@ class ApiCapture(TorchFunctionMode):
             compiled = provenance(2)    # an aten op of a torch.compile'd FX graph (compiled.py)
             if compiled is not None:
                 record["compiled"] = compiled
-                if compiled.get("backend") == "inductor":   # (its buffers: see inductor.py)
+                if is_inductor(record):   # (its buffers: see inductor.py)
                     s.follow_buffers()
             if draws(op, args, kwargs):     # before the call: what its generator held
                 record["rng"] = fingerprint(args, kwargs)

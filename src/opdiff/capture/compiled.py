@@ -24,6 +24,7 @@ import sys
 from typing import Any, Optional
 
 from ..store.frames import is_internal
+from ..store.schema import INDUCTOR
 from .kernel_modules import modules_at
 
 GRAPH_FILE = "<eval_with_key>"
@@ -59,7 +60,7 @@ def provenance(skip: int = 1) -> Optional[dict[str, Any]]:
             # Inductor's wrapper calling an extern kernel (mm, bmm...): its fused kernels are
             # C++ or Triton, run without a dispatch (capture/inductor.py records the C++ ones);
             # the modules of its nodes where Inductor generated it while opdiff recorded
-            facts = {"graph": code.co_filename.rsplit("/", 1)[-1], "backend": "inductor"}
+            facts = {"graph": code.co_filename.rsplit("/", 1)[-1], "backend": INDUCTOR}
             modules = modules_at(code.co_filename, frame.f_lineno)
             if modules is not None:
                 facts["modules"] = modules

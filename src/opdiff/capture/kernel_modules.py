@@ -8,12 +8,14 @@ One kernel's code may be called more than once (the same fused code for layer 0 
 is one `cpp_fused_mul_silu_3`), so the modules belong to each call *line* of the wrapper, not
 to the kernel's name.
 
-`ModuleWatch` wraps two of Inductor's code generation steps, in the order Inductor writes the
+`ModuleWatch` wraps Inductor's code generation steps, in the order Inductor writes the
 wrapper's `call` function: `CppScheduling.define_kernel` (a C++ kernel group about to be called;
-its scheduled nodes) and `Scheduler.codegen_extern_call` (an extern kernel: mm, bmm). When the
-wrapper module is loaded, the i-th definition of a kernel is its i-th call line in the file, and
-the i-th extern call the i-th `extern_kernels.` line or call of an op Inductor falls back to,
-`torch.ops.aten.<op>.<overload>(` (SDPA on the CPU; only where the counts agree). What it
+its scheduled nodes), `TritonScheduling.define_kernel` (the same for a Triton kernel, called
+through its launcher, `name.run(`: not run on a GPU yet) and `Scheduler.codegen_extern_call`
+(an extern kernel: mm, bmm). When the wrapper module is loaded, the i-th definition of a
+kernel is its i-th call line in the file, and the i-th extern call the i-th `extern_kernels.`
+line or call of an op Inductor falls back to, `torch.ops.aten.<op>.<overload>(` (SDPA on the
+CPU; only where the counts agree). What it
 found is kept for the process by wrapper file (`lines_of`): a wrapper compiled in one step runs
 again in later ones; and in a small file beside the wrapper in Inductor's cache directory
 (`<wrapper>.py.opdiff-modules.json`), for a later process that Inductor's cache hands the same
@@ -41,6 +43,8 @@ log = logging.getLogger("opdiff")
 _KEEP = 256                 # wrappers remembered per process (each a few hundred lines)
 _known: dict[str, dict[int, list[str]]] = {}     # wrapper file -> call line -> modules
 _CALL = re.compile(r"^\s+(\w+)\(")
+# a Triton kernel's call through its launcher: `triton_poi_fused_add_0.run(buf0, ..., stream=stream0)`
+_LAUNCH = re.compile(r"^\s+(\w+)\.run\(")
 # an extern kernel call: `extern_kernels.mm(...)`, or an op Inductor falls back to, called by
 # its overload (`buf15 = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(`)
 _EXTERN = re.compile(r"^\s+(?:\w+ = )?(?:extern_kernels\.\w+|torch\.ops\.\w+\.\w+\.\w+)\(")
@@ -135,6 +139,12 @@ def _origins(snodes: Any) -> list[Any]:
     return out
 
 
+def scheduled(node_schedule: Any) -> list[Any]:
+    """The scheduler nodes of a Triton kernel's node schedule (which also holds markers that
+    open and close its reductions)."""
+    return [n for n in node_schedule if callable(getattr(n, "get_nodes", None))]
+
+
 def _computed(snode: Any) -> list[Any]:
     """The FX node an extern kernel computes (its buffer's `origin_node`: the `mm`, not the
     nodes whose values Inductor realized into its inputs), else its origins."""
@@ -156,6 +166,7 @@ class ModuleWatch:
     def start(self) -> None:
         # (the generators are imported by the first compile, maybe after this)
         self._waiting = [after_import("torch._inductor.codegen.cpp", self._hook_cpp),
+                         after_import("torch._inductor.codegen.triton", self._hook_triton),
                          after_import("torch._inductor.scheduler", self._hook_scheduler)]
 
     def stop(self) -> None:
@@ -185,6 +196,18 @@ class ModuleWatch:
             return define_kernel
         if getattr(cpp, "CppScheduling", None) is not None:
             self._wrap(cpp.CppScheduling, "define_kernel", make)
+
+    def _hook_triton(self, triton: Any) -> None:
+        watch = self
+
+        def make(original: Callable[..., Any]) -> Callable[..., Any]:
+            def define_kernel(sched: Any, src_code: Any, node_schedule: Any, *args: Any, **kw: Any) -> Any:
+                name = original(sched, src_code, node_schedule, *args, **kw)
+                watch._note("kernel", name, lambda: _origins(scheduled(node_schedule)))
+                return name
+            return define_kernel
+        if getattr(triton, "TritonScheduling", None) is not None:
+            self._wrap(triton.TritonScheduling, "define_kernel", make)
 
     def _hook_scheduler(self, scheduler: Any) -> None:
         watch = self
@@ -227,7 +250,8 @@ class ModuleWatch:
 
 
 def match_lines(text: str, calls: list[tuple[str, str, list[str]]]) -> dict[int, list[str]]:
-    """Call line (1-based) -> modules: the i-th definition of a kernel at its i-th call line,
+    """Call line (1-based) -> modules: the i-th definition of a kernel at its i-th call line
+    (`name(` for a C++ kernel, `name.run(` for a Triton one),
     the i-th extern call at the i-th extern line (`_EXTERN`) where both counts agree."""
     body = text.split("\n")
     start = next((i for i, line in enumerate(body) if line.lstrip().startswith("def call(")), 0)
@@ -245,7 +269,7 @@ def match_lines(text: str, calls: list[tuple[str, str, list[str]]]) -> dict[int,
         if _EXTERN.match(line):
             extern_lines.append(i + 1)
             continue
-        m = _CALL.match(line)
+        m = _CALL.match(line) or _LAUNCH.match(line)
         if m and kernels.get(m.group(1)):
             out[i + 1] = kernels[m.group(1)].pop(0)
     if len(extern_lines) == len(externs):
@@ -253,4 +277,4 @@ def match_lines(text: str, calls: list[tuple[str, str, list[str]]]) -> dict[int,
     return out
 
 
-__all__ = ["ModuleWatch", "lines_of", "modules_at", "node_modules", "match_lines"]
+__all__ = ["ModuleWatch", "lines_of", "modules_at", "node_modules", "match_lines", "scheduled"]

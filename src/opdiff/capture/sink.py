@@ -17,7 +17,7 @@ from __future__ import annotations
 import gc
 import logging
 
-from ..store.schema import PARAM_GRAD_WORD, Kind, Phase, Role, record_name
+from ..store.schema import PARAM_GRAD_WORD, Kind, Phase, Role, is_inductor, record_name
 from ..store.writer import DumpWriter
 from .describe import Describer
 from .stacks import with_source
@@ -130,7 +130,7 @@ class StepSink:
             # dataflow: a forward op's outputs name it in later readers' descriptors; so do
             # the calls of Inductor's compiled backward (its kernels hand each other buffers,
             # where autograd hands eager's backward ops gradients, found through forward calls)
-            inductor = (record.get("compiled") or {}).get("backend") == "inductor"
+            inductor = is_inductor(record)
             if record.get("kind") in Kind.OPS and (record.get("phase") == Phase.FORWARD or
                                                    inductor):
                 describer.produced(

@@ -38,6 +38,7 @@ from typing import Any, NamedTuple, Optional
 from .. import ops
 from ..store.records import iter_tensors
 from ..store.schema import Kind, Phase, Role, module_path
+from ..store.schema import is_inductor as by_inductor   # (the one predicate: store/schema.py)
 
 Record = dict[str, Any]
 _RESHAPES = frozenset({"Torch.view.default", "Torch._unsafe_view.default",
@@ -120,12 +121,6 @@ def modules_of(r: Record) -> Optional[list[str]]:
     if isinstance(found, list) and found and all(isinstance(m, str) for m in found):
         return found
     return None
-
-
-def by_inductor(r: Record) -> bool:
-    """Whether a record is a call of Inductor's generated code (one of its kernels, or an
-    extern kernel its wrapper calls)."""
-    return (r.get("compiled") or {}).get("backend") == "inductor"
 
 
 def _unplaced(r: Record) -> bool:

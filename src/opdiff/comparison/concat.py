@@ -25,11 +25,11 @@ part modules move into the joined call, where they meet the target's fused op as
 """
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
-from ..store.records import decoded_stats, encode_float
+from ..store import statistics
+from ..store.records import decoded_stats
 from ..store.schema import Kind, Phase, RecordName, module_path
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from .mapping import Mapping, Rule
 
 Record = dict[str, Any]
-EXACT = ("max", "min", "mean", "norm", "nan", "inf")     # statistics a concatenation keeps
+EXACT = tuple(s.key for s in statistics.STATISTICS if s.concat)   # statistics a concatenation keeps
 _ROLES = ("inputs", "outputs", "parameters")
 _Join = tuple[Record, list[int], Optional[str], int]   # (joined record, parts, fused call, at)
 
@@ -307,30 +307,8 @@ def join_stats(stats: list[dict[str, Any]], numels: list[int], dropped: set[str]
     they can be (EXACT); the names of the others go into `dropped`. None when a part has none."""
     if not stats or any(not s for s in stats):
         return None
-    out: dict[str, Any] = {}
-    for name in dict.fromkeys(k for s in stats for k in s):
-        values = [s.get(name) for s in stats]
-        if name not in EXACT or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                        for v in values):
-            dropped.add(name)
-            continue
-        nums = [float(v) for v in values]   # type: ignore[arg-type]
-        if name in ("nan", "inf"):
-            out[name] = int(sum(nums))
-            continue
-        if any(math.isnan(v) for v in nums):
-            out[name] = encode_float(math.nan)
-        elif name == "max":
-            out[name] = encode_float(max(nums))
-        elif name == "min":
-            out[name] = encode_float(min(nums))
-        elif name == "norm":
-            out[name] = encode_float(math.sqrt(sum(v * v for v in nums)))
-        else:                               # the mean, weighted by element count
-            total = sum(numels)
-            out[name] = encode_float(sum(v * n for v, n in zip(nums, numels)) / total
-                                     if total else nums[0])
-    return out
+    pieces = [statistics.Piece(s, n) for s, n in zip(stats, numels)]
+    return statistics.merge(pieces, statistics.CONCAT, dropped)
 
 
 class JoinedSource:

@@ -26,6 +26,7 @@ from operator import attrgetter
 from typing import Any, Callable
 
 from ..comparison.metric_table import METRICS, STAT_METRICS
+from ..store import statistics
 
 
 def number(v: Any) -> str:
@@ -94,8 +95,8 @@ TENSOR = (
     Column("NPU Tensor Shape", attrgetter("target_shape"), shape),
     Column("Bench Tensor Shape", attrgetter("golden_shape"), shape),
 )
-# (statistic key in TensorRow.*_stats, its label in the header)
-STATS = (("max", "max"), ("min", "min"), ("mean", "mean"), ("norm", "l2norm"))
+# (statistic key in TensorRow.*_stats, its label in the header): the statistics table's columns
+STATS = statistics.COLUMNS
 STATISTICS = tuple(Column(f"NPU {label}", _stat("target", key)) for key, label in STATS) + tuple(
     Column(f"Bench {label}", _stat("golden", key)) for key, label in STATS)
 VERDICT = (

@@ -11,6 +11,7 @@ A descriptor describes one argument::
 
     {"type": "tensor", "dtype": "float32", "shape": [2, 3], "device": "cpu",
      "requires_grad": true, "stats": {"max":, "min":, "mean":, "norm":, "nan":, "inf":},
+                                   # (the statistics: opdiff.store.statistics.STATISTICS)
      "key": "Functional.conv2d.0.forward.input.0"}       # key only when the tensor was saved
     An input made by a recorded forward op of the same step names it: `"producer": [seq, slot]`
     (its record's seq and output slot; dumps whose meta.json says `"dataflow": 1`); leaves
@@ -44,8 +45,6 @@ try:
     import orjson as _orjson
 except ImportError:   # installed without dependencies: the standard library's encoder
     _orjson = None  # type: ignore[assignment]
-
-STAT_KEYS = ("max", "min", "mean", "norm", "nan", "inf")
 
 # The one spelling written, then the one older monitor files wrote (read, never written).
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf,

@@ -19,11 +19,12 @@ Tensor names add a role and a slot: `Functional.conv2d.0.forward.input.0`,
     >>> RecordName("Tensor.__iadd__", "forward", 3).text
     'Tensor.__iadd__.3.forward'
 """
-from __future__ import annotations
-
+# (no `from __future__ import annotations`: TypedDict reads `Required[...]` from evaluated annotations)
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable, List, Optional, TypedDict
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
+
+from typing_extensions import Literal, Required, TypedDict
 
 
 class Kind:
@@ -55,6 +56,117 @@ class Role:
     PARAMETERS = "parameters"
 
 
+# The types below are the one source of the record format: `opdiff.store.record_schema` makes
+# the JSON Schema of a records.jsonl line (schemas/dump-record.schema.json) and the docs' dump
+# format page from them, the comment beside each field being its description. A field capture
+# writes that is not typed here fails tests/store/test_record_types.py.
+
+NonFinite = Literal["NaN", "Infinity", "-Infinity"]   # a float strict JSON cannot spell
+StatValue = Union[float, NonFinite, None]               # None: unknown (a foreign dump's overflow)
+
+
+class Statistics(TypedDict, total=False):
+    """A tensor's statistics (`opdiff.store.statistics.STATISTICS` names them, in this order)."""
+    max: StatValue              # largest value (NaN where one is NaN)
+    min: StatValue              # smallest value
+    mean: StatValue             # mean over every element
+    norm: StatValue             # L2 norm
+    nan: Optional[int]          # how many elements are NaN
+    inf: Optional[int]          # how many elements are +-inf
+
+
+class Placement(TypedDict, total=False):
+    """Which part of a DTensor's global tensor a local shard is (capture/collectives.py)."""
+    placements: List[str]       # the DTensor's placements as torch prints them (Shard(dim=0))
+    coordinate: Optional[List[int]]   # this rank's coordinate in the device mesh
+    global_shape: List[int]     # the global tensor's shape
+    whole: bool                 # the local tensor holds every value of the global one
+
+
+class Descriptor(TypedDict, total=False):
+    """One argument: a tensor, a Python scalar, None, a dtype/device/size, a list, tuple or dict
+    of descriptors, or an object's repr (`opdiff.store.records`)."""
+    type: Required[Literal["tensor", "int", "float", "bool", "str", "none", "dtype", "device",
+                           "size", "list", "tuple", "dict", "object"]]   # what the argument is
+    value: Any                  # scalars, dtype, device, size: the value; object: its repr, cut short
+    items: Union[List["Descriptor"], Dict[str, "Descriptor"]]   # list/tuple: descriptors; dict: name to descriptor
+    dtype: str                  # tensors: torch's dtype name without `torch.` (float32)
+    shape: List[int]            # tensors: the shape
+    device: str                 # tensors: cpu, cuda:0 ...
+    requires_grad: bool         # tensors: as torch says
+    stats: Optional[Statistics]   # tensors: their statistics (null: none taken, its values mean nothing)
+    key: str                    # the tensor's name in the tensors/*.safetensors shards (task="tensor")
+    overwritten: bool           # written by the op without being read: its values mean nothing
+    uninitialized: bool         # torch.empty's output: its values mean nothing
+    producer: Tuple[int, int]   # dataflow: [seq, output slot] of the record in this step that made this input
+    leaf: Literal["parameter", "buffer", "input", "outside"]   # a leaf read here (outside: written outside torch)
+    fqn: str                    # leaf: the parameter's or buffer's FQN, the input's slot, or the tensor's name
+    outside: bool               # its values changed outside torch since it was last described (capture/handles.py)
+    placement: Placement        # a DTensor's local shard: which part of the global tensor it is
+
+
+class ProgramRef(TypedDict):
+    """A kernel input (the record's index-th input) or an earlier step's result."""
+    ref: Literal["input", "step"]   # a kernel input or an earlier step
+    index: int                  # which one, from 0
+
+
+class ProgramList(TypedDict):
+    """A list argument of a program's step (`torch.cat`'s tensors): references or constants."""
+    type: Literal["list"]       # a list
+    items: List["ProgramArgument"]   # its items
+
+
+ProgramArgument = Union[ProgramRef, ProgramList, Descriptor]   # a reference, a list of either, or a constant
+
+
+class ProgramStep(TypedDict, total=False):
+    """One aten op of a kernel's program."""
+    op: Required[str]           # the op as capture names it (Aten.mul)
+    args: Required[List[ProgramArgument]]   # its positional arguments
+    kwargs: Required[Dict[str, ProgramArgument]]   # its keyword arguments
+    node: str                   # the post-grad FX node it stands for
+    decomposed: List[str]       # the FX nodes of the decomposition it stands for
+
+
+class ProgramOutput(TypedDict):
+    """Which step (or input) lands in a kernel's output."""
+    output: int                 # the kernel's output slot
+    value: ProgramRef           # what it holds
+
+
+class Program(TypedDict):
+    """What a kernel computes: the aten ops of the FX nodes Inductor fused into it."""
+    steps: List[ProgramStep]    # in order; a step reads kernel inputs, earlier steps or constants
+    outputs: List[ProgramOutput]   # which step lands in which output
+
+
+class Unmapped(TypedDict):
+    """A kernel whose program could not be rebuilt."""
+    unmapped: str               # why
+
+
+class CompiledFacts(TypedDict, total=False):
+    """What torch.compile knew of the code that ran an op (`capture/compiled.py`, `capture/inductor.py`)."""
+    graph: str                  # the FX graph's code file (<eval_with_key>.5) or Inductor's wrapper file
+    backend: Literal["inductor"]   # Inductor's generated code ran it (`is_inductor`): an extern
+    #                                kernel or one of its own
+    node: str                   # the FX node (mul_3), or for kind kernel the kernel's name (cpp_fused_mul_silu_0)
+    module: str                 # the FX node's module path (model.layers.0.mlp)
+    modules: List[str]          # Inductor calls: the modules of the FX nodes this call computes
+    seq_nr: int                 # autograd's sequence number of the forward op (a backward node carries its forward's)
+    source: Tuple[str, int]     # the user's source line: [file, line]
+    from_parameters: List[Tuple[int, List[str]]]   # kernels at mix: [output, [parameter FQNs]]
+    #                                                for each output computed from parameters and buffers alone
+
+
+class Group(TypedDict, total=False):
+    """A collective's process group (capture/collectives.py)."""
+    ranks: List[int]            # the group's global ranks
+    seq: int                    # this collective's number within the group
+    peer: int                   # point-to-point: the other rank
+
+
 class Record(TypedDict, total=False):
     """One line of records.jsonl (a plain dict at run time: no cost on capture's hot path).
 
@@ -65,25 +177,44 @@ class Record(TypedDict, total=False):
     Descriptors are documented in `opdiff.store.records`.
     """
     seq: Optional[int]          # execution order within this step/rank (default None: unknown)
-    name: str                   # RecordName text, unique within the step (required)
-    op: str                     # the name without counter and phase (default: taken from the name)
-    kind: str                   # Kind (default "api")
-    phase: str                  # Phase (default "forward")
+    name: Required[str]         # RecordName text, unique within the step (required)
+    op: Required[str]           # the name without counter and phase (default: taken from the name)
+    kind: Required[Literal["api", "module", "aten", "param_grad", "node", "leaf", "kernel"]]   # Kind (default "api")
+    phase: Required[Literal["forward", "backward"]]   # Phase (default "forward")
     module: Optional[str]       # the enclosing module call's name (default None: none known)
-    inputs: List[dict[str, Any]]   # backward: gradients w.r.t. the forward outputs (default [])
-    kwargs: dict[str, Any]      # keyword arguments by name (default {})
-    outputs: List[dict[str, Any]]  # backward: gradients w.r.t. the forward inputs (default [])
-    parameters: dict[str, Any]  # module calls and param_grad records (default {})
-    stack: Optional[int]        # id into stacks.jsonl (default None: no stack)
-    forward: str                # backward records: their forward record's name
-    error: str                  # capture failed partly for this op
-    leaf: str                   # Kind.LEAF records: "parameter" | "buffer" | "input"
+    inputs: List[Descriptor]    # one per positional argument; backward: gradients w.r.t. the
+    #                             forward outputs (default [])
+    kwargs: Dict[str, Descriptor]   # keyword arguments by name (default {})
+    outputs: List[Descriptor]   # one per output; backward: gradients w.r.t. the forward inputs (default [])
+    parameters: Dict[str, Descriptor]   # module calls and param_grad records: one per parameter (default {})
+    stack: Optional[int]        # id of the call site in stacks.jsonl (default None: no stack)
+    forward: Optional[str]      # backward records: their forward record's name (null: not known)
+    autograd_node: str          # aten backward ops: the autograd node that ran them (MulBackward0)
+    error: str                  # capture failed partly for this op: why
+    leaf: Literal["parameter", "buffer", "input"]   # Kind.LEAF records: what the tensor is
     tensor: str                 # ... the parameter's or buffer's FQN, or the input's slot
     reader: str                 # ... the record of the first op that reads it
     rng: str                    # random ops: a fingerprint of the generator state they drew from
-    group: dict[str, Any]       # collectives: {"ranks": [...], "seq": k[, "peer": r]} (capture/collectives.py)
-    program: dict[str, Any]     # Kind.KERNEL: its fused aten ops over its arguments, or
-    #                             {"unmapped": why} (capture/kernel_programs.py)
+    group: Group                # collectives: their process group
+    compiled: CompiledFacts     # an op run from a torch.compile'd graph, or by Inductor's generated code
+    program: Union[Program, Unmapped]   # Kind.KERNEL, tensor dumps: its fused aten ops over its
+    #                                     arguments, which opdiff check replays, or {"unmapped": why}
+    #                                     (capture/kernel_programs.py)
+    overflow: Literal["origin", "discarded"]   # overflow checking: an op that made inf/NaN of
+    #                                            finite inputs (discarded: it reached no gradient,
+    #                                            parameter or output)
+    note: str                   # overflow origins: what to keep in mind reading it (an in-place op's inputs)
+
+
+INDUCTOR = "inductor"   # CompiledFacts.backend of Inductor's generated code
+
+
+def is_inductor(record: Mapping[str, Any]) -> bool:
+    """Whether a record is a call of Inductor's generated code: one of its kernels (kind
+    kernel) or an extern kernel its wrapper calls. The one spelling of it, for capture and
+    comparison alike."""
+    compiled = record.get("compiled")
+    return isinstance(compiled, dict) and compiled.get("backend") == INDUCTOR
 
 
 def complete(record: dict[str, Any]) -> dict[str, Any]:
@@ -309,7 +440,8 @@ def locations_from_frames(frames: Optional[Iterable[dict[str, Any]]]) -> tuple[L
     return tuple(out)
 
 
-__all__ = ["Kind", "Phase", "Role", "Record", "complete", "RecordName", "record_name", "name_parts",
+__all__ = ["Kind", "Phase", "Role", "Record", "CompiledFacts", "Descriptor", "Statistics", "Program",
+           "INDUCTOR", "is_inductor", "complete", "RecordName", "record_name", "name_parts",
            "record_op", "legacy_to_dotted",
            "tensor_name", "split_tensor_name", "module_path", "module_class", "module_op",
            "param_grad_links", "Location", "locations_from_frames", "PARAM_GRAD_WORD",
