@@ -187,6 +187,9 @@ def _verdict(result: CompareResult) -> tuple[str, str]:
         # Statistics cannot show small errors: say so rather than claim the run is clean.
         caveat = (" — as far as statistics can tell (see the note on their limits)"
                   if any(r.mode == "statistics" for r in result.rows) else "")
+        if _same_dump(result):      # a mistake more often than a test: say it
+            return AGREE, (f"no divergence: {result.target} was compared with itself (TARGET "
+                           "and GOLDEN are the same dump); pass the other run's dump as GOLDEN")
         if incomparable_ops(result.rows):
             return INCONCLUSIVE, ("inconclusive: the runs were sharded differently (see the "
                                   "note); no op is blamed among the tensors that compare" + caveat)
@@ -204,6 +207,14 @@ def _verdict(result: CompareResult) -> tuple[str, str]:
     if fd.step is not None or fd.rank is not None:
         scope = f" (step {fd.step}, rank {fd.rank})"
     return DIVERGENCE, f"{fd.name}{scope}: {fd.reason}{where}"
+
+
+def _same_dump(result: CompareResult) -> bool:
+    """Are TARGET and GOLDEN one and the same directory (by the file system, not by spelling)?"""
+    try:
+        return os.path.samefile(result.target, result.golden)
+    except (OSError, TypeError, ValueError):    # gone, or not paths (a loaded summary)
+        return False
 
 
 class Progress:
