@@ -143,7 +143,7 @@ class Unfinished:
         """Overwrite the mark in place; False when even that failed."""
         try:
             self.file.pwrite(_padded(state), 0)
-            self.state = state.get("state")
+            self.state = str(state.get("state"))
             return True
         except OSError:
             return False
