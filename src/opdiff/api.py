@@ -25,7 +25,7 @@ from .comparison.engines import Engine, engine_for
 from .comparison.runs import (count_records, cut_sides, merge, pair_dumps, split_incomplete,
                               unpaired)
 from .comparison.verdicts import Policy
-from .errors import OpdiffError
+from .errors import ConfigError, OpdiffError
 from .report import write_outputs
 from .report.console import Progress, verdict_line
 from .store.adapters import discover
@@ -91,6 +91,9 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
     runner.check(mapping=mapping is not None)
     if output_path is not None:     # before a long compare: a user's summary.json is refused now
         from .report.outputs import check_free
+        if os.path.lexists(output_path) and not os.path.isdir(output_path):
+            raise ConfigError(f"{os.fspath(output_path)} is a file; pass a directory for the "
+                              "output")
         check_free(output_path, ("summary.json", "report.html", "rows.jsonl"))
     if source_root is not None and not os.path.isdir(source_root):
         raise OpdiffError(f"source_root {os.fspath(source_root)!r} is not a directory; name the "

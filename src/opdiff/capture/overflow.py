@@ -120,7 +120,8 @@ class OverflowMonitor:
             return
         self.enclosing.add(record.get("module"))
         found = PendingRecord(origin)
-        if record["phase"] == Phase.FORWARD and not _matters(record):
+        if record["phase"] == Phase.FORWARD and not _matters(record) \
+                and rules.at_singularity(record.get("op") or "", origin["inputs"]):
             self.unreached.append(found)   # written once it is known whether it mattered
             return
         self._write(found)

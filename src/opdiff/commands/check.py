@@ -69,6 +69,10 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: Any) -> int:
     """Run the check and print the summary; the return value is the exit code."""
+    from .paths import dumps_exist, output_is_a_directory
+
+    dumps_exist(args.dump)                      # before torch is imported (seconds)
+    output_is_a_directory(args.output)
     from ..check.device import usable_device
     from ..check.outputs import prepare
     from ..errors import ConfigError

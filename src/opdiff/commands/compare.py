@@ -152,6 +152,10 @@ def _engine(args):
 
 
 def run(args) -> int:
+    from .paths import dumps_exist, output_is_a_directory
+
+    dumps_exist(args.target, args.golden)       # before torch is imported (seconds)
+    output_is_a_directory(args.output)          # before the compare, not after it
     from ..api import compare
     from ..comparison.verdicts import Thresholds
     from ..report.console import print_result

@@ -13,9 +13,9 @@ is left is it an error.
 
 A side whose step was cut (`cut_sides`: the run was killed mid-step, or its disk filled; the
 reader knows from the step's `unfinished.json`) is compared up to where it ends; the pair's
-entry carries `"cut": [{"side", "why", "records", "last_record"}]`, a note says which step,
-rank and record, and summary.json lists it under "incomplete" with `"compared": true`. An
-unreadable tensor shard is a note too (its tensors are compared by their statistics).
+entry carries `"cut": [{"side", "why", "records", "last_record", ("error")}]`, a note says
+which step, rank and record, and summary.json lists it under "incomplete" with
+`"compared": true`. An unreadable tensor shard is a note too (its tensors are compared by their statistics).
 
 With several pairs, each pair's rows stay on disk (`spool.py`): the worker writes them to a
 spool file and sends back its outcome only, and the merged result's `rows` streams those files,
@@ -99,13 +99,24 @@ def _cut(dump: DumpSource) -> Optional[dict[str, Any]]:
 
 _CUT_WORDS = {"killed": "the run was killed there (or is still writing)",
               "disk full": "the disk filled there",
-              "write failed": "writing the dump failed there"}
+              "write failed": "writing the dump failed there",
+              "raised": "the run raised {error} there",
+              "exited": "the run ended there without closing the step (no stop()/step())"}
 
 
 _EMPTY_CUT = {"killed": "holds no op records: the run was killed before its first one (or is "
                          "still writing)",
               "disk full": "holds no op records: the disk filled before its first one",
-              "write failed": "holds no op records: writing the dump failed before its first one"}
+              "write failed": "holds no op records: writing the dump failed before its first one",
+              "raised": "holds no op records: the run raised {error} before its first one",
+              "exited": "holds no op records: the run ended before its first one without "
+                        "closing the step"}
+
+
+def _said(words: dict[str, str], cut: dict[str, Any]) -> str:
+    """A cut's words, with the exception a run raised (`store/durable.py`) in them."""
+    text = words.get(cut.get("why", ""), words["killed"])
+    return text.replace("{error}", str(cut.get("error") or "an exception"))
 
 
 def cut_words(side: str, cut: dict[str, Any]) -> str:
@@ -113,8 +124,7 @@ def cut_words(side: str, cut: dict[str, Any]) -> str:
     after = f" (after {cut['last_record']})" if cut.get("last_record") else ""
     if cut.get("why") == "disk full":
         return f"the {side}'s disk filled at record {cut['records']}{after}"
-    return (f"the {side} dump was cut at record {cut['records']}{after}: "
-            f"{_CUT_WORDS.get(cut.get('why', ''), _CUT_WORDS['killed'])}")
+    return f"the {side} dump was cut at record {cut['records']}{after}: {_said(_CUT_WORDS, cut)}"
 
 
 def cut_sides(pairs: list[Pair]) -> tuple[list[Incomplete], list[str]]:
@@ -155,15 +165,14 @@ def split_incomplete(pairs: list[Pair]) -> tuple[list[Pair], list[Incomplete]]:
             continue
         side = empty[0] if len(empty) == 1 else "both"
         cut = _cut(t if empty[0] == "target" else g)
-        why = EMPTY_WHY if cut is None else _EMPTY_CUT.get(cut["why"], _EMPTY_CUT["killed"])
+        why = EMPTY_WHY if cut is None else _said(_EMPTY_CUT, cut)
         incomplete.append({"step": t.step, "rank": t.rank, "side": side, "why": why})
     if not complete:
         t, g = pairs[0]
         dump = t if _is_empty(t) else g
         cut = _cut(dump)
         if cut is not None:
-            raise DumpError(f"{dump.path}: the dump "
-                            f"{_EMPTY_CUT.get(cut['why'], _EMPTY_CUT['killed'])}; dump again"
+            raise DumpError(f"{dump.path}: the dump {_said(_EMPTY_CUT, cut)}; dump again"
                             + (" with more free space" if cut["why"] == "disk full" else ""))
         if len(pairs) == 1:
             raise DumpError(f"{dump.path}: the dump holds no op records; was the model run "
@@ -251,7 +260,8 @@ def merge(target: str, golden: str, results: list[CompareResult], notes: list[st
     env = results[0].environment_diff if results else []
     pairs = [_pair_summary(r) for r in results] + [_incomplete_summary(i) for i in incomplete]
     for p in pairs:
-        p["cut"] = [{k: c[k] for k in ("side", "why", "records", "last_record")} for c in cut
+        p["cut"] = [{k: c[k] for k in ("side", "why", "records", "last_record", "error")
+                     if k in c} for c in cut
                     if (c["step"], c["rank"]) == (p["step"], p["rank"])] or None
     pairs.sort(key=lambda p: (p["step"] if p["step"] is not None else -1,
                               p["rank"] if p["rank"] is not None else -1))

@@ -89,6 +89,7 @@ class _Walk:
         self.last_matters = -1                    # position of the last non-finite that matters
         self.positions: dict[str, int] = {}       # origin name -> its position
         self.discarded: set[str] = set()          # origins the online monitor found discarded
+        self.singular: set[str] = set()           # origins at a pole or domain edge (log(0))
         self.fp16_run = False                     # an fp16 tensor was seen: the run is in fp16
 
     def visit(self, rec: dict) -> None:
@@ -155,6 +156,8 @@ class _Walk:
 
     def _origin(self, rec, hin, hout, why: str) -> None:
         origin = self._make_origin(rec, hin, hout, why)
+        if rules.at_singularity(rec["op"] or rec["name"], list(rec.get("inputs") or [])):
+            self.singular.add(rec["name"])      # (only these may be created and discarded)
         if self.origins:
             self._link(rec, "new origin")
         self.origins.append(origin)
@@ -228,7 +231,10 @@ class _Walk:
 
 
     def _discarded(self, o: Origin) -> bool:
-        """A forward origin whose inf/NaN reached no gradient, parameter or model output."""
+        """A forward origin whose inf/NaN reached no gradient, parameter or model output, made
+        at a singularity (`rules.at_singularity`): an overflow's inf matters wherever it goes."""
+        if o.name not in self.singular:
+            return False
         if o.name in self.discarded:
             return True
         return o.phase == Phase.FORWARD and self.positions.get(o.name, -1) > self.last_matters

@@ -121,10 +121,71 @@ def matters(phase: str | None, kind: str | None, module: str | None) -> bool:
     (the root module's output, the loss). A forward origin whose inf/NaN reaches none of these
     by the end of the step was *created and discarded* (T5's `torch.log(0)` in its position
     bucketing, made integer by `.to(long)` or dropped by `torch.where`): not an overflow.
-    Without module records (level="L1") every op is outside every module: all matter."""
+    Without module records (level="L1") every op is outside every module: all matter. Only an
+    origin `at_singularity` may be discarded: an overflow matters wherever its inf goes."""
     return phase == "backward" or kind == "param_grad" or not module
 
 
-__all__ = ["judge", "matters", "is_loss_scaler", "Health", "Verdict", "FINITE", "NONFINITE", "CLEAN",
+# Ops at whose poles or domain edges inf/NaN is the right answer (log(0), 1/0, sqrt(-1)):
+# code may make it there on purpose and handle it (T5's log(0) clamped or dropped by where).
+# Any other op makes inf from finite inputs only when a finite result exceeds its dtype's
+# range: an overflow, whose value is wrong whatever absorbs it afterwards (rsqrt(inf) = 0
+# zeroes a norm's output), so it is never "created and discarded".
+_SINGULAR = frozenset({
+    "log", "log2", "log10", "log1p", "xlogy", "special_xlogy", "logit", "sqrt", "rsqrt",
+    "reciprocal", "acos", "arccos", "asin", "arcsin", "acosh", "arccosh", "atanh", "arctanh",
+    "tan", "erfinv", "lgamma", "digamma", "polygamma", "mvlgamma", "std", "var", "std_mean",
+    "var_mean", "fmod", "remainder", "mod", "rmod"})
+_DIVISIONS = frozenset({"div", "divide", "true_divide", "truediv", "floor_divide", "floordiv",
+                        "itruediv", "ifloordiv"})
+_REVERSED_DIVISIONS = frozenset({"rtruediv", "rdiv", "rfloordiv"})
+
+
+def _base(op: str) -> str:
+    """"Tensor.__truediv__" -> "truediv", "Torch.log_" -> "log", "Aten.div.Tensor" -> "div"."""
+    parts = str(op).split(".")
+    return (parts[1] if len(parts) > 1 else parts[0]).strip("_")
+
+
+def _number(desc) -> float | None:
+    if isinstance(desc, dict) and desc.get("type") in ("int", "float") \
+            and isinstance(desc.get("value"), (int, float)):
+        return float(desc["value"])
+    return None
+
+
+def _never_zero(desc) -> bool:
+    """The divisor is known to hold no zero: a non-zero number, or a tensor whose recorded
+    minimum is above 0 or maximum below 0."""
+    value = _number(desc)
+    if value is not None:
+        return value != 0
+    stats = desc.get("stats") if isinstance(desc, dict) else None
+    if not isinstance(stats, dict):
+        return False
+    low, high = stats.get("min"), stats.get("max")
+    return (isinstance(low, (int, float)) and low > 0) or \
+        (isinstance(high, (int, float)) and high < 0)
+
+
+def at_singularity(op: str, inputs: list) -> bool:
+    """Could the op's inf/NaN from finite inputs be the right answer (a pole or domain edge)
+    rather than an overflow? `inputs`: the record's input descriptors (numbers carry
+    "value", tensors "stats"). Only such an origin may be created and discarded; pow is one
+    only for a negative or fractional exponent, a division only where the divisor may be 0."""
+    name = _base(op)
+    if name in _SINGULAR:
+        return True
+    if name == "pow":
+        exponent = _number(inputs[1]) if len(inputs) > 1 else None
+        return exponent is not None and (exponent < 0 or not exponent.is_integer())
+    if name in _DIVISIONS:
+        return not (len(inputs) > 1 and _never_zero(inputs[1]))
+    if name in _REVERSED_DIVISIONS:
+        return not (inputs and _never_zero(inputs[0]))
+    return False
+
+
+__all__ = ["judge", "matters", "at_singularity", "is_loss_scaler", "Health", "Verdict", "FINITE", "NONFINITE", "CLEAN",
            "ABSORBED", "ORIGIN", "INHERITED", "INTENTIONAL", "LOSS_SCALER", "PROPAGATES",
            "CONTAINS_ORIGIN", "USES_FORWARD"]

@@ -50,15 +50,37 @@ def write_outputs(result, output_path) -> dict:
         files = {"csv": str(csv_path), "summary": str(out / "summary.json"),
                  "html": str(out / "report.html"), "rows": str(out / "rows.jsonl")}
         outputs.remember(out, files.values())
-        write_csv(result, csv_path)
-        write_rows(result.rows, files["rows"])
         try:
-            write_html(result, files["html"], files=files)
-        except Exception as exc:  # the CSV and summary are still worth having
-            log.warning("opdiff: writing report.html failed (%s)", exc)
-            files.pop("html")
-        write_summary(result, files["summary"], files=files)
+            write_csv(result, csv_path)
+            write_rows(result.rows, files["rows"])
+            try:
+                write_html(result, files["html"], files=files)
+            except Exception as exc:  # the CSV and summary are still worth having
+                log.warning("opdiff: writing report.html failed (%s)", exc)
+                files.pop("html")
+            write_summary(result, files["summary"], files=files)
+        except BaseException as exc:  # Ctrl-C, a full disk: never a part that looks whole
+            _say_missing(out, files, exc)
+            raise
     return files
+
+
+def _say_missing(out, files: dict, exc: BaseException) -> None:
+    """One warning: which of the compare's files an interrupted write left in OUT, and which it
+    did not write. Each is written whole or not at all (`outputs.atomic_open`), and what an
+    earlier run wrote was removed when the session began: a file there is this run's, whole."""
+    there = [os.path.basename(files[k]) for k in ("csv", "rows", "html", "summary")
+             if k in files and os.path.exists(files[k])]
+    missing = [os.path.basename(files[k]) for k in ("csv", "rows", "html", "summary")
+               if k in files and not os.path.exists(files[k])]
+    if not missing:
+        return
+    why = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"stopped ({exc})"
+    log.warning("opdiff: writing the compare's files into %s was %s: %s %s not written%s; "
+                "compare again for a whole set", out, why, ", ".join(missing),
+                "is" if len(missing) == 1 else "are",
+                f" ({', '.join(there)} {'is' if len(there) == 1 else 'are'} there)"
+                if there else "")
 
 
 __all__ = ["write_outputs"]

@@ -56,7 +56,9 @@ def print_result(result, console: Console | None = None, *, worst: int = 5) -> N
 
     fd = result.first_divergence
     if fd is None:
-        con.print(Text(safe(result.verdict or "no divergence found"), style="green"))
+        # (an inconclusive verdict in yellow: never as healthy-looking as agreement)
+        style = "yellow" if verdict_kind(result) == INCONCLUSIVE else "green"
+        con.print(Text(safe(result.verdict or verdict_line(result)), style=style))
     else:
         head = Text("First divergence: ", style="bold red")
         head.append(one_line(fd.name), style="bold")
@@ -141,8 +143,25 @@ def _inconclusive(note: str) -> str:
     return text if text.startswith(word) else word + text.replace(word, "", 1)
 
 
+# What a compare's verdict is, in one word each (`verdict_kind`): the terminal's colour and the
+# HTML page's verdict box follow it, so neither looks healthier than the sentence it shows.
+DIVERGENCE, INCONCLUSIVE, EXPLAINED, AGREE = "divergence", "inconclusive", "explained", "agree"
+VERDICT_KINDS = (DIVERGENCE, INCONCLUSIVE, EXPLAINED, AGREE)
+
+
 def verdict_line(result: CompareResult) -> str:
     """One sentence on what the compare found."""
+    return _verdict(result)[1]
+
+
+def verdict_kind(result: CompareResult) -> str:
+    """What `verdict_line` says, in one of `VERDICT_KINDS`: a culprit (divergence), nothing can
+    be claimed (inconclusive), differences that their inputs and dtype explain (explained), or
+    every compared tensor within tolerance (agree)."""
+    return _verdict(result)[0]
+
+
+def _verdict(result: CompareResult) -> tuple[str, str]:
     from ..comparison.reasons import incomparable_ops
     from ..comparison.result import MIN_COVERAGE
 
@@ -152,27 +171,33 @@ def verdict_line(result: CompareResult) -> str:
     if fd is None and cut:      # a side ends early (killed, disk full): the rest is unknown
         from ..comparison.runs import cut_words
         p, c = cut[0]
-        return (f"inconclusive: step {p['step']} rank {p['rank']}: {cut_words(c['side'], c)}; no "
-                f"divergence among the records before it (see the notes)")
+        return INCONCLUSIVE, (f"inconclusive: step {p['step']} rank {p['rank']}: "
+                              f"{cut_words(c['side'], c)}; no divergence among the records "
+                              f"before it (see the notes)")
     said = next((n for n in result.notes if note_kind(n) == Note.INCONCLUSIVE), None)
     if fd is None and said:     # e.g. compiled code recorded unlike eager code (comparison/compiled.py)
-        return _inconclusive(said)
+        return INCONCLUSIVE, _inconclusive(said)
     if fd is None and covered is not None and covered < MIN_COVERAGE:
         # Most tensors were not compared at all: finding nothing among the rest proves little.
-        return (f"inconclusive: only {100 * covered:.0f}% of tensors have a partner in the other "
-                f"dump (below {100 * MIN_COVERAGE:.0f}%), and none of those diverges; the rest "
-                f"was not compared (different ops ran: compiled vs eager, another level or model?)")
+        return INCONCLUSIVE, (
+            f"inconclusive: only {100 * covered:.0f}% of tensors have a partner in the other "
+            f"dump (below {100 * MIN_COVERAGE:.0f}%), and none of those diverges; the rest "
+            f"was not compared (different ops ran: compiled vs eager, another level or model?)")
     if fd is None:
         # Statistics cannot show small errors: say so rather than claim the run is clean.
         caveat = (" — as far as statistics can tell (see the note on their limits)"
                   if any(r.mode == "statistics" for r in result.rows) else "")
+        if _same_dump(result):      # a mistake more often than a test: say it
+            return AGREE, (f"no divergence: {result.target} was compared with itself (TARGET "
+                           "and GOLDEN are the same dump); pass the other run's dump as GOLDEN")
         if incomparable_ops(result.rows):
-            return ("inconclusive: the runs were sharded differently (see the note); no op is "
-                    "blamed among the tensors that compare" + caveat)
+            return INCONCLUSIVE, ("inconclusive: the runs were sharded differently (see the "
+                                  "note); no op is blamed among the tensors that compare" + caveat)
         if result.counts.get(ERROR, 0) or result.counts.get(WARNING, 0):
-            return ("no op is to blame: every difference is explained by the op's inputs and the "
-                    "precision of its dtype (error grows gradually)" + caveat)
-        return "no divergence: every compared tensor agrees with golden" + caveat
+            return EXPLAINED, ("no op is to blame: every difference is explained by the op's "
+                               "inputs and the precision of its dtype (error grows gradually)"
+                               + caveat)
+        return AGREE, "no divergence: every compared tensor agrees with golden" + caveat
     where = ""
     if fd.location is not None:
         where = f" — {os.path.basename(fd.location.file)}:{fd.location.line}"
@@ -181,7 +206,15 @@ def verdict_line(result: CompareResult) -> str:
     scope = ""
     if fd.step is not None or fd.rank is not None:
         scope = f" (step {fd.step}, rank {fd.rank})"
-    return f"{fd.name}{scope}: {fd.reason}{where}"
+    return DIVERGENCE, f"{fd.name}{scope}: {fd.reason}{where}"
+
+
+def _same_dump(result: CompareResult) -> bool:
+    """Are TARGET and GOLDEN one and the same directory (by the file system, not by spelling)?"""
+    try:
+        return os.path.samefile(result.target, result.golden)
+    except (OSError, TypeError, ValueError):    # gone, or not paths (a loaded summary)
+        return False
 
 
 class Progress:

@@ -26,6 +26,7 @@ from ..comparison import origins
 from ..comparison.metric_table import DIGITS, METRICS
 from ..comparison.result import ERROR, PASS, UNMATCHED, WARNING, CompareResult
 from ..store.schema import Kind, RecordName, module_class, module_path
+from .console import verdict_kind
 
 VERSION = 2
 # A row: `op` indexes `ops`, shapes index `shapes`, `stack` indexes `stacks`, other strings
@@ -180,6 +181,8 @@ def build_payload(result: CompareResult, files: Optional[dict] = None) -> dict:
                              for e in (result.environment_diff or []) if isinstance(e, dict)],
         "pairs": [_pair(p) for p in (result.pairs or []) if isinstance(p, dict)],
         "verdict": _text(result.verdict) or None,
+        # the verdict box's colour and title follow what the verdict says (report/console.py)
+        "verdict_kind": verdict_kind(result),
         "notes": [_text(n) for n in result.notes or []],
         "files": {str(k): os.path.basename(str(v)) for k, v in (files or {}).items() if v},
         "divergence": _divergence(divergence, culprit_rows),

@@ -219,6 +219,7 @@
   function pairStatus(p) {
     if (p.incomplete) return "not compared";
     if (p.first_divergence) return "divergence";
+    if (p.cut && p.cut.length) return "cut";    // compared up to the cut only: not a pass
     var c = p.counts || {};
     return c.error ? "error" : c.warning ? "warning" : c.unmatched ? "unmatched" : "pass";
   }
@@ -315,11 +316,15 @@
     var grid = el("div", "grid"), left = el("div"), right = el("div");
     grid.appendChild(left); grid.appendChild(right);
     if (!d) {
-      box.className = "card clean";
+      // never healthier than the verdict's words: inconclusive is not "No divergence"
+      var unsure = D.verdict_kind === "inconclusive";
+      box.className = "card " + (unsure ? "inconclusive" : "clean");
       left.appendChild(el("div", "label", "Verdict"));
-      left.appendChild(el("div", "culprit", "No divergence"));
+      left.appendChild(el("div", "culprit", unsure ? "Inconclusive" :
+        D.verdict_kind === "explained" ? "No op to blame" : "No divergence"));
       var c = D.counts || {};
-      left.appendChild(el("p", "reason", (c.error ?
+      left.appendChild(el("p", "reason", unsure ?
+        "opdiff cannot tell whether these runs agree: the reason is below. Nothing found among the tensors it could compare does not clear the rest." : (c.error ?
         fmtCount(c.error) + " tensors exceed their tolerance, but no op was found whose inputs agree with golden while its outputs do not." :
         "No op was found whose outputs part from golden: every compared tensor is within the tolerance of its dtype.")));
       notesBlock(left);

@@ -11,14 +11,21 @@ disk leaves the reason behind:
     {"state": "stopped", "records": N}                 whole at stop(): N records (step() not called yet)
     {"state": "disk full", "records": N, "last_record": name, "error": "..."}   cut at record N
     {"state": "write failed", ...}                     the same, for another write error
+    {"state": "raised", "error": "ValueError: ..."}    the program ended on this exception
+    {"state": "exited"}                                the program ended without closing the step
+
+The last two are written as the process exits (`atexit`) over a step still "writing": a run
+that raised is said as such, not as killed.
 
 `unfinished(path)` reads it back (for the reader): None for a step closed cleanly.
 """
 from __future__ import annotations
 
+import atexit
 import errno
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -129,17 +136,21 @@ class Unfinished:
             self.file.close()
             self.path.unlink()
             raise
+        self.state, self.pid = "writing", os.getpid()
+        _open[id(self)] = self
 
     def set(self, state: dict[str, Any]) -> bool:
         """Overwrite the mark in place; False when even that failed."""
         try:
             self.file.pwrite(_padded(state), 0)
+            self.state = str(state.get("state"))
             return True
         except OSError:
             return False
 
     def remove(self) -> None:
         """The step was closed cleanly: no mark."""
+        _open.pop(id(self), None)
         try:
             self.file.close()
         finally:
@@ -147,10 +158,27 @@ class Unfinished:
 
     def keep(self) -> None:
         """The step was cut: the mark stays."""
+        _open.pop(id(self), None)
         try:
             self.file.close()
         except OSError:
             pass
+
+
+_open: dict[int, Unfinished] = {}       # this process's steps not closed yet
+
+
+@atexit.register
+def _program_ended() -> None:
+    """The process exits with steps still "writing": it raised (the exception Python printed,
+    `sys.last_value`), or it ended without closing them. A step whole at stop() is left so; a
+    forked child (it inherits the marks) touches none of its parent's."""
+    exc = getattr(sys, "last_value", None)
+    for mark in list(_open.values()):
+        if mark.pid != os.getpid() or mark.state != "writing":
+            continue
+        mark.set({"state": "raised", "error": f"{type(exc).__name__}: {exc}"} if exc is not None
+                 else {"state": "exited"})
 
 
 def _padded(state: dict[str, Any]) -> bytes:

@@ -113,8 +113,9 @@ class Dump:
         return bool(self._index())
 
     def cut(self) -> dict[str, Any] | None:
-        """Where this step's dump ends early: {"why": "killed" | "disk full" | "write failed",
-        "records": the whole records it holds, "last_record": the last one's name}; None when
+        """Where this step's dump ends early: {"why": "killed" | "disk full" | "write failed" |
+        "raised" (with "error": the exception) | "exited" (without closing the step), "records":
+        the whole records it holds, "last_record": the last one's name}; None when
         the step was closed cleanly or was whole at stop() (`opdiff.store.durable`). A dump
         without the mark (an older opdiff's) is cut when its last line is."""
         mark, torn = unfinished(self.path), _ends_cut(self.path / layout.RECORDS)
@@ -127,8 +128,9 @@ class Dump:
         state = mark.get("state")
         if state == "stopped" and mark.get("records") == count:
             return None
-        why = state if state in ("disk full", "write failed") else "killed"
-        return {"why": why, "records": count, "last_record": last}
+        why = state if state in ("disk full", "write failed", "raised", "exited") else "killed"
+        said = {"error": str(mark["error"])} if why == "raised" and mark.get("error") else {}
+        return {"why": why, "records": count, "last_record": last, **said}
 
     def record_count(self) -> int:
         """Lines of records.jsonl (0 when it cannot be read)."""
