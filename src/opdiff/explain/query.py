@@ -10,7 +10,9 @@ Grammar (keywords and field names are case-sensitive)::
     not     := "not" not | "(" expr ")" | compare
     compare := field [OP value]         a field alone: true when set (not null, 0, "" or empty)
     OP      := == | != | < | <= | > | >= | ~ (regex search) | !~ | in
-    value   := number | "text" | 'text' | true | false | null | [value, ...]  (after in)
+    value   := number | "text" | 'text' | true | false | null | [value, ...]  (after in);
+               in text \\" \\' and \\\\ are a quote and a backslash, any other backslash stays
+               (a regular expression's "layers\\.1" is written as it is)
     field   := a row field (`FIELDS`) or `name`, then .key or ."key with spaces" into a
                dict field: metrics.Cosine, metrics."One Thousandth Err Ratio", target_stats.max
 
@@ -68,7 +70,7 @@ def _tokens(text: str) -> list[_Tok]:
 
 def _unquote(s: str) -> str:
     body = s[1:-1]
-    return re.sub(r"\\(.)", lambda m: m.group(1), body)
+    return re.sub(r"""\\(["'\\])""", lambda m: m.group(1), body)
 
 
 Pred = Callable[[Any], bool]

@@ -1,0 +1,71 @@
+"""Following the chain's next capture settles what a compare left open: a culprit named from
+statistics only (probable) becomes a confirmed one after the tensor dump the chain asks for."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from faultkit import compare, summary, train
+from opdiff.cli import main
+from opdiff.config import DumpConfig
+
+FAULT = {"op": "Torch.tanh", "call": 0, "scale": 1.001}
+
+
+def test_statistics_only_then_the_proposed_tensor_dump_confirms_the_culprit(tmp_path):
+    train(tmp_path / "golden", task="statistics")
+    train(tmp_path / "target", task="statistics", fault=FAULT)
+    compare(tmp_path)
+    chain = summary(tmp_path / "out")["evidence"]
+    assert chain["culprit"]["name"] == "Torch.tanh.0.forward"
+    assert chain["confidence"] == "probable"
+    assert "statistics_only" in [f["type"] for f in chain["facts"]]
+    nxt = chain["next"]
+    assert nxt["action"] == "capture"
+    config = tmp_path / "next.json"
+    assert main(["explain", str(tmp_path / "out"), "--next-config", str(config)]) == 0
+    loaded = DumpConfig.from_file(config)          # what PrecisionDebugger reads
+    assert (loaded.task, loaded.level, loaded.step, loaded.rank) == ("tensor", "mix", [0], [0])
+    assert loaded.scope == ["Module.3.Tanh.forward"] * 2
+    assert json.loads(config.read_text()) == nxt["config"]
+    assert any(c.startswith("opdiff run --config") for c in nxt["commands"])
+
+    again = tmp_path / "next"
+    train(again / "golden", config=config)
+    train(again / "target", config=config, fault=FAULT)
+    result = compare(again)
+    settled = summary(again / "out")["evidence"]
+    assert result.first_divergence.name == settled["culprit"]["name"] == "Torch.tanh.0.forward"
+    assert settled["confidence"] == "confirmed" and settled["next"]["action"] == "read_code"
+    assert all(r.mode == "tensor" for r in result.rows)
+    # writing the config again over a different file is refused, the file is kept
+    config.write_text("{}")
+    assert main(["explain", str(again / "out"), "--next-config", str(config)]) == 2
+    assert config.read_text() == "{}"
+
+
+def test_an_inconclusive_statistics_compare_asks_for_tensors(tmp_path):
+    """No culprit from statistics while a tensor differs beyond its floor: the chain says
+    inconclusive, never agreement, and its capture records tensors of that step and rank."""
+    from opdiff.comparison.result import CompareResult, TensorRow
+    from opdiff.explain import evidence_of
+
+    rows = [TensorRow("Torch.tanh.0.forward.output.0", "Torch.tanh.0.forward.output.0",
+                      "Torch.tanh.0.forward", "output", "forward", "api", 3, "float32", "float32",
+                      result="error", error=1e-3, mode="statistics", step=2, rank=1,
+                      module="Module.3.Tanh.forward.0"),
+            TensorRow("Module.3.Tanh.forward.0.output.0", "Module.3.Tanh.forward.0.output.0",
+                      "Module.3.Tanh.forward.0", "output", "forward", "module", 4, "float32",
+                      "float32", result="warning", error=1e-3, mode="statistics", step=2, rank=1)]
+    result = CompareResult("t/step2/rank1", "g/step2/rank1", rows, None,
+                           {"pass": 0, "warning": 1, "error": 1, "unmatched": 0}, step=2, rank=1)
+    chain = evidence_of(result, output="out")
+    assert (chain["verdict"], chain["confidence"]) == ("inconclusive", "none")
+    first = next(f for f in chain["facts"] if f["type"] == "first_error_unblamed")
+    assert first["op"] == "Torch.tanh.0.forward" and first["ratio"] == pytest.approx(100)
+    config = chain["next"]["config"]
+    assert chain["next"]["action"] == "capture"
+    assert (config["task"], config["level"], config["step"], config["rank"]) == ("tensor", "mix", [2], [1])
+    assert config["tensor"]["list"] == ["Torch.tanh.forward"]
+    assert config["dump_path"] == "t-next"
