@@ -94,3 +94,29 @@ def test_an_older_summary_without_evidence_is_explained_from_its_rows(tmp_path):
     again = evidence_of(load_summary(path), output=str(tmp_path / "out"))
     assert again["culprit"] == written["culprit"] and again["verdict"] == written["verdict"]
     assert main(["explain", str(tmp_path / "out"), "--json"]) == 0
+
+
+def test_every_rank_that_differs_is_in_the_chain(tmp_path):
+    """Three ranks, faults on ranks 1 and 2: the chain names the first divergence and lists
+    both faulty ranks' own, so that a second rank is never silently left out."""
+    import sys
+    from pathlib import Path
+
+    import opdiff
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
+    try:
+        from rank_dumps import dump_ranks
+    finally:
+        sys.path.pop(0)
+    dump_ranks(tmp_path / "target", task="tensor", ranks=3, faulty={1, 2}, own_inputs=True)
+    dump_ranks(tmp_path / "golden", task="tensor", ranks=3, own_inputs=True)
+    result = opdiff.compare(tmp_path / "target", tmp_path / "golden", output_path=tmp_path / "out",
+                            progress=False)
+    doc = summary(tmp_path / "out")
+    schemas.validate("compare-summary", doc)
+    chain = doc["evidence"]
+    assert chain["culprit"]["name"] == result.first_divergence.name
+    pairs = next(f for f in chain["facts"] if f["type"] == "pairs")
+    assert [p["rank"] for p in pairs["pairs"]] == [1, 2]
+    assert all(p["first_divergence"] == chain["culprit"]["name"] for p in pairs["pairs"])

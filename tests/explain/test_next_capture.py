@@ -13,7 +13,7 @@ from opdiff.config import DumpConfig
 FAULT = {"op": "Torch.tanh", "call": 0, "scale": 1.001}
 
 
-def test_statistics_only_then_the_proposed_tensor_dump_confirms_the_culprit(tmp_path):
+def test_statistics_only_then_the_proposed_tensor_dump_confirms_the_culprit(tmp_path, capsys):
     train(tmp_path / "golden", task="statistics")
     train(tmp_path / "target", task="statistics", fault=FAULT)
     compare(tmp_path)
@@ -29,7 +29,15 @@ def test_statistics_only_then_the_proposed_tensor_dump_confirms_the_culprit(tmp_
     assert (loaded.task, loaded.level, loaded.step, loaded.rank) == ("tensor", "mix", [0], [0])
     assert loaded.scope == ["Module.3.Tanh.forward"] * 2
     assert json.loads(config.read_text()) == nxt["config"]
-    assert any(c.startswith("opdiff run --config") for c in nxt["commands"])
+    # summary.json says OUT (a folder copied elsewhere stays right); explain spells it
+    assert nxt["commands"][0] == "opdiff explain OUT --next-config OUT/next_capture.json"
+    out = str(tmp_path / "out")
+    capsys.readouterr()
+    assert main(["explain", out, "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)["next"]["commands"]
+    assert printed[0] == f"opdiff explain {out} --next-config {out}/next_capture.json"
+    assert printed[1].startswith(f"opdiff run --config {out}/next_capture.json --dump ")
+    assert printed[-2].endswith(f"-o {out}-next")
 
     again = tmp_path / "next"
     train(again / "golden", config=config)

@@ -54,10 +54,12 @@ def load_chain(output) -> dict:
     if not isinstance(data, dict) or "counts" not in data:
         raise DumpError(f"{summary}: not the summary.json of opdiff compare (explain reads a "
                         "compare's; opdiff trend writes next_dump.json itself)")
+    from ..explain.next_step import with_output
+
     chain = data.get("evidence")
-    if isinstance(chain, dict) and "verdict" in chain:
-        return chain
-    return evidence_of(load_summary(summary), output=str(summary.parent))
+    if not (isinstance(chain, dict) and "verdict" in chain):
+        chain = evidence_of(load_summary(summary))
+    return with_output(chain, str(output) if path.is_dir() else str(summary.parent))
 
 
 def run(args) -> int:

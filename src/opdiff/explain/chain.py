@@ -25,7 +25,7 @@ VERDICTS = ("culprit", "origin", "inconclusive", "no_divergence")
 CONFIDENCES = ("confirmed", "probable", "none")
 FACT_TYPES = ("origin_rule", "inputs_agree", "inputs_differ", "output_differs", "replay",
               "upstream_cleared", "statistics_only", "unjudged", "incomplete", "pairing",
-              "other_pairs", "coverage", "first_error_unblamed", "downstream", "explained")
+              "other_pairs", "pairs", "coverage", "first_error_unblamed", "downstream", "explained")
 # Why an upstream op with a difference was not named (`upstream_cleared`'s `why`).
 CLEARED = ("within_floor", "inherited", "not_blamed")
 
@@ -157,11 +157,14 @@ def evidence_of(result: Any, policy: Optional[Policy] = None,
         facts.append({"type": "origin_rule", "origin": fd.origin, "kind": fd.kind,
                       "says": _quote(fd.reason)})
         facts += scan.culprit_facts()
-        replays = [str(n) for n in notes if note_kind(n) == Note.REPLAY]
+        replays = [i for i, n in enumerate(notes) if note_kind(n) == Note.REPLAY]
         if fd.kind == REPLAY or replays:
-            facts.append({"type": "replay", "decisive": fd.kind == REPLAY, "notes": replays,
-                          "says": ("the float64 replay of the op on its own saved inputs named it"
-                                   if fd.kind == REPLAY else "replay ran: " + "; ".join(replays))})
+            facts.append({"type": "replay", "decisive": fd.kind == REPLAY,
+                          "says": "re-run in float64 on its own saved inputs, the op's own error "
+                                  "is beyond what its kernel makes" if fd.kind == REPLAY else
+                                  "ops were re-run in float64 on their own saved inputs (what "
+                                  "replay found is in the origin rule's words, how much it ran "
+                                  "in the notes of kind replay)"})
         upstream = scan.upstream.fact() if fd.origin not in Origin.LEAVES else None
         if upstream:
             facts.append(upstream)
@@ -175,11 +178,14 @@ def evidence_of(result: Any, policy: Optional[Policy] = None,
         facts.append({"type": "statistics_only", "rows": scan.statistics, "of": scan.total,
                       "says": "errors measured from statistics (max, min, mean, norm) are lower "
                               "bounds and nothing can be replayed without tensors",
-                      "notes": [str(n) for n in notes if note_kind(n) == Note.THRESHOLDS]})
+                      "notes": [i for i, n in enumerate(notes) if note_kind(n) == Note.THRESHOLDS]})
     for n in notes:
         kind = _NOTE_FACTS.get(note_kind(n))
         if kind:
             facts.append({"type": kind, "says": _quote(n)})
+    pairs = _pairs_fact(result.pairs, fd)
+    if pairs:
+        facts.append(pairs)
     coverage = _number(result.coverage)
     if coverage is not None and coverage < 0.95:
         facts.append({"type": "coverage", "coverage": coverage, "minimum": MIN_COVERAGE,
@@ -220,6 +226,28 @@ def _culprit(fd: Any) -> Optional[dict[str, Any]]:
             "tensor": fd.tensor, "module": fd.module, "step": fd.step, "rank": fd.rank,
             "location": None if loc is None else {"file": loc.file, "line": loc.line,
                                                   "code": loc.code, "function": loc.function}}
+
+
+def _pairs_fact(pairs: Any, fd: Any) -> Optional[dict[str, Any]]:
+    """Every step/rank pair that names its own first divergence or has error rows: a culprit on
+    one rank says nothing of the others."""
+    shown = []
+    for p in pairs or []:
+        if not isinstance(p, dict):
+            continue
+        first = p.get("first_divergence")
+        name = first.get("name") if isinstance(first, dict) else getattr(first, "name", None)
+        errors = (p.get("counts") or {}).get(ERROR, 0)
+        if name or errors:
+            shown.append({"step": p.get("step"), "rank": p.get("rank"), "first_divergence": name,
+                          "errors": errors})
+    if len(pairs or []) < 2 or not shown:
+        return None
+    said = "; ".join(f"step {p['step']} rank {p['rank']}: {p['first_divergence'] or 'no op named'}"
+                     for p in shown[:4])
+    return {"type": "pairs", "pairs": shown[:64], "count": len(shown),
+            "says": f"{len(shown)} of {len(pairs)} step/rank pair(s) differ ({said}"
+                    f"{'; ...' if len(shown) > 4 else ''})"}
 
 
 def _verdict(fd: Any, notes: list, scan: "_Scan", coverage: Optional[float],

@@ -64,10 +64,22 @@ def _commands(result: Any, output: Optional[str]) -> tuple[list[str], str, str]:
     q = shlex.quote
     config = q(os.path.join(out, NEXT_CONFIG))
     return [f"opdiff explain {q(out)} --next-config {config}",
-            f"opdiff run --config {config} --dump {q(target)} -- <the target run's command>",
-            f"opdiff run --config {config} --dump {q(golden)} -- <the golden run's command>",
+            f"opdiff run --config {config} --dump {q(target)} -- <target command>",
+            f"opdiff run --config {config} --dump {q(golden)} -- <golden command>",
             f"opdiff compare {q(target)} {q(golden)} -o {q(out.rstrip('/') + '-next')}",
             f"opdiff explain {q(out.rstrip('/') + '-next')}"], target, golden
+
+
+_OUT = re.compile(r"(?<![\w./-])OUT(?=[/\s-]|$)")
+
+
+def with_output(chain: dict[str, Any], output: str) -> dict[str, Any]:
+    """`chain` with the `OUT` of its commands (summary.json does not know where it lies: a
+    folder copied elsewhere stays right) spelled as `output`."""
+    nxt = dict(chain.get("next") or {})
+    quoted = shlex.quote(str(output).rstrip("/") or "/")
+    nxt["commands"] = [_OUT.sub(lambda m: quoted, c) for c in nxt.get("commands") or []]
+    return {**chain, "next": nxt}
 
 
 def _capture(result: Any, output: Optional[str], why: str, settles: str, **config: Any) -> dict[str, Any]:
@@ -175,4 +187,4 @@ def _after_culprit(chain: dict[str, Any], culprit: dict[str, Any], result: Any,
                   where=loc)
 
 
-__all__ = ["next_step", "capture_config", "ACTIONS", "NEXT_CONFIG"]
+__all__ = ["next_step", "capture_config", "with_output", "ACTIONS", "NEXT_CONFIG"]

@@ -107,13 +107,8 @@ def summary_dict(result, files: dict | None = None) -> dict:
                           for p in out["pairs"] for c in p.get("cut") or []]
     out["worst"] = worst
     out["files"] = dict(result.files if files is None else files)
-    out["evidence"] = evidence_of(result, output=_folder(out["files"].get("summary")))
+    out["evidence"] = evidence_of(result)
     return _clean(out)
-
-
-def _folder(path) -> str | None:
-    """The output directory a summary.json path lies in (None: not written yet)."""
-    return (os.path.dirname(str(path)) or ".") if path else None
 
 
 def write_summary(result, path, files: dict | None = None) -> Path:
