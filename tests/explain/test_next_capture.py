@@ -77,3 +77,38 @@ def test_an_inconclusive_statistics_compare_asks_for_tensors(tmp_path):
     assert (config["task"], config["level"], config["step"], config["rank"]) == ("tensor", "mix", [2], [1])
     assert config["tensor"]["list"] == ["Torch.tanh.forward"]
     assert config["dump_path"] == "t-next"
+
+
+def test_upstream_ops_are_cleared_with_their_reason():
+    """The ops before the culprit whose outputs differ are listed, nearest last, each with why
+    it was not named: within its floor, inherited from its inputs, or not blamed by the rules."""
+    from opdiff.comparison.result import CompareResult, Divergence, TensorRow
+    from opdiff.explain import evidence_of
+
+    def rows(op, i, result, err_in, err_out, dtype="float32"):
+        return [TensorRow(f"{op}.input.0", f"{op}.input.0", op, "input", "forward", "api", i, dtype,
+                          dtype, result="pass", error=err_in, mode="tensor"),
+                TensorRow(f"{op}.output.0", f"{op}.output.0", op, "output", "forward", "api", i,
+                          dtype, dtype, result=result, error=err_out, mode="tensor", reason=f"{op} said")]
+
+    fillers = [r for i in range(20) for r in rows(f"Torch.abs.{i}.forward", i, "warning", 1e-5, 2e-5)]
+    data = fillers + rows("Torch.exp.0.forward", 20, "warning", 0.0, 8e-6) \
+        + rows("Torch.mul.0.forward", 21, "warning", 1e-4, 5e-4) \
+        + rows("Torch.sin.0.forward", 22, "error", 0.0, 1e-3, dtype="bfloat16") \
+        + rows("Torch.cos.0.forward", 23, "error", 0.0, 1e-3) \
+        + rows("Torch.tan.0.forward", 24, "error", 0.0, 1e-2)
+    fd = Divergence("Torch.cos.0.forward", "Torch.cos", "forward", "inputs agree, output does not",
+                    None, {}, step=None, rank=None)
+    chain = evidence_of(CompareResult("t", "g", data, fd, {}))
+    up = next(f for f in chain["facts"] if f["type"] == "upstream_cleared")
+    assert up["count"] == 23 and len(up["ops"]) == 8
+    why = {op["name"]: op["why"] for op in up["ops"]}
+    assert why["Torch.exp.0.forward"] == "within_floor"
+    assert why["Torch.mul.0.forward"] == "inherited"
+    assert why["Torch.sin.0.forward"] == "within_floor"          # bf16's floor is 1.6e-2
+    assert list(why)[-1] == "Torch.sin.0.forward" and "Torch.abs.0.forward" not in why
+    assert next(f for f in chain["facts"] if f["type"] == "downstream")["errors"] == 1
+    agree = next(f for f in chain["facts"] if f["type"] == "inputs_agree")
+    assert agree["tensors"][0]["ratio"] == 0
+    differs = next(f for f in chain["facts"] if f["type"] == "output_differs")
+    assert differs["worst_ratio"] == pytest.approx(100)

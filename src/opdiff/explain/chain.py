@@ -13,7 +13,7 @@ its `ratio` is its error over that floor: below 1 it agrees, above 1 it does not
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import Counter, deque
 from typing import Any, Iterable, Optional
 
 from ..comparison.result import (ERROR, MIN_COVERAGE, PASS, REPLAY, UNMATCHED, WARNING, Note, Origin,
@@ -78,11 +78,6 @@ class _Tensor:
                 "mode": r.mode, "result": r.result}
 
 
-def _same_pair(row: Any, step: Optional[int], rank: Optional[int]) -> bool:
-    return (row.step is None or step is None or row.step == step) and \
-        (row.rank is None or rank is None or row.rank == rank)
-
-
 class _Upstream:
     """The ops before the culprit whose tensors differ, and why each was not named."""
 
@@ -91,32 +86,48 @@ class _Upstream:
         self.ops: dict[str, dict[str, Any]] = {}
         self.order: deque[str] = deque()
         self.count = 0
+        # the op whose rows are being read (an op's rows are contiguous) and its worst errors so
+        # far: most rows pass, and only ops with an output beyond "pass" are kept
+        self._op: Optional[str] = None
+        self._inputs: Optional[float] = None
+        self._outputs: Optional[float] = None
 
     def add(self, row: Any) -> None:
-        t = _Tensor(row, self.policy)
         if row.result == UNMATCHED:
             return
-        op = self.ops.get(row.op_name)
+        name = row.op_name
+        if name != self._op:
+            self._op, self._inputs, self._outputs = name, None, None
+        error = _number(row.error)
+        op = self.ops.get(name)
+        if row.role != "output":
+            if error is not None and (self._inputs is None or error > self._inputs):
+                self._inputs = error
+                if op is not None:
+                    op["input_error"] = error
+            return
         if op is None:
-            op = {"name": row.op_name, "output_error": None, "input_error": None,
-                  "floor": None, "result": PASS, "reason": "", "step": row.step, "rank": row.rank}
-            self.ops[row.op_name] = op
-            self.order.append(row.op_name)
-            if len(self.order) > 4 * UPSTREAM_KEPT:       # bounded: only the nearest are told
+            if row.result == PASS:
+                if error is not None and (self._outputs is None or error > self._outputs):
+                    self._outputs = error
+                return
+            op = {"name": name, "output_error": self._outputs, "input_error": self._inputs,
+                  "floor": self.policy.tolerance_for(row.target_dtype, row.golden_dtype),
+                  "result": row.result, "reason": _quote(row.reason), "step": row.step,
+                  "rank": row.rank}
+            self.ops[name] = op
+            self.order.append(name)
+            self.count += 1
+            if len(self.order) > UPSTREAM_KEPT:       # bounded: only the nearest are told
                 self.ops.pop(self.order.popleft(), None)
-        key = "output_error" if row.role == "output" else "input_error"
-        if t.error is not None and (op[key] is None or t.error > op[key]):
-            op[key] = t.error
-            if key == "output_error":
-                op["floor"] = t.floor
-        if row.result != PASS and row.role == "output":
-            if op["result"] == PASS:
-                self.count += 1
+        if error is not None and (op["output_error"] is None or error > op["output_error"]):
+            op["output_error"] = error
+            op["floor"] = self.policy.tolerance_for(row.target_dtype, row.golden_dtype)
+        if row.result != PASS and op["result"] != ERROR:
             op["result"] = row.result
-            op["reason"] = op["reason"] or _quote(row.reason)
 
     def fact(self) -> Optional[dict[str, Any]]:
-        shown = [op for op in self.ops.values() if op["result"] != PASS][-UPSTREAM_KEPT:]
+        shown = list(self.ops.values())
         if not shown:
             return None
         amplification = self.policy.amplification
@@ -186,7 +197,7 @@ def evidence_of(result: Any, policy: Optional[Policy] = None,
     pairs = _pairs_fact(result.pairs, fd)
     if pairs:
         facts.append(pairs)
-    coverage = _number(result.coverage)
+    coverage = (scan.total - scan.unmatched) / scan.total if scan.total else None
     if coverage is not None and coverage < 0.95:
         facts.append({"type": "coverage", "coverage": coverage, "minimum": MIN_COVERAGE,
                       "unmatched": scan.unmatched,
@@ -286,31 +297,37 @@ class _Scan:
         self.warnings = 0
         self.culprit_statistics = False
         self.first_error: Optional[dict[str, Any]] = None
-        self.kinds: set[str] = set()
         self._first_pair: Optional[tuple[Any, Any]] = None
+        tally: Counter[tuple[str, str, str]] = Counter()
         seen_culprit = False
-        for row in rows:
-            self.total += 1
-            self.kinds.add(row.kind)
-            self.statistics += row.mode == "statistics"
-            self.unmatched += row.result == UNMATCHED
-            self.warnings += row.result == WARNING
-            if row.result == ERROR:
-                self.errors += 1
-                if self._first_pair is None:
-                    self._first_pair = (row.step, row.rank)
-            if fd is None:
-                if row.result == ERROR and self.first_error is None:
+        upstream = self.upstream.add
+        step, rank = (fd.step, fd.rank) if fd is not None else (None, None)
+        for row in rows:                    # millions of rows: the common path stays short
+            result = row.result
+            tally[(result, row.mode, row.kind)] += 1
+            if result == ERROR and self._first_pair is None:
+                self._first_pair = (row.step, row.rank)
+                if fd is None:
                     self.first_error = self._unblamed(row)
+            if fd is None:
                 continue
-            if row.op_name == fd.name and _same_pair(row, fd.step, fd.rank):
-                seen_culprit = True
-                self.culprit.append(_Tensor(row, policy))
-                self.culprit_statistics |= row.mode == "statistics"
-            elif seen_culprit:
-                self.downstream += row.result == ERROR
-            elif _same_pair(row, fd.step, fd.rank):
-                self.upstream.add(row)
+            if seen_culprit and row.op_name != fd.name:
+                self.downstream += result == ERROR
+            elif (step is None or row.step is None or row.step == step) and \
+                    (rank is None or row.rank is None or row.rank == rank):
+                if row.op_name == fd.name:
+                    seen_culprit = True
+                    self.culprit.append(_Tensor(row, policy))
+                    self.culprit_statistics |= row.mode == "statistics"
+                else:
+                    upstream(row)
+        for (result, mode, _kind), n in tally.items():
+            self.total += n
+            self.statistics += n if mode == "statistics" else 0
+            self.unmatched += n if result == UNMATCHED else 0
+            self.warnings += n if result == WARNING else 0
+            self.errors += n if result == ERROR else 0
+        self.kinds = {kind for _, _, kind in tally}
         if fd is not None:
             self._first_pair = (fd.step, fd.rank)
 
