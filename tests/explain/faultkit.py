@@ -12,9 +12,9 @@ from opdiff.testing import inject_fault
 
 
 def train(dump: Path, task: str = "tensor", fault: Optional[dict] = None,
-          config: Optional[Path] = None) -> Path:
+          config: Optional[Path] = None, level: str = "mix") -> Path:
     """One recorded training step of the MLP into `dump` (a PrecisionDebugger of `config` when
-    given, else level mix of `task`)."""
+    given, else `level` and `task`)."""
     opdiff.seed_all(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 16),
                                 torch.nn.Tanh(), torch.nn.Linear(16, 4))
@@ -26,7 +26,7 @@ def train(dump: Path, task: str = "tensor", fault: Optional[dict] = None,
         if config is not None:
             dbg = opdiff.PrecisionDebugger(config_path=str(config), dump_path=str(dump))
         else:
-            dbg = opdiff.PrecisionDebugger(dump_path=str(dump), task=task, level="mix")
+            dbg = opdiff.PrecisionDebugger(dump_path=str(dump), task=task, level=level)
         dbg.start(model)
         torch.nn.functional.mse_loss(model(x), y).backward()
         dbg.stop()

@@ -53,6 +53,31 @@ def test_statistics_only_then_the_proposed_tensor_dump_confirms_the_culprit(tmp_
     assert config.read_text() == "{}"
 
 
+@pytest.mark.parametrize("task", ["tensor", "statistics"])
+def test_a_module_named_at_L0_is_opened_at_mix_and_its_op_named(tmp_path, task):
+    """At L0 the culprit is a module call (its ops are not recorded): the next capture records
+    level mix inside that module (tensors), and the compare of that names the op in it."""
+    train(tmp_path / "golden", task=task, level="L0")
+    train(tmp_path / "target", task=task, level="L0", fault=FAULT)
+    compare(tmp_path)
+    chain = summary(tmp_path / "out")["evidence"]
+    assert chain["culprit"]["name"] == "Module.3.Tanh.forward.0"
+    assert chain["culprit"]["record_kind"] == "module"
+    config = chain["next"]["config"]
+    assert chain["next"]["action"] == "capture"
+    assert (config["task"], config["level"]) == ("tensor", "mix")
+    assert config["tensor"]["scope"] == ["Module.3.Tanh.forward"] * 2
+    path = tmp_path / "next.json"
+    assert main(["explain", str(tmp_path / "out"), "--next-config", str(path)]) == 0
+    again = tmp_path / "next"
+    train(again / "golden", config=path)
+    train(again / "target", config=path, fault=FAULT)
+    result = compare(again)
+    settled = summary(again / "out")["evidence"]
+    assert result.first_divergence.name == settled["culprit"]["name"] == "Torch.tanh.0.forward"
+    assert settled["confidence"] == "confirmed" and settled["next"]["action"] == "read_code"
+
+
 def test_an_inconclusive_statistics_compare_asks_for_tensors(tmp_path):
     """No culprit from statistics while a tensor differs beyond its floor: the chain says
     inconclusive, never agreement, and its capture records tensors of that step and rank."""

@@ -207,7 +207,8 @@ def evidence_of(result: Any, policy: Optional[Policy] = None,
                       "says": f"{scan.downstream} error row(s) after the culprit; judge them "
                               "again once it is fixed"})
     verdict, confidence, why = _verdict(fd, notes, scan, coverage, result)
-    chain: dict[str, Any] = {"verdict": verdict, "culprit": _culprit(fd), "confidence": confidence,
+    chain: dict[str, Any] = {"verdict": verdict, "culprit": _culprit(fd, scan.culprit_kind),
+                             "confidence": confidence,
                              "confidence_why": why, "facts": facts}
     chain["next"] = next_step(chain, result, scan.level(), scan.first_pair(), output)
     return chain
@@ -229,11 +230,12 @@ _ORIGIN_WHY = {
 }
 
 
-def _culprit(fd: Any) -> Optional[dict[str, Any]]:
+def _culprit(fd: Any, record_kind: Optional[str]) -> Optional[dict[str, Any]]:
     if fd is None:
         return None
     loc = fd.location
     return {"name": fd.name, "op": fd.op, "phase": fd.phase, "origin": fd.origin, "kind": fd.kind,
+            "record_kind": record_kind,
             "tensor": fd.tensor, "module": fd.module, "step": fd.step, "rank": fd.rank,
             "location": None if loc is None else {"file": loc.file, "line": loc.line,
                                                   "code": loc.code, "function": loc.function}}
@@ -296,6 +298,7 @@ class _Scan:
         self.total = self.statistics = self.unmatched = self.errors = self.downstream = 0
         self.warnings = 0
         self.culprit_statistics = False
+        self.culprit_kind: Optional[str] = None     # the culprit record's kind (api, module, ...)
         self.first_error: Optional[dict[str, Any]] = None
         self._first_pair: Optional[tuple[Any, Any]] = None
         tally: Counter[tuple[str, str, str]] = Counter()
@@ -318,6 +321,7 @@ class _Scan:
                 if row.op_name == fd.name:
                     seen_culprit = True
                     self.culprit.append(_Tensor(row, policy))
+                    self.culprit_kind = row.kind
                     self.culprit_statistics |= row.mode == "statistics"
                 else:
                     upstream(row)

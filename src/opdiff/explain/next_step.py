@@ -152,17 +152,25 @@ def _after_culprit(chain: dict[str, Any], culprit: dict[str, Any], result: Any,
                    capturable: bool) -> dict[str, Any]:
     step, rank, origin = culprit.get("step"), culprit.get("rank"), culprit["origin"]
     loc = culprit.get("location")
+    # a module call named at L0: the ops inside it were not recorded
+    inside_module = culprit.get("record_kind") == "module" and level == "L0"
     if chain["confidence"] != "confirmed" and capturable:
         if stats:
             return _capture(result, output, f"{culprit['name']} is named from statistics only",
                             f"a tensor dump confirms {culprit['name']} (replay on its own inputs) "
-                            "or clears it", task="tensor", level=level, step=step, rank=rank,
-                            module=culprit.get("module"), op_name=culprit["name"])
+                            "or clears it", task="tensor", level="mix" if inside_module else level,
+                            step=step, rank=rank, op_name=culprit["name"],
+                            module=culprit["name"] if inside_module else culprit.get("module"))
         finer = _FINER.get(level or "")
         if finer:
             return _capture(result, output, "named, but part of the run could not be judged",
                             f"level {finer} records the ops that could not be judged",
                             task="tensor", level=finer, step=step, rank=rank)
+    if inside_module and origin == Origin.OP:
+        return _capture(result, output, f"{culprit['name']} is a module call: the ops inside it "
+                        "were not recorded", "level mix inside that module names the op",
+                        task="statistics" if stats else "tensor", level="mix", step=step,
+                        rank=rank, module=culprit["name"])
     if origin == Origin.OPTIMIZER and capturable and isinstance(step, int) and step > 0:
         return _capture(result, output, "parameters differ although the step before agreed",
                         "the optimizer's ops of the step before, recorded at L1, name the update",
