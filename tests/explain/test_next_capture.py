@@ -137,3 +137,18 @@ def test_upstream_ops_are_cleared_with_their_reason():
     assert agree["tensors"][0]["ratio"] == 0
     differs = next(f for f in chain["facts"] if f["type"] == "output_differs")
     assert differs["worst_ratio"] == pytest.approx(100)
+
+
+def test_an_output_within_its_floor_named_by_its_scale_says_so():
+    from opdiff.comparison.result import SCALE, CompareResult, Divergence, TensorRow
+    from opdiff.explain import evidence_of
+
+    op = "Torch.exp.0.forward"
+    data = [TensorRow(f"{op}.input.0", f"{op}.input.0", op, "input", "forward", "api", 0, "float32",
+                      "float32", error=0.0),
+            TensorRow(f"{op}.output.0", f"{op}.output.0", op, "output", "forward", "api", 0,
+                      "float32", "float32", result="error", error=5e-6, scale_error=4e-6)]
+    fd = Divergence(op, "Torch.exp", "forward", "scaled", None, {}, kind=SCALE)
+    differs = next(f for f in evidence_of(CompareResult("t", "g", data, fd, {}))["facts"]
+                   if f["type"] == "output_differs")
+    assert differs["worst_ratio"] == pytest.approx(0.5) and "systematic" in differs["says"]

@@ -360,11 +360,13 @@ class _Scan:
         differ = [t for t in outputs if not t.agrees()] or outputs
         if differ:
             worst = max(differ, key=lambda t: t.ratio or 0.0)
+            said = (f"output {worst.as_dict()['name']} rel err {_sig(worst.error)}, "
+                    f"{_sig(worst.ratio)}x its {worst.as_dict()['dtype']} floor {_sig(worst.floor)}")
+            scale = _number(worst.row.scale_error)
+            if worst.agrees() and scale is not None:
+                said += f", but scaled against golden by {scale:+.3g}: a systematic error"
             facts.append({"type": "output_differs", "worst_ratio": _number(worst.ratio),
-                          "tensors": [t.as_dict() for t in differ[:TENSORS_KEPT]],
-                          "says": f"output {worst.as_dict()['name']} rel err {_sig(worst.error)}, "
-                                  f"{_sig(worst.ratio)}x its {worst.as_dict()['dtype']} floor "
-                                  f"{_sig(worst.floor)}"})
+                          "tensors": [t.as_dict() for t in differ[:TENSORS_KEPT]], "says": said})
         return facts
 
     def level(self) -> Optional[str]:
