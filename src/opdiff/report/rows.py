@@ -22,7 +22,7 @@ import dataclasses
 import json
 import typing
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from ..comparison.result import TensorRow
 from ..errors import DumpError
@@ -58,6 +58,12 @@ def write_rows(rows: Iterable, path) -> Path:
 
 def read_rows(path) -> list:
     """The TensorRows in a rows.jsonl file. A DumpError when it is not one."""
+    return list(iter_rows(path))
+
+
+def iter_rows(path) -> Iterator[TensorRow]:
+    """The TensorRows of a rows.jsonl file one at a time (a file of millions of rows is read
+    in constant memory). A DumpError when it is not one, raised where the reading stops."""
     path = Path(path)
     try:
         with open(path, encoding="utf-8") as f:
@@ -68,13 +74,11 @@ def read_rows(path) -> list:
                 raise DumpError(f"{path}: written by a newer opdiff (rows version "
                                 f"{head.get('version')}); upgrade opdiff to read it")
             decoders = _decoders(head.get("fields") or [], head.get("location") or LOCATION_FIELDS)
-            rows = []
             for line in f:
                 if line.strip():
                     values = json.loads(line)
-                    rows.append(TensorRow(**{name: decode(v) for (name, decode), v
-                                             in zip(decoders, values) if decode is not None}))
-            return rows
+                    yield TensorRow(**{name: decode(v) for (name, decode), v
+                                       in zip(decoders, values) if decode is not None})
     except OSError as exc:
         raise DumpError(f"{path}: cannot read the rows of this compare ({exc.strerror})") from exc
     except (ValueError, TypeError) as exc:
@@ -110,4 +114,4 @@ def _decoders(fields: list, location_fields) -> list[tuple[str, Callable[[Any], 
     return [(name, decoder(name)) for name in fields]
 
 
-__all__ = ["write_rows", "read_rows", "FORMAT", "VERSION", "LOCATION_FIELDS"]
+__all__ = ["write_rows", "read_rows", "iter_rows", "FORMAT", "VERSION", "LOCATION_FIELDS"]

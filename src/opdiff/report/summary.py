@@ -16,7 +16,8 @@ CompareResult.
                     | {"step", "rank", "side", "why": "killed" | "disk full" | "write failed",
                        "records", "last_record", "compared": true}],   (compared up to the cut)
      "notes": [...], "note_kinds": [each note's kind, `Note.KINDS`],
-     "worst": [the 10 tensors with the largest error], "files": {...}}
+     "worst": [the 10 tensors with the largest error], "files": {...},
+     "evidence": {"verdict", "culprit", "confidence", "facts", "next"}}   (`opdiff.explain`)
 
 Non-finite numbers are written as the strings "NaN", "Infinity", "-Infinity" (strict JSON).
 The rows are not in summary.json (it stays small): "files" names rows.jsonl beside it
@@ -37,6 +38,7 @@ from typing import Any
 
 from ..comparison.result import CompareResult, Divergence, Note, note_kind
 from ..errors import DumpError
+from ..explain import evidence_of
 from ..store.records import SCHEMA_VERSION, decode_float, encode_float, json_text
 from ..store.schema import Location
 from .outputs import atomic_write_text
@@ -105,6 +107,7 @@ def summary_dict(result, files: dict | None = None) -> dict:
                           for p in out["pairs"] for c in p.get("cut") or []]
     out["worst"] = worst
     out["files"] = dict(result.files if files is None else files)
+    out["evidence"] = evidence_of(result)
     return _clean(out)
 
 
