@@ -96,6 +96,26 @@ def test_a_partial_sum_keeps_only_its_mean():
     assert merge(_pieces([terms[0], terms[1][:3]]), PARTIAL) == {}
 
 
+def test_descriptors_of_a_tensors_shards_merge_through_their_shapes(tmp_path):
+    """Pieces made from real descriptors (what capture wrote for two shards of one tensor)."""
+    torch.manual_seed(2)
+    whole = torch.randn(6, 5)
+    model = torch.nn.Identity()
+    with opdiff.dump(model, str(tmp_path), level="L1"):
+        shards = [torch.relu(part) for part in torch.split(whole, [4, 2])]
+    relu = [json.loads(line) for f in tmp_path.rglob("records.jsonl") for line in f.read_text().splitlines()]
+    descs = [r["outputs"][0] for r in relu if r["op"] == "Torch.relu"]
+    assert len(descs) == 2
+    merged = merge([statistics.piece(d) for d in descs])
+    ref = _stats(torch.cat(shards))
+    for key in ("max", "min", "nan", "inf"):
+        assert decode_float(merged[key]) == ref[key], key
+    # (capture's own float32-read statistics: the merge is exact, the pieces are not float64)
+    assert decode_float(merged["mean"]) == pytest.approx(ref["mean"], rel=1e-6)
+    assert decode_float(merged["norm"]) == pytest.approx(ref["norm"], rel=1e-6)
+    assert statistics.piece({"type": "tensor", "shape": [2, 3], "stats": None}) == Piece(None, 6)
+
+
 def test_replicas_agree_or_are_unknown():
     t = torch.randn(5, dtype=torch.float64)
     assert merge(_pieces([t, t.clone()]), REPLICA) == merge(_pieces([t]), CONCAT)

@@ -112,6 +112,20 @@ class Piece(NamedTuple):
     numel: int
 
 
+def piece(desc: Mapping[str, Any]) -> Piece:
+    """A tensor descriptor as a piece: its statistics and the element count of its shape (0
+    for a shape that is missing or not a list of sizes, so a piece without statistics that
+    says nothing of its size leaves the merge unknown)."""
+    shape = desc.get("shape")
+    numel = 0
+    if isinstance(shape, list) and all(isinstance(n, int) and not isinstance(n, bool) for n in shape):
+        numel = 1
+        for n in shape:
+            numel *= n
+    stats = desc.get("stats")
+    return Piece(stats if isinstance(stats, Mapping) else None, numel)
+
+
 def _number(v: Any) -> Optional[Number]:
     v = decode_float(v)
     if isinstance(v, bool) or not isinstance(v, (int, float)):
@@ -160,5 +174,5 @@ def merge(pieces: Sequence[Piece], layout: str = CONCAT,
     return out
 
 
-__all__ = ["Statistic", "STATISTICS", "BY_KEY", "KEYS", "COLUMNS", "Piece", "merge", "LAYOUTS", "CONCAT",
+__all__ = ["Statistic", "STATISTICS", "BY_KEY", "KEYS", "COLUMNS", "Piece", "piece", "merge", "LAYOUTS", "CONCAT",
            "PARTIAL", "REPLICA"]
