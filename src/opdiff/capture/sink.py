@@ -91,7 +91,7 @@ class StepSink:
             gc.unfreeze()
             self._frozen = False
         if self._thresholds is not None:
-            if gc.get_threshold()[0] == self._thresholds[0] * _YOUNG_FACTOR:  # not changed since
+            if gc.get_threshold()[0] == _raised(self._thresholds[0]):  # not changed since
                 gc.set_threshold(*self._thresholds)
             self._thresholds = None
 
@@ -218,6 +218,11 @@ class StepSink:
 
 
 _YOUNG_FACTOR = 8
+_SET_BY_US: set[int] = set()    # youngest-generation thresholds opdiff itself has set
+
+
+def _raised(threshold: int) -> int:
+    return min(threshold * _YOUNG_FACTOR, 1 << 30)
 
 
 def _fewer_young_collections() -> tuple | None:
@@ -226,13 +231,16 @@ def _fewer_young_collections() -> tuple | None:
     records, each scanning what the step had allocated since (1.5 ms of a 50 ms step on the
     per-op benchmark). They are freed by reference counting as before; the thresholds come back
     when the step closes (unless the program changed them meanwhile). Returns the thresholds to
-    restore, or None where nothing was changed."""
+    restore, or None where nothing was changed. A threshold opdiff set itself (a step of another
+    debugger still open, or one never closed) is left as it is: raised again at every step, it
+    grew past what `gc.set_threshold` takes and the next step failed to open."""
     if not gc.isenabled():
         return None
     thresholds = gc.get_threshold()
-    if thresholds[0] <= 0:
+    if thresholds[0] <= 0 or thresholds[0] in _SET_BY_US:
         return None
-    gc.set_threshold(thresholds[0] * _YOUNG_FACTOR, *thresholds[1:])
+    _SET_BY_US.add(_raised(thresholds[0]))
+    gc.set_threshold(_raised(thresholds[0]), *thresholds[1:])
     return thresholds
 
 
