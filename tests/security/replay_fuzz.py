@@ -4,7 +4,8 @@ random and adversarial arguments a hostile dump can hold: huge, negative and zer
 strides, out-of-range and negative index tensors, wrong dtypes, mismatched shapes, empty and
 0-dim tensors. Each result is read back in full, as a compare reads it, so an out-of-bounds view
 is touched. A kernel that trusts its arguments shows as the child's death by a signal (SIGSEGV,
-glibc's SIGABRT on a corrupted heap: the child runs with MALLOC_CHECK_=3) and an unbounded
+glibc's SIGABRT on a corrupted heap: the child runs with MALLOC_CHECK_=3 and, where glibc
+needs it for that, libc_malloc_debug preloaded) and an unbounded
 result as an allocation the address-space limit refused.
 
     python replay_fuzz.py PROGRESS SEED START STOP     # fuzz targets[START:STOP], one per line
@@ -236,6 +237,7 @@ def run_all(progress_dir: Any, seed: int = 0, chunk: int = 400, timeout: float =
     """Fuzz every target in child processes (chunks of `chunk` targets; after a child dies,
     a new one goes on past the op that killed it). Returns {"crashes": [(op, rc)],
     "allocs": [line], "maxrss_kb": largest, "targets": count}."""
+    import ctypes.util
     import os
     import subprocess
     from pathlib import Path
@@ -244,6 +246,9 @@ def run_all(progress_dir: Any, seed: int = 0, chunk: int = 400, timeout: float =
     total = len(targets())
     env = dict(os.environ, MALLOC_CHECK_="3", MALLOC_PERTURB_="165", OPDIFF_MAX_TENSOR_MB="64",
                OMP_NUM_THREADS="1")
+    debug = ctypes.util.find_library("c_malloc_debug")     # glibc >= 2.34 checks only with it
+    if debug:
+        env["LD_PRELOAD"] = " ".join(filter(None, [debug, env.get("LD_PRELOAD")]))
 
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
