@@ -22,15 +22,23 @@ spool file and sends back its outcome only, and the merged result's `rows` strea
 so the driver's memory does not grow with the number of ranks. The result is the same, row for
 row, as when every row was held in memory.
 
+A worker process that dies (a kernel crash, the OOM killer) breaks its pool: its pairs are
+compared again, each in a process of its own, then, if that dies too, without replay, with one
+note per pair (`_died_note`); a replay worker that dies under a pair (`BrokenProcessPool` out of
+`compare_pair`) makes the same pair go again without replay. SIGTERM/SIGHUP while a spool lives
+end the process as an exit (`spool.Spool`): the workers started here are stopped first.
+
 The presentation (verdict line, progress bar, files) is the caller's: see `opdiff.api.compare`.
 """
 from __future__ import annotations
 
 import logging
 import os
+import contextlib
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import replace
-from typing import Any, Callable, Optional, Sequence, cast
+from typing import Any, Callable, Iterator, Optional, Sequence, cast
 
 from ..errors import DumpError
 from ..store.reader import Dump
@@ -201,12 +209,30 @@ def _worker(target_path: str, golden_path: str, thresholds: Thresholds, shape_fl
     torch.set_num_threads(1)  # the processes already use every core
     from ..store.adapters import discover
 
-    from .pair import compare_pair
-
     t, g = discover(target_path)[0], discover(golden_path)[0]
-    result = compare_pair(t, g, policy=Policy(thresholds), shape_flag=shape_flag, replay=replay,
-                          replay_jobs=replay_jobs, measured=measured, mapping=mapping)
+    result = _compare(t, g, policy=Policy(thresholds), shape_flag=shape_flag, replay=replay,
+                      replay_jobs=replay_jobs, measured=measured, mapping=mapping)
     return spooled(result, spool_path)
+
+
+def _compare(t: DumpSource, g: DumpSource, **how: Any) -> CompareResult:
+    """`compare_pair`; when a replay worker process dies under it (a kernel crash, the OOM
+    killer), the pair again without replay, with a note that says so."""
+    from .pair import compare_pair      # (torch: merge, which rejudge uses, needs none)
+
+    try:
+        return compare_pair(t, g, **how)
+    except BrokenProcessPool:
+        if how.get("replay") == "off":
+            raise
+    result = compare_pair(t, g, **{**how, "replay": "off"})
+    return replace(result, notes=[*result.notes, _died_note(result, "a replay worker process")])
+
+
+def _died_note(result: CompareResult, who: str) -> Note:
+    return Note(f"step {result.step} rank {result.rank}: {who} died while this pair was replayed "
+                f"(a crash or the OOM killer); the pair was compared again without replay",
+                Note.REPLAY)
 
 
 def spooled(result: CompareResult, path: Optional[str]
@@ -352,35 +378,93 @@ def run_pairs(pairs: list[Pair], policy: Policy, *, shape_flag: bool = False,
     replay_jobs: processes each pair's replay uses (see `compare_pair`).
     mapping: a parsed mapping file (`mapping.load`), applied to every pair.
     """
-    from .pair import compare_pair      # (torch: merge, which rejudge uses, needs none)
-
     advance: Callable[[int], None] = tick or (lambda n: None)
     finished: Callable[[Pair], None] = on_pair or (lambda p: None)
     if len(pairs) == 1:
         t, g = pairs[0]
-        result = compare_pair(t, g, policy=policy, shape_flag=shape_flag, tick=advance,
+        with _children_stopped_on_exit():
+            result = _compare(t, g, policy=policy, shape_flag=shape_flag, tick=advance,
                               replay=replay, replay_jobs=replay_jobs, mapping=mapping)
         finished(pairs[0])
         return [result]
+    spool = Spool()
+    results: list[Optional[CompareResult]] = [None] * len(pairs)
+    todo = list(range(len(pairs)))
+    # A worker that dies breaks its whole pool: its pairs go again, each in a pool of its own
+    # (so one that kills its worker again takes no other with it), then without replay.
+    tiers = [(replay, False, False), (replay, True, False)]
+    if replay != "off":
+        tiers.append(("off", True, True))
+    for how, alone, said in tiers:
+        if todo:
+            todo = _pool_pass(pairs, todo, alone, said, spool, results, advance, finished,
+                              (policy.thresholds, shape_flag, how), (replay_jobs, None, mapping))
+    if todo:
+        t = pairs[todo[0]][0]
+        raise DumpError(f"comparing step {t.step} rank {t.rank} kills its worker process even "
+                        f"without replay (a crash or the OOM killer); compare that pair alone "
+                        f"with -v, or leave it out")
+    return [r for r in results if r is not None]
+
+
+def _pool_pass(pairs: list[Pair], todo: list[int], alone: bool, said: bool, spool: Spool,
+               results: list[Optional[CompareResult]], advance: Callable[[int], None],
+               finished: Callable[[Pair], None], args: tuple[Any, ...],
+               more: tuple[Any, ...]) -> list[int]:
+    """Compare the pairs `todo` in worker processes (one pool, or, `alone`, one pool each, as
+    many at a time as there are cores); fill `results` (`said`: with a note that the pair's
+    worker died with replay); return the pairs whose worker died."""
     import multiprocessing
     from concurrent.futures import as_completed
 
-    workers = max(1, min(len(pairs), os.cpu_count() or 1))
+    workers = max(1, min(len(todo), os.cpu_count() or 1))
     ctx = multiprocessing.get_context("spawn")  # fork after torch starts threads can deadlock
-    spool = Spool()
-    results: list[Optional[CompareResult]] = [None] * len(pairs)
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=watch_parent,
-                             initargs=(os.getpid(),)) as pool:   # workers die with this process
-        where = {pool.submit(_worker, str(t.path), str(g.path), policy.thresholds, shape_flag,
-                             replay, spool.path_for(i), replay_jobs, None, mapping): i
-                 for i, (t, g) in enumerate(pairs)}
-        for fut in as_completed(where):
-            i = where[fut]
-            compact, meta, _blob = fut.result()
-            results[i] = unspooled(compact, spool, meta)
-            advance(count_records(pairs[i][0]))
-            finished(pairs[i])
-    return [r for r in results if r is not None]
+    broken: list[int] = []
+    groups = [todo[k:k + workers] for k in range(0, len(todo), workers)] if alone else [todo]
+    for group in groups:
+        pools = [ProcessPoolExecutor(max_workers=1 if alone else workers, mp_context=ctx,
+                                     initializer=watch_parent, initargs=(os.getpid(),))
+                 for _ in (group if alone else [0])]     # workers die with this process
+        try:
+            with _children_stopped_on_exit():     # before the shutdown, which waits for them
+                where = {}
+                for k, i in enumerate(group):
+                    call: tuple[Any, ...] = (str(pairs[i][0].path), str(pairs[i][1].path), *args,
+                                             spool.path_for(i), *more)
+                    where[pools[k if alone else 0].submit(_worker, *call)] = i
+                for fut in as_completed(where):
+                    i = where[fut]
+                    try:
+                        compact, meta, _blob = fut.result()
+                    except BrokenProcessPool:
+                        broken.append(i)
+                        continue
+                    result = unspooled(compact, spool, meta)
+                    if said:
+                        result = replace(result, notes=[*result.notes,
+                                                        _died_note(result, "its worker process")])
+                    results[i] = result
+                    advance(count_records(pairs[i][0]))
+                    finished(pairs[i])
+        finally:
+            for pool in pools:
+                pool.shutdown(wait=True, cancel_futures=True)
+    return sorted(broken)
+
+
+@contextlib.contextmanager
+def _children_stopped_on_exit() -> Iterator[None]:
+    """Worker processes started inside the block are ended at once when the block is left by
+    an exception (SIGTERM's SystemExit, Ctrl-C): a pool's shutdown would wait for their work."""
+    import multiprocessing
+
+    before = set(multiprocessing.active_children())
+    try:
+        yield
+    except BaseException:
+        for child in set(multiprocessing.active_children()) - before:
+            child.terminate()
+        raise
 
 __all__ = ["pair_dumps", "unpaired", "split_incomplete", "cut_sides", "cut_words", "run_pairs",
            "merge", "count_records", "spooled", "unspooled"]

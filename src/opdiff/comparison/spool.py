@@ -21,7 +21,9 @@ from __future__ import annotations
 import os
 import pickle
 import shutil
+import signal
 import tempfile
+import threading
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -67,11 +69,15 @@ def write_pair(rows: Sequence[TensorRow], path: str, step: Optional[int] = None,
 
 class Spool:
     """A temporary directory of spool files, removed when no sequence reads it any more (or at
-    exit). `OPDIFF_SPOOL_DIR` chooses where it is made (default: the system's temporary dir)."""
+    exit). `OPDIFF_SPOOL_DIR` chooses where it is made (default: the system's temporary dir).
+    While one lives, SIGTERM and SIGHUP (a CI timeout, a closed terminal) end the process as an
+    exit (`SystemExit(128 + signal)`) rather than at once, so it is removed and the pools shut
+    down; a handler the program set itself is left alone."""
 
     def __init__(self) -> None:
         self.dir = tempfile.mkdtemp(prefix="opdiff-rows-", dir=os.environ.get("OPDIFF_SPOOL_DIR"))
-        self._cleanup = weakref.finalize(self, shutil.rmtree, self.dir, True)
+        _hold_signals()
+        self._cleanup = weakref.finalize(self, _remove, self.dir)
 
     def path_for(self, i: int) -> str:
         """The spool file of the i-th pair."""
@@ -83,6 +89,34 @@ class Spool:
         with open(path, "wb") as f:
             f.write(blob)
         return path
+
+
+_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
+_held: dict[int, Any] = {}      # the signals we handle now, and the handlers they had
+_live: list[int] = [0]          # spools alive in this process
+
+
+def _exit_by(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _hold_signals() -> None:
+    _live[0] += 1
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in _SIGNALS:
+        if sig not in _held and signal.getsignal(sig) == signal.SIG_DFL:
+            _held[sig] = signal.signal(sig, _exit_by)
+
+
+def _remove(path: str) -> None:
+    shutil.rmtree(path, True)
+    _live[0] -= 1
+    if _live[0] <= 0 and threading.current_thread() is threading.main_thread():
+        for sig, before in list(_held.items()):
+            if signal.getsignal(sig) is _exit_by:
+                signal.signal(sig, before)
+            del _held[sig]
 
 
 class _Rows(Sequence[TensorRow]):
