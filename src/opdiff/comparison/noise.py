@@ -27,6 +27,23 @@ they are small. Two cases break it, both met by healthy bf16 runs at `opt.step()
   of its magnitude, or the divisor crosses zero, the quotient's statistics cannot blame the op.
   Whole-tensor dumps are not judged by this rule (their inputs' error is measured in full, and
   replay re-runs the op).
+- **A product of factors that both differ, seen through statistics.** Statistics bound an
+  input's element-wise error from below only, and the norm of a product is not bounded by its
+  factors' statistics: AdamW's `exp_avg_sq.addcmul_(grad, grad)` squares the gradient, and the
+  norm of the square is the gradient's 4-norm, which the gradient's max, min, mean and 2-norm
+  do not tell (where its difference sits decides it). A systematic error passes a product at
+  about its own size, which is what the scale rule looks for; with two or more factors that
+  differ (or one factor twice), a moved norm is also what noise redistributed among the
+  elements makes, so the scale rule does not name such an op from statistics
+  (`product_of_differing`); the random rule (an order of magnitude above the inputs) still
+  does. Healthy bf16 runs met it at `opt.step()` (a ResNet-18's gradients, squared by
+  `addcmul_`: the output's norm 1.4-1.6 times golden's while the gradient's was 1.09-1.16) and
+  in a Mamba block's selective scan (`ssm_state @ C[:, i]`). A tensor times a number, or a
+  weight that agrees times an activation, has one differing factor and is judged as before.
+- **A part of a tensor.** A slice or a selection (`discrete_A[:, :, i]`, `index_select`)
+  differs from golden by at most what the whole does, so its relative error is at most the
+  input's times norm(input) / norm(part) (`selects_part`): a Mamba scan's slice of a tensor
+  1.8% apart moved by 1.1% in norm and was named.
 - **A mean that cancels.** Each element of a mean over its input moves by at most the RMS of
   the input's change, so its relative error is at most the input's times RMS(input) / RMS(output)
   (`cancels`). LayerNorm's row mean (the second output of `aten.native_layer_norm`, recorded at
@@ -62,6 +79,24 @@ _DIVISORS = {
 }
 
 
+# Ops that multiply tensors, and the input positions of their factors.
+_FACTORS: dict[str, tuple[int, ...]] = {
+    "mul": (0, 1), "mul_": (0, 1), "multiply": (0, 1), "__mul__": (0, 1), "__rmul__": (0, 1),
+    "__imul__": (0, 1), "matmul": (0, 1), "__matmul__": (0, 1), "mm": (0, 1), "bmm": (0, 1),
+    "einsum": (1, 2, 3), "addcmul": (1, 2), "addcmul_": (1, 2), "addmm": (1, 2),
+    "addmm_": (1, 2), "baddbmm": (1, 2), "baddbmm_": (1, 2), "addbmm": (1, 2),
+    "_foreach_mul": (0, 1), "_foreach_mul_": (0, 1), "_foreach_addcmul": (1, 2),
+    "_foreach_addcmul_": (1, 2),
+}
+
+
+# Ops whose outputs are parts of their first input (slices, selections by index or mask).
+_SELECTIONS = frozenset({
+    "__getitem__", "getitem", "select", "slice", "narrow", "index_select", "gather", "take",
+    "masked_select", "split", "split_with_sizes", "tensor_split", "chunk", "unbind",
+    "diagonal"})
+
+
 # Ops whose outputs (by position; None: every output) are means over their first input.
 _MEANS: dict[str, Optional[tuple[int, ...]]] = {
     "mean": None, "nanmean": None, "native_layer_norm": (1,), "native_group_norm": (1,),
@@ -76,7 +111,9 @@ def clear(op_scores: list["OpScore"], rows: list[Any], policy: "Policy",
     Only the random and scale rules yield to this; inf/NaN an op makes are still its own."""
     for op in op_scores:
         if op.kind != Kind.LEAF and op.local and op.blame in (LOCAL, SCALE) and (
-                explains_any_error(op, rows, policy, run_dtype) or cancels(op, rows, policy)):
+                explains_any_error(op, rows, policy, run_dtype) or cancels(op, rows, policy)
+                or op.blame == SCALE and product_of_differing(op, rows)
+                or selects_part(op, rows)):
             op.local, op.blame, op.worst_out = False, "", None
 
 
@@ -127,6 +164,49 @@ def explains_any_error(op: "OpScore", rows: list[Any], policy: "Policy",
     return divides_by_noise(op, rows, policy, run_dtype) is not None
 
 
+def product_of_differing(op: "OpScore", rows: list[Any]) -> bool:
+    """Is the op, judged from statistics only, a product of two or more tensor factors that
+    both differ from golden (see module docstring)?"""
+    slots = _FACTORS.get(_method(op.op))
+    worst = next((m for i, m, _, _ in op.outputs if i == op.worst_out), None)
+    if not slots or worst is None or worst.mode != "statistics":
+        return False
+    differing = {_slot(rows[i]) for i, m, _, _ in op.inputs
+                 if m.mode == "statistics" and _slot(rows[i]) in slots and m.error > 0}
+    return len(differing) >= 2 or _squares(op, rows, slots)
+
+
+def selects_part(op: "OpScore", rows: list[Any]) -> bool:
+    """Is the op's worst output a part of its first input (a slice, an index) whose error the
+    input's explains: the part's difference is at most the whole's, so its relative error is
+    at most the input's times norm(input) / norm(part) (see module docstring)?"""
+    if _method(op.op) not in _SELECTIONS or op.worst_out is None:
+        return False
+    data = next(((i, m) for i, m, _, _ in op.inputs if _slot(rows[i]) == 0), None)
+    worst = next((m for i, m, _, _ in op.outputs if i == op.worst_out), None)
+    if data is None or worst is None or worst.nonfinite_mismatch or data[1].nonfinite_mismatch:
+        return False
+    norm_in, norm_out = _norm(rows[data[0]]), _norm(rows[op.worst_out])
+    if not (norm_in > 0 and norm_out > 0):
+        return False
+    return max(worst.error, abs(worst.scale_error)) <= data[1].error * norm_in / norm_out
+
+
+def _norm(row: Any) -> float:
+    """The larger L2 norm of a row's two sides, from their statistics (0 when unknown)."""
+    found = [stats.get("norm") for stats in (row.target_stats, row.golden_stats)
+             if isinstance(stats, dict)]
+    norms = [float(n) for n in found if isinstance(n, (int, float)) and math.isfinite(n)]
+    return max(norms, default=0.0)
+
+
+def _squares(op: "OpScore", rows: list[Any], slots: tuple[int, ...]) -> bool:
+    """Do two factor slots read one and the same differing tensor (`addcmul_(g, g)`)?"""
+    read = [rows[i] for i, m, _, _ in op.inputs if _slot(rows[i]) in slots and m.error > 0]
+    return any(a.target_stats == b.target_stats and a.golden_stats == b.golden_stats
+               for k, a in enumerate(read) for b in read[k + 1:])
+
+
 def divides_by_noise(op: "OpScore", rows: list[Any], policy: "Policy",
                      run_dtype: Optional[str]) -> Optional[str]:
     """The name of a statistics-only divisor input of `op` with elements within noise of zero
@@ -167,4 +247,5 @@ def _near_zero(stats: dict[str, Any], tolerance: float) -> bool:
     return smallest <= tolerance * magnitude
 
 
-__all__ = ["NOISE_INPUT_ERROR", "clear", "cancels", "explains_any_error", "divides_by_noise"]
+__all__ = ["NOISE_INPUT_ERROR", "clear", "cancels", "explains_any_error", "divides_by_noise",
+           "product_of_differing", "selects_part"]
