@@ -81,7 +81,7 @@ def session(out, keep: Iterable = (), fresh: bool = False) -> Iterator[Path]:
     try:
         previous, s.distrust = load(out)
         s.entries = clean(out, previous or {}, keep)
-        if fresh and not previous:
+        if fresh and (previous is None or s.distrust is not None):
             others = sorted(n for n in os.listdir(out) if n not in RESERVED)
             if others:
                 why = f"; {s.distrust}" if s.distrust else ""
