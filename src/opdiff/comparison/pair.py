@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, cast
 
-from ..errors import DumpError, OpdiffError
+from ..errors import DumpError
 from ..store.records import decoded_stats, iter_tensors
 from ..store.schema import Kind, Location, locations_from_frames
 from ..store.source import DumpSource
@@ -24,7 +24,8 @@ from . import (compiled, compiled_backward, compiled_inputs, compiled_modules, c
                compiled_spans, crossformat, forced)
 from .align import align, classes_note, same_classes
 from .compiled_params import link_modules
-from .mapping import Mapping
+from .options import REPLAY_MODES, CompareOptions, check_replay
+from .verdicts import Policy
 from .blame import OpScore, analyse, differing_numbers
 from .metrics import Measurement, measure, stats_measure
 from .reasons import not_comparable, placement_note, statistics_limits
@@ -38,7 +39,6 @@ from .saved import load_saved, numel
 from .result import (ERROR, PASS, UNMATCHED, WARNING, CompareResult, Note, TensorRow, count,
                      noted)
 from .scores import add_row, counts_as_output, op_score
-from .verdicts import Policy
 
 if TYPE_CHECKING:
     from .replay import Replayer
@@ -74,15 +74,15 @@ def _whole(desc: dict[str, Any]) -> bool:
 class _PairCompare:
     """Compares one target dump with one golden dump; see `compare_pair`."""
 
-    def __init__(self, target_dump: DumpSource, golden_dump: DumpSource, policy: Policy,
-                 shape_flag: bool, tick: Optional[Callable[[int], None]] = None,
-                 replay: str = "auto", replay_jobs: Optional[int] = None,
-                 measured: Optional[dict[tuple[Any, Any], Measurement]] = None,
-                 mapping: Optional[Mapping] = None) -> None:
+    def __init__(self, target_dump: DumpSource, golden_dump: DumpSource,
+                 options: CompareOptions, tick: Optional[Callable[[int], None]] = None,
+                 measured: Optional[dict[tuple[Any, Any], Measurement]] = None) -> None:
         self.t, self.g = target_dump, golden_dump
-        self.mapping = mapping
-        self.policy, self.shape_flag, self.replay = policy, shape_flag, replay
-        self.replay_jobs = replay_jobs
+        self.options = options
+        self.mapping = options.mapping
+        self.policy, self.shape_flag, self.replay = options.policy, options.shape_flag, \
+            options.replay
+        self.replay_jobs = options.replay_jobs
         self.tick = tick or (lambda n: None)
         self.rows: list[TensorRow] = []
         self.ops: list[OpScore] = []
@@ -430,33 +430,24 @@ class _PairCompare:
         return row, m
 
 
-def compare_pair(target_dump: DumpSource, golden_dump: DumpSource, *, policy: Policy | None = None,
-                 shape_flag: bool = False, tick: Optional[Callable[[int], None]] = None,
-                 replay: str = "auto", replay_jobs: Optional[int] = None,
+def compare_pair(target_dump: DumpSource, golden_dump: DumpSource,
+                 options: Optional[CompareOptions] = None, *,
+                 tick: Optional[Callable[[int], None]] = None,
                  measured: Optional[dict[tuple[Any, Any], Measurement]] = None,
-                 mapping: Optional[Mapping] = None) -> CompareResult:
+                 **changes: Any) -> CompareResult:
     """Compare two opened Dump-like objects (one step/rank each) and return the result.
 
-    policy: a `opdiff.comparison.verdicts.Policy` (default thresholds when None).
-    shape_flag: pair ops only when every tensor shape matches (msprobe's `shape_flag`).
+    options: how to judge (`options.CompareOptions`; its defaults when None); `changes`: any of
+        its fields given by name instead (`compare_pair(t, g, policy=MsitPolicy())`).
     tick: called with the number of op calls done, for progress bars.
-    replay: "auto", "all" or "off" (see `compare`).
-    replay_jobs: processes the replay uses (None: OPDIFF_REPLAY_JOBS, default 1).
     measured: tensor pairs measured already, by (target key, golden key) (`shards.py`).
-    mapping: a parsed mapping file (`mapping.load`): renames and ignored ops for the alignment.
     """
-    check_replay(replay)
+    if changes.get("policy", Policy) is None:      # (policy=None: the default thresholds)
+        del changes["policy"]
+    options = replace(options or CompareOptions(), **changes) if changes \
+        else options or CompareOptions()
     with one_thread():
-        return _PairCompare(target_dump, golden_dump, policy or Policy(), shape_flag, tick,
-                            replay, replay_jobs, measured, mapping).run()
-
-
-REPLAY_MODES = ("auto", "all", "off")
-
-
-def check_replay(replay: object) -> None:
-    if replay not in REPLAY_MODES:
-        raise OpdiffError(f"replay must be 'auto', 'all' or 'off', not {replay!r}")
+        return _PairCompare(target_dump, golden_dump, options, tick, measured).run()
 
 
 @contextmanager

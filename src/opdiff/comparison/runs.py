@@ -3,7 +3,7 @@
     from opdiff.comparison.runs import pair_dumps, split_incomplete, run_pairs, merge
     pairs, notes = pair_dumps(discover(target), discover(golden))
     pairs, incomplete = split_incomplete(pairs)     # a rank that crashed before its first op
-    result = merge(target, golden, run_pairs(pairs, Policy(), tick=print), notes,
+    result = merge(target, golden, run_pairs(pairs, CompareOptions(), tick=print), notes,
                    incomplete=incomplete)
 
 A pair whose target or golden directory holds no op records yet (a run killed just as a step
@@ -35,12 +35,11 @@ from typing import Any, Callable, Optional, Sequence, cast
 from ..errors import DumpError
 from ..store.reader import Dump
 from ..store.source import DumpSource
-from .mapping import Mapping
+from .options import CompareOptions
 from .origins import across_steps, is_carried_over
 from .ranks import received_from
 from .result import CompareResult, Divergence, Note, Origin, TensorRow, count, reworded
 from .spool import ChainedRows, PairRows, Spool, SpoolFile, encode_pair, on_disk, write_pair
-from .verdicts import Policy, Thresholds
 from .workers import watch_parent
 
 log = logging.getLogger("opdiff")
@@ -179,14 +178,13 @@ def count_records(dump: DumpSource) -> int:
     return int(dump.record_count())
 
 
-def _worker(target_path: str, golden_path: str, thresholds: Thresholds, shape_flag: bool,
-            replay: str = "auto", spool_path: Optional[str] = None,
-            replay_jobs: Optional[int] = None, measured: Optional[dict[Any, Any]] = None,
-            mapping: Optional[Mapping] = None
+def _worker(target_path: str, golden_path: str, options: CompareOptions,
+            spool_path: Optional[str] = None, measured: Optional[dict[Any, Any]] = None
             ) -> tuple[CompareResult, SpoolFile, Optional[bytes]]:
     """Compare one pair in a worker; its rows go to `spool_path` (this machine's disk) or, when
     None, come back as the spool file's bytes (a remote task: the driver writes them).
-    measured: its tensor pairs measured already by shard tasks (`shards.py`)."""
+    options: `CompareOptions.portable()`; measured: its tensor pairs measured already by shard
+    tasks (`shards.py`)."""
     import torch
 
     torch.set_num_threads(1)  # the processes already use every core
@@ -195,8 +193,7 @@ def _worker(target_path: str, golden_path: str, thresholds: Thresholds, shape_fl
     from .pair import compare_pair
 
     t, g = discover(target_path)[0], discover(golden_path)[0]
-    result = compare_pair(t, g, policy=Policy(thresholds), shape_flag=shape_flag, replay=replay,
-                          replay_jobs=replay_jobs, measured=measured, mapping=mapping)
+    result = compare_pair(t, g, options, measured=measured)
     return spooled(result, spool_path)
 
 
@@ -326,18 +323,15 @@ def _incomplete_summary(i: Incomplete) -> dict[str, Any]:
             "first_divergence": None, "incomplete": {"side": i["side"], "why": i["why"]}}
 
 
-def run_pairs(pairs: list[Pair], policy: Policy, *, shape_flag: bool = False,
-              replay: str = "auto", replay_jobs: Optional[int] = None,
+def run_pairs(pairs: list[Pair], options: CompareOptions, *,
               tick: Optional[Callable[[int], None]] = None,
-              on_pair: Optional[Callable[[Pair], None]] = None,
-              mapping: Optional[Mapping] = None) -> list[CompareResult]:
+              on_pair: Optional[Callable[[Pair], None]] = None) -> list[CompareResult]:
     """Compare every (target, golden) pair: one in this process, several in a process pool
     (their rows spooled to disk, see the module docstring). Results in the order of `pairs`.
 
     tick: called with the number of op records done, for a progress bar.
     on_pair: called with each pair once it is done, in the order they finish.
-    replay_jobs: processes each pair's replay uses (see `compare_pair`).
-    mapping: a parsed mapping file (`mapping.load`), applied to every pair.
+    options: how every pair is judged (`options.CompareOptions`).
     """
     from .pair import compare_pair      # (torch: merge, which rejudge uses, needs none)
 
@@ -345,8 +339,7 @@ def run_pairs(pairs: list[Pair], policy: Policy, *, shape_flag: bool = False,
     finished: Callable[[Pair], None] = on_pair or (lambda p: None)
     if len(pairs) == 1:
         t, g = pairs[0]
-        result = compare_pair(t, g, policy=policy, shape_flag=shape_flag, tick=advance,
-                              replay=replay, replay_jobs=replay_jobs, mapping=mapping)
+        result = compare_pair(t, g, options, tick=advance)
         finished(pairs[0])
         return [result]
     import multiprocessing
@@ -358,8 +351,8 @@ def run_pairs(pairs: list[Pair], policy: Policy, *, shape_flag: bool = False,
     results: list[Optional[CompareResult]] = [None] * len(pairs)
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=watch_parent,
                              initargs=(os.getpid(),)) as pool:   # workers die with this process
-        where = {pool.submit(_worker, str(t.path), str(g.path), policy.thresholds, shape_flag,
-                             replay, spool.path_for(i), replay_jobs, None, mapping): i
+        portable = options.portable()
+        where = {pool.submit(_worker, str(t.path), str(g.path), portable, spool.path_for(i)): i
                  for i, (t, g) in enumerate(pairs)}
         for fut in as_completed(where):
             i = where[fut]
