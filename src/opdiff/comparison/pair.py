@@ -24,13 +24,15 @@ from . import crossformat, forced
 from .align import align, classes_note, same_classes
 from .options import REPLAY_MODES, CompareOptions, check_replay
 from .verdicts import Policy
-from .blame import OpScore, analyse, differing_numbers
+from .blame import OpScore, differing_numbers
+from .facts import PairFacts
+from .judgement import judge_pair
 from .metrics import Measurement, measure, stats_measure
 from .reasons import not_comparable, placement_note, statistics_limits
 from .region_boundaries import Boundaries
 from .region_cover import covered_tensors
 from .region_marks import mark_boundaries
-from .regions import (REGION, absorb, Region, RegionOps, find_regions, mark_region_rows, members,
+from .regions import (REGION, absorb, Region, RegionOps, find_regions, members,
                       op_list, unjudged_note, unrecorded_note)
 from .saved import load_saved, numel
 from .plans import Plan, plan_for, rewrites
@@ -95,6 +97,7 @@ class _PairCompare:
         self._covered: dict[int, dict[str, Region]] = {}    # region_cover.covered_tensors
         self._forced: dict[tuple[int, int], forced.ForcedPair] = {}    # the mapping's `ops:`
         self._not_judged: list[str] = []        # forced pairs not judged (forced.CarriedInputs)
+        self.facts = PairFacts()                # what the plan decided (facts.py)
 
     def run(self) -> CompareResult:
         t_records, g_records, t_view, notes = self._comparable()
@@ -196,10 +199,13 @@ class _PairCompare:
             self.rows = [forced.covered(r, fed[r.index], self.mapping.path) if r.index in fed
                          and r.result == UNMATCHED and self.mapping else r for r in self.rows]
             region_ops = self._regions(regions, t_records, g_records, plan.compiled)
-            held = plan.withheld(self.rows, t_records)
-            divergence = analyse(self.ops, self.rows, self.policy, replay=replayer,
-                                 replay_all=self.replay == "all", withheld=held)
-            self._region_verdicts(region_ops, regions)
+            self.facts = plan.facts(t_records, t)
+            divergence, held = judge_pair(
+                self.ops, self.rows, self.facts, self.policy, replay=replayer,
+                replay_all=self.replay == "all", regions=(
+                    region_ops, self._region_rows, {r.number: r.why for r in regions if r.why}))
+            # (what rejudge reads back of each region judged: region_marks.py)
+            mark_boundaries(self.rows, region_ops)
         finally:
             if replayer is not None:
                 replayer.close()
@@ -232,7 +238,8 @@ class _PairCompare:
             target=str(self.t.path), golden=str(self.g.path), rows=self.rows,
             first_divergence=divergence, counts=count(self.rows),
             environment_diff=diff_meta(self.t.meta, self.g.meta),
-            step=self.t.step, rank=self.t.rank, notes=notes)
+            step=self.t.step, rank=self.t.rank, notes=notes,
+            facts=[self.facts] if self.facts else [])
 
     def _replayer(self, t_records: list[dict[str, Any]]) -> Optional[Replayer]:
         """Replay needs the target's own tensors (`DumpSource.holds_tensors`: statistics dumps
@@ -369,12 +376,6 @@ class _PairCompare:
             loc = _location(dump, rec)
             return loc[0] if loc else None
         return locate
-
-    def _region_verdicts(self, region_ops: list[OpScore], regions: list[Region]) -> None:
-        """Region rows say their region's verdict; boundary rows name it (`region_marks.py`)."""
-        mark_boundaries(self.rows, region_ops)
-        mark_region_rows(self.rows, region_ops, self._region_rows,
-                         {r.number: r.why for r in regions if r.why})
 
     def _unmatched(self, base: dict[str, Any], t_item: Optional[_Item], g_item: Optional[_Item],
                    paired_op: bool) -> TensorRow:

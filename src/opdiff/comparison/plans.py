@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Protocol, Sequence, Union,
 
 from . import compiled, compiled_backward, compiled_inputs, compiled_modules, compiled_regions, \
     compiled_spans
+from .facts import PairFacts
 from .recording import Recording
 from .region_onesided import one_sided
 from .regions import Region
@@ -84,9 +85,9 @@ class Plan:
         """The regions found, with those only one side's ops make (`region_onesided`)."""
         return regions + one_sided(regions, pairs, target, golden, t.dataflow)
 
-    def withheld(self, rows: list[TensorRow], target: list[Record]) -> dict[str, str]:
-        """Record name -> why blame may not name it."""
-        return {}
+    def facts(self, target: list[Record], t: Recording) -> PairFacts:
+        """What blame may not name, decided from the records (`facts.PairFacts`)."""
+        return PairFacts(t.step, t.rank)
 
     def annotate(self, divergence: Divergence, target: list[Record], golden: list[Record],
                  dumps: tuple[tuple[DumpSource, list[Record]], ...]) -> Divergence:
@@ -122,8 +123,9 @@ class CompiledPlan(Plan):
                 golden: list[Record], t: Recording) -> list[Region]:
         return compiled_regions.joined(regions, target)
 
-    def withheld(self, rows: list[TensorRow], target: list[Record]) -> dict[str, str]:
-        return compiled_inputs.not_named(rows, target)
+    def facts(self, target: list[Record], t: Recording) -> PairFacts:
+        return PairFacts.of(t.step, t.rank, compiled_backward.withheld(target),
+                            compiled_inputs.exposed(target))
 
     def annotate(self, divergence: Divergence, target: list[Record], golden: list[Record],
                  dumps: tuple[tuple[DumpSource, list[Record]], ...]) -> Divergence:

@@ -254,7 +254,7 @@ def merge(target: str, golden: str, results: list[CompareResult], notes: list[st
                               p["rank"] if p["rank"] is not None else -1))
     return CompareResult(
         target=target, golden=golden, rows=rows, first_divergence=first, counts=counts,
-        environment_diff=env, pairs=pairs,
+        environment_diff=env, pairs=pairs, facts=[f for r in results for f in r.facts],
         notes=[Note(f"step {c['step']} rank {c['rank']}: {cut_words(c['side'], c)}; what it ran "
                     f"after that was not recorded, so only its first {c['records']} records are "
                     f"compared", Note.DUMPS) for c in cut] +
