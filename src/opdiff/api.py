@@ -13,11 +13,13 @@ other backwards.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 from .capture.debugger import PrecisionDebugger, dump
 from .comparison.mapping import Mapping
 from .comparison.mapping import load as load_mapping
-from .comparison.pair import check_replay, compare_pair
+from .comparison.options import CompareOptions
+from .comparison.pair import compare_pair
 from .comparison.ranks import attribute_collectives
 from .comparison.reasons import with_context
 from .comparison.result import ERROR, WARNING, CompareResult
@@ -81,11 +83,7 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
     """
     if fail_on not in (None, "divergence", "error", "warning"):
         raise OpdiffError(f"fail_on must be None, 'divergence', 'error' or 'warning', not {fail_on!r}")
-    check_replay(replay)
-    if replay_jobs is not None and (isinstance(replay_jobs, bool) or not isinstance(replay_jobs, int)
-                                    or replay_jobs < 1):
-        raise OpdiffError(f"replay_jobs must be a whole number of processes (1 or more), not "
-                          f"{replay_jobs!r}")
+    options = CompareOptions(shape_flag=shape_flag, replay=replay, replay_jobs=replay_jobs)
     runner = engine_for(engine, ray_address=ray_address, ray_pins=ray_pins,
                         ray_shard_mb=ray_shard_mb)
     runner.check(mapping=mapping is not None)
@@ -101,7 +99,7 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
     parsed = None
     if mapping is not None:
         parsed = mapping if isinstance(mapping, Mapping) else load_mapping(mapping)
-    policy = Policy(thresholds)
+    options = replace(options, policy=Policy(thresholds), mapping=parsed)   # (made once)
     targets, goldens = discover(target), discover(golden)
     pairs, notes = pair_dumps(targets, goldens)
     pairs, incomplete = split_incomplete(pairs)     # ranks that crashed before a step's first op
@@ -109,9 +107,7 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
     cut, damage = cut_sides(pairs)                  # a side killed mid-step, or its disk full
     total = sum(count_records(t) for t, _ in pairs)
     with Progress(total, progress, pairs=len(pairs)) as bar:
-        results = runner.run(pairs, policy, shape_flag=shape_flag, replay=replay,
-                             replay_jobs=replay_jobs, tick=bar.advance, on_pair=bar.pair_done,
-                             mapping=parsed)
+        results = runner.run(pairs, options, tick=bar.advance, on_pair=bar.pair_done)
     results = attribute_collectives(results, pairs)     # received through a collective
     # (the pairing's notes travel in result.notes: the console prints them, once)
     result = merge(str(target), str(golden), results, notes + damage, incomplete=incomplete,

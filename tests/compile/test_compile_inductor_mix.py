@@ -35,12 +35,12 @@ import opdiff
 from compilekit import (fresh_compile, llama, run_step, wrong_rsqrt_decomposition,
                         wrong_rsqrt_decomposition_in, wrong_silu_decomposition,
                         wrong_softmax_decomposition_in)
-from opdiff.comparison import compiled
 from opdiff.comparison.compiled_backward import WITHHELD, withheld
 from opdiff.comparison.compiled_inputs import LATE, exposed
 from opdiff.comparison.compiled_modules import module_calls
 from opdiff.comparison.compiled_recompute import constant_code
 from opdiff.comparison.compiled_spans import span_calls
+from opdiff.comparison.plans import scope_note
 from opdiff.comparison.rejudge import rejudge
 from opdiff.report.console import verdict_line
 from opdiff.report.summary import load_summary
@@ -460,8 +460,7 @@ def test_a_call_straddling_a_module_leaves_it_unjudged_and_unknown_modules_none(
     blind = [dict(r, compiled={k: v for k, v in r["compiled"].items() if k != "modules"})
              if r.get("compiled") else r for r in target]
     assert not judged(blind)
-    note = compiled.note(blind, golden, {"config": {"level": "mix"}},
-                         {"config": {"level": "mix"}})
+    note = scope_note(blind, golden, {"config": {"level": "mix"}}, {"config": {"level": "mix"}})
     assert note is not None and note.startswith("inconclusive") and "modules" in note, note
 
 

@@ -19,7 +19,7 @@ kernels among them (each call names the modules of the nodes it fuses). Where th
 cannot be paired at all (level L1, Triton kernels, which are not recorded, an Inductor wrapper
 whose modules are not known), the compare
 is not refused: what pairs (leaves, parameter gradients) is compared, and the result says
-"inconclusive" with the reason (`note`, `compiled_backward.unexplained`).
+"inconclusive" with the reason (the rows of `plans.PLANS`, `compiled_backward.unexplained`).
 """
 from __future__ import annotations
 
@@ -29,29 +29,14 @@ from typing import Any, Callable, Iterable, Optional
 from ..store.records import iter_tensors
 from ..store.schema import Kind, Location, Phase, Role, locations_from_frames
 from .compiled_modules import by_inductor
-from .compiled_params import ModuleTwins, backward_modules
+from .compiled_params import ModuleTwins, backward_modules, link_modules
 from .compiled_spans import span_said
+from .recording import Recording
 
 Pair = tuple[Optional[int], Optional[int]]
 Record = dict[str, Any]
 
 INCONCLUSIVE = "inconclusive"
-
-
-def compiled_side(records: list[Record]) -> bool:
-    """Whether a dump ran compiled code (records marked by capture/compiled.py, or the aten ops
-    of a compiled backward, whose autograd node is torch's CompiledFunctionBackward)."""
-    for r in records:
-        if r.get("compiled") or r.get("autograd_node") == "CompiledFunctionBackward":
-            return True
-    return False
-
-
-def level_of(meta: Optional[dict[str, Any]]) -> Optional[str]:
-    """The capture level a dump was written at (its meta's config), if it says."""
-    config = (meta or {}).get("config") or {}
-    level = config.get("level")
-    return level if isinstance(level, str) else None
 
 
 def _inputs(record: Record) -> dict[str, dict[str, Any]]:
@@ -220,51 +205,50 @@ def comparable_records(target: list[Record], golden: list[Record]) -> int:
     return max(len(target), len(golden))
 
 
-def note(target: list[Record], golden: list[Record], t_meta: Optional[dict[str, Any]],
-         g_meta: Optional[dict[str, Any]]) -> Optional[str]:
-    """The pair's "inconclusive: ..." note when one side ran compiled code that cannot be paired
-    op by op with the other side's records; None when the sides pair op by op (aot_eager and
-    other FX backends at level L2 against eager at L2; compiled against compiled, recorded
-    alike)."""
-    t_compiled, g_compiled = compiled_side(target), compiled_side(golden)
-    if not (t_compiled or g_compiled):
-        return None
-    which = "target" if t_compiled else "golden"
-    extern = inductor_calls(target if t_compiled else golden)
-    kernels = any(r["kind"] == Kind.KERNEL for r in (target if t_compiled else golden))
-    if extern and not kernels:
-        shown = ", ".join(dict.fromkeys(extern))
-        return (f"{INCONCLUSIVE}: the {which} ran Inductor-generated kernels, which are not "
-                f"recorded (only {len(extern)} extern kernel calls are: {shown}); only inputs, "
-                f"parameters and parameter gradients (where recorded) are compared, ops are not "
-                f"judged; record "
-                f"the {which} with torch.compile(backend=\"aot_eager\") and level=\"L2\" to "
-                f"compare its graphs op by op (if that names nothing, the difference comes from "
-                f"Inductor's code generation)")
-    levels = {level_of(t_meta), level_of(g_meta)}
-    if levels <= {"L2", None}:
-        return None         # aten ops against aten ops: paired op by op where dataflow agrees
-    if t_compiled and g_compiled and len(levels) == 1:
-        if kernels == any(r["kind"] == Kind.KERNEL for r in golden):
-            return None     # compiled against compiled, recorded alike: op by op too
-        return (f"{INCONCLUSIVE}: one run ran Inductor's kernels and the other the aten ops of "
-                f"another backend, both recorded at level {levels.pop()}: only inputs, "
-                f"parameters and parameter gradients (where recorded) are compared, ops are not "
-                f"judged; record both runs with level=\"L2\" to judge each kernel against the "
-                f"ops it fuses")
-    if judged_modules(target):
-        return None         # module calls judged at their boundaries (compiled_modules.py)
-    unplaced = [r for r in (target if t_compiled else golden) if r["kind"] in Kind.OPS and
-                by_inductor(r) and
-                not (r.get("compiled") or {}).get("modules")]
-    if kernels and unplaced:
-        return (f"{INCONCLUSIVE}: the {which} ran Inductor-generated kernels whose modules are "
-                f"not known ({len(unplaced)} calls, such as {unplaced[0]['op']}): Inductor "
-                f"generated its code while opdiff did not record (the model was compiled "
-                f"before capture started, or a wrapper call opdiff could not place); no "
-                f"module call is judged, only inputs, parameters and parameter gradients are "
-                f"compared; record a step in which torch.compile compiles (start capture "
-                f"before the first compiled call, or call torch._dynamo.reset() first)")
+def linked(pairs: list[Pair], target: list[Record], golden: list[Record]) -> list[Pair]:
+    """The alignment's pairs of eager against compiled code, op by op: module calls of compiled
+    code linked (`compiled_params.link_modules`), checked against dataflow, backward ops paired
+    through their forward ops, checked again, leaves and gradients paired by name."""
+    pairs = verify(link_modules(pairs, target, golden), target, golden)
+    return by_name(verify(link_backward(pairs, target, golden), target, golden, strict=False),
+                   target, golden)
+
+
+# The plan table's "inconclusive: ..." reasons (`plans.PLANS`), one per row that says one;
+# `side` is the compiled side's Recording, `target` whether that is the target.
+def unrecorded_kernels(side: Recording, target: bool) -> str:
+    which = "target" if target else "golden"
+    shown = ", ".join(dict.fromkeys(side.extern))
+    return (f"{INCONCLUSIVE}: the {which} ran Inductor-generated kernels, which are not "
+            f"recorded (only {len(side.extern)} extern kernel calls are: {shown}); only inputs, "
+            f"parameters and parameter gradients (where recorded) are compared, ops are not "
+            f"judged; record "
+            f"the {which} with torch.compile(backend=\"aot_eager\") and level=\"L2\" to "
+            f"compare its graphs op by op (if that names nothing, the difference comes from "
+            f"Inductor's code generation)")
+
+
+def kernels_against_aten(level: Optional[str]) -> str:
+    return (f"{INCONCLUSIVE}: one run ran Inductor's kernels and the other the aten ops of "
+            f"another backend, both recorded at level {level}: only inputs, "
+            f"parameters and parameter gradients (where recorded) are compared, ops are not "
+            f"judged; record both runs with level=\"L2\" to judge each kernel against the "
+            f"ops it fuses")
+
+
+def modules_unknown(side: Recording, target: bool) -> str:
+    which = "target" if target else "golden"
+    return (f"{INCONCLUSIVE}: the {which} ran Inductor-generated kernels whose modules are "
+            f"not known ({len(side.unplaced)} calls, such as {side.unplaced[0]}): Inductor "
+            f"generated its code while opdiff did not record (the model was compiled "
+            f"before capture started, or a wrapper call opdiff could not place); no "
+            f"module call is judged, only inputs, parameters and parameter gradients are "
+            f"compared; record a step in which torch.compile compiles (start capture "
+            f"before the first compiled call, or call torch._dynamo.reset() first)")
+
+
+def levels_differ(target: bool, levels: set[Optional[str]]) -> str:
+    which = "target" if target else "golden"
     return (f"{INCONCLUSIVE}: the {which} ran torch.compile'd code, whose graphs are recorded per "
             f"aten op, while the other run is recorded per torch call (level "
             f"{'/'.join(sorted(str(v) for v in levels))}): only inputs, parameters and parameter "
@@ -469,6 +453,7 @@ def annotate(divergence: Any, target: list[Record], golden: list[Record],
     return replace(divergence, reason=divergence.reason + said + spanned, location=line or loc)
 
 
-__all__ = ["INCONCLUSIVE", "NAMED", "where", "source", "stored_code", "annotate", "compiled_side", "level_of",
-           "verify", "link_backward", "signature", "inductor_calls", "note", "restrict", "by_name",
+__all__ = ["INCONCLUSIVE", "NAMED", "where", "source", "stored_code", "annotate", "linked",
+           "verify", "link_backward", "signature", "inductor_calls", "unrecorded_kernels",
+           "kernels_against_aten", "modules_unknown", "levels_differ", "restrict", "by_name",
            "judged_modules"]

@@ -21,11 +21,10 @@ from ..store.schema import Kind, Phase, RecordName, Role, module_path, param_gra
 from .compiled import INCONCLUSIVE
 from .compiled_modules import inside, modules_of
 from .reasons import made_earlier
-from .result import ERROR, WARNING, TensorRow, mark_records, marked_records
+from .result import ERROR, WARNING, TensorRow
 from .verdicts import Policy, run_precision
 
 Record = dict[str, Any]
-MARK = "withheld"
 WITHHELD = ("not named: the compiled backward that made it is not recorded at this level, and "
             "the gradient it was computed from depends on every forward computation after its "
             "module, not all of which is judged")
@@ -47,17 +46,6 @@ def withheld(target: list[Record]) -> dict[str, str]:
     names = {r["name"] for r in target}
     return {r["name"]: WITHHELD for r in target if r["kind"] == Kind.PARAM_GRAD
             and not any(link in names for link in param_grad_links(r["name"])[1:])}
-
-
-def mark(rows: list[TensorRow], held: dict[str, str]) -> None:
-    """Mark each row of a `held` record "withheld:<record>" (`TensorRow.boundary`), in place:
-    `rejudge` reads it back (`held_in`), as the rows alone do not say what the dump did."""
-    mark_records(rows, held, MARK)
-
-
-def held_in(rows: list[TensorRow]) -> dict[str, str]:
-    """The `withheld` records of a compare, from its rows' marks (`mark`)."""
-    return dict.fromkeys(marked_records(rows, MARK), WITHHELD)
 
 
 def judged_paths(target: list[Record]) -> list[tuple[set[str], set[str]]]:
@@ -162,5 +150,5 @@ def _first_late_input(rows: list[TensorRow], target: list[Record]
     return None
 
 
-__all__ = ["MARK", "WITHHELD", "backward_unrecorded", "withheld", "mark", "held_in", "judged_paths", "unjudged_calls",
+__all__ = ["WITHHELD", "backward_unrecorded", "withheld", "judged_paths", "unjudged_calls",
            "unexplained"]

@@ -22,12 +22,10 @@ from __future__ import annotations
 from typing import Any
 
 from ..store.schema import Kind, Phase, Role
-from . import compiled_backward
 from .compiled_backward import unjudged_calls
-from .result import ERROR, WARNING, TensorRow, mark_records, marked_records
+from .result import ERROR, WARNING, TensorRow
 
 Record = dict[str, Any]
-MARK = "exposed"
 LATE = ("not named: its input already differs in statistics, which understate an element-wise "
         "error, and compiled code that no judged module call holds ran before it and may have "
         "made the difference")
@@ -52,27 +50,4 @@ def late(rows: list[TensorRow], calls: set[str]) -> dict[str, str]:
             and r.mode == "statistics" and r.result in (ERROR, WARNING)}
 
 
-def mark(rows: list[TensorRow], calls: set[str]) -> None:
-    """Mark each row of an `exposed` call "exposed:<record>" (`TensorRow.boundary`), in place:
-    `rejudge` reads them back (`exposed_in`) and applies `late` to its own verdicts."""
-    mark_records(rows, calls, MARK)
-
-
-def not_named(rows: list[TensorRow], target: list[Record]) -> dict[str, str]:
-    """Record name -> why blame must not name it, in a compare of a compiled target at mix: the
-    parameter gradients of an unrecorded compiled backward (`compiled_backward.withheld`) and
-    the `exposed` calls whose input already differs in statistics (`late`); every row of both
-    marked in place for `rejudge`."""
-    held = compiled_backward.withheld(target)
-    compiled_backward.mark(rows, held)
-    calls = exposed(target)
-    mark(rows, calls)
-    return {**held, **late(rows, calls)}
-
-
-def exposed_in(rows: list[TensorRow]) -> set[str]:
-    """The `exposed` calls of a compare, from its rows' marks (`mark`)."""
-    return marked_records(rows, MARK)
-
-
-__all__ = ["MARK", "LATE", "exposed", "late", "mark", "not_named", "exposed_in"]
+__all__ = ["LATE", "exposed", "late"]

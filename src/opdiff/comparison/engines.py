@@ -19,10 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Mapping, Optional, Union
 
 from ..errors import ConfigError
-from .mapping import Mapping as MappingFile
+from .options import CompareOptions
 from .result import CompareResult
 from .runs import Pair, run_pairs
-from .verdicts import Policy
 
 
 class Engine:
@@ -33,13 +32,11 @@ class Engine:
         """Raise an OpdiffError (one line) when this engine cannot compare with these options
         (mapping: a mapping file is given). Called before any dump is read."""
 
-    def run(self, pairs: list[Pair], policy: Policy, *, shape_flag: bool = False,
-            replay: str = "auto", replay_jobs: Optional[int] = None,
+    def run(self, pairs: list[Pair], options: CompareOptions, *,
             tick: Optional[Callable[[int], None]] = None,
-            on_pair: Optional[Callable[[Pair], None]] = None,
-            mapping: Optional[MappingFile] = None) -> list[CompareResult]:
-        """Every (target, golden) pair compared; results in the order of `pairs` (see
-        `runs.run_pairs` for the arguments)."""
+            on_pair: Optional[Callable[[Pair], None]] = None) -> list[CompareResult]:
+        """Every (target, golden) pair compared as `options` say; results in the order of
+        `pairs` (see `runs.run_pairs` for the arguments)."""
         raise NotImplementedError
 
 
@@ -49,13 +46,10 @@ class LocalEngine(Engine):
     (one process per pair, at most one per core). The default engine."""
     name: ClassVar[str] = "local"
 
-    def run(self, pairs: list[Pair], policy: Policy, *, shape_flag: bool = False,
-            replay: str = "auto", replay_jobs: Optional[int] = None,
+    def run(self, pairs: list[Pair], options: CompareOptions, *,
             tick: Optional[Callable[[int], None]] = None,
-            on_pair: Optional[Callable[[Pair], None]] = None,
-            mapping: Optional[MappingFile] = None) -> list[CompareResult]:
-        return run_pairs(pairs, policy, shape_flag=shape_flag, replay=replay,
-                         replay_jobs=replay_jobs, tick=tick, on_pair=on_pair, mapping=mapping)
+            on_pair: Optional[Callable[[Pair], None]] = None) -> list[CompareResult]:
+        return run_pairs(pairs, options, tick=tick, on_pair=on_pair)
 
 
 @dataclass(frozen=True)
@@ -105,17 +99,14 @@ class RayEngine(Engine):
                               "shards are planned without the mapping); leave shard_mb out to "
                               "compare each pair in one task")
 
-    def run(self, pairs: list[Pair], policy: Policy, *, shape_flag: bool = False,
-            replay: str = "auto", replay_jobs: Optional[int] = None,
+    def run(self, pairs: list[Pair], options: CompareOptions, *,
             tick: Optional[Callable[[int], None]] = None,
-            on_pair: Optional[Callable[[Pair], None]] = None,
-            mapping: Optional[MappingFile] = None) -> list[CompareResult]:
-        self.check(mapping=mapping is not None)
+            on_pair: Optional[Callable[[Pair], None]] = None) -> list[CompareResult]:
+        self.check(mapping=options.mapping is not None)
         from .ray_engine import run_pairs_ray
 
-        return run_pairs_ray(pairs, policy, shape_flag=shape_flag, replay=replay,
-                             replay_jobs=replay_jobs, address=self.address, pins=self.pins,
-                             tick=tick, on_pair=on_pair, mapping=mapping,
+        return run_pairs_ray(pairs, options, address=self.address, pins=self.pins,
+                             tick=tick, on_pair=on_pair,
                              shard_bytes=int(self.shard_mb * 2**20) if self.shard_mb else None)
 
 

@@ -15,30 +15,31 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, cast
 
-from ..errors import DumpError, OpdiffError
+from ..errors import DumpError
 from ..store.records import decoded_stats, iter_tensors
 from ..store.schema import Kind, Location, locations_from_frames
 from ..store.source import DumpSource
 from ..environment import diff_meta
-from . import (compiled, compiled_backward, compiled_inputs, compiled_modules, compiled_regions,
-               compiled_spans, crossformat, forced)
+from . import crossformat, forced
 from .align import align, classes_note, same_classes
-from .compiled_params import link_modules
-from .mapping import Mapping
-from .blame import OpScore, analyse, differing_numbers
+from .options import REPLAY_MODES, CompareOptions, check_replay
+from .verdicts import Policy
+from .blame import OpScore, differing_numbers
+from .facts import PairFacts
+from .judgement import judge_pair
 from .metrics import Measurement, measure, stats_measure
 from .reasons import not_comparable, placement_note, statistics_limits
 from .region_boundaries import Boundaries
 from .region_cover import covered_tensors
 from .region_marks import mark_boundaries
-from .region_onesided import one_sided
-from .regions import (REGION, absorb, Region, RegionOps, find_regions, mark_region_rows, members,
+from .regions import (REGION, absorb, Region, RegionOps, find_regions, members,
                       op_list, unjudged_note, unrecorded_note)
 from .saved import load_saved, numel
-from .result import (ERROR, PASS, UNMATCHED, WARNING, CompareResult, Note, TensorRow, count,
-                     noted)
+from .plans import Plan, plan_for, rewrites
+from .recording import Recording
+from .result import (ERROR, PASS, UNMATCHED, WARNING, CompareResult, Divergence, Note, TensorRow,
+                     count, noted)
 from .scores import add_row, counts_as_output, op_score
-from .verdicts import Policy
 
 if TYPE_CHECKING:
     from .replay import Replayer
@@ -74,15 +75,15 @@ def _whole(desc: dict[str, Any]) -> bool:
 class _PairCompare:
     """Compares one target dump with one golden dump; see `compare_pair`."""
 
-    def __init__(self, target_dump: DumpSource, golden_dump: DumpSource, policy: Policy,
-                 shape_flag: bool, tick: Optional[Callable[[int], None]] = None,
-                 replay: str = "auto", replay_jobs: Optional[int] = None,
-                 measured: Optional[dict[tuple[Any, Any], Measurement]] = None,
-                 mapping: Optional[Mapping] = None) -> None:
+    def __init__(self, target_dump: DumpSource, golden_dump: DumpSource,
+                 options: CompareOptions, tick: Optional[Callable[[int], None]] = None,
+                 measured: Optional[dict[tuple[Any, Any], Measurement]] = None) -> None:
         self.t, self.g = target_dump, golden_dump
-        self.mapping = mapping
-        self.policy, self.shape_flag, self.replay = policy, shape_flag, replay
-        self.replay_jobs = replay_jobs
+        self.options = options
+        self.mapping = options.mapping
+        self.policy, self.shape_flag, self.replay = options.policy, options.shape_flag, \
+            options.replay
+        self.replay_jobs = options.replay_jobs
         self.tick = tick or (lambda n: None)
         self.rows: list[TensorRow] = []
         self.ops: list[OpScore] = []
@@ -96,70 +97,96 @@ class _PairCompare:
         self._covered: dict[int, dict[str, Region]] = {}    # region_cover.covered_tensors
         self._forced: dict[tuple[int, int], forced.ForcedPair] = {}    # the mapping's `ops:`
         self._not_judged: list[str] = []        # forced pairs not judged (forced.CarriedInputs)
+        self.facts = PairFacts()                # what the plan decided (facts.py)
 
     def run(self) -> CompareResult:
+        t_records, g_records, t_view, notes = self._comparable()
+        t, g = self._recordings(t_records, g_records)
+        for rewrite in rewrites(t, g):      # the plan table's RECORDS rows (plans.py)
+            t_records, g_records, said = rewrite.rewrite(t_records, g_records)
+            t_view, notes = t_records, notes + said
+            t, g = self._recordings(t_records, g_records)
+        plan = plan_for(t, g)               # its PAIRS rows: how the two runs pair
+        # a module class renamed at the same path (align.py): paired as if spelled alike
+        t_view, classes = same_classes(t_view, g_records)
+        notes += noted(classes_note(classes), Note.PAIRING)
+        pairs = plan.pair(align(t_view, g_records, shape_flag=plan.shape_flag(self.shape_flag),
+                                forced=list(self._forced)), t_records, g_records)
+        self._check_paired(pairs, plan.pairable(t_records, g_records), t_records, g_records)
+        regions = find_regions(pairs, t_view, g_records)
+        absorb(regions, pairs, t_view, g_records, (t.dataflow, g.dataflow))
+        regions = plan.regions(regions, pairs, t_view, g_records, t)
+        # a module call's tensors that only one side has, made or used by a region's ops
+        self._covered = covered_tensors(regions, pairs, t_view, g_records)
+        if t_view is not t_records:     # renamed: module calls are measured by recorded names
+            recorded = {v["name"]: t["name"] for v, t in zip(t_view, t_records) if v is not t}
+            for found in regions:
+                found.module = recorded.get(found.module or "", found.module)
+        t_region, g_region = members(regions)
+        fed = forced.fed_ops(pairs, t_view, g_records, tuple(self._forced.values()),
+                             (t.dataflow, g.dataflow), (t_region, g_region))
+        # (one-sided ops that only feed a forced pair)
+        divergence, held, region_ops, replayer = self._judge(
+            plan, t, pairs, t_records, g_records, (t_region, g_region), fed, regions)
+        if divergence is not None:
+            divergence = plan.annotate(replace(divergence, step=self.t.step, rank=self.t.rank),
+                                       t_records, g_records,
+                                       ((self.t, t_records), (self.g, g_records)))
+        return self._result(plan, divergence, held, regions, region_ops, replayer, t_records,
+                            notes)
+
+    def _comparable(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
+                                   list[dict[str, Any]], list[Note]]:
+        """Both sides' records as alignment sees them: cross-format names made comparable
+        (`crossformat`), the mapping file's renames, drops and joins (`mapping.py`); with the
+        target's view (renamed) and what was left unused."""
         t_records = list(self.t.records())
         g_records = list(self.g.records())
         for dump, recs in ((self.t, t_records), (self.g, g_records)):
             if not recs:
                 raise DumpError(f"{dump.path}: the dump holds no op records; was the model run "
                                 f"between start() and stop()?")
-        # the mapping file (mapping.py): alignment sees the target renamed, ignored ops dropped
         t_records, g_records, format_note = crossformat.comparable(
             t_records, g_records, self.t.format, self.g.format)
-        t_view, mapping_notes = t_records, noted(format_note, Note.PAIRING)
+        t_view, notes = t_records, noted(format_note, Note.PAIRING)
         if self.mapping is not None:
             bound = self.mapping.bind(t_records, g_records)
             t_records = [t_records[i] for i in bound.target_index]
             g_records = bound.golden                # (`concat:` parts joined: concat.py)
             self.g = bound.golden_source(self.g)
             t_view = bound.view
-            mapping_notes = [Note(n, Note.PAIRING) for n in [*bound.unused, *bound.notes]]
+            notes = [Note(n, Note.PAIRING) for n in [*bound.unused, *bound.notes]]
             self._forced = {(f.target, f.golden): f for f in bound.forced}
-        compiled_run = compiled.compiled_side(t_records) or compiled.compiled_side(g_records)
-        if compiled_run and self.mapping is None:   # (mix: module calls at their boundaries)
-            t_records = compiled_modules.module_calls(t_records, g_records)
-            # (a kernel straddling module calls: the smallest span of calls that closes it)
-            t_records, g_records = compiled_spans.span_calls(t_records, g_records)
-            t_view = t_records
-        # a module class renamed at the same path (align.py): paired as if spelled alike
-        t_view, classes = same_classes(t_view, g_records)
-        mapping_notes += noted(classes_note(classes), Note.PAIRING)
-        # eager vs torch.compile: never two ops of other shapes, and only where dataflow agrees
-        pairs = align(t_view, g_records, shape_flag=self.shape_flag or compiled_run,
-                      forced=list(self._forced))
-        compiled_note = compiled.note(t_records, g_records, self.t.meta, self.g.meta) \
-            if compiled_run else None
-        if compiled_note:
-            pairs = compiled.restrict(pairs, t_records, g_records)
-        elif compiled_run:
-            pairs = compiled.by_name(compiled.verify(compiled.link_backward(
-                compiled.verify(link_modules(pairs, t_records, g_records), t_records, g_records),
-                t_records, g_records), t_records, g_records, strict=False), t_records, g_records)
+        return t_records, g_records, t_view, notes
+
+    def _recordings(self, t_records: list[dict[str, Any]], g_records: list[dict[str, Any]]
+                    ) -> tuple[Recording, Recording]:
+        """What each side is (recording.py), read from its meta and records."""
+        return (Recording.read(t_records, self.t.meta, format=self.t.format,
+                               tensors=self.t.holds_tensors, mapped=self.mapping is not None,
+                               step=self.t.step, rank=self.t.rank),
+                Recording.read(g_records, self.g.meta, format=self.g.format,
+                               tensors=self.g.holds_tensors, step=self.g.step, rank=self.g.rank))
+
+    def _check_paired(self, pairs: list[tuple[Optional[int], Optional[int]]],
+                      pairable: Optional[int], t_records: list[dict[str, Any]],
+                      g_records: list[dict[str, Any]]) -> None:
         paired = sum(1 for ti, gi in pairs if ti is not None and gi is not None)
-        if paired < MIN_PAIRED_FRACTION * compiled.comparable_records(t_records, g_records) \
-                and not compiled_note:
+        if pairable is not None and paired < MIN_PAIRED_FRACTION * pairable:
             raise DumpError(f"{self.t.path} and {self.g.path} look like dumps of different models: "
                             f"only {paired} of {len(t_records)} target and {len(g_records)} golden "
                             f"ops line up; compare dumps of the same model and step")
-        regions = find_regions(pairs, t_view, g_records)
-        absorb(regions, pairs, t_view, g_records,
-               (bool((self.t.meta or {}).get("dataflow")), bool((self.g.meta or {}).get("dataflow"))))
-        regions = compiled_regions.joined(regions, t_view) if compiled_run else regions
-        # a module call's tensors that only one side has, made or used by a region's ops
-        self._covered = covered_tensors(regions, pairs, t_view, g_records)
-        regions += [] if compiled_run else one_sided(     # (one side's ops alone, proven)
-            regions, pairs, t_view, g_records, bool((self.t.meta or {}).get("dataflow")))
-        if t_view is not t_records:     # renamed: module calls are measured by recorded names
-            recorded = {v["name"]: t["name"] for v, t in zip(t_view, t_records) if v is not t}
-            for found in regions:
-                found.module = recorded.get(found.module or "", found.module)
-        t_region, g_region = members(regions)
-        fed = forced.fed_ops(pairs, t_view, g_records, tuple(self._forced.values()), (bool(
-            (self.t.meta or {}).get("dataflow")), bool((self.g.meta or {}).get("dataflow"))),
-            (t_region, g_region))       # one-sided ops that only feed a forced pair
+
+    def _judge(self, plan: Plan, t: Recording, pairs: list[tuple[Optional[int], Optional[int]]],
+               t_records: list[dict[str, Any]], g_records: list[dict[str, Any]],
+               in_regions: tuple[dict[int, Region], dict[int, Region]],
+               fed: dict[int, forced.ForcedPair], regions: list[Region]
+               ) -> tuple[Optional[Divergence], dict[str, str], list[OpScore], Optional[Replayer]]:
+        """Every pair measured into rows, the units judged (`blame.analyse`), replaying the
+        target where it can."""
+        t_region, g_region = in_regions
         replayer = self._replayer(t_records)
-        self._carried = forced.CarriedInputs(t_records, bool((self.t.meta or {}).get("dataflow")))
+        self._carried = forced.CarriedInputs(t_records, t.dataflow)
         try:
             if replayer is not None:    # replay on a second thread while this one measures
                 replayer.prefetch([r["name"] for r in t_records])
@@ -171,28 +198,31 @@ class _PairCompare:
                 self.tick(1)
             self.rows = [forced.covered(r, fed[r.index], self.mapping.path) if r.index in fed
                          and r.result == UNMATCHED and self.mapping else r for r in self.rows]
-            region_ops = self._regions(regions, t_records, g_records, bool(compiled_run))
-            held = compiled_inputs.not_named(self.rows, t_records) if compiled_run else {}
-            divergence = analyse(self.ops, self.rows, self.policy, replay=replayer,
-                                 replay_all=self.replay == "all", withheld=held)
-            self._region_verdicts(region_ops, regions)
+            region_ops = self._regions(regions, t_records, g_records, plan.compiled)
+            self.facts = plan.facts(t_records, t)
+            divergence, held = judge_pair(
+                self.ops, self.rows, self.facts, self.policy, replay=replayer,
+                replay_all=self.replay == "all", regions=(
+                    region_ops, self._region_rows, {r.number: r.why for r in regions if r.why}))
+            # (what rejudge reads back of each region judged: region_marks.py)
+            mark_boundaries(self.rows, region_ops)
         finally:
             if replayer is not None:
                 replayer.close()
-        if divergence is not None:
-            divergence = replace(divergence, step=self.t.step, rank=self.t.rank)
-            if compiled_run:      # the graph node, module and line the compiler names
-                divergence = compiled.annotate(divergence, t_records, g_records,
-                                               ((self.t, t_records), (self.g, g_records)))
-        if compiled_run and divergence is None and not compiled_note:
-            compiled_note = compiled_backward.unexplained(self.rows, t_records, held,
-                                                          self.policy)
-        notes: list[str] = [*noted(compiled_note, Note.INCONCLUSIVE), *mapping_notes]
+        return divergence, held, region_ops, replayer
+
+    def _result(self, plan: Plan, divergence: Optional[Divergence], held: dict[str, str],
+                regions: list[Region], region_ops: list[OpScore], replayer: Optional[Replayer],
+                t_records: list[dict[str, Any]], pairing: list[Note]) -> CompareResult:
+        """The pair's result: its rows, the culprit and what the compare could not tell."""
+        scope = plan.note or (plan.unexplained(self.rows, t_records, held, self.policy)
+                              if divergence is None else None)
+        notes: list[str] = [*noted(scope, Note.INCONCLUSIVE), *pairing]
         # A region not judged where tensors differ: never "no op is to blame" (a compiled run
-        # whose side is recorded unlike the other has said its own: compiled_note)
-        skipped = None if compiled_note else unjudged_note(regions, region_ops, self.rows,
-                                                           divergence is not None,
-                                                           compiled_run, self.policy)
+        # whose side is recorded unlike the other has said its own: scope)
+        skipped = None if scope else unjudged_note(regions, region_ops, self.rows,
+                                                       divergence is not None,
+                                                       plan.compiled, self.policy)
         notes = noted(skipped, Note.INCONCLUSIVE) + notes
         notes += noted(unrecorded_note(regions, region_ops, t_records, divergence is not None
                                        or bool(skipped)), Note.PAIRING)
@@ -208,7 +238,8 @@ class _PairCompare:
             target=str(self.t.path), golden=str(self.g.path), rows=self.rows,
             first_divergence=divergence, counts=count(self.rows),
             environment_diff=diff_meta(self.t.meta, self.g.meta),
-            step=self.t.step, rank=self.t.rank, notes=notes)
+            step=self.t.step, rank=self.t.rank, notes=notes,
+            facts=[self.facts] if self.facts else [])
 
     def _replayer(self, t_records: list[dict[str, Any]]) -> Optional[Replayer]:
         """Replay needs the target's own tensors (`DumpSource.holds_tensors`: statistics dumps
@@ -346,12 +377,6 @@ class _PairCompare:
             return loc[0] if loc else None
         return locate
 
-    def _region_verdicts(self, region_ops: list[OpScore], regions: list[Region]) -> None:
-        """Region rows say their region's verdict; boundary rows name it (`region_marks.py`)."""
-        mark_boundaries(self.rows, region_ops)
-        mark_region_rows(self.rows, region_ops, self._region_rows,
-                         {r.number: r.why for r in regions if r.why})
-
     def _unmatched(self, base: dict[str, Any], t_item: Optional[_Item], g_item: Optional[_Item],
                    paired_op: bool) -> TensorRow:
         item = cast("_Item", t_item or g_item)
@@ -430,33 +455,24 @@ class _PairCompare:
         return row, m
 
 
-def compare_pair(target_dump: DumpSource, golden_dump: DumpSource, *, policy: Policy | None = None,
-                 shape_flag: bool = False, tick: Optional[Callable[[int], None]] = None,
-                 replay: str = "auto", replay_jobs: Optional[int] = None,
+def compare_pair(target_dump: DumpSource, golden_dump: DumpSource,
+                 options: Optional[CompareOptions] = None, *,
+                 tick: Optional[Callable[[int], None]] = None,
                  measured: Optional[dict[tuple[Any, Any], Measurement]] = None,
-                 mapping: Optional[Mapping] = None) -> CompareResult:
+                 **changes: Any) -> CompareResult:
     """Compare two opened Dump-like objects (one step/rank each) and return the result.
 
-    policy: a `opdiff.comparison.verdicts.Policy` (default thresholds when None).
-    shape_flag: pair ops only when every tensor shape matches (msprobe's `shape_flag`).
+    options: how to judge (`options.CompareOptions`; its defaults when None); `changes`: any of
+        its fields given by name instead (`compare_pair(t, g, policy=MsitPolicy())`).
     tick: called with the number of op calls done, for progress bars.
-    replay: "auto", "all" or "off" (see `compare`).
-    replay_jobs: processes the replay uses (None: OPDIFF_REPLAY_JOBS, default 1).
     measured: tensor pairs measured already, by (target key, golden key) (`shards.py`).
-    mapping: a parsed mapping file (`mapping.load`): renames and ignored ops for the alignment.
     """
-    check_replay(replay)
+    if changes.get("policy", Policy) is None:      # (policy=None: the default thresholds)
+        del changes["policy"]
+    options = replace(options or CompareOptions(), **changes) if changes \
+        else options or CompareOptions()
     with one_thread():
-        return _PairCompare(target_dump, golden_dump, policy or Policy(), shape_flag, tick,
-                            replay, replay_jobs, measured, mapping).run()
-
-
-REPLAY_MODES = ("auto", "all", "off")
-
-
-def check_replay(replay: object) -> None:
-    if replay not in REPLAY_MODES:
-        raise OpdiffError(f"replay must be 'auto', 'all' or 'off', not {replay!r}")
+        return _PairCompare(target_dump, golden_dump, options, tick, measured).run()
 
 
 @contextmanager

@@ -1,7 +1,7 @@
 """Compare step/rank pairs as Ray tasks: `opdiff compare ... --engine ray [--ray-address ADDR]`.
 
     from opdiff.comparison.ray_engine import run_pairs_ray
-    results = run_pairs_ray(pairs, Policy(), address="auto", pins={"/mnt/nodeA": "dumpA"})
+    results = run_pairs_ray(pairs, CompareOptions(), address="auto", pins={"/mnt/nodeA": "dumpA"})
 
 Each task opens its two dumps by path (a shared file system, or the disk of the node it runs on)
 and returns two objects: its pair's outcome without the rows (counts, first divergence, notes),
@@ -25,12 +25,11 @@ import socket
 from typing import Any, Callable, Iterator, Mapping, Optional
 
 from ..errors import OpdiffError
-from .mapping import Mapping as MappingFile
+from .options import CompareOptions
 from .result import CompareResult
 from .runs import Pair, _worker, count_records, unspooled
 from .shards import Scores, measure_shard, merged, plan
 from .spool import Spool, SpoolFile
-from .verdicts import Policy
 
 MAX_RETRIES = 3
 # A task's share of a pinned resource: many pairs of one node's dumps may run there at once.
@@ -139,14 +138,12 @@ def _pin(path: str, pins: Mapping[str, str]) -> Optional[str]:
     return best[1] if best else None
 
 
-def run_pairs_ray(pairs: list[Pair], policy: Policy, *, shape_flag: bool = False,
-                  replay: str = "auto", replay_jobs: Optional[int] = None,
+def run_pairs_ray(pairs: list[Pair], options: CompareOptions, *,
                   address: Optional[str] = None,
                   pins: Optional[Mapping[str, str]] = None,
                   tick: Optional[Callable[[int], None]] = None,
                   on_pair: Optional[Callable[[Pair], None]] = None,
-                  shard_bytes: Optional[int] = None,
-                  mapping: Optional[MappingFile] = None) -> list[CompareResult]:
+                  shard_bytes: Optional[int] = None) -> list[CompareResult]:
     """Every (target, golden) pair compared in a Ray task; results in the order of `pairs`.
 
     address: a running cluster ("auto", "ray://host:10001", "host:6379"); None starts a local
@@ -154,8 +151,8 @@ def run_pairs_ray(pairs: list[Pair], policy: Policy, *, shape_flag: bool = False
     shard_bytes: a pair whose saved tensors hold more is measured in shards of about this many
     bytes, each its own task (`shards.py`), before its pair task aligns, judges and blames;
     None: one task per pair.
-    tick, on_pair, replay_jobs, mapping: as for `runs.run_pairs` (the parsed mapping travels
-    to every pair task; shards are planned without it, so `RayEngine` refuses the two together).
+    options, tick, on_pair: as for `runs.run_pairs` (the options travel to every pair task, the
+    mapping with them; shards are planned without it, so `RayEngine` refuses the two together).
     """
     advance: Callable[[int], None] = tick or (lambda n: None)
     finished: Callable[[Pair], None] = on_pair or (lambda p: None)
@@ -163,7 +160,8 @@ def run_pairs_ray(pairs: list[Pair], policy: Policy, *, shape_flag: bool = False
         task = ray.remote(num_cpus=1, max_retries=MAX_RETRIES, retry_exceptions=False,
                           num_returns=2)(_remote)
         opts = [_options(str(t.path), pins or {}) for t, _g in pairs]
-        plans = _plans(ray, pairs, opts, shard_bytes, shape_flag)
+        plans = _plans(ray, pairs, opts, shard_bytes, options.shape_flag)
+        portable = options.portable()
         measure = ray.remote(num_cpus=1, max_retries=MAX_RETRIES,
                              retry_exceptions=False)(measure_shard)
         refs = []
@@ -172,9 +170,8 @@ def run_pairs_ray(pairs: list[Pair], policy: Policy, *, shape_flag: bool = False
             # the shards' scores go straight to the pair task (Ray passes them), not through here
             parts = [measure.options(**opts[i]).remote(str(t.path), str(g.path), group)
                      for group in groups]
-            refs.append(task.options(**opts[i]).remote(str(t.path), str(g.path),
-                                                       policy.thresholds, shape_flag, replay,
-                                                       replay_jobs, mapping, *parts))
+            refs.append(task.options(**opts[i]).remote(str(t.path), str(g.path), portable,
+                                                       *parts))
         where = {outcome: i for i, (outcome, _rows) in enumerate(refs)}
         spool = Spool()
         results: list[Optional[CompareResult]] = [None] * len(refs)
@@ -210,15 +207,13 @@ def _plans(ray: Any, pairs: list[Pair], opts: list[dict[str, Any]], shard_bytes:
             for (t, g), o in zip(pairs, opts)]
 
 
-def _remote(target_path: str, golden_path: str, thresholds: Any, shape_flag: bool,
-            replay: str, replay_jobs: Optional[int] = None,
-            mapping: Optional[MappingFile] = None, *parts: Scores
+def _remote(target_path: str, golden_path: str, options: CompareOptions, *parts: Scores
             ) -> tuple[tuple[CompareResult, SpoolFile], bytes]:
     """A Ray task: (the pair's outcome without rows, where they lie), the spool bytes. `parts`:
-    its shards' scores (Ray hands the shard tasks' results over once they are done); mapping:
-    the parsed mapping file, applied to this pair as the local engine applies it."""
-    compact, meta, blob = _worker(target_path, golden_path, thresholds, shape_flag, replay, None,
-                                  replay_jobs, merged(parts) if parts else None, mapping)
+    its shards' scores (Ray hands the shard tasks' results over once they are done); options:
+    as the local engine applies them to this pair (the mapping file among them)."""
+    compact, meta, blob = _worker(target_path, golden_path, options, None,
+                                  merged(parts) if parts else None)
     return (compact, meta), blob or b""
 
 

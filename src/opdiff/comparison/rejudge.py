@@ -5,8 +5,9 @@
     again = rejudge(load_summary("out/summary.json"), {"tolerance": {"bf16": 0.03}})
     again.first_divergence, again.counts
 
-Every measured row gets its verdict from the new `Policy`, then the blame rules
-(`opdiff.comparison.blame`) run again on each step/rank pair, as the compare ran them.
+Every measured row gets its verdict from the new `Policy`, then each step/rank pair is judged
+again by the compare's own judgement (`judgement.judge_pair`), with what the compare's plan
+decided (`facts.PairFacts`, saved in summary.json; from the rows' marks in older files).
 
 What it cannot redo, because it needs the dumps:
 - replay: the float64 re-runs are not repeated, so a culprit only replay had found
@@ -36,13 +37,12 @@ from typing import Any, Optional
 
 from ..store.schema import RecordName
 from . import forced
-from .blame import OpScore, analyse
-from .compiled_backward import held_in
-from .compiled_inputs import exposed_in, late
+from .blame import OpScore
+from .facts import for_pair
+from .judgement import judge_pair
 from .metric_table import Measurement
 from .reasons import statistics_limits, with_context
 from .region_marks import regions_from_rows
-from .regions import mark_region_rows
 from .result import UNMATCHED, CompareResult, Divergence, Note, TensorRow, count, note_kind, noted
 from .runs import merge
 from .scores import add_row, op_facts, op_score
@@ -94,17 +94,17 @@ def _pair(result: CompareResult, rows: list[TensorRow], policy: Policy, step: Op
         entries[i] = add_row(score, i, row, m)
     forced.carry(rows, scores, entries)     # its inputs measured where the target made them
     region_ops, region_rows = regions_from_rows(rows, entries, OpScore)
-    divergence = analyse(list(scores.values()) + region_ops, rows, policy,
-                         withheld={**held_in(rows), **late(rows, exposed_in(rows))})
-    # (a compiled backward's gradients; a judged compiled call whose input unjudged code made)
-    mark_region_rows(rows, region_ops, region_rows)
+    facts = for_pair(result.facts, rows, step, rank)    # what the compare's plan decided
+    divergence, _held = judge_pair(list(scores.values()) + region_ops, rows, facts, policy,
+                                   regions=(region_ops, region_rows, None))
     if divergence is not None:
         divergence = _with_context(result, replace(divergence, step=step, rank=rank))
     limits = statistics_limits(rows, policy)
     return CompareResult(target=result.target, golden=result.golden, rows=rows,
                          first_divergence=divergence, counts=count(rows),
                          environment_diff=list(result.environment_diff), step=step, rank=rank,
-                         title=result.title, notes=[*noted(limits, Note.THRESHOLDS)])
+                         title=result.title, notes=[*noted(limits, Note.THRESHOLDS)],
+                         facts=[facts] if facts else [])
 
 
 def _with_context(result: CompareResult, divergence: Divergence) -> Divergence:

@@ -1,11 +1,14 @@
 """What a compare produces: rows, verdicts and the first divergence. Report reads only these."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Any, Collection, Optional
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..store.schema import Location  # noqa: F401  (re-exported: other stages import it from here)
 from .metric_table import METRICS  # noqa: F401  (re-exported: the metric column names, in CSV order)
+
+if TYPE_CHECKING:
+    from .facts import PairFacts
 
 PASS, WARNING, ERROR, UNMATCHED = "pass", "warning", "error", "unmatched"
 
@@ -140,8 +143,8 @@ class TensorRow:
     # marks `rejudge` reads back: a region's boundary tensor ("in:Region.2.forward", "out:...")
     # and what its verdict says of it ("reads:...", "made:...", "module:...", "unpaired:...":
     # comparison/region_marks.py), a forced op pair's input measured elsewhere or unjudged output
-    # ("in:<op>", "unjudged:<op>"), a compiled backward's parameter gradient never named
-    # ("withheld:<op>": compiled_backward.py)
+    # ("in:<op>", "unjudged:<op>"); older files also "withheld:<op>" and "exposed:<op>", now
+    # `CompareResult.facts` (read through `facts.PairFacts.from_marks`)
     boundary: tuple[str, ...] = ()
 
 
@@ -187,6 +190,9 @@ class CompareResult:
     verdict: str = ""                   # one line: what the compare found, in words
     notes: list[str] = field(default_factory=list)   # things to know: `Note`s (a plain str: kind OTHER)
     failed: bool = False                # the `fail_on` condition held (CLI: exit 1)
+    # what each pair's plan decided that the judge needs besides the rows (`facts.PairFacts`;
+    # only pairs that decided something): summary.json "facts", read back by `rejudge`
+    facts: list[PairFacts] = field(default_factory=list)
 
 
     @property
@@ -194,21 +200,6 @@ class CompareResult:
         """The share of tensors that have a partner on the other side (None without rows): a
         compare that found nothing is "inconclusive" below `MIN_COVERAGE`."""
         return coverage(self.rows)
-
-
-def mark_records(rows: list[TensorRow], names: Collection[str], mark: str) -> None:
-    """Mark each row of a record in `names` "<mark>:<record>" (`TensorRow.boundary`), in place,
-    once: what a compare decided of a record that `rejudge` reads back (`marked_records`)."""
-    for i, r in enumerate(rows):
-        tag = f"{mark}:{r.op_name}"
-        if r.op_name in names and tag not in r.boundary:
-            rows[i] = replace(r, boundary=r.boundary + (tag,))
-
-
-def marked_records(rows: list[TensorRow], mark: str) -> set[str]:
-    """The records `mark_records` marked with `mark`, from the rows alone."""
-    prefix = f"{mark}:"
-    return {m[len(prefix):] for r in rows for m in r.boundary if m.startswith(prefix)}
 
 
 def coverage(rows: list[TensorRow]) -> Optional[float]:

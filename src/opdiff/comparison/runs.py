@@ -3,7 +3,7 @@
     from opdiff.comparison.runs import pair_dumps, split_incomplete, run_pairs, merge
     pairs, notes = pair_dumps(discover(target), discover(golden))
     pairs, incomplete = split_incomplete(pairs)     # a rank that crashed before its first op
-    result = merge(target, golden, run_pairs(pairs, Policy(), tick=print), notes,
+    result = merge(target, golden, run_pairs(pairs, CompareOptions(), tick=print), notes,
                    incomplete=incomplete)
 
 A pair whose target or golden directory holds no op records yet (a run killed just as a step
@@ -43,12 +43,11 @@ from typing import Any, Callable, Iterator, Optional, Sequence, cast
 from ..errors import DumpError
 from ..store.reader import Dump
 from ..store.source import DumpSource
-from .mapping import Mapping
+from .options import CompareOptions
 from .origins import across_steps, is_carried_over
 from .ranks import received_from
 from .result import CompareResult, Divergence, Note, Origin, TensorRow, count, reworded
 from .spool import ChainedRows, PairRows, Spool, SpoolFile, encode_pair, on_disk, write_pair
-from .verdicts import Policy, Thresholds
 from .workers import watch_parent
 
 log = logging.getLogger("opdiff")
@@ -196,36 +195,34 @@ def count_records(dump: DumpSource) -> int:
     return int(dump.record_count())
 
 
-def _worker(target_path: str, golden_path: str, thresholds: Thresholds, shape_flag: bool,
-            replay: str = "auto", spool_path: Optional[str] = None,
-            replay_jobs: Optional[int] = None, measured: Optional[dict[Any, Any]] = None,
-            mapping: Optional[Mapping] = None
+def _worker(target_path: str, golden_path: str, options: CompareOptions,
+            spool_path: Optional[str] = None, measured: Optional[dict[Any, Any]] = None
             ) -> tuple[CompareResult, SpoolFile, Optional[bytes]]:
     """Compare one pair in a worker; its rows go to `spool_path` (this machine's disk) or, when
     None, come back as the spool file's bytes (a remote task: the driver writes them).
-    measured: its tensor pairs measured already by shard tasks (`shards.py`)."""
+    options: `CompareOptions.portable()`; measured: its tensor pairs measured already by shard
+    tasks (`shards.py`)."""
     import torch
 
     torch.set_num_threads(1)  # the processes already use every core
     from ..store.adapters import discover
 
     t, g = discover(target_path)[0], discover(golden_path)[0]
-    result = _compare(t, g, policy=Policy(thresholds), shape_flag=shape_flag, replay=replay,
-                      replay_jobs=replay_jobs, measured=measured, mapping=mapping)
+    result = _compare(t, g, options, measured=measured)
     return spooled(result, spool_path)
 
 
-def _compare(t: DumpSource, g: DumpSource, **how: Any) -> CompareResult:
+def _compare(t: DumpSource, g: DumpSource, options: CompareOptions, **how: Any) -> CompareResult:
     """`compare_pair`; when a replay worker process dies under it (a kernel crash, the OOM
     killer), the pair again without replay, with a note that says so."""
     from .pair import compare_pair      # (torch: merge, which rejudge uses, needs none)
 
     try:
-        return compare_pair(t, g, **how)
+        return compare_pair(t, g, options, **how)
     except BrokenProcessPool:
-        if how.get("replay") == "off":
+        if options.replay == "off":
             raise
-    result = compare_pair(t, g, **{**how, "replay": "off"})
+    result = compare_pair(t, g, replace(options, replay="off"), **how)
     return replace(result, notes=[*result.notes, _died_note(result, "a replay worker process")])
 
 
@@ -293,7 +290,7 @@ def merge(target: str, golden: str, results: list[CompareResult], notes: list[st
                               p["rank"] if p["rank"] is not None else -1))
     return CompareResult(
         target=target, golden=golden, rows=rows, first_divergence=first, counts=counts,
-        environment_diff=env, pairs=pairs,
+        environment_diff=env, pairs=pairs, facts=[f for r in results for f in r.facts],
         notes=[Note(f"step {c['step']} rank {c['rank']}: {cut_words(c['side'], c)}; what it ran "
                     f"after that was not recorded, so only its first {c['records']} records are "
                     f"compared", Note.DUMPS) for c in cut] +
@@ -365,26 +362,22 @@ def _incomplete_summary(i: Incomplete) -> dict[str, Any]:
             "first_divergence": None, "incomplete": {"side": i["side"], "why": i["why"]}}
 
 
-def run_pairs(pairs: list[Pair], policy: Policy, *, shape_flag: bool = False,
-              replay: str = "auto", replay_jobs: Optional[int] = None,
+def run_pairs(pairs: list[Pair], options: CompareOptions, *,
               tick: Optional[Callable[[int], None]] = None,
-              on_pair: Optional[Callable[[Pair], None]] = None,
-              mapping: Optional[Mapping] = None) -> list[CompareResult]:
+              on_pair: Optional[Callable[[Pair], None]] = None) -> list[CompareResult]:
     """Compare every (target, golden) pair: one in this process, several in a process pool
     (their rows spooled to disk, see the module docstring). Results in the order of `pairs`.
 
     tick: called with the number of op records done, for a progress bar.
     on_pair: called with each pair once it is done, in the order they finish.
-    replay_jobs: processes each pair's replay uses (see `compare_pair`).
-    mapping: a parsed mapping file (`mapping.load`), applied to every pair.
+    options: how every pair is judged (`options.CompareOptions`).
     """
     advance: Callable[[int], None] = tick or (lambda n: None)
     finished: Callable[[Pair], None] = on_pair or (lambda p: None)
     if len(pairs) == 1:
         t, g = pairs[0]
         with _children_stopped_on_exit():
-            result = _compare(t, g, policy=policy, shape_flag=shape_flag, tick=advance,
-                              replay=replay, replay_jobs=replay_jobs, mapping=mapping)
+            result = _compare(t, g, options, tick=advance)
         finished(pairs[0])
         return [result]
     spool = Spool()
@@ -392,13 +385,14 @@ def run_pairs(pairs: list[Pair], policy: Policy, *, shape_flag: bool = False,
     todo = list(range(len(pairs)))
     # A worker that dies breaks its whole pool: its pairs go again, each in a pool of its own
     # (so one that kills its worker again takes no other with it), then without replay.
-    tiers = [(replay, False, False), (replay, True, False)]
-    if replay != "off":
-        tiers.append(("off", True, True))
+    portable = options.portable()
+    tiers = [(portable, False, False), (portable, True, False)]
+    if options.replay != "off":
+        tiers.append((replace(portable, replay="off"), True, True))
     for how, alone, said in tiers:
         if todo:
             todo = _pool_pass(pairs, todo, alone, said, spool, results, advance, finished,
-                              (policy.thresholds, shape_flag, how), (replay_jobs, None, mapping))
+                              (how,), ())
     if todo:
         t = pairs[todo[0]][0]
         raise DumpError(f"comparing step {t.step} rank {t.rank} kills its worker process even "

@@ -16,6 +16,8 @@ CompareResult.
                     | {"step", "rank", "side", "why": "killed" | "disk full" | "write failed",
                        "records", "last_record", "compared": true}],   (compared up to the cut)
      "notes": [...], "note_kinds": [each note's kind, `Note.KINDS`],
+     "facts": [{"step", "rank", "withheld": [record], "exposed": [record]}],  (what a pair's
+                                               plan decided that rejudge needs: PairFacts)
      "worst": [the 10 tensors with the largest error], "files": {...},
      "evidence": {"verdict", "culprit", "confidence", "facts", "next"}}   (`opdiff.explain`)
 
@@ -36,6 +38,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..comparison.facts import PairFacts
 from ..comparison.result import CompareResult, Divergence, Note, note_kind
 from ..errors import DumpError
 from ..explain import evidence_of
@@ -106,6 +109,7 @@ def summary_dict(result, files: dict | None = None) -> dict:
     out["incomplete"] += [{"step": p.get("step"), "rank": p.get("rank"), **c, "compared": True}
                           for p in out["pairs"] for c in p.get("cut") or []]
     out["worst"] = worst
+    out["facts"] = [f.to_json() for f in getattr(result, "facts", ()) if f]
     out["files"] = dict(result.files if files is None else files)
     out["evidence"] = evidence_of(result)
     return _clean(out)
@@ -141,6 +145,9 @@ def load_summary(path) -> CompareResult:
     known = {f.name for f in dataclasses.fields(CompareResult)}
     kwargs = {k: data[k] for k in _RESULT_FIELDS if k in data and k in known}
     kwargs["notes"] = _notes(data.get("notes") or [], data.get("note_kinds"))
+    facts = data.get("facts")
+    kwargs["facts"] = [f for f in map(PairFacts.from_json, facts if isinstance(facts, list) else [])
+                       if f is not None]
     return CompareResult(rows=rows, first_divergence=_load_divergence(data.get("first_divergence")),
                          **kwargs)
 

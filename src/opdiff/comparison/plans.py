@@ -1,0 +1,244 @@
+"""Which plan compares two recordings, and how: one ordered table.
+
+    from opdiff.comparison.plans import PLANS, plan_for, rewrites
+    plan = plan_for(Recording.read(...), Recording.read(...))    # a Plan; plan.note: inconclusive?
+
+Each row of `PLANS` is a predicate over (target `Recording`, golden `Recording`), the level it
+acts at, and a plan. Rows are tried in order, as `CompilerBisector` walks its backends:
+
+- SOURCES: given each side's dumps of one step, merge or split them before step/rank pairs are
+  formed (`arrange`, called by `compare()` before `runs.pair_dumps`); every row that holds
+  applies, in order.
+- RECORDS: rewrite both sides' records of one pair before alignment (`rewrites`); every row that
+  holds applies, in order, and the Recordings are read again from what it wrote.
+- PAIRS: the first row that holds decides how the two runs pair, which units are judged and what
+  blame may not name (`plan_for`). A row with `why` compares only what pairs by name (leaves,
+  parameter gradients, module calls) and says "inconclusive: <why>" (`Plan.note`).
+
+Adding a plan is one row here and its package (ARCHITECTURE.md, "the everyday changes").
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Optional, Protocol, Sequence, Union, cast
+
+from . import compiled, compiled_backward, compiled_inputs, compiled_modules, compiled_regions, \
+    compiled_spans
+from .facts import PairFacts
+from .recording import Recording
+from .region_onesided import one_sided
+from .regions import Region
+from .compiled import Record
+from .result import Divergence, Note, TensorRow
+from .verdicts import Policy
+
+if TYPE_CHECKING:
+    from ..store.source import DumpSource
+
+Pair = tuple[Optional[int], Optional[int]]
+SOURCES, RECORDS, PAIRS = "sources", "records", "pairs"
+
+
+class SourcesPlan(Protocol):
+    """SOURCES level: the dumps of one step on each side, laid out again (several ranks merged
+    into one logical DumpSource, say) before step/rank pairs are formed."""
+    name: str
+
+    def arrange(self, targets: list[DumpSource], goldens: list[DumpSource]
+                ) -> tuple[list[DumpSource], list[DumpSource], list[Note]]: ...
+
+
+class RecordsPlan(Protocol):
+    """RECORDS level: both sides' records of one pair rewritten before alignment (padded
+    batches sliced to the same tokens, say, or compiled code's module calls made)."""
+    name: str
+
+    def rewrite(self, target: list[Record], golden: list[Record]
+                ) -> tuple[list[Record], list[Record], list[Note]]: ...
+
+
+class Plan:
+    """PAIRS level: two runs that execute the same ops (eager against eager, foreign formats):
+    aligned op by op, the ops only one run executes judged as regions through their boundary.
+    Subclasses change a step; `note` set: only what pairs by name is compared."""
+    name = "same ops"
+    compiled = False        # (the region notes speak of compiled code: regions.unjudged_note)
+
+    def __init__(self, note: Optional[str] = None) -> None:
+        self.note = note
+
+    def shape_flag(self, asked: bool) -> bool:
+        """Pair ops only where their shapes agree."""
+        return asked
+
+    def pair(self, pairs: list[Pair], target: list[Record], golden: list[Record]) -> list[Pair]:
+        """The alignment's pairs, checked and completed."""
+        return pairs
+
+    def pairable(self, target: list[Record], golden: list[Record]) -> Optional[int]:
+        """How many records could pair at most (below `pair.MIN_PAIRED_FRACTION` of it paired:
+        dumps of different models); None: not checked."""
+        return None if self.note else max(len(target), len(golden))
+
+    def regions(self, regions: list[Region], pairs: list[Pair], target: list[Record],
+                golden: list[Record], t: Recording) -> list[Region]:
+        """The regions found, with those only one side's ops make (`region_onesided`)."""
+        return regions + one_sided(regions, pairs, target, golden, t.dataflow)
+
+    def facts(self, target: list[Record], t: Recording) -> PairFacts:
+        """What blame may not name, decided from the records (`facts.PairFacts`)."""
+        return PairFacts(t.step, t.rank)
+
+    def annotate(self, divergence: Divergence, target: list[Record], golden: list[Record],
+                 dumps: tuple[tuple[DumpSource, list[Record]], ...]) -> Divergence:
+        """The culprit with what the plan knows of where it ran."""
+        return divergence
+
+    def unexplained(self, rows: list[TensorRow], target: list[Record], held: dict[str, str],
+                    policy: Policy) -> Optional[str]:
+        """"inconclusive: ..." where nothing was named and tensors still differ; else None."""
+        return None
+
+
+class CompiledPlan(Plan):
+    """One side ran torch.compile: pairs only where shapes and dataflow agree, backward ops
+    through their forward ops, leaves and gradients by name (`compiled.py`); Inductor's regions
+    joined (`compiled_regions`); what the compiled backward made and late module calls never
+    named (`compiled_backward`, `compiled_inputs`)."""
+    name = "compiled"
+    compiled = True
+
+    def shape_flag(self, asked: bool) -> bool:
+        return True
+
+    def pair(self, pairs: list[Pair], target: list[Record], golden: list[Record]) -> list[Pair]:
+        if self.note:
+            return compiled.restrict(pairs, target, golden)
+        return compiled.linked(pairs, target, golden)
+
+    def pairable(self, target: list[Record], golden: list[Record]) -> Optional[int]:
+        return None if self.note else compiled.comparable_records(target, golden)
+
+    def regions(self, regions: list[Region], pairs: list[Pair], target: list[Record],
+                golden: list[Record], t: Recording) -> list[Region]:
+        return compiled_regions.joined(regions, target)
+
+    def facts(self, target: list[Record], t: Recording) -> PairFacts:
+        return PairFacts.of(t.step, t.rank, compiled_backward.withheld(target),
+                            compiled_inputs.exposed(target))
+
+    def annotate(self, divergence: Divergence, target: list[Record], golden: list[Record],
+                 dumps: tuple[tuple[DumpSource, list[Record]], ...]) -> Divergence:
+        annotated: Divergence = compiled.annotate(divergence, target, golden, dumps)
+        return annotated
+
+    def unexplained(self, rows: list[TensorRow], target: list[Record], held: dict[str, str],
+                    policy: Policy) -> Optional[str]:
+        return None if self.note else compiled_backward.unexplained(rows, target, held, policy)
+
+
+class ModuleCalls:
+    """RECORDS level: a compiled target recorded at mix gets module calls at the boundaries
+    its compiled calls close (`compiled_modules`), and spans of calls where a kernel straddles
+    them (`compiled_spans`)."""
+    name = "compiled module calls"
+
+    def rewrite(self, target: list[Record], golden: list[Record]
+                ) -> tuple[list[Record], list[Record], list[Note]]:
+        target = compiled_modules.module_calls(target, golden)
+        target, golden = compiled_spans.span_calls(target, golden)
+        return target, golden, []
+
+
+Then = Union[SourcesPlan, RecordsPlan, type[Plan]]
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of the table: at `level`, when `when(target, golden)` holds, `then`; with
+    `why`, the plan compares only what pairs by name and says why (`Plan.note`)."""
+    level: str
+    when: Callable[[Recording, Recording], bool]
+    then: Then
+    why: Optional[Callable[[Recording, Recording], str]] = None
+
+
+def _compiled(t: Recording, g: Recording) -> bool:
+    return t.compiled or g.compiled
+
+
+def _levels(t: Recording, g: Recording) -> set[Optional[str]]:
+    return {t.level, g.level}
+
+
+def _side(t: Recording, g: Recording) -> Recording:
+    """The compiled side (the target where both are)."""
+    return t if t.compiled else g
+
+
+PLANS: tuple[Row, ...] = (
+    # -- RECORDS: every row that holds rewrites the pair's records, in order
+    Row(RECORDS, lambda t, g: _compiled(t, g) and not t.mapped, ModuleCalls()),
+    # -- PAIRS: the first row that holds decides
+    Row(PAIRS, lambda t, g: not _compiled(t, g), Plan),
+    # Inductor's own kernels not recorded (Triton, or capture without them): extern calls only
+    Row(PAIRS, lambda t, g: bool(_side(t, g).extern) and not _side(t, g).kernels, CompiledPlan,
+        why=lambda t, g: compiled.unrecorded_kernels(_side(t, g), t.compiled)),
+    # aten ops against aten ops: paired op by op where dataflow agrees
+    Row(PAIRS, lambda t, g: _levels(t, g) <= {"L2", None}, CompiledPlan),
+    # compiled against compiled, recorded alike: op by op too
+    Row(PAIRS, lambda t, g: t.compiled and g.compiled and t.level == g.level
+        and t.kernels == g.kernels, CompiledPlan),
+    Row(PAIRS, lambda t, g: t.compiled and g.compiled and t.level == g.level, CompiledPlan,
+        why=lambda t, g: compiled.kernels_against_aten(t.level)),
+    # mix: module calls of compiled code judged at their boundaries (`ModuleCalls` made them)
+    Row(PAIRS, lambda t, g: t.module_calls > 0, CompiledPlan),
+    Row(PAIRS, lambda t, g: _side(t, g).kernels and bool(_side(t, g).unplaced), CompiledPlan,
+        why=lambda t, g: compiled.modules_unknown(_side(t, g), t.compiled)),
+    Row(PAIRS, lambda t, g: True, CompiledPlan,
+        why=lambda t, g: compiled.levels_differ(t.compiled, _levels(t, g))),
+)
+
+
+def plan_for(t: Recording, g: Recording, table: Sequence[Row] = PLANS) -> Plan:
+    """The first PAIRS row of `table` that holds for (target, golden), as a Plan."""
+    for row in table:
+        if row.level == PAIRS and row.when(t, g):
+            assert isinstance(row.then, type) and issubclass(row.then, Plan)
+            return row.then(row.why(t, g) if row.why is not None else None)
+    raise AssertionError("the plan table ends in a row that always holds")
+
+
+def rewrites(t: Recording, g: Recording, table: Sequence[Row] = PLANS) -> list[RecordsPlan]:
+    """The RECORDS rows of `table` that hold for (target, golden), in order."""
+    return [cast(RecordsPlan, row.then) for row in table
+            if row.level == RECORDS and row.when(t, g)]
+
+
+def arrange(targets: list[DumpSource], goldens: list[DumpSource], table: Sequence[Row] = PLANS
+            ) -> tuple[list[DumpSource], list[DumpSource], list[Note]]:
+    """Each side's dumps laid out by the SOURCES rows that hold (read from the first dump's
+    meta on each side); as they are when none does."""
+    notes: list[Note] = []
+    rows = [row for row in table if row.level == SOURCES]
+    if not rows or not targets or not goldens:
+        return targets, goldens, notes
+    t, g = (Recording.read((), d.meta, format=d.format, step=d.step, rank=d.rank)
+            for d in (targets[0], goldens[0]))
+    for row in rows:
+        if row.when(t, g):
+            plan = cast(SourcesPlan, row.then)
+            targets, goldens, said = plan.arrange(targets, goldens)
+            notes += said
+    return targets, goldens, notes
+
+
+def scope_note(target: list[Record], golden: list[Record], t_meta: Optional[dict[str, object]],
+               g_meta: Optional[dict[str, object]]) -> Optional[str]:
+    """What the table says of two sides' records as they are: the chosen plan's
+    "inconclusive: ..." note, or None when they pair op by op (or at module calls)."""
+    return plan_for(Recording.read(target, t_meta), Recording.read(golden, g_meta)).note
+
+
+__all__ = ["PLANS", "Row", "Plan", "CompiledPlan", "ModuleCalls", "SourcesPlan", "RecordsPlan",
+           "SOURCES", "RECORDS", "PAIRS", "plan_for", "rewrites", "arrange", "scope_note"]
