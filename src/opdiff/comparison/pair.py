@@ -24,6 +24,7 @@ from . import (compiled, compiled_backward, compiled_inputs, compiled_modules, c
                compiled_spans, crossformat, forced)
 from .align import align, classes_note, same_classes
 from .compiled_params import link_modules
+from .tokens import align_tokens
 from .mapping import Mapping
 from .blame import OpScore, analyse, differing_numbers
 from .metrics import Measurement, measure, stats_measure
@@ -104,6 +105,12 @@ class _PairCompare:
             if not recs:
                 raise DumpError(f"{dump.path}: the dump holds no op records; was the model run "
                                 f"between start() and stop()?")
+        # >>> token layouts (comparison/tokens, issue 45): to become a plan of the plan table
+        tokens = align_tokens(self.t, self.g, t_records, g_records)
+        if tokens is not None:
+            t_records, g_records = tokens.target_records, tokens.golden_records
+            self.t, self.g = tokens.target, tokens.golden
+        # <<< token layouts
         # the mapping file (mapping.py): alignment sees the target renamed, ignored ops dropped
         t_records, g_records, format_note = crossformat.comparable(
             t_records, g_records, self.t.format, self.g.format)
@@ -188,6 +195,8 @@ class _PairCompare:
             compiled_note = compiled_backward.unexplained(self.rows, t_records, held,
                                                           self.policy)
         notes: list[str] = [*noted(compiled_note, Note.INCONCLUSIVE), *mapping_notes]
+        if tokens is not None:  # >>> token layouts: what was matched, where the culprit differs
+            notes += tokens.notes + tokens.where(divergence, self.rows)
         # A region not judged where tensors differ: never "no op is to blame" (a compiled run
         # whose side is recorded unlike the other has said its own: compiled_note)
         skipped = None if compiled_note else unjudged_note(regions, region_ops, self.rows,

@@ -1,0 +1,74 @@
+"""The token positions at which a culprit's output differs, in words: which real tokens of which
+matched sequence, with each side's row and position."""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence as Seq
+
+from ...store.records import iter_tensors
+from ..result import Divergence
+from .sequences import Match
+from .slicing import FLAT, Cut
+
+
+def _descriptor(source: Any, name: Optional[str]) -> Optional[dict[str, Any]]:
+    if not name:
+        return None
+    for record in source.records():
+        if name.startswith(record["name"]):
+            for found, _, desc in iter_tensors(record):
+                if found == name:
+                    return desc
+    return None
+
+
+def _cut(source: Any, key: str) -> Optional[Cut]:
+    spec = getattr(source, "cuts", {}).get(key)
+    return spec[1] if spec is not None else None
+
+
+def token_positions(divergence: Divergence, rows: Seq[Any], target: Any, golden: Any,
+                    matches: Seq[Match]) -> str:
+    """"" when the culprit's tensors cannot be read or hold no token dim."""
+    import torch
+
+    row = next((r for r in rows if r.target_name == divergence.tensor and r.golden_name), None)
+    if row is None:
+        return ""
+    t_desc, g_desc = _descriptor(target, row.target_name), _descriptor(golden, row.golden_name)
+    if not t_desc or not g_desc or not t_desc.get("key") or not g_desc.get("key"):
+        return ""
+    cut = _cut(target, t_desc["key"]) or _cut(golden, g_desc["key"])
+    t, g = target.tensor(t_desc["key"]), golden.tensor(g_desc["key"])
+    if cut is None or t is None or g is None or t.shape != g.shape or \
+            not (t.is_floating_point() and g.is_floating_point()):
+        return ""
+    dim = 0 if cut.lead == FLAT else (cut.tokens[0] if cut.tokens else None)
+    if dim is None:
+        return ""
+    eps = max(torch.finfo(t.dtype).eps, torch.finfo(g.dtype).eps)
+    diff = (t.double() - g.double()).abs()
+    said = []
+    for k, m in enumerate(matches):
+        part, ref = diff, g.double().abs()
+        if len(matches) > 1:
+            if not cut.lead or cut.lead == FLAT:
+                return ""       # sequences of other lengths, flattened: no per-token view
+            part, ref = diff.narrow(0, k, 1), ref.narrow(0, k, 1)
+        length = part.shape[dim]
+        err = part.movedim(dim, 0).reshape(length, -1).amax(1)
+        scale = float(ref.max()) or 1.0
+        bad = [p for p in range(length) if float(err[p]) > 16 * eps * scale]
+        if not bad:
+            continue
+        worst = int(err.argmax())
+        where = "every one" if len(bad) == length else f"{len(bad)}"
+        said.append(f"sequence {k}: at {where} of its {length} real tokens "
+                    f"(first at position {bad[0]}), most at position {worst} (golden row "
+                    f"{m.golden.row} position {m.golden.positions[worst]}, target row "
+                    f"{m.target.row} position {m.target.positions[worst]})")
+    if not said:
+        return ""
+    return f"{divergence.name} differs on its tokens: " + "; ".join(said)
+
+
+__all__ = ["token_positions"]
