@@ -59,17 +59,24 @@ def batch(layout: str) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
 
 def make_dump(path: Path, layout: str, fault: Optional[str] = None,
               task: str = "tensor") -> Path:
-    """One forward of the layout's batch under `opdiff.dump`; fault: "op:call", that call's
-    output scaled by 1.01 (`inject_fault`)."""
+    """One forward of the layout's batch under `opdiff.dump` (layout "decode": a prefill of
+    SEQ's first 11 tokens, then one decode step of its last through the KV cache); fault:
+    "op:call", that call's output scaled by 1.01 (`inject_fault`)."""
     model = llama()
-    ids, mask = batch(layout)
     planted = nullcontext()
     if fault:
         op, call = fault.split(":")
         planted = inject_fault(op=op, call=int(call), scale=1.01)
+    # (the inputs are made before recording: the dumps hold the model's ops only)
+    ids, mask = batch("alone" if layout == "decode" else layout)
+    prefill, step = ids[:, :11].clone(), ids[:, 11:].clone()
     with planted, torch.no_grad():
         with opdiff.dump(model, str(path), level="mix", task=task):
-            model(input_ids=ids, attention_mask=mask)
+            if layout == "decode":
+                cache = model(input_ids=prefill, use_cache=True).past_key_values
+                model(input_ids=step, past_key_values=cache, use_cache=True)
+            else:
+                model(input_ids=ids, attention_mask=mask)
     if fault:
         assert planted.hits == 1     # type: ignore[attr-defined]
     return path

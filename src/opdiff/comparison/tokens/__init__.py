@@ -25,6 +25,7 @@ from ..result import Divergence, Note
 from .rewrite import rewrite, shapes_by_place
 from .sequences import INSIDE_ROW, SAME_IDS, Layout, Match, Sequence, first_ids, match, read_layout
 from .source import SlicedSource
+from .decode import PREFIX, decode_alignment
 from .where import token_positions
 
 
@@ -38,8 +39,19 @@ class TokenFacts:
     matches: tuple[Match, ...]
     golden_left: tuple[Sequence, ...]
     target_left: tuple[Sequence, ...]
+    decoding: str = ""                  # "target" or "golden": the side that decoded, if one did
+    passes: tuple[int, ...] = ()        # its tokens per forward pass (prefill, decode steps)
 
     def sentence(self) -> str:
+        if self.decoding:
+            other = "golden" if self.decoding == "target" else "target"
+            m = self.matches[0]
+            one = m.golden if other == "golden" else m.target
+            return (f"token layouts differ: the {self.decoding} ran {len(self.passes)} forward "
+                    f"passes through its KV cache ({' + '.join(map(str, self.passes))} tokens), "
+                    f"the {other} one forward of row {one.row} {_span(one.positions)} holding "
+                    f"the same tokens first ({m.how}); each pass is compared with the {other}'s "
+                    f"forward cut to that pass's tokens (a key's dim: every token so far)")
         said = "; ".join(f"golden row {m.golden.row} {_span(m.golden.positions)} = target row "
                          f"{m.target.row} {_span(m.target.positions)} ({m.how})"
                          for m in self.matches)
@@ -90,6 +102,9 @@ def align_tokens(target: DumpSource, golden: DumpSource, t_records: list[dict[st
         return _unaligned(target, golden, t_records, g_records, t_layout, g_layout)
     if _same_layout(g_layout, t_layout):
         return None
+    decoded = decode_alignment(target, golden, t_records, g_records, t_layout, g_layout)
+    if decoded is not None:
+        return _decoded(target, golden, t_records, g_records, decoded)
     matches = match(g_layout, t_layout)
     if not matches:
         return None         # other inputs, not another layout: compared as recorded
@@ -106,6 +121,23 @@ def align_tokens(target: DumpSource, golden: DumpSource, t_records: list[dict[st
     g_side.keep(g_new)
     return TokenAlignment(t_side, g_side, t_new, g_new, facts,
                           [Note(facts.sentence(), Note.PAIRING)])
+
+
+def _decoded(target: DumpSource, golden: DumpSource, t_records: list[dict[str, Any]],
+             g_records: list[dict[str, Any]], decoded: Any) -> TokenAlignment:
+    total = sum(decoded.lengths)
+    steps = Sequence(0, tuple(range(total)), decoded.one.tokens)
+    pair = Match(decoded.one, steps, PREFIX) if decoded.many == "target" else \
+        Match(steps, decoded.one, PREFIX)
+    facts = TokenFacts((0, 0), (0, 0), (pair,), (), (), decoded.many, decoded.lengths)
+    if decoded.many == "target":
+        found = TokenAlignment(decoded.many_source, decoded.source, decoded.many_records,
+                               decoded.records, facts)
+    else:
+        found = TokenAlignment(decoded.source, decoded.many_source, decoded.records,
+                               decoded.many_records, facts)
+    found.notes.append(Note(facts.sentence(), Note.PAIRING))
+    return found
 
 
 def _unaligned(target: DumpSource, golden: DumpSource, t_records: list[dict[str, Any]],

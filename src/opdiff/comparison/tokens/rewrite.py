@@ -15,7 +15,7 @@ from .source import SlicedSource
 
 log = logging.getLogger("opdiff")
 
-_LEAVES = ("parameter", "buffer")
+LEAVES = ("parameter", "buffer")     # never cut: they hold no tokens
 
 
 def _places(records: list[dict[str, Any]]) -> list[tuple[str, str, int]]:
@@ -51,13 +51,12 @@ def rewrite(side: SlicedSource, records: list[dict[str, Any]],
             other: dict[tuple[Any, ...], tuple[int, ...]], other_layout: Layout) -> list[dict[str, Any]]:
     """`records` with their activations cut (see the module docstring); `side` learns the cut keys
     and serves them."""
-    cache: dict[str, tuple[list[int], Optional[dict[str, Any]]]] = {}
     out: list[dict[str, Any]] = []
     for record, place in zip(records, _places(records)):
         cuts = {}
         for name, _, desc in iter_tensors(record):
             shape = tuple(int(s) for s in desc.get("shape") or ())
-            if desc.get("leaf") in _LEAVES or record.get("leaf") in _LEAVES:
+            if desc.get("leaf") in LEAVES or record.get("leaf") in LEAVES:
                 continue
             cut = cut_for(shape, side.layout)
             if cut is not None:
@@ -70,13 +69,15 @@ def rewrite(side: SlicedSource, records: list[dict[str, Any]],
         record = copy.deepcopy(record)
         for name, _, desc in iter_tensors(record):
             if name in cuts:
-                _cut_descriptor(desc, cuts[name], side, cache)
+                cut_descriptor(desc, cuts[name], side)
         out.append(record)
     return out
 
 
-def _cut_descriptor(desc: dict[str, Any], cut: Cut, side: SlicedSource,
-                    cache: dict[str, tuple[list[int], Optional[dict[str, Any]]]]) -> None:
+def cut_descriptor(desc: dict[str, Any], cut: Cut, side: SlicedSource) -> None:
+    """The descriptor of the tensor cut: its shape, the key `side` serves it under, and the
+    statistics of the cut values (each cut tensor loaded once per side)."""
+    cache = side.measured
     shape = [int(s) for s in desc.get("shape") or ()]
     key = desc.get("key")
     desc["shape"] = cut.shape(shape, side.sequences)
@@ -105,4 +106,4 @@ def _cut_descriptor(desc: dict[str, Any], cut: Cut, side: SlicedSource,
         desc["stats"] = stats
 
 
-__all__ = ["rewrite", "shapes_by_place"]
+__all__ = ["rewrite", "shapes_by_place", "cut_descriptor", "LEAVES"]

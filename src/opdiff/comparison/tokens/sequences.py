@@ -72,6 +72,18 @@ def first_ids(records: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
                  if d is not None), None)
 
 
+def passes(records: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
+    """(record index, ids descriptor) of every embedding call with saved integer ids: one per
+    forward pass (a prefill, then each decode step through the KV cache)."""
+    return [(i, d) for i, r in enumerate(records) if _is_embedding(r)
+            for d in [_integer_input(r)] if d is not None and d.get("key")]
+
+
+def load_ids(dump: DumpSource, desc: dict[str, Any]) -> Optional[list[list[int]]]:
+    """The rows of a saved ids tensor, or None where it cannot be read."""
+    return _load_rows(dump, desc["key"])
+
+
 def _load_rows(dump: DumpSource, key: str) -> Optional[list[list[int]]]:
     try:
         found = dump.tensor(key)
@@ -153,4 +165,5 @@ def match(golden: Layout, target: Layout) -> list[Match]:
     return found
 
 
-__all__ = ["Sequence", "Layout", "Match", "read_layout", "first_ids", "match", "SAME_IDS", "INSIDE_ROW"]
+__all__ = ["Sequence", "Layout", "Match", "read_layout", "first_ids", "passes", "load_ids", "match",
+           "SAME_IDS", "INSIDE_ROW"]

@@ -27,6 +27,12 @@ class Cut:
 
     lead: str
     tokens: tuple[int, ...]
+    # (dim, a, b): that dim keeps the sequence's positions[a:b] (a pass of a decode: its own
+    # tokens for a query's dim, every token so far for a key's); the other token dims keep all
+    windows: tuple[tuple[int, int, int], ...] = ()
+    # added to the values: a decode step's positions counted from its own start (an `arange`
+    # of its tokens) counted from the sequence's start instead, as one forward counts them
+    offset: int = 0
 
     def shape(self, shape: Seq[int], sequences: Seq[Sequence]) -> list[int]:
         """The shape `apply` gives a tensor of `shape` (for the records, without loading it)."""
@@ -41,6 +47,8 @@ class Cut:
             out[0] = 1
         for d in self.tokens:
             out[d] = len(s.positions)
+        for d, a, b in self.windows:
+            out[d] = b - a
         return out
 
     def apply(self, tensor: Any, sequences: Seq[Sequence], layout: Layout) -> Any:
@@ -50,6 +58,8 @@ class Cut:
         sequences' own numbers: which row a sequence sat in is layout, not computation."""
         import torch
 
+        if self.offset:
+            return tensor + self.offset
         if self.lead == ROW and _row_index(tensor, layout.batch):
             return torch.arange(len(sequences), dtype=tensor.dtype).reshape(
                 len(sequences), *tensor.shape[1:])
@@ -63,6 +73,8 @@ class Cut:
                 x = x.narrow(0, s.row, 1)
             for d in self.tokens:
                 x = x.index_select(d, where)
+            for d, a, b in self.windows:
+                x = x.index_select(d, where[a:b])
             parts.append(x)
         if len(parts) == 1:
             return parts[0].contiguous()
@@ -112,10 +124,8 @@ def agrees(cut: Cut, shape: Seq[int], other: Optional[Seq[int]], layout: Layout,
     """`cut` without the dims the other side's same-named tensor (`other`, its shape) shows are
     not rows or positions: a dim is kept where that tensor's size there is what the other side's
     layout puts there, or where the two layouts put the same size there anyway."""
-    if other is None:
+    if other is None or len(other) != len(shape):   # (no tensor there, or another one)
         return cut
-    if len(other) != len(shape):
-        return cut if cut.lead == FLAT or len(other) == len(shape) - 1 else None
     lead = cut.lead
     if lead == ROW and other[0] not in (other_layout.batch, 1):
         lead = "" if shape[0] == other[0] else lead

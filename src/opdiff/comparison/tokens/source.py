@@ -20,13 +20,17 @@ class SlicedSource:
         self.inner, self.layout, self.sequences = inner, layout, tuple(sequences)
         self._records = records
         self.cuts: dict[str, tuple[str, Cut]] = {}     # cut key -> (recorded key, cut)
+        # cut key -> (its shape, its statistics): each cut tensor is loaded once to describe it
+        self.measured: dict[str, tuple[list[int], Optional[dict[str, Any]]]] = {}
         self.path: Path = inner.path
         self.meta: dict[str, Any] = inner.meta
         self.step, self.rank, self.format = inner.step, inner.rank, inner.format
 
     def cut_key(self, key: str, cut: Cut) -> str:
         """The key the cut tensor is served under (one per recorded key and cut)."""
-        name = f"{key}#tokens:{cut.lead or '-'}:{','.join(map(str, cut.tokens))}"
+        windows = ",".join(f"{d}[{a}:{b}]" for d, a, b in cut.windows)
+        name = f"{key}#tokens:{cut.lead or '-'}:{','.join(map(str, cut.tokens))}:{windows}" \
+            + (f"+{cut.offset}" if cut.offset else "")
         self.cuts[name] = (key, cut)
         return name
 

@@ -42,7 +42,8 @@ def token_positions(divergence: Divergence, rows: Seq[Any], target: Any, golden:
     if cut is None or t is None or g is None or t.shape != g.shape or \
             not (t.is_floating_point() and g.is_floating_point()):
         return ""
-    dim = 0 if cut.lead == FLAT else (cut.tokens[0] if cut.tokens else None)
+    dim, offset = (0, 0) if cut.lead == FLAT else (cut.tokens[0], 0) if cut.tokens else \
+        cut.windows[0][:2] if cut.windows else (None, 0)
     if dim is None:
         return ""
     eps = max(torch.finfo(t.dtype).eps, torch.finfo(g.dtype).eps)
@@ -61,9 +62,11 @@ def token_positions(divergence: Divergence, rows: Seq[Any], target: Any, golden:
         if not bad:
             continue
         worst = int(err.argmax())
-        where = "every one" if len(bad) == length else f"{len(bad)}"
-        said.append(f"sequence {k}: at {where} of its {length} real tokens "
-                    f"(first at position {bad[0]}), most at position {worst} (golden row "
+        first, worst = bad[0] + offset, worst + offset
+        where = "its one real token" if length == 1 else f"every one of its {length} real " \
+            "tokens" if len(bad) == length else f"{len(bad)} of its {length} real tokens"
+        said.append(f"sequence {k}: at {where} "
+                    f"(first at position {first}), most at position {worst} (golden row "
                     f"{m.golden.row} position {m.golden.positions[worst]}, target row "
                     f"{m.target.row} position {m.target.positions[worst]})")
     if not said:
