@@ -15,8 +15,9 @@ def token_dump(tmp_path_factory) -> Callable[..., Path]:
     made: dict[tuple, Path] = {}
     root = tmp_path_factory.mktemp("tokens")
 
-    def get(layout: str, fault: Optional[str] = None, task: str = "tensor") -> Path:
-        key = (layout, fault, task)
+    def get(layout: str, fault: Optional[str] = None, task: str = "tensor",
+            family: str = "llama") -> Path:
+        key = (layout, fault, task, family)
         if key not in made:
             name = "_".join(str(k).replace(":", "-").replace(".", "-") for k in key)
             made[key] = make_dump(root / name, *key)

@@ -1,7 +1,8 @@
-"""Dumps of one tiny Hugging Face Llama (built from a config, random weights, fp32, CPU,
-`task="tensor"`, level mix) computing the same token sequences in other layouts: a sequence alone,
-the same sequence as a row of a right- or left-padded batch (attention mask given), made once per
-test session by conftest.py's `token_dump`.
+"""Dumps of tiny Hugging Face models (a Llama decoder, a BERT encoder, a T5 encoder-decoder;
+built from configs, random weights, fp32, CPU, `task="tensor"`, level mix) computing the same
+token sequences in other layouts: a sequence alone, the same sequence as a row of a right- or
+left-padded batch (attention mask given), a prefill plus a decode step through the KV cache; made
+once per test session by conftest.py's `token_dump`.
 
     golden = token_dump("alone")                    # SEQ alone: ids [1, 12]
     target = token_dump("left", fault="Functional.silu:1")   # layer 1's MLP activation 1% off
@@ -33,6 +34,29 @@ def llama() -> torch.nn.Module:
     return transformers.LlamaForCausalLM(cfg).eval()
 
 
+def bert() -> torch.nn.Module:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, max_position_embeddings=32, hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0, attn_implementation="eager")
+    return transformers.BertModel(cfg).eval()
+
+
+def t5() -> torch.nn.Module:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.T5Config(
+        vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2,
+        num_heads=4, dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0)
+    return transformers.T5ForConditionalGeneration(cfg).eval()
+
+
+MODELS = {"llama": llama, "bert": bert, "t5": t5}
+DECODER_IDS = torch.tensor([[0, 5, 9, 3]])     # T5's decoder input, the same for every row
+
+
 def batch(layout: str) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """ids and attention mask of a layout (0 pads; the mask marks real tokens):
     alone: SEQ; short: OTHER alone; right: [SEQ; OTHER + 3 pads]; left: [3 pads + OTHER; SEQ];
@@ -58,11 +82,11 @@ def batch(layout: str) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
 
 
 def make_dump(path: Path, layout: str, fault: Optional[str] = None,
-              task: str = "tensor") -> Path:
+              task: str = "tensor", family: str = "llama") -> Path:
     """One forward of the layout's batch under `opdiff.dump` (layout "decode": a prefill of
     SEQ's first 11 tokens, then one decode step of its last through the KV cache); fault:
     "op:call", that call's output scaled by 1.01 (`inject_fault`)."""
-    model = llama()
+    model = MODELS[family]()
     planted = nullcontext()
     if fault:
         op, call = fault.split(":")
@@ -75,6 +99,9 @@ def make_dump(path: Path, layout: str, fault: Optional[str] = None,
             if layout == "decode":
                 cache = model(input_ids=prefill, use_cache=True).past_key_values
                 model(input_ids=step, past_key_values=cache, use_cache=True)
+            elif family == "t5":
+                model(input_ids=ids, attention_mask=mask,
+                      decoder_input_ids=DECODER_IDS.repeat(ids.shape[0], 1))
             else:
                 model(input_ids=ids, attention_mask=mask)
     if fault:

@@ -148,10 +148,11 @@ def _unaligned(target: DumpSource, golden: DumpSource, t_records: list[dict[str,
     t_shape, g_shape = _ids_shape(t_records), _ids_shape(g_records)
     if t_shape is None or g_shape is None or t_shape == g_shape:
         return None
-    missing = " and ".join(side for side, layout in (("target", t_layout), ("golden", g_layout))
-                           if layout is None)
+    missing = [side for side, layout in (("target", t_layout), ("golden", g_layout))
+               if layout is None]
+    which = "neither dump holds" if len(missing) == 2 else f"the {missing[0]} dump holds no"
     note = (f"inconclusive: the runs lay their tokens out differently (ids {list(t_shape)} "
-            f"against {list(g_shape)}) and the {missing} dump holds no saved input ids, so "
+            f"against {list(g_shape)}) and {which} saved input ids, so "
             f"the same tokens cannot be found on both sides; record both with task=\"tensor\"")
     return TokenAlignment(target, golden, t_records, g_records, None,
                           [Note(note, Note.INCONCLUSIVE)])

@@ -157,7 +157,7 @@ def decode_alignment(target: DumpSource, golden: DumpSource, t_records: list[dic
         for record, place in zip(one_records, _places(one_records)):
             if k and record["kind"] == Kind.LEAF and record.get("leaf") in LEAVES:
                 continue        # parameters and buffers: compared with the first pass
-            record = _cut_record(record, place, pass_shapes, end, one_layout, side)
+            record = _cut_record(record, place, pass_shapes, end, length, one_layout, side)
             copies.append(_renamed(record, k, spans, n) if k else record)
     side.keep(copies)
     kept, kept_side = _counted_from_start(dump, records, starts, lengths, _shapes(one_records),
@@ -166,15 +166,15 @@ def decode_alignment(target: DumpSource, golden: DumpSource, t_records: list[dic
 
 
 def _cut_record(record: dict[str, Any], place: tuple[str, str, int],
-                pass_shapes: dict[tuple[Any, ...], tuple[int, ...]], end: int, layout: Layout,
-                side: SlicedSource) -> dict[str, Any]:
+                pass_shapes: dict[tuple[Any, ...], tuple[int, ...]], end: int, own: int,
+                layout: Layout, side: SlicedSource) -> dict[str, Any]:
     cuts = {}
     for name, _, desc in iter_tensors(record):
         if desc.get("leaf") in LEAVES or record.get("leaf") in LEAVES:
             continue
         shape = tuple(int(s) for s in desc.get("shape") or ())
         other = pass_shapes.get((*place, name[len(record["name"]):]))
-        cut = _window(shape, other, end, layout)
+        cut = _window(shape, other, end, own, layout)
         if cut is not None:
             cuts[name] = cut
     if not cuts:
@@ -186,7 +186,7 @@ def _cut_record(record: dict[str, Any], place: tuple[str, str, int],
     return record
 
 
-def _window(shape: tuple[int, ...], other: Optional[tuple[int, ...]], end: int,
+def _window(shape: tuple[int, ...], other: Optional[tuple[int, ...]], end: int, own: int,
             layout: Layout) -> Optional[Cut]:
     """The one-pass side's tensor cut to a pass ending at token `end`, whose own tensor at the
     same place has shape `other` (None: none there; its token dims then keep the pass's own
@@ -198,9 +198,7 @@ def _window(shape: tuple[int, ...], other: Optional[tuple[int, ...]], end: int,
     for d in range(1 if lead else 0, len(shape)):
         if shape[d] != layout.length:
             continue
-        n = other[d] if other is not None else None
-        if n is None:
-            continue
+        n = other[d] if other is not None else own
         if n <= end:
             windows.append((d, end - n, end))
     if not windows and (lead != ROW or layout.batch == 1):
