@@ -67,3 +67,20 @@ def test_statistics_dumps_of_other_layouts_are_inconclusive(token_dump):
     said = [str(n) for n in result.notes if note_kind(n) == Note.INCONCLUSIVE]
     assert any("the runs lay their tokens out differently (ids [2, 12] against [1, 12])" in n
                and "neither dump holds saved input ids" in n for n in said)
+
+
+def test_rows_of_one_layout_whose_ids_differ_are_other_data_not_another_layout(token_dump,
+                                                                               tmp_path):
+    # the same batch shape and mask, one row's tokens changed: the input is what differs, and
+    # the compare says so as it would without token alignment (never "row 1 left out")
+    from tokenkit import llama
+
+    ids, mask = __import__("tokenkit").batch("right")
+    ids = ids.clone()
+    ids[1, 0] = (ids[1, 0] + 1) % 64
+    model = llama()
+    with torch.no_grad(), opdiff.dump(model, str(tmp_path / "other"), level="mix", task="tensor"):
+        model(input_ids=ids, attention_mask=mask)
+    result = opdiff.compare(tmp_path / "other", token_dump("right"), progress=False)
+    assert not any("token layouts differ" in str(n) for n in result.notes)
+    assert result.first_divergence is not None and result.first_divergence.origin == "input"

@@ -110,6 +110,10 @@ def align_tokens(target: DumpSource, golden: DumpSource, t_records: list[dict[st
         return None         # other inputs, not another layout: compared as recorded
     used_g = {m.golden.row for m in matches}
     used_t = {m.target.row for m in matches}
+    if (g_layout.batch, g_layout.length) == (t_layout.batch, t_layout.length) and \
+            g_layout.masked == t_layout.masked and \
+            (len(used_g) < g_layout.batch or len(used_t) < t_layout.batch):
+        return None     # one layout, rows whose ids differ: other data, compared as recorded
     facts = TokenFacts((g_layout.batch, g_layout.length), (t_layout.batch, t_layout.length),
                        tuple(matches), tuple(s for s in g_layout.rows if s.row not in used_g),
                        tuple(s for s in t_layout.rows if s.row not in used_t))
@@ -119,8 +123,13 @@ def align_tokens(target: DumpSource, golden: DumpSource, t_records: list[dict[st
     g_new = rewrite(g_side, g_records, shapes_by_place(t_records), t_layout)
     t_side.keep(t_new)
     g_side.keep(g_new)
-    return TokenAlignment(t_side, g_side, t_new, g_new, facts,
-                          [Note(facts.sentence(), Note.PAIRING)])
+    notes = [Note(facts.sentence(), Note.PAIRING)]
+    if facts.golden_left and facts.target_left:
+        notes.append(Note(
+            f"inconclusive: {len(facts.golden_left)} golden and {len(facts.target_left)} target "
+            f"sequence(s) have no partner with the same tokens: their inputs may differ, and "
+            f"they are not compared", Note.INCONCLUSIVE))
+    return TokenAlignment(t_side, g_side, t_new, g_new, facts, notes)
 
 
 def _decoded(target: DumpSource, golden: DumpSource, t_records: list[dict[str, Any]],

@@ -9,6 +9,7 @@ import logging
 from typing import Any, Optional
 
 from ...store.records import iter_tensors
+from ...store.schema import Kind
 from .slicing import BROADCAST, FLAT, ROW, Cut, agrees, cut_for, statistics
 from .sequences import Layout
 from .source import SlicedSource
@@ -54,6 +55,9 @@ def rewrite(side: SlicedSource, records: list[dict[str, Any]],
     out: list[dict[str, Any]] = []
     for record, place in zip(records, _places(records)):
         cuts = {}
+        if record["kind"] == Kind.PARAM_GRAD:      # a parameter's gradient holds no tokens
+            out.append(record)
+            continue
         for name, _, desc in iter_tensors(record):
             shape = tuple(int(s) for s in desc.get("shape") or ())
             if desc.get("leaf") in LEAVES or record.get("leaf") in LEAVES:
