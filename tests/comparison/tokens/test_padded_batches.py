@@ -49,3 +49,19 @@ def test_mlp_fault_in_padded_row_named_with_its_tokens(token_dump, target, golde
            f"{length} real tokens" in where
     row = matched.split(" = ")[1].split(" positions")[0]        # "target row 1"
     assert row in where
+
+
+def test_two_sequences_in_another_order_and_padding(token_dump):
+    # golden [SEQ; OTHER + pads], target [OTHER + pads; SEQ]: both pairs of rows compared
+    healthy = opdiff.compare(token_dump("right_short"), token_dump("right"), progress=False)
+    assert healthy.first_divergence is None
+    assert healthy.counts["error"] == healthy.counts["warning"] == healthy.counts["unmatched"] == 0
+    said = " ".join(_notes(healthy, Note.PAIRING))
+    assert "golden row 0 positions 0-11 = target row 1 positions 0-11" in said
+    assert "golden row 1 positions 0-8 = target row 0 positions 0-8" in said
+    faulty = opdiff.compare(token_dump("right_short", fault="Functional.silu:1"),
+                            token_dump("right"), progress=False)
+    assert faulty.first_divergence is not None
+    assert faulty.first_divergence.name == "Functional.silu.1.forward"
+    where = next(n for n in _notes(faulty, Note.PAIRING) if "differs on its tokens" in n)
+    assert "sequence 1: at every one of its 9 real tokens" in where and "target row 0" in where

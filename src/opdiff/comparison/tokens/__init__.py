@@ -17,6 +17,7 @@ sides are compared as recorded, and a note says why they cannot be aligned.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -27,6 +28,8 @@ from .sequences import INSIDE_ROW, SAME_IDS, Layout, Match, Sequence, first_ids,
 from .source import SlicedSource
 from .decode import PREFIX, decode_alignment
 from .where import token_positions
+
+log = logging.getLogger("opdiff")
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,12 @@ class TokenAlignment:
         """The token positions at which the first divergence's output differs, as a note."""
         if divergence is None or self.facts is None or not self.facts.matches:
             return []
-        said = token_positions(divergence, rows, self.target, self.golden, self.facts.matches)
+        try:
+            said = token_positions(divergence, rows, self.target, self.golden,
+                                   self.facts.matches)
+        except Exception as exc:    # a sentence for people: never the reason a compare fails
+            log.warning("opdiff: cannot say at which tokens %s differs (%s)", divergence.name, exc)
+            return []
         return [Note(said, Note.PAIRING)] if said else []
 
 

@@ -50,6 +50,17 @@ class SlicedSource:
             return None
         return spec[1].apply(whole, self.sequences, self.layout)
 
+    def part(self, key: str, k: int) -> Any:
+        """The tensor of `key` holding the k-th matched sequence's tokens only (or the whole
+        tensor where `key` is not a cut one), or None."""
+        spec = self.cuts.get(key)
+        if spec is None:
+            return self.inner.tensor(key)
+        whole = self.inner.tensor(spec[0])
+        if whole is None or spec[1].offset:
+            return None
+        return spec[1].apply(whole, self.sequences[k:k + 1], self.layout)
+
     def tensor_keys(self) -> list[str]:
         return self.inner.tensor_keys() + list(self.cuts)
 

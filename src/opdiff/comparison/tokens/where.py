@@ -26,6 +26,15 @@ def _cut(source: Any, key: str) -> Optional[Cut]:
     return spec[1] if spec is not None else None
 
 
+def _part(source: Any, key: str, k: int, n: int) -> Any:
+    """Sequence k's part of a tensor: cut by its side, or the whole one where only one
+    sequence was matched and that side did not need cutting."""
+    part = getattr(source, "part", None)
+    if part is not None:
+        return part(key, k)
+    return source.tensor(key) if n == 1 else None
+
+
 def token_positions(divergence: Divergence, rows: Seq[Any], target: Any, golden: Any,
                     matches: Seq[Match]) -> str:
     """"" when the culprit's tensors cannot be read or hold no token dim."""
@@ -38,26 +47,24 @@ def token_positions(divergence: Divergence, rows: Seq[Any], target: Any, golden:
     if not t_desc or not g_desc or not t_desc.get("key") or not g_desc.get("key"):
         return ""
     cut = _cut(target, t_desc["key"]) or _cut(golden, g_desc["key"])
-    t, g = target.tensor(t_desc["key"]), golden.tensor(g_desc["key"])
-    if cut is None or t is None or g is None or t.shape != g.shape or \
-            not (t.is_floating_point() and g.is_floating_point()):
+    if cut is None:
         return ""
     dim, offset = (0, 0) if cut.lead == FLAT else (cut.tokens[0], 0) if cut.tokens else \
         cut.windows[0][:2] if cut.windows else (None, 0)
     if dim is None:
         return ""
-    eps = max(torch.finfo(t.dtype).eps, torch.finfo(g.dtype).eps)
-    diff = (t.double() - g.double()).abs()
     said = []
     for k, m in enumerate(matches):
-        part, ref = diff, g.double().abs()
-        if len(matches) > 1:
-            if not cut.lead or cut.lead == FLAT:
-                return ""       # sequences of other lengths, flattened: no per-token view
-            part, ref = diff.narrow(0, k, 1), ref.narrow(0, k, 1)
+        t, g = _part(target, t_desc["key"], k, len(matches)), \
+            _part(golden, g_desc["key"], k, len(matches))
+        if t is None or g is None or t.shape != g.shape or t.dim() <= dim or \
+                not (t.is_floating_point() and g.is_floating_point()):
+            return ""
+        eps = max(torch.finfo(t.dtype).eps, torch.finfo(g.dtype).eps)
+        part = (t.double() - g.double()).abs()
         length = part.shape[dim]
         err = part.movedim(dim, 0).reshape(length, -1).amax(1)
-        scale = float(ref.max()) or 1.0
+        scale = float(g.double().abs().max()) or 1.0
         bad = [p for p in range(length) if float(err[p]) > 16 * eps * scale]
         if not bad:
             continue
