@@ -21,6 +21,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ...errors import OpdiffError
 from ...store.source import DumpSource
 from ..result import Divergence, Note
 from .rewrite import rewrite, shapes_by_place
@@ -105,6 +106,19 @@ def align_tokens(target: DumpSource, golden: DumpSource, t_records: list[dict[st
                  g_records: list[dict[str, Any]]) -> Optional[TokenAlignment]:
     """Both sides cut to the same token sequences, or None where there is nothing to align
     (the same layout on both sides, or ids recorded on neither)."""
+    try:
+        return _align(target, golden, t_records, g_records)
+    except OpdiffError:
+        raise
+    except Exception as exc:    # the dumps compared as recorded, and the compare says why
+        log.warning("opdiff: token alignment failed: %r", exc)
+        return TokenAlignment(target, golden, t_records, g_records, None, [Note(
+            f"inconclusive: the two runs' token layouts could not be aligned ({exc!r}); "
+            f"compared as recorded", Note.INCONCLUSIVE)])
+
+
+def _align(target: DumpSource, golden: DumpSource, t_records: list[dict[str, Any]],
+           g_records: list[dict[str, Any]]) -> Optional[TokenAlignment]:
     t_layout, g_layout = read_layout(target, t_records), read_layout(golden, g_records)
     if t_layout is None or g_layout is None:
         return _unaligned(target, golden, t_records, g_records, t_layout, g_layout)
