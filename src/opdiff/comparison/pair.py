@@ -102,9 +102,17 @@ class _PairCompare:
     def run(self) -> CompareResult:
         t_records, g_records, t_view, notes = self._comparable()
         t, g = self._recordings(t_records, g_records)
+        said_after = []
         for rewrite in rewrites(t, g):      # the plan table's RECORDS rows (plans.py)
-            t_records, g_records, said = rewrite.rewrite(t_records, g_records)
-            t_view, notes = t_records, notes + said
+            made = rewrite.rewrite(t_records, g_records, (self.t, self.g))
+            if made is None:
+                continue
+            t_records, g_records, t_view, notes = made.target, made.golden, made.target, \
+                notes + made.notes
+            if made.sources is not None:    # (their tensors served as rewritten)
+                self.t, self.g = made.sources
+            if made.after is not None:
+                said_after.append(made.after)
             t, g = self._recordings(t_records, g_records)
         plan = plan_for(t, g)               # its PAIRS rows: how the two runs pair
         # a module class renamed at the same path (align.py): paired as if spelled alike
@@ -132,6 +140,8 @@ class _PairCompare:
             divergence = plan.annotate(replace(divergence, step=self.t.step, rank=self.t.rank),
                                        t_records, g_records,
                                        ((self.t, t_records), (self.g, g_records)))
+        for after in said_after:            # (a rewrite's words on the culprit: its tokens)
+            notes += after(divergence, self.rows)
         return self._result(plan, divergence, held, regions, region_ops, replayer, t_records,
                             notes)
 

@@ -19,7 +19,7 @@ Adding a plan is one row here and its package (ARCHITECTURE.md, "the everyday ch
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Optional, Protocol, Sequence, Union, cast
 
 from . import compiled, compiled_backward, compiled_inputs, compiled_modules, compiled_regions, \
@@ -48,13 +48,26 @@ class SourcesPlan(Protocol):
                 ) -> tuple[list[DumpSource], list[DumpSource], list[Note]]: ...
 
 
+@dataclass
+class Rewritten:
+    """What a RECORDS plan made of a pair: both sides' records, its notes, the dumps that serve
+    the rewritten records' tensors (None: the same dumps), and what it says once the pair is
+    judged (where the culprit differs, in its own terms)."""
+    target: list[Record]
+    golden: list[Record]
+    notes: list[Note] = field(default_factory=list)
+    sources: Optional[tuple[DumpSource, DumpSource]] = None
+    after: Optional[Callable[[Optional[Divergence], list[TensorRow]], list[Note]]] = None
+
+
 class RecordsPlan(Protocol):
     """RECORDS level: both sides' records of one pair rewritten before alignment (padded
-    batches sliced to the same tokens, say, or compiled code's module calls made)."""
+    batches sliced to the same tokens, say, or compiled code's module calls made); None: this
+    pair needs nothing of the plan."""
     name: str
 
-    def rewrite(self, target: list[Record], golden: list[Record]
-                ) -> tuple[list[Record], list[Record], list[Note]]: ...
+    def rewrite(self, target: list[Record], golden: list[Record],
+                sources: tuple[DumpSource, DumpSource]) -> Optional[Rewritten]: ...
 
 
 class Plan:
@@ -143,11 +156,28 @@ class ModuleCalls:
     them (`compiled_spans`)."""
     name = "compiled module calls"
 
-    def rewrite(self, target: list[Record], golden: list[Record]
-                ) -> tuple[list[Record], list[Record], list[Note]]:
+    def rewrite(self, target: list[Record], golden: list[Record],
+                sources: tuple[DumpSource, DumpSource]) -> Optional[Rewritten]:
         target = compiled_modules.module_calls(target, golden)
         target, golden = compiled_spans.span_calls(target, golden)
-        return target, golden, []
+        return Rewritten(target, golden)
+
+
+class TokenLayouts:
+    """RECORDS level: two runs that compute the same token sequences in other layouts (one
+    sequence alone against a row of a padded batch, a prefill and decode steps through a KV
+    cache against one forward): both sides cut to the matched sequences' real tokens
+    (`comparison/tokens/`), which finds from the recorded input ids whether they differ."""
+    name = "token layouts"
+
+    def rewrite(self, target: list[Record], golden: list[Record],
+                sources: tuple[DumpSource, DumpSource]) -> Optional[Rewritten]:
+        from .tokens import align_tokens
+        aligned = align_tokens(sources[0], sources[1], target, golden)
+        if aligned is None:
+            return None
+        return Rewritten(aligned.target_records, aligned.golden_records, list(aligned.notes),
+                         (aligned.target, aligned.golden), aligned.where)
 
 
 Then = Union[SourcesPlan, RecordsPlan, type[Plan]]
@@ -177,7 +207,11 @@ def _side(t: Recording, g: Recording) -> Recording:
 
 
 PLANS: tuple[Row, ...] = (
+    # -- SOURCES: ranks laid out otherwise on each side merged into the one run they split
+    Row(SOURCES, lambda t, g: True, RankLayouts()),
     # -- RECORDS: every row that holds rewrites the pair's records, in order
+    # the same tokens in other batch rows, padding or decode steps (found from recorded ids)
+    Row(RECORDS, lambda t, g: True, TokenLayouts()),
     Row(RECORDS, lambda t, g: _compiled(t, g) and not t.mapped, ModuleCalls()),
     # -- PAIRS: the first row that holds decides
     Row(PAIRS, lambda t, g: not _compiled(t, g), Plan),
@@ -241,4 +275,4 @@ def scope_note(target: list[Record], golden: list[Record], t_meta: Optional[dict
 
 
 __all__ = ["PLANS", "Row", "Plan", "CompiledPlan", "ModuleCalls", "SourcesPlan", "RecordsPlan",
-           "SOURCES", "RECORDS", "PAIRS", "plan_for", "rewrites", "arrange", "scope_note"]
+           "SOURCES", "RECORDS", "PAIRS", "Rewritten", "TokenLayouts", "RankLayouts", "plan_for", "rewrites", "arrange", "scope_note"]

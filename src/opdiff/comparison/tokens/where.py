@@ -1,0 +1,84 @@
+"""The token positions at which a culprit's output differs, in words: which real tokens of which
+matched sequence, with each side's row and position."""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence as Seq
+
+from ...store.records import iter_tensors
+from ..result import Divergence
+from .sequences import Match
+from .slicing import FLAT, Cut
+
+
+def _descriptor(source: Any, name: Optional[str]) -> Optional[dict[str, Any]]:
+    if not name:
+        return None
+    for record in source.records():
+        if name.startswith(record["name"]):
+            for found, _, desc in iter_tensors(record):
+                if found == name:
+                    return desc
+    return None
+
+
+def _cut(source: Any, key: str) -> Optional[Cut]:
+    spec = getattr(source, "cuts", {}).get(key)
+    return spec[1] if spec is not None else None
+
+
+def _part(source: Any, key: str, k: int, n: int) -> Any:
+    """Sequence k's part of a tensor: cut by its side, or the whole one where only one
+    sequence was matched and that side did not need cutting."""
+    part = getattr(source, "part", None)
+    if part is not None:
+        return part(key, k)
+    return source.tensor(key) if n == 1 else None
+
+
+def token_positions(divergence: Divergence, rows: Seq[Any], target: Any, golden: Any,
+                    matches: Seq[Match]) -> str:
+    """"" when the culprit's tensors cannot be read or hold no token dim."""
+    import torch
+
+    row = next((r for r in rows if r.target_name == divergence.tensor and r.golden_name), None)
+    if row is None:
+        return ""
+    t_desc, g_desc = _descriptor(target, row.target_name), _descriptor(golden, row.golden_name)
+    if not t_desc or not g_desc or not t_desc.get("key") or not g_desc.get("key"):
+        return ""
+    cut = _cut(target, t_desc["key"]) or _cut(golden, g_desc["key"])
+    if cut is None:
+        return ""
+    dim, offset = (0, 0) if cut.lead == FLAT else (cut.tokens[0], 0) if cut.tokens else \
+        cut.windows[0][:2] if cut.windows else (None, 0)
+    if dim is None:
+        return ""
+    said = []
+    for k, m in enumerate(matches):
+        t, g = _part(target, t_desc["key"], k, len(matches)), \
+            _part(golden, g_desc["key"], k, len(matches))
+        if t is None or g is None or t.shape != g.shape or t.dim() <= dim or \
+                not (t.is_floating_point() and g.is_floating_point()):
+            return ""
+        eps = max(torch.finfo(t.dtype).eps, torch.finfo(g.dtype).eps)
+        part = (t.double() - g.double()).abs()
+        length = part.shape[dim]
+        err = part.movedim(dim, 0).reshape(length, -1).amax(1)
+        scale = float(g.double().abs().max()) or 1.0
+        bad = [p for p in range(length) if float(err[p]) > 16 * eps * scale]
+        if not bad:
+            continue
+        worst = int(err.argmax())
+        first, worst = bad[0] + offset, worst + offset
+        where = "its one real token" if length == 1 else f"every one of its {length} real " \
+            "tokens" if len(bad) == length else f"{len(bad)} of its {length} real tokens"
+        said.append(f"sequence {k}: at {where} "
+                    f"(first at position {first}), most at position {worst} (golden row "
+                    f"{m.golden.row} position {m.golden.positions[worst]}, target row "
+                    f"{m.target.row} position {m.target.positions[worst]})")
+    if not said:
+        return ""
+    return f"{divergence.name} differs on its tokens: " + "; ".join(said)
+
+
+__all__ = ["token_positions"]
