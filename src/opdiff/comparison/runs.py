@@ -35,6 +35,7 @@ from typing import Any, Callable, Optional, Sequence, cast
 from ..errors import DumpError
 from ..store.reader import Dump
 from ..store.source import DumpSource
+from . import layouts
 from .mapping import Mapping
 from .origins import across_steps, is_carried_over
 from .ranks import received_from
@@ -61,6 +62,11 @@ def pair_dumps(targets: list[DumpSource],
     """[(target, golden)] by (step, rank), and notes about the ones without a partner."""
     if len(targets) == 1 and len(goldens) == 1:
         return [(targets[0], goldens[0])], []
+    # -- comparison/layouts (issue 44): sides laid out unlike each other over ranks ----------
+    logical = layouts.logical_pairs(targets, goldens)
+    if logical is not None and logical[0]:
+        return logical
+    # -- (end of the layouts hook)
     g_by_key = {_key(d): d for d in goldens}
     pairs: list[Pair] = []
     notes: list[str] = []
@@ -74,6 +80,7 @@ def pair_dumps(targets: list[DumpSource],
     for g in g_by_key.values():
         notes.append(Note(f"golden step {g.step} rank {g.rank} has no target counterpart; skipped",
                           Note.DUMPS))
+    notes += logical[1] if logical is not None else []     # (layouts: why not merged)
     if not pairs:
         raise DumpError("no step/rank of the target dump has a counterpart in the golden dump; "
                         "point both paths at dumps of the same steps and ranks")
@@ -83,6 +90,9 @@ def pair_dumps(targets: list[DumpSource],
 def unpaired(targets: list[DumpSource], goldens: list[DumpSource]) -> list[Incomplete]:
     """The step/rank pairs only one side has, as incomplete entries (`pair_dumps` notes them)."""
     if len(targets) == 1 and len(goldens) == 1:
+        return []
+    logical = layouts.logical_pairs(targets, goldens)      # (layouts: merged sides pair whole)
+    if logical is not None and logical[0]:
         return []
     t_keys, g_keys = {_key(d) for d in targets}, {_key(d) for d in goldens}
     out: list[Incomplete] = []
@@ -343,12 +353,15 @@ def run_pairs(pairs: list[Pair], policy: Policy, *, shape_flag: bool = False,
 
     advance: Callable[[int], None] = tick or (lambda n: None)
     finished: Callable[[Pair], None] = on_pair or (lambda p: None)
-    if len(pairs) == 1:
-        t, g = pairs[0]
-        result = compare_pair(t, g, policy=policy, shape_flag=shape_flag, tick=advance,
-                              replay=replay, replay_jobs=replay_jobs, mapping=mapping)
-        finished(pairs[0])
-        return [result]
+    if len(pairs) == 1 or any(layouts.is_logical(d) for pair in pairs for d in pair):
+        # (a merged side of comparison/layouts cannot be opened again in a worker by its path)
+        out = []
+        for t, g in pairs:
+            result = compare_pair(t, g, policy=policy, shape_flag=shape_flag, tick=advance,
+                                  replay=replay, replay_jobs=replay_jobs, mapping=mapping)
+            out.append(layouts.name_ranks(result, t, g))    # (layouts: the rank of a piece)
+            finished((t, g))
+        return out
     import multiprocessing
     from concurrent.futures import as_completed
 
