@@ -306,6 +306,18 @@ def record_backward_collectives(model: Any) -> None:
 _dtensor_type: list[Any] = []
 
 
+def _finished(t: Any) -> Any:
+    """A functional collective's pending result (AsyncCollectiveTensor: TP's all-reduce, read
+    through DTensor's views, or a DTensor's local tensor) as the plain tensor it holds once the
+    collective has finished (its wrapper has no memory of its own to save); `t` otherwise."""
+    if callable(getattr(t, "_get_acs_underlying_tensor", None)):
+        try:
+            return t.trigger_wait()
+        except Exception:  # noqa: BLE001 - described as it is
+            return t
+    return t
+
+
 def local_shard(t: Any) -> tuple[Any, Optional[dict[str, Any]]]:
     """(this rank's shard of a DTensor, where it sits), or (t, None) for any other tensor.
 
@@ -324,10 +336,10 @@ def local_shard(t: Any) -> tuple[Any, Optional[dict[str, Any]]]:
             DTensor = ()             # type: ignore[assignment,misc]  # noqa: N806
         _dtensor_type.append(DTensor)
     if not isinstance(t, _dtensor_type[0]):
-        return t, None
+        return _finished(t), None
     try:
         coordinate = t.device_mesh.get_coordinate()
-        local = t._local_tensor
+        local = _finished(t._local_tensor)
         placed = {"placements": [str(p) for p in t.placements],
                   "coordinate": list(coordinate) if coordinate is not None else None,
                   "global_shape": list(t.shape),

@@ -243,7 +243,7 @@ class Describer:
             else:
                 self._add_stats(desc, t, key, version, record, role, slot)
         if self.save and t.layout == torch.strided:
-            desc["key"] = self._save(t, record, role, slot)
+            desc["key"] = self._save(t, record, role, slot, version)
         return desc
 
     def _plain_cpu(self, t: torch.Tensor, key: int, cached, record: str, role: str, slot) -> dict:
@@ -357,8 +357,9 @@ class Describer:
             return None
         return entry[2]
 
-    def _save(self, t: torch.Tensor, record: str, role: str, slot) -> str:
-        version = _version(t)
+    def _save(self, t: torch.Tensor, record: str, role: str, slot, version=False) -> str:
+        # (version: the caller's, where it counts more than the tensor's own: a DTensor's shard)
+        version = _version(t) if version is False else version
         entry = self._saved.get(id(t)) if version is not None else None
         if entry is not None:
             ref, saved_version, key = entry
