@@ -38,12 +38,12 @@ _WORKER = textwrap.dedent('''
         return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 8),
                                    torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 8))
 
-    def step(model, root, fault):
+    def step(model, root, fault, task):
         torch.manual_seed(5)
         x = torch.randn(4, 8)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         with fault:
-            dbg = opdiff.PrecisionDebugger(dump_path=root, level="L1", task="statistics")
+            dbg = opdiff.PrecisionDebugger(dump_path=root + "/" + task, level="L1", task=task)
             dbg.start(model)
             model(x).pow(2).mean().backward()
             opt.step()
@@ -55,20 +55,22 @@ _WORKER = textwrap.dedent('''
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                        parallelize_module)
-        model = model_()
-        parallelize_module(model, init_device_mesh("cpu", (2,)),
-                           {"0": ColwiseParallel(), "2": RowwiseParallel(),
-                            "3": ColwiseParallel(), "5": RowwiseParallel()})
-        fault = inject_fault("Functional.gelu", call=1, scale=1.01) if rank == faulty \\
-            else contextlib.nullcontext()
-        step(model, root, fault)
+        mesh = init_device_mesh("cpu", (2,))
+        for task in ("statistics", "tensor"):
+            model = parallelize_module(model_(), mesh,
+                                       {"0": ColwiseParallel(), "2": RowwiseParallel(),
+                                        "3": ColwiseParallel(), "5": RowwiseParallel()})
+            fault = inject_fault("Functional.gelu", call=1, scale=1.01) if rank == faulty \\
+                else contextlib.nullcontext()
+            step(model, root, fault, task)
         dist.barrier()
         dist.destroy_process_group()
 
     if __name__ == "__main__":
         root, store, faulty = sys.argv[1], sys.argv[2], int(sys.argv[3])
         if faulty == -2:                                   # the one-device golden
-            step(model_(), root, contextlib.nullcontext())
+            for task in ("statistics", "tensor"):
+                step(model_(), root, contextlib.nullcontext(), task)
         else:
             mp.spawn(work, args=(root, store, faulty), nprocs=2, join=True)
 ''')
@@ -93,9 +95,20 @@ def _run(tmp: Path, name: str, faulty: int) -> str:
 
 
 @pytest.fixture(scope="session")
-def tp_runs(tmp_path_factory):
+def tp_roots(tmp_path_factory):
+    """{run: root}; each root holds a statistics and a tensor dump (one spawn each)."""
     tmp = tmp_path_factory.mktemp("layouts")
     return {"one": _run(tmp, "one", -2), "tp": _run(tmp, "tp", -1), "faulty": _run(tmp, "faulty", 1)}
+
+
+@pytest.fixture(scope="session")
+def tp_runs(tp_roots):
+    return {name: f"{root}/statistics" for name, root in tp_roots.items()}
+
+
+@pytest.fixture(scope="session")
+def tp_tensors(tp_roots):
+    return {name: f"{root}/tensor" for name, root in tp_roots.items()}
 
 
 def test_capture_says_the_tensor_parallel_styles_in_meta(tp_runs):
@@ -147,3 +160,19 @@ def test_merged_statistics_equal_the_one_device_runs(tp_runs):
     assert checked == 16
     # DTensor's own views and the group's all-reduces are not ops of the logical run
     assert not any(n.startswith(("Tensor.view_as", "Distributed.")) for n in merged)
+
+
+def test_tensor_dumps_healthy_pair_agrees_everywhere(tp_tensors):
+    result = opdiff.compare(tp_tensors["tp"], tp_tensors["one"])
+    assert result.first_divergence is None, result.first_divergence
+    # every tensor scored, the backward partial sum too (summed from the ranks' summands)
+    assert result.counts["warning"] == result.counts["error"] == result.counts["unmatched"] == 0
+
+
+def test_tensor_dumps_name_the_rank_whose_piece_differs(tp_tensors):
+    result = opdiff.compare(tp_tensors["faulty"], tp_tensors["one"])
+    fd = result.first_divergence
+    assert fd is not None and fd.name == "Functional.gelu.1.forward", fd
+    assert fd.rank == 1, fd
+    assert "rank 1's piece of Functional.gelu.1.forward.output.0" in fd.reason
+    assert "the other pieces agree" in fd.reason
