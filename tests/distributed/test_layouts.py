@@ -50,39 +50,42 @@ _WORKER = textwrap.dedent('''
             dbg.stop()
             dbg.step()
 
-    def work(rank, root, store, faulty):
-        dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=2)
+    def work(rank, root, store, faulty, world):
+        dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world)
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                        parallelize_module)
-        mesh = init_device_mesh("cpu", (2,))
+        mesh = init_device_mesh("cpu", (world,))
         for task in ("statistics", "tensor"):
             model = parallelize_module(model_(), mesh,
                                        {"0": ColwiseParallel(), "2": RowwiseParallel(),
                                         "3": ColwiseParallel(), "5": RowwiseParallel()})
             fault = inject_fault("Functional.gelu", call=1, scale=1.01) if rank == faulty \\
                 else contextlib.nullcontext()
+            if faulty == -3 and rank == 1:               # a replica that differs: rank 1's bias
+                with torch.no_grad():
+                    model[2].bias._local_tensor.add_(1e-3)
             step(model, root, fault, task)
         dist.barrier()
         dist.destroy_process_group()
 
     if __name__ == "__main__":
-        root, store, faulty = sys.argv[1], sys.argv[2], int(sys.argv[3])
+        root, store, faulty, world = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
         if faulty == -2:                                   # the one-device golden
             for task in ("statistics", "tensor"):
                 step(model_(), root, contextlib.nullcontext(), task)
         else:
-            mp.spawn(work, args=(root, store, faulty), nprocs=2, join=True)
+            mp.spawn(work, args=(root, store, faulty, world), nprocs=world, join=True)
 ''')
 LIMIT_S = 300
 
 
-def _run(tmp: Path, name: str, faulty: int) -> str:
+def _run(tmp: Path, name: str, faulty: int, world: int = 2) -> str:
     script = tmp / "worker.py"
     script.write_text(_WORKER)
     root = tmp / name
     proc = subprocess.Popen([sys.executable, str(script), str(root), str(tmp / f"store_{name}"),
-                             str(faulty)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             str(faulty), str(world)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
         _, stderr = proc.communicate(timeout=LIMIT_S)
@@ -98,7 +101,8 @@ def _run(tmp: Path, name: str, faulty: int) -> str:
 def tp_roots(tmp_path_factory):
     """{run: root}; each root holds a statistics and a tensor dump (one spawn each)."""
     tmp = tmp_path_factory.mktemp("layouts")
-    return {"one": _run(tmp, "one", -2), "tp": _run(tmp, "tp", -1), "faulty": _run(tmp, "faulty", 1)}
+    return {"one": _run(tmp, "one", -2), "tp": _run(tmp, "tp", -1), "faulty": _run(tmp, "faulty", 1),
+            "tp4": _run(tmp, "tp4", -1, world=4), "replica": _run(tmp, "replica", -3)}
 
 
 @pytest.fixture(scope="session")
@@ -176,3 +180,32 @@ def test_tensor_dumps_name_the_rank_whose_piece_differs(tp_tensors):
     assert fd.rank == 1, fd
     assert "rank 1's piece of Functional.gelu.1.forward.output.0" in fd.reason
     assert "the other pieces agree" in fd.reason
+
+
+@pytest.mark.parametrize("golden", ["one", "tp"])
+def test_tp4_against_tp2_or_one_device_names_nothing(tp_runs, tp_tensors, golden):
+    for runs in (tp_runs, tp_tensors):
+        result = opdiff.compare(runs["tp4"], runs[golden])
+        assert result.first_divergence is None, result.first_divergence
+        assert result.counts["error"] == 0 and result.counts["unmatched"] == 0
+        assert any("ranks [0, 1, 2, 3] were merged" in n for n in result.notes)
+        if golden == "tp":
+            assert any("golden's ranks [0, 1] were merged" in n for n in result.notes)
+
+
+def test_four_shards_merge_to_the_one_device_statistics(tp_runs):
+    merged, one = _records(tp_runs["tp4"]), _records(tp_runs["one"])
+    m = merged["Parameter.0.weight.0.forward"]["outputs"][0]
+    o = one["Parameter.0.weight.0.forward"]["outputs"][0]
+    assert [p["offset"] for p in m["pieces"]] == [0, 4, 8, 12] and m["shape"] == o["shape"]
+    for key in ("max", "min", "mean", "norm"):
+        assert math.isclose(float(m["stats"][key]), float(o["stats"][key]), rel_tol=1e-12), key
+
+
+def test_a_replica_that_differs_is_said_with_its_rank(tp_runs):
+    result = opdiff.compare(tp_runs["replica"], tp_runs["one"])
+    said = [n for n in result.notes if "copy of" in n]
+    assert said and "rank 1's copy of Parameter.2.bias.0.forward.output.0 differs from rank 0's" \
+        in said[0], result.notes
+    healthy = opdiff.compare(tp_runs["tp"], tp_runs["one"])
+    assert not any("copy of" in n for n in healthy.notes)
