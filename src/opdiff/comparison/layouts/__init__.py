@@ -18,6 +18,7 @@ from typing import Any, Optional, Sequence
 from ...store.source import DumpSource
 from ..result import Note
 from .attribute import name_ranks
+from .chain import ChainedSource
 from .merged import MergedSource
 from .placement import Unsupported
 
@@ -40,9 +41,17 @@ def _side(step: int, dumps: list[DumpSource], side: str,
     try:
         merged = MergedSource(dumps)
     except Unsupported as exc:
-        notes.append(Note(f"step {step}: the {side}'s {len(dumps)} ranks were not merged into "
-                          f"one run ({exc}); compared rank by rank", Note.SHARDING))
-        return None
+        try:
+            chained = ChainedSource(dumps)
+        except Unsupported as why:
+            notes.append(Note(f"step {step}: the {side}'s {len(dumps)} ranks were not merged "
+                              f"into one run (not tensor parallel: {exc}; not a pipeline: {why}); "
+                              f"compared rank by rank", Note.SHARDING))
+            return None
+        notes.append(Note(f"step {step}: the {side}'s ranks {chained.ranks} were chained into "
+                          f"one run as pipeline stages ({chained.kept} records; sends, receives "
+                          f"and their buffers left out)", Note.SHARDING))
+        return chained
     plan = merged.plan
     kinds = ", ".join(f"{n} {k}" for k, n in sorted(plan.merged.items()))
     notes.append(Note(f"step {step}: the {side}'s ranks {plan.ranks} were merged into one run "
@@ -87,7 +96,8 @@ def _logical_pairs(targets: Sequence[DumpSource], goldens: Sequence[DumpSource]
 
 def is_logical(source: Any) -> bool:
     """A merged side: compared in this process (a worker cannot open it again by its path)."""
-    return isinstance(source, MergedSource)
+    return isinstance(source, (MergedSource, ChainedSource))
 
 
-__all__ = ["logical_pairs", "name_ranks", "is_logical", "MergedSource", "Unsupported"]
+__all__ = ["logical_pairs", "name_ranks", "is_logical", "MergedSource", "ChainedSource",
+           "Unsupported"]

@@ -65,9 +65,17 @@ def _guilty(errors: dict[int, float]) -> list[int]:
 def name_ranks(result: CompareResult, target: DumpSource, golden: DumpSource) -> CompareResult:
     """`result` with its first divergence's rank and reason naming the rank(s) whose piece of
     the culprit's output differs, when a side is merged (`MergedSource`); as it is otherwise."""
+    from .chain import ChainedSource
     from .merged import MergedSource
 
     fd = result.first_divergence
+    if fd is not None and isinstance(target, ChainedSource):
+        ran = target.rank_of(fd.name)
+        if ran is None:
+            return result
+        stage = target.ranks.index(ran)
+        return replace(result, first_divergence=replace(
+            fd, rank=ran, reason=f"{fd.reason}; run on rank {ran} (pipeline stage {stage})"))
     if fd is None or not fd.tensor or not isinstance(target, MergedSource):
         return result
     row = next((r for r in result.rows if r.target_name == fd.tensor), None)
