@@ -34,10 +34,38 @@ def _by_step(dumps: Sequence[DumpSource]) -> dict[int, list[DumpSource]]:
     return out
 
 
+def _world(dumps: Sequence[DumpSource]) -> Optional[int]:
+    """The world size capture recorded (meta.json `parallel`), or None (an older dump)."""
+    for d in dumps:
+        parallel = d.meta.get("parallel") if isinstance(d.meta, dict) else None
+        if isinstance(parallel, dict) and isinstance(parallel.get("world_size"), int):
+            return int(parallel["world_size"])
+    return None
+
+
+def _laid_out_unlike(targets: Sequence[DumpSource], goldens: Sequence[DumpSource],
+                     t_steps: dict[int, list[DumpSource]], g_steps: dict[int, list[DumpSource]]
+                     ) -> bool:
+    """The two runs ran over different numbers of ranks: by the world sizes capture recorded;
+    for older dumps, one side has one rank a step and the other more (a side merely missing
+    a rank's directory is not another layout)."""
+    t_world, g_world = _world(targets), _world(goldens)
+    if t_world is not None and g_world is not None:
+        return t_world != g_world
+    counts = [(len(t_steps.get(s, ())), len(g_steps.get(s, ()))) for s in {*t_steps, *g_steps}]
+    return any(a != b and min(a, b) == 1 for a, b in counts)
+
+
 def _side(step: int, dumps: list[DumpSource], side: str,
           notes: list[str]) -> Optional[DumpSource]:
     if len(dumps) == 1:
         return dumps[0]
+    world = _world(dumps)
+    if world is not None and world != len(dumps):
+        notes.append(Note(f"step {step}: the {side} holds {len(dumps)} of its {world} ranks' "
+                          f"dumps: not merged into one run; compared rank by rank",
+                          Note.SHARDING))
+        return None
     try:
         merged = MergedSource(dumps)
     except Unsupported as exc:
@@ -81,7 +109,7 @@ def logical_pairs(targets: Sequence[DumpSource], goldens: Sequence[DumpSource]
 def _logical_pairs(targets: Sequence[DumpSource], goldens: Sequence[DumpSource]
                    ) -> Optional[tuple[list[Pair], list[str]]]:
     t_steps, g_steps = _by_step(targets), _by_step(goldens)
-    if all(len(t_steps.get(s, ())) == len(g_steps.get(s, ())) for s in {*t_steps, *g_steps}):
+    if not _laid_out_unlike(targets, goldens, t_steps, g_steps):
         return None
     pairs: list[Pair] = []
     notes: list[str] = []

@@ -39,11 +39,11 @@ def _piece_errors(merged: Any, tensor: str, golden: Any) -> Optional[dict[int, f
     g = golden.detach().to(torch.float64)
     scale = float(g.abs().max()) if g.numel() else 0.0
     recipe = merged.recipe(tensor)
-    for piece, (i, key) in zip(merged.pieces(tensor), recipe):
+    for piece, (i, key), c in zip(merged.pieces(tensor), recipe, merged.coefficients(tensor)):
         t = merged.sources[i].tensor(key)
         if t is None:
             return None
-        t = t.detach().to(torch.float64)
+        t = t.detach().to(torch.float64) * c
         if kind == SHARD:
             part = g.narrow(dim, int(piece.get("offset", 0)), t.shape[dim])
         else:

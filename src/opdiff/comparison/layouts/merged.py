@@ -45,7 +45,8 @@ class MergedSource:
         self.plan: GroupPlan = plan_group(self.sources)
         self.meta: dict[str, Any] = dict(first.meta)
         self.meta["logical"] = {"ranks": self.plan.ranks, "merged": dict(self.plan.merged)}
-        self._recipes: dict[str, tuple[str, int, list[tuple[int, str]]]] = {}
+        # merged key -> (kind, dim, [(rank index, key)], [coefficient per piece])
+        self._recipes: dict[str, tuple[str, int, list[tuple[int, str]], list[float]]] = {}
         self._pieces: dict[str, list[dict[str, Any]]] = {}
 
     # -- DumpSource -----------------------------------------------------------------------------
@@ -71,10 +72,12 @@ class MergedSource:
             return None
         import torch
 
-        kind, dim, parts = recipe
+        kind, dim, parts, coefficients = recipe
         loaded = [self.sources[i].tensor(k) for i, k in parts]
         if any(t is None for t in loaded):
             return None
+        if any(c != 1.0 for c in coefficients) and kind in (SHARD, PARTIAL):
+            loaded = [t * c for t, c in zip(loaded, coefficients)]
         if kind == SHARD:
             return torch.cat(loaded, dim=dim)
         if kind == PARTIAL:
@@ -104,6 +107,8 @@ class MergedSource:
         for field in ("name", "forward", "reader"):
             if isinstance(out.get(field), str) and out[field] in plan.renamed:
                 out[field] = plan.renamed[out[field]]
+        if plan.wrapper:
+            self._unwrapped(out)
         per_rank = [list(tensor_slots(r)) for r in recs]
         targets = list(tensor_slots(out))
         for j, (role, path, desc) in enumerate(targets):
@@ -112,6 +117,18 @@ class MergedSource:
             self._merge_desc(desc, descs, layout, f"{out['name']}.{role}.{path}",
                              (recs[0].get("seq"), path) if role == "output" else None)
         return out
+
+    def _unwrapped(self, out: dict[str, Any]) -> None:
+        """Parameter names without DDP's `module.` (the one-device model's names)."""
+        prefix = self.plan.wrapper
+        if out.get("kind") == "leaf" and str(out.get("tensor", "")).startswith(prefix):
+            out["tensor"] = out["tensor"][len(prefix):]
+            out["name"] = str(out["name"]).replace(f".{prefix}", ".", 1)
+            if isinstance(out.get("op"), str):
+                out["op"] = out["op"].replace(f".{prefix}", ".", 1)
+        for _, _, desc in tensor_slots(out):
+            if str(desc.get("fqn", "")).startswith(prefix) and desc.get("leaf") != "input":
+                desc["fqn"] = desc["fqn"][len(prefix):]
 
     def _merge_desc(self, desc: dict[str, Any], descs: list[dict[str, Any]],
                     layout: Optional[Layout], tensor: str, slot: Any) -> None:
@@ -137,23 +154,33 @@ class MergedSource:
             pieces.append(piece)
         desc["pieces"] = pieces
         keys = [descs[i].get("key") for i in order]
+        coefficients = [1.0] * len(order)
+        if (layout.scaled or layout.op == "avg") and plan.weights:
+            coefficients = [plan.weights[i] for i in order]
         if layout.kind == SHARD:
             shape = list(shapes[0])
             if layout.dim < len(shape):
                 shape[layout.dim] = offset
             desc["shape"] = shape
-            desc["stats"] = statistics.merge_shards([descs[i].get("stats") for i in order],
-                                                    [_numel(s) for s in shapes])
+            desc["stats"] = statistics.merge_shards(
+                [statistics.scaled(descs[i].get("stats"), c) for i, c in zip(order, coefficients)],
+                [_numel(s) for s in shapes])
         elif layout.kind == PARTIAL:
             reduced = plan.reduced.get(slot) if slot is not None else None
-            desc["stats"] = copy.deepcopy(reduced) if reduced is not None else None
+            if reduced is not None:
+                desc["stats"] = copy.deepcopy(reduced)
+            elif all(_numel(s) == 1 for s in shapes):      # scalars: their values add exactly
+                desc["stats"] = statistics.combined_scalars(
+                    [descs[i].get("stats") for i in order], coefficients)
+            else:
+                desc["stats"] = None
         elif layout.kind == REPLICATE:
             desc["stats"] = copy.deepcopy(descs[order[0]].get("stats"))
         else:
             desc["stats"] = None
         if layout.kind != UNKNOWN and all(isinstance(k, str) for k in keys):
             self._recipes[tensor] = (layout.kind, layout.dim,
-                                     [(i, str(k)) for i, k in zip(order, keys)])
+                                     [(i, str(k)) for i, k in zip(order, keys)], coefficients)
             desc["key"] = tensor
         self._pieces[tensor] = pieces
 
@@ -165,6 +192,11 @@ class MergedSource:
     def recipe(self, tensor: str) -> list[tuple[int, str]]:
         recipe = self._recipes.get(tensor)
         return list(recipe[2]) if recipe else []
+
+    def coefficients(self, tensor: str) -> list[float]:
+        """What each piece is multiplied by before it is joined (1 but for data parallel)."""
+        recipe = self._recipes.get(tensor)
+        return list(recipe[3]) if recipe else []
 
     def layout_of(self, tensor: str) -> Optional[tuple[str, int]]:
         recipe = self._recipes.get(tensor)

@@ -26,7 +26,9 @@ _REPLICATE = ("R", "Replicate()")
 class Layout:
     kind: str
     dim: int = 0            # SHARD: the dim the pieces are joined along (non-negative)
-    op: str = "sum"         # PARTIAL: how the summands combine
+    op: str = "sum"         # PARTIAL: how the summands combine ("avg": weighted by batch share)
+    scaled: bool = False    # SHARD: each piece scaled by its rank's share of the batch (the
+    #                         gradient of a data-parallel rank's mean loss, against the whole's)
 
     @staticmethod
     def shard(dim: int) -> "Layout":
@@ -40,9 +42,10 @@ class Layout:
     def text(self) -> str:
         """For people: "sharded along dim 1", "partial sums", "replicated", "unknown"."""
         if self.kind == SHARD:
-            return f"sharded along dim {self.dim}"
+            return f"sharded along dim {self.dim}" + (
+                ", each piece scaled by its rank's share of the batch" if self.scaled else "")
         if self.kind == PARTIAL:
-            return f"partial {self.op}s"
+            return "partial sums" if self.op == "sum" else "partial means, weighted by batch share"
         return "replicated" if self.kind == REPLICATE else "laid out in a way nothing records"
 
 

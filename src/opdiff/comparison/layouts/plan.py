@@ -57,6 +57,9 @@ class GroupPlan:
     """What pass one decided for a group of ranks' dumps of one step."""
 
     ranks: list[int]
+    mode: str = "tensor"           # "tensor": DTensor placements; "data": batch split over ranks
+    weights: list[float] = field(default_factory=list)     # data: each rank's share of the batch
+    wrapper: str = ""              # data: DDP's `module.` before every parameter's name, dropped
     dropped: set[int] = field(default_factory=set)                 # record positions left out
     layouts: dict[tuple[int, str, str], Layout] = field(default_factory=dict)  # (pos, role, path)
     order: list[int] = field(default_factory=list)                 # piece order: rank indices
@@ -94,12 +97,16 @@ def plan_group(sources: Sequence[DumpSource]) -> GroupPlan:
     are not one logical run this package can merge."""
     ranks = [int(s.rank if s.rank is not None else i) for i, s in enumerate(sources)]
     plan = GroupPlan(ranks=ranks, order=list(range(len(sources))))
+    weights = _batch_shares(sources)
+    if weights is not None:
+        plan.mode, plan.weights = "data", weights
     out_layout: dict[Slot, Layout] = {}
     forward_layouts: dict[str, dict[tuple[str, str], Layout]] = {}
     dropped_names: set[str] = set()
     recent: list[tuple[tuple[tuple[Any, ...], ...], Slot]] = []
     counters: dict[str, int] = {}
     placed = False
+    fqns: list[str] = []
     iters = [iter(s.records()) for s in sources]
     pos = -1
     while True:
@@ -128,6 +135,8 @@ def plan_group(sources: Sequence[DumpSource]) -> GroupPlan:
             _drop(plan, first, recs, seq, out_layout)
             continue
         plan.kept += 1
+        if first.get("kind") == Kind.LEAF and first.get("leaf") in ("parameter", "buffer"):
+            fqns.append(str(first.get("tensor", "")))
         parsed = RecordName.parse(name)
         if parsed is not None and first.get("phase") == Phase.FORWARD:
             idx = counters.get(parsed.op, 0)
@@ -163,8 +172,11 @@ def plan_group(sources: Sequence[DumpSource]) -> GroupPlan:
         del recent[:-_RECENT]
         if first.get("phase") == Phase.FORWARD:
             forward_layouts[name] = mine
-    if not placed:
-        raise Unsupported("no DTensor placement is recorded in it")
+    if plan.mode == "data" and fqns and all(f.startswith("module.") for f in fqns):
+        plan.wrapper = "module."      # DistributedDataParallel's: the model's own names
+    if not placed and plan.mode != "data":
+        raise Unsupported("no DTensor placement is recorded in it, and its ranks' inputs are "
+                          "the same (not a batch split between them)")
     plan.unknown = plan.merged.get("unknown", 0)
     return plan
 
@@ -194,6 +206,10 @@ def _decide(plan: GroupPlan, descs: list[dict[str, Any]], role: str, path: str,
             out_layout: dict[Slot, Layout], backward_of: Optional[dict[tuple[str, str], Layout]],
             recent: list[tuple[tuple[tuple[Any, ...], ...], Slot]], seq: int) -> Layout:
     placed = [from_placement(d) for d in descs]
+    if plan.mode == "data" and placed[0] is None:
+        found = _data_layout(descs, role, first, mine, backward_of)
+        if found is not None:
+            return found
     if placed[0] is not None:
         if any(p != placed[0] for p in placed):
             raise Unsupported(f"{first.get('name')}: ranks hold {role} {path} placed unlike "
@@ -209,7 +225,7 @@ def _decide(plan: GroupPlan, descs: list[dict[str, Any]], role: str, path: str,
         twin = {"input": "output", "output": "input"}.get(role)
         found = backward_of.get((twin, path)) if twin else None
         if found is not None and found.kind != "unknown":
-            return found
+            return _twin_in_data(found) if plan.mode == "data" else found
     if role == "output" and first.get("phase") == Phase.FORWARD:
         found = _propagated(descs, mine)
         if found is not None:
@@ -224,6 +240,73 @@ def _decide(plan: GroupPlan, descs: list[dict[str, Any]], role: str, path: str,
     if all(_stats_key(d) == key[0] for d in descs) and descs[0].get("stats") is not None:
         return REPLICATED
     return UNKNOWN_LAYOUT
+
+
+_MEAN_LOSSES = ("mean", "mse_loss", "l1_loss", "cross_entropy", "nll_loss", "smooth_l1_loss",
+                "binary_cross_entropy", "binary_cross_entropy_with_logits", "huber_loss")
+
+
+def _batch_shares(sources: Sequence[DumpSource]) -> Optional[list[float]]:
+    """Each rank's share of the global batch when the ranks were given different inputs of one
+    shape but dim 0 (data parallel: the batch split between them); None otherwise."""
+    found: list[dict[str, Any]] = []
+    for source in sources:
+        for i, rec in enumerate(source.records()):
+            if rec.get("kind") == Kind.LEAF and rec.get("leaf") == "input" and rec.get("outputs"):
+                found.append(rec["outputs"][0])
+                break
+            if i > 500:
+                break
+    if len(found) != len(sources) or any("placement" in d for d in found):
+        return None
+    shapes = [list(d.get("shape") or []) for d in found]
+    if not shapes[0] or any(len(s) != len(shapes[0]) or s[1:] != shapes[0][1:] for s in shapes):
+        return None
+    if all(_stats_key(d) == _stats_key(found[0]) for d in found):
+        return None                   # the same input on every rank: not a batch split
+    total = sum(s[0] for s in shapes)
+    return [s[0] / total for s in shapes] if total else None
+
+
+def _data_layout(descs: list[dict[str, Any]], role: str, first: dict[str, Any],
+                 mine: dict[tuple[str, str], Layout],
+                 backward_of: Optional[dict[tuple[str, str], Layout]]) -> Optional[Layout]:
+    """Data parallel: the batch is dim 0 of what the inputs made, parameters are replicas, and
+    a mean loss over each rank's part of the batch makes each rank's gradients its share's
+    multiple of the whole batch's: activation gradients are shards scaled by the share,
+    parameter gradients partial means weighted by it, the loss's own gradient a replica."""
+    if first.get("kind") == Kind.LEAF:
+        return Layout.shard(0) if first.get("leaf") == "input" else REPLICATED
+    if backward_of is not None:
+        return None                   # the forward twin's (`_twin_in_data`, in `_decide`)
+    if role == "output" and first.get("phase") == Phase.FORWARD:
+        ins = [layout for (r, _), layout in mine.items() if r == "input"]
+        shape = descs[0].get("shape") or []
+        if any(x.kind == SHARD and x.dim == 0 for x in ins) and _numel(shape) == 1:
+            op = str(first.get("op", "")).rsplit(".", 1)[-1]
+            if op in _MEAN_LOSSES:
+                return Layout.partial("avg")
+            if op == "sum":
+                return Layout.partial("sum")
+    return None
+
+
+def _twin_in_data(layout: Layout) -> Layout:
+    """The layout of a gradient whose forward tensor is laid out `layout` (data parallel)."""
+    if layout.kind == SHARD:
+        return Layout(SHARD, layout.dim, scaled=True)
+    if layout.kind == REPLICATE:
+        return Layout.partial("avg")
+    if layout.kind == PARTIAL:
+        return REPLICATED
+    return layout
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for x in shape:
+        n *= int(x)
+    return n
 
 
 def _propagated(descs: list[dict[str, Any]], mine: dict[tuple[str, str], Layout]

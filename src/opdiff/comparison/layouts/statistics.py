@@ -50,6 +50,35 @@ def merge_shards(pieces: Sequence[Optional[dict[str, Any]]],
     return {k: encode_float(v) if isinstance(v, float) else v for k, v in out.items()}
 
 
+def scaled(stats: Optional[dict[str, Any]], factor: float) -> Optional[dict[str, Any]]:
+    """The statistics of a tensor multiplied by `factor` > 0 (exact: each is linear in it)."""
+    if factor == 1.0 or not isinstance(stats, dict):
+        return stats
+    f = _floats(stats)
+    if f is None:
+        return None
+    out = dict(stats)
+    for key in _KEYS:
+        out[key] = encode_float(f[key] * factor)
+    return out
+
+
+def combined_scalars(pieces: Sequence[Optional[dict[str, Any]]],
+                     coefficients: Sequence[float]) -> Optional[dict[str, Any]]:
+    """The statistics of sum(c * x) over one-element pieces x (a data-parallel rank's loss: the
+    whole batch's is the ranks' weighted by their share), exact from their values."""
+    floats = [_floats(p) if isinstance(p, dict) else None for p in pieces]
+    if not floats or any(f is None for f in floats):
+        return None
+    value = math.fsum(c * f["mean"] for c, f in zip(coefficients, floats) if f is not None)
+    out: dict[str, Any] = {"max": value, "min": value, "mean": value, "norm": abs(value)}
+    counts = [(p or {}).get(k) for p in pieces for k in ("nan", "inf")]
+    if all(isinstance(c, int) for c in counts):
+        out["nan"] = int(not math.isfinite(value) and math.isnan(value))
+        out["inf"] = int(math.isinf(value))
+    return {k: encode_float(v) if isinstance(v, float) else v for k, v in out.items()}
+
+
 def same(a: Optional[dict[str, Any]], b: Optional[dict[str, Any]]) -> bool:
     """Two replicas' statistics are the same (exactly: replicas are copies)."""
     if not isinstance(a, dict) or not isinstance(b, dict):
@@ -60,4 +89,4 @@ def same(a: Optional[dict[str, Any]], b: Optional[dict[str, Any]]) -> bool:
     return all(fa[k] == fb[k] or (math.isnan(fa[k]) and math.isnan(fb[k])) for k in _KEYS)
 
 
-__all__ = ["merge_shards", "same"]
+__all__ = ["merge_shards", "same", "scaled", "combined_scalars"]
