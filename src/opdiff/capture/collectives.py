@@ -306,6 +306,18 @@ def record_backward_collectives(model: Any) -> None:
 _dtensor_type: list[Any] = []
 
 
+def _finished(t: Any) -> Any:
+    """A functional collective's pending result (AsyncCollectiveTensor: TP's all-reduce, read
+    through DTensor's views, or a DTensor's local tensor) as the plain tensor it holds once the
+    collective has finished (its wrapper has no memory of its own to save); `t` otherwise."""
+    if callable(getattr(t, "_get_acs_underlying_tensor", None)):
+        try:
+            return t.trigger_wait()
+        except Exception:  # noqa: BLE001 - described as it is
+            return t
+    return t
+
+
 def local_shard(t: Any) -> tuple[Any, Optional[dict[str, Any]]]:
     """(this rank's shard of a DTensor, where it sits), or (t, None) for any other tensor.
 
@@ -324,10 +336,10 @@ def local_shard(t: Any) -> tuple[Any, Optional[dict[str, Any]]]:
             DTensor = ()             # type: ignore[assignment,misc]  # noqa: N806
         _dtensor_type.append(DTensor)
     if not isinstance(t, _dtensor_type[0]):
-        return t, None
+        return _finished(t), None
     try:
         coordinate = t.device_mesh.get_coordinate()
-        local = t._local_tensor
+        local = _finished(t._local_tensor)
         placed = {"placements": [str(p) for p in t.placements],
                   "coordinate": list(coordinate) if coordinate is not None else None,
                   "global_shape": list(t.shape),
@@ -339,6 +351,63 @@ def local_shard(t: Any) -> tuple[Any, Optional[dict[str, Any]]]:
         return t, None
 
 
-__all__ = ["local_shard", "waited", "annotate", "group_of", "record_ddp_allreduce", "record_fsdp_reduce_scatter",
+def parallel_facts(model: Any = None) -> Optional[dict[str, Any]]:
+    """What meta.json says of how this run is laid out over ranks (`"parallel"`), or None when
+    torch.distributed is not initialised: `{"world_size": 2, "rank": 1, "styles": {"0":
+    {"style": "ColwiseParallel", "input": ["R"], "output": ["S(-1)"]}}, "tp_plan": {...}}`.
+
+    `styles`: the modules torch's tensor parallelism (`parallelize_module`) hooked, read off
+    their hooks; `tp_plan`: Hugging Face's `_tp_plan` where the model has one. Cheap: one walk
+    over the model's modules per step, no tensor touched. The comparison merges a run laid out
+    over several ranks into one logical run (comparison/layouts); these facts say, in words,
+    what it was merged from. Never raises."""
+    try:
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            return None
+        facts: dict[str, Any] = {"world_size": dist.get_world_size(), "rank": dist.get_rank()}
+        if model is None:
+            return facts
+        styles = {}
+        for fqn, module in model.named_modules():
+            style = _style_of(module)
+            if style is not None:
+                styles[fqn] = style
+        if styles:
+            facts["styles"] = styles
+        plan = getattr(model, "_tp_plan", None) or getattr(model, "tp_plan", None)
+        if isinstance(plan, dict) and plan:
+            facts["tp_plan"] = {str(k): str(v) for k, v in plan.items()}
+        return facts
+    except Exception:  # noqa: BLE001 - facts for people: never break the run
+        return None
+
+
+def _style_of(module: Any) -> Optional[dict[str, Any]]:
+    """The tensor-parallel style (ColwiseParallel, RowwiseParallel, SequenceParallel, ...)
+    whose hooks `distribute_module` put on `module`: its hooks' closures hold the style's
+    `_prepare_input_fn` / `_prepare_output_fn` as a partial over its layouts."""
+    out: dict[str, Any] = {}
+    for key, hooks in (("input", getattr(module, "_forward_pre_hooks", {})),
+                       ("output", getattr(module, "_forward_hooks", {}))):
+        for hook in hooks.values():
+            for cell in getattr(hook, "__closure__", None) or ():
+                try:
+                    fn = cell.cell_contents
+                except ValueError:
+                    continue
+                func = getattr(fn, "func", None)
+                if not getattr(func, "__module__", "").startswith("torch.distributed.tensor.parallel"):
+                    continue
+                out["style"] = getattr(func, "__qualname__", "").split(".")[0]
+                args = getattr(fn, "args", ())
+                if args:
+                    seq = args[0] if isinstance(args[0], (list, tuple)) else (args[0],)
+                    out[key] = [str(x) for x in seq]
+    return out or None
+
+__all__ = ["local_shard", "parallel_facts", "waited", "annotate", "group_of", "record_ddp_allreduce",
+           "record_fsdp_reduce_scatter",
            "record_backward_collectives",
            "in_comm_hook", "entered", "left"]

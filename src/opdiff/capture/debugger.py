@@ -98,6 +98,7 @@ class PrecisionDebugger:
             _active.stop()  # OverflowDetected ended the user's loop before it could call stop()
         if _active is not None and _active is not self:
             raise ConfigError("another opdiff debugger is running; stop it first")
+        self.session.model = model      # (its layout over ranks goes into meta.json)
         self.session.open_step()
         if not self.session.recording:
             return  # this step or rank is not selected

@@ -175,6 +175,11 @@ class Describer:
                         weakref.ref(t.untyped_storage() if inductor else base),
                         None if inductor else version, seq, slot)
                 producers[id(t)] = (ref, version, seq, slot)
+                if type(t) not in _PLAIN_TYPES:     # a DTensor: readers of its local shard
+                    # (DTensor's to_local view) are its readers too (comparison/layouts)
+                    local = getattr(t, "_local_tensor", None)
+                    if isinstance(local, torch.Tensor):
+                        producers[id(local)] = (weakref.ref(local), _version(local), seq, slot)
         self.outs.clear()
         self.read.clear()
         if len(producers) > self._prune_at:     # drop the dead (amortised: the limit doubles)
@@ -201,6 +206,7 @@ class Describer:
         if _is_wrapped(t):
             t = _unwrapped(t)
         # a DTensor: this rank's shard, and where it sits (collectives.local_shard)
+        wrapper = t
         t, placed = collectives.local_shard(t) if type(t) not in _PLAIN_TYPES else (t, None)
         dtype = t.dtype
         desc = {"type": "tensor", "dtype": _DTYPE_NAMES.get(dtype) or _dtype_name(dtype),
@@ -217,6 +223,8 @@ class Describer:
         # next op's input and its module's output): reduce it once.
         try:
             version = t._version      # inference tensors have none: never cached
+            if placed is not None:    # DTensor's in-place ops bump its own counter, not its
+                version += wrapper._version << 32     # shard's (an optimizer step on it)
         except RuntimeError:
             version = None
         if version is None:
@@ -235,7 +243,7 @@ class Describer:
             else:
                 self._add_stats(desc, t, key, version, record, role, slot)
         if self.save and t.layout == torch.strided:
-            desc["key"] = self._save(t, record, role, slot)
+            desc["key"] = self._save(t, record, role, slot, version)
         return desc
 
     def _plain_cpu(self, t: torch.Tensor, key: int, cached, record: str, role: str, slot) -> dict:
@@ -349,8 +357,9 @@ class Describer:
             return None
         return entry[2]
 
-    def _save(self, t: torch.Tensor, record: str, role: str, slot) -> str:
-        version = _version(t)
+    def _save(self, t: torch.Tensor, record: str, role: str, slot, version=False) -> str:
+        # (version: the caller's, where it counts more than the tensor's own: a DTensor's shard)
+        version = _version(t) if version is False else version
         entry = self._saved.get(id(t)) if version is not None else None
         if entry is not None:
             ref, saved_version, key = entry

@@ -21,7 +21,7 @@ from ..errors import ConfigError, OverflowDetected
 from ..store import layout
 from ..store.durable import disk_full
 from ..store.schema import Role
-from . import stacks
+from . import collectives, stacks
 from .guards import OwnWork
 from .leaves import Leaves, tag_leaves
 from .selection import Selection, name_matches, normalize_name
@@ -50,6 +50,7 @@ class Session:
         self.overflow: OverflowMonitor | None = None   # set by the overflow_check task (see overflow.py)
         self.at_close: list = []        # undo at step close: hooks on leaves, nodes held (backward.py)
         self.leaves = Leaves()          # the model's parameters and buffers, the root call's inputs
+        self.model = None               # the model start() was given (its TP styles: meta.json)
         # Which layer advances the describer's epoch (handles.py): each op's inputs when the API
         # layer records (a module's inputs, read in its pre-hook, are checked again by its first
         # op), each module call at L0.
@@ -123,6 +124,9 @@ class Session:
                 "rank": rank, "environment": fingerprint(),
                 # input descriptors name their producer (`"producer": [seq, slot]`, describe.py)
                 "dataflow": 1}
+        parallel = collectives.parallel_facts(self.model)   # ranks, TP styles (comparison/layouts)
+        if parallel is not None:
+            meta["parallel"] = parallel
         try:
             self.sink.open(directory, meta, cfg.task)
         except OSError as exc:

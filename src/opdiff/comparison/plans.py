@@ -29,7 +29,7 @@ from .recording import Recording
 from .region_onesided import one_sided
 from .regions import Region
 from .compiled import Record
-from .result import Divergence, Note, TensorRow
+from .result import CompareResult, Divergence, Note, TensorRow
 from .verdicts import Policy
 
 if TYPE_CHECKING:
@@ -46,6 +46,13 @@ class SourcesPlan(Protocol):
 
     def arrange(self, targets: list[DumpSource], goldens: list[DumpSource]
                 ) -> tuple[list[DumpSource], list[DumpSource], list[Note]]: ...
+
+    def made(self, source: DumpSource) -> bool:
+        """`source` is one this plan made (compared in this process: no path reopens it)."""
+
+    def judged(self, result: CompareResult, target: DumpSource, golden: DumpSource
+               ) -> CompareResult:
+        """A pair of sources it made, once judged: what the plan adds (a culprit's rank)."""
 
 
 @dataclass
@@ -163,6 +170,35 @@ class ModuleCalls:
         return Rewritten(target, golden)
 
 
+class RankLayouts:
+    """SOURCES level: a side laid out over more or fewer ranks than the other (tensor,
+    pipeline or data parallel against one device or another layout) merged into the one run
+    its ranks split (`comparison/layouts/`: shards joined, partial sums added, replicas checked,
+    stages chained); the culprit's rank is named once the pair is judged."""
+    name = "rank layouts"
+
+    def arrange(self, targets: list[DumpSource], goldens: list[DumpSource]
+                ) -> tuple[list[DumpSource], list[DumpSource], list[Note]]:
+        from . import layouts
+        found = layouts.logical_pairs(targets, goldens)
+        if found is None:                   # laid out alike: compared rank by rank
+            return targets, goldens, []
+        pairs, said = found
+        notes = [n if isinstance(n, Note) else Note(n, Note.SHARDING) for n in said]
+        if not pairs:                       # not merged: rank by rank, the notes say why
+            return targets, goldens, notes
+        return [t for t, _ in pairs], [g for _, g in pairs], notes
+
+    def made(self, source: DumpSource) -> bool:
+        from . import layouts
+        return layouts.is_logical(source)
+
+    def judged(self, result: CompareResult, target: DumpSource, golden: DumpSource
+               ) -> CompareResult:
+        from . import layouts
+        return layouts.name_ranks(result, target, golden)
+
+
 class TokenLayouts:
     """RECORDS level: two runs that compute the same token sequences in other layouts (one
     sequence alone against a row of a padded batch, a prefill and decode steps through a KV
@@ -267,6 +303,23 @@ def arrange(targets: list[DumpSource], goldens: list[DumpSource], table: Sequenc
     return targets, goldens, notes
 
 
+def _sources_plans() -> list[SourcesPlan]:
+    return [cast(SourcesPlan, row.then) for row in PLANS if row.level == SOURCES]
+
+
+def made_by_plan(source: DumpSource) -> bool:
+    """`source` was made by a SOURCES plan (it is compared in this process)."""
+    return any(plan.made(source) for plan in _sources_plans())
+
+
+def judged(result: CompareResult, target: DumpSource, golden: DumpSource) -> CompareResult:
+    """A judged pair with what each SOURCES plan that made one of its sides adds to it."""
+    for plan in _sources_plans():
+        if plan.made(target) or plan.made(golden):
+            result = plan.judged(result, target, golden)
+    return result
+
+
 def scope_note(target: list[Record], golden: list[Record], t_meta: Optional[dict[str, object]],
                g_meta: Optional[dict[str, object]]) -> Optional[str]:
     """What the table says of two sides' records as they are: the chosen plan's
@@ -275,4 +328,5 @@ def scope_note(target: list[Record], golden: list[Record], t_meta: Optional[dict
 
 
 __all__ = ["PLANS", "Row", "Plan", "CompiledPlan", "ModuleCalls", "SourcesPlan", "RecordsPlan",
-           "SOURCES", "RECORDS", "PAIRS", "Rewritten", "TokenLayouts", "RankLayouts", "plan_for", "rewrites", "arrange", "scope_note"]
+           "SOURCES", "RECORDS", "PAIRS", "Rewritten", "TokenLayouts", "RankLayouts", "made_by_plan", "judged",
+           "plan_for", "rewrites", "arrange", "scope_note"]

@@ -374,12 +374,17 @@ def run_pairs(pairs: list[Pair], options: CompareOptions, *,
     """
     advance: Callable[[int], None] = tick or (lambda n: None)
     finished: Callable[[Pair], None] = on_pair or (lambda p: None)
-    if len(pairs) == 1:
-        t, g = pairs[0]
-        with _children_stopped_on_exit():
-            result = _compare(t, g, options, tick=advance)
-        finished(pairs[0])
-        return [result]
+    from .plans import judged, made_by_plan
+
+    if len(pairs) == 1 or any(made_by_plan(d) for pair in pairs for d in pair):
+        # (a side a SOURCES plan made, ranks merged into one run, is no dump a worker can open)
+        out = []
+        for t, g in pairs:
+            with _children_stopped_on_exit():
+                result = _compare(t, g, options, tick=advance)
+            out.append(judged(result, t, g))    # (what the plan says of it: a piece's rank)
+            finished((t, g))
+        return out
     spool = Spool()
     results: list[Optional[CompareResult]] = [None] * len(pairs)
     todo = list(range(len(pairs)))

@@ -1,0 +1,131 @@
+"""Runs laid out differently over ranks, compared as the one-device runs they split.
+
+A tensor-parallel run writes one dump per rank, each holding a shard, a partial sum or a copy of
+every tensor; its reference often ran on one device. `logical_pairs` turns each side laid out
+over several ranks into one logical `DumpSource` per step (`merged.MergedSource`: shards
+joined along their dim, partial sums added, replicas checked against each other), so the usual
+comparison pairs the logical runs; `name_ranks` then says which rank's piece of the culprit's
+output differs. The one entry point the driver calls (`comparison/runs.py`, marked there):
+
+    found = logical_pairs(targets, goldens)     # None: the sides are laid out alike
+    if found is not None:
+        pairs, notes = found                    # [(target, golden)] with merged sides
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from ...store.source import DumpSource
+from ..result import Note
+from .attribute import name_ranks
+from .chain import ChainedSource
+from .merged import MergedSource
+from .placement import Unsupported
+
+Pair = tuple[DumpSource, DumpSource]
+
+_last: dict[tuple[int, ...], Optional[tuple[list[Pair], list[str]]]] = {}
+
+
+def _by_step(dumps: Sequence[DumpSource]) -> dict[int, list[DumpSource]]:
+    out: dict[int, list[DumpSource]] = {}
+    for d in dumps:
+        out.setdefault(d.step if d.step is not None else -1, []).append(d)
+    return out
+
+
+def _world(dumps: Sequence[DumpSource]) -> Optional[int]:
+    """The world size capture recorded (meta.json `parallel`), or None (an older dump)."""
+    for d in dumps:
+        parallel = d.meta.get("parallel") if isinstance(d.meta, dict) else None
+        if isinstance(parallel, dict) and isinstance(parallel.get("world_size"), int):
+            return int(parallel["world_size"])
+    return None
+
+
+def _laid_out_unlike(targets: Sequence[DumpSource], goldens: Sequence[DumpSource],
+                     t_steps: dict[int, list[DumpSource]], g_steps: dict[int, list[DumpSource]]
+                     ) -> bool:
+    """The two runs ran over different numbers of ranks: by the world sizes capture recorded;
+    for older dumps, one side has one rank a step and the other more (a side merely missing
+    a rank's directory is not another layout)."""
+    t_world, g_world = _world(targets), _world(goldens)
+    if t_world is not None and g_world is not None:
+        return t_world != g_world
+    counts = [(len(t_steps.get(s, ())), len(g_steps.get(s, ()))) for s in {*t_steps, *g_steps}]
+    return any(a != b and min(a, b) == 1 for a, b in counts)
+
+
+def _side(step: int, dumps: list[DumpSource], side: str,
+          notes: list[str]) -> Optional[DumpSource]:
+    if len(dumps) == 1:
+        return dumps[0]
+    world = _world(dumps)
+    if world is not None and world != len(dumps):
+        notes.append(Note(f"step {step}: the {side} holds {len(dumps)} of its {world} ranks' "
+                          f"dumps: not merged into one run; compared rank by rank",
+                          Note.SHARDING))
+        return None
+    try:
+        merged = MergedSource(dumps)
+    except Unsupported as exc:
+        try:
+            chained = ChainedSource(dumps)
+        except Unsupported as why:
+            notes.append(Note(f"step {step}: the {side}'s {len(dumps)} ranks were not merged "
+                              f"into one run (not tensor parallel: {exc}; not a pipeline: {why}); "
+                              f"compared rank by rank", Note.SHARDING))
+            return None
+        notes.append(Note(f"step {step}: the {side}'s ranks {chained.ranks} were chained into "
+                          f"one run as pipeline stages ({chained.kept} records; sends, receives "
+                          f"and their buffers left out)", Note.SHARDING))
+        return chained
+    plan = merged.plan
+    kinds = ", ".join(f"{n} {k}" for k, n in sorted(plan.merged.items()))
+    notes.append(Note(f"step {step}: the {side}'s ranks {plan.ranks} were merged into one run "
+                      f"({kinds} tensors; {len(plan.dropped)} layout records left out)",
+                      Note.SHARDING))
+    if plan.unknown:
+        notes.append(Note(f"step {step}: {plan.unknown} of the {side}'s tensors have a layout "
+                          f"nothing records (not judged)", Note.SHARDING))
+    for finding in plan.replicas[:5]:
+        notes.append(Note(f"step {step}: the {side}: {finding}", Note.RANKS))
+    return merged
+
+
+def logical_pairs(targets: Sequence[DumpSource], goldens: Sequence[DumpSource]
+                  ) -> Optional[tuple[list[Pair], list[str]]]:
+    """[(target, golden)] per step with each side laid out over several ranks merged, and notes
+    saying what was merged; None when both sides have as many ranks in every step (compared
+    rank by rank, as before); no pairs, and a note why, when a side cannot be merged."""
+    key = tuple(id(d) for d in (*targets, *goldens))
+    if key in _last:
+        return _last[key]
+    _last.clear()
+    _last[key] = found = _logical_pairs(targets, goldens)
+    return found
+
+
+def _logical_pairs(targets: Sequence[DumpSource], goldens: Sequence[DumpSource]
+                   ) -> Optional[tuple[list[Pair], list[str]]]:
+    t_steps, g_steps = _by_step(targets), _by_step(goldens)
+    if not _laid_out_unlike(targets, goldens, t_steps, g_steps):
+        return None
+    pairs: list[Pair] = []
+    notes: list[str] = []
+    for step in sorted(set(t_steps) & set(g_steps)):
+        t = _side(step, t_steps[step], "target", notes)
+        g = _side(step, g_steps[step], "golden", notes)
+        if t is None or g is None:
+            return [], notes            # compared rank by rank, with the note saying why
+        pairs.append((t, g))
+    return pairs, notes
+
+
+def is_logical(source: Any) -> bool:
+    """A merged side: compared in this process (a worker cannot open it again by its path)."""
+    return isinstance(source, (MergedSource, ChainedSource))
+
+
+__all__ = ["logical_pairs", "name_ranks", "is_logical", "MergedSource", "ChainedSource",
+           "Unsupported"]

@@ -1,0 +1,332 @@
+"""Pass one over the ranks of a group: how each recorded tensor is laid out (`GroupPlan`).
+
+The ranks of a tensor-parallel group run the same ops in the same order, so their k-th records
+are one logical call. For each tensor of each call the plan decides a `Layout`, from (first
+found wins):
+
+1. the DTensor placement capture recorded (`placement`);
+2. the record that made it (`producer`, through the layout ops below), or for a backward
+   record the forward call's tensor it is the gradient of;
+3. for a forward output, its inputs: all replicated makes it replicated; an output shaped like
+   its one sharded input (an elementwise op) is sharded like it;
+4. an earlier output holding the same values on every rank (a collective's result that its
+   reader got through a view capture does not see);
+5. every rank holding the same values: replicated.
+
+Otherwise it is `UNKNOWN`, and not judged. Layout ops are left out of the logical run:
+DTensor's own views (`Tensor.view_as` of a tensor as itself: `to_local`, `from_local`) and the
+group's collectives (an all-reduce's result is the sum of its partial inputs: its readers read
+that sum; its statistics are the sum's, exact where the partials' cannot be merged).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional, Sequence
+
+from ...store.records import iter_tensors, producer_of
+from ...store.schema import Kind, Phase, RecordName
+from ...store.source import DumpSource
+from . import statistics
+from .placement import (PARTIAL, REPLICATE, REPLICATED, SHARD, UNKNOWN_LAYOUT, Layout, Unsupported,
+                        coordinate, from_placement)
+
+# collectives whose result is the whole of what their inputs are pieces of
+_GATHERING = ("Distributed.all_reduce", "Distributed.all_gather_into_tensor",
+              "Distributed.all_gather", "Distributed.all_gather_tensor")
+_RECENT = 64          # outputs looked back at for a tensor found by its values (rule 4)
+
+Slot = tuple[int, str]      # (seq, output slot)
+
+
+def tensor_slots(record: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """(role, path within the role, descriptor) of every tensor of a record; path is the
+    part of the tensor's name after its role (`0`, `0.1`, `weight`)."""
+    for name, role, desc in iter_tensors(record):
+        yield role, name.split(f".{role}.", 1)[-1] if f".{role}." in name else \
+            name.rsplit(".", 1)[-1], desc
+
+
+def _stats_key(desc: dict[str, Any]) -> tuple[Any, ...]:
+    s = desc.get("stats") or {}
+    return (tuple(desc.get("shape") or ()), desc.get("dtype"),
+            tuple(s.get(k) for k in ("max", "min", "mean", "norm")))
+
+
+@dataclass
+class GroupPlan:
+    """What pass one decided for a group of ranks' dumps of one step."""
+
+    ranks: list[int]
+    mode: str = "tensor"           # "tensor": DTensor placements; "data": batch split over ranks
+    weights: list[float] = field(default_factory=list)     # data: each rank's share of the batch
+    wrapper: str = ""              # data: DDP's `module.` before every parameter's name, dropped
+    dropped: set[int] = field(default_factory=set)                 # record positions left out
+    layouts: dict[tuple[int, str, str], Layout] = field(default_factory=dict)  # (pos, role, path)
+    order: list[int] = field(default_factory=list)                 # piece order: rank indices
+    alias: dict[Slot, Slot] = field(default_factory=dict)          # a layout op's output -> source
+    reduced: dict[Slot, dict[str, Any]] = field(default_factory=dict)   # a partial's summed stats
+    renamed: dict[str, str] = field(default_factory=dict)          # record names renumbered
+    replicas: list[str] = field(default_factory=list)              # replicas that differ: findings
+    unknown: int = 0
+    merged: dict[str, int] = field(default_factory=dict)           # how many tensors, by layout
+    kept: int = 0
+
+    def resolve(self, slot: Optional[Slot]) -> Optional[Slot]:
+        seen = 0
+        while slot is not None and slot in self.alias and seen < 10_000:
+            slot, seen = self.alias[slot], seen + 1
+        return slot
+
+
+def _is_self_view(rec: dict[str, Any]) -> bool:
+    """DTensor's to_local/from_local: `Tensor.view_as` of a tensor shaped like itself."""
+    if rec.get("op") != "Tensor.view_as" or rec.get("kind") != Kind.API:
+        return False
+    shapes = [d.get("shape") for _, _, d in iter_tensors(rec)]
+    return len(shapes) >= 2 and all(s == shapes[0] for s in shapes)
+
+
+def _group_collective(rec: dict[str, Any], ranks: Sequence[int]) -> bool:
+    group = rec.get("group")
+    return (isinstance(group, dict) and str(rec.get("op", "")).startswith("Distributed.")
+            and "peer" not in group and sorted(group.get("ranks") or []) == sorted(ranks))
+
+
+def plan_group(sources: Sequence[DumpSource]) -> GroupPlan:
+    """Pass one over the ranks' records (streamed, all ranks in step); `Unsupported` when they
+    are not one logical run this package can merge."""
+    ranks = [int(s.rank if s.rank is not None else i) for i, s in enumerate(sources)]
+    plan = GroupPlan(ranks=ranks, order=list(range(len(sources))))
+    weights = _batch_shares(sources)
+    if weights is not None:
+        plan.mode, plan.weights = "data", weights
+    out_layout: dict[Slot, Layout] = {}
+    forward_layouts: dict[str, dict[tuple[str, str], Layout]] = {}
+    dropped_names: set[str] = set()
+    recent: list[tuple[tuple[tuple[Any, ...], ...], Slot]] = []
+    counters: dict[str, int] = {}
+    placed = False
+    fqns: list[str] = []
+    iters = [iter(s.records()) for s in sources]
+    pos = -1
+    while True:
+        recs = [next(it, None) for it in iters]
+        if all(r is None for r in recs):
+            break
+        pos += 1
+        if any(r is None for r in recs):
+            short = [ranks[i] for i, r in enumerate(recs) if r is None]
+            raise Unsupported(f"rank(s) {short} recorded fewer ops than rank {ranks[0]}")
+        first = recs[0]
+        assert first is not None
+        for i, r in enumerate(recs[1:], 1):
+            if r is not None and r.get("name") != first.get("name"):
+                raise Unsupported(f"rank {ranks[i]} ran {r.get('name')} where rank {ranks[0]} "
+                                  f"ran {first.get('name')} (record {pos})")
+        found_seq = first.get("seq")
+        seq: int = found_seq if isinstance(found_seq, int) else pos
+        name = str(first.get("name"))
+        if first.get("phase") == Phase.BACKWARD and first.get("forward") in dropped_names:
+            plan.dropped.add(pos)
+            continue
+        if _is_self_view(first) or _group_collective(first, ranks):
+            plan.dropped.add(pos)
+            dropped_names.add(name)
+            _drop(plan, first, recs, seq, out_layout)
+            continue
+        plan.kept += 1
+        if first.get("kind") == Kind.LEAF and first.get("leaf") in ("parameter", "buffer"):
+            fqns.append(str(first.get("tensor", "")))
+        parsed = RecordName.parse(name)
+        if parsed is not None and first.get("phase") == Phase.FORWARD:
+            idx = counters.get(parsed.op, 0)
+            counters[parsed.op] = idx + 1
+            if idx != parsed.index:
+                plan.renamed[name] = RecordName(parsed.op, parsed.phase, idx, parsed.kind).text
+        backward_of = forward_layouts.get(str(first.get("forward"))) \
+            if first.get("phase") == Phase.BACKWARD else None
+        mine: dict[tuple[str, str], Layout] = {}
+        per_rank = [list(tensor_slots(r)) for r in recs if r is not None]
+        for j, (role, path, desc) in enumerate(per_rank[0]):
+            descs = [p[j][2] if j < len(p) else {} for p in per_rank]
+            layout = _decide(plan, descs, role, path, first, mine, out_layout, backward_of,
+                             recent, seq)
+            if from_placement(desc) is not None:
+                placed = True
+                c = [x for x in (coordinate(d) for d in descs) if x is not None]
+                if len(c) == len(descs) and sorted(c) == list(range(len(c))):
+                    plan.order = sorted(range(len(c)), key=lambda i: c[i])
+            plan.layouts[(pos, role, path)] = layout
+            mine[(role, path)] = layout
+            plan.merged[layout.kind] = plan.merged.get(layout.kind, 0) + 1
+            if layout.kind == REPLICATE:
+                for i, d in enumerate(descs[1:], 1):
+                    if not statistics.same(descs[0].get("stats"), d.get("stats")):
+                        plan.replicas.append(
+                            f"rank {ranks[i]}'s copy of {name}.{role}.{path} differs from rank "
+                            f"{ranks[0]}'s (a replica that should be equal)")
+                        break
+            if role == "output":
+                out_layout[(seq, path)] = layout
+                recent.append((tuple(_stats_key(d) for d in descs), (seq, path)))
+        del recent[:-_RECENT]
+        if first.get("phase") == Phase.FORWARD:
+            forward_layouts[name] = mine
+    if plan.mode == "data" and fqns and all(f.startswith("module.") for f in fqns):
+        plan.wrapper = "module."      # DistributedDataParallel's: the model's own names
+    if not placed and plan.mode != "data":
+        raise Unsupported("no DTensor placement is recorded in it, and its ranks' inputs are "
+                          "the same (not a batch split between them)")
+    plan.unknown = plan.merged.get("unknown", 0)
+    return plan
+
+
+def _drop(plan: GroupPlan, first: dict[str, Any], recs: list[Any], seq: int,
+          out_layout: dict[Slot, Layout]) -> None:
+    """A layout op left out: its output stands for its input (a view) or for the whole its
+    inputs are pieces of (a gathering collective)."""
+    ins = [d for _, role, d in iter_tensors(first) if role == "input"]
+    src = plan.resolve(producer_of(ins[0])) if ins else None
+    op = str(first.get("op"))
+    if src is not None:
+        plan.alias[(seq, "0")] = src
+    if op.startswith("Distributed."):
+        out_layout[(seq, "0")] = REPLICATED
+        if src is not None and op in _GATHERING:
+            outs = [d for _, role, d in iter_tensors(first) if role == "output"]
+            if outs and outs[0].get("stats") is not None:
+                plan.reduced[src] = outs[0]["stats"]
+    elif ins:
+        p = producer_of(ins[0])
+        out_layout[(seq, "0")] = out_layout.get(p, UNKNOWN_LAYOUT) if p else UNKNOWN_LAYOUT
+
+
+def _decide(plan: GroupPlan, descs: list[dict[str, Any]], role: str, path: str,
+            first: dict[str, Any], mine: dict[tuple[str, str], Layout],
+            out_layout: dict[Slot, Layout], backward_of: Optional[dict[tuple[str, str], Layout]],
+            recent: list[tuple[tuple[tuple[Any, ...], ...], Slot]], seq: int) -> Layout:
+    placed = [from_placement(d) for d in descs]
+    if plan.mode == "data" and placed[0] is None:
+        found = _data_layout(descs, role, first, mine, backward_of)
+        if found is not None:
+            return found
+    if placed[0] is not None:
+        if any(p != placed[0] for p in placed):
+            raise Unsupported(f"{first.get('name')}: ranks hold {role} {path} placed unlike "
+                              f"each other")
+        return placed[0]
+    if role == "input" and first.get("phase") == Phase.FORWARD:
+        src = producer_of(descs[0])
+        if src is not None:
+            found = out_layout.get(src)
+            if found is not None and found.kind != "unknown":
+                return found
+    if backward_of is not None:
+        twin = {"input": "output", "output": "input"}.get(role)
+        found = backward_of.get((twin, path)) if twin else None
+        if found is not None and found.kind != "unknown":
+            return _twin_in_data(found) if plan.mode == "data" else found
+    if role == "output" and first.get("phase") == Phase.FORWARD:
+        found = _propagated(descs, mine)
+        if found is not None:
+            return found
+    key = tuple(_stats_key(d) for d in descs)
+    if descs[0].get("stats") is not None:
+        for earlier, slot in reversed(recent):
+            if earlier == key and slot[0] != seq:
+                found = out_layout.get(slot)
+                if found is not None and found.kind != "unknown":
+                    return found
+    if all(_stats_key(d) == key[0] for d in descs) and descs[0].get("stats") is not None:
+        return REPLICATED
+    return UNKNOWN_LAYOUT
+
+
+_MEAN_LOSSES = ("mean", "mse_loss", "l1_loss", "cross_entropy", "nll_loss", "smooth_l1_loss",
+                "binary_cross_entropy", "binary_cross_entropy_with_logits", "huber_loss")
+
+
+def _batch_shares(sources: Sequence[DumpSource]) -> Optional[list[float]]:
+    """Each rank's share of the global batch when the ranks were given different inputs of one
+    shape but dim 0 (data parallel: the batch split between them); None otherwise."""
+    found: list[dict[str, Any]] = []
+    for source in sources:
+        for i, rec in enumerate(source.records()):
+            if rec.get("kind") == Kind.LEAF and rec.get("leaf") == "input" and rec.get("outputs"):
+                found.append(rec["outputs"][0])
+                break
+            if i > 500:
+                break
+    if len(found) != len(sources) or any("placement" in d for d in found):
+        return None
+    shapes = [list(d.get("shape") or []) for d in found]
+    if not shapes[0] or any(len(s) != len(shapes[0]) or s[1:] != shapes[0][1:] for s in shapes):
+        return None
+    if all(_stats_key(d) == _stats_key(found[0]) for d in found):
+        return None                   # the same input on every rank: not a batch split
+    total = sum(s[0] for s in shapes)
+    return [s[0] / total for s in shapes] if total else None
+
+
+def _data_layout(descs: list[dict[str, Any]], role: str, first: dict[str, Any],
+                 mine: dict[tuple[str, str], Layout],
+                 backward_of: Optional[dict[tuple[str, str], Layout]]) -> Optional[Layout]:
+    """Data parallel: the batch is dim 0 of what the inputs made, parameters are replicas, and
+    a mean loss over each rank's part of the batch makes each rank's gradients its share's
+    multiple of the whole batch's: activation gradients are shards scaled by the share,
+    parameter gradients partial means weighted by it, the loss's own gradient a replica."""
+    if first.get("kind") == Kind.LEAF:
+        return Layout.shard(0) if first.get("leaf") == "input" else REPLICATED
+    if backward_of is not None:
+        return None                   # the forward twin's (`_twin_in_data`, in `_decide`)
+    if role == "output" and first.get("phase") == Phase.FORWARD:
+        ins = [layout for (r, _), layout in mine.items() if r == "input"]
+        shape = descs[0].get("shape") or []
+        if any(x.kind == SHARD and x.dim == 0 for x in ins) and _numel(shape) == 1:
+            op = str(first.get("op", "")).rsplit(".", 1)[-1]
+            if op in _MEAN_LOSSES:
+                return Layout.partial("avg")
+            if op == "sum":
+                return Layout.partial("sum")
+    return None
+
+
+def _twin_in_data(layout: Layout) -> Layout:
+    """The layout of a gradient whose forward tensor is laid out `layout` (data parallel)."""
+    if layout.kind == SHARD:
+        return Layout(SHARD, layout.dim, scaled=True)
+    if layout.kind == REPLICATE:
+        return Layout.partial("avg")
+    if layout.kind == PARTIAL:
+        return REPLICATED
+    return layout
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for x in shape:
+        n *= int(x)
+    return n
+
+
+def _propagated(descs: list[dict[str, Any]], mine: dict[tuple[str, str], Layout]
+                ) -> Optional[Layout]:
+    """An output's layout from its record's inputs (`mine`, decided already)."""
+    ins = [layout for (role, _), layout in mine.items() if role == "input"]
+    if not ins:
+        return None
+    if all(layout.kind == REPLICATE for layout in ins):
+        return REPLICATED
+    shards = {layout for layout in ins if layout.kind == SHARD}
+    others = [layout for layout in ins if layout.kind not in (SHARD, REPLICATE)]
+    if len(shards) == 1 and not others:
+        layout = next(iter(shards))
+        ndim = len(descs[0].get("shape") or ())
+        if layout.dim < ndim:
+            return layout
+    if any(layout.kind == PARTIAL for layout in ins):
+        return None
+    return None
+
+
+__all__ = ["GroupPlan", "plan_group", "tensor_slots", "Layout"]

@@ -1,0 +1,92 @@
+"""Statistics of one logical tensor from its pieces' statistics, exactly, in float64.
+
+    merge_shards([{"max":, "min":, "mean":, "norm":, "nan":, "inf":}, ...], [numel, ...])
+
+Pieces that together hold every element once (shards, data-parallel slices, pipeline stages'
+halves): max and min are the pieces' max and min, the mean is weighted by element count, the
+norm is the root of the sum of squared norms, nan and inf counts add. Partial sums cannot be
+merged from statistics (the max of a sum is not a sum of maxima): `None`, and the caller says
+so. (The "records" helper adds `store/statistics.py` with an exact `merge`; the lead unifies.)
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional, Sequence
+
+from ...store.records import decode_float, encode_float
+
+_KEYS = ("max", "min", "mean", "norm")
+
+
+def _floats(stats: dict[str, Any]) -> Optional[dict[str, float]]:
+    try:
+        return {k: float(decode_float(stats[k])) for k in _KEYS}
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def merge_shards(pieces: Sequence[Optional[dict[str, Any]]],
+                 numels: Sequence[int]) -> Optional[dict[str, Any]]:
+    """The statistics of the concatenation of `pieces` (None where one piece has none)."""
+    floats = [_floats(p) if isinstance(p, dict) else None for p in pieces]
+    if any(f is None for f in floats) or not floats:
+        return None
+    fs: list[dict[str, float]] = [f for f in floats if f is not None]
+    held = [(f, n) for f, n in zip(fs, numels) if n > 0]
+    if not held:
+        return dict(pieces[0] or {})
+    total = sum(n for _, n in held)
+    out: dict[str, Any] = {
+        "max": max(f["max"] for f, _ in held),
+        "min": min(f["min"] for f, _ in held),
+        "mean": math.fsum(f["mean"] * n for f, n in held) / total,
+        "norm": math.sqrt(math.fsum(f["norm"] * f["norm"] for f, _ in held)),
+    }
+    for key in ("nan", "inf"):
+        counts = [p.get(key) for p in pieces if isinstance(p, dict)]
+        ints = [c for c in counts if isinstance(c, int)]
+        if len(ints) == len(counts):
+            out[key] = sum(ints)
+    return {k: encode_float(v) if isinstance(v, float) else v for k, v in out.items()}
+
+
+def scaled(stats: Optional[dict[str, Any]], factor: float) -> Optional[dict[str, Any]]:
+    """The statistics of a tensor multiplied by `factor` > 0 (exact: each is linear in it)."""
+    if factor == 1.0 or not isinstance(stats, dict):
+        return stats
+    f = _floats(stats)
+    if f is None:
+        return None
+    out = dict(stats)
+    for key in _KEYS:
+        out[key] = encode_float(f[key] * factor)
+    return out
+
+
+def combined_scalars(pieces: Sequence[Optional[dict[str, Any]]],
+                     coefficients: Sequence[float]) -> Optional[dict[str, Any]]:
+    """The statistics of sum(c * x) over one-element pieces x (a data-parallel rank's loss: the
+    whole batch's is the ranks' weighted by their share), exact from their values."""
+    floats = [_floats(p) if isinstance(p, dict) else None for p in pieces]
+    if not floats or any(f is None for f in floats):
+        return None
+    value = math.fsum(c * f["mean"] for c, f in zip(coefficients, floats) if f is not None)
+    out: dict[str, Any] = {"max": value, "min": value, "mean": value, "norm": abs(value)}
+    counts = [(p or {}).get(k) for p in pieces for k in ("nan", "inf")]
+    if all(isinstance(c, int) for c in counts):
+        out["nan"] = int(not math.isfinite(value) and math.isnan(value))
+        out["inf"] = int(math.isinf(value))
+    return {k: encode_float(v) if isinstance(v, float) else v for k, v in out.items()}
+
+
+def same(a: Optional[dict[str, Any]], b: Optional[dict[str, Any]]) -> bool:
+    """Two replicas' statistics are the same (exactly: replicas are copies)."""
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return a == b
+    fa, fb = _floats(a), _floats(b)
+    if fa is None or fb is None:
+        return a == b
+    return all(fa[k] == fb[k] or (math.isnan(fa[k]) and math.isnan(fb[k])) for k in _KEYS)
+
+
+__all__ = ["merge_shards", "same", "scaled", "combined_scalars"]
