@@ -20,6 +20,7 @@ from .comparison.mapping import Mapping
 from .comparison.mapping import load as load_mapping
 from .comparison.options import CompareOptions
 from .comparison.pair import compare_pair
+from .comparison.plans import arrange
 from .comparison.ranks import attribute_collectives
 from .comparison.reasons import with_context
 from .comparison.result import ERROR, WARNING, CompareResult
@@ -101,7 +102,9 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
         parsed = mapping if isinstance(mapping, Mapping) else load_mapping(mapping)
     options = replace(options, policy=Policy(thresholds), mapping=parsed)   # (made once)
     targets, goldens = discover(target), discover(golden)
+    targets, goldens, arranged = arrange(targets, goldens)  # the plan table's SOURCES rows
     pairs, notes = pair_dumps(targets, goldens)
+    notes = [*arranged, *notes]
     pairs, incomplete = split_incomplete(pairs)     # ranks that crashed before a step's first op
     incomplete += unpaired(targets, goldens)        # (pair_dumps notes these)
     cut, damage = cut_sides(pairs)                  # a side killed mid-step, or its disk full

@@ -48,6 +48,7 @@ from . import ranks, reasons
 from .region_verdict import region_divergence
 from .regions import REGION
 from .result import ERROR, LEAF_KIND, NUMBER, RANDOM, WARNING, Divergence, Origin, TensorRow
+from .verdicts import Policy
 
 if TYPE_CHECKING:       # (blame imports this module)
     from .blame import OpScore
@@ -59,7 +60,7 @@ STATISTICS_LEAF_TOLERANCE = 1e-6
 MOST_PARAMETERS = 0.5
 
 
-def judge_leaf(op: "OpScore", policy: Any, run_dtype: Optional[str] = None) -> None:
+def judge_leaf(op: "OpScore", policy: Policy, run_dtype: Optional[str] = None) -> None:
     """A leaf differs when its values do: at step 0, exactly in one dtype (saved tensors),
     beyond the statistics' own rounding (statistics), or beyond the tolerance of two dtypes;
     at later steps (weights trained in two precisions drift apart) beyond the tolerances an
@@ -89,7 +90,7 @@ def judge_leaf(op: "OpScore", policy: Any, run_dtype: Optional[str] = None) -> N
 
 
 def _beyond_tolerance(op: "OpScore", m: Any, tdt: Optional[str], gdt: Optional[str],
-                      policy: Any, run_dtype: Optional[str]) -> bool:
+                      policy: Policy, run_dtype: Optional[str]) -> bool:
     """A tensor differs beyond what the two dtypes (and statistics' own rounding) allow."""
     if m.nonfinite_mismatch:
         return True
@@ -101,7 +102,7 @@ def _beyond_tolerance(op: "OpScore", m: Any, tdt: Optional[str], gdt: Optional[s
     return bool(m.error > tol)
 
 
-def judge_outside(op_scores: Sequence["OpScore"], rows: list[TensorRow], policy: Any,
+def judge_outside(op_scores: Sequence["OpScore"], rows: list[TensorRow], policy: Policy,
                   run_dtype: Optional[str] = None) -> None:
     """An op whose input was changed outside torch after a recorded op described it (capture
     marks that input `"leaf": "outside"`) and differs from golden's is not to blame for it: the

@@ -270,27 +270,30 @@ PLANS: tuple[Row, ...] = (
 )
 
 
-def plan_for(t: Recording, g: Recording, table: Sequence[Row] = PLANS) -> Plan:
-    """The first PAIRS row of `table` that holds for (target, golden), as a Plan."""
-    for row in table:
+def plan_for(t: Recording, g: Recording, table: Optional[Sequence[Row]] = None) -> Plan:
+    """The first PAIRS row of `table` (default `PLANS`) that holds for (target, golden), as a
+    Plan."""
+    for row in PLANS if table is None else table:
         if row.level == PAIRS and row.when(t, g):
             assert isinstance(row.then, type) and issubclass(row.then, Plan)
             return row.then(row.why(t, g) if row.why is not None else None)
     raise AssertionError("the plan table ends in a row that always holds")
 
 
-def rewrites(t: Recording, g: Recording, table: Sequence[Row] = PLANS) -> list[RecordsPlan]:
-    """The RECORDS rows of `table` that hold for (target, golden), in order."""
-    return [cast(RecordsPlan, row.then) for row in table
+def rewrites(t: Recording, g: Recording, table: Optional[Sequence[Row]] = None
+             ) -> list[RecordsPlan]:
+    """The RECORDS rows of `table` (default `PLANS`) that hold for (target, golden), in order."""
+    return [cast(RecordsPlan, row.then) for row in (PLANS if table is None else table)
             if row.level == RECORDS and row.when(t, g)]
 
 
-def arrange(targets: list[DumpSource], goldens: list[DumpSource], table: Sequence[Row] = PLANS
+def arrange(targets: list[DumpSource], goldens: list[DumpSource],
+            table: Optional[Sequence[Row]] = None
             ) -> tuple[list[DumpSource], list[DumpSource], list[Note]]:
-    """Each side's dumps laid out by the SOURCES rows that hold (read from the first dump's
-    meta on each side); as they are when none does."""
+    """Each side's dumps laid out by the SOURCES rows of `table` (default `PLANS`) that hold
+    (read from the first dump's meta on each side); as they are when none does."""
     notes: list[Note] = []
-    rows = [row for row in table if row.level == SOURCES]
+    rows = [row for row in (PLANS if table is None else table) if row.level == SOURCES]
     if not rows or not targets or not goldens:
         return targets, goldens, notes
     t, g = (Recording.read((), d.meta, format=d.format, step=d.step, rank=d.rank)
