@@ -103,6 +103,11 @@ class RayEngine(Engine):
             tick: Optional[Callable[[int], None]] = None,
             on_pair: Optional[Callable[[Pair], None]] = None) -> list[CompareResult]:
         self.check(mapping=options.mapping is not None)
+        from .plans import made_by_plan
+        if any(made_by_plan(d) for pair in pairs for d in pair):
+            raise ConfigError("ranks laid out otherwise on the two sides are merged into one run "
+                              "in this process, which engine ray cannot send to its tasks yet; "
+                              "compare with the local engine")
         from .ray_engine import run_pairs_ray
 
         return run_pairs_ray(pairs, options, address=self.address, pins=self.pins,
