@@ -156,7 +156,7 @@ class _Walk:
 
     def _origin(self, rec, hin, hout, why: str) -> None:
         origin = self._make_origin(rec, hin, hout, why)
-        if rules.at_singularity(rec["op"] or rec["name"], list(rec.get("inputs") or [])):
+        if rules.at_singularity(rec["op"] or rec["name"], list(rec["inputs"])):
             self.singular.add(rec["name"])      # (only these may be created and discarded)
         if self.origins:
             self._link(rec, "new origin")

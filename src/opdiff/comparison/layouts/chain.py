@@ -90,9 +90,9 @@ class ChainedSource:
                         key: Key = (r, src[0], src[1]) if src else (r, seq, "0")
                         if src is not None and (r, src[0]) in self._copies:
                             self.dropped[r].add(self._copies[(r, src[0])])   # what it sent
-                        sent[(r, peer, int(group.get("seq", -1)))] = self._resolve(key)
+                        sent[(r, peer, _group_seq(group))] = self._resolve(key)
                     elif op.endswith("recv"):
-                        found = sent.get((peer, r, int(group.get("seq", -1))))
+                        found = sent.get((peer, r, _group_seq(group)))
                         if found is not None:
                             self.alias[(r, seq, "0")] = found
                         if ins:
@@ -216,3 +216,8 @@ class ChainedSource:
 
 
 __all__ = ["ChainedSource"]
+
+
+def _group_seq(group: dict[str, Any]) -> int:
+    """A collective's sequence number in its process group (-1: not recorded)."""
+    return int(group["seq"]) if "seq" in group else -1

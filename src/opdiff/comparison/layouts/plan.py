@@ -88,7 +88,7 @@ def _is_self_view(rec: dict[str, Any]) -> bool:
 
 def _group_collective(rec: dict[str, Any], ranks: Sequence[int]) -> bool:
     group = rec.get("group")
-    return (isinstance(group, dict) and str(rec.get("op", "")).startswith("Distributed.")
+    return (isinstance(group, dict) and str(rec["op"]).startswith("Distributed.")
             and "peer" not in group and sorted(group.get("ranks") or []) == sorted(ranks))
 
 
@@ -283,7 +283,7 @@ def _data_layout(descs: list[dict[str, Any]], role: str, first: dict[str, Any],
         ins = [layout for (r, _), layout in mine.items() if r == "input"]
         shape = descs[0].get("shape") or []
         if any(x.kind == SHARD and x.dim == 0 for x in ins) and _numel(shape) == 1:
-            op = str(first.get("op", "")).rsplit(".", 1)[-1]
+            op = str(first["op"]).rsplit(".", 1)[-1]
             if op in _MEAN_LOSSES:
                 return Layout.partial("avg")
             if op == "sum":

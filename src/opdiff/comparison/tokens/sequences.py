@@ -59,7 +59,7 @@ def _is_embedding(record: dict[str, Any]) -> bool:
 
 
 def _integer_input(record: dict[str, Any]) -> Optional[dict[str, Any]]:
-    for desc in record.get("inputs") or []:
+    for desc in record["inputs"]:
         if isinstance(desc, dict) and desc.get("type") == "tensor" \
                 and is_exact(desc.get("dtype")) and len(desc.get("shape") or ()) == 2:
             return desc
@@ -120,7 +120,7 @@ def _mask(dump: DumpSource, records: list[dict[str, Any]],
         if record["kind"] != Kind.LEAF or record.get("leaf") != "input" \
                 or record.get("tensor") != "attention_mask":
             continue
-        for desc in record.get("outputs") or []:
+        for desc in record["outputs"]:
             if isinstance(desc, dict) and desc.get("key") and \
                     tuple(desc.get("shape") or ()) == shape:
                 return _load_rows(dump, desc["key"])
