@@ -18,7 +18,7 @@ import torch
 from torch.nn.modules import module as nn_module
 
 from ..store.schema import Kind, Phase, Role, module_op, record_name
-from . import stacks
+from . import guards, stacks
 from .backward import grad_targets, hook_module_backward, in_backward
 from .guards import capturing_graph, never_compiled, tracing_or_capturing
 from .leaves import tag_leaves
@@ -47,6 +47,17 @@ def _as_list(models) -> list:
     return list(models) if isinstance(models, (list, tuple)) else [models]
 
 
+def _call_frame(f):
+    """The frame that called the global pre-hook: torch's, which runs the module's forward and
+    stays on the stack until it returns (the hook's own wrappers, `pre` and guards'
+    `outside_compile`, have returned by then, and a walk from an op inside would never meet
+    them)."""
+    while f is not None and f.f_code.co_filename in _HOOK_FILES:
+        f = f.f_back
+    return f
+
+
+_HOOK_FILES = frozenset((__file__, guards.__file__))
 _deferred: list = []     # hooks whose removal came while dynamo compiled (see _remove)
 
 
@@ -208,7 +219,7 @@ class ModuleCapture:
             if s.selection.selected(name):
                 # The frame running this call (it stays on the stack until the call returns)
                 # and the user frames from it outward: what every op inside it shares.
-                caller = sys._getframe(1)
+                caller = _call_frame(sys._getframe(1))
                 anchor = (caller, stacks.frames_from(caller, anchor=s.modules.anchor))
                 pending = s.begin(name, label, Kind.MODULE, Phase.FORWARD, index,
                                   s.stack_id(frames=anchor[1]))

@@ -77,11 +77,26 @@ def _site(f: FrameType, code) -> tuple:
 CONTEXT_RADIUS = 2     # lines kept around the innermost frame's line
 
 
+_MAX_SOURCED = 1 << 14
+_sourced: dict = {}   # user frames -> the same frames with their source (`with_source`)
+
+
 def with_source(frames_: tuple) -> tuple:
     """Add the source text of each frame: (file, line, function, code); the innermost frame
     also gets the lines around its own, ((line number, text), ...), as a fifth item. Read here,
-    in the user's own process, once per call site: a compare shows source lines only from the
-    dump (or from the user's --source-root), never from a file a dump names (SECURITY.md)."""
+    in the user's own process, once per call site and process (kept for the steps and
+    debuggers to come: linecache keeps a file's lines once read, so the text is the same): a
+    compare shows source lines only from the dump (or from the user's --source-root), never
+    from a file a dump names (SECURITY.md)."""
+    sourced = _sourced.get(frames_)
+    if sourced is None:
+        if len(_sourced) >= _MAX_SOURCED:      # generated code must not grow this forever
+            _sourced.clear()
+        sourced = _sourced[frames_] = _read_source(frames_)
+    return sourced
+
+
+def _read_source(frames_: tuple) -> tuple:
     out: list[tuple] = []
     for i, (fn, ln, func) in enumerate(frames_):
         code = linecache.getline(fn, ln).strip()
