@@ -321,9 +321,12 @@ def argument_refusal(op: str, args: Args, kwargs: Kwargs) -> str:
 # -- the result's size, before it is made -----------------------------------------------------
 
 def _to_meta(value: Any, depth: int = 0) -> Any:
+    """The argument on the meta device; floating tensors all float64 (a call recorded under
+    autocast mixes float dtypes, which only its autocast reconciles; sizes do not depend on
+    them)."""
     if isinstance(value, torch.Tensor):
-        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype,
-                                   device="meta")
+        dtype = torch.float64 if value.is_floating_point() else value.dtype
+        return torch.empty_strided(value.shape, value.stride(), dtype=dtype, device="meta")
     if isinstance(value, torch.device):
         return torch.device("meta")
     if isinstance(value, (list, tuple)) and depth < 6:
@@ -394,17 +397,18 @@ def result_refusal(op: str, func: Callable[..., Any], args: Args, kwargs: Kwargs
     """Why the call's result would be over `--max-tensor-mb` (in float64), or "". An op whose
     result is no larger than its tensor arguments broadcast together (`ops.OpTraits.
     sized_by_inputs`: elementwise ops, reductions, views) is sized from their shapes; any other
-    on the meta device, else from its tensors' values (`_by_values`); "" too when the meta call
-    fails as the real one will (a shape error). A call whose size cannot be told is refused."""
+    on the meta device, else from its tensors' values (`_by_values`). A call that fails on the
+    meta device (its arguments do not fit the op: some kernels allocate before they check) or
+    whose size cannot be told is refused."""
     tensors = _tensors(args, kwargs)
     if ops.sized_by_inputs(op):
         shapes = [tuple(t.shape) for t in tensors]
         total = max([math.prod(s) for s in shapes] + [math.prod(broadcast(shapes))]
                     if shapes else [0])
     else:
-        total = _on_meta(func, args, kwargs)
-        if total == -2:
-            return ""
+        total, error = _on_meta(func, args, kwargs)
+        if error:                # (the kernel may allocate before it checks what is wrong)
+            return f"its arguments do not fit the op ({error})"
         if total < 0:
             total = _by_values(ops.method_of(op), args, kwargs)
         if total < 0:
@@ -417,9 +421,10 @@ def result_refusal(op: str, func: Callable[..., Any], args: Args, kwargs: Kwargs
     return ""
 
 
-def _on_meta(func: Callable[..., Any], args: Args, kwargs: Kwargs) -> int:
-    """Elements the call makes, run on the meta device; -1 when the meta device cannot tell
-    (no meta kernel, a size that depends on values), -2 when it fails as the real call will."""
+def _on_meta(func: Callable[..., Any], args: Args, kwargs: Kwargs) -> tuple[int, str]:
+    """(elements the call makes, run on the meta device, "") ; (-1, "") when the meta device
+    cannot tell (no meta kernel, a size that depends on values); (-1, why) when the call fails
+    there, as the real one will: its arguments do not fit the op."""
     factory = not _tensors(args, kwargs)
     meta_kwargs = _to_meta(kwargs)
     if factory:                  # (made on the default device unless told otherwise)
@@ -427,14 +432,15 @@ def _on_meta(func: Callable[..., Any], args: Args, kwargs: Kwargs) -> int:
     try:
         with warnings.catch_warnings(), torch._C.DisableTorchFunction():
             warnings.simplefilter("ignore")
-            return _made(func(*_to_meta(args), **meta_kwargs))
+            return _made(func(*_to_meta(args), **meta_kwargs)), ""
     except NotImplementedError:
-        return -1
+        return -1, ""
     except Exception as exc:     # (a shape error, unless it says the meta device cannot tell)
-        text = str(exc).lower()
-        if factory or "meta" in text or "data-dependent" in text or "item()" in text:
-            return -1
-        return -2
+        text = str(exc).strip()
+        low = text.lower()
+        if factory or "meta" in low or "data-dependent" in low or "item()" in low:
+            return -1, ""
+        return -1, (text.splitlines() or [type(exc).__name__])[0][:160]
 
 
 def broadcast(shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
