@@ -22,7 +22,7 @@ import torch
 
 from ... import ops
 from ...store.limits import max_tensor_mb
-from .sizes import arg, tensors_in, whole
+from .sizes import arg, number, tensors_in, whole
 
 Args = list[Any]
 Kwargs = dict[str, Any]
@@ -177,7 +177,7 @@ def _count(index: int, name: str, bound: Callable[[Args, Kwargs], int], what: st
     """A whole-number argument that sets how much the kernel makes besides its result
     (mvlgamma's p, tensor_split's sections, combinations' r)."""
     def check(args: Args, kwargs: Kwargs) -> str:
-        v = arg(args, kwargs, index, name)
+        v = number(arg(args, kwargs, index, name))
         if whole(v) and not 0 <= v <= bound(args, kwargs):
             return f"its {name} ({v}) asks for {what}"
         return ""

@@ -33,6 +33,15 @@ def arg(args: Args, kwargs: Kwargs, i: int, name: str) -> Any:
     return args[i] if len(args) > i else kwargs.get(name)
 
 
+def number(v: Any) -> Any:
+    """A 0-dim integer tensor as the int it holds (torch reads it so where an int goes), else
+    the value itself."""
+    if isinstance(v, torch.Tensor) and v.dim() == 0 and not v.is_floating_point() \
+            and not v.is_complex() and v.dtype != torch.bool:
+        return int(v)
+    return v
+
+
 def whole(v: Any) -> bool:
     """An int that is not a bool."""
     return isinstance(v, int) and not isinstance(v, bool)
@@ -43,6 +52,8 @@ def _to_meta(value: Any, depth: int = 0) -> Any:
     autocast mixes float dtypes, which only its autocast reconciles; sizes do not depend on
     them)."""
     if isinstance(value, torch.Tensor):
+        if value.dim() == 0 and not value.is_floating_point():
+            return value.clone()     # (may stand for a number: `histc(x, bins=tensor(2**40))`)
         dtype = torch.float64 if value.is_floating_point() else value.dtype
         return torch.empty_strided(value.shape, value.stride(), dtype=dtype, device="meta")
     if isinstance(value, torch.device):
@@ -173,4 +184,4 @@ def broadcast(shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
     return tuple(out[::-1])
 
 
-__all__ = ["result_refusal", "broadcast", "arg", "whole", "tensors_in"]
+__all__ = ["result_refusal", "broadcast", "arg", "number", "whole", "tensors_in"]
