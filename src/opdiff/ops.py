@@ -40,7 +40,7 @@ class OpTraits:
     replay_safe: bool = False
     # Its result has no more elements than its tensor arguments broadcast together (an
     # elementwise op, a reduction, a view): replay sizes it from their shapes. Any other op's
-    # result is sized on the meta device before it runs (`comparison/replay/guards.py`).
+    # result is sized on the meta device before it runs (`comparison/replay/sizes.py`).
     sized_by_inputs: bool = False
     cpu_reference: Optional[Callable] = None   # a CPU implementation for a custom op
     # Every output value is one of its floating inputs' values or 0 (relu, a reshape): its

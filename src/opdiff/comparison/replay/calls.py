@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from ... import ops
-from . import guards
+from . import guards, sizes
 from ...store.limits import TensorTooLarge
 from ...store.records import decode_float
 
@@ -117,15 +117,15 @@ class Call:
         allocated: arguments that a kernel which trusts them would take out of bounds (an index
         past its table, a view past its storage: `guards.argument_refusal`), or a result over
         `--max-tensor-mb` in float64 (its size on the meta device, or from its tensors' values:
-        `guards.result_refusal`; a `zeros([10**6, 10**6])`, a `pad` by 2**40)."""
+        `sizes.result_refusal`; a `zeros([10**6, 10**6])`, a `pad` by 2**40)."""
         refused = guards.argument_refusal(op, self.args, self.kwargs) or \
-            guards.result_refusal(op, self.func, self.args, self.kwargs)
+            sizes.result_refusal(op, self.func, self.args, self.kwargs)
         if refused:
             raise NotReplayable(f"untrusted: {refused}" if not refused.startswith("tensor ")
                                 else refused)
 
 
-broadcast = guards.broadcast      # (where it was first: the size check broadcasts shapes itself)
+broadcast = sizes.broadcast      # (where it was first: the size check broadcasts shapes itself)
 
 
 class _Builder:

@@ -1,20 +1,14 @@
-"""What replay checks of a rebuilt call before its kernel sees it: a dump is untrusted, and
-some of torch's CPU kernels trust their arguments (an index tensor's values, a view's sizes and
-strides, optional statistics that must be there, an integer cast to an enum). A kernel on
-replay's allow-list (`opdiff.ops.REPLAY_SAFE`) checks its arguments itself, or is listed here
-(`CHECKED`) with the check replay makes for it; and every call's result is bounded by
-`--max-tensor-mb` before anything is allocated. `calls.Call.check_size` asks both for every
-rebuilt call (plain records, region chains, kernel programs, `opdiff check`).
+"""What replay checks of a rebuilt call's arguments before its kernel sees them: a dump is
+untrusted, and some of torch's CPU kernels trust their arguments (an index tensor's values, a
+view's sizes and strides, optional statistics that must be there, an integer cast to an enum).
+An op on replay's allow-list (`opdiff.ops.REPLAY_SAFE`) has a kernel that checks its arguments
+itself, or is listed here (`CHECKED`) with the check replay makes for it. `calls.Call.check_size`
+asks this for every rebuilt call (plain records, region chains, kernel programs, `opdiff
+check`), then `sizes.result_refusal` for the size of its result.
 
-    from opdiff.comparison.replay.guards import argument_refusal, result_refusal
+    from opdiff.comparison.replay.guards import argument_refusal
     argument_refusal("Aten.embedding_dense_backward", args, kwargs)  # "" or why it must not run
-    result_refusal(op, func, args, kwargs)                           # "" or "tensor ... needs"
 
-The result's size comes from its tensors' shapes for ops that make no more than those
-(`ops.SIZED_BY_INPUTS`), else from the same call on the meta device (tensors with shapes but
-no memory: the size the real kernel will make, by the op's own shape rules), else, for ops
-whose result size depends on the values in their tensors (`nonzero`, `bincount`, `one_hot`...),
-from those values; a call whose result cannot be bounded either way is refused.
 tests/security/test_replay_fuzz.py holds every admitted op to this.
 """
 from __future__ import annotations
@@ -22,24 +16,16 @@ from __future__ import annotations
 import functools
 import math
 import re
-import warnings
 from typing import Any, Callable
 
 import torch
 
 from ... import ops
-from ...store.limits import TensorTooLarge, check_size, max_tensor_mb
+from ...store.limits import max_tensor_mb
+from .sizes import arg, number, tensors_in, whole
 
 Args = list[Any]
 Kwargs = dict[str, Any]
-
-
-def _arg(args: Args, kwargs: Kwargs, i: int, name: str) -> Any:
-    return args[i] if len(args) > i else kwargs.get(name)
-
-
-def _int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _indices_within(what: str, t: Any, low: int, high: int, allowed: Any = None) -> str:
@@ -49,7 +35,7 @@ def _indices_within(what: str, t: Any, low: int, high: int, allowed: Any = None)
     if t.numel() == 0:
         return ""
     bad = (t < low) | (t >= high)
-    if _int(allowed):
+    if whole(allowed):
         bad &= t != allowed
     if bool(bad.any()):
         return f"its {what} hold values outside [{low}, {high}) (a kernel that does not check them)"
@@ -59,19 +45,19 @@ def _indices_within(what: str, t: Any, low: int, high: int, allowed: Any = None)
 def _embedding_backward(args: Args, kwargs: Kwargs) -> str:
     # (grad_output, indices, num_weights, padding_idx, scale_grad_by_freq[, sparse]): the CPU
     # kernel adds rows of grad_output at the indices, and counts them, unchecked
-    n = _arg(args, kwargs, 2, "num_weights")
-    if not _int(n) or n < 0:
+    n = arg(args, kwargs, 2, "num_weights")
+    if not whole(n) or n < 0:
         return "its num_weights is not a whole number of 0 or more"
-    return _indices_within("indices", _arg(args, kwargs, 1, "indices"), 0, n,
-                           _arg(args, kwargs, 3, "padding_idx"))
+    return _indices_within("indices", arg(args, kwargs, 1, "indices"), 0, n,
+                           arg(args, kwargs, 3, "padding_idx"))
 
 
 def _pool_backward(index: int, dims: int) -> Callable[[Args, Kwargs], str]:
     """max_pool*_with_indices_backward, adaptive_max_pool*_backward: grad_input[indices] +=
     grad_output, per plane, the indices unchecked."""
     def check(args: Args, kwargs: Kwargs) -> str:
-        grad, x = _arg(args, kwargs, 0, "grad_output"), _arg(args, kwargs, 1, "self")
-        indices = _arg(args, kwargs, index, "indices")
+        grad, x = arg(args, kwargs, 0, "grad_output"), arg(args, kwargs, 1, "self")
+        indices = arg(args, kwargs, index, "indices")
         if not all(isinstance(t, torch.Tensor) for t in (grad, x, indices)):
             return "its gradient, input and indices are not all tensors"
         if x.dim() < dims or grad.dim() != x.dim() or tuple(indices.shape) != tuple(grad.shape) \
@@ -87,13 +73,13 @@ def _pool_backward(index: int, dims: int) -> Callable[[Args, Kwargs], str]:
 def _view(args: Args, kwargs: Kwargs) -> str:
     # _reshape_alias(self, size, stride), as_strided(self, size, stride, storage_offset): a view
     # of self's storage that the CPU kernel (_reshape_alias) does not check against it
-    x, size, stride = (_arg(args, kwargs, 0, "self"), _arg(args, kwargs, 1, "size"),
-                       _arg(args, kwargs, 2, "stride"))
-    offset = _arg(args, kwargs, 3, "storage_offset")
+    x, size, stride = (arg(args, kwargs, 0, "self"), arg(args, kwargs, 1, "size"),
+                       arg(args, kwargs, 2, "stride"))
+    offset = arg(args, kwargs, 3, "storage_offset")
     offset = x.storage_offset() if offset is None and isinstance(x, torch.Tensor) else offset
     if not isinstance(x, torch.Tensor) or not isinstance(size, (list, tuple, torch.Size)) \
             or not isinstance(stride, (list, tuple)) or len(size) != len(stride) \
-            or not all(_int(v) and v >= 0 for v in [*size, *stride, offset]):
+            or not all(whole(v) and v >= 0 for v in [*size, *stride, offset]):
         return "its sizes, strides and offset are not whole numbers of 0 or more, one per dimension"
     if 0 in size:
         return ""
@@ -110,20 +96,20 @@ def _batch_norm(training: int) -> Callable[[Args, Kwargs], str]:
     never training (`_no_training`); `_native_batch_norm_legit.no_stats` has no statistics and
     its `training` at 3."""
     def check(args: Args, kwargs: Kwargs) -> str:
-        x = _arg(args, kwargs, 0, "input")
+        x = arg(args, kwargs, 0, "input")
         if not isinstance(x, torch.Tensor) or x.dim() < 2:
             return "its input is not a tensor of 2 or more dimensions"
         channels = x.shape[1]
-        no_stats = isinstance(_arg(args, kwargs, 3, "training"), bool)
+        no_stats = isinstance(arg(args, kwargs, 3, "training"), bool)
         where = {"weight": 1, "bias": 2, "running_mean": 3, "running_var": 4}
-        values = {name: (None if no_stats and i > 2 else _arg(args, kwargs, i, name))
+        values = {name: (None if no_stats and i > 2 else arg(args, kwargs, i, name))
                   for name, i in where.items()}
         for name, t in values.items():
             if t is not None and (not isinstance(t, torch.Tensor) or t.dim() != 1
                                   or t.shape[0] != channels):
                 return f"its {name} is not one value per channel ({channels})"
         at = 3 if no_stats else training
-        train = _arg(args, kwargs, at, "training") if at >= 0 else False
+        train = arg(args, kwargs, at, "training") if at >= 0 else False
         if train is not True and (values["running_mean"] is None or values["running_var"] is None):
             return "it normalises by running statistics it was not given"
         return ""
@@ -179,9 +165,9 @@ def _aten_refusal(op: str, args: Args, kwargs: Kwargs) -> str:
         return f"it writes into the tensor it is given as {sorted(written & set(kwargs))[0]}="
     for key, v in list(enumerate(args)) + list(kwargs.items()):
         kind = enums.get(key)
-        if kind is not None and _int(v) and v not in _ENUMS[kind]:
+        if kind is not None and whole(v) and v not in _ENUMS[kind]:
             return f"it passes {v} where the op takes a {kind}"
-    if scalar and not _tensors(args, kwargs):
+    if scalar and not tensors_in(args, kwargs):
         return "it computes on plain numbers only (no tensor)"
     return ""
 
@@ -191,8 +177,8 @@ def _count(index: int, name: str, bound: Callable[[Args, Kwargs], int], what: st
     """A whole-number argument that sets how much the kernel makes besides its result
     (mvlgamma's p, tensor_split's sections, combinations' r)."""
     def check(args: Args, kwargs: Kwargs) -> str:
-        v = _arg(args, kwargs, index, name)
-        if _int(v) and not 0 <= v <= bound(args, kwargs):
+        v = number(arg(args, kwargs, index, name))
+        if whole(v) and not 0 <= v <= bound(args, kwargs):
             return f"its {name} ({v}) asks for {what}"
         return ""
     return check
@@ -216,18 +202,18 @@ def _group_norm(x_at: int, n_at: int) -> Callable[[Args, Kwargs], str]:
     """native_group_norm(_backward) take N, C, HxW and group besides the input, and allocate
     their statistics from them before they check them against it."""
     def check(args: Args, kwargs: Kwargs) -> str:
-        x = _arg(args, kwargs, x_at, "input")
-        n, c, hw, group = (_arg(args, kwargs, n_at + i, name)
+        x = arg(args, kwargs, x_at, "input")
+        n, c, hw, group = (arg(args, kwargs, n_at + i, name)
                            for i, name in enumerate(("N", "C", "HxW", "group")))
-        if not isinstance(x, torch.Tensor) or not all(_int(v) and v >= 0 for v in (n, c, hw)) \
-                or not _int(group) or group <= 0 or c % group or n * c * hw != x.numel():
+        if not isinstance(x, torch.Tensor) or not all(whole(v) and v >= 0 for v in (n, c, hw)) \
+                or not whole(group) or group <= 0 or c % group or n * c * hw != x.numel():
             return "its N, C, HxW and group do not describe its input"
         return ""
     return check
 
 
 def _pdist(args: Args, kwargs: Kwargs) -> str:
-    x = _arg(args, kwargs, 0, "input")
+    x = arg(args, kwargs, 0, "input")
     if isinstance(x, torch.Tensor) and x.dim() == 2 and x.shape[0] == 0:
         return "its input has no rows (its gradient kernel reads past them)"
     return ""
@@ -237,7 +223,7 @@ def _padding(at: int, dims: int) -> Callable[[Args, Kwargs], str]:
     """reflection_pad*d_backward and replication_pad*d_backward read 2 * dims paddings without
     counting them."""
     def check(args: Args, kwargs: Kwargs) -> str:
-        padding = _arg(args, kwargs, at, "padding")
+        padding = arg(args, kwargs, at, "padding")
         if not isinstance(padding, (list, tuple)) or len(padding) != 2 * dims:
             return f"its padding is not {2 * dims} numbers"
         return ""
@@ -248,7 +234,7 @@ def _margin(at: int, multilabel: bool) -> Callable[[Args, Kwargs], str]:
     """multi_margin_loss and multilabel_margin_loss (their backwards above all) index their
     input's classes by the target's values, and frames by its length."""
     def check(args: Args, kwargs: Kwargs) -> str:
-        x, target = _arg(args, kwargs, at - 1, "self"), _arg(args, kwargs, at, "target")
+        x, target = arg(args, kwargs, at - 1, "self"), arg(args, kwargs, at, "target")
         if not isinstance(x, torch.Tensor) or not isinstance(target, torch.Tensor) \
                 or x.dim() not in (1, 2) or x.numel() == 0:
             return "its input and target are not a 1-D or 2-D input and a tensor"
@@ -257,7 +243,7 @@ def _margin(at: int, multilabel: bool) -> Callable[[Args, Kwargs], str]:
         if tuple(target.shape) != (tuple(x.shape) if multilabel else (frames,)[:target.dim()]) \
                 or target.numel() != (x.numel() if multilabel else frames):
             return f"its target {list(target.shape)} does not fit its input {list(x.shape)}"
-        weight = None if multilabel else _arg(args, kwargs, at + 3, "weight")
+        weight = None if multilabel else arg(args, kwargs, at + 3, "weight")
         if weight is not None and (not isinstance(weight, torch.Tensor)
                                    or weight.numel() != classes):
             return f"its weight is not one value per class ({classes})"
@@ -318,135 +304,4 @@ def argument_refusal(op: str, args: Args, kwargs: Kwargs) -> str:
     return (check(args, kwargs) if check is not None else "") or _aten_refusal(op, args, kwargs)
 
 
-# -- the result's size, before it is made -----------------------------------------------------
-
-def _to_meta(value: Any, depth: int = 0) -> Any:
-    if isinstance(value, torch.Tensor):
-        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype,
-                                   device="meta")
-    if isinstance(value, torch.device):
-        return torch.device("meta")
-    if isinstance(value, (list, tuple)) and depth < 6:
-        items = [_to_meta(v, depth + 1) for v in value]
-        return items if isinstance(value, list) else tuple(items)
-    if isinstance(value, dict) and depth < 6:
-        return {k: _to_meta(v, depth + 1) for k, v in value.items()}
-    return value
-
-
-def _made(value: Any, depth: int = 0) -> int:
-    """Elements of every tensor in a (nested) result."""
-    if isinstance(value, torch.Tensor):
-        return value.numel()
-    if isinstance(value, (list, tuple)) and depth < 6:
-        return sum(_made(v, depth + 1) for v in value)
-    return 0
-
-
-def _tensors(args: Args, kwargs: Kwargs) -> list[torch.Tensor]:
-    out: list[torch.Tensor] = []
-
-    def walk(v: Any, depth: int) -> None:
-        if isinstance(v, torch.Tensor):
-            out.append(v)
-        elif isinstance(v, (list, tuple)) and depth < 6:
-            for item in v:
-                walk(item, depth + 1)
-    walk(list(args) + list(kwargs.values()), 0)
-    return out
-
-
-def _by_values(method: str, args: Args, kwargs: Kwargs) -> int:
-    """Elements made by an op whose result size depends on its tensors' values (the meta
-    device cannot tell), from those values; -1 for an op this does not know."""
-    tensors = _tensors(args, kwargs)
-    numel = sum(t.numel() for t in tensors)
-    ranks = max((t.dim() for t in tensors), default=1)
-    if method == "bincount":
-        x, minlength = _arg(args, kwargs, 0, "self"), _arg(args, kwargs, 2, "minlength")
-        top = int(x.max()) + 1 if isinstance(x, torch.Tensor) and x.numel() and \
-            not x.is_floating_point() else 0
-        return max(top, minlength if _int(minlength) else 0)
-    if method == "one_hot":
-        x, classes = _arg(args, kwargs, 0, "tensor"), _arg(args, kwargs, 1, "num_classes")
-        if not isinstance(x, torch.Tensor) or x.is_floating_point():
-            return 0
-        top = int(x.max()) + 1 if x.numel() else 0
-        return x.numel() * (classes if _int(classes) and classes > 0 else top)
-    if method == "repeat_interleave":
-        repeats = next((v for v in list(args[1:2]) + [kwargs.get("repeats")]
-                        if isinstance(v, torch.Tensor)), None)
-        if repeats is None and len(args) == 1 and isinstance(args[0], torch.Tensor):
-            repeats = args[0]
-        if isinstance(repeats, torch.Tensor) and not repeats.is_floating_point():
-            return int(repeats.clamp(min=0).sum()) * max(1, numel // max(1, repeats.numel()))
-        return -1
-    if method in ("nonzero", "argwhere", "nonzero_static", "masked_select", "unique",
-                  "unique_consecutive", "_unique", "_unique2", "unique_dim", "__getitem__",
-                  "index", "_unsafe_index", "masked_scatter", "histc"):
-        # at most one row of indices per element, or the elements themselves
-        bins = _arg(args, kwargs, 1, "bins") if method == "histc" else 0
-        return numel * (ranks + 3) + (bins if _int(bins) and bins > 0 else 0)
-    return -1
-
-
-def result_refusal(op: str, func: Callable[..., Any], args: Args, kwargs: Kwargs) -> str:
-    """Why the call's result would be over `--max-tensor-mb` (in float64), or "". An op whose
-    result is no larger than its tensor arguments broadcast together (`ops.OpTraits.
-    sized_by_inputs`: elementwise ops, reductions, views) is sized from their shapes; any other
-    on the meta device, else from its tensors' values (`_by_values`); "" too when the meta call
-    fails as the real one will (a shape error). A call whose size cannot be told is refused."""
-    tensors = _tensors(args, kwargs)
-    if ops.sized_by_inputs(op):
-        shapes = [tuple(t.shape) for t in tensors]
-        total = max([math.prod(s) for s in shapes] + [math.prod(broadcast(shapes))]
-                    if shapes else [0])
-    else:
-        total = _on_meta(func, args, kwargs)
-        if total == -2:
-            return ""
-        if total < 0:
-            total = _by_values(ops.method_of(op), args, kwargs)
-        if total < 0:
-            return (f"the size of its result cannot be told before it is made (no shape rule "
-                    f"for {op[:80]} on the meta device)")
-    try:
-        check_size("result", total * 8, "what the call's arguments ask for, in float64")
-    except TensorTooLarge as exc:
-        return str(exc)
-    return ""
-
-
-def _on_meta(func: Callable[..., Any], args: Args, kwargs: Kwargs) -> int:
-    """Elements the call makes, run on the meta device; -1 when the meta device cannot tell
-    (no meta kernel, a size that depends on values), -2 when it fails as the real call will."""
-    factory = not _tensors(args, kwargs)
-    meta_kwargs = _to_meta(kwargs)
-    if factory:                  # (made on the default device unless told otherwise)
-        meta_kwargs["device"] = torch.device("meta")
-    try:
-        with warnings.catch_warnings(), torch._C.DisableTorchFunction():
-            warnings.simplefilter("ignore")
-            return _made(func(*_to_meta(args), **meta_kwargs))
-    except NotImplementedError:
-        return -1
-    except Exception as exc:     # (a shape error, unless it says the meta device cannot tell)
-        text = str(exc).lower()
-        if factory or "meta" in text or "data-dependent" in text or "item()" in text:
-            return -1
-        return -2
-
-
-def broadcast(shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
-    """The shape the tensors broadcast to, () when they do not. (`torch.broadcast_shapes`
-    imports sympy on its first call: seconds, for the first replay of a compare.)"""
-    out: list[int] = []
-    for dims in zip(*(s[::-1] + (1,) * (max(map(len, shapes)) - len(s)) for s in shapes)):
-        sizes = {d for d in dims if d != 1}
-        if len(sizes) > 1:
-            return ()
-        out.append(sizes.pop() if sizes else 1)
-    return tuple(out[::-1])
-
-
-__all__ = ["argument_refusal", "result_refusal", "broadcast", "CHECKED"]
+__all__ = ["argument_refusal", "CHECKED"]
