@@ -96,9 +96,9 @@ def test_every_rank_of_a_ddp_run_carries_the_step_0_difference(result):
 
     received = replace(step0, rank=0, origin="collective", name="Distributed.all_reduce.0.forward")
     results = [Pair(0, 0, received), Pair(0, 1, replace(step0, rank=1)),
-               Pair(1, 0, replace(step1, rank=0, reason="3 of 6 parameters differ before any op: "
+               Pair(1, 0, replace(step1, rank=0, carried_from=None, reason="3 of 6 parameters differ before any op: "
                                   "the runs start from different weights")),
-               Pair(1, 1, replace(step1, rank=1, reason="3 of 6 parameters differ before any op: "
+               Pair(1, 1, replace(step1, rank=1, carried_from=None, reason="3 of 6 parameters differ before any op: "
                                   "the runs start from different weights"))]
     across_steps(results)
     for rank in (0, 1):

@@ -9,6 +9,11 @@ import pytest
 from opdiff.report.html import write_html
 
 
+def _carried(reason: str):
+    """The step a made-up divergence says it was carried over from (Divergence.carried_from)."""
+    return 0 if "carried over from step 0" in reason else None
+
+
 @pytest.mark.parametrize("origin, reason, heading", [
     ("op", "inputs agree, output does not — local error in this op",
      "Inputs agree, outputs do not"),
@@ -21,7 +26,8 @@ from opdiff.report.html import write_html
 ])
 def test_heading_follows_the_origin(browser, cnn_result, tmp_path, origin, reason, heading):
     result = cnn_result()
-    result.first_divergence = replace(result.first_divergence, origin=origin, reason=reason)
+    result.first_divergence = replace(result.first_divergence, origin=origin, reason=reason,
+                                      carried_from=_carried(reason))
     page = browser.open(write_html(result, tmp_path / "report.html"))
     try:
         assert page.errors() == []
@@ -56,7 +62,8 @@ def test_heading_without_a_browser(cnn_result, origin, reason, heading):
     RULES), and the worst input's label: "(if any)" unless the op's own error."""
     from opdiff.report.payload import build_payload
     result = cnn_result()
-    result.first_divergence = replace(result.first_divergence, origin=origin, reason=reason)
+    result.first_divergence = replace(result.first_divergence, origin=origin, reason=reason,
+                                      carried_from=_carried(reason))
     d = build_payload(result)["divergence"]
     assert d["heading"] == heading
     assert d["input_optional"] is (origin not in ("op", ""))

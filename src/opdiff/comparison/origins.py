@@ -249,7 +249,8 @@ def across_steps(results: Sequence[Any]) -> None:
                                               r.rows)
 
 
-# The words that mark a divergence carried over from an earlier step (`is_carried_over`).
+# The words that say a divergence was carried over from an earlier step (`carried_over`; files of
+# an older opdiff are recognised by them once, where they are read: report/summary.py).
 CARRIED = "carried over from step"
 
 
@@ -269,14 +270,16 @@ def carried_over(earlier: Divergence, current: Divergence, rows: Any) -> Diverge
     if current.origin == Origin.PARAMETER:
         head = current.reason.split(":")[0].replace(" before any op uses it", "").replace(
             " before any op", "")
-        return replace(current, reason=f"{head} at the start of step {current.step}, {since}")
+        return replace(current, reason=f"{head} at the start of step {current.step}, {since}",
+                       carried_from=earlier.step)
     if current.origin != Origin.OP:
         return current
     differ = _differing_parameters(rows)
     if not differ:
         return current
     worst = max(differ, key=lambda row: row.error or 0.0)
-    return replace(current, origin=Origin.PARAMETER, kind=LEAF_KIND, tensor=worst.leaf_tensor, reason=(
+    return replace(current, origin=Origin.PARAMETER, kind=LEAF_KIND, tensor=worst.leaf_tensor,
+                   carried_from=earlier.step, reason=(
         f"{current.name} differs, but {len(differ)} parameter(s) already differ at the start "
         f"of step {current.step} (worst: {worst.leaf_tensor}, {_row_numbers(worst)}), "
         f"{since}; not a local error in this op"))
@@ -284,7 +287,7 @@ def carried_over(earlier: Divergence, current: Divergence, rows: Any) -> Diverge
 
 def is_carried_over(fd: Optional[Divergence]) -> bool:
     """Whether a divergence was carried over from an earlier step (`carried_over`)."""
-    return fd is not None and fd.origin == Origin.PARAMETER and CARRIED in fd.reason
+    return fd is not None and fd.origin == Origin.PARAMETER and fd.carried_from is not None
 
 
 def _differing_parameters(rows: Any) -> list[TensorRow]:

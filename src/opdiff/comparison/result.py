@@ -171,6 +171,9 @@ class Divergence:
     # A region (`opdiff.comparison.regions`, origin `Origin.REGION`): both sides' ops,
     # {"target_ops": [{"name", "op", "location"}], "golden_ops": [...]}
     region: Optional[dict[str, Any]] = None
+    # Origin parameter, carried over: the earlier step whose divergence the training steps since
+    # carried into the weights (`origins.carried_over`); None otherwise
+    carried_from: Optional[int] = None
 
 
 @dataclass

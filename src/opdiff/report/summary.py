@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from ..comparison.facts import PairFacts
-from ..comparison.result import CompareResult, Divergence, Note, note_kind
+from ..comparison.origins import CARRIED
+from ..comparison.result import CompareResult, Divergence, Note, Origin, note_kind
 from ..errors import DumpError
 from ..explain import evidence_of
 from ..store.records import SCHEMA_VERSION, decode_float, encode_float, json_text
@@ -145,6 +146,10 @@ def load_summary(path) -> CompareResult:
     known = {f.name for f in dataclasses.fields(CompareResult)}
     kwargs = {k: data[k] for k in _RESULT_FIELDS if k in data and k in known}
     kwargs["notes"] = _notes(data.get("notes") or [], data.get("note_kinds"))
+    for p in kwargs.get("pairs") or []:
+        fd = p.get("first_divergence") if isinstance(p, dict) else None
+        if isinstance(fd, dict) and "carried_from" not in fd:   # (an older opdiff: its words)
+            fd["carried_from"] = _carried_from(fd.get("origin"), fd.get("reason"))
     facts = data.get("facts")
     kwargs["facts"] = [f for f in map(PairFacts.from_json, facts if isinstance(facts, list) else [])
                        if f is not None]
@@ -181,7 +186,17 @@ def _load_divergence(d: dict | None) -> Divergence | None:
     for name in _NUMBER_DICTS:
         if isinstance(kw.get(name), dict):
             kw[name] = {k: decode_float(v) for k, v in kw[name].items()}
+    if "carried_from" not in d:     # an older opdiff said it in the reason only
+        kw["carried_from"] = _carried_from(kw.get("origin"), kw.get("reason"))
     return Divergence(**kw)
+
+
+def _carried_from(origin: object, reason: object) -> int | None:
+    """The step a divergence of an older summary.json was carried over from, from its words."""
+    if origin != Origin.PARAMETER or not isinstance(reason, str) or CARRIED not in reason:
+        return None
+    step = reason.split(CARRIED, 1)[1].split(",")[0].strip()
+    return int(step) if step.isdigit() else None
 
 
 __all__ = ["summary_dict", "write_summary", "load_summary"]
