@@ -6,7 +6,8 @@ Pieces that together hold every element once (shards, data-parallel slices, pipe
 halves): max and min are the pieces' max and min, the mean is weighted by element count, the
 norm is the root of the sum of squared norms, nan and inf counts add. Partial sums cannot be
 merged from statistics (the max of a sum is not a sum of maxima): `None`, and the caller says
-so. (The "records" helper adds `store/statistics.py` with an exact `merge`; the lead unifies.)
+so. Shards and replicas merge through the statistics table (`store/statistics.py`); what is
+particular to layouts (a partial sum scaled by its coefficient, a loss summed over ranks) is here.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import math
 from typing import Any, Optional, Sequence
 
 from ...store.records import decode_float, encode_float
+from ...store.statistics import CONCAT, REPLICA, Piece, merge
 
 _KEYS = ("max", "min", "mean", "norm")
 
@@ -27,27 +29,13 @@ def _floats(stats: dict[str, Any]) -> Optional[dict[str, float]]:
 
 def merge_shards(pieces: Sequence[Optional[dict[str, Any]]],
                  numels: Sequence[int]) -> Optional[dict[str, Any]]:
-    """The statistics of the concatenation of `pieces` (None where one piece has none)."""
-    floats = [_floats(p) if isinstance(p, dict) else None for p in pieces]
-    if any(f is None for f in floats) or not floats:
+    """The statistics of the concatenation of `pieces` (None where one piece has none): the
+    table's exact merge (`store.statistics.merge`, layout `concat`)."""
+    if not pieces or any(not isinstance(p, dict) or _floats(p) is None for p in pieces):
         return None
-    fs: list[dict[str, float]] = [f for f in floats if f is not None]
-    held = [(f, n) for f, n in zip(fs, numels) if n > 0]
-    if not held:
+    if not any(n > 0 for n in numels):
         return dict(pieces[0] or {})
-    total = sum(n for _, n in held)
-    out: dict[str, Any] = {
-        "max": max(f["max"] for f, _ in held),
-        "min": min(f["min"] for f, _ in held),
-        "mean": math.fsum(f["mean"] * n for f, n in held) / total,
-        "norm": math.sqrt(math.fsum(f["norm"] * f["norm"] for f, _ in held)),
-    }
-    for key in ("nan", "inf"):
-        counts = [p.get(key) for p in pieces if isinstance(p, dict)]
-        ints = [c for c in counts if isinstance(c, int)]
-        if len(ints) == len(counts):
-            out[key] = sum(ints)
-    return {k: encode_float(v) if isinstance(v, float) else v for k, v in out.items()}
+    return merge([Piece(p, n) for p, n in zip(pieces, numels) if n > 0], CONCAT)
 
 
 def scaled(stats: Optional[dict[str, Any]], factor: float) -> Optional[dict[str, Any]]:
@@ -83,10 +71,11 @@ def same(a: Optional[dict[str, Any]], b: Optional[dict[str, Any]]) -> bool:
     """Two replicas' statistics are the same (exactly: replicas are copies)."""
     if not isinstance(a, dict) or not isinstance(b, dict):
         return a == b
-    fa, fb = _floats(a), _floats(b)
-    if fa is None or fb is None:
+    if _floats(a) is None or _floats(b) is None:
         return a == b
-    return all(fa[k] == fb[k] or (math.isnan(fa[k]) and math.isnan(fb[k])) for k in _KEYS)
+    dropped: set[str] = set()
+    merge([Piece(a, 1), Piece(b, 1)], REPLICA, dropped)
+    return not dropped & set(_KEYS)
 
 
 __all__ = ["merge_shards", "same", "scaled", "combined_scalars"]
