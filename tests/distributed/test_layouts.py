@@ -11,10 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -22,6 +18,7 @@ import pytest
 import torch.distributed as dist
 
 import opdiff
+from layout_runs import run_worker
 from opdiff.store.adapters import discover
 
 pytestmark = [pytest.mark.slow,
@@ -77,24 +74,8 @@ _WORKER = textwrap.dedent('''
         else:
             mp.spawn(work, args=(root, store, faulty, world), nprocs=world, join=True)
 ''')
-LIMIT_S = 300
-
-
 def _run(tmp: Path, name: str, faulty: int, world: int = 2) -> str:
-    script = tmp / "worker.py"
-    script.write_text(_WORKER)
-    root = tmp / name
-    proc = subprocess.Popen([sys.executable, str(script), str(root), str(tmp / f"store_{name}"),
-                             str(faulty), str(world)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        _, stderr = proc.communicate(timeout=LIMIT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail(f"{name}: a 2-rank TP step under capture does not finish in {LIMIT_S} s")
-    assert proc.returncode == 0, stderr[-2000:]
-    return str(root)
+    return run_worker(tmp, _WORKER, name, "a 2-rank TP step", faulty, world)
 
 
 @pytest.fixture(scope="session")

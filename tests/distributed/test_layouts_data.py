@@ -10,10 +10,6 @@ One spawn per run, statistics and tensors in it (session fixture).
 """
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -21,6 +17,7 @@ import pytest
 import torch.distributed as dist
 
 import opdiff
+from layout_runs import run_worker
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not built")]
@@ -68,24 +65,8 @@ _WORKER = textwrap.dedent('''
         else:
             mp.spawn(work, args=(root, store, faulty), nprocs=2, join=True)
 ''')
-LIMIT_S = 300
-
-
 def _run(tmp: Path, name: str, faulty: int) -> str:
-    script = tmp / "worker.py"
-    script.write_text(_WORKER)
-    root = tmp / name
-    proc = subprocess.Popen([sys.executable, str(script), str(root), str(tmp / f"store_{name}"),
-                             str(faulty)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        _, stderr = proc.communicate(timeout=LIMIT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail(f"{name}: a 2-rank DDP step under capture does not finish in {LIMIT_S} s")
-    assert proc.returncode == 0, stderr[-2000:]
-    return str(root)
+    return run_worker(tmp, _WORKER, name, "a 2-rank DDP step", faulty)
 
 
 @pytest.fixture(scope="session")
