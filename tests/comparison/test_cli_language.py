@@ -16,7 +16,8 @@ def parse(*argv):
 @pytest.mark.parametrize("command", [c for c in COMMANDS])
 def test_v_is_accepted_after_every_command(command):
     positional = {"compare": ["T", "G"], "check": ["D"], "trend": ["T"], "overflow": ["D"],
-                  "onnx": ["T.onnx", "G.onnx"]}.get(command, [])
+                  "onnx": ["T.onnx", "G.onnx"], "explain": ["OUT"],
+                  "query": ["OUT", 'result == "error"']}.get(command, [])
     assert parse(command, *positional, "-v").verbose is True
     assert parse("-v", command, *positional).verbose is True
     assert parse(command, *positional).verbose is False

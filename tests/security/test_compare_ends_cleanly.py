@@ -29,13 +29,13 @@ HOOK = textwrap.dedent('''
 
         def patch(module):
             real = module.compare_pair
-            def compare_pair(t, g, **how):
+            def compare_pair(t, g, options=None, **how):
                 if mode == "slow":
                     time.sleep(600)
-                if mode == "die-replaying-step1" and how.get("replay") != "off" \\
-                        and "step1" in str(t.path):
+                replay = getattr(options, "replay", how.get("replay"))
+                if mode == "die-replaying-step1" and replay != "off" and "step1" in str(t.path):
                     os.kill(os.getpid(), signal.SIGKILL)
-                return real(t, g, **how)
+                return real(t, g, options, **how)
             module.compare_pair = compare_pair
 
         class Hook(importlib.abc.MetaPathFinder):

@@ -105,15 +105,12 @@ class _PairCompare:
         said_after = []
         for rewrite in rewrites(t, g):      # the plan table's RECORDS rows (plans.py)
             made = rewrite.rewrite(t_records, g_records, (self.t, self.g))
-            if made is None:
-                continue
-            t_records, g_records, t_view, notes = made.target, made.golden, made.target, \
-                notes + made.notes
-            if made.sources is not None:    # (their tensors served as rewritten)
-                self.t, self.g = made.sources
-            if made.after is not None:
-                said_after.append(made.after)
-            t, g = self._recordings(t_records, g_records)
+            if made is not None:
+                t_records, g_records, t_view, notes = made.target, made.golden, made.target, \
+                    notes + made.notes
+                self.t, self.g = made.sources or (self.t, self.g)   # (serving its tensors)
+                said_after += [made.after] if made.after is not None else []
+                t, g = self._recordings(t_records, g_records)
         plan = plan_for(t, g)               # its PAIRS rows: how the two runs pair
         # a module class renamed at the same path (align.py): paired as if spelled alike
         t_view, classes = same_classes(t_view, g_records)
@@ -132,8 +129,7 @@ class _PairCompare:
                 found.module = recorded.get(found.module or "", found.module)
         t_region, g_region = members(regions)
         fed = forced.fed_ops(pairs, t_view, g_records, tuple(self._forced.values()),
-                             (t.dataflow, g.dataflow), (t_region, g_region))
-        # (one-sided ops that only feed a forced pair)
+                             (t.dataflow, g.dataflow), (t_region, g_region))  # one-sided, feed a forced pair
         divergence, held, region_ops, replayer = self._judge(
             plan, t, pairs, t_records, g_records, (t_region, g_region), fed, regions)
         if divergence is not None:
@@ -172,11 +168,8 @@ class _PairCompare:
     def _recordings(self, t_records: list[dict[str, Any]], g_records: list[dict[str, Any]]
                     ) -> tuple[Recording, Recording]:
         """What each side is (recording.py), read from its meta and records."""
-        return (Recording.read(t_records, self.t.meta, format=self.t.format,
-                               tensors=self.t.holds_tensors, mapped=self.mapping is not None,
-                               step=self.t.step, rank=self.t.rank),
-                Recording.read(g_records, self.g.meta, format=self.g.format,
-                               tensors=self.g.holds_tensors, step=self.g.step, rank=self.g.rank))
+        return (Recording.of(self.t, t_records, mapped=self.mapping is not None),
+                Recording.of(self.g, g_records))
 
     def _check_paired(self, pairs: list[tuple[Optional[int], Optional[int]]],
                       pairable: Optional[int], t_records: list[dict[str, Any]],
@@ -502,7 +495,6 @@ def one_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
-
 
 
 __all__ = ["compare_pair", "one_thread", "check_replay", "REPLAY_MODES", "MIN_PAIRED_FRACTION"]

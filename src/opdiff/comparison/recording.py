@@ -12,10 +12,13 @@ reads that side's Recording again from what it wrote.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional
 
 from ..store.schema import Kind
 from .compiled_modules import by_inductor
+
+if TYPE_CHECKING:
+    from ..store.source import DumpSource
 
 # Backend: what ran the side's model.
 EAGER = "eager"             # eager PyTorch (or a foreign dump: its own ops)
@@ -56,6 +59,14 @@ class Recording:
     @property
     def compiled(self) -> bool:
         return self.backend != EAGER
+
+    @classmethod
+    def of(cls, source: DumpSource, records: Iterable[Mapping[str, Any]], *,
+           mapped: bool = False) -> "Recording":
+        """What `source` is, read from its meta and (rewritten) records."""
+        return cls.read(records, source.meta, format=source.format,
+                        tensors=source.holds_tensors, mapped=mapped, step=source.step,
+                        rank=source.rank)
 
     @classmethod
     def read(cls, records: Iterable[Mapping[str, Any]], meta: Optional[Mapping[str, Any]], *,
