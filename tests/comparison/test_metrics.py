@@ -237,13 +237,15 @@ def test_golden_zeros_cost_about_as_much_as_dense_data():
 
     def cpu(a, b):
         best = math.inf
-        for _ in range(3):
+        for _ in range(5):
             start = time.process_time()
             measure(a, b)
             best = min(best, time.process_time() - start)
         return best
 
-    assert cpu(tz, z) < 2.0 * cpu(t, g)
+    # (2.5x: below the 3.5x of the old path; the CPU time of a 2 M-element pass moves by 2x when
+    # the other core's tests share the cache, seen failing at 2.01x in a loaded CI run)
+    assert cpu(tz, z) < 2.5 * cpu(t, g)
 
 
 # -- tensors reach the metrics through the store's reader: mapped per key, memory bounded --------
