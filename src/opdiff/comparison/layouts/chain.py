@@ -17,12 +17,12 @@ crosses the send). Each descriptor's `pieces` names the one rank it came from.
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
 from ...store.records import iter_tensors, producer_of
 from ...store.schema import Kind, Phase, RecordName
 from ...store.source import DumpSource
+from .merged import RankGroup
 from .placement import Unsupported
 
 _MADE_FOR_RECV = ("Torch.empty", "Torch.empty_like", "Torch.zeros", "Torch.zeros_like")
@@ -36,19 +36,12 @@ def _p2p(rec: dict[str, Any]) -> bool:
     return rec.get("op") in _P2P and isinstance(group, dict) and "peer" in group
 
 
-class ChainedSource:
+class ChainedSource(RankGroup):
     """One step of a pipeline's ranks, as one logical `DumpSource` (see the module docstring)."""
 
-    format = "opdiff"
-
     def __init__(self, sources: Sequence[DumpSource]):
-        self.sources = sorted(sources, key=lambda s: s.rank if s.rank is not None else -1)
-        first = self.sources[0]
-        self.path: Path = first.path
-        self.step = first.step
-        self.rank = first.rank
+        super().__init__(sources)
         self.ranks = [int(s.rank if s.rank is not None else i) for i, s in enumerate(self.sources)]
-        self.meta: dict[str, Any] = dict(first.meta)
         self.meta["logical"] = {"ranks": self.ranks, "pipeline": True}
         self.dropped: list[set[int]] = [set() for _ in self.sources]
         self.segments: list[tuple[int, int, int]] = []       # (rank index, first pos, end pos)

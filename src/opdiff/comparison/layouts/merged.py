@@ -31,8 +31,10 @@ def _numel(shape: Sequence[int]) -> int:
     return n
 
 
-class MergedSource:
-    """One step of a group of ranks, as one logical `DumpSource` (see the module docstring)."""
+class RankGroup:
+    """Several ranks' dumps of one step, in rank order, standing as one logical `DumpSource`:
+    its path, step, rank and meta are its first rank's (the meta copied, to say how it was
+    made under "logical")."""
 
     format = "opdiff"
 
@@ -42,8 +44,15 @@ class MergedSource:
         self.path: Path = first.path
         self.step = first.step
         self.rank = first.rank
-        self.plan: GroupPlan = plan_group(self.sources)
         self.meta: dict[str, Any] = dict(first.meta)
+
+
+class MergedSource(RankGroup):
+    """One step of a group of ranks, as one logical `DumpSource` (see the module docstring)."""
+
+    def __init__(self, sources: Sequence[DumpSource]):
+        super().__init__(sources)
+        self.plan: GroupPlan = plan_group(self.sources)
         self.meta["logical"] = {"ranks": self.plan.ranks, "merged": dict(self.plan.merged)}
         # merged key -> (kind, dim, [(rank index, key)], [coefficient per piece])
         self._recipes: dict[str, tuple[str, int, list[tuple[int, str]], list[float]]] = {}
