@@ -101,7 +101,10 @@ def test_configured_steps_are_dumped_and_training_is_bitwise_the_same(tmp_path, 
     plain = run(["train.py", "plain.pt"], tmp_path)
     assert plain.returncode == 0, plain.stderr
     proc = opdiff_run("--dump", "dump", "--task", "tensor", "--steps", "0,2", "--", "python", "train.py", "run.pt")
-    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    # the one line opdiff adds: where it wrote, and what to do with it
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == (f"opdiff run: wrote steps 0,2 (every rank) to {tmp_path / 'dump'}; "
+                           f"compare it with: opdiff compare dump OTHER_DUMP\n"), proc.stderr
     assert sorted(p.name for p in (tmp_path / "dump").iterdir()) == ["step0", "step2"]
     a, b = torch.load(tmp_path / "plain.pt"), torch.load(tmp_path / "run.pt")
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -115,7 +118,9 @@ def test_configured_steps_are_dumped_and_training_is_bitwise_the_same(tmp_path, 
     assert stacks[records[-1]["stack"]] == "opt.step()"
     # --monitor: opdiff.Monitor on every step, training still bit for bit the same
     proc = opdiff_run("--monitor", "mon", "--", "python", "train.py", "mon.pt")
-    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == (f"opdiff run: monitored into {tmp_path / 'mon'}; "
+                           f"read it with: opdiff trend mon -o OUT\n"), proc.stderr
     rows = (tmp_path / "mon/rank0/metrics.csv").read_text().splitlines()
     assert [row.split(",")[0] for row in rows[1:]] == ["0", "1", "2", "3"]
     assert "0:fwd_norm" in rows[0] and "grad_norm" in rows[0]

@@ -71,6 +71,7 @@ class Autorun:
         self.done = False
         self.off = False                      # the control file said: record nothing now
         self.control_stamp: Any = None
+        self.written: list[int] = []          # the steps this process wrote, for the last word
 
     # -- installation ------------------------------------------------------------------------
     def install(self) -> None:
@@ -260,6 +261,7 @@ class Autorun:
         if self.dbg is not None and self.dbg.session.recording:
             self.dbg.stop()
             self.dbg.step()
+            self.written.append(self.step)
         self.step += 1
         self.began = False
         self.stepped.clear()
@@ -302,11 +304,32 @@ class Autorun:
             if self.dbg is not None and self.dbg.session.recording:
                 self.dbg.stop()
                 self.dbg.step()
+                self.written.append(self.step)
             if self.monitor is not None:
                 self.monitor.close()
                 self.monitor = None
+                if _rank() == 0 and self.settings.monitor:
+                    path = self.settings.monitor["path"]
+                    say("wrote", f"monitored into {os.path.abspath(path)}; "
+                                 f"read it with: opdiff trend {path} -o OUT")
         except Exception as exc:  # noqa: BLE001
             self._failed(exc)
+        self._say_written()
+
+    def _say_written(self) -> None:
+        """Where this process wrote, once, by the lowest rank that records (one line for a
+        run of any size, not one per rank)."""
+        if not self.written or self.config is None:
+            return
+        rank, recorded = _rank(), list(self.config.rank or [])
+        if rank != (min(recorded) if recorded else 0):
+            return
+        steps = sorted(set(self.written))
+        ranks = "ranks " + ",".join(map(str, recorded)) if recorded else "every rank"
+        path = self.config.dump_path
+        say("wrote", f"wrote step{'s' if len(steps) > 1 else ''} {','.join(map(str, steps))} "
+                     f"({ranks}) to {os.path.abspath(path)}; compare it with: "
+                     f"opdiff compare {path} OTHER_DUMP")
 
     def _failed(self, exc: BaseException) -> None:
         from ..errors import OverflowDetected
