@@ -30,6 +30,9 @@ def test_an_empty_rank_is_named_and_every_other_pair_compared(roots, tmp_path, c
     said = capsys.readouterr()
     assert "step 1 rank 1: the target holds no op records" in said.out + said.err
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    from opdiff import schemas
+
+    schemas.validate("compare-summary", summary)     # an incomplete pair writes null dumps
     assert summary["incomplete"] == [{"step": 1, "rank": 1, "side": "target",
                                       "why": summary["incomplete"][0]["why"]}]
     pairs = {(p["step"], p["rank"]): p for p in summary["pairs"]}

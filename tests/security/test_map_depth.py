@@ -1,5 +1,6 @@
 """A `--map` file nested 50,000 deep (flow or block style) is one line and exit code 2, not a
-RecursionError (a real CLI run in a child process; the files are made here)."""
+RecursionError, and a FIFO or /dev/zero named as one is refused at once, not read (a real CLI run
+in a child process; the files are made here)."""
 from __future__ import annotations
 
 import pytest
@@ -30,3 +31,19 @@ def test_a_deep_mapping_file_is_one_line_and_exit_2(dumps, tmp_path, style):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
     assert "nested more than 100 deep" in lines[0] and str(path) in lines[0], done.stderr
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_mapping_that_is_not_a_regular_file_is_refused_without_waiting(dumps, tmp_path, kind):
+    import os
+
+    if kind == "fifo":
+        path = tmp_path / "pairs.yaml"
+        os.mkfifo(path)          # nobody writes it: a blocking read would hang the compare
+    else:
+        path = tmp_path / "zero.yaml"
+        path.symlink_to("/dev/zero")
+    done = cli("compare", dumps[0], dumps[1], "--map", path, "--no-progress", timeout=60)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "not a regular file" in lines[0] and str(path) in lines[0], done.stderr

@@ -31,7 +31,6 @@ from __future__ import annotations
 import fnmatch
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 from ..errors import OpdiffError
@@ -152,13 +151,28 @@ class Bound:
         return JoinedSource(dump, self.joined_keys)
 
 
+MAX_MAPPING_BYTES = 16 << 20
+
+
 def load(path: str | os.PathLike[str]) -> Mapping:
     """Parse a mapping file (ours or msprobe's); `MappingError` names the file and line."""
     import yaml       # PyYAML (a core dependency)
 
+    from ..errors import DumpError
+    from ..store import dumpfiles
+
     where = os.fspath(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
+    try:    # a regular file only, read without waiting: a FIFO or /dev/zero is refused
+        with dumpfiles.open_file(path) as f:
+            raw = f.read(MAX_MAPPING_BYTES + 1)
+        if len(raw) > MAX_MAPPING_BYTES:
+            raise MappingError(f"{where}: larger than {MAX_MAPPING_BYTES >> 20} MiB; a mapping "
+                               f"file names ops, it is never that large")
+        text = raw.decode("utf-8")
+    except DumpError as e:
+        problem = str(e).split(": ", 1)[-1].replace("; a dump holds only regular files", "")
+        raise MappingError(f"{where}: cannot read the mapping file ({problem}); pass a UTF-8 "
+                           f"YAML file to --map") from None
     except (OSError, UnicodeDecodeError) as e:
         raise MappingError(f"{where}: cannot read the mapping file ({e}); pass a UTF-8 YAML "
                            f"file to --map") from None
