@@ -231,6 +231,11 @@ register_method(*SKIPPED_FUNCTIONS, skip=True)
 register_method("bernoulli_", "uniform_", "normal_", "random_", "exponential_", "geometric_",
                 "cauchy_", "log_normal_", overwrites_first=True, random=True)
 register_method("fill_", "zero_", "copy_", overwrites_first=True)
+# torch.nn.init's in-place initialisers (recorded as `Torch.<name>`): a lazy module's first
+# forward materialises its parameters as uninitialised memory and then fills them with these.
+register_method("kaiming_uniform_", "kaiming_normal_", "xavier_uniform_", "xavier_normal_",
+                "trunc_normal_", "orthogonal_", "sparse_", overwrites_first=True, random=True)
+register_method("zeros_", "ones_", "constant_", "eye_", "dirac_", overwrites_first=True)
 register_method("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
                 uninitialized=True)
 # FSDP2's all-gather staging: a fresh buffer holding this rank's shards, the other ranks' slots

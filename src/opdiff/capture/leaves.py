@@ -179,6 +179,8 @@ def _tag_one(session: Any, leaves: Leaves, t: torch.Tensor, desc: dict, reader: 
     what, fqn, t = found
     desc["leaf"] = what
     desc["fqn"] = fqn
+    if desc.get("overwritten"):
+        return        # written without being read (an initialiser): its first read comes later
     if not leaves.first_use(t) or not session.selection.want_forward:
         return
     # (described again under its own name: statistics shared, a saved tensor referenced)

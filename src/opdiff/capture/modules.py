@@ -16,6 +16,7 @@ import weakref
 
 import torch
 from torch.nn.modules import module as nn_module
+from torch.nn.parameter import UninitializedParameter
 
 from ..store.schema import Kind, Phase, Role, module_op, record_name
 from . import guards, stacks
@@ -183,7 +184,6 @@ class ModuleCapture:
         return entry[1]
 
     def _hook_params(self) -> None:
-        s = self.session
         for ref, label in list(self.names.values()):
             mod = ref()
             if mod is None:
@@ -195,14 +195,39 @@ class ModuleCapture:
                 if p is not None and p.requires_grad and id(p) not in seen:
                     seen.add(id(p))
                     params.append((n, p))
-            for pname, p in params:
-                def on_grad(param, label=label, pname=pname, expected=len(params)):
-                    if s.recording and param.grad is not None and not capturing_graph():
-                        try:
-                            s.add_param_grad(label, expected, pname, param.grad)
-                        except Exception as exc:
-                            s.failed(f"{label}.parameters_grad", exc)
-                self.param_handles.append(p.register_post_accumulate_grad_hook(on_grad))
+            if any(isinstance(p, UninitializedParameter) for _, p in params):
+                # A lazy module (nn.LazyLinear) takes hooks only once its first forward has
+                # materialised its parameters (the same objects, their class changed).
+                self._hook_when_materialised(mod, label, params)
+                continue
+            self._hook_param_grads(label, params)
+
+    def _hook_param_grads(self, label, params) -> None:
+        s = self.session
+        for pname, p in params:
+            def on_grad(param, label=label, pname=pname, expected=len(params)):
+                if s.recording and param.grad is not None and not capturing_graph():
+                    try:
+                        s.add_param_grad(label, expected, pname, param.grad)
+                    except Exception as exc:
+                        s.failed(f"{label}.parameters_grad", exc)
+            self.param_handles.append(p.register_post_accumulate_grad_hook(on_grad))
+
+    def _hook_when_materialised(self, mod, label, params) -> None:
+        me = weakref.ref(self)
+        handle = None
+
+        def materialised(module, args, output):
+            capture = me()
+            if any(isinstance(p, UninitializedParameter) for _, p in params):
+                return None                     # still lazy (a forward that raised): wait
+            handle.remove()
+            if capture is not None:
+                capture._hook_param_grads(label, params)
+            return None
+
+        handle = mod.register_forward_hook(materialised)
+        self.param_handles.append(handle)
 
     def _pre(self, module, args):
         if tracing_or_capturing() or not self.active:

@@ -35,6 +35,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("opdiff")
 
 
+# the names a first argument goes by when passed by keyword
+_FIRST_KEYWORDS = ("self", "input", "tensor")
+
+
 class Session:
     """State of one debugger: the current step and the parts above."""
 
@@ -277,14 +281,18 @@ class Session:
 
     def _describe_inputs(self, op: str, args, kwargs, name: str) -> tuple[list, dict | None]:
         d = cast("Describer", self.sink.describer)   # set while a step is open
-        if args and ops.traits(op).overwrites_first:
+        overwrites = ops.traits(op).overwrites_first
+        if args and overwrites:
             inputs = [d.unread(args[0], name, Role.INPUT, 0)] + \
                 [d.describe(v, name, Role.INPUT, i) for i, v in enumerate(args[1:], 1)]
         else:
             inputs = [d.describe(v, name, Role.INPUT, i) for i, v in enumerate(args)]
         if not kwargs:
             return inputs, None
-        return inputs, {k: (d.unread if k == "out" else d.describe)(v, name, Role.INPUT, k)
+        # the first argument passed by keyword (torch.nn.init's initialisers, through
+        # __torch_function__, pass theirs as `tensor=`)
+        first = next((k for k in _FIRST_KEYWORDS if k in kwargs), None) if overwrites and not args else None
+        return inputs, {k: (d.unread if k in ("out", first) else d.describe)(v, name, Role.INPUT, k)
                         for k, v in kwargs.items()}
 
     def check_overflow(self, record: dict, inputs, outputs, inputs_finite: bool | None = None) -> None:
