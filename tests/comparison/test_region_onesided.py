@@ -99,3 +99,25 @@ def test_a_golden_only_op_is_not_proven_and_stays_unmatched(tmp_path, task):
     rows = _rows(result, CONTIGUOUS)
     assert rows and all(r.result == "unmatched" and not r.region for r in rows), rows
     assert result.first_divergence is None or result.first_divergence.origin != "region"
+
+
+def _hooked_dump(path, hooked: bool):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    if hooked:      # a forward hook the golden run does not have: an op of the target alone
+        model[1].register_forward_hook(lambda module, args, out: out * 1.05)
+    with opdiff.dump(model, str(path), level="mix", task="tensor"):
+        model(torch.randn(8, 12)).pow(2).mean().backward()
+    return path
+
+
+def test_a_target_only_op_that_changes_the_value_is_named_though_replay_reproduces_it(tmp_path):
+    # replay re-runs the target's `* 1.05` exactly: it checks the target's arithmetic, not that
+    # its ops compute what golden's (none) do; the boundary's comparison judges that (this
+    # region was cleared as "computed right" and the verdict was "no op is to blame")
+    result = opdiff.compare(_hooked_dump(tmp_path / "hooked", True),
+                            _hooked_dump(tmp_path / "plain", False), progress=False)
+    first = result.first_divergence
+    assert first is not None and first.origin == "region", result.verdict
+    assert [o["op"] for o in first.region["target_ops"]] == ["Tensor.__mul__"]
+    assert "local error in this region" in first.reason and "1.05" in first.location.code
