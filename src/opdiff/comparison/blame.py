@@ -203,7 +203,8 @@ def _candidate(op: OpScore, m: Measurement, tdt: Optional[str], gdt: Optional[st
         stol = max(stol, _statistics_floor(policy, tdt, gdt, run_dtype, op.phase, m.numel,
                                            scale=True))
     if op.phase == Phase.BACKWARD and policy.within_input_noise(
-            m, [i[1] for i in op.inputs], tol, same_rounding=canonical_dtype(tdt) == canonical_dtype(gdt)):
+            m, [i[1] for i in op.inputs], tol, same_rounding=canonical_dtype(tdt) == canonical_dtype(gdt),
+            dtype=tdt):
         return None     # noise around a true zero (verdicts.Policy.within_input_noise)
     s = abs(m.scale_error)
     if m.error > tol and m.error > policy.amplification * e_in:
