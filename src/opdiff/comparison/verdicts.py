@@ -93,6 +93,7 @@ from ..dtypes import _ALIASES as DTYPE_ALIASES   # the spellings users write ('b
 from ..dtypes import coarser, is_float, unit_roundoff
 from ..errors import ConfigError
 from .metric_table import Measurement
+from .noise_floor import MeasuredFloor, NoiseFloor
 from .result import ERROR, PASS, WARNING
 
 # One row per precision class (`opdiff.dtypes.canonical_dtype`); why these numbers: see above.
@@ -110,6 +111,9 @@ DTYPE_THRESHOLDS = {
     "int":      (0.0,       0.0,     0.0,        0.0,        0.0),
 }
 _FALLBACK = "float32"           # a precision class without a row is judged like float32
+# With a measured noise floor (`opdiff compare --noise`), the least tolerance of a tensor, in
+# units of roundoff of its dtype: bf16's and fp16's fixed tolerances are 4u too.
+DTYPE_FLOOR_ROUNDINGS = 4.0
 # Two runs that each round a reduction: their results may lie this many units of roundoff
 # (times sqrt of the reduction's length, times the scale of its terms) apart.
 ROUNDINGS_APART = 2.0
@@ -145,11 +149,12 @@ class Thresholds:
     statistics_backward_tolerance: dict[str, float] = field(
         default_factory=_column("statistics_backward_tolerance"))
     statistics_small_numel: int = 32
+    noise_multiple: float = 3.0         # --noise: an op is judged against k x its measured floor
 
     _KEYS = ("tolerance", "agree_fraction", "amplification", "scale_tolerance", "scale_min_numel",
              "scale_amplification", "scale_noise_fraction", "statistics_tolerance",
              "statistics_scale_tolerance", "statistics_backward_tolerance",
-             "statistics_small_numel")
+             "statistics_small_numel", "noise_multiple")
     _DTYPE_TABLES = DTYPE_COLUMNS
 
     @classmethod
@@ -252,8 +257,28 @@ class Policy:
     `statistics_tolerance_for` and `amplification`.
     """
 
-    def __init__(self, thresholds: Thresholds | dict[str, Any] | str | None = None) -> None:
+    def __init__(self, thresholds: Thresholds | dict[str, Any] | str | None = None,
+                 noise: NoiseFloor | None = None) -> None:
         self.thresholds = Thresholds.load(thresholds)
+        self.noise = noise          # measured floors (`opdiff calibrate`), or None
+
+    def measured_floor(self, row: Any) -> MeasuredFloor | None:
+        """The measured noise floor of a compared tensor's row (by its golden name), if any."""
+        if self.noise is None:
+            return None
+        return self.noise.floor_for(row.golden_name) or self.noise.floor_for(row.target_name)
+
+    def measured_tolerances(self, floor: MeasuredFloor, target_dtype: str | None,
+                            golden_dtype: str | None) -> tuple[float, float]:
+        """(tolerance, scale tolerance) of a tensor whose noise was measured: max(dtype floor,
+        k x measured floor), k = `noise_multiple`. The dtype floor is `DTYPE_FLOOR_ROUNDINGS`
+        units of roundoff (one rounding for the scale): what an op's own roundings cost. It
+        replaces the fixed tolerance, whose float32 row guesses at other summation orders:
+        that part is measured now."""
+        u = unit_roundoff(coarser(target_dtype, golden_dtype))
+        k = self.thresholds.noise_multiple
+        return (max(DTYPE_FLOOR_ROUNDINGS * u, k * floor.error),
+                max(u, k * floor.scale_error))
 
     @property
     def amplification(self) -> float:
