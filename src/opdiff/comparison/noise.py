@@ -50,6 +50,10 @@ they are small. Two cases break it, both met by healthy bf16 runs at `opt.step()
   L2) of activations around 1 that sum to 1e-3 carries 750 times its input's relative error: a
   tiny BERT whose fp32 weights differed by 1e-7 moved it by 1.1e-5, beyond fp32's scale
   tolerance, and named the LayerNorm. Cleared only when every other output of the op agrees.
+
+With a measured noise floor (`opdiff compare --noise`, `noise_floor.py`), `measured_floors`
+finds each row's floor for the blame rules, and `say_multiples` / `with_multiple` put each
+measured error as a multiple of its floor into the rows and the culprit's sentence.
 """
 from __future__ import annotations
 
