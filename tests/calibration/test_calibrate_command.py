@@ -91,3 +91,19 @@ def test_calibrate_then_compare_with_noise(dumps, tmp_path):
     from opdiff import compare
     assert compare(healthy_run, runs[0]).first_divergence is not None
     assert compare(healthy_run, runs[0], noise=noise).first_divergence is None
+
+
+def test_runs_that_agree_bit_for_bit_measure_no_noise_and_change_nothing(dumps, tmp_path):
+    # the same healthy run recorded twice: a floor of 0 everywhere, which must not make the
+    # compare stricter than its fixed tolerances (a faulted op within them stays unnamed)
+    root, (g, _, _) = dumps
+    again = run(tmp_path / "again")
+    out, err = _cli("calibrate", g, again, "-o", tmp_path / "noise")
+    assert out[-1] == "torch imported 0", err
+    assert any("agreed bit for bit" in line for line in out), out
+    from opdiff import compare
+    target = run(tmp_path / "t", fault={"op": "Functional.linear", "call": 1,
+                                        "scale": 1 + 1e-6})
+    fixed = compare(target, g)
+    measured = compare(target, g, noise=tmp_path / "noise")
+    assert fixed.first_divergence is None and measured.first_divergence is None

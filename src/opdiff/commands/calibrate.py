@@ -44,8 +44,14 @@ def run(args) -> int:
 
     floor = calibrate(args.goldens, args.output, progress=args.progress)
     out = console()
-    out.print(f"noise floor of {len(floor.floors)} tensors from {floor.pairs} compare(s) of "
-              f"{len(floor.runs)} runs written to {args.output}/noise_floor.json")
+    moved = sum(1 for f in floor.floors.values() if f.error > 0)
+    out.print(f"noise floor of {len(floor.floors)} tensors ({moved} differ between the runs) "
+              f"from {floor.pairs} compare(s) of {len(floor.runs)} runs written to "
+              f"{args.output}/noise_floor.json")
+    if not moved:
+        out.print("note: the runs agreed bit for bit: no noise was measured, and compare --noise "
+                  "judges as without it; calibrate from runs that differ as healthy runs do "
+                  "(another thread count, device or nondeterministic kernels)")
     for named in floor.named:
         out.print(f"note: healthy runs already part ways by opdiff's fixed tolerances: {named}")
     return 0

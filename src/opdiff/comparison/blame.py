@@ -297,8 +297,9 @@ def analyse(op_scores: list[OpScore], rows: list[TensorRow], policy: Policy,
     for op in op_scores:
         if op.kind != REGION:   # (a region's rows are its caller's: pair.py)
             _revise_rows(op, rows, op.name in unjudged, withheld.get(op.name))
-    noise.say_multiples(rows, floors)
-    return noise.with_multiple(first_divergence(op_scores, rows), rows, floors)
+    shown = noise.measured_floors(rows, policy, judged=False)
+    noise.say_multiples(rows, shown)
+    return noise.with_multiple(first_divergence(op_scores, rows), rows, shown)
 
 
 def first_divergence(op_scores: list[OpScore], rows: list[TensorRow]) -> Optional[Divergence]:

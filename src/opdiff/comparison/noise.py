@@ -255,13 +255,17 @@ def _near_zero(stats: dict[str, Any], tolerance: float) -> bool:
     return smallest <= tolerance * magnitude
 
 
-def measured_floors(rows: list[Any], policy: "Policy") -> dict[int, "MeasuredFloor"]:
+def measured_floors(rows: list[Any], policy: "Policy",
+                    judged: bool = True) -> dict[int, "MeasuredFloor"]:
     """Row index -> the measured noise floor of its tensor (`opdiff compare --noise`); empty
-    without one."""
+    without one. judged: only the floors the blame rules judge by, those above 0 (healthy runs
+    that agreed exactly on a tensor measured no noise there: it keeps its dtype's fixed
+    tolerances rather than a few units of roundoff that another device would exceed)."""
     if getattr(policy, "noise", None) is None:
         return {}
     found = ((i, policy.measured_floor(row)) for i, row in enumerate(rows))
-    return {i: floor for i, floor in found if floor is not None}
+    return {i: floor for i, floor in found
+            if floor is not None and (floor.error > 0 or not judged)}
 
 
 def say_multiples(rows: list[Any], floors: dict[int, "MeasuredFloor"]) -> None:
