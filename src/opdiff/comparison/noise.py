@@ -260,12 +260,15 @@ def measured_floors(rows: list[Any], policy: "Policy",
     """Row index -> the measured noise floor of its tensor (`opdiff compare --noise`); empty
     without one. judged: only the floors the blame rules judge by, those above 0 (healthy runs
     that agreed exactly on a tensor measured no noise there: it keeps its dtype's fixed
-    tolerances rather than a few units of roundoff that another device would exceed)."""
+    tolerances rather than a few units of roundoff that another device would exceed). A floor
+    measured from statistics does not judge a tensor compared in full, nor the other way round:
+    statistics' errors are lower bounds of the errors of whole tensors."""
     if getattr(policy, "noise", None) is None:
         return {}
     found = ((i, policy.measured_floor(row)) for i, row in enumerate(rows))
     return {i: floor for i, floor in found
-            if floor is not None and (floor.error > 0 or not judged)}
+            if floor is not None and floor.mode == rows[i].mode
+            and (floor.error > 0 or not judged)}
 
 
 def say_multiples(rows: list[Any], floors: dict[int, "MeasuredFloor"]) -> None:
