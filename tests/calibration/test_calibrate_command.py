@@ -93,6 +93,7 @@ def test_calibrate_then_compare_with_noise(dumps, tmp_path):
     assert compare(healthy_run, runs[0], noise=noise).first_divergence is None
 
 
+@pytest.mark.slow
 def test_runs_that_agree_bit_for_bit_measure_no_noise_and_change_nothing(dumps, tmp_path):
     # the same healthy run recorded twice: a floor of 0 everywhere, which must not make the
     # compare stricter than its fixed tolerances (a faulted op within them stays unnamed)
