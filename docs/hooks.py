@@ -71,6 +71,8 @@ THRESHOLD_KEYS = {
     "statistics_scale_tolerance": "per dtype: the same floor for the scale rule",
     "statistics_backward_tolerance": "per dtype: the floor for backward records in statistics-only dumps",
     "statistics_small_numel": "outputs of fewer elements get floors grown by this / n",
+    "noise_multiple": "with `opdiff compare --noise`: a measured tensor is judged against "
+                      "max(dtype floor, this x its measured noise floor)",
 }
 
 

@@ -27,6 +27,7 @@ from .comparison.result import ERROR, WARNING, CompareResult
 from .comparison.engines import Engine, engine_for
 from .comparison.runs import (count_records, cut_sides, merge, pair_dumps, split_incomplete,
                               unpaired)
+from .comparison.noise_floor import NoiseFloor, noise_note
 from .comparison.verdicts import Policy
 from .errors import ConfigError, OpdiffError
 from .report import write_outputs
@@ -41,7 +42,8 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
             source_root: str | os.PathLike[str] | None = None,
             mapping: str | os.PathLike[str] | Mapping | None = None,
             ray_address: str | None = None, ray_pins: dict | None = None,
-            ray_shard_mb: float | None = None) -> CompareResult:
+            ray_shard_mb: float | None = None,
+            noise: str | os.PathLike[str] | NoiseFloor | None = None) -> CompareResult:
     """Compare the target dump (the run under suspicion) with the golden (trusted) dump.
 
     target, golden: a step/rank directory or a dump root of any format opdiff reads; with roots
@@ -79,6 +81,11 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
         the file and line; lines never used come back in `result.notes`. Not with the Ray
         engine.
 
+    noise: a noise floor measured by `opdiff calibrate` (its directory, its noise_floor.json or
+        a `NoiseFloor`): each tensor it measured is judged against max(dtype floor, k x its
+        floor), k the threshold `noise_multiple` (3), and its rows say the multiple;
+        docs/explanation/expected-error.md.
+
     Raises `DumpError` (an `OpdiffError`) for missing, empty or corrupt dumps and for dumps of
     different models.
     """
@@ -100,11 +107,12 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
     parsed = None
     if mapping is not None:
         parsed = mapping if isinstance(mapping, Mapping) else load_mapping(mapping)
-    options = replace(options, policy=Policy(thresholds), mapping=parsed)   # (made once)
+    floor = noise if noise is None or isinstance(noise, NoiseFloor) else NoiseFloor.load(noise)
+    options = replace(options, policy=Policy(thresholds, floor), mapping=parsed)   # (made once)
     targets, goldens = discover(target), discover(golden)
     targets, goldens, arranged = arrange(targets, goldens)  # the plan table's SOURCES rows
     pairs, notes = pair_dumps(targets, goldens)
-    notes = [*arranged, *notes]
+    notes = [*arranged, *notes, *noise_note(floor, options.policy)]
     pairs, incomplete = split_incomplete(pairs)     # ranks that crashed before a step's first op
     incomplete += unpaired(targets, goldens)        # (pair_dumps notes these)
     cut, damage = cut_sides(pairs)                  # a side killed mid-step, or its disk full

@@ -19,7 +19,7 @@ import sys
 from . import __version__
 from .errors import OpdiffError
 
-COMMANDS = ("demo", "compare", "check", "trend", "overflow", "onnx", "env", "run", "compile-bisect",
+COMMANDS = ("demo", "compare", "calibrate", "check", "trend", "overflow", "onnx", "env", "run", "compile-bisect",
             "explain", "query", "skill")
 
 

@@ -35,6 +35,11 @@ FLOAT_NAMES = frozenset({"float64", "float32", "float16", "bfloat16", "double", 
                          "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz",
                          "complex64", "complex128", "complex32"})
 
+# Unit roundoff u = 2^-p of each precision class (p: significand bits): the largest relative
+# error of one rounding to nearest (float8: e4m3's).
+UNIT_ROUNDOFF = {"float8": 2.0 ** -4, "bfloat16": 2.0 ** -8, "float16": 2.0 ** -11,
+                 "float32": 2.0 ** -24, "float64": 2.0 ** -53}
+
 # safetensors' dtype codes for the dtypes opdiff streams itself.
 SAFETENSORS_CODES = {
     "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64",
@@ -91,5 +96,11 @@ def largest_finite(dtype: Any) -> Optional[float]:
     return LARGEST_FINITE.get(short_dtype(dtype) or "")
 
 
+def unit_roundoff(dtype: Any) -> float:
+    """The unit roundoff of a dtype's precision class (0 for integers: they do not round)."""
+    return UNIT_ROUNDOFF.get(canonical_dtype(dtype) or "float32", 0.0)
+
+
 __all__ = ["canonical_dtype", "short_dtype", "is_float", "is_exact", "coarser", "largest_finite",
+           "unit_roundoff", "UNIT_ROUNDOFF",
            "PRECISION_RANK", "LARGEST_FINITE", "FP16_MAX", "FLOAT_NAMES", "SAFETENSORS_CODES"]

@@ -43,6 +43,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--threshold", metavar="KEY=VALUE", action="append", default=[],
                    help="override one threshold: a dtype's tolerance (bf16=0.02), amplification, "
                         "agree_fraction or scale_min_numel; repeatable")
+    p.add_argument("--noise", metavar="NOISE", default=None,
+                   help="a noise floor from 'opdiff calibrate': judge each tensor it measured "
+                        "against max(dtype floor, k x its floor) (k: --threshold "
+                        "noise_multiple=K, default 3) and say each error as a multiple of it")
     p.add_argument("--replay", choices=("auto", "all", "off"), default="auto",
                    help="re-run target ops in float64 on their own saved tensors to tell an op's "
                         "own error from inherited error (tensor dumps): auto = the suspects and "
@@ -152,9 +156,10 @@ def _engine(args):
 
 
 def run(args) -> int:
-    from .paths import dumps_exist, output_is_a_directory
+    from .paths import dumps_exist, noise_exists, output_is_a_directory
 
     dumps_exist(args.target, args.golden)       # before torch is imported (seconds)
+    noise_exists(args.noise)
     output_is_a_directory(args.output)          # before the compare, not after it
     from ..api import compare
     from ..comparison.verdicts import Thresholds
@@ -169,6 +174,6 @@ def run(args) -> int:
                      fail_on="divergence" if args.fail_on_divergence else None,
                      progress=args.progress, replay=args.replay,
                      engine=_engine(args), replay_jobs=_jobs(args.replay_jobs),
-                     source_root=args.source_root, mapping=args.mapping)
+                     source_root=args.source_root, mapping=args.mapping, noise=args.noise)
     print_result(result)
     return 1 if result.failed else 0

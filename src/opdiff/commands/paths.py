@@ -27,3 +27,13 @@ def output_is_a_directory(out) -> None:
     """ConfigError when OUT exists and is not a directory (a missing OUT is created later)."""
     if out is not None and os.path.lexists(out) and not os.path.isdir(out):
         raise ConfigError(f"{os.fspath(out)} is a file; pass a directory for the output")
+
+
+def noise_exists(noise) -> None:
+    """ConfigError when `--noise` names neither a noise_floor.json nor a folder holding one."""
+    if noise is None:
+        return
+    p = os.fspath(noise)
+    if not (os.path.isfile(p) or os.path.isfile(os.path.join(p, "noise_floor.json"))):
+        raise ConfigError(f"{p}: no noise_floor.json there; make one with "
+                          f"'opdiff calibrate GOLDEN_A GOLDEN_B -o {p}'")

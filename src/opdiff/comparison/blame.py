@@ -62,6 +62,7 @@ from .verdicts import run_precision
 
 if TYPE_CHECKING:
     from .metric_table import Measurement
+    from .noise_floor import MeasuredFloor
     from .replay import Replayer
     from .replay.local import LocalError, TensorLocalError
     from .verdicts import Policy
@@ -189,7 +190,8 @@ def _statistics_floor(policy: Policy, tdt: Optional[str], gdt: Optional[str],
 
 
 def _candidate(op: OpScore, m: Measurement, tdt: Optional[str], gdt: Optional[str], e_in: float,
-               s_in: float, policy: Policy, run_dtype: Optional[str]) -> Optional[tuple[float, str]]:
+               s_in: float, policy: Policy, run_dtype: Optional[str],
+               floor: Optional[MeasuredFloor] = None) -> Optional[tuple[float, str]]:
     """(size, kind) when this output shows an error the op made itself, else None."""
     if m.nonfinite_mismatch:
         return (math.inf, NONFINITE) if math.isfinite(e_in) else None
@@ -202,8 +204,11 @@ def _candidate(op: OpScore, m: Measurement, tdt: Optional[str], gdt: Optional[st
         tol = max(tol, _statistics_floor(policy, tdt, gdt, run_dtype, op.phase, m.numel))
         stol = max(stol, _statistics_floor(policy, tdt, gdt, run_dtype, op.phase, m.numel,
                                            scale=True))
+    if floor is not None:       # measured (`opdiff calibrate`): max(dtype floor, k x floor)
+        tol, stol = policy.measured_tolerances(floor, tdt, gdt)
     if op.phase == Phase.BACKWARD and policy.within_input_noise(
-            m, [i[1] for i in op.inputs], tol, same_rounding=canonical_dtype(tdt) == canonical_dtype(gdt)):
+            m, [i[1] for i in op.inputs], tol, same_rounding=canonical_dtype(tdt) == canonical_dtype(gdt),
+            dtype=tdt):
         return None     # noise around a true zero (verdicts.Policy.within_input_noise)
     s = abs(m.scale_error)
     if m.error > tol and m.error > policy.amplification * e_in:
@@ -215,15 +220,18 @@ def _candidate(op: OpScore, m: Measurement, tdt: Optional[str], gdt: Optional[st
     return None
 
 
-def judge(op: OpScore, by_name: dict[str, OpScore], policy: Policy, run_dtype: Optional[str] = None) -> None:
-    """Set op.local / op.blame / op.worst_out from its outputs against its inputs."""
+def judge(op: OpScore, by_name: dict[str, OpScore], policy: Policy, run_dtype: Optional[str] = None,
+          floors: Optional[Mapping[int, MeasuredFloor]] = None) -> None:
+    """Set op.local / op.blame / op.worst_out from its outputs against its inputs (floors: row
+    index -> its measured noise floor, `noise.measured_floors`)."""
     e_in, s_in, op.worst_in = _input_error(op, by_name)
     op.error_in, op.scale_in = e_in, s_in
     if ops.traits(op.op).uninitialized:
         return
     best: Optional[tuple[float, int, str]] = None
     for row_index, m, tdt, gdt in op.outputs:
-        found = _candidate(op, m, tdt, gdt, e_in, s_in, policy, run_dtype)
+        found = _candidate(op, m, tdt, gdt, e_in, s_in, policy, run_dtype,
+                           (floors or {}).get(row_index))
         if found is not None and (best is None or found[0] > best[0]):
             best = (found[0], row_index, found[1])
     if best is not None and not (op.const_diffs and not op.arg_diffs):
@@ -266,13 +274,14 @@ def analyse(op_scores: list[OpScore], rows: list[TensorRow], policy: Policy,
     run_dtype = run_precision(rows)
     # ops with DTensor shards placed differently in the two runs: nothing to judge them by
     unjudged = reasons.incomparable_ops(rows)
+    floors = noise.measured_floors(rows, policy)        # `opdiff compare --noise`
     for op in op_scores:
         if op.name in unjudged:
             continue
         if op.kind == Kind.LEAF:
-            origins.judge_leaf(op, policy, run_dtype)
+            origins.judge_leaf(op, policy, run_dtype, floors)
             continue
-        judge(op, by_name, policy, run_dtype)
+        judge(op, by_name, policy, run_dtype, floors)
         if op.kind == Kind.PARAM_GRAD and not any(n in by_name for n in linked(op)):
             op.local = False  # nothing recorded to say what its inputs were: cannot judge it
         if op.name in withheld:
@@ -288,7 +297,9 @@ def analyse(op_scores: list[OpScore], rows: list[TensorRow], policy: Policy,
     for op in op_scores:
         if op.kind != REGION:   # (a region's rows are its caller's: pair.py)
             _revise_rows(op, rows, op.name in unjudged, withheld.get(op.name))
-    return first_divergence(op_scores, rows)
+    shown = noise.measured_floors(rows, policy, judged=False)
+    noise.say_multiples(rows, shown)
+    return noise.with_multiple(first_divergence(op_scores, rows), rows, shown)
 
 
 def first_divergence(op_scores: list[OpScore], rows: list[TensorRow]) -> Optional[Divergence]:

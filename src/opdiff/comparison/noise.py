@@ -50,17 +50,25 @@ they are small. Two cases break it, both met by healthy bf16 runs at `opt.step()
   L2) of activations around 1 that sum to 1e-3 carries 750 times its input's relative error: a
   tiny BERT whose fp32 weights differed by 1e-7 moved it by 1.1e-5, beyond fp32's scale
   tolerance, and named the LayerNorm. Cleared only when every other output of the op agrees.
+
+With a measured noise floor (`opdiff compare --noise`, `noise_floor.py`), `measured_floors`
+finds each row's floor for the blame rules, and `say_multiples` / `with_multiple` put each
+measured error as a multiple of its floor into the rows and the culprit's sentence.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Optional
 
 from ..store.schema import Kind, Role, split_tensor_name
+from .noise_floor import multiple_words
 from .result import LOCAL, SCALE
 
 if TYPE_CHECKING:
     from .blame import OpScore
+    from .noise_floor import MeasuredFloor
+    from .result import Divergence
     from .verdicts import Policy
 
 # An input that differs from golden by this much of its own size carries no information
@@ -247,5 +255,43 @@ def _near_zero(stats: dict[str, Any], tolerance: float) -> bool:
     return smallest <= tolerance * magnitude
 
 
+def measured_floors(rows: list[Any], policy: "Policy",
+                    judged: bool = True) -> dict[int, "MeasuredFloor"]:
+    """Row index -> the measured noise floor of its tensor (`opdiff compare --noise`); empty
+    without one. judged: only the floors the blame rules judge by, those above 0 (healthy runs
+    that agreed exactly on a tensor measured no noise there: it keeps its dtype's fixed
+    tolerances rather than a few units of roundoff that another device would exceed). A floor
+    measured from statistics does not judge a tensor compared in full, nor the other way round:
+    statistics' errors are lower bounds of the errors of whole tensors."""
+    if getattr(policy, "noise", None) is None:
+        return {}
+    found = ((i, policy.measured_floor(row)) for i, row in enumerate(rows))
+    return {i: floor for i, floor in found
+            if floor is not None and floor.mode == rows[i].mode
+            and (floor.error > 0 or not judged)}
+
+
+def say_multiples(rows: list[Any], floors: dict[int, "MeasuredFloor"]) -> None:
+    """Each measured row's reason says its error as a multiple of its floor (in place)."""
+    for i, floor in floors.items():
+        row = rows[i]
+        words = multiple_words(row.error, floor)
+        if words and row.error:
+            rows[i] = replace(row, reason=f"{row.reason}; {words}" if row.reason else words)
+
+
+def with_multiple(divergence: Optional["Divergence"], rows: list[Any],
+                  floors: dict[int, "MeasuredFloor"]) -> Optional["Divergence"]:
+    """The first divergence whose reason also says its worst tensor's error as a multiple of
+    its measured floor."""
+    if divergence is None or not floors or divergence.tensor is None:
+        return divergence
+    at = next((i for i in floors if divergence.tensor in (rows[i].target_name,
+                                                          rows[i].golden_name)), None)
+    words = multiple_words(rows[at].error, floors[at]) if at is not None else ""
+    return replace(divergence, reason=f"{divergence.reason} ({words})") if words else divergence
+
+
 __all__ = ["NOISE_INPUT_ERROR", "clear", "cancels", "explains_any_error", "divides_by_noise",
-           "product_of_differing", "selects_part"]
+           "product_of_differing", "selects_part", "measured_floors", "say_multiples",
+           "with_multiple"]

@@ -45,7 +45,7 @@ class CompareOptions:
     def portable(self) -> "CompareOptions":
         """These options as a worker process or a Ray task rebuilds them: the policy made again
         from its thresholds (what a pair compared elsewhere has always been judged by)."""
-        return replace(self, policy=Policy(self.policy.thresholds))
+        return replace(self, policy=Policy(self.policy.thresholds, self.policy.noise))
 
 
 def check_replay(replay: object) -> None:

@@ -40,7 +40,7 @@ divergence's `name`, `op`, `phase` and `location` are those of the first op that
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, cast
 
 from ..numbers import human
 from ..store.schema import Kind, RecordName
@@ -60,15 +60,19 @@ STATISTICS_LEAF_TOLERANCE = 1e-6
 MOST_PARAMETERS = 0.5
 
 
-def judge_leaf(op: "OpScore", policy: Policy, run_dtype: Optional[str] = None) -> None:
+def judge_leaf(op: "OpScore", policy: Policy, run_dtype: Optional[str] = None,
+               floors: Optional[Mapping[int, Any]] = None) -> None:
     """A leaf differs when its values do: at step 0, exactly in one dtype (saved tensors),
     beyond the statistics' own rounding (statistics), or beyond the tolerance of two dtypes;
     at later steps (weights trained in two precisions drift apart) beyond the tolerances an
     op's output is held to."""
     best: Optional[tuple[float, int]] = None
     for row_index, m, tdt, gdt in op.outputs:
+        floor = (floors or {}).get(row_index)     # measured (`opdiff calibrate`)
         if m.nonfinite_mismatch:
             differs = True
+        elif floor is not None:
+            differs = m.error > policy.measured_tolerances(floor, tdt, gdt)[0]
         elif not op.leaf_strict or (tdt != gdt and m.mode == "statistics"):
             # (after step 0 the weights carry the earlier steps' healthy rounding differences)
             run = run_dtype or gdt

@@ -90,9 +90,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from ..dtypes import _ALIASES as DTYPE_ALIASES   # the spellings users write ('bf16', 'half')
-from ..dtypes import coarser, is_float
+from ..dtypes import coarser, is_float, unit_roundoff
 from ..errors import ConfigError
 from .metric_table import Measurement
+from .noise_floor import MeasuredFloor, NoiseFloor
 from .result import ERROR, PASS, WARNING
 
 # One row per precision class (`opdiff.dtypes.canonical_dtype`); why these numbers: see above.
@@ -110,6 +111,12 @@ DTYPE_THRESHOLDS = {
     "int":      (0.0,       0.0,     0.0,        0.0,        0.0),
 }
 _FALLBACK = "float32"           # a precision class without a row is judged like float32
+# With a measured noise floor (`opdiff compare --noise`), the least tolerance of a tensor, in
+# units of roundoff of its dtype: bf16's and fp16's fixed tolerances are 4u too.
+DTYPE_FLOOR_ROUNDINGS = 4.0
+# Two runs that each round a reduction: their results may lie this many units of roundoff
+# (times sqrt of the reduction's length, times the scale of its terms) apart.
+ROUNDINGS_APART = 2.0
 
 
 def _column(name: str) -> Callable[[], dict[str, float]]:
@@ -142,11 +149,12 @@ class Thresholds:
     statistics_backward_tolerance: dict[str, float] = field(
         default_factory=_column("statistics_backward_tolerance"))
     statistics_small_numel: int = 32
+    noise_multiple: float = 3.0         # --noise: an op is judged against k x its measured floor
 
     _KEYS = ("tolerance", "agree_fraction", "amplification", "scale_tolerance", "scale_min_numel",
              "scale_amplification", "scale_noise_fraction", "statistics_tolerance",
              "statistics_scale_tolerance", "statistics_backward_tolerance",
-             "statistics_small_numel")
+             "statistics_small_numel", "noise_multiple")
     _DTYPE_TABLES = DTYPE_COLUMNS
 
     @classmethod
@@ -249,8 +257,28 @@ class Policy:
     `statistics_tolerance_for` and `amplification`.
     """
 
-    def __init__(self, thresholds: Thresholds | dict[str, Any] | str | None = None) -> None:
+    def __init__(self, thresholds: Thresholds | dict[str, Any] | str | None = None,
+                 noise: NoiseFloor | None = None) -> None:
         self.thresholds = Thresholds.load(thresholds)
+        self.noise = noise          # measured floors (`opdiff calibrate`), or None
+
+    def measured_floor(self, row: Any) -> MeasuredFloor | None:
+        """The measured noise floor of a compared tensor's row (by its golden name), if any."""
+        if self.noise is None:
+            return None
+        return self.noise.floor_for(row.golden_name) or self.noise.floor_for(row.target_name)
+
+    def measured_tolerances(self, floor: MeasuredFloor, target_dtype: str | None,
+                            golden_dtype: str | None) -> tuple[float, float]:
+        """(tolerance, scale tolerance) of a tensor whose noise was measured: max(dtype floor,
+        k x measured floor), k = `noise_multiple`. The dtype floor is `DTYPE_FLOOR_ROUNDINGS`
+        units of roundoff (one rounding for the scale): what an op's own roundings cost. It
+        replaces the fixed tolerance, whose float32 row guesses at other summation orders:
+        that part is measured now."""
+        u = unit_roundoff(coarser(target_dtype, golden_dtype))
+        k = self.thresholds.noise_multiple
+        return (max(DTYPE_FLOOR_ROUNDINGS * u, k * floor.error),
+                max(u, k * floor.scale_error))
 
     @property
     def amplification(self) -> float:
@@ -305,7 +333,8 @@ class Policy:
         return floor
 
     def within_input_noise(self, out: Measurement, inputs: Iterable[Measurement],
-                           tolerance: float, same_rounding: bool = False) -> bool:
+                           tolerance: float, same_rounding: bool = False,
+                           dtype: str | None = None) -> bool:
         """Is a backward output's difference rounding noise of the values it was computed from?
 
         A gradient that is mathematically 0 (the key projection's bias gradient: softmax is
@@ -325,8 +354,16 @@ class Policy:
         hold the forward tensors it saved (`silu_backward(grad_output, self)`), whose norm is
         no gradient's and may be hundreds of times the output's; measured against it in full,
         a wrong backward kernel of an fp32 run (1% off in `silu_backward`) passed for noise.
+        But once input i differs at all, the op's own roundings differ too: each side's
+        reduction of K = numel_i / numel_out terms rounds by up to sqrt(K) units of roundoff of
+        `dtype` (the output's) times |input_i|, in each run, whatever the input's own error.
+        That is what a gradient that cancels to a true zero differs by: a tiny BERT's key bias
+        gradient (2e-12, of 16 rows of 3e-5) moved by 55% between two fp32 runs whose weights
+        differed by 1e-7, 1.6x what input error alone explained (and statistics only give a
+        lower bound of that), and `Functional.linear.1.backward` was named.
         """
         budget, scale = 0.0, 0.0
+        roundoff = unit_roundoff(dtype) if dtype is not None else 0.0
         for m in inputs:
             if m.numel < out.numel or not math.isfinite(m.norm) or m.norm <= 0:
                 continue
@@ -334,6 +371,9 @@ class Policy:
             if same_rounding:
                 share = min(tolerance, self.amplification * (math.inf if m.nonfinite_mismatch
                                                              else m.error))
+                if m.error > 0 or m.nonfinite_mismatch:     # its roundings differ: see above
+                    share = max(share, ROUNDINGS_APART * roundoff
+                                * math.sqrt(m.numel / max(out.numel, 1)))
             if share > 0:
                 budget, scale = max(budget, share * m.norm), max(scale, m.norm)
         return scale > 0 and out.norm < scale and out.abs_error <= budget

@@ -26,6 +26,7 @@ DOCUMENTS = {
     "dump-meta": ("step{S}/rank{R}/meta.json", "PrecisionDebugger, opdiff.dump"),
     "dump-record": ("step{S}/rank{R}/records.jsonl (each line)", "PrecisionDebugger, opdiff.dump"),
     "monitor-meta": ("rank{R}/meta.json", "opdiff.Monitor"),
+    "noise-floor": ("noise_floor.json", "opdiff calibrate"),
 }
 
 
