@@ -80,9 +80,10 @@ class IsolationTable:
                 if self.named else "every replayed unit is bitwise equal fed the same inputs")
         return f"same-input isolation: {head}. Bitwise equal per kind: {said}"
 
-    def text(self) -> str:
+    def text(self, named: bool = False) -> str:
+        """The table (named: only the named units' rows), then the summary."""
         lines = [f"{'unit':60} {'verdict':28} {'equal':>7} {'ulps':>6}"]
-        for u in self.units:
+        for u in (self.named if named else self.units):
             lines.append(f"{u.target[:60]:60} {u.verdict:28} {u.equal:7.1%} {u.ulps:6.3g}"
                          + (f"  ({u.why})" if u.why else ""))
         return "\n".join(lines + ["", self.summary()])
@@ -266,6 +267,10 @@ def isolate(target: Any, golden: Any, progress: Callable[[str], None] = lambda s
     """The same-input isolation table of two tensor dumps (a run directory or one step/rank
     directory each; see the module docstring)."""
     t, g = _Side(_open(target)), _Side(_open(golden))
+    for side, name in ((t, "target"), (g, "golden")):
+        if not any(d.get("key") for r in side.records for _, _, d in iter_tensors(r)):
+            raise OpdiffError(f"{side.dump.path}: the {name} dump saved no tensors; same-input "
+                              f"isolation feeds ops recorded inputs: record with task=\"tensor\"")
     g_by_name = {r["name"]: r for r in g.records}
     g_modules = {_path(r): r for r in g.records if r["kind"] == Kind.MODULE}
     g_places = _places(g.records)

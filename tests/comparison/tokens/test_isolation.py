@@ -14,6 +14,7 @@ import torch
 
 import opdiff
 from opdiff.comparison.isolation import DIFFERS, EQUAL, ROUNDING, isolate
+from opdiff.errors import OpdiffError
 from opdiff.testing import inject_fault
 
 from tokenkit import SEQ, llama
@@ -83,3 +84,28 @@ def test_a_faulty_op_is_named_not_its_modules(dumps):
     table = isolate(dumps["fault"], dumps["golden"])
     assert [(u.target, u.verdict) for u in table.named] == [("Functional.silu.1.forward",
                                                              DIFFERS)]
+
+
+def test_statistics_dumps_are_refused_in_one_line(token_dump, dumps):
+    with pytest.raises(OpdiffError, match="saved no tensors"):
+        isolate(token_dump("alone", task="statistics"), dumps["golden"])
+
+
+def test_cli_isolate(dumps, tmp_path):
+    import subprocess
+    import sys
+
+    run = [sys.executable, "-m", "opdiff.cli", "isolate", str(dumps["cast"]),
+           str(dumps["golden"]), "--named"]
+    done = subprocess.run([*run, "--fail-on-divergence"], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 1, done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("Module.")]
+    assert len(rows) == 5 and all("LlamaRMSNorm" in r for r in rows)
+    assert "LlamaRMSNorm 0/5" in done.stdout
+    done = subprocess.run(run, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0
+    done = subprocess.run([*run[:4], str(tmp_path / "nowhere"), str(dumps["golden"])],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and done.stderr.startswith("opdiff: error: ") and \
+        done.stderr.count("\n") == 1
