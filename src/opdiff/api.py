@@ -18,6 +18,7 @@ from dataclasses import replace
 from .capture.debugger import PrecisionDebugger, dump
 from .comparison.mapping import Mapping
 from .comparison.mapping import load as load_mapping
+from .comparison.tokens.given import TokenIds, load_token_ids
 from .comparison.options import CompareOptions
 from .comparison.pair import compare_pair
 from .comparison.plans import arrange
@@ -41,6 +42,7 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
             replay_jobs: int | None = None,
             source_root: str | os.PathLike[str] | None = None,
             mapping: str | os.PathLike[str] | Mapping | None = None,
+            token_ids: str | os.PathLike[str] | TokenIds | None = None,
             ray_address: str | None = None, ray_pins: dict | None = None,
             ray_shard_mb: float | None = None,
             noise: str | os.PathLike[str] | NoiseFloor | None = None) -> CompareResult:
@@ -80,6 +82,9 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
         docs/howto/different-ops.md. A bad line raises `MappingError` naming
         the file and line; lines never used come back in `result.notes`. Not with the Ray
         engine.
+    token_ids: a JSON file of each side's input ids (and masks), or one parsed by
+        `opdiff.comparison.tokens.given.load_token_ids`, for dumps that did not save them
+        (statistics dumps): how each side laid its tokens out; docs/howto/token-layouts.md.
 
     noise: a noise floor measured by `opdiff calibrate` (its directory, its noise_floor.json or
         a `NoiseFloor`): each tensor it measured is judged against max(dtype floor, k x its
@@ -108,7 +113,10 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
     if mapping is not None:
         parsed = mapping if isinstance(mapping, Mapping) else load_mapping(mapping)
     floor = noise if noise is None or isinstance(noise, NoiseFloor) else NoiseFloor.load(noise)
-    options = replace(options, policy=Policy(thresholds, floor), mapping=parsed)   # (made once)
+    given = token_ids if token_ids is None or isinstance(token_ids, TokenIds) else \
+        load_token_ids(token_ids)
+    options = replace(options, policy=Policy(thresholds, floor), mapping=parsed,   # (made once)
+                      token_ids=given)
     targets, goldens = discover(target), discover(golden)
     targets, goldens, arranged = arrange(targets, goldens)  # the plan table's SOURCES rows
     pairs, notes = pair_dumps(targets, goldens)

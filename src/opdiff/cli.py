@@ -19,8 +19,8 @@ import sys
 from . import __version__
 from .errors import OpdiffError
 
-COMMANDS = ("demo", "compare", "calibrate", "check", "trend", "overflow", "onnx", "env", "run", "compile-bisect",
-            "explain", "query", "skill")
+COMMANDS = ("demo", "compare", "calibrate", "check", "trend", "overflow", "onnx", "env", "run",
+            "compile-bisect", "explain", "query", "skill", "isolate")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -59,7 +59,7 @@ class DropRelu:
     """A RECORDS plan for the test: both sides' relu calls left out before alignment."""
     name = "no relu"
 
-    def rewrite(self, target, golden, sources):
+    def rewrite(self, target, golden, sources, options=None):
         keep = [r for r in target if r["op"] != "Functional.relu"]
         return plans.Rewritten(keep, [r for r in golden if r["op"] != "Functional.relu"],
                                [Note("relu left out", Note.PAIRING)])

@@ -37,6 +37,10 @@ def add_parser(subparsers) -> None:
                         "fused output against several golden outputs joined along a dim, "
                         "'ignore:' ops to drop, 'ops:' op calls or tensors paired as named; "
                         "msprobe's data_mapping.yaml / cell_mapping.yaml too)")
+    p.add_argument("--token-ids", metavar="FILE", default=None,
+                   help='JSON file of each side\'s input ids, for dumps that did not save them '
+                        '(statistics dumps): {"target": [[ids], ...], "golden": [[ids]], '
+                        '"target_mask": [[1, 0, ...]]} (masks optional)')
     p.add_argument("--thresholds", metavar="FILE", default=None,
                    help='JSON file of thresholds, e.g. {"tolerance": {"bf16": 0.02}, '
                         '"amplification": 10}')
@@ -174,6 +178,7 @@ def run(args) -> int:
                      fail_on="divergence" if args.fail_on_divergence else None,
                      progress=args.progress, replay=args.replay,
                      engine=_engine(args), replay_jobs=_jobs(args.replay_jobs),
-                     source_root=args.source_root, mapping=args.mapping, noise=args.noise)
+                     source_root=args.source_root, mapping=args.mapping, noise=args.noise,
+                     token_ids=args.token_ids)
     print_result(result)
     return 1 if result.failed else 0

@@ -16,6 +16,7 @@ from typing import Optional
 
 from ..errors import OpdiffError
 from .mapping import Mapping
+from .tokens.given import TokenIds, check_token_ids
 from .verdicts import Policy
 
 REPLAY_MODES = ("auto", "all", "off")
@@ -28,15 +29,19 @@ class CompareOptions:
     shape_flag: pair ops only when every tensor shape matches (msprobe's `shape_flag`).
     replay: "auto", "all" or "off" (see `opdiff.compare`).
     replay_jobs: processes each pair's replay uses (None: OPDIFF_REPLAY_JOBS, default 1).
-    mapping: a parsed mapping file (`mapping.load`), applied to every pair."""
+    mapping: a parsed mapping file (`mapping.load`), applied to every pair.
+    token_ids: input ids given in a file (`tokens.given.load_token_ids`), for dumps that did
+        not save theirs (statistics dumps): how each side laid its tokens out."""
     policy: Policy = field(default_factory=Policy)
     shape_flag: bool = False
     replay: str = "auto"
     replay_jobs: Optional[int] = None
     mapping: Optional[Mapping] = None
+    token_ids: Optional[TokenIds] = None
 
     def __post_init__(self) -> None:
         check_replay(self.replay)
+        check_token_ids(self.token_ids)
         jobs = self.replay_jobs
         if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
             raise OpdiffError(f"replay_jobs must be a whole number of processes (1 or more), "

@@ -104,7 +104,7 @@ class _PairCompare:
         t, g = self._recordings(t_records, g_records)
         said_after = []
         for rewrite in rewrites(t, g):      # the plan table's RECORDS rows (plans.py)
-            made = rewrite.rewrite(t_records, g_records, (self.t, self.g))
+            made = rewrite.rewrite(t_records, g_records, (self.t, self.g), self.options)
             if made is not None:
                 t_records, g_records, t_view, notes = made.target, made.golden, made.target, \
                     notes + made.notes

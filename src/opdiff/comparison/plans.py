@@ -20,7 +20,7 @@ Adding a plan is one row here and its package (ARCHITECTURE.md, "the everyday ch
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Optional, Protocol, Sequence, Union, cast
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence, Union, cast
 
 from . import compiled, compiled_backward, compiled_inputs, compiled_modules, compiled_regions, \
     compiled_spans
@@ -70,11 +70,12 @@ class Rewritten:
 class RecordsPlan(Protocol):
     """RECORDS level: both sides' records of one pair rewritten before alignment (padded
     batches sliced to the same tokens, say, or compiled code's module calls made); None: this
-    pair needs nothing of the plan."""
+    pair needs nothing of the plan. options: the compare's `CompareOptions`."""
     name: str
 
     def rewrite(self, target: list[Record], golden: list[Record],
-                sources: tuple[DumpSource, DumpSource]) -> Optional[Rewritten]: ...
+                sources: tuple[DumpSource, DumpSource], options: Any = None
+                ) -> Optional[Rewritten]: ...
 
 
 class Plan:
@@ -164,7 +165,8 @@ class ModuleCalls:
     name = "compiled module calls"
 
     def rewrite(self, target: list[Record], golden: list[Record],
-                sources: tuple[DumpSource, DumpSource]) -> Optional[Rewritten]:
+                sources: tuple[DumpSource, DumpSource], options: Any = None
+                ) -> Optional[Rewritten]:
         target = compiled_modules.module_calls(target, golden)
         target, golden = compiled_spans.span_calls(target, golden)
         return Rewritten(target, golden)
@@ -207,9 +209,11 @@ class TokenLayouts:
     name = "token layouts"
 
     def rewrite(self, target: list[Record], golden: list[Record],
-                sources: tuple[DumpSource, DumpSource]) -> Optional[Rewritten]:
+                sources: tuple[DumpSource, DumpSource], options: Any = None
+                ) -> Optional[Rewritten]:
         from .tokens import align_tokens
-        aligned = align_tokens(sources[0], sources[1], target, golden)
+        aligned = align_tokens(sources[0], sources[1], target, golden,
+                               getattr(options, "token_ids", None))
         if aligned is None:
             return None
         return Rewritten(aligned.target_records, aligned.golden_records, list(aligned.notes),

@@ -81,10 +81,22 @@ def batch(layout: str) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     return ids, mask
 
 
+PROMPT, NEW = SEQ[:8], 4         # greedy `generate`: 8 prompt tokens, 4 new ones
+
+
+def generated() -> torch.Tensor:
+    """The prompt and the 4 tokens healthy greedy `generate` makes of it ([1, 12])."""
+    with torch.no_grad():
+        return llama().generate(PROMPT[None], max_new_tokens=NEW, do_sample=False,
+                                pad_token_id=0)
+
+
 def make_dump(path: Path, layout: str, fault: Optional[str] = None,
               task: str = "tensor", family: str = "llama") -> Path:
     """One forward of the layout's batch under `opdiff.dump` (layout "decode": a prefill of
-    SEQ's first 11 tokens, then one decode step of its last through the KV cache); fault:
+    SEQ's first 11 tokens, then one decode step of its last through the KV cache; "generate":
+    greedy `model.generate` of 4 tokens after PROMPT, a prefill and 3 decode steps; "generated":
+    one forward of what healthy `generate` made, as a trainer scores a rollout); fault:
     "op:call", that call's output scaled by 1.01 (`inject_fault`)."""
     model = MODELS[family]()
     planted = nullcontext()
@@ -92,11 +104,15 @@ def make_dump(path: Path, layout: str, fault: Optional[str] = None,
         op, call = fault.split(":")
         planted = inject_fault(op=op, call=int(call), scale=1.01)
     # (the inputs are made before recording: the dumps hold the model's ops only)
-    ids, mask = batch("alone" if layout == "decode" else layout)
+    ids, mask = batch("alone" if layout in ("decode", "generate", "generated") else layout)
     prefill, step = ids[:, :11].clone(), ids[:, 11:].clone()
+    if layout == "generated":
+        ids = generated()
     with planted, torch.no_grad():
         with opdiff.dump(model, str(path), level="mix", task=task):
-            if layout == "decode":
+            if layout == "generate":
+                model.generate(PROMPT[None], max_new_tokens=NEW, do_sample=False, pad_token_id=0)
+            elif layout == "decode":
                 cache = model(input_ids=prefill, use_cache=True).past_key_values
                 model(input_ids=step, past_key_values=cache, use_cache=True)
             elif family == "t5":

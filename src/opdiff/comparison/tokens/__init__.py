@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 from ...errors import OpdiffError
 from ...store.source import DumpSource
 from ..result import Divergence, Note
 from .rewrite import rewrite, shapes_by_place
-from .sequences import INSIDE_ROW, SAME_IDS, Layout, Match, Sequence, first_ids, match, read_layout
+from .given import TokenIds
+from .sequences import INSIDE_ROW, SAME_IDS, Layout, Match, Sequence, first_ids, given_layout, \
+    match, read_layout
 from .source import SlicedSource
 from .decode import PREFIX, decode_alignment
 from .where import token_positions
@@ -103,10 +105,16 @@ def _same_layout(golden: Layout, target: Layout) -> bool:
 
 
 def align_tokens(target: DumpSource, golden: DumpSource, t_records: list[dict[str, Any]],
-                 g_records: list[dict[str, Any]]) -> Optional[TokenAlignment]:
+                 g_records: list[dict[str, Any]], given: Optional[TokenIds] = None
+                 ) -> Optional[TokenAlignment]:
     """Both sides cut to the same token sequences, or None where there is nothing to align
-    (the same layout on both sides, or ids recorded on neither)."""
+    (the same layout on both sides, or ids recorded on neither). given: ids from a file
+    (`given.py`), for the sides whose dumps did not save theirs."""
     try:
+        if given is not None:
+            found = _given(target, golden, t_records, g_records, given)
+            if found is not False:
+                return cast(Optional[TokenAlignment], found)
         return _align(target, golden, t_records, g_records)
     except OpdiffError:
         raise
@@ -171,6 +179,48 @@ def _decoded(target: DumpSource, golden: DumpSource, t_records: list[dict[str, A
     return found
 
 
+def _given(target: DumpSource, golden: DumpSource, t_records: list[dict[str, Any]],
+           g_records: list[dict[str, Any]], given: TokenIds) -> Any:
+    """With ids given for a side that saved none: what the layouts allow a statistics dump
+    (False: each side saved its own ids, aligned from them)."""
+    layouts = []
+    for side, dump, records in (("target", target, t_records), ("golden", golden, g_records)):
+        recorded = read_layout(dump, records)
+        if recorded is not None:
+            layouts.append(recorded)
+            continue
+        ids, mask = given.side(side)
+        shape = _ids_shape(records)
+        if shape is not None and shape != (len(ids), len(ids[0])):
+            raise OpdiffError(f"{given.path}: the {side}'s ids are {len(ids)} x {len(ids[0])}, "
+                              f"its dump's {' x '.join(map(str, shape))}: ids of another run?")
+        layouts.append(given_layout(ids, mask))
+    if all(layout.ids_key for layout in layouts):
+        return False
+    t_layout, g_layout = layouts
+    words = f"(ids from {given.path})"
+    if _same_layout(g_layout, t_layout):
+        return TokenAlignment(target, golden, t_records, g_records, None, [Note(
+            f"the same token sequences in the same layout on both sides {words}: compared as "
+            f"recorded", Note.PAIRING)])
+    matches = match(g_layout, t_layout)
+    if not matches:
+        return None         # other inputs: compared as recorded
+    if sorted(zip(g_layout.ids, [s.positions for s in g_layout.rows])) == \
+            sorted(zip(t_layout.ids, [s.positions for s in t_layout.rows])):
+        return TokenAlignment(target, golden, t_records, g_records, None, [Note(
+            f"the same rows of tokens in another order {words}: a tensor's statistics over every "
+            f"row are the same in any order, so they are compared as recorded", Note.PAIRING)])
+    facts = TokenFacts((g_layout.batch, g_layout.length), (t_layout.batch, t_layout.length),
+                       tuple(matches), (), ())
+    said = facts.sentence().split(": ", 1)[-1].split("; not compared")[0]
+    return TokenAlignment(target, golden, t_records, g_records, None, [Note(
+        f"inconclusive: the runs lay the same tokens out differently {words}: {said}; a "
+        f"statistics dump holds each tensor's statistics over every row and position, which "
+        f"cannot be cut to these tokens; record both with task=\"tensor\" to compare them",
+        Note.INCONCLUSIVE)])
+
+
 def _unaligned(target: DumpSource, golden: DumpSource, t_records: list[dict[str, Any]],
                g_records: list[dict[str, Any]], t_layout: Optional[Layout],
                g_layout: Optional[Layout]) -> Optional[TokenAlignment]:
@@ -184,7 +234,8 @@ def _unaligned(target: DumpSource, golden: DumpSource, t_records: list[dict[str,
     which = "neither dump holds" if len(missing) == 2 else f"the {missing[0]} dump holds no"
     note = (f"inconclusive: the runs lay their tokens out differently (ids {list(t_shape)} "
             f"against {list(g_shape)}) and {which} saved input ids, so "
-            f"the same tokens cannot be found on both sides; record both with task=\"tensor\"")
+            f"the same tokens cannot be found on both sides; record both with task=\"tensor\" "
+            f"(or give the ids: opdiff compare --token-ids FILE)")
     return TokenAlignment(target, golden, t_records, g_records, None,
                           [Note(note, Note.INCONCLUSIVE)])
 
@@ -194,5 +245,5 @@ def _ids_shape(records: list[dict[str, Any]]) -> Optional[tuple[int, ...]]:
     return tuple(desc.get("shape") or ()) if desc is not None else None
 
 
-__all__ = ["align_tokens", "TokenAlignment", "TokenFacts", "Match", "Sequence", "SAME_IDS",
-           "INSIDE_ROW"]
+__all__ = ["align_tokens", "TokenAlignment", "TokenFacts", "TokenIds", "Match", "Sequence",
+           "SAME_IDS", "INSIDE_ROW"]

@@ -5,21 +5,25 @@ The side with several forward passes (one embedding call each, `sequences.passes
 recorded; the one-pass side is copied once per pass, each copy cut to that pass's tokens: a dim
 the passing side holds `n` positions of, in a pass that ends at token `end`, keeps the
 one-pass side's positions `end - n .. end` (a query's dim: the pass's own tokens; a key's dim:
-every token so far, the cache included). Which tensor of the copy answers which of the pass is
-read from where it sits (its module call, op, and how many calls of that op the call made
-before it), so other call counters never matter. Copies after the first are renamed as the
-model's next forward would name them (call counters, sequence numbers, producers), and leave
-out the parameters and buffers the first copy already compared.
+every token so far, the cache included). Which record of the copy answers which of the pass
+is found by diffing the records of each module (and those outside every module call) on their
+op and output ranks (`_counterparts`), so an op only one side runs (the cache positions
+`generate` passes, its own ops between passes) never shifts the others. Where the one forward
+extends an empty KV cache, a later pass's copy extends the one forward's own keys of the tokens
+before it instead (`_cache_so_far`), so the cache's concatenation pairs op for op. Copies after
+the first are renamed as the model's next forward would name them (call counters, sequence
+numbers, producers), and leave out the parameters and buffers the first copy already compared.
 """
 from __future__ import annotations
 
 import copy
+import difflib
 import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from ...store.records import iter_tensors
-from ...store.schema import Kind, RecordName
+from ...store.schema import Kind, RecordName, Role
 from ...store.source import DumpSource
 from .rewrite import LEAVES, cut_descriptor
 from .sequences import Layout, Sequence, load_ids, passes
@@ -56,20 +60,21 @@ def _pass_starts(records: list[dict[str, Any]], at: list[int]) -> list[int]:
 
 
 def _counted_from_start(dump: DumpSource, records: list[dict[str, Any]], starts: list[int],
-                        lengths: list[int], one: dict[tuple[Any, ...], tuple[int, ...]],
+                        lengths: list[int], one: list[dict[str, Any]],
                         one_length: int) -> tuple[list[dict[str, Any]], SlicedSource]:
-    """The decoding side with each later pass's `arange` of its own tokens (0..n-1), where the
-    one forward's `arange` at the same place counts its positions, served counted from the
-    sequence's start, as the one forward counts them."""
+    """The decoding side with each later pass's `arange` of its own tokens (0..n-1), where its
+    counterpart in the one forward counts the positions, served counted from the sequence's
+    start, as the one forward counts them."""
     side = SlicedSource(dump, [], Layout(1, 0, (), (), False, ""), [])
     out = list(records)
     for k in range(1, len(lengths)):
         offset = sum(lengths[:k])
         part = records[starts[k]:starts[k + 1]]
-        counted = {str(desc["key"]) for record, place in zip(part, _places(part))
+        shapes = _shapes(part, one)         # (the one forward's, by the pass's records)
+        counted = {str(desc["key"]) for j, record in enumerate(part)
                    if str(record["op"]).endswith("arange")
                    for name, _, desc in iter_tensors(record)
-                   if one.get((*place, name[len(record["name"]):])) == (one_length,)
+                   if shapes.get((j, name[len(record["name"]):])) == (one_length,)
                    and _own_positions(dump, desc, lengths[k])}
         for i in range(starts[k], starts[k + 1]):     # (the ops that read them too)
             if not any(desc.get("key") in counted for _, _, desc in iter_tensors(records[i])):
@@ -106,19 +111,44 @@ def _op(record: dict[str, Any]) -> str:
     return _CALL.sub("", op) if record["kind"] == Kind.LEAF else op
 
 
-def _places(records: list[dict[str, Any]]) -> list[tuple[str, str, int]]:
-    seen: dict[tuple[str, str], int] = {}
-    out = []
-    for r in records:
-        at = (_module(r.get("module")), _op(r))
-        seen[at] = seen.get(at, -1) + 1
-        out.append((*at, seen[at]))
+def _signature(record: dict[str, Any]) -> tuple[Any, ...]:
+    """What a record is, whatever its counters and sizes: its op, kind and its outputs' ranks
+    (a token dim's size differs between a pass and the one forward; its rank does not. An
+    input's may: the cache a pass extends is an empty tensor in a forward that starts one)."""
+    return (_op(record), record["kind"], tuple(len(desc.get("shape") or ()) for _, role, desc
+                                              in iter_tensors(record) if role == Role.OUTPUT))
+
+
+def _counterparts(one: list[dict[str, Any]], part: list[dict[str, Any]]) -> dict[int, int]:
+    """Each record of the one forward (its index) that has a counterpart in a pass (its index
+    there): the records of each module (its path and class, any call) and those outside every
+    module call are diffed on their signatures, longest matching blocks first, so an op only
+    one side runs (a cache position the caller gives, the caller's own ops between passes)
+    never shifts the others."""
+    groups: dict[str, tuple[list[int], list[int]]] = {}
+    for side, records in ((0, one), (1, part)):
+        for i, r in enumerate(records):
+            groups.setdefault(_module(r.get("module")), ([], []))[side].append(i)
+    found: dict[int, int] = {}
+    for ones, parts in groups.values():
+        if not ones or not parts:
+            continue
+        matcher = difflib.SequenceMatcher(None, [_signature(one[i]) for i in ones],
+                                          [_signature(part[j]) for j in parts], autojunk=False)
+        for a, b, size in matcher.get_matching_blocks():
+            found.update({ones[a + d]: parts[b + d] for d in range(size)})
+    return found
+
+
+def _shapes(one: list[dict[str, Any]], part: list[dict[str, Any]]
+            ) -> dict[tuple[int, str], tuple[int, ...]]:
+    """The pass's tensor shapes, by the one forward's record (its index) and tensor name in it."""
+    out = {}
+    for i, j in _counterparts(one, part).items():
+        r = part[j]
+        for name, _, desc in iter_tensors(r):
+            out[(i, name[len(r["name"]):])] = tuple(desc.get("shape") or ())
     return out
-
-
-def _shapes(records: list[dict[str, Any]]) -> dict[tuple[Any, ...], tuple[int, ...]]:
-    return {(*place, name[len(r["name"]):]): tuple(desc.get("shape") or ())
-            for r, place in zip(records, _places(records)) for name, _, desc in iter_tensors(r)}
 
 
 def decode_alignment(target: DumpSource, golden: DumpSource, t_records: list[dict[str, Any]],
@@ -153,27 +183,78 @@ def decode_alignment(target: DumpSource, golden: DumpSource, t_records: list[dic
     end = 0
     for k, length in enumerate(lengths):
         end += length
-        pass_shapes = _shapes(records[starts[k]:starts[k + 1]])
-        for record, place in zip(one_records, _places(one_records)):
+        pass_shapes = _shapes(one_records, records[starts[k]:starts[k + 1]])
+        for at, record in enumerate(one_records):
             if k and record["kind"] == Kind.LEAF and record.get("leaf") in LEAVES:
                 continue        # parameters and buffers: compared with the first pass
-            record = _cut_record(record, place, pass_shapes, end, length, one_layout, side)
+            if k and _starts_a_cache(record, at, pass_shapes):
+                continue
+            record = _cut_record(record, at, pass_shapes, end, length, one_layout, side)
+            if k:
+                record = _cache_so_far(record, one_records[at], at, pass_shapes, (end, length),
+                                       one_layout, side, n)
             copies.append(_renamed(record, k, spans, n) if k else record)
     side.keep(copies)
-    kept, kept_side = _counted_from_start(dump, records, starts, lengths, _shapes(one_records),
+    kept, kept_side = _counted_from_start(dump, records, starts, lengths, one_records,
                                           one_layout.length)
     return Decoded(many, kept, kept_side, tuple(lengths), one, copies, side)
 
 
-def _cut_record(record: dict[str, Any], place: tuple[str, str, int],
-                pass_shapes: dict[tuple[Any, ...], tuple[int, ...]], end: int, own: int,
+def _empty(desc: dict[str, Any]) -> bool:
+    shape = desc.get("shape")
+    return isinstance(shape, list) and 0 in shape
+
+
+def _starts_a_cache(record: dict[str, Any], at: int,
+                    pass_shapes: dict[tuple[int, str], tuple[int, ...]]) -> bool:
+    """An op of the one forward that makes only empty tensors and has no counterpart in a later
+    pass: the forward starting its KV cache (`torch.tensor([])`), which a pass extends instead."""
+    outs = [(n, d) for n, role, d in iter_tensors(record) if role == Role.OUTPUT]
+    return bool(outs) and all(_empty(d) for _, d in outs) and not any(
+        (at, n[len(record["name"]):]) in pass_shapes for n, _ in outs)
+
+
+def _cache_so_far(record: dict[str, Any], original: dict[str, Any], at: int,
+                  pass_shapes: dict[tuple[int, str], tuple[int, ...]], span: tuple[int, int],
+                  layout: Layout, side: SlicedSource, n: int) -> dict[str, Any]:
+    """A later pass's copy of the op that extends a KV cache: where the one forward extends an
+    empty cache, the pass extends the keys of every token before it. That input is served as the
+    one forward's own output cut to those tokens, made by the previous pass's copy of the op
+    (`seq - n`: `_renamed` moves it on by one pass per copy)."""
+    end, own = span
+    outs = [d for _, role, d in iter_tensors(original) if role == Role.OUTPUT]
+    if len(outs) != 1 or not outs[0].get("key"):
+        return record
+    full = tuple(int(v) for v in outs[0].get("shape") or ())
+    found = [(name, desc) for name, role, desc in iter_tensors(record)
+             if role == Role.INPUT and _empty(desc)]
+    if not found or not isinstance(original.get("seq"), int):
+        return record
+    record = copy.deepcopy(record)
+    for name, _, desc in iter_tensors(record):
+        past = pass_shapes.get((at, name[len(record["name"]):]))
+        if not _empty(desc) or past is None or len(past) != len(full):
+            continue
+        cut = _window(full, past, end - own, own, layout)
+        if cut is None or not cut.windows or any(b - a != end - own for _, a, b in cut.windows):
+            continue
+        made = copy.deepcopy(outs[0])
+        cut_descriptor(made, cut, side)
+        made["producer"] = [original["seq"] - n, 0]
+        desc.clear()
+        desc.update(made)
+    return record
+
+
+def _cut_record(record: dict[str, Any], at: int,
+                pass_shapes: dict[tuple[int, str], tuple[int, ...]], end: int, own: int,
                 layout: Layout, side: SlicedSource) -> dict[str, Any]:
     cuts = {}
     for name, _, desc in iter_tensors(record):
         if desc.get("leaf") in LEAVES or record.get("leaf") in LEAVES:
             continue
         shape = tuple(int(s) for s in desc.get("shape") or ())
-        other = pass_shapes.get((*place, name[len(record["name"]):]))
+        other = pass_shapes.get((at, name[len(record["name"]):]))
         cut = _window(shape, other, end, own, layout)
         if cut is not None:
             cuts[name] = cut

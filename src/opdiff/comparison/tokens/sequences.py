@@ -113,6 +113,17 @@ def read_layout(dump: DumpSource, records: list[dict[str, Any]]) -> Optional[Lay
                   ids_desc["key"])
 
 
+def given_layout(ids: tuple[tuple[int, ...], ...],
+                 mask: Optional[tuple[tuple[int, ...], ...]]) -> Layout:
+    """A side's layout from ids given in a file (`given.py`), not read from its dump."""
+    batch, length = len(ids), len(ids[0])
+    rows = []
+    for r, row in enumerate(ids):
+        keep = [p for p in range(length) if mask is None or mask[r][p]]
+        rows.append(Sequence(r, tuple(keep), tuple(row[p] for p in keep)))
+    return Layout(batch, length, tuple(rows), tuple(ids), mask is not None, "")
+
+
 def _mask(dump: DumpSource, records: list[dict[str, Any]],
           shape: tuple[int, int]) -> Optional[list[list[int]]]:
     """The recorded `attention_mask` input of the ids' shape (1: a real token), or None."""
@@ -165,5 +176,5 @@ def match(golden: Layout, target: Layout) -> list[Match]:
     return found
 
 
-__all__ = ["Sequence", "Layout", "Match", "read_layout", "first_ids", "passes", "load_ids", "match",
+__all__ = ["Sequence", "Layout", "Match", "read_layout", "given_layout", "first_ids", "passes", "load_ids", "match",
            "SAME_IDS", "INSIDE_ROW"]
