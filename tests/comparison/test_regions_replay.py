@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 import opdiff
 from opdiff import schemas
@@ -140,3 +141,48 @@ def test_a_2pct_fault_in_sdpa_backward_is_named_by_the_backward_chain(hf_dump, b
     assert f"{SDPA}.1.backward.output." in first.reason    # the worst gradient, by name
     errors = [r for r in result.rows if r.result == "error"]
     assert errors and all(layer in (r.reason or "") for r in errors), errors
+
+
+class _Activation(torch.nn.Module):
+    """gelu ("exact"), its sigmoid approximation `x * sigmoid(1.702 x)` ("approx"), or that
+    approximation through torch.special.expit ("spelled")."""
+
+    def __init__(self, approximate: str) -> None:
+        super().__init__()
+        self.approximate = approximate
+        self.a, self.b = torch.nn.Linear(12, 16), torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = self.a(x)
+        if self.approximate == "approx":
+            h = h * torch.sigmoid(1.702 * h)
+        elif self.approximate == "spelled":
+            h = h * torch.special.expit(1.702 * h)
+        else:
+            h = torch.nn.functional.gelu(h)
+        return self.b(h)
+
+
+def _activation_dump(path, approximate: str):
+    torch.manual_seed(0)
+    model = _Activation(approximate)
+    with opdiff.dump(model, str(path), level="mix", task="tensor"):
+        model(torch.randn(8, 12)).pow(2).mean().backward()
+    return str(path)
+
+
+def test_a_region_whose_ops_compute_another_function_stays_blamed_after_its_replay(tmp_path):
+    # the chain replay re-runs the target's `x * sigmoid(1.702 x)` exactly (own error 6e-8):
+    # its arithmetic is right, but it is not golden's gelu (1% apart on inputs that agree);
+    # the replay cleared the region and the verdict was "no op is to blame"
+    target = _activation_dump(tmp_path / "approx", "approx")
+    golden = _activation_dump(tmp_path / "exact", "exact")
+    result = opdiff.compare(target, golden, progress=False)
+    first = result.first_divergence
+    assert first is not None and first.origin == "region" and first.phase == "forward", result.verdict
+    assert [o["op"] for o in first.region["golden_ops"]] == ["Functional.gelu"]
+    assert "they compute something else than golden's ops" in first.reason, first.reason
+    # other ops computing the same function: a region, and nothing to blame
+    same = opdiff.compare(target, _activation_dump(tmp_path / "spelled", "spelled"), progress=False)
+    assert same.first_divergence is None, same.verdict
+    assert any(r.region for r in same.rows), "the runs were meant to execute different ops"

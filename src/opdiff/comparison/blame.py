@@ -57,7 +57,7 @@ from ..store.schema import Kind, Location, Phase, param_grad_links
 from . import noise, origins, reasons
 from .result import (ERROR, INTEGER, LOCAL, NONFINITE, NUMBER, REPLAY, SCALE, WARNING,
                      Divergence, TensorRow)
-from .regions import REGION, made_tensor, region_members
+from .regions import REGION, computes_another_function, made_tensor, region_members
 from .verdicts import run_precision
 
 if TYPE_CHECKING:
@@ -379,7 +379,7 @@ def _second_opinion(op_scores: list[OpScore], order: list[OpScore], rows: list[T
         if parallel:
             replay.judge_many([op.name for op in window if op.kind != REGION])
         for op in window:
-            _take(op, _replay(op, replay), rows)
+            _take(op, _replay(op, replay), rows, policy)
         return
     _walk(op_scores, order, window, rows, policy, replay)
     # The ops still blamed after the first divergence are errors in the table the user reads:
@@ -390,7 +390,7 @@ def _second_opinion(op_scores: list[OpScore], order: list[OpScore], rows: list[T
     if parallel and len(rest) > 1:
         replay.judge_many([op.name for op in rest if op.kind != REGION])
     for op in rest:
-        _take(op, _replay(op, replay), rows)
+        _take(op, _replay(op, replay), rows, policy)
 
 
 def _first_blamed(op_scores: list[OpScore], order: list[OpScore], policy: Policy
@@ -416,12 +416,12 @@ def _walk(op_scores: list[OpScore], order: list[OpScore], window: list[OpScore],
                              if op.seq < limit and op.kind != REGION]
                     replay.judge_many(ahead)        # the verdicts are applied in order below
                 op, at = window[at], at + 1
-                found = _take(op, _replay(op, replay), rows)
+                found = _take(op, _replay(op, replay), rows, policy)
             if found:
                 continue
         if first is None or first.replay is not None or not _replayable(first, replay):
             return
-        _take(first, _replay(first, replay), rows)
+        _take(first, _replay(first, replay), rows, policy)
         if first.local:
             return
 
@@ -436,11 +436,13 @@ def _replay(op: OpScore, replay: Replayer) -> LocalError:
     return replay.judge(op.name) if members is None else replay.judge_region(op.name, members)
 
 
-def _take(op: OpScore, local: LocalError, rows: list[TensorRow]) -> bool:
+def _take(op: OpScore, local: LocalError, rows: list[TensorRow], policy: Policy) -> bool:
     """Apply one replay verdict to an op; True when it makes the op a new culprit."""
     op.replay = local
     if not local.replayed:
         return False
+    if not local.culprit and op.local and computes_another_function(op, local, rows, policy):
+        return False                # right arithmetic, another function: it stays blamed
     if not local.culprit:
         # Its own error is the dtype's: the difference is inherited. Unless its number
         # arguments differ: replay ran on the target's, and cannot see that.

@@ -22,7 +22,7 @@ from typing import Any, Optional
 from ..store.schema import RecordName, module_path
 from . import reasons
 from .arguments import argument_name
-from .regions import SHOWN_OPS, Region, RegionOps, made_tensor
+from .regions import SHOWN_OPS, Region, RegionOps, another_function_words, made_tensor
 from .result import Divergence, Origin
 
 SHOWN_INPUTS = 8        # boundary inputs named in a reason
@@ -36,9 +36,10 @@ def region_divergence(first: Any, rows: list[Any]) -> Divergence:
     inp = rows[first.worst_in] if first.worst_in is not None else None
     entering = boundary_inputs(first, rows)
     why = reasons.describe(first, rows, input_words(entering))
+    other = another_function_words(first, rows)
     return Divergence(
         name=first.name, op=first.op, phase=first.phase,
-        reason=region_reason(region, listed, why),
+        reason=region_reason(region, listed, why) + (f"; {other}" if other else ""),
         location=first.location, metrics=dict(out.metrics) if out is not None else {},
         tensor=made_tensor(first, out.target_name) if out is not None else None,
         input_metrics=dict(inp.metrics) if inp is not None else {}, module=first.module,

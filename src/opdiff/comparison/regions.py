@@ -44,6 +44,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
+from ..numbers import human
 from ..store.schema import Kind, Phase, RecordName, module_path
 from . import region_cover as cover
 from .compiled_modules import by_inductor
@@ -345,6 +346,55 @@ def region_members(op: Any) -> Optional[list[str]]:
     return [o["name"] for o in op.region[1].target_ops]
 
 
+# How much a region whose ops compute golden's function may amplify its inputs' difference
+# (an ill-conditioned one, a softmax of large logits, does by tens) before an output that
+# differs by more says its ops compute something else (`computes_another_function`).
+CONDITIONING = 100.0
+
+
+def computes_another_function(op: Any, local: Any, rows: list[Any], policy: Any) -> str:
+    """Why a region the boundary blamed stays blamed though its chain replay found the target's
+    arithmetic right (`local`, a replay.chain.ChainError), or "".
+
+    The replay re-runs the target's own ops: it tells whether they were computed right, not
+    whether they compute what golden's do (`x * sigmoid(1.702 x)` against `gelu`). An output
+    that differs from golden's by more than the target's own error, golden's rounding (the
+    pair's tolerance) and CONDITIONING times its inputs' difference is not inherited."""
+    if op.kind != REGION or not local.replayed or local.culprit:
+        return ""
+    for measured, error, t_dtype, g_dtype in _replayed_outputs(op, local, rows):
+        bound = policy.tolerance_for(t_dtype, g_dtype) + CONDITIONING * op.error_in
+        if measured.error - error > bound:
+            return another_function_words(op, rows)
+    return ""
+
+
+def another_function_words(op: Any, rows: list[Any]) -> str:
+    """The clause a region blamed though its replay cleared its arithmetic says (above); ""
+    for any other op."""
+    replay = getattr(op, "replay", None)
+    if op.kind != REGION or replay is None or not replay.replayed or replay.culprit:
+        return ""
+    found = _replayed_outputs(op, replay, rows)
+    if not found:
+        return ""
+    measured, error, _, _ = max(found, key=lambda f: f[0].error - f[1])
+    return (f"replayed in float64 from its own inputs, the target's ops give its output (own "
+            f"error {human(error)}), yet it differs from golden's by {human(measured.error)} "
+            f"while its inputs differ by {human(op.error_in)}: they compute something else than "
+            f"golden's ops")
+
+
+def _replayed_outputs(op: Any, replay: Any, rows: list[Any]) -> list[tuple[Any, float, Any, Any]]:
+    own = {t.name: t.error for t in replay.tensors}
+    out = []
+    for row_index, measured, t_dtype, g_dtype in op.outputs:
+        error = own.get(made_tensor(op, rows[row_index].target_name) or "")
+        if error is not None:
+            out.append((measured, error, t_dtype, g_dtype))
+    return out
+
+
 def made_tensor(op: Any, measured: Optional[str]) -> Optional[str]:
     """The tensor a region made that a boundary output row measures (measured where a paired
     op reads it: that reader's input name); `measured` itself for any other op."""
@@ -354,4 +404,5 @@ def made_tensor(op: Any, measured: Optional[str]) -> Optional[str]:
 
 __all__ = ["REGION", "Region", "RegionOps", "find_regions", "members", "absorb",
            "label_number", "mark_region_rows", "unjudged_note", "unrecorded_note",
-           "common_module", "op_list", "region_members", "made_tensor"]
+           "common_module", "op_list", "region_members", "made_tensor",
+           "computes_another_function", "another_function_words", "CONDITIONING"]
