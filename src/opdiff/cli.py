@@ -20,7 +20,7 @@ from . import __version__
 from .errors import OpdiffError
 
 COMMANDS = ("demo", "compare", "check", "trend", "overflow", "onnx", "env", "run", "compile-bisect",
-            "explain", "query", "skill")
+            "explain", "query", "skill", "fp8-rank")
 
 
 class _Parser(argparse.ArgumentParser):
