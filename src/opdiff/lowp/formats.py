@@ -68,6 +68,17 @@ ALIASES = {"e4m3": "float8_e4m3fn", "e4m3fn": "float8_e4m3fn", "e5m2": "float8_e
            "fp4": "float4_e2m1fn_x2", "e2m1": "float4_e2m1fn_x2"}
 
 
+# One rounding's largest relative error in the dtypes a value is scaled in before its cast.
+UNIT_ROUNDOFF = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "float16": 2.0 ** -11,
+                 "bfloat16": 2.0 ** -8}
+
+
+def unit_roundoff(dtype: Any) -> float:
+    """Unit roundoff of a high-precision dtype name (float32's for one not known)."""
+    name = str(dtype or "float32").replace("torch.", "")
+    return UNIT_ROUNDOFF.get(name, UNIT_ROUNDOFF["float32"])
+
+
 def format_of(dtype: Any) -> Optional[Format]:
     """The format of a dtype name ('torch.float8_e4m3fn', 'float8_e5m2', 'e4m3'); None for a
     dtype that is not a low-precision format (bfloat16, float32, int8...)."""
@@ -83,4 +94,5 @@ def is_low_precision(dtype: Any) -> bool:
     return found is not None and not found.scale_only
 
 
-__all__ = ["Format", "FORMATS", "ALIASES", "format_of", "is_low_precision"]
+__all__ = ["Format", "FORMATS", "ALIASES", "UNIT_ROUNDOFF", "format_of", "unit_roundoff",
+           "is_low_precision"]

@@ -5,10 +5,11 @@
     verdict.within          # True: everything this op did is what its format and scale explain
 
 For a value x scaled by s and rounded to q, |q / s - x| <= half_step(q) / s (`formats.Format`):
-every element is checked against that bound (with the float32 product x * s rounded once
-more), in float64. What breaks it: a clipped element (|x * s| beyond the format's largest: a
-scale too large, an amax taken on a local piece of the tensor), an element that became inf or
-NaN, a scale applied to another tensor than the one cast. What the format explains is never
+every element is checked against that bound (with the product x * s rounded once more in
+the dtype it was computed in, twice its unit roundoff allowed), in float64. What breaks it: a
+clipped element (|x * s| beyond the format's largest: a scale too large, an amax taken on a
+local piece of the tensor), an element that became inf or NaN, a scale applied to another
+tensor than the one cast. What the format explains is never
 blamed: underflow to zero, rounding, a scale smaller than it could be.
 
 The statistics a low-precision tensor is judged by come with it: share of non-zero elements
@@ -23,11 +24,10 @@ from typing import Any, Callable, Mapping, Optional
 
 import torch
 
-from .formats import Format, format_of
+from .formats import Format, format_of, unit_roundoff
 from .units import QuantizeUnit
 
 Loader = Callable[[str], Any]
-_PRODUCT = 2.0 ** -22       # the float32 product x * s, rounded once (2^-24), with room
 
 
 @dataclass(frozen=True)
@@ -114,14 +114,16 @@ def half_steps(q: torch.Tensor, fmt: Format) -> torch.Tensor:
                        steps)
 
 
-def measure(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, fmt: Format) -> dict[str, Any]:
-    """The element-wise check and statistics of q = round(x * s) in `fmt` (all float64)."""
+def measure(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, fmt: Format,
+            product: float = 2.0 ** -24) -> dict[str, Any]:
+    """The element-wise check and statistics of q = round(x * s) in `fmt` (all float64);
+    `product`: the unit roundoff of the dtype x * s was computed in."""
     x, q = x.to(torch.float64), q.to(torch.float64)
     scaled = x * s
     finite = torch.isfinite(x)
     bad_value = finite & ~torch.isfinite(q)
     allowed = half_steps(torch.where(torch.isfinite(q), q, torch.zeros_like(q)), fmt) \
-        + scaled.abs() * _PRODUCT
+        + scaled.abs() * (2 * product)
     off = (q - scaled).abs() > allowed
     off = (off & finite) | bad_value
     clipped = off & (scaled.abs() > fmt.largest) & ~bad_value
@@ -163,7 +165,9 @@ def judge_unit(unit: QuantizeUnit, load: Loader) -> UnitVerdict:
     x = x.detach()
     try:
         s = torch.broadcast_to(s, x.shape) if s.numel() > 1 else s.reshape(())
-        found = measure(x.reshape(q.shape) if x.numel() == q.numel() else x, q, s, fmt)
+        if x.shape != q.shape and x.numel() == q.numel():    # (a view between scale and cast)
+            x, s = x.reshape(q.shape), (s.reshape(q.shape) if s.dim() else s)
+        found = measure(x, q, s, fmt, unit_roundoff(unit.scaled_dtype))
     except RuntimeError as exc:     # shapes that do not line up: not this op's layout
         return _unjudged(unit, f"its value, scale and output do not line up ({exc})"[:200])
     scale = s if unit.scale is not None else None

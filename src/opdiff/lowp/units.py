@@ -53,7 +53,8 @@ class QuantizeUnit:
     """One quantize op: the cast record, its format, the hp value it quantized (`source`, a
     tensor descriptor), the scale it was multiplied by (`scale`: a tensor descriptor, a number,
     or None for 1; `inverse`: the value was divided by it), the low-precision output
-    (`output`) and the module it ran in."""
+    (`output`), the module it ran in, and the dtype the scaled value was rounded to before the
+    cast (`scaled_dtype`: its rounding is allowed for)."""
     record: str
     format: str
     source: Mapping[str, Any]
@@ -62,6 +63,7 @@ class QuantizeUnit:
     inverse: bool = False
     module: Optional[str] = None
     seq: int = -1
+    scaled_dtype: Optional[str] = None      # the dtype x * s was rounded to before the cast
 
 
 class Dataflow:
@@ -107,13 +109,13 @@ def _unit(record: Record, flow: Dataflow) -> Optional[QuantizeUnit]:
             if value is not None:
                 return QuantizeUnit(record["name"], fmt.name, value, outs[0], scale,
                                     verb(current.get("op")) != "mul", record.get("module"),
-                                    record.get("seq", -1))
+                                    record.get("seq", -1), data.get("dtype"))
         if current is not record and verb(current.get("op")) not in _PASS:
             break
         data_in = _data_input(current)
         current = flow.producer(data_in) if data_in is not None else None
     return QuantizeUnit(record["name"], fmt.name, data, outs[0], None, False,
-                        record.get("module"), record.get("seq", -1))
+                        record.get("module"), record.get("seq", -1), data.get("dtype"))
 
 
 def quantize_units(records: Iterable[Record]) -> list[QuantizeUnit]:
