@@ -88,7 +88,10 @@ def run(args) -> int:
         else:
             out.print(f"{len(verdicts)} quantize op(s), each within what its format and scale "
                       f"explain")
-        if not ranked:
+        if not ranked and verdicts:
+            out.print("no GEMM reads these quantize ops through recorded ops (torchao's float8 "
+                      "tensors are made outside them): rank the bf16 run's GEMMs instead (what-if)")
+        elif not ranked:
             out.print("no GEMM whose inputs could be read (record with task=\"tensor\")")
         else:
             out.print(f"GEMMs by the error low precision adds ({ranked[0].how}), largest first:")
