@@ -1,7 +1,9 @@
 """torchao's float8 training (emulate=True: runs on CPU) captured by opdiff: its Float8TrainingTensor
 inputs are described by the value they stand for (no record loses its statistics, as every one
 of a flush did when the subclass was reduced as it is), its casts are found as quantize ops and
-judged within e4m3, and the compare against bf16 names nothing."""
+judged within e4m3, and the compare against bf16 names nothing. Skipped without torchao
+(`pip install opdiff[fp8]`: not in the test extra, since transformers imports torchao, with its
+warnings, in every model it builds once it is installed)."""
 from __future__ import annotations
 
 import json
@@ -33,6 +35,7 @@ def _step(path, fp8: bool):
 
 @pytest.mark.slow
 def test_torchao_float8_captured_and_judged(tmp_path, fp8_dump, caplog):
+    pytest.importorskip("torchao.float8")
     logging.getLogger("torchao").setLevel(logging.ERROR)
     with caplog.at_level(logging.WARNING, logger="opdiff"):
         target = _step(tmp_path / "ao", fp8=True)
