@@ -49,3 +49,15 @@ def test_scaled_mm_quantize_ops_judged(tmp_path, wrong):
     assert len(outside) == (1 if wrong != 1.0 else 0)
     if outside:
         assert outside[0].clipped > 0 and outside[0].record == verdicts[0].record
+
+
+def test_scale_applied_in_bf16_then_widened_is_within(tmp_path):
+    """x * s computed in bf16, widened to float32, clamped and cast: the product's bf16
+    rounding is the format's to allow (the cast's own input is float32)."""
+    x = torch.randn(64, 96, generator=torch.Generator().manual_seed(2)).bfloat16()
+    with opdiff.dump(None, str(tmp_path / "d"), level="L1", task="tensor"):
+        s = (448.0 / x.abs().max().float()).bfloat16()
+        (x * s).float().clamp(-448.0, 448.0).to(E4M3)
+    dump = discover(tmp_path / "d")[0]
+    [verdict] = judge_run(dump)
+    assert verdict.within, verdict.words()

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from .formats import format_of, is_low_precision
+from .formats import format_of, is_low_precision, unit_roundoff
 
 Record = Mapping[str, Any]
 # what an op does, from its name: 'Tensor.__mul__' -> 'mul', 'aten._to_copy.default' -> 'to_copy'
@@ -53,8 +53,9 @@ class QuantizeUnit:
     """One quantize op: the cast record, its format, the hp value it quantized (`source`, a
     tensor descriptor), the scale it was multiplied by (`scale`: a tensor descriptor, a number,
     or None for 1; `inverse`: the value was divided by it), the low-precision output
-    (`output`), the module it ran in, and the dtype the scaled value was rounded to before the
-    cast (`scaled_dtype`: its rounding is allowed for)."""
+    (`output`), the module it ran in, and the coarsest dtype the scaled value passed through
+    before the cast (`scaled_dtype`: a product x * s in bf16 cast to float32 before the cast
+    was rounded in bf16; that rounding is allowed for)."""
     record: str
     format: str
     source: Mapping[str, Any]
@@ -99,6 +100,7 @@ def _unit(record: Record, flow: Dataflow) -> Optional[QuantizeUnit]:
     if fmt is None or not is_low_precision(fmt.name) or is_low_precision(data.get("dtype")):
         return None
     current: Optional[Record] = record
+    rounded: list[Any] = []         # the dtypes x * s passed through on its way to the cast
     for _ in range(_STEPS):
         if current is None:
             break
@@ -109,10 +111,11 @@ def _unit(record: Record, flow: Dataflow) -> Optional[QuantizeUnit]:
             if value is not None:
                 return QuantizeUnit(record["name"], fmt.name, value, outs[0], scale,
                                     verb(current.get("op")) != "mul", record.get("module"),
-                                    record.get("seq", -1), data.get("dtype"))
+                                    record.get("seq", -1), max(rounded, key=unit_roundoff))
         if current is not record and verb(current.get("op")) not in _PASS:
             break
         data_in = _data_input(current)
+        rounded.append(data_in.get("dtype") if data_in is not None else None)
         current = flow.producer(data_in) if data_in is not None else None
     return QuantizeUnit(record["name"], fmt.name, data, outs[0], None, False,
                         record.get("module"), record.get("seq", -1), data.get("dtype"))
