@@ -15,6 +15,7 @@ function in exact arithmetic), the outlier channel FP8 is known to lose precisio
 from __future__ import annotations
 
 import shutil
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Optional
 
@@ -24,6 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import opdiff
+from opdiff.testing import inject_fault
 
 E4M3 = torch.float8_e4m3fn
 OUTLIER_LAYER = "model.layers.1"
@@ -83,10 +85,14 @@ def llama(fp8: bool, plant: Optional[str] = None) -> nn.Module:
 
 
 def make_dump(path: Path, precision: str, plant: Optional[str] = None) -> Path:
-    """One training step (forward, loss, backward) recorded at level mix with tensors."""
-    model = llama(precision == "fp8", plant)
+    """One training step (forward, loss, backward) recorded at level mix with tensors; plant
+    "fault:<op>:<call>" scales that call's output by 1.05 (`opdiff.testing.inject_fault`)."""
+    kind, _, where = (plant or "").partition(":")
+    model = llama(precision == "fp8", None if kind == "fault" else plant)
     ids = torch.randint(1, 64, (2, 12), generator=torch.Generator().manual_seed(1))
     shutil.rmtree(path, ignore_errors=True)
-    with opdiff.dump(model, str(path), level="mix", task="tensor"):
+    op, _, call = where.rpartition(":")
+    planted = inject_fault(op=op, call=int(call), scale=1.05) if kind == "fault" else nullcontext()
+    with planted, opdiff.dump(model, str(path), level="mix", task="tensor"):
         model(input_ids=ids, labels=ids).loss.backward()
     return path

@@ -55,6 +55,15 @@ def test_wrong_scale_named_at_its_quantize_op(fp8_dump, tmp_path, plant, module)
     assert verdict_kind(result) == "inconclusive"     # never "agree" past a wrong scale
 
 
+@pytest.mark.slow
+def test_a_fault_beside_fp8_is_still_named(fp8_dump, tmp_path):
+    """The FP8 run's own rounding does not hide a 5% fault in an op it does not quantize."""
+    result = _compare(fp8_dump, tmp_path, "fault:Functional.silu:1")
+    found = result.first_divergence
+    assert found is not None and found.name == "Functional.silu.1.forward"
+    assert "model.layers.1.mlp.act_fn" in (found.module or "")
+
+
 def test_ranking_puts_the_outlier_layer_first(fp8_dump):
     for precision, how in (("fp8", "measured"), ("bf16", "what-if")):
         dump = _one(fp8_dump(precision, "outlier"))
