@@ -8,7 +8,8 @@ scale) and multiplied in bf16; the gradient flows straight through the quantize 
 
 Plants: "wrong:<Linear>": that Linear's input scale 2x too large (its largest values clip at
 448); "local:<Linear>": its input's amax taken on the first token of each sequence only (the
-amax of a local shard); "outlier": layer 1's MLP input gets one channel 10^5 larger (its RMSNorm
+amax of a local shard); "dequant:<Linear>": its input divided by twice its scale after the
+cast back (the quantize op right, its dequantization wrong); "outlier": layer 1's MLP input gets one channel 10^5 larger (its RMSNorm
 weight scaled up, the gate and up weights of that channel scaled down by as much: the same
 function in exact arithmetic), the outlier channel FP8 is known to lose precision to.
 """
@@ -32,32 +33,34 @@ OUTLIER_LAYER = "model.layers.1"
 OUTLIER = 1e5
 
 
-def quantize(x: torch.Tensor, wrong: float = 1.0, local: bool = False) -> torch.Tensor:
-    """x through e4m3 with an amax scale, back in x's dtype."""
+def quantize(x: torch.Tensor, wrong: float = 1.0, local: bool = False,
+             dequant: float = 1.0) -> torch.Tensor:
+    """x through e4m3 with an amax scale, back in x's dtype (divided by `dequant` times it)."""
     piece = x[..., :1, :] if local and x.dim() > 2 else x
     amax = piece.abs().max().float().clamp(min=1e-12)
     scale = 448.0 / amax * wrong
     q = (x.float() * scale).clamp(-448.0, 448.0).to(E4M3)
-    return (q.float() / scale).to(x.dtype)
+    return (q.float() / (scale * dequant)).to(x.dtype)
 
 
 class FakeQuant(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, wrong, local):          # type: ignore[override]
-        return quantize(x, wrong, local)
+    def forward(ctx, x, wrong, local, dequant):     # type: ignore[override]
+        return quantize(x, wrong, local, dequant)
 
     @staticmethod
-    def backward(ctx, grad):                    # type: ignore[override]
-        return grad, None, None
+    def backward(ctx, grad):                        # type: ignore[override]
+        return grad, None, None, None
 
 
 class FP8Linear(nn.Linear):
     wrong = 1.0
     local = False
+    dequant = 1.0
 
     def forward(self, x):
-        return F.linear(FakeQuant.apply(x, self.wrong, self.local),
-                        FakeQuant.apply(self.weight, 1.0, False), self.bias)
+        return F.linear(FakeQuant.apply(x, self.wrong, self.local, self.dequant),
+                        FakeQuant.apply(self.weight, 1.0, False, 1.0), self.bias)
 
 
 def llama(fp8: bool, plant: Optional[str] = None) -> nn.Module:
@@ -81,6 +84,7 @@ def llama(fp8: bool, plant: Optional[str] = None) -> nn.Module:
             if name == where:
                 mod.wrong = 2.0 if kind == "wrong" else 1.0
                 mod.local = kind == "local"
+                mod.dequant = 2.0 if kind == "dequant" else 1.0
     return model
 
 

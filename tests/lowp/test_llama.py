@@ -80,3 +80,17 @@ def test_without_the_outlier_no_layer_stands_out(fp8_dump):
     dump = _one(fp8_dump("bf16"))
     ranked = rank_gemms(list(dump.records()), dump.tensor)
     assert ranked[0].error < 1.5 * ranked[-1].error
+
+
+@pytest.mark.slow
+def test_dequantized_by_twice_the_scale_named(fp8_dump, tmp_path):
+    """The quantize op is right but the GEMM reads its output divided by twice its scale: the
+    compare alone named nothing for this (the GEMM's input halved, judged at float8's
+    tolerance); the quantize op is named with the GEMM that reads it."""
+    dump = _one(fp8_dump("fp8", "dequant:" + UP))
+    wrong = [v for v in judge_run(dump) if not v.within]
+    assert len(wrong) == 1 and f"Module.{UP}.FP8Linear" in (wrong[0].module or "")
+    assert wrong[0].outside == 0 and "0.5x" in wrong[0].dequantized
+    result = _compare(fp8_dump, tmp_path, "dequant:" + UP)
+    said = [n for n in result.notes if note_kind(n) == Note.INCONCLUSIVE]
+    assert len(said) == 1 and wrong[0].record in said[0] and "another scale" in said[0]

@@ -25,12 +25,11 @@ _SHOWN = 3          # wrong quantize ops named in the note
 
 def judged_notes(side: str, records: list[dict[str, Any]], dump: "DumpSource") -> list[Note]:
     """What the quantize ops of one side's records say, as notes ([] when it has none)."""
-    from ..lowp.judge import judge_unit
+    from ..lowp import judge_run
 
-    units = quantize_units(records)
-    if not units:
+    if not quantize_units(records):
         return []
-    verdicts = [judge_unit(u, dump.tensor) for u in units]
+    verdicts = judge_run(dump, records)
     wrong = [v for v in verdicts if v.judged and not v.within]
     unjudged = [v for v in verdicts if not v.judged]
     formats = ", ".join(sorted({v.format for v in verdicts}))

@@ -24,11 +24,28 @@ if TYPE_CHECKING:
 
 def judge_run(dump: "DumpSource", records: Optional[Iterable[Mapping[str, Any]]] = None
               ) -> list["UnitVerdict"]:
-    """Every quantize op of one step/rank dump judged by its format and scale (`judge.py`)."""
-    from .judge import judge_unit
+    """Every quantize op of one step/rank dump judged by its format and scale (`judge.py`),
+    and by how the GEMMs that read it dequantize it: by the same scale, or the op is named
+    (`UnitVerdict.dequantized`)."""
+    from dataclasses import replace
 
-    found = quantize_units(list(dump.records()) if records is None else list(records))
-    return [judge_unit(unit, dump.tensor) for unit in found]
+    from .judge import dequantized_ratio, judge_unit
+    from .units import Dataflow, gemm_inputs, gemms
+
+    records = list(dump.records()) if records is None else list(records)
+    found = quantize_units(records)
+    verdicts = {u.record: judge_unit(u, dump.tensor) for u in found}
+    flow = Dataflow(records)
+    for gemm in gemms(records):
+        reads = [d for d in gemm.get("inputs") or [] if isinstance(d, Mapping)
+                 and d.get("type") == "tensor"]
+        for unit, read in zip(gemm_inputs(gemm, found, flow), reads):
+            ratio = None if unit is None else dequantized_ratio(unit, read, dump.tensor)
+            if unit is not None and ratio is not None and not verdicts[unit.record].dequantized:
+                verdicts[unit.record] = replace(verdicts[unit.record], dequantized=(
+                    f"{gemm['name']} reads it dequantized by another scale than its own "
+                    f"({ratio:.3g}x the value q / s)"))
+    return [verdicts[u.record] for u in found]
 
 
 def rank_gemms(records: Any, load: Any, fmt: str = "float8_e4m3fn", granularity: str = "tensor"

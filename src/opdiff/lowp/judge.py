@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import torch
 
-from .formats import Format, format_of, unit_roundoff
+from .formats import Format, format_of, is_low_precision, unit_roundoff
 from .units import QuantizeUnit
 
 Loader = Callable[[str], Any]
@@ -50,10 +50,11 @@ class UnitVerdict:
     bound: float                # relative L2 size of the per-element bound: what the format allows
     judged: bool = True         # False: tensors missing (a statistics dump) or a packed format
     why: str = ""
+    dequantized: str = ""       # a GEMM that reads it dequantized by another scale (words)
 
     @property
     def within(self) -> bool:
-        return self.judged and self.outside == 0
+        return self.judged and self.outside == 0 and not self.dequantized
 
     def words(self) -> str:
         """One line for people."""
@@ -66,7 +67,9 @@ class UnitVerdict:
                   f"SQNR {self.sqnr_db:.1f} dB")
         if self.within:
             return head + " (within its format and scale)"
-        what = []
+        if not self.outside:
+            return head + f": {self.dequantized}"
+        what = [self.dequantized] if self.dequantized else []
         if self.clipped:
             what.append(f"{self.clipped} clipped at +-{format_of(self.format).largest:g} "  # type: ignore[union-attr]
                         f"(scale too large for these values)")
@@ -176,4 +179,31 @@ def judge_unit(unit: QuantizeUnit, load: Loader) -> UnitVerdict:
                        scale_max=None if scale is None else float(scale.max()), **found)
 
 
-__all__ = ["UnitVerdict", "judge_unit", "measure", "half_steps"]
+def dequantized_ratio(unit: QuantizeUnit, read: Mapping[str, Any], load: Loader
+                      ) -> Optional[float]:
+    """None when a tensor a GEMM reads (`read`, a descriptor) is the quantize op's output
+    dequantized by its own scale (q / s, rounded once in float32 and once in the read tensor's
+    dtype); else the median ratio read / (q / s) over non-zero elements (0.5: divided by a scale
+    twice the quantize op's). None too where the tensors are not saved or do not line up."""
+    if is_low_precision(read.get("dtype")):     # the GEMM takes q and its scales (_scaled_mm)
+        return None
+    q, value, s = load(str(unit.output.get("key"))), load(str(read.get("key"))), _scale(unit, load)
+    if not isinstance(q, torch.Tensor) or not isinstance(value, torch.Tensor) or s is None \
+            or q.numel() != value.numel():
+        return None
+    q = q.detach().to(torch.float64)
+    try:
+        expected = q / (torch.broadcast_to(s, q.shape) if s.numel() > 1 else s.reshape(()))
+    except RuntimeError:
+        return None
+    got = value.detach().to(torch.float64).reshape(q.shape)
+    room = 2 * unit_roundoff(str(read.get("dtype"))) + 2.0 ** -22
+    finite = torch.isfinite(expected) & torch.isfinite(got)
+    off = ((got - expected).abs() > expected.abs() * room) & finite
+    if not bool(off.any()):
+        return None
+    nonzero = finite & (expected != 0)
+    return float((got[nonzero] / expected[nonzero]).median()) if bool(nonzero.any()) else math.nan
+
+
+__all__ = ["UnitVerdict", "judge_unit", "measure", "half_steps", "dequantized_ratio"]
