@@ -7,7 +7,8 @@
 #   (GPU_CHECK_COMMIT=SHA names the commit in the table where the copy has no .git)
 #
 # Steps, each under `timeout`: set up (opdiff from src/, missing packages from .whl/ or pip),
-# print the device, run `pytest -m cuda tests/cuda` (torch.compile's test in a step of its own),
+# print the device, run `pytest -m cuda tests/cuda` (torch.compile's and FP8's tests in steps of
+# their own: FP8 is torch._scaled_mm, skipped below compute capability 8.9),
 # then the capture ratio benchmarks on the
 # device (bench_per_op.py: host time per record; bench_capture.py: step time with opdiff / plain
 # step, for cnn, transformer and, if transformers is installed, tiny llama and gpt2; and
@@ -84,7 +85,9 @@ step device 20 bash -c "nvidia-smi --query-gpu=name,driver_version,memory.total 
     || echo 'no nvidia-smi'; \"$PY\" -c \"import torch; print('torch', torch.__version__, '| cuda available:', \
     torch.cuda.is_available(), '|', torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA device')\""
 step tests 150 "$PY" -m pytest -m cuda tests/cuda -q -rs -p no:cacheprovider --junitxml="$WORK/junit.xml" \
-    --ignore=tests/cuda/test_cuda_compile.py
+    --ignore=tests/cuda/test_cuda_compile.py --ignore=tests/cuda/test_cuda_fp8.py
+# FP8: torch._scaled_mm recorded, its casts judged by their format (skipped below sm 8.9)
+step fp8 60 "$PY" -m pytest -m cuda tests/cuda/test_cuda_fp8.py -q -rs -p no:cacheprovider
 # torch.compile on CUDA (Triton) in a step of its own: its compiles may take long, and a
 # timeout here loses this test's answer, not the others'
 step compile 100 "$PY" -m pytest -m cuda tests/cuda/test_cuda_compile.py -q -rs -p no:cacheprovider
@@ -114,7 +117,7 @@ import torch
 name = torch.cuda.get_device_name() if device.startswith("cuda") and torch.cuda.is_available() else "-"
 rows = [("device asked", device), ("device", f"{name} (torch {torch.__version__})"),
         ("commit", sys.argv[3])]
-for name in ("setup", "device", "tests", "per_op", "capture", "floor"):
+for name in ("setup", "device", "tests", "fp8", "per_op", "capture", "floor"):
     rows.append((f"step {name}", status.get(name, "not run")))
 try:
     suite = ET.parse(work / "junit.xml").getroot()

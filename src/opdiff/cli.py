@@ -20,7 +20,7 @@ from . import __version__
 from .errors import OpdiffError
 
 COMMANDS = ("demo", "compare", "calibrate", "check", "trend", "overflow", "onnx", "env", "run",
-            "compile-bisect", "explain", "query", "skill", "isolate")
+            "compile-bisect", "explain", "query", "skill", "isolate", "fp8-rank")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -18,7 +18,7 @@ def test_v_is_accepted_after_every_command(command):
     positional = {"compare": ["T", "G"], "check": ["D"], "trend": ["T"], "overflow": ["D"],
                   "onnx": ["T.onnx", "G.onnx"], "explain": ["OUT"],
                   "query": ["OUT", 'result == "error"'], "isolate": ["T", "G"],
-                  "calibrate": ["A", "B", "-o", "N"]}.get(command, [])
+                  "calibrate": ["A", "B", "-o", "N"], "fp8-rank": ["RUN"]}.get(command, [])
     assert parse(command, *positional, "-v").verbose is True
     assert parse("-v", command, *positional).verbose is True
     assert parse(command, *positional).verbose is False

@@ -7,6 +7,7 @@ import torch
 
 from ..store.records import scalar_descriptor
 from ..store.schema import tensor_name
+from ..lowp.subclass import stands_for
 from . import collectives
 from .host_stage import one_block
 
@@ -205,6 +206,8 @@ class Describer:
             return self._plain_cpu(t, key, cached, record, role, slot)
         if _is_wrapped(t):
             t = _unwrapped(t)
+        if type(t) not in _PLAIN_TYPES:     # torchao's float8 tensor: the value it stands for
+            t = stands_for(t)
         # a DTensor: this rank's shard, and where it sits (collectives.local_shard)
         wrapper = t
         t, placed = collectives.local_shard(t) if type(t) not in _PLAIN_TYPES else (t, None)

@@ -31,6 +31,7 @@ from .regions import Region
 from .compiled import Record
 from .result import CompareResult, Divergence, Note, TensorRow
 from .verdicts import Policy
+from .lowprecision import LowPrecision
 
 if TYPE_CHECKING:
     from ..store.source import DumpSource
@@ -253,6 +254,9 @@ PLANS: tuple[Row, ...] = (
     # the same tokens in other batch rows, padding or decode steps (found from recorded ids)
     Row(RECORDS, lambda t, g: True, TokenLayouts()),
     Row(RECORDS, lambda t, g: _compiled(t, g) and not t.mapped, ModuleCalls()),
+    # quantize ops (float8, float4) judged by their own format and scale (`opdiff.lowp`); not
+    # with a mapping file (a rewrite's records replace the mapping's renamed view)
+    Row(RECORDS, lambda t, g: not t.mapped, LowPrecision()),
     # -- PAIRS: the first row that holds decides
     Row(PAIRS, lambda t, g: not _compiled(t, g), Plan),
     # Inductor's own kernels not recorded (Triton, or capture without them): extern calls only
