@@ -40,4 +40,15 @@ other=0
 ONEDNN_MAX_CPU_ISA=SSE41 ATEN_CPU_CAPABILITY=default OPDIFF_TEST_PART=parallel python -m pytest -q \
   tests/capture/test_records_unchanged.py -k "cnn-mix or transformer-mix" || other=$?
 [ "$status" = 0 ] && status=$other
+# torchao's float8 training emulation (tests/lowp/test_torchao.py), from a folder of its own: once
+# torchao is installed, transformers imports it in every model it builds, across the suite.
+torchao=0
+tao=$(mktemp -d)
+if python -m pip install -q --no-deps --target "$tao" "torchao>=0.18"; then
+  PYTHONPATH="$tao${PYTHONPATH:+:$PYTHONPATH}" OPDIFF_REQUIRE_TORCHAO=1 OPDIFF_TEST_PART=parallel \
+    python -m pytest -q tests/lowp/test_torchao.py || torchao=$?
+else
+  torchao=1
+fi
+[ "$status" = 0 ] && status=$torchao
 exit "$status"
