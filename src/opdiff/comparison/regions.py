@@ -334,14 +334,11 @@ def op_list(records: list[Record], indices: list[int], locate: Any) -> list[dict
 def region_members(op: Any) -> Optional[list[str]]:
     """The target records a region's score (`blame.OpScore` of kind region) stands for, in
     execution order: what its chain replay re-runs (`replay.chain`); None for any other op and
-    for a region without target ops, and for a one-sided region (without golden ops).
-
-    A chain replay checks the target's arithmetic, not that its ops compute what golden's do:
-    where golden runs no op at all, the target's ops must leave the value as golden has it
-    (a `.contiguous()`, a cast up), and that is what the boundary's own comparison judges; a
-    replay would clear a one-sided `x * 1.05` (a forward hook's) as computed right."""
-    if op.kind != REGION or op.region is None or not op.region[1].target_ops \
-            or not op.region[1].golden_ops:
+    for a region without target ops (a one-sided region of the target's is replayed: its
+    arithmetic checked; whether golden, which runs no op there, agrees is the boundary's to say,
+    `computes_another_function`).
+    """
+    if op.kind != REGION or op.region is None or not op.region[1].target_ops:
         return None     # (a region of golden's ops alone: nothing of the target's to replay)
     return [o["name"] for o in op.region[1].target_ops]
 
