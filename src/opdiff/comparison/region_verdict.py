@@ -11,9 +11,9 @@ The tensors entering the region are named by the arguments the region's ops read
 (`arguments.argument_name`: SDPA's `query`, `key`, `value`), a parameter by its FQN, a gradient
 entering a backward region as `grad_output`; without the dump's dataflow (a region judged at its
 module call) by the name they were measured under. A result re-judged from its files names them
-the same way, from its rows' marks (`region_marks.py`). `Divergence.region` carries both sides' ops, these inputs, and
-each side's source lines (`target_locations`, `golden_locations`): what the console prints as
-`target: FILE:LINE` and `golden: FILE:FIRST-LAST`.
+the same way, from the region's saved facts (`region_facts.py`). `Divergence.region` carries
+both sides' ops, these inputs, and each side's source lines (`target_locations`,
+`golden_locations`): what the console prints as `target: FILE:LINE` and `golden: FILE:FIRST-LAST`.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ SHOWN_LINES = 12        # source lines kept per side
 
 def region_divergence(first: Any, rows: list[Any]) -> Divergence:
     """The Divergence of a region blamed (`blame.first_divergence`)."""
-    region, listed, _ = first.region
+    region, listed = first.region.region, first.region.listed
     out = rows[first.worst_out] if first.worst_out is not None else None
     inp = rows[first.worst_in] if first.worst_in is not None else None
     entering = boundary_inputs(first, rows)
@@ -54,7 +54,7 @@ def boundary_inputs(first: Any, rows: list[Any]) -> list[dict[str, Any]]:
     its inputs, in the order its ops read them: `name` what the user calls it (`query`; a
     parameter's FQN; the measured tensor's name where the reader is not known), `op` the op of
     the region that reads it (None where `name` says it all), `agrees` within its tolerance."""
-    listed: RegionOps = first.region[1]
+    listed: RegionOps = first.region.listed
     out = []
     for i, *_ in first.inputs:
         row = rows[i]

@@ -47,6 +47,7 @@ from typing import Any, Optional
 from ..store.schema import Kind, Phase, RecordName, module_path
 from . import region_cover as cover
 from .compiled_modules import by_inductor
+from .facts import region_label
 from .result import ERROR, WARNING, Origin
 from .verdicts import Policy, run_precision
 
@@ -94,7 +95,8 @@ class Region:
         return module_path(parsed.op) if parsed is not None else ""
 
     def label(self) -> str:
-        return f"region {self.number}" + (f" in {self.where}" if self.where else "")
+        """What its rows carry as `TensorRow.region` ("region 2 in model.layers.0.self_attn")."""
+        return region_label(self.number, self.where)
 
 
 @dataclass
@@ -105,6 +107,16 @@ class RegionOps:
     target_ops: list[dict[str, Any]] = field(default_factory=list)
     golden_ops: list[dict[str, Any]] = field(default_factory=list)
     readers: dict[str, tuple[str, str, str]] = field(default_factory=dict)
+
+
+@dataclass
+class RegionUnit:
+    """A region judged as one op: what its score (`blame.OpScore.region`) holds besides its
+    rows. `made`: an output row's tensor -> the tensor the region made (measured where a paired
+    op reads it: that reader's input; by dataflow only)."""
+    region: Region
+    listed: RegionOps
+    made: dict[str, str] = field(default_factory=dict)
 
 
 def find_regions(pairs: list[Pair], target: list[Record], golden: list[Record]) -> list[Region]:
@@ -210,19 +222,13 @@ def members(regions: list[Region]) -> tuple[dict[int, Region], dict[int, Region]
     return t_of, g_of
 
 
-def label_number(label: str) -> Optional[int]:
-    """The number in a `Region.label()` ("region 2 in ..." -> 2)."""
-    words = label.split()
-    return int(words[1]) if len(words) > 1 and words[0] == "region" and words[1].isdigit() else None
-
-
 def mark_region_rows(rows: list[Any], region_ops: list[Any], region_rows: dict[int, list[int]],
                      unjudged: Optional[dict[int, str]] = None) -> None:
     """After the blame: a region's rows say its verdict (not judged when its boundary could not
     be measured, and why where `unjudged` (region number -> why) knows; cleared or not replayed
     by its chain replay), and a blamed region's worst boundary output row is an error. Without
     `unjudged` (rejudge) the rows of a region not judged are left as they are."""
-    judged = {op.region[0].number: op for op in region_ops}
+    judged = {op.region.region.number: op for op in region_ops if op.region}
     for number, indices in region_rows.items():
         op = judged.get(number)
         for i in indices:
@@ -246,7 +252,7 @@ def mark_region_rows(rows: list[Any], region_ops: list[Any], region_rows: dict[i
             if worst.result != ERROR:
                 rows[op.worst_out] = replace(worst, result=ERROR, accuracy_reached="No",
                                              reason=f"{worst.reason}; the output of "
-                                                    f"{op.region[0].label()}: local error")
+                                                    f"{op.region.region.label()}: local error")
 
 
 def unjudged_note(regions: list[Region], region_ops: list[Any], rows: list[Any],
@@ -262,7 +268,7 @@ def unjudged_note(regions: list[Region], region_ops: list[Any], rows: list[Any],
     Inductor's compiled backward not judged whose results recorded ops may read
     (`Region.feeds_backward`; a twin mispaired there makes the answer inconclusive, never a
     false claim of agreement)."""
-    judged = {op.region[0].number for op in region_ops}
+    judged = {op.region.region.number for op in region_ops if op.region}
     skipped = [r for r in regions if r.number not in judged]
     run = run_precision(rows) if compiled else None
     beyond = [row for row in rows if row.result in (ERROR, WARNING) and not row.region
@@ -302,7 +308,7 @@ def unrecorded_note(regions: list[Region], region_ops: list[Any], target: list[R
     gradient). A difference they make shows in no tensor compared: said, not hidden."""
     if found:
         return None
-    judged = {op.region[0].number for op in region_ops}
+    judged = {op.region.region.number for op in region_ops if op.region}
     left = [r for r in regions if r.number not in judged and r.phase == Phase.BACKWARD and
             not r.feeds_backward and r.target and any(by_inductor(target[i]) for i in r.target)]
     if not left:
@@ -334,18 +340,18 @@ def region_members(op: Any) -> Optional[list[str]]:
     """The target records a region's score (`blame.OpScore` of kind region) stands for, in
     execution order: what its chain replay re-runs (`replay.chain`); None for any other op and
     for a region without target ops."""
-    if op.kind != REGION or op.region is None or not op.region[1].target_ops:
+    if op.kind != REGION or op.region is None or not op.region.listed.target_ops:
         return None     # (a region of golden's ops alone: nothing of the target's to replay)
-    return [o["name"] for o in op.region[1].target_ops]
+    return [o["name"] for o in op.region.listed.target_ops]
 
 
 def made_tensor(op: Any, measured: Optional[str]) -> Optional[str]:
     """The tensor a region made that a boundary output row measures (measured where a paired
     op reads it: that reader's input name); `measured` itself for any other op."""
-    made = (op.region[2] or {}) if op.kind == REGION and op.region is not None else {}
+    made = op.region.made if op.kind == REGION and op.region is not None else {}
     return made.get(measured, measured) if measured else measured
 
 
-__all__ = ["REGION", "Region", "RegionOps", "find_regions", "members", "absorb",
-           "label_number", "mark_region_rows", "unjudged_note", "unrecorded_note",
+__all__ = ["REGION", "Region", "RegionOps", "RegionUnit", "find_regions", "members", "absorb",
+           "mark_region_rows", "unjudged_note", "unrecorded_note",
            "common_module", "op_list", "region_members", "made_tensor"]
