@@ -49,12 +49,12 @@ from .result import PASS
 
 if TYPE_CHECKING:
     from .blame import OpScore
+    from .scores import Entry       # a row entry of an OpScore
     from .facts import PairFacts
     from .mapping import Mapping, Rule
     from .result import TensorRow
 
 Record = dict[str, Any]
-Entry = tuple[Any, ...]          # a row entry of an OpScore (scores.Entry)
 _LEAVES = ("parameter", "buffer", "input")
 
 
@@ -300,7 +300,7 @@ def judged(op: "OpScore", carried: Optional[list[Entry]], rows: list["TensorRow"
     return [ForcedFacts(op.name, unjudged=names)] if names else []
 
 
-def carry(facts: "PairFacts", scores: dict[str, Any], measured: dict[Optional[str], Entry]
+def carry(facts: "PairFacts", scores: dict[str, "OpScore"], measured: dict[Optional[str], Entry]
           ) -> None:
     """Give each forced pair's score (`scores`, by op name) what the compare decided of it
     (`facts.ForcedFacts`): the inputs it took from where the target made them, or that its

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from ..store.schema import Kind, Location, RecordName
+from ..store.schema import Kind, RecordName
 from .blame import OpScore
 from .facts import RegionFacts
-from .regions import REGION, Region, RegionOps, RegionUnit
+from .regions import REGION, Region, RegionOps, RegionUnit, source_line
 from .result import TensorRow
 from .scores import Entry
 
@@ -97,13 +97,9 @@ def _listed(rows: Sequence[TensorRow], indices: list[int]) -> RegionOps:
         if not any(o["name"] == row.op_name for o in listing):
             parsed = RecordName.parse(row.op_name)
             listing.append({"name": row.op_name, "op": parsed.op if parsed else row.op_name,
-                            "location": _place(row.stack[0] if row.stack else None),
+                            "location": source_line(row.stack[0] if row.stack else None),
                             "module": row.module})
     return listed
-
-
-def _place(loc: Optional[Location]) -> Optional[dict[str, object]]:
-    return None if loc is None else {"file": loc.file, "line": loc.line, "code": loc.code}
 
 
 __all__ = ["facts_of", "units_of"]

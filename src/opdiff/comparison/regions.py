@@ -42,14 +42,19 @@ region unjudged; a region blamed says they were not compared (`Region.unpaired_l
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
-from ..store.schema import Kind, Phase, RecordName, module_path
+from typing_extensions import TypedDict
+
+from ..store.schema import Kind, Location, Phase, RecordName, module_path
 from . import region_cover as cover
 from .compiled_modules import by_inductor
 from .facts import region_label
-from .result import ERROR, WARNING, Origin
+from .result import ERROR, WARNING, Origin, TensorRow
 from .verdicts import Policy, run_precision
+
+if TYPE_CHECKING:
+    from .blame import OpScore
 
 Pair = tuple[Optional[int], Optional[int]]
 Record = dict[str, Any]
@@ -99,13 +104,32 @@ class Region:
         return region_label(self.number, self.where)
 
 
+class SourceLine(TypedDict):
+    """A source line as a region's verdict lists it."""
+    file: str
+    line: int
+    code: str
+
+
+class ListedOp(TypedDict):
+    """One op of a region as its verdict lists it (`Divergence.region`'s `target_ops`)."""
+    name: str
+    op: str
+    location: Optional[SourceLine]
+    module: Optional[str]           # the module call it ran in
+
+
+def source_line(loc: Optional[Location]) -> Optional[SourceLine]:
+    return None if loc is None else {"file": loc.file, "line": loc.line, "code": loc.code}
+
+
 @dataclass
 class RegionOps:
     """What a region divergence lists: each side's ops, with their source lines, and how the
     region reads the tensors entering it (`region_boundaries.Boundaries.entering`; empty
     without dataflow)."""
-    target_ops: list[dict[str, Any]] = field(default_factory=list)
-    golden_ops: list[dict[str, Any]] = field(default_factory=list)
+    target_ops: list[ListedOp] = field(default_factory=list)
+    golden_ops: list[ListedOp] = field(default_factory=list)
     readers: dict[str, tuple[str, str, str]] = field(default_factory=dict)
 
 
@@ -196,7 +220,8 @@ def absorb(regions: list[Region], pairs: list[Pair], target: list[Record], golde
             (r.target if side == 0 else r.golden).sort()
 
 
-def common_module(modules: list[Optional[str]], parents: dict[str, Any]) -> Optional[str]:
+def common_module(modules: list[Optional[str]], parents: Mapping[str, Optional[str]]
+                  ) -> Optional[str]:
     """The innermost module call that holds every one of `modules` (module call names)."""
     chains = []
     for m in dict.fromkeys(modules):
@@ -222,7 +247,8 @@ def members(regions: list[Region]) -> tuple[dict[int, Region], dict[int, Region]
     return t_of, g_of
 
 
-def mark_region_rows(rows: list[Any], region_ops: list[Any], region_rows: dict[int, list[int]],
+def mark_region_rows(rows: list[TensorRow], region_ops: Sequence[OpScore],
+                     region_rows: dict[int, list[int]],
                      unjudged: Optional[dict[int, str]] = None) -> None:
     """After the blame: a region's rows say its verdict (not judged when its boundary could not
     be measured, and why where `unjudged` (region number -> why) knows; cleared or not replayed
@@ -247,15 +273,15 @@ def mark_region_rows(rows: list[Any], region_ops: list[Any], region_rows: dict[i
                 cleared = ": its own error is its dtypes', any difference is inherited" \
                     if op.replay.replayed else ""
                 rows[i] = replace(row, reason=f"{row.reason}; {op.replay.describe()}{cleared}")
-        if op is not None and op.local and op.worst_out is not None:
-            worst = rows[op.worst_out]
+        if op is not None and op.region is not None and op.local and op.worst_out is not None:
+            worst, label = rows[op.worst_out], op.region.region.label()
             if worst.result != ERROR:
                 rows[op.worst_out] = replace(worst, result=ERROR, accuracy_reached="No",
                                              reason=f"{worst.reason}; the output of "
-                                                    f"{op.region.region.label()}: local error")
+                                                    f"{label}: local error")
 
 
-def unjudged_note(regions: list[Region], region_ops: list[Any], rows: list[Any],
+def unjudged_note(regions: list[Region], region_ops: Sequence[OpScore], rows: list[TensorRow],
                   found: bool, compiled: bool = False,
                   policy: Optional[Policy] = None) -> Optional[str]:
     """"inconclusive: ..." when nothing was blamed, tensors differ, and a region could not be
@@ -300,7 +326,7 @@ def unjudged_note(regions: list[Region], region_ops: list[Any], rows: list[Any],
             f"difference may start there; no op elsewhere is blamed")
 
 
-def unrecorded_note(regions: list[Region], region_ops: list[Any], target: list[Record],
+def unrecorded_note(regions: list[Region], region_ops: Sequence[OpScore], target: list[Record],
                     found: bool) -> Optional[str]:
     """Where nothing was blamed: the regions of Inductor's compiled backward not judged whose
     results recorded ops do not read (`Region.feeds_backward` False: the last kernel, making
@@ -322,21 +348,16 @@ def unrecorded_note(regions: list[Region], region_ops: list[Any], target: list[R
             f"parameter gradients are compared")
 
 
-def op_list(records: list[Record], indices: list[int], locate: Any) -> list[dict[str, Any]]:
+def op_list(records: list[Record], indices: list[int],
+            locate: Callable[[Record], Optional[Location]]) -> list[ListedOp]:
     """[{"name", "op", "location", "module"}] of a side's region ops (`locate(record)` ->
     Location|None; `module` the module call the op ran in)."""
-    out = []
-    for i in indices:
-        rec = records[i]
-        loc = locate(rec)
-        out.append({"name": rec["name"], "op": rec["op"],
-                    "location": None if loc is None else {"file": loc.file, "line": loc.line,
-                                                          "code": loc.code},
-                    "module": rec.get("module")})
-    return out
+    return [{"name": records[i]["name"], "op": records[i]["op"],
+             "location": source_line(locate(records[i])), "module": records[i].get("module")}
+            for i in indices]
 
 
-def region_members(op: Any) -> Optional[list[str]]:
+def region_members(op: OpScore) -> Optional[list[str]]:
     """The target records a region's score (`blame.OpScore` of kind region) stands for, in
     execution order: what its chain replay re-runs (`replay.chain`); None for any other op and
     for a region without target ops."""
@@ -345,13 +366,14 @@ def region_members(op: Any) -> Optional[list[str]]:
     return [o["name"] for o in op.region.listed.target_ops]
 
 
-def made_tensor(op: Any, measured: Optional[str]) -> Optional[str]:
+def made_tensor(op: OpScore, measured: Optional[str]) -> Optional[str]:
     """The tensor a region made that a boundary output row measures (measured where a paired
     op reads it: that reader's input name); `measured` itself for any other op."""
     made = op.region.made if op.kind == REGION and op.region is not None else {}
     return made.get(measured, measured) if measured else measured
 
 
-__all__ = ["REGION", "Region", "RegionOps", "RegionUnit", "find_regions", "members", "absorb",
-           "mark_region_rows", "unjudged_note", "unrecorded_note",
-           "common_module", "op_list", "region_members", "made_tensor"]
+__all__ = ["REGION", "Region", "RegionOps", "RegionUnit", "ListedOp", "SourceLine",
+           "source_line", "find_regions", "members", "absorb", "mark_region_rows",
+           "unjudged_note", "unrecorded_note", "common_module", "op_list", "region_members",
+           "made_tensor"]
