@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Optional
 from ..store.records import iter_tensors
 from ..store.schema import Kind, Role
 from .facts import ForcedFacts
+from .graph import RunGraph
 from .region_cover import readers
 from .result import PASS
 
@@ -208,7 +209,8 @@ def resolve(mapping: "Mapping", rules: list["Rule"], target: list[Record], kept:
 
 def fed_ops(pairs: list[tuple[Optional[int], Optional[int]]], target: list[Record],
             golden: list[Record], forced: tuple[ForcedPair, ...], dataflow: tuple[bool, bool],
-            in_regions: tuple[dict[int, Any], dict[int, Any]]) -> dict[int, ForcedPair]:
+            in_regions: tuple[dict[int, Any], dict[int, Any]],
+            graphs: Optional[tuple[RunGraph, RunGraph]] = None) -> dict[int, ForcedPair]:
     """alignment position -> the forced pair its one-sided op feeds, for the ops only one run
     executes whose results (through the dump's dataflow, that side's) feed nothing but forced
     pairs' records and such ops: eager attention's first matmul and softmax, where the file pairs
@@ -219,7 +221,7 @@ def fed_ops(pairs: list[tuple[Optional[int], Optional[int]]], target: list[Recor
             continue
         owner = {(f.target if side == 0 else f.golden): f for f in forced}
         lone = {p[side]: k for k, p in enumerate(pairs) if p[1 - side] is None}
-        reads = readers(records)
+        reads = graphs[side].readers if graphs else readers(records)
         for i in sorted((i for i in lone if i is not None), reverse=True):   # readers first
             fed = reads.get(i, [])
             if records[i]["kind"] in Kind.OPS and i not in in_regions[side] and fed and \

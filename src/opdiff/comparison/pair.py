@@ -26,6 +26,7 @@ from .options import REPLAY_MODES, CompareOptions, check_replay
 from .verdicts import Policy
 from .blame import OpScore, differing_numbers
 from .facts import ForcedFacts, PairFacts
+from .graph import RunGraph
 from .judgement import judge_pair
 from .metrics import Measurement, measure, stats_measure
 from .reasons import not_comparable, placement_note, statistics_limits
@@ -119,18 +120,19 @@ class _PairCompare:
         pairs = plan.pair(align(t_view, g_records, shape_flag=plan.shape_flag(self.shape_flag),
                                 forced=list(self._forced)), t_records, g_records)
         self._check_paired(pairs, plan.pairable(t_records, g_records), t_records, g_records)
-        regions = find_regions(pairs, t_view, g_records)
-        absorb(regions, pairs, t_view, g_records, (t.dataflow, g.dataflow))
+        graphs = (RunGraph(t_view), RunGraph(g_records))   # (each side's, indexed once)
+        regions = find_regions(pairs, t_view, g_records, graphs[0])
+        absorb(regions, pairs, t_view, g_records, (t.dataflow, g.dataflow), graphs)
         regions = plan.regions(regions, pairs, t_view, g_records, t)
         # a module call's tensors that only one side has, made or used by a region's ops
-        self._covered = covered_tensors(regions, pairs, t_view, g_records)
+        self._covered = covered_tensors(regions, pairs, t_view, g_records, graphs[0])
         if t_view is not t_records:     # renamed: module calls are measured by recorded names
             recorded = {v["name"]: t["name"] for v, t in zip(t_view, t_records) if v is not t}
             for found in regions:
                 found.module = recorded.get(found.module or "", found.module)
         t_region, g_region = members(regions)
-        fed = forced.fed_ops(pairs, t_view, g_records, tuple(self._forced.values()),
-                             (t.dataflow, g.dataflow), (t_region, g_region))  # one-sided, feed a forced pair
+        fed = forced.fed_ops(pairs, t_view, g_records, tuple(self._forced.values()),  # one-sided,
+                             (t.dataflow, g.dataflow), (t_region, g_region), graphs)  # feed a forced pair
         divergence, held, region_ops, replayer = self._judge(
             plan, t, pairs, t_records, g_records, (t_region, g_region), fed, regions)
         if divergence is not None:

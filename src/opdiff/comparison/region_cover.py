@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from ..store.records import iter_tensors
 from ..store.schema import Kind, Phase, RecordName, Role
+from .graph import RunGraph, readers_of
 
 Pair = tuple[Optional[int], Optional[int]]
 
@@ -24,16 +25,7 @@ Record = dict[str, Any]
 
 def readers(records: list[Record]) -> dict[int, list[int]]:
     """record index -> the indices of the ops that read one of its outputs (dataflow)."""
-    at = {rec["seq"]: i for i, rec in enumerate(records)}
-    readers: dict[int, list[int]] = {}
-    for i, rec in enumerate(records):
-        if rec["kind"] == Kind.MODULE:
-            continue
-        for _, role, desc in iter_tensors(rec):
-            producer = desc.get("producer")
-            if role == Role.INPUT and producer and producer[0] in at:
-                readers.setdefault(at[producer[0]], []).append(i)
-    return readers
+    return readers_of(records)
 
 
 def join_runs(dead: set[int], region_of: dict[int, int], pairs: list[Pair], side: int) -> None:
@@ -59,7 +51,8 @@ def join_runs(dead: set[int], region_of: dict[int, int], pairs: list[Pair], side
 
 
 def covered_tensors(regions: list[Region], pairs: list[Pair], target: list[Record],
-                    golden: list[Record]) -> dict[int, dict[str, Region]]:
+                    golden: list[Record], graph: Optional[RunGraph] = None
+                    ) -> dict[int, dict[str, Region]]:
     """{alignment position: {tensor suffix: region}} for the tensors that only one side of a
     paired module call holds, where a region does that side's work: eager attention's mask
     passed into the attention and decoder-layer calls and the attention weights it returns
@@ -68,7 +61,7 @@ def covered_tensors(regions: list[Region], pairs: list[Pair], target: list[Recor
     input made by a region's op (dataflow), by that region; otherwise it stays unmatched."""
     if not regions:
         return {}
-    parents = {r["name"]: r["module"] for r in target if r["kind"] == Kind.MODULE}
+    parents = (graph or RunGraph(target)).parents       # (`graph`: the target's)
     made_by: tuple[dict[int, Region], ...] = tuple(
         {recs[i]["seq"]: r for r in regions for i in (r.target if side == 0 else r.golden)}
         for side, recs in ((0, target), (1, golden)))

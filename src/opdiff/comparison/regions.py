@@ -50,6 +50,7 @@ from ..store.schema import Kind, Location, Phase, RecordName, module_path
 from . import region_cover as cover
 from .compiled_modules import by_inductor
 from .facts import region_label
+from .graph import RunGraph
 from .result import ERROR, WARNING, Origin, TensorRow
 from .verdicts import Policy, run_precision
 
@@ -143,8 +144,10 @@ class RegionUnit:
     made: dict[str, str] = field(default_factory=dict)
 
 
-def find_regions(pairs: list[Pair], target: list[Record], golden: list[Record]) -> list[Region]:
-    """The regions of an alignment (see module docstring); [] when every op is paired."""
+def find_regions(pairs: list[Pair], target: list[Record], golden: list[Record],
+                 graph: Optional[RunGraph] = None) -> list[Region]:
+    """The regions of an alignment (see module docstring); [] when every op is paired.
+    graph: the target's (`graph.RunGraph`), when the caller has it."""
     regions: list[Region] = []
     run_t: list[int] = []
     run_g: list[int] = []
@@ -172,14 +175,15 @@ def find_regions(pairs: list[Pair], target: list[Record], golden: list[Record]) 
             phase, start = rec["phase"], position
         (run_t.append(ti) if ti is not None else run_g.append(gi))  # type: ignore[arg-type]
     close()
-    parents = {r["name"]: r["module"] for r in target if r["kind"] == Kind.MODULE}
+    parents = (graph or RunGraph(target)).parents
     for region in regions:
         region.module = common_module([target[i]["module"] for i in region.target], parents)
     return regions
 
 
 def absorb(regions: list[Region], pairs: list[Pair], target: list[Record], golden: list[Record],
-           dataflow: tuple[bool, bool]) -> None:
+           dataflow: tuple[bool, bool], graphs: Optional[tuple[RunGraph, RunGraph]] = None
+           ) -> None:
     """Ops only one run executes whose results feed nothing but regions of that side (eager
     attention's mask, which SDPA's causal flag makes unneeded) join the first region they
     feed: they are part of its computation, not unmatched ops. So do forward ops whose results
@@ -199,7 +203,7 @@ def absorb(regions: list[Region], pairs: list[Pair], target: list[Record], golde
         lone = sorted((i for i in (p[side] for p in pairs if p[1 - side] is None)
                        if i is not None and i not in region_of), reverse=True)
         lone_set = set(lone)
-        readers = cover.readers(records)
+        readers = graphs[side].readers if graphs else cover.readers(records)
         dead: set[int] = set()
         for i in lone:          # latest first: an op feeding an absorbed op is absorbed after it
             rec = records[i]
