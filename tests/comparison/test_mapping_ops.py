@@ -16,6 +16,7 @@ from opdiff.comparison.mapping import MappingError, load
 from opdiff.comparison.rejudge import rejudge
 from opdiff.report.summary import load_summary
 
+from factskit import as_older
 from msprobekit import write_msprobe
 from regionkit import block_dump
 
@@ -221,7 +222,10 @@ def test_a_rejudged_result_judges_the_forced_pair_as_the_compare_did(dumps, tmp_
     original = opdiff.compare(dumps / target, dumps / "eager", tmp_path / "out", progress=False,
                               mapping=_write(tmp_path, DATA_MAPPING), replay="off")
     # (SDPA's inherited error is a warning only because its q and k are its inputs too)
-    for again in (rejudge(original), rejudge(load_summary(original.files["summary"]))):
+    (facts,) = original.facts       # SDPA's q and k, measured where the target made them
+    assert [(f.name, len(f.inputs), f.unjudged) for f in facts.forced] == [(SDPA, 2, ())]
+    loaded = load_summary(original.files["summary"])
+    for again in (rejudge(original), rejudge(loaded), rejudge(as_older(loaded))):
         assert [(r.target_name, r.golden_name, r.result) for r in again.rows] == \
             [(r.target_name, r.golden_name, r.result) for r in original.rows]
         assert again.first_divergence.name == original.first_divergence.name
@@ -232,7 +236,10 @@ def test_a_rejudged_result_keeps_a_forced_pair_unjudged(dumps, tmp_path):
     golden = write_msprobe(dumps / "eager" / "step0" / "rank0", tmp_path / "gpu")
     f = _write(tmp_path, f"{SDPA}.output.0: {LAST_MATMUL}.output.0\n")
     original = opdiff.compare(target, golden, tmp_path / "out", progress=False, mapping=f)
-    for again in (rejudge(original), rejudge(load_summary(original.files["summary"]))):
+    (facts,) = original.facts
+    assert [(f.name, f.inputs, len(f.unjudged)) for f in facts.forced] == [(SDPA, (), 1)]
+    loaded = load_summary(original.files["summary"])
+    for again in (rejudge(original), rejudge(loaded), rejudge(as_older(loaded))):
         assert again.first_divergence is None
         (out,) = _rows(again, SDPA)
         assert NOT_JUDGED in out.reason and out.reason.count(NOT_JUDGED) == 1

@@ -56,10 +56,21 @@ def dumps(tmp_path_factory):
     return get
 
 
+def _regions(result) -> dict:
+    """The regions judged, by name (`facts.RegionFacts`, saved in summary.json)."""
+    return {region.name: region for facts in result.facts for region in facts.regions}
+
+
 def _backward_region(result) -> str:
-    (name,) = {m.split(":", 1)[1] for r in result.rows for m in r.boundary
-               if m.endswith(".backward")}
+    (name,) = {name for name in _regions(result) if name.endswith(".backward")}
     return name
+
+
+def _boundary(result, name: str) -> list:
+    """The rows a region's inputs and outputs were measured by."""
+    region = _regions(result)[name]
+    names = {*region.inputs, *region.outputs}
+    return [r for r in result.rows if r.target_name in names]
 
 
 @pytest.mark.parametrize("task", ["statistics", "tensor"])
@@ -75,8 +86,8 @@ def test_a_healthy_sdpa_backward_is_judged_and_names_nothing(dumps, task):
     # as for an op's backward, what its forward call read and made (q, k, v where they were
     # made, its output where the transpose after it reads it)
     region = _backward_region(result)
-    marked = {r.target_name: m.split(":")[0] for r in result.rows for m in r.boundary
-              if m.endswith(f":{region}")}
+    found = _regions(result)[region]
+    marked = {**{t: "in" for t in found.inputs}, **{t: "out" for t in found.outputs}}
     assert marked == {"Tensor.transpose.0.forward.output.0": "in",
                       "Tensor.transpose.1.forward.output.0": "in",
                       "Tensor.transpose.2.forward.output.0": "in",
@@ -119,7 +130,7 @@ def test_a_fault_in_q_is_not_blamed_on_the_backward_region(dumps, task):
     assert result.first_divergence is not None
     assert result.first_divergence.name == "Functional.linear.0.forward"
     region = _backward_region(result)
-    boundary = [r for r in result.rows if any(m.endswith(f":{region}") for m in r.boundary)]
+    boundary = _boundary(result, region)
     assert any(r.result != "pass" for r in boundary)        # the difference reaches it
     assert not [r for r in result.rows if "local error in this region" in (r.reason or "")]
 
@@ -174,14 +185,15 @@ def test_at_a_module_boundary_a_fault_in_q_is_not_blamed_on_the_backward_region(
     golden = dump("eager", False)
     healthy = opdiff.compare(dump("sdpa", True), golden, progress=False, replay="off")
     assert healthy.first_divergence is None
-    assert [r.boundary for r in healthy.rows if r.region and r.phase == "backward"]
+    assert [r for r in healthy.rows if r.region and r.phase == "backward"]
+    assert _backward_region(healthy)
     result = opdiff.compare(dump("q_bad", True, "Functional.linear"), golden, progress=False,
                             replay="off")
     assert result.first_divergence is not None
     assert result.first_divergence.name == "Functional.linear.0.forward"
     region = _backward_region(result)
-    boundary = [r for r in result.rows if any(m.endswith(f":{region}") for m in r.boundary)]
-    assert any(m.startswith("module:") for r in boundary for m in r.boundary), boundary
+    boundary = _boundary(result, region)
+    assert _regions(result)[region].how == "module" and _regions(result)[region].module
     assert any(r.result != "pass" for r in boundary)        # the difference reaches it
     backward = [r for r in result.rows if r.region and r.phase == "backward"]
     assert backward and not [r for r in backward if "local error" in r.reason], backward
@@ -211,9 +223,8 @@ def test_at_a_module_boundary_a_fault_in_q_is_not_blamed_on_the_forward_region(t
     (label,) = {r.region for r in forward}
     assert not [r for r in result.rows if f"the output of {label}: local error" in r.reason]
     # its boundary: the module call's, with q's, k's and v's projections among its inputs
-    (region,) = {m for r in result.rows for m in r.boundary
-                 if m.startswith("in:") and m.endswith(".forward")}
-    marked = {r.target_name for r in result.rows if region in r.boundary}
+    (region,) = {r for name, r in _regions(result).items() if name.endswith(".forward")}
+    marked = set(region.inputs)
     assert {f"Functional.linear.{i}.forward.output.0" for i in range(3)} <= marked, marked
     # a fault in SDPA itself is still named at the region, what ran before it agreeing
     first = opdiff.compare(dump("sdpa_bad", True, SDPA), golden, progress=False,
@@ -227,7 +238,7 @@ def test_at_a_module_boundary_a_fault_in_q_is_not_blamed_on_the_forward_region(t
 def test_a_rejudged_region_reads_as_the_compare(dumps, tmp_path, task, phase):
     """rejudge reads no dump: the region's sentence, its inputs' names (`query`, `key`,
     `value`; `grad_output`), the tensor it made and its module come back from the rows' marks
-    (comparison/region_marks.py), from the result and from its files alike."""
+    (comparison/region_facts.py), from the result and from its files alike."""
     name = "sdpa_bad" if phase == "backward" else "sdpa_bad_forward"
     original = opdiff.compare(dumps(name, task), dumps("eager", task), tmp_path / "out",
                               progress=False, replay="off")

@@ -59,8 +59,9 @@ def test_a_healthy_target_only_op_is_a_region_that_passes(tmp_path, task):
     assert all(r.region and r.result == "pass" and "not judged" not in r.reason
                for r in rows), rows
     # judged through the tensors of the paired ops around it, in both phases
-    marked = {(m.split(":")[0], m.split(":")[1].rsplit(".", 1)[1], r.target_name)
-              for r in result.rows for m in r.boundary if m.startswith(("in:", "out:"))}
+    marked = {(side, region.phase, name) for facts in result.facts for region in facts.regions
+              for side, names in (("in", region.inputs), ("out", region.outputs))
+              for name in names}
     assert ("in", "forward", "Tensor.transpose.0.forward.output.0") in marked, marked
     assert ("out", "forward", "Tensor.reshape.0.forward.input.0") in marked, marked
     assert ("in", "backward", "Tensor.reshape.0.backward.output.0") in marked, marked

@@ -140,8 +140,8 @@ def test_rejudge_finds_the_region_again(hf_dump, tmp_path, family):
     assert first.region is not None and first.region["target_ops"][0]["op"] == SDPA
     assert f"region in `{ATTENTION[family]}` (forward;" in first.reason
     assert again.counts["error"] >= 1
-    # rows.jsonl keeps no dataflow, but the rows' marks keep how the region read its inputs
-    # (comparison/region_marks.py): named as the compare named them; both sides' lines come
+    # rows.jsonl keeps no dataflow, but the region's saved facts keep how it read its inputs
+    # (comparison/region_facts.py): named as the compare named them; both sides' lines come
     # back from the rows' stacks; GPT-2's attention weights, a golden module call's tensor the
     # region covers, are not listed as one of its ops
     assert [i["name"] for i in first.region["inputs"]] == ["query", "key", "value"]
@@ -220,7 +220,7 @@ def test_the_users_command_line_names_layer_0s_attention_region(hf_dump, tmp_pat
     assert golden_listed[0]["op"] == "Torch.arange"
     assert golden_listed[0]["module"] == "Module.model.LlamaModel.forward.0"
     assert golden_listed[-1]["module"] == first["module"]
-    # the CSV's Region column and rows.jsonl's region / boundary fields
+    # the CSV's Region column, rows.jsonl's region field, summary.json's facts of the region
     label = "region 0 in model.layers.0.self_attn"
     with next(out.glob("compare_result_*.csv")).open() as f:
         csv_rows = list(csv.DictReader(f))
@@ -228,7 +228,12 @@ def test_the_users_command_line_names_layer_0s_attention_region(hf_dump, tmp_pat
     rows = _rows_jsonl(out / "rows.jsonl")
     assert {r["region"] for r in rows if (r["target_name"] or "").startswith(f"{SDPA}.0.forward")} \
         == {label}
-    inputs = [r for r in rows if "in:Region.0.forward" in (r["boundary"] or [])]
-    outputs = [r for r in rows if "out:Region.0.forward" in (r["boundary"] or [])]
+    (region,) = [r for f in summary["facts"] for r in f["regions"] if r["number"] == 0]
+    assert (region["phase"], region["where"], region["how"]) == \
+        ("forward", "model.layers.0.self_attn", "dataflow")
+    assert [r[1:] for r in region["readers"]] == [[SDPA, k, ""] for k in ("0", "1", "2")]
+    assert not any(r["boundary"] for r in rows)     # (what older files marked rows with)
+    inputs = [r for r in rows if r["target_name"] in region["inputs"]]
+    outputs = [r for r in rows if r["target_name"] in region["outputs"]]
     assert len(inputs) >= 3 and all(r["result"] == "pass" for r in inputs), inputs  # q, k, v
     assert outputs and all(r["result"] == "error" for r in outputs), outputs

@@ -74,6 +74,8 @@ def test_a_fault_in_sdpa_names_the_attention_region_of_its_layer(msprobe, sides)
     assert "local error in this region" in first.reason
     if sides == "msprobe target":
         # no dataflow on the target: judged at the attention module call's boundary
-        boundary = [r for r in result.rows if f"out:{first.name}" in r.boundary]
+        (region,) = [r for f in result.facts for r in f.regions if r.name == first.name]
+        assert region.how == "module"
+        boundary = [r for r in result.rows if r.target_name in region.outputs]
         assert boundary and all(r.op_name.startswith(f"Module.{ATTENTION}.") for r in boundary), \
             [r.op_name for r in boundary]

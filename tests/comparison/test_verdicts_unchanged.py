@@ -11,7 +11,6 @@ with OPDIFF_RECORD_VERDICTS=1 and say in the commit which verdict changed and wh
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
@@ -21,11 +20,13 @@ from typing import Any, Callable
 import pytest
 
 import opdiff
+from opdiff import schemas
 from opdiff.comparison.rejudge import rejudge
 from opdiff.comparison.result import CompareResult, Note, note_kind
 from opdiff.report.summary import load_summary
 
 from dumpkit import cnn_run
+from factskit import as_older
 from regionkit import block_dump
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "compile"))
@@ -61,14 +62,11 @@ def judged(target: Path, golden: Path, out: Path, **options: Any) -> dict[str, A
     """compare, then rejudge what it wrote (loaded back from summary.json), and what it wrote
     as an older opdiff wrote it (the plan's facts as row marks: `PairFacts.from_marks`)."""
     result = opdiff.compare(str(target), str(golden), str(out), progress=False, **options)
+    schemas.validate("compare-summary", json.loads((out / "summary.json").read_text()))
     saved = load_summary(out)
     again = digest(rejudge(saved))
     assert [f.to_json() for f in saved.facts] == [f.to_json() for f in result.facts]
-    old = dataclasses.replace(saved, facts=[], rows=[dataclasses.replace(r, boundary=r.boundary + tuple(
-        f"{kind}:{name}" for f in saved.facts if r.step is None or (f.step, f.rank) == (r.step, r.rank)
-        for kind, names in (("withheld", f.withheld), ("exposed", f.exposed))
-        for name in names if name == r.op_name)) for r in saved.rows])
-    assert digest(rejudge(old)) == again
+    assert digest(rejudge(as_older(saved))) == again
     FACTS[out.name] = [f.to_json() for f in result.facts]
     return {"compare": digest(result), "rejudge": again}
 

@@ -57,7 +57,7 @@ from ..store.schema import Kind, Location, Phase, param_grad_links
 from . import noise, origins, reasons
 from .result import (ERROR, INTEGER, LOCAL, NONFINITE, NUMBER, REPLAY, SCALE, WARNING,
                      Divergence, TensorRow)
-from .regions import REGION, computes_another_function, made_tensor, region_members
+from .regions import REGION, RegionUnit, computes_another_function, made_tensor, region_members
 from .verdicts import run_precision
 
 if TYPE_CHECKING:
@@ -98,7 +98,8 @@ class OpScore:
     leaf_inputs: dict[int, str] = field(default_factory=dict)  # input row index -> "parameter <fqn>"
     leaf_strict: bool = True    # ... judged exactly (step 0: nothing trained them yet)
     rng: tuple[Any, ...] = ()             # random ops: (target's, golden's) generator fingerprints
-    region: Any = None          # kind "region": its regions.Region and regions.RegionOps
+    region: Optional[RegionUnit] = None     # kind "region": its region, ops and what it made
+    unjudged: bool = False      # a forced pair whose outputs are not judged (forced.py)
 
     @property
     def divergence_kind(self) -> str:

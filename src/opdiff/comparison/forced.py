@@ -29,7 +29,7 @@ target run made it: the measured output of the op that made it (the dump's dataf
 record of the parameter, buffer or input. Where one cannot be found there, the op is not judged
 on its own: its rows say so, nothing blames it, and when nothing else is blamed either the pair
 is "inconclusive: ..." (`unjudged_note`); replay may still name it from its own inputs. Both are
-marks on the rows (`marked`), which `rejudge` reads back (`unjudged`, `carry`).
+kept as the pair's facts (`facts.ForcedFacts`), with which `rejudge` judges it again (`carry`).
 
 Ops only one run executes whose results feed nothing but a forced pair's op (eager attention's
 first matmul and softmax, where the file pairs SDPA's output with the last matmul's) are that
@@ -43,15 +43,19 @@ from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 from ..store.records import iter_tensors
 from ..store.schema import Kind, Role
+from .facts import ForcedFacts
+from .graph import RunGraph
 from .region_cover import readers
 from .result import PASS
 
 if TYPE_CHECKING:
+    from .blame import OpScore
+    from .scores import Entry       # a row entry of an OpScore
+    from .facts import PairFacts
     from .mapping import Mapping, Rule
     from .result import TensorRow
 
 Record = dict[str, Any]
-Entry = tuple[Any, ...]          # a row entry of an OpScore (scores.Entry)
 _LEAVES = ("parameter", "buffer", "input")
 
 
@@ -205,7 +209,8 @@ def resolve(mapping: "Mapping", rules: list["Rule"], target: list[Record], kept:
 
 def fed_ops(pairs: list[tuple[Optional[int], Optional[int]]], target: list[Record],
             golden: list[Record], forced: tuple[ForcedPair, ...], dataflow: tuple[bool, bool],
-            in_regions: tuple[dict[int, Any], dict[int, Any]]) -> dict[int, ForcedPair]:
+            in_regions: tuple[dict[int, Any], dict[int, Any]],
+            graphs: Optional[tuple[RunGraph, RunGraph]] = None) -> dict[int, ForcedPair]:
     """alignment position -> the forced pair its one-sided op feeds, for the ops only one run
     executes whose results (through the dump's dataflow, that side's) feed nothing but forced
     pairs' records and such ops: eager attention's first matmul and softmax, where the file pairs
@@ -216,7 +221,7 @@ def fed_ops(pairs: list[tuple[Optional[int], Optional[int]]], target: list[Recor
             continue
         owner = {(f.target if side == 0 else f.golden): f for f in forced}
         lone = {p[side]: k for k, p in enumerate(pairs) if p[1 - side] is None}
-        reads = readers(records)
+        reads = graphs[side].readers if graphs else readers(records)
         for i in sorted((i for i in lone if i is not None), reverse=True):   # readers first
             fed = reads.get(i, [])
             if records[i]["kind"] in Kind.OPS and i not in in_regions[side] and fed and \
@@ -271,35 +276,43 @@ class CarriedInputs:
 
 NOT_JUDGED = ("not judged on its own: the mapping file pairs it, and a tensor it reads is "
               "neither compared nor measured where it was made")
-# Row marks (`TensorRow.boundary`) that keep a forced pair's judging in its rows, for `rejudge`:
-# "in:<op name>" on a row measured elsewhere that the pair takes as an input,
-# "unjudged:<op name>" on the output rows of a pair not judged on its own.
-IN, UNJUDGED = "in", "unjudged"
 
 
-def marked(row: "TensorRow", mark: str, op_name: str) -> "TensorRow":
-    """`row` with the mark added (once); an `UNJUDGED` row's reason says why too."""
-    tag = f"{mark}:{op_name}"
-    reason = row.reason
-    if mark == UNJUDGED and NOT_JUDGED not in reason:
-        reason = f"{reason}; {NOT_JUDGED}" if reason else NOT_JUDGED
-    return replace(row, reason=reason, boundary=row.boundary + (() if tag in row.boundary
-                                                                else (tag,)))
+def not_judged(row: "TensorRow") -> "TensorRow":
+    """An output row of a forced pair not judged on its own: its reason says so (once)."""
+    if NOT_JUDGED in row.reason:
+        return row
+    return replace(row, reason=f"{row.reason}; {NOT_JUDGED}" if row.reason else NOT_JUDGED)
 
 
-def unjudged(row: "TensorRow") -> bool:
-    """Is `row` an output of a forced pair that was not judged on its own?"""
-    return any(m.startswith(f"{UNJUDGED}:") for m in row.boundary)
+def judged(op: "OpScore", carried: Optional[list[Entry]], rows: list["TensorRow"]
+           ) -> list[ForcedFacts]:
+    """A forced pair's score given the inputs it did not measure (`carried`:
+    `CarriedInputs.entries`), or, where one was found nowhere (None), its outputs not judged:
+    their rows say so. What the compare decided of it, for `rejudge` ([]: nothing to keep)."""
+    names = tuple(rows[i].target_name or "" for i, *_ in (
+        carried if carried is not None else op.outputs))
+    if carried is not None:
+        op.inputs += carried
+        return [ForcedFacts(op.name, inputs=names)] if names else []
+    for i, *_ in op.outputs:
+        rows[i] = not_judged(rows[i])
+    op.outputs.clear()
+    op.unjudged = bool(names)
+    return [ForcedFacts(op.name, unjudged=names)] if names else []
 
 
-def carry(rows: list["TensorRow"], scores: dict[str, Any], entries: dict[int, Entry]) -> None:
-    """Give each forced pair's score (`scores`, by op name) the inputs its rows were marked
-    with (`IN`); entries: row index -> its measured entry. What `rejudge` does again."""
-    for i, row in enumerate(rows):
-        for mark in row.boundary:
-            side, name = mark.split(":", 1)
-            if side == IN and name in scores and i in entries:
-                scores[name].inputs.append(entries[i])
+def carry(facts: "PairFacts", scores: dict[str, "OpScore"], measured: dict[Optional[str], Entry]
+          ) -> None:
+    """Give each forced pair's score (`scores`, by op name) what the compare decided of it
+    (`facts.ForcedFacts`): the inputs it took from where the target made them, or that its
+    outputs are not judged; measured: target tensor -> its measured entry. What `rejudge` does
+    again."""
+    for pair in facts.forced:
+        score = scores.get(pair.name)
+        if score is not None:
+            score.inputs += [measured[t] for t in pair.inputs if t in measured]
+            score.unjudged = score.unjudged or bool(pair.unjudged)
 
 
 def unjudged_note(names: list[str], differ: bool) -> Optional[str]:
@@ -313,5 +326,5 @@ def unjudged_note(names: list[str], differ: bool) -> Optional[str]:
             f"compared nor measured where it was made; no op elsewhere is blamed")
 
 
-__all__ = ["ForcedPair", "resolve", "fed_ops", "covered", "borrowed", "CarriedInputs", "NOT_JUDGED", "IN",
-           "UNJUDGED", "marked", "unjudged", "carry", "unjudged_note"]
+__all__ = ["ForcedPair", "resolve", "fed_ops", "covered", "borrowed", "CarriedInputs", "NOT_JUDGED",
+           "not_judged", "judged", "carry", "unjudged_note"]

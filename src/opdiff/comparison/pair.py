@@ -25,14 +25,15 @@ from .align import align, classes_note, same_classes
 from .options import REPLAY_MODES, CompareOptions, check_replay
 from .verdicts import Policy
 from .blame import OpScore, differing_numbers
-from .facts import PairFacts
+from .facts import ForcedFacts, PairFacts
+from .graph import RunGraph
 from .judgement import judge_pair
 from .metrics import Measurement, measure, stats_measure
 from .reasons import not_comparable, placement_note, statistics_limits
 from .region_boundaries import Boundaries
 from .region_cover import covered_tensors
-from .region_marks import mark_boundaries
-from .regions import (REGION, absorb, Region, RegionOps, find_regions, members,
+from .region_facts import facts_of
+from .regions import (REGION, absorb, Region, RegionOps, RegionUnit, find_regions, members,
                       op_list, unjudged_note, unrecorded_note)
 from .saved import load_saved, numel
 from .plans import Plan, plan_for, rewrites
@@ -97,6 +98,7 @@ class _PairCompare:
         self._covered: dict[int, dict[str, Region]] = {}    # region_cover.covered_tensors
         self._forced: dict[tuple[int, int], forced.ForcedPair] = {}    # the mapping's `ops:`
         self._not_judged: list[str] = []        # forced pairs not judged (forced.CarriedInputs)
+        self._forced_facts: list[ForcedFacts] = []  # ... and those judged with inputs carried
         self.facts = PairFacts()                # what the plan decided (facts.py)
 
     def run(self) -> CompareResult:
@@ -118,18 +120,19 @@ class _PairCompare:
         pairs = plan.pair(align(t_view, g_records, shape_flag=plan.shape_flag(self.shape_flag),
                                 forced=list(self._forced)), t_records, g_records)
         self._check_paired(pairs, plan.pairable(t_records, g_records), t_records, g_records)
-        regions = find_regions(pairs, t_view, g_records)
-        absorb(regions, pairs, t_view, g_records, (t.dataflow, g.dataflow))
+        graphs = (RunGraph(t_view), RunGraph(g_records))   # (each side's, indexed once)
+        regions = find_regions(pairs, t_view, g_records, graphs[0])
+        absorb(regions, pairs, t_view, g_records, (t.dataflow, g.dataflow), graphs)
         regions = plan.regions(regions, pairs, t_view, g_records, t)
         # a module call's tensors that only one side has, made or used by a region's ops
-        self._covered = covered_tensors(regions, pairs, t_view, g_records)
+        self._covered = covered_tensors(regions, pairs, t_view, g_records, graphs[0])
         if t_view is not t_records:     # renamed: module calls are measured by recorded names
             recorded = {v["name"]: t["name"] for v, t in zip(t_view, t_records) if v is not t}
             for found in regions:
                 found.module = recorded.get(found.module or "", found.module)
         t_region, g_region = members(regions)
-        fed = forced.fed_ops(pairs, t_view, g_records, tuple(self._forced.values()),
-                             (t.dataflow, g.dataflow), (t_region, g_region))  # one-sided, feed a forced pair
+        fed = forced.fed_ops(pairs, t_view, g_records, tuple(self._forced.values()),  # one-sided,
+                             (t.dataflow, g.dataflow), (t_region, g_region), graphs)  # feed a forced pair
         divergence, held, region_ops, replayer = self._judge(
             plan, t, pairs, t_records, g_records, (t_region, g_region), fed, regions)
         if divergence is not None:
@@ -202,13 +205,12 @@ class _PairCompare:
             self.rows = [forced.covered(r, fed[r.index], self.mapping.path) if r.index in fed
                          and r.result == UNMATCHED and self.mapping else r for r in self.rows]
             region_ops = self._regions(regions, t_records, g_records, plan.compiled)
-            self.facts = plan.facts(t_records, t)
+            self.facts = plan.facts(t_records, t).with_units(facts_of(region_ops, self.rows),
+                                                             self._forced_facts)
             divergence, held = judge_pair(
                 self.ops, self.rows, self.facts, self.policy, replay=replayer,
                 replay_all=self.replay == "all", regions=(
                     region_ops, self._region_rows, {r.number: r.why for r in regions if r.why}))
-            # (what rejudge reads back of each region judged: region_marks.py)
-            mark_boundaries(self.rows, region_ops)
         finally:
             if replayer is not None:
                 replayer.close()
@@ -319,14 +321,8 @@ class _PairCompare:
         """A forced pair's inputs it did not measure, taken where they were made; else it is
         not judged on its own (forced.py)."""
         carried = self._carried.entries(t_rec, self._by_tensor)
-        mark, entries = (forced.IN, carried) if carried is not None else \
-            (forced.UNJUDGED, op.outputs)
-        for i, *_ in entries:       # (what `rejudge` reads back)
-            self.rows[i] = forced.marked(self.rows[i], mark, op.name)
-        if carried is not None:
-            op.inputs += cast("list[Any]", carried)
-        else:
-            op.outputs.clear()
+        self._forced_facts += forced.judged(op, carried, self.rows)   # (what `rejudge` reads)
+        if carried is None:
             self._not_judged.append(op.name)
 
     # -- regions (regions.py) -------------------------------------------------------------------
@@ -369,7 +365,7 @@ class _PairCompare:
                          module=region.module, forward=None, seq=region.position,
                          location=loc[0] if loc else None, inputs=list(found[0]),
                          outputs=list(found[1]))
-            op.region = (region, listed, made if region.boundary == "dataflow" else {})
+            op.region = RegionUnit(region, listed, made if region.boundary == "dataflow" else {})
             out.append(op)
         self.ops.extend(out)
         return out

@@ -91,8 +91,7 @@ def _describe_error(op: "OpScore", rows: list[TensorRow], verdict: str = LOCAL_V
     if op.blame == REPLAY and not op.paired:
         return (f"the golden run has no such op to compare with, but {op.replay.describe()} "
                 f"— {LOCAL_VERDICT}")
-    if op.blame == REPLAY and not op.outputs and any(
-            forced.unjudged(r) for r in rows if r.op_name == op.name):
+    if op.blame == REPLAY and not op.outputs and op.unjudged:
         return (f"compared with golden it is {forced.NOT_JUDGED}, but {op.replay.describe()} "
                 f"— {LOCAL_VERDICT}")
     if op.blame == REPLAY:

@@ -17,21 +17,23 @@ those tensors to its outputs; the ops traced through are `Region.through`, named
 (a difference they made in the tensor they hand it, and in no tensor their region hands on
 compared, would show as this region's; a chain replay from its saved inputs, with tensor dumps,
 tells the two apart).
-Regions are `regions.Region` objects (typed `Any` here: regions.py imports this module).
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..store.records import iter_tensors
 from ..store.schema import Kind, Phase, RecordName, Role
 from .compiled_modules import by_inductor
 from .region_gradients import Gradients
 
+if TYPE_CHECKING:
+    from .regions import Region     # (regions.py imports this module)
+
 Record = dict[str, Any]
-Entry = tuple[int, Any, Optional[str], Optional[str]]   # (row index, Measurement, t dtype, g dtype)
-Region = Any
+# (row index, Measurement, t dtype, g dtype); `region_onesided` tries a boundary with stand-ins
+Entry = tuple[int, Any, Optional[str], Optional[str]]
 
 
 class Boundaries:
@@ -369,7 +371,7 @@ class Boundaries:
                         self.inside.setdefault(call, []).append(i)
         first = min(region.target)
         out: list[Entry] = []
-        for i in self.inside.get(region.module, ()):
+        for i in self.inside.get(region.module or "", ()):
             rec = self.target[i]
             if i >= first:
                 break

@@ -6,31 +6,26 @@
   its attention weights passed out, their gradients), where a region does that side's work, are
   the region's (`covered_tensors`): counted as covered by it, never unmatched.
 
-Regions are `regions.Region` objects (typed `Any` here: regions.py imports this module).
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..store.records import iter_tensors
 from ..store.schema import Kind, Phase, RecordName, Role
+from .graph import RunGraph, readers_of
 
 Pair = tuple[Optional[int], Optional[int]]
+
+if TYPE_CHECKING:
+    from .regions import Region     # (regions.py imports this module)
+
 Record = dict[str, Any]
 
 
 def readers(records: list[Record]) -> dict[int, list[int]]:
     """record index -> the indices of the ops that read one of its outputs (dataflow)."""
-    at = {rec["seq"]: i for i, rec in enumerate(records)}
-    readers: dict[int, list[int]] = {}
-    for i, rec in enumerate(records):
-        if rec["kind"] == Kind.MODULE:
-            continue
-        for _, role, desc in iter_tensors(rec):
-            producer = desc.get("producer")
-            if role == Role.INPUT and producer and producer[0] in at:
-                readers.setdefault(at[producer[0]], []).append(i)
-    return readers
+    return readers_of(records)
 
 
 def join_runs(dead: set[int], region_of: dict[int, int], pairs: list[Pair], side: int) -> None:
@@ -55,8 +50,9 @@ def join_runs(dead: set[int], region_of: dict[int, int], pairs: list[Pair], side
     close()
 
 
-def covered_tensors(regions: list[Any], pairs: list[Pair], target: list[Record],
-                    golden: list[Record]) -> dict[int, dict[str, Any]]:
+def covered_tensors(regions: list[Region], pairs: list[Pair], target: list[Record],
+                    golden: list[Record], graph: Optional[RunGraph] = None
+                    ) -> dict[int, dict[str, Region]]:
     """{alignment position: {tensor suffix: region}} for the tensors that only one side of a
     paired module call holds, where a region does that side's work: eager attention's mask
     passed into the attention and decoder-layer calls and the attention weights it returns
@@ -65,12 +61,12 @@ def covered_tensors(regions: list[Any], pairs: list[Pair], target: list[Record],
     input made by a region's op (dataflow), by that region; otherwise it stays unmatched."""
     if not regions:
         return {}
-    parents = {r["name"]: r["module"] for r in target if r["kind"] == Kind.MODULE}
-    made_by: tuple[dict[int, Any], ...] = tuple(
+    parents = (graph or RunGraph(target)).parents       # (`graph`: the target's)
+    made_by: tuple[dict[int, Region], ...] = tuple(
         {recs[i]["seq"]: r for r in regions for i in (r.target if side == 0 else r.golden)}
         for side, recs in ((0, target), (1, golden)))
     holders = _holders(regions, parents)
-    out: dict[int, dict[str, Any]] = {}
+    out: dict[int, dict[str, Region]] = {}
     for position, (ti, gi) in enumerate(pairs):
         if ti is None or gi is None or target[ti]["kind"] != Kind.MODULE:
             continue
@@ -92,10 +88,11 @@ def covered_tensors(regions: list[Any], pairs: list[Pair], target: list[Record],
     return out
 
 
-def _holders(regions: list[Any], parents: dict[str, Any]) -> dict[tuple[str, str], list[Any]]:
+def _holders(regions: list[Region], parents: dict[str, Optional[str]]
+             ) -> dict[tuple[str, str], list[Region]]:
     """{(forward module call name, phase): the regions of that phase whose ops run inside that
     call}, in region order (a backward region's module is its forward call)."""
-    out: dict[tuple[str, str], list[Any]] = {}
+    out: dict[tuple[str, str], list[Region]] = {}
     for region in regions:
         m, seen = region.module, 0
         while m and seen < 256:         # (a malformed dump's loop ends)

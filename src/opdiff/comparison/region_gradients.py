@@ -26,10 +26,14 @@ judges the region's own `...backward.output.i`) names its row.
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Union
 
 from ..store.records import iter_tensors, producer_of
 from ..store.schema import Kind, Phase, RecordName, Role, module_path
+
+
+if TYPE_CHECKING:
+    from .region_boundaries import Entry     # (it imports this module)
 
 Record = dict[str, Any]
 
@@ -74,7 +78,7 @@ class Gradients:
             local = name[len(rec["name"]) + 1:]
             self.param_grads.setdefault(f"{path}.{local}".lstrip("."), name)
 
-    def boundary(self, members: list[Record], measured: Any,
+    def boundary(self, members: list[Record], measured: Mapping[str, Entry],
                  twins: Optional[list[Record]] = None
                  ) -> Union[tuple[dict[str, tuple[str, str]], dict[str, str], list[Record]], str]:
         """({measured name of a gradient entering: (the region's op that receives it, what it
@@ -125,7 +129,7 @@ class Gradients:
                             out.setdefault(name, (str(f["op"]), key))
         return out
 
-    def _entering(self, b: Record, f: Record, inside: set[str], measured: Any,
+    def _entering(self, b: Record, f: Record, inside: set[str], measured: Mapping[str, Entry],
                   out: dict[str, tuple[str, str]]) -> None:
         """The shares of the gradients arriving at `b` from outside the region."""
         arriving = b.get("inputs")
@@ -153,8 +157,8 @@ class Gradients:
                                          measured):
                     out.setdefault(name, (str(b["op"]), key))
 
-    def _shares(self, reader: Record, producer: tuple[Any, str], tensor: str, measured: Any
-                ) -> list[str]:
+    def _shares(self, reader: Record, producer: tuple[Any, str], tensor: str,
+                measured: Mapping[str, Entry]) -> list[str]:
         """The gradients `reader`'s backward record hands back for the arguments it read
         `producer`'s tensor as."""
         back = self.backward_of.get(reader["name"])
@@ -174,7 +178,7 @@ class Gradients:
             names.append(name)
         return names
 
-    def _leaving(self, b: Record, f: Record, inside: set[str], measured: Any,
+    def _leaving(self, b: Record, f: Record, inside: set[str], measured: Mapping[str, Entry],
                  out: dict[str, str]) -> None:
         """Where the gradients `b` makes for the region's inputs arrive whole."""
         sent = b.get("outputs")

@@ -11,27 +11,42 @@ The tensors entering the region are named by the arguments the region's ops read
 (`arguments.argument_name`: SDPA's `query`, `key`, `value`), a parameter by its FQN, a gradient
 entering a backward region as `grad_output`; without the dump's dataflow (a region judged at its
 module call) by the name they were measured under. A result re-judged from its files names them
-the same way, from its rows' marks (`region_marks.py`). `Divergence.region` carries both sides' ops, these inputs, and
-each side's source lines (`target_locations`, `golden_locations`): what the console prints as
-`target: FILE:LINE` and `golden: FILE:FIRST-LAST`.
+the same way, from the region's saved facts (`region_facts.py`). `Divergence.region` carries
+both sides' ops, these inputs, and each side's source lines (`target_locations`,
+`golden_locations`): what the console prints as `target: FILE:LINE` and `golden: FILE:FIRST-LAST`.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Mapping, Optional, Sequence
+
+from typing_extensions import TypedDict
 
 from ..store.schema import RecordName, module_path
 from . import reasons
 from .arguments import argument_name
-from .regions import SHOWN_OPS, Region, RegionOps, another_function_words, made_tensor
-from .result import Divergence, Origin
+from .regions import (SHOWN_OPS, ListedOp, Region, RegionOps, SourceLine, another_function_words,
+                      made_tensor)
+from .result import Divergence, Origin, TensorRow
+
+if TYPE_CHECKING:
+    from .blame import OpScore
+
+
+class Entering(TypedDict):
+    """A tensor entering a region, as its verdict names it (`boundary_inputs`)."""
+    tensor: str
+    name: str
+    op: Optional[str]
+    agrees: bool
 
 SHOWN_INPUTS = 8        # boundary inputs named in a reason
 SHOWN_LINES = 12        # source lines kept per side
 
 
-def region_divergence(first: Any, rows: list[Any]) -> Divergence:
+def region_divergence(first: OpScore, rows: list[TensorRow]) -> Divergence:
     """The Divergence of a region blamed (`blame.first_divergence`)."""
-    region, listed, _ = first.region
+    assert first.region is not None
+    region, listed = first.region.region, first.region.listed
     out = rows[first.worst_out] if first.worst_out is not None else None
     inp = rows[first.worst_in] if first.worst_in is not None else None
     entering = boundary_inputs(first, rows)
@@ -50,13 +65,13 @@ def region_divergence(first: Any, rows: list[Any]) -> Divergence:
                 "golden_locations": side_locations(listed.golden_ops, region.where)})
 
 
-def boundary_inputs(first: Any, rows: list[Any]) -> list[dict[str, Any]]:
+def boundary_inputs(first: OpScore, rows: list[TensorRow]) -> list[Entering]:
     """[{"tensor", "name", "op", "agrees"}] of the tensors a region's score was judged from as
     its inputs, in the order its ops read them: `name` what the user calls it (`query`; a
     parameter's FQN; the measured tensor's name where the reader is not known), `op` the op of
     the region that reads it (None where `name` says it all), `agrees` within its tolerance."""
-    listed: RegionOps = first.region[1]
-    out = []
+    listed = first.region.listed if first.region is not None else RegionOps()
+    out: list[Entering] = []
     for i, *_ in first.inputs:
         row = rows[i]
         tensor = row.target_name or ""
@@ -90,7 +105,7 @@ def _measured(tensor: str) -> tuple[str, Optional[str]]:
     return tensor, None
 
 
-def input_words(inputs: list[dict[str, Any]]) -> str:
+def input_words(inputs: list[Entering]) -> str:
     """"`query`, `key`, `value` of `Functional.scaled_dot_product_attention`"; where some are
     beyond their own tolerance (a bf16 run's q and k, which the region's verdict weighs against
     its output's error), "..., of which `query`, `key` exceed their own tolerance"."""
@@ -102,7 +117,7 @@ def input_words(inputs: list[dict[str, Any]]) -> str:
     return f"{_listed(inputs)}, of which {which} {verb} own tolerance"
 
 
-def _listed(inputs: list[dict[str, Any]]) -> str:
+def _listed(inputs: list[Entering]) -> str:
     groups: list[tuple[Optional[str], list[str]]] = []
     for item in inputs[:SHOWN_INPUTS]:
         if groups and item["op"] is not None and groups[-1][0] == item["op"]:
@@ -114,18 +129,19 @@ def _listed(inputs: list[dict[str, Any]]) -> str:
     return text + (", ..." if len(inputs) > SHOWN_INPUTS else "")
 
 
-def side_locations(ops: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
+def side_locations(ops: list[ListedOp], where: str) -> list[SourceLine]:
     """A side's source lines, [{"file", "line", "code"}]: those of its ops that ran inside the
     region's module (all of them when none did), each line once, grouped by file in the order
     the files are first met, in line order within a file; at most SHOWN_LINES."""
     _, own = _inside_first(ops, where)
-    by_file: dict[str, dict[int, Any]] = {}
+    by_file: dict[str, dict[int, str]] = {}
     for o in own:
-        loc = o.get("location") or {}
-        if isinstance(loc.get("file"), str) and isinstance(loc.get("line"), int):
+        loc = o.get("location")
+        if loc is not None and isinstance(loc.get("file"), str) and \
+                isinstance(loc.get("line"), int):
             by_file.setdefault(loc["file"], {}).setdefault(loc["line"], loc.get("code"))
-    out = [{"file": file, "line": line, "code": lines[line]}
-           for file, lines in by_file.items() for line in sorted(lines)]
+    out: list[SourceLine] = [{"file": file, "line": line, "code": lines[line]}
+                             for file, lines in by_file.items() for line in sorted(lines)]
     return out[:SHOWN_LINES]
 
 
@@ -148,17 +164,17 @@ def region_reason(region: Region, ops: RegionOps, why: str) -> str:
             f"{why}{_unpaired(region)}{_through(region)}")
 
 
-def shown(ops: list[dict[str, Any]]) -> str:
+def shown(ops: list[ListedOp]) -> str:
     """`Torch.matmul`, `Functional.softmax`, ... (the first few distinct ops, in order)."""
     names = list(dict.fromkeys(f"`{o['op']}`" for o in ops))
     return ", ".join(names[:SHOWN_OPS]) + (", ..." if len(names) > SHOWN_OPS else "")
 
 
-def _inside_first(ops: list[dict[str, Any]], where: str) -> tuple[list[dict[str, Any]], ...]:
+def _inside_first(ops: list[ListedOp], where: str) -> tuple[list[ListedOp], list[ListedOp]]:
     """(ops run inside the module at `where`, then the others; the inside ones alone): what a
     reason lists first is the region's own computation, not the ops outside that joined it
     because they feed only it (eager attention's mask, built in `LlamaModel`)."""
-    def inside(o: dict[str, Any]) -> bool:
+    def inside(o: ListedOp) -> bool:
         parsed = RecordName.parse(o.get("module") or "")
         path = module_path(parsed.op) if parsed is not None else ""
         return not where or path == where or path.startswith(where + ".")
@@ -190,7 +206,7 @@ def _through(region: Region) -> str:
             f"alone would show the same way)")
 
 
-def _lines(located: list[dict[str, Any]]) -> str:
+def _lines(located: list[SourceLine]) -> str:
     """" at modeling_llama.py:176-199" (`side_locations`'s first file; "and elsewhere" when
     there are others)."""
     if not located:
@@ -203,14 +219,16 @@ def _lines(located: list[dict[str, Any]]) -> str:
     return f" at {name}:{span}{more}"
 
 
-def spans(located: list[dict[str, Any]]) -> list[tuple[str, int, int, list[tuple[int, str]]]]:
-    """(file, first line, last line, [(line, code)]) per file of `side_locations`: what the
-    console prints as `golden: FILE:FIRST-LAST` and the lines under it."""
+def spans(located: Sequence[Mapping[str, object]]
+          ) -> list[tuple[str, int, int, list[tuple[int, str]]]]:
+    """(file, first line, last line, [(line, code)]) per file of `side_locations` (as
+    summary.json holds them: checked): what the console prints as `golden: FILE:FIRST-LAST` and
+    the lines under it."""
     out: dict[str, list[tuple[int, str]]] = {}
     for loc in located:
-        if isinstance(loc, dict) and isinstance(loc.get("file"), str) \
-                and isinstance(loc.get("line"), int):
-            out.setdefault(loc["file"], []).append((loc["line"], str(loc.get("code") or "")))
+        file, line = (loc.get("file"), loc.get("line")) if isinstance(loc, Mapping) else (0, 0)
+        if isinstance(file, str) and isinstance(line, int):
+            out.setdefault(file, []).append((line, str(loc.get("code") or "")))
     return [(file, lines[0][0], lines[-1][0], lines) for file, lines in out.items()]
 
 

@@ -42,14 +42,21 @@ region unjudged; a region blamed says they were not compared (`Region.unpaired_l
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
+
+from typing_extensions import TypedDict
 
 from ..numbers import human
-from ..store.schema import Kind, Phase, RecordName, module_path
+from ..store.schema import Kind, Location, Phase, RecordName, module_path
 from . import region_cover as cover
 from .compiled_modules import by_inductor
-from .result import ERROR, WARNING, Origin
+from .facts import region_label
+from .graph import RunGraph
+from .result import ERROR, WARNING, Origin, TensorRow
 from .verdicts import Policy, run_precision
+
+if TYPE_CHECKING:
+    from .blame import OpScore
 
 Pair = tuple[Optional[int], Optional[int]]
 Record = dict[str, Any]
@@ -95,7 +102,27 @@ class Region:
         return module_path(parsed.op) if parsed is not None else ""
 
     def label(self) -> str:
-        return f"region {self.number}" + (f" in {self.where}" if self.where else "")
+        """What its rows carry as `TensorRow.region` ("region 2 in model.layers.0.self_attn")."""
+        return region_label(self.number, self.where)
+
+
+class SourceLine(TypedDict):
+    """A source line as a region's verdict lists it."""
+    file: str
+    line: int
+    code: str
+
+
+class ListedOp(TypedDict):
+    """One op of a region as its verdict lists it (`Divergence.region`'s `target_ops`)."""
+    name: str
+    op: str
+    location: Optional[SourceLine]
+    module: Optional[str]           # the module call it ran in
+
+
+def source_line(loc: Optional[Location]) -> Optional[SourceLine]:
+    return None if loc is None else {"file": loc.file, "line": loc.line, "code": loc.code}
 
 
 @dataclass
@@ -103,13 +130,25 @@ class RegionOps:
     """What a region divergence lists: each side's ops, with their source lines, and how the
     region reads the tensors entering it (`region_boundaries.Boundaries.entering`; empty
     without dataflow)."""
-    target_ops: list[dict[str, Any]] = field(default_factory=list)
-    golden_ops: list[dict[str, Any]] = field(default_factory=list)
+    target_ops: list[ListedOp] = field(default_factory=list)
+    golden_ops: list[ListedOp] = field(default_factory=list)
     readers: dict[str, tuple[str, str, str]] = field(default_factory=dict)
 
 
-def find_regions(pairs: list[Pair], target: list[Record], golden: list[Record]) -> list[Region]:
-    """The regions of an alignment (see module docstring); [] when every op is paired."""
+@dataclass
+class RegionUnit:
+    """A region judged as one op: what its score (`blame.OpScore.region`) holds besides its
+    rows. `made`: an output row's tensor -> the tensor the region made (measured where a paired
+    op reads it: that reader's input; by dataflow only)."""
+    region: Region
+    listed: RegionOps
+    made: dict[str, str] = field(default_factory=dict)
+
+
+def find_regions(pairs: list[Pair], target: list[Record], golden: list[Record],
+                 graph: Optional[RunGraph] = None) -> list[Region]:
+    """The regions of an alignment (see module docstring); [] when every op is paired.
+    graph: the target's (`graph.RunGraph`), when the caller has it."""
     regions: list[Region] = []
     run_t: list[int] = []
     run_g: list[int] = []
@@ -137,14 +176,15 @@ def find_regions(pairs: list[Pair], target: list[Record], golden: list[Record]) 
             phase, start = rec["phase"], position
         (run_t.append(ti) if ti is not None else run_g.append(gi))  # type: ignore[arg-type]
     close()
-    parents = {r["name"]: r["module"] for r in target if r["kind"] == Kind.MODULE}
+    parents = (graph or RunGraph(target)).parents
     for region in regions:
         region.module = common_module([target[i]["module"] for i in region.target], parents)
     return regions
 
 
 def absorb(regions: list[Region], pairs: list[Pair], target: list[Record], golden: list[Record],
-           dataflow: tuple[bool, bool]) -> None:
+           dataflow: tuple[bool, bool], graphs: Optional[tuple[RunGraph, RunGraph]] = None
+           ) -> None:
     """Ops only one run executes whose results feed nothing but regions of that side (eager
     attention's mask, which SDPA's causal flag makes unneeded) join the first region they
     feed: they are part of its computation, not unmatched ops. So do forward ops whose results
@@ -164,7 +204,7 @@ def absorb(regions: list[Region], pairs: list[Pair], target: list[Record], golde
         lone = sorted((i for i in (p[side] for p in pairs if p[1 - side] is None)
                        if i is not None and i not in region_of), reverse=True)
         lone_set = set(lone)
-        readers = cover.readers(records)
+        readers = graphs[side].readers if graphs else cover.readers(records)
         dead: set[int] = set()
         for i in lone:          # latest first: an op feeding an absorbed op is absorbed after it
             rec = records[i]
@@ -185,7 +225,8 @@ def absorb(regions: list[Region], pairs: list[Pair], target: list[Record], golde
             (r.target if side == 0 else r.golden).sort()
 
 
-def common_module(modules: list[Optional[str]], parents: dict[str, Any]) -> Optional[str]:
+def common_module(modules: list[Optional[str]], parents: Mapping[str, Optional[str]]
+                  ) -> Optional[str]:
     """The innermost module call that holds every one of `modules` (module call names)."""
     chains = []
     for m in dict.fromkeys(modules):
@@ -211,19 +252,14 @@ def members(regions: list[Region]) -> tuple[dict[int, Region], dict[int, Region]
     return t_of, g_of
 
 
-def label_number(label: str) -> Optional[int]:
-    """The number in a `Region.label()` ("region 2 in ..." -> 2)."""
-    words = label.split()
-    return int(words[1]) if len(words) > 1 and words[0] == "region" and words[1].isdigit() else None
-
-
-def mark_region_rows(rows: list[Any], region_ops: list[Any], region_rows: dict[int, list[int]],
+def mark_region_rows(rows: list[TensorRow], region_ops: Sequence[OpScore],
+                     region_rows: dict[int, list[int]],
                      unjudged: Optional[dict[int, str]] = None) -> None:
     """After the blame: a region's rows say its verdict (not judged when its boundary could not
     be measured, and why where `unjudged` (region number -> why) knows; cleared or not replayed
     by its chain replay), and a blamed region's worst boundary output row is an error. Without
     `unjudged` (rejudge) the rows of a region not judged are left as they are."""
-    judged = {op.region[0].number: op for op in region_ops}
+    judged = {op.region.region.number: op for op in region_ops if op.region}
     for number, indices in region_rows.items():
         op = judged.get(number)
         for i in indices:
@@ -242,15 +278,15 @@ def mark_region_rows(rows: list[Any], region_ops: list[Any], region_rows: dict[i
                 cleared = ": its own error is its dtypes', any difference is inherited" \
                     if op.replay.replayed else ""
                 rows[i] = replace(row, reason=f"{row.reason}; {op.replay.describe()}{cleared}")
-        if op is not None and op.local and op.worst_out is not None:
-            worst = rows[op.worst_out]
+        if op is not None and op.region is not None and op.local and op.worst_out is not None:
+            worst, label = rows[op.worst_out], op.region.region.label()
             if worst.result != ERROR:
                 rows[op.worst_out] = replace(worst, result=ERROR, accuracy_reached="No",
                                              reason=f"{worst.reason}; the output of "
-                                                    f"{op.region[0].label()}: local error")
+                                                    f"{label}: local error")
 
 
-def unjudged_note(regions: list[Region], region_ops: list[Any], rows: list[Any],
+def unjudged_note(regions: list[Region], region_ops: Sequence[OpScore], rows: list[TensorRow],
                   found: bool, compiled: bool = False,
                   policy: Optional[Policy] = None) -> Optional[str]:
     """"inconclusive: ..." when nothing was blamed, tensors differ, and a region could not be
@@ -263,7 +299,7 @@ def unjudged_note(regions: list[Region], region_ops: list[Any], rows: list[Any],
     Inductor's compiled backward not judged whose results recorded ops may read
     (`Region.feeds_backward`; a twin mispaired there makes the answer inconclusive, never a
     false claim of agreement)."""
-    judged = {op.region[0].number for op in region_ops}
+    judged = {op.region.region.number for op in region_ops if op.region}
     skipped = [r for r in regions if r.number not in judged]
     run = run_precision(rows) if compiled else None
     beyond = [row for row in rows if row.result in (ERROR, WARNING) and not row.region
@@ -295,7 +331,7 @@ def unjudged_note(regions: list[Region], region_ops: list[Any], rows: list[Any],
             f"difference may start there; no op elsewhere is blamed")
 
 
-def unrecorded_note(regions: list[Region], region_ops: list[Any], target: list[Record],
+def unrecorded_note(regions: list[Region], region_ops: Sequence[OpScore], target: list[Record],
                     found: bool) -> Optional[str]:
     """Where nothing was blamed: the regions of Inductor's compiled backward not judged whose
     results recorded ops do not read (`Region.feeds_backward` False: the last kernel, making
@@ -303,7 +339,7 @@ def unrecorded_note(regions: list[Region], region_ops: list[Any], target: list[R
     gradient). A difference they make shows in no tensor compared: said, not hidden."""
     if found:
         return None
-    judged = {op.region[0].number for op in region_ops}
+    judged = {op.region.region.number for op in region_ops if op.region}
     left = [r for r in regions if r.number not in judged and r.phase == Phase.BACKWARD and
             not r.feeds_backward and r.target and any(by_inductor(target[i]) for i in r.target)]
     if not left:
@@ -317,30 +353,24 @@ def unrecorded_note(regions: list[Region], region_ops: list[Any], target: list[R
             f"parameter gradients are compared")
 
 
-def op_list(records: list[Record], indices: list[int], locate: Any) -> list[dict[str, Any]]:
+def op_list(records: list[Record], indices: list[int],
+            locate: Callable[[Record], Optional[Location]]) -> list[ListedOp]:
     """[{"name", "op", "location", "module"}] of a side's region ops (`locate(record)` ->
     Location|None; `module` the module call the op ran in)."""
-    out = []
-    for i in indices:
-        rec = records[i]
-        loc = locate(rec)
-        out.append({"name": rec["name"], "op": rec["op"],
-                    "location": None if loc is None else {"file": loc.file, "line": loc.line,
-                                                          "code": loc.code},
-                    "module": rec.get("module")})
-    return out
+    return [{"name": records[i]["name"], "op": records[i]["op"],
+             "location": source_line(locate(records[i])), "module": records[i].get("module")}
+            for i in indices]
 
 
-def region_members(op: Any) -> Optional[list[str]]:
+def region_members(op: OpScore) -> Optional[list[str]]:
     """The target records a region's score (`blame.OpScore` of kind region) stands for, in
     execution order: what its chain replay re-runs (`replay.chain`); None for any other op and
     for a region without target ops (a one-sided region of the target's is replayed: its
     arithmetic checked; whether golden, which runs no op there, agrees is the boundary's to say,
-    `computes_another_function`).
-    """
-    if op.kind != REGION or op.region is None or not op.region[1].target_ops:
+    `computes_another_function`)."""
+    if op.kind != REGION or op.region is None or not op.region.listed.target_ops:
         return None     # (a region of golden's ops alone: nothing of the target's to replay)
-    return [o["name"] for o in op.region[1].target_ops]
+    return [o["name"] for o in op.region.listed.target_ops]
 
 
 # How much a region whose ops compute golden's function may amplify its inputs' difference
@@ -349,7 +379,7 @@ def region_members(op: Any) -> Optional[list[str]]:
 CONDITIONING = 100.0
 
 
-def computes_another_function(op: Any, local: Any, rows: list[Any], policy: Any) -> str:
+def computes_another_function(op: OpScore, local: Any, rows: list[TensorRow], policy: Policy) -> str:
     """Why a region the boundary blamed stays blamed though its chain replay found the target's
     arithmetic right (`local`, a replay.chain.ChainError), or "".
 
@@ -366,7 +396,7 @@ def computes_another_function(op: Any, local: Any, rows: list[Any], policy: Any)
     return ""
 
 
-def another_function_words(op: Any, rows: list[Any]) -> str:
+def another_function_words(op: OpScore, rows: list[TensorRow]) -> str:
     """The clause a region blamed though its replay cleared its arithmetic says (above); ""
     for any other op."""
     replay = getattr(op, "replay", None)
@@ -382,7 +412,8 @@ def another_function_words(op: Any, rows: list[Any]) -> str:
             f"golden's ops")
 
 
-def _replayed_outputs(op: Any, replay: Any, rows: list[Any]) -> list[tuple[Any, float, Any, Any]]:
+def _replayed_outputs(op: OpScore, replay: Any, rows: list[TensorRow]
+                      ) -> list[tuple[Any, float, Optional[str], Optional[str]]]:
     own = {t.name: t.error for t in replay.tensors}
     out = []
     for row_index, measured, t_dtype, g_dtype in op.outputs:
@@ -392,14 +423,15 @@ def _replayed_outputs(op: Any, replay: Any, rows: list[Any]) -> list[tuple[Any, 
     return out
 
 
-def made_tensor(op: Any, measured: Optional[str]) -> Optional[str]:
+def made_tensor(op: OpScore, measured: Optional[str]) -> Optional[str]:
     """The tensor a region made that a boundary output row measures (measured where a paired
     op reads it: that reader's input name); `measured` itself for any other op."""
-    made = (op.region[2] or {}) if op.kind == REGION and op.region is not None else {}
+    made = op.region.made if op.kind == REGION and op.region is not None else {}
     return made.get(measured, measured) if measured else measured
 
 
-__all__ = ["REGION", "Region", "RegionOps", "find_regions", "members", "absorb",
-           "label_number", "mark_region_rows", "unjudged_note", "unrecorded_note",
-           "common_module", "op_list", "region_members", "made_tensor",
-           "computes_another_function", "another_function_words", "CONDITIONING"]
+__all__ = ["REGION", "Region", "RegionOps", "RegionUnit", "ListedOp", "SourceLine",
+           "source_line", "find_regions", "members", "absorb", "mark_region_rows",
+           "unjudged_note", "unrecorded_note", "common_module", "op_list", "region_members",
+           "made_tensor", "computes_another_function", "another_function_words",
+           "CONDITIONING"]

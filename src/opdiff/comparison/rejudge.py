@@ -20,8 +20,8 @@ What it cannot redo, because it needs the dumps:
 - rows.jsonl written before the rows carried `leaf`, `leaf_tensor`, `reader`, `leaf_strict`,
   `rng` and `leaf_input` (what the origin rules read): there a leaf origin is found again only
   as the leaf record itself, and a random op as its own error;
-- rows.jsonl written before region rows carried what a region's verdict says of its boundary
-  (`region_marks.py`: how its ops read its inputs, the tensors it made, its module call): there
+- results written before a region's facts held what its verdict says of its boundary
+  (`region_facts.py`: how its ops read its inputs, the tensors it made, its module call): there
   a region's inputs are named as they were measured;
 - the noise-around-zero rule takes its scale from the statistics' norms (a compare measures it
   from the tensors: the same number in the dump's precision).
@@ -42,10 +42,10 @@ from .facts import for_pair
 from .judgement import judge_pair
 from .metric_table import Measurement
 from .reasons import statistics_limits, with_context
-from .region_marks import regions_from_rows
+from .region_facts import units_of
 from .result import UNMATCHED, CompareResult, Divergence, Note, TensorRow, count, note_kind, noted
 from .runs import merge
-from .scores import add_row, op_facts, op_score
+from .scores import Entry, add_row, op_facts, op_score
 from .verdicts import Policy, Thresholds
 
 NOTE = "re-judged from the saved metrics with other thresholds (replay not redone)"
@@ -76,8 +76,10 @@ def rejudge(result: CompareResult, thresholds: Thresholds | dict[str, Any] | str
 def _pair(result: CompareResult, rows: list[TensorRow], policy: Policy, step: Optional[int],
           rank: Optional[int]) -> CompareResult:
     rows = list(rows)
+    facts = for_pair(result.facts, rows, step, rank)    # what the compare's plan decided
+    unjudged = facts.unjudged_rows()
     scores: dict[str, OpScore] = {}
-    entries: dict[int, Any] = {}
+    entries: dict[int, Entry] = {}
     for i, row in enumerate(rows):
         score = scores.get(row.op_name)
         if score is None:
@@ -88,13 +90,13 @@ def _pair(result: CompareResult, rows: list[TensorRow], policy: Policy, step: Op
         if m is None:
             continue
         rows[i] = row = _judged(row, m, policy)
-        if forced.unjudged(row):        # a forced pair's output not judged on its own
-            rows[i] = forced.marked(row, forced.UNJUDGED, row.op_name)
+        if row.target_name in unjudged:     # a forced pair's output not judged on its own
+            rows[i] = forced.not_judged(row)
             continue
         entries[i] = add_row(score, i, row, m)
-    forced.carry(rows, scores, entries)     # its inputs measured where the target made them
-    region_ops, region_rows = regions_from_rows(rows, entries, OpScore)
-    facts = for_pair(result.facts, rows, step, rank)    # what the compare's plan decided
+    measured = {rows[i].target_name: entry for i, entry in entries.items()}
+    forced.carry(facts, scores, measured)   # measured where the target made them
+    region_ops, region_rows = units_of(facts.regions, rows, entries)
     divergence, _held = judge_pair(list(scores.values()) + region_ops, rows, facts, policy,
                                    regions=(region_ops, region_rows, None))
     if divergence is not None:

@@ -140,11 +140,8 @@ class TensorRow:
     rng: tuple[Any, ...] = ()           # random ops: (target's, golden's) generator fingerprints
     leaf_input: Optional[str] = None    # an input row that is a leaf: "parameter <fqn>", "outside <name>"
     region: Optional[str] = None        # the tensor of an op in a region ("region 2 in model.layers.0.self_attn")
-    # marks `rejudge` reads back: a region's boundary tensor ("in:Region.2.forward", "out:...")
-    # and what its verdict says of it ("reads:...", "made:...", "module:...", "unpaired:...":
-    # comparison/region_marks.py), a forced op pair's input measured elsewhere or unjudged output
-    # ("in:<op>", "unjudged:<op>"); older files also "withheld:<op>" and "exposed:<op>", now
-    # `CompareResult.facts` (read through `facts.PairFacts.from_marks`)
+    # rows.jsonl of an older opdiff: what its pair's plan decided, as marks ("in:Region.2.forward",
+    # "withheld:<op>", ...), read only by `facts.PairFacts.from_marks`; now `CompareResult.facts`
     boundary: tuple[str, ...] = ()
 
 

@@ -16,8 +16,9 @@ CompareResult.
                     | {"step", "rank", "side", "why": "killed" | "disk full" | "write failed",
                        "records", "last_record", "compared": true}],   (compared up to the cut)
      "notes": [...], "note_kinds": [each note's kind, `Note.KINDS`],
-     "facts": [{"step", "rank", "withheld": [record], "exposed": [record]}],  (what a pair's
-                                               plan decided that rejudge needs: PairFacts)
+     "facts": [{"step", "rank", "withheld": [record], "exposed": [record],
+                "regions": [{"number", "phase", "inputs": [row], ...}], "forced": [...]}],
+                                   (what a pair's plan decided that rejudge needs: PairFacts)
      "worst": [the 10 tensors with the largest error], "files": {...},
      "evidence": {"verdict", "culprit", "confidence", "facts", "next"}}   (`opdiff.explain`)
 

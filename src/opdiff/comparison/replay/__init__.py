@@ -22,13 +22,16 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ...store.schema import Kind
 from ..workers import watch_parent
 from .calls import NotReplayable, rebuild_call, resolve
 from .chain import ChainError, Readers, replay_region
 from .local import LocalError, TensorLocalError, replay_record
+
+if TYPE_CHECKING:
+    from ..verdicts import Policy
 
 log = logging.getLogger("opdiff")
 
@@ -44,7 +47,7 @@ class Replayer:
     """
 
     def __init__(self, dump: Any, records: Optional[list[dict[str, Any]]] = None,
-                 policy: Any = None, jobs: Optional[int] = None, shortcut: bool = True):
+                 policy: Optional["Policy"] = None, jobs: Optional[int] = None, shortcut: bool = True):
         if policy is None:
             from ..verdicts import Policy
             policy = Policy()
@@ -318,7 +321,7 @@ def _idle_core(cores: int, samples: int = 5) -> bool:
 _WORKER: Optional[Replayer] = None
 
 
-def _worker_init(path: str, policy: Any, shortcut: bool = True) -> None:
+def _worker_init(path: str, policy: "Policy", shortcut: bool = True) -> None:
     global _WORKER
     import torch
 

@@ -29,7 +29,7 @@ replayed" with the reason; nothing is guessed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
@@ -41,6 +41,10 @@ from .chainrun import Leaves, Readers, judge_outputs, output_slots, producer_of,
 from .local import compute_dtype
 from .rules import TensorLocalError
 from .running import rng_guard, shielded, vjp
+from .calls import Load
+
+if TYPE_CHECKING:
+    from ..verdicts import Policy
 
 Record = dict[str, Any]
 
@@ -53,8 +57,8 @@ class _Plan:
     # ^ backward output name -> (forward record name, argument index, key of the saved gradient)
 
 
-def judge_backward(members: list[Record], readers: Readers, load: Callable[[str], Any],
-                   policy: Any, shortcut: bool) -> tuple[str, list[TensorLocalError]]:
+def judge_backward(members: list[Record], readers: Readers, load: Load,
+                   policy: "Policy", shortcut: bool) -> tuple[str, list[TensorLocalError]]:
     """The verdict on a backward region's input gradients (see the module docstring);
     NotReplayable with the reason where it cannot be replayed."""
     plan = _plan(members, readers)
@@ -146,7 +150,7 @@ def _judged(plan: _Plan, b: Record, f: Record, inside_seqs: set[int]) -> None:
         plan.judged[f"{b['name']}.output.{i}"] = (f["name"], i, str(g["key"]))
 
 
-def _vjp(plan: _Plan, load: Callable[[str], Any], cast: Optional[torch.dtype],
+def _vjp(plan: _Plan, load: Load, cast: Optional[torch.dtype],
          grads: list[torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[Any]]:
     """The gradients of the region's inputs (by the judged names) from the forward chain run in
     float64 (cast) or its own dtypes (None), and the autocast each call ran under."""
@@ -176,7 +180,7 @@ def _is_tensor(desc: Any) -> bool:
     return isinstance(desc, dict) and desc.get("type") == "tensor"
 
 
-def _saved(load: Callable[[str], Any], key: str, what: str) -> torch.Tensor:
+def _saved(load: Load, key: str, what: str) -> torch.Tensor:
     try:
         t = load(key)
     except TensorTooLarge as exc:

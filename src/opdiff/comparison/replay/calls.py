@@ -26,6 +26,9 @@ from . import guards, sizes
 from ...store.limits import TensorTooLarge
 from ...store.records import decode_float
 
+# reads a saved tensor by its key (`DumpSource.tensor`; a replayed chain's own values first)
+Load = Callable[[str], torch.Tensor]
+
 
 class NotReplayable(Exception):
     """The op cannot be rebuilt from the dump; the message says why (shown to the user)."""
@@ -129,7 +132,7 @@ broadcast = sizes.broadcast      # (where it was first: the size check broadcast
 
 
 class _Builder:
-    def __init__(self, load: Callable[[str], Any], cast: Optional[torch.dtype], name: str,
+    def __init__(self, load: Load, cast: Optional[torch.dtype], name: str,
                  wrap: Optional[Callable[[str, torch.Tensor], torch.Tensor]] = None,
                  device: str = "cpu", op: str = ""):
         self.load, self.cast, self.name, self.wrap, self.op = load, cast, name, wrap, op
@@ -224,7 +227,7 @@ def _literal(text: str, where: str) -> Any:
     raise NotReplayable(f"{where}: argument recorded only as {text[:60]!r}")
 
 
-def rebuild_call(record: dict[str, Any], load: Callable[[str], Any],
+def rebuild_call(record: dict[str, Any], load: Load,
                  cast: Optional[torch.dtype] = None,
                  wrap: Optional[Callable[[str, torch.Tensor], torch.Tensor]] = None,
                  device: str = "cpu") -> Call:
@@ -296,12 +299,12 @@ def flat_descriptors(descs: Any) -> list[dict[str, Any]]:
     return out
 
 
-def read_once(load: Callable[[str], Any]) -> Callable[[str], Any]:
+def read_once(load: Load) -> Load:
     """`load` that reads each key once and then hands out the same tensor (a caller that
     writes makes its own copy first, as `rebuild_call` does)."""
-    seen: dict[str, Any] = {}
+    seen: dict[str, torch.Tensor] = {}
 
-    def cached(key: str) -> Any:
+    def cached(key: str) -> torch.Tensor:
         if key not in seen:
             seen[key] = load(key)
         return seen[key]

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -51,6 +51,10 @@ from .calls import NotReplayable, read_once
 from .chainrun import Readers, judge_outputs, producer_of, refusal, run_chain
 from .local import LocalError, compute_dtype, one_thread
 from .rules import TensorLocalError
+from .calls import Load
+
+if TYPE_CHECKING:
+    from ..verdicts import Policy
 
 Record = dict[str, Any]
 
@@ -89,7 +93,7 @@ class ChainError(LocalError):
 
 
 def replay_region(name: str, members: list[Record], readers: Readers,
-                  load: Callable[[str], Any], policy: Any, shortcut: bool = True) -> ChainError:
+                  load: Load, policy: "Policy", shortcut: bool = True) -> ChainError:
     """The replay verdict of the region `name` whose target ops are `members` (records, in
     execution order); `readers` is the target dump's `Readers` (who reads the region's
     outputs, and the records by name: a backward member's forward call).
@@ -118,8 +122,8 @@ def replay_region(name: str, members: list[Record], readers: Readers,
                       seconds=time.perf_counter() - start, ops=len(members), backward=backward)
 
 
-def _judge(members: list[Record], readers: Readers, load: Callable[[str], Any],
-           policy: Any, shortcut: bool) -> tuple[str, list[TensorLocalError]]:
+def _judge(members: list[Record], readers: Readers, load: Load,
+           policy: "Policy", shortcut: bool) -> tuple[str, list[TensorLocalError]]:
     refused = refusal(members)
     if refused:
         raise NotReplayable(refused)

@@ -21,7 +21,7 @@ Shared by a forward region's replay (`replay.chain`) and a backward region's
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
@@ -32,6 +32,10 @@ from .calls import NotReplayable, flat_tensors, rebuild_call
 from .kernels import program_refusal, run_program
 from .rules import TensorLocalError, judge_tensor, settle
 from .running import autocast_to, rng_guard, shielded
+from .calls import Load
+
+if TYPE_CHECKING:
+    from ..verdicts import Policy
 
 Record = dict[str, Any]
 _LOW = (torch.bfloat16, torch.float16)
@@ -106,7 +110,7 @@ class Leaves:
     made: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
 
 
-def run_chain(members: list[Record], load: Callable[[str], Any], cast: Optional[torch.dtype],
+def run_chain(members: list[Record], load: Load, cast: Optional[torch.dtype],
               wanted: list[str], grads: Optional[Leaves] = None
               ) -> tuple[dict[str, torch.Tensor], list[Optional[torch.dtype]]]:
     """Run the members in order (cast: float64, or None for their own dtypes); returns the
@@ -154,7 +158,7 @@ def _keep(rec: Record, outs: list[torch.Tensor], values: dict[str, torch.Tensor]
         values[n] = out if graph else out.detach()
 
 
-def _kernel(rec: Record, load: Callable[[str], Any], cast: Optional[torch.dtype],
+def _kernel(rec: Record, load: Load, cast: Optional[torch.dtype],
             backward: bool, values: dict[str, torch.Tensor]) -> None:
     """A compiled kernel of the chain, run as its stored program (replay/kernels.py): the
     outputs it names join `values`; one it does not name (Inductor's internal buffers) is
@@ -197,13 +201,13 @@ def _fed(rec: Record, seqs: dict[Any, Record], values: dict[str, torch.Tensor],
     return fed
 
 
-def _loader(fed: dict[str, torch.Tensor], load: Callable[[str], Any]) -> Callable[[str], Any]:
+def _loader(fed: dict[str, torch.Tensor], load: Load) -> Load:
     def chain_load(key: str) -> Any:
         return fed[key] if key in fed else load(key)
     return chain_load
 
 
-def _run(rec: Record, load: Callable[[str], Any], cast: Optional[torch.dtype],
+def _run(rec: Record, load: Load, cast: Optional[torch.dtype],
          want: Optional[set[int]]
          ) -> tuple[list[torch.Tensor], Optional[torch.dtype], dict[int, torch.Tensor]]:
     """One op of the chain: in float64 (autocast off), or in its own dtypes under the CPU
@@ -230,7 +234,7 @@ def _run(rec: Record, load: Callable[[str], Any], cast: Optional[torch.dtype],
                         f"dtypes ({', '.join(recorded)})")
 
 
-def _call(rec: Record, load: Callable[[str], Any], cast: Optional[torch.dtype],
+def _call(rec: Record, load: Load, cast: Optional[torch.dtype],
           autocast: Optional[torch.dtype], want: Optional[set[int]]
           ) -> tuple[list[torch.Tensor], dict[int, torch.Tensor]]:
     """Run one record's call; with `want` (None: no autograd), under autograd with those
@@ -262,7 +266,7 @@ def _call(rec: Record, load: Callable[[str], Any], cast: Optional[torch.dtype],
 
 def judge_outputs(targets: dict[str, torch.Tensor], exact: dict[str, torch.Tensor],
                   reference: Callable[[], tuple[dict[str, torch.Tensor], list[Any]]],
-                  policy: Any, low: Optional[str], shortcut: bool
+                  policy: "Policy", low: Optional[str], shortcut: bool
                   ) -> tuple[str, list[TensorLocalError]]:
     """The verdict on what the target saved ({name: tensor}) against the float64 chain's
     `exact`, as one replayed op's (`rules.settle`; where that cannot decide, `judge_tensor`

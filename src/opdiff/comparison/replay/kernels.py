@@ -22,7 +22,7 @@ reference that is not an earlier step or a saved input refuses the whole program
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 
@@ -30,6 +30,7 @@ from ... import ops
 from .calls import NotReplayable, flat_tensors, read_once, rebuild_call
 from .running import rng_guard, shielded
 from .tensors import Replayed
+from .calls import Load
 
 Record = dict[str, Any]
 MAX_STEPS = 400
@@ -114,7 +115,7 @@ def _descriptor(arg: dict[str, Any], cast: Optional[torch.dtype]) -> dict[str, A
     return arg
 
 
-def _run(record: Record, steps: list[dict[str, Any]], load: Callable[[str], Any],
+def _run(record: Record, steps: list[dict[str, Any]], load: Load,
          cast: Optional[torch.dtype], wanted: set[int]) -> dict[int, torch.Tensor]:
     """Run the program; returns the results of the steps in `wanted`."""
     inputs = record["inputs"]
@@ -159,7 +160,7 @@ def program_refusal(record: Record) -> Optional[str]:
     return None
 
 
-def run_program(record: Record, load: Callable[[str], Any], cast: Optional[torch.dtype]
+def run_program(record: Record, load: Load, cast: Optional[torch.dtype]
                 ) -> dict[int, torch.Tensor]:
     """A kernel record's program run on `load`ed inputs (the saved ones, or a region chain's
     values under their keys): {output index: tensor} of the outputs it names, in float64
@@ -169,7 +170,7 @@ def run_program(record: Record, load: Callable[[str], Any], cast: Optional[torch
     return {o: made[j] for o, j in pairs}
 
 
-def kernel_tensors(record: Record, load: Callable[[str], Any]) -> Replayed:
+def kernel_tensors(record: Record, load: Load) -> Replayed:
     """Re-run a kernel record's program in float64 and in its own dtypes on the CPU; the
     target is each output the program names, as the dump saved it. Raises NotReplayable with
     the reason (a refusal of an untrusted program says "untrusted: ...")."""

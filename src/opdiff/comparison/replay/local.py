@@ -35,7 +35,7 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
@@ -49,6 +49,10 @@ from .direct import (backward_float32, backward_reference, exact_in_dtype, forwa
 from .running import autocast_to, rng_guard, shielded, threads, vjp
 from .rules import (RATIO, SIGMAS, TensorLocalError, judge_bounded, judge_measured, judge_tensor,
                     settle)
+from .calls import Load
+
+if TYPE_CHECKING:
+    from ..verdicts import Policy
 
 REPLAY_THREADS = 1
 
@@ -122,7 +126,7 @@ def one_thread() -> contextlib.AbstractContextManager[None]:
     return threads(REPLAY_THREADS)
 
 
-def _run(record: dict[str, Any], load: Callable[[str], Any], cast: Optional[torch.dtype],
+def _run(record: dict[str, Any], load: Load, cast: Optional[torch.dtype],
          autocast: Optional[torch.dtype], leaves_for: Optional[list[int]] = None,
          grads: Optional[dict[int, torch.Tensor]] = None, device: str = "cpu",
          seen: Optional[list[torch.dtype]] = None) -> list[Any]:
@@ -167,7 +171,7 @@ def _run(record: dict[str, Any], load: Callable[[str], Any], cast: Optional[torc
     return [by_key.get(call.tensors[i][0]) if i < len(call.tensors) else None for i in leaves_for]
 
 
-def _reference(record: dict[str, Any], load: Callable[[str], Any],
+def _reference(record: dict[str, Any], load: Load,
                recorded: list[Optional[torch.dtype]],
                known: Optional[dict[str, Optional[torch.dtype]]] = None,
                leaves_for: Optional[list[int]] = None,
@@ -215,14 +219,14 @@ def _dtype(desc: dict[str, Any]) -> Optional[torch.dtype]:
     return getattr(torch, str(desc.get("dtype", "")).replace("torch.", ""), None)
 
 
-def _load_target(load: Callable[[str], Any], desc: dict[str, Any], where: str) -> torch.Tensor:
+def _load_target(load: Load, desc: dict[str, Any], where: str) -> torch.Tensor:
     t: Optional[torch.Tensor] = load(desc["key"]) if desc.get("key") else None
     if t is None:
         raise NotReplayable(f"{where} was not saved")
     return t
 
 
-def replay_record(record: dict[str, Any], load: Callable[[str], Any], policy: Any,
+def replay_record(record: dict[str, Any], load: Load, policy: "Policy",
                   forward_record: Optional[dict[str, Any]] = None,
                   known: Optional[dict[str, Optional[torch.dtype]]] = None,
                   shortcut: bool = True) -> LocalError:
@@ -272,7 +276,7 @@ def compute_dtype(*records: dict[str, Any]) -> Optional[str]:
     return str(min(floats, key=lambda d: torch.finfo(d).bits)).replace("torch.", "")
 
 
-def _forward(record: dict[str, Any], load: Callable[[str], Any], policy: Any,
+def _forward(record: dict[str, Any], load: Load, policy: "Policy",
              known: Optional[dict[str, Optional[torch.dtype]]] = None, shortcut: bool = True
              ) -> tuple[str, list[TensorLocalError]]:
     quick = _settled_float32(record, load, policy) if shortcut else None
@@ -292,7 +296,7 @@ def _forward(record: dict[str, Any], load: Callable[[str], Any], policy: Any,
         for s, (n, t, e), r in zip(settled, out, reference)]
 
 
-def _settled_float32(record: dict[str, Any], load: Callable[[str], Any], policy: Any
+def _settled_float32(record: dict[str, Any], load: Load, policy: "Policy"
                      ) -> Optional[tuple[str, list[TensorLocalError]]]:
     """A low-precision output settled on a float32 run with a proven bound (a conv2d:
     `direct.forward_float32`), else None: the float64 run decides. (A float32 output's rounding
@@ -314,8 +318,8 @@ def _settled_float32(record: dict[str, Any], load: Callable[[str], Any], policy:
     return _floor_name(recorded), [s for s in settled if s is not None]
 
 
-def _backward(record: dict[str, Any], fwd: dict[str, Any], load: Callable[[str], Any],
-              policy: Any, known: Optional[dict[str, Optional[torch.dtype]]] = None,
+def _backward(record: dict[str, Any], fwd: dict[str, Any], load: Load,
+              policy: "Policy", known: Optional[dict[str, Optional[torch.dtype]]] = None,
               shortcut: bool = True) -> tuple[str, list[TensorLocalError]]:
     leaves, g_plain, recorded, exact, slacks = _backward_exact(record, fwd, load, shortcut)
     low = compute_dtype(record, fwd)
@@ -366,7 +370,7 @@ def _floor_name(dtypes: list[Optional[torch.dtype]]) -> str:
     return f"rounding to {str(low).replace('torch.', '')}" if low else "exact result"
 
 
-def _forward_exact(record: dict[str, Any], load: Callable[[str], Any], native: bool = False
+def _forward_exact(record: dict[str, Any], load: Load, native: bool = False
                    ) -> tuple[list[tuple[str, dict[str, Any]]], list[Optional[torch.dtype]],
                               list[Any]]:
     """The record's outputs (name, descriptor), their recorded dtypes and the float64 run
@@ -384,7 +388,7 @@ def _forward_exact(record: dict[str, Any], load: Callable[[str], Any], native: b
     return outputs, recorded, exact
 
 
-def _backward_exact(record: dict[str, Any], fwd: dict[str, Any], load: Callable[[str], Any],
+def _backward_exact(record: dict[str, Any], fwd: dict[str, Any], load: Load,
                     bounded: bool = False
                     ) -> tuple[list[int], dict[int, torch.Tensor], list[Optional[torch.dtype]],
                                list[Any], list[float]]:
@@ -411,7 +415,7 @@ def _backward_exact(record: dict[str, Any], fwd: dict[str, Any], load: Callable[
     return leaves, g_plain, recorded, exact, [approx[i][1] if i in approx else 0.0 for i in leaves]
 
 
-def _exact_leaves(fwd: dict[str, Any], load: Callable[[str], Any], leaves: list[int],
+def _exact_leaves(fwd: dict[str, Any], load: Load, leaves: list[int],
                   g_plain: dict[int, torch.Tensor], native: bool = False) -> list[Any]:
     """The float64 gradients of `leaves` (native: in the inputs' dtype where that is exact,
     as `_forward_exact`)."""
@@ -426,7 +430,7 @@ def _exact_leaves(fwd: dict[str, Any], load: Callable[[str], Any], leaves: list[
     return exact
 
 
-def _backward_reference(fwd: dict[str, Any], load: Callable[[str], Any], leaves: list[int],
+def _backward_reference(fwd: dict[str, Any], load: Load, leaves: list[int],
                         g_plain: dict[int, torch.Tensor],
                         known: Optional[dict[str, Optional[torch.dtype]]]
                         ) -> tuple[Optional[torch.dtype], list[Any]]:

@@ -29,12 +29,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
 from .errors import (Errors, bounds_against, error_interval, errors_against, errors_and_floor,
                      gap_to_reference, rounding_floor)
+
+if TYPE_CHECKING:
+    from ..verdicts import Policy
 
 RATIO = 3.0
 SIGMAS = 4.0
@@ -56,7 +59,7 @@ class TensorLocalError:
 
 
 def judge_tensor(name: str, target: torch.Tensor, exact: torch.Tensor, reference: torch.Tensor,
-                 policy: Any, compute: Optional[str] = None) -> TensorLocalError:
+                 policy: "Policy", compute: Optional[str] = None) -> TensorLocalError:
     """Compare one target tensor and the reference kernel's with the float64 result.
 
     compute: the op's lowest-precision floating dtype (`local.compute_dtype`), when coarser than
@@ -90,7 +93,7 @@ def _compute_floor(exact: torch.Tensor, dtype: torch.dtype, compute: Optional[st
     return rounding_floor(exact, low)
 
 
-def judge_measured(name: str, dtype: str, n: int, m_t: Any, m_r: Any, policy: Any,
+def judge_measured(name: str, dtype: str, n: int, m_t: Any, m_r: Any, policy: "Policy",
                    compute: Optional[str] = None) -> TensorLocalError:
     """`judge_tensor`'s rules on measurements already taken (`errors_against`, or
     `opdiff.comparison.metrics.measure`, of the target and of the reference against the
@@ -115,7 +118,7 @@ def judge_measured(name: str, dtype: str, n: int, m_t: Any, m_r: Any, policy: An
                             m_r.scale_error, culprit)
 
 
-def settle(name: str, target: torch.Tensor, exact: torch.Tensor, policy: Any,
+def settle(name: str, target: torch.Tensor, exact: torch.Tensor, policy: "Policy",
            slack: float = 0.0, compute: Optional[str] = None) -> Optional[TensorLocalError]:
     """`judge_tensor`'s verdict when it holds whatever the reference kernel gives (a passing
     one: see the module docstring), else None (run the reference).
@@ -162,7 +165,7 @@ def settle(name: str, target: torch.Tensor, exact: torch.Tensor, policy: Any,
 
 
 def judge_bounded(name: str, target: torch.Tensor, approx: torch.Tensor, slack: float,
-                  reference: torch.Tensor, policy: Any, compute: Optional[str] = None
+                  reference: torch.Tensor, policy: "Policy", compute: Optional[str] = None
                   ) -> Optional[TensorLocalError]:
     """`judge_tensor`'s passing verdict when it holds for every float64 result within `slack`
     of `approx` (a float32 result with a proven bound, `direct.backward_float32`), else None:

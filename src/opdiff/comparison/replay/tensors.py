@@ -8,7 +8,7 @@ kernel's and the target's, with no judgement (the check's standards judge them).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 
@@ -16,6 +16,7 @@ from .calls import NotReplayable
 from .local import (_backward_exact, _backward_reference, _forward_exact, _load_target,
                     _reference, _reference_name, _run, one_thread)
 from .running import shielded
+from .calls import Load
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class Replayed:
     outputs: tuple[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor], ...]
 
 
-def replay_tensors(record: dict[str, Any], load: Callable[[str], Any],
+def replay_tensors(record: dict[str, Any], load: Load,
                    forward_record: Optional[dict[str, Any]] = None,
                    device: Optional[str] = None,
                    known: Optional[dict[str, Optional[torch.dtype]]] = None) -> Replayed:
@@ -48,14 +49,14 @@ def replay_tensors(record: dict[str, Any], load: Callable[[str], Any],
         return _forward_tensors(record, load, device, known)
 
 
-def _device_load(load: Callable[[str], Any], device: str) -> Callable[[str], Any]:
+def _device_load(load: Load, device: str) -> Load:
     def on_device(key: str) -> Any:
         t = load(key)
         return t.to(device) if isinstance(t, torch.Tensor) else t
     return on_device
 
 
-def _forward_tensors(record: dict[str, Any], load: Callable[[str], Any],
+def _forward_tensors(record: dict[str, Any], load: Load,
                      device: Optional[str],
                      known: Optional[dict[str, Optional[torch.dtype]]] = None) -> Replayed:
     outputs, recorded, exact = _forward_exact(record, load)
@@ -76,7 +77,7 @@ def _forward_tensors(record: dict[str, Any], load: Callable[[str], Any],
     return Replayed(_reference_name(recorded, autocast), tuple(out))
 
 
-def _backward_tensors(record: dict[str, Any], fwd: dict[str, Any], load: Callable[[str], Any],
+def _backward_tensors(record: dict[str, Any], fwd: dict[str, Any], load: Load,
                       device: Optional[str],
                       known: Optional[dict[str, Optional[torch.dtype]]] = None) -> Replayed:
     leaves, g_plain, recorded, exact, _ = _backward_exact(record, fwd, load)
