@@ -147,8 +147,9 @@ class StepSink:
         if len(self.pending) >= _FLUSH_EVERY:
             self.flush()
 
-    def flush(self, wait_for_tensors: bool = False) -> None:
-        """Resolve the statistics of the queued records and write them."""
+    def flush(self, wait_for_tensors: bool = False, last: bool = False) -> None:
+        """Resolve the statistics of the queued records and write them (`last`: the step's last
+        flush, after which its describer verifies nothing: no hashes of staged bytes)."""
         if not self.pending and not len(self.stats):
             if wait_for_tensors and self.writer is not None:
                 self.writer.flush(wait_for_tensors=True)
@@ -157,7 +158,7 @@ class StepSink:
             return
         with self._own():
             try:
-                self.stats.resolve()
+                self.stats.resolve(digests=not last)
             except Exception as exc:
                 self._failed("statistics", exc)
                 for record in self.pending:
