@@ -127,12 +127,21 @@ def one_block(t: torch.Tensor) -> bool:
     another order of its dimensions with positive strides (a transpose, a permute)."""
     if t.is_contiguous():
         return True
-    strides = t.stride()
-    if len(strides) == 2:       # a transpose (the common case, without a sort: 3 us less)
-        rows, cols = t.shape
-        return rows != 1 and cols != 1 and strides[0] == 1 and strides[1] == rows
+    key = (t.stride(), t.shape)     # (answered once per layout: the sort costs 3-4 us)
+    found = _layouts.get(key)
+    if found is None:
+        found = _dense(*key)
+        if len(_layouts) < 4096:
+            _layouts[key] = found
+    return found
+
+
+_layouts: dict = {}     # (strides, shape) -> whether a tensor of that layout fills one block
+
+
+def _dense(strides: tuple, shape: tuple) -> bool:
     expected = 1
-    for stride, size in sorted(zip(strides, t.shape)):   # (size-1 dimensions do not count)
+    for stride, size in sorted(zip(strides, shape)):    # (size-1 dimensions do not count)
         if size != 1:
             if stride != expected:
                 return False
