@@ -95,7 +95,7 @@ _memmove = ctypes.memmove
 def _find_memcmp():
     """The C library's memcmp (None where ctypes cannot find one: bytes are then copied and
     compared by Python)."""
-    for load in (lambda: ctypes.CDLL(None), lambda: ctypes.cdll.msvcrt):   # type: ignore[attr-defined]
+    for load in (lambda: ctypes.CDLL(None), lambda: ctypes.cdll.msvcrt):
         try:
             found = load().memcmp
         except (OSError, AttributeError, TypeError):
