@@ -231,7 +231,7 @@ def _fewer_young_collections() -> tuple | None:
     records and descriptors (some 20 small objects a record) triggered a collection every 35
     records, each scanning what the step had allocated since (1.5 ms of a 50 ms step on the
     per-op benchmark); 8 times less often still left one a step on a tiny Llama, scanning the
-    queued records and the describer's caches (2 ms; 0.4 ms for the one at 32, after the step).
+    queued records and the describer's caches (2 ms a step there; 0.4 ms at 32).
     They are freed by reference counting as before; the thresholds come back
     when the step closes (unless the program changed them meanwhile). Returns the thresholds to
     restore, or None where nothing was changed. A threshold opdiff set itself (a step of another
