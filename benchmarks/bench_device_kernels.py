@@ -51,9 +51,9 @@ def count(workload) -> tuple[int, int]:
         with counter:
             return add(self, desc, t)
 
-    def counted_resolve(self):
+    def counted_resolve(self, *args, **kwargs):
         with counter:
-            return resolve(self)
+            return resolve(self, *args, **kwargs)
 
     with tempfile.TemporaryDirectory() as root:
         dbg = opdiff.PrecisionDebugger(dump_path=root, level="mix", task="statistics")

@@ -16,9 +16,9 @@ from opdiff.capture import sink
 def test_a_threshold_opdiff_raised_is_not_raised_again(tmp_path):
     before = gc.get_threshold()
     try:
-        for _ in range(25):          # 700 * 8**25 is past a C int
+        for _ in range(25):          # 700 * 32**25 is past a C int
             sink._fewer_young_collections()     # opened, never closed
-        assert gc.get_threshold()[0] <= before[0] * 8
+        assert gc.get_threshold()[0] <= before[0] * sink._YOUNG_FACTOR
         model = torch.nn.Linear(4, 4)
         with opdiff.dump(model, tmp_path / "last", level="L1", task="statistics"):
             model(torch.randn(2, 4))
@@ -32,5 +32,5 @@ def test_a_closed_step_gives_the_thresholds_back(tmp_path):
     model = torch.nn.Linear(4, 4)
     with opdiff.dump(model, tmp_path / "d", level="L1", task="statistics"):
         model(torch.randn(2, 4))
-        assert gc.get_threshold()[0] == before[0] * 8
+        assert gc.get_threshold()[0] == before[0] * sink._YOUNG_FACTOR
     assert gc.get_threshold() == before

@@ -97,3 +97,50 @@ def test_a_transposed_view_of_a_large_tensor_read_again_is_not_taken_for_a_write
     describer.epoch += 1
     changed = describer.describe(view, "Torch.mul.1.forward", "input", 0)
     assert changed.get("outside") is True and changed["stats"] != first["stats"]
+
+
+def test_a_cloned_transpose_is_verified_by_its_bytes_then_by_the_hash_of_its_clone():
+    batch, seen = _batch()
+    t = torch.randn(6, 4).t()       # one memory block, not contiguous: cloned, not staged
+    desc: dict = {}
+    handle = batch.add(desc, t)
+    assert isinstance(handle, handles.Small) and handle.staged is None
+    assert handle.digest == handles.AT_FLUSH     # not hashed when described
+    assert batch.share({}, handle, t, "w0") is handle      # compared with the clone in place
+    batch.resolve()
+    assert handle.digest == handles.digest(t) and handle.values is None
+    assert batch.share({}, handle, t, "w1") is handle
+    t.numpy()[0, 0] = 1e6           # through NumPy: the version counter stays
+    changed: dict = {}
+    check = batch.share(changed, handle, t, "w2")
+    assert isinstance(check, handles.Small) and check.original is handle
+    batch.resolve()
+    assert changed["stats"]["max"] == 1e6 and seen == [(changed, "w2")]
+
+
+def test_a_cloned_transpose_written_outside_torch_before_its_flush_is_found():
+    batch, seen = _batch()
+    t = torch.randn(6, 4).t()
+    desc: dict = {}
+    handle = batch.add(desc, t)
+    t.numpy()[1, 2] = -1e6
+    changed: dict = {}
+    check = batch.share(changed, handle, t, "w")
+    assert check is not handle and check.original is handle
+    batch.resolve()
+    assert changed["stats"]["min"] == -1e6 and desc["stats"]["min"] > -1e6
+    assert seen == [(changed, "w")]
+
+
+def test_staged_bytes_are_hashed_only_for_tensors_that_can_be_read_again():
+    import weakref
+    batch, _ = _batch()
+    kept, gone = torch.randn(16), torch.randn(16)
+    staged = [batch.add_contiguous({}, t, t.dtype, t.numel(), t.data_ptr(), weakref.ref(t))
+              for t in (kept, gone)]
+    del gone
+    batch.resolve()
+    assert staged[0].digest == handles.digest(kept) and staged[1].digest is None
+    last = batch.add_contiguous({}, kept, kept.dtype, kept.numel(), kept.data_ptr(), weakref.ref(kept))
+    batch.resolve(digests=False)     # the step's last flush: no reader is left
+    assert last.digest is None and last.stats == staged[0].stats

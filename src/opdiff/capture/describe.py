@@ -290,14 +290,15 @@ class Describer:
         block = (ptr, numel, dtype) if contiguous or one_block(t) else None
         handle = self._same_block(block, version) if block is not None and block in self._blocks \
             else None
+        ref = weakref.ref(t)
         if handle is not None:
             self.stats.share(desc, handle, t, (record, role, slot, key, dtype))
             block = None     # the block's entry stays its first tensor's
         elif contiguous:
-            handle = self.stats.add_contiguous(desc, t, dtype, numel, ptr)
+            handle = self.stats.add_contiguous(desc, t, dtype, numel, ptr, ref)
         else:
             handle = self.stats.add(desc, t)
-        entry = (weakref.ref(t), version, handle,
+        entry = (ref, version, handle,
                  {"type": "tensor", "dtype": desc["dtype"], "shape": desc["shape"], "device": "cpu"})
         self._keep_stats(key, entry, address, block)
 

@@ -18,6 +18,10 @@ handle that knows how its numbers were made:
 - a small contiguous CPU tensor (<= 16k elements, most of a step's tensors): its bytes, read in
   place (no torch op), are compared with those copied when it was first described (host_stage.py),
   or, once they were reduced at a flush, with their hash;
+- a small tensor over one memory block that was cloned (a transpose): its bytes are compared in
+  place with the clone's, or, once the clone was reduced at a flush, with the hash the flush
+  took of the clone's bytes (the same bytes in the same order: a clone keeps a dense tensor's
+  strides);
 - another small tensor (or one whose hash differs): its values are copied again when it is read
   (a clone, or one staging copy on a device) and its statistics, reduced at flush with the
   others, are compared with those of its first description (`settle`);
@@ -37,7 +41,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from ..store.records import encode_float
-from .host_stage import flat_in_memory_order, one_block, same_bytes
+from .host_stage import flat_in_memory_order, one_block, same_bytes, same_memory
 
 # The dtypes whose CPU statistics are reduced where they lie (stats.cpu_stats), so that a sum
 # taken again is comparable with the mean they gave.
@@ -111,6 +115,9 @@ class DeviceVector(tuple, Handle):
 
 
 STAGED = object()    # `Small.values` while they wait in a staging buffer
+# `Small.digest` of a clone over one memory block: hashed from the clone at flush (hash() never
+# returns -1 in CPython, so no digest of any bytes is this value)
+AT_FLUSH = -1
 
 
 class Small(Handle):
@@ -119,15 +126,18 @@ class Small(Handle):
     device_stage.py). Once reduced, `values` is None and `stats` holds the statistics (None if
     the reduction failed). A check made by `verify` keeps its values until `settle`."""
 
-    __slots__ = ("values", "stats", "descs", "original", "where", "digest", "staged", "columns")
+    __slots__ = ("values", "stats", "descs", "original", "where", "digest", "staged", "columns",
+                 "ref")
 
     def __init__(self, values: Any, desc: dict):
         self.values, self.stats, self.descs = values, None, [desc]
         self.original: Small | None = None   # a check: the first description
         self.where: Any = None
-        self.digest: int | None = None     # a contiguous CPU tensor's bytes, hashed
-        self.staged: tuple | None = None   # (host buffer, offset, bytes) until flush (host_stage.py)
+        self.digest: int | None = None     # a contiguous CPU tensor's bytes, hashed (or AT_FLUSH)
+        # (host buffer, offset, bytes, address) until flush (host_stage.py)
+        self.staged: tuple | None = None
         self.columns: tuple | None = None  # its reductions, when its buffer made them at flush
+        self.ref: Any = None   # a weak reference to its tensor, where the describer made one
 
     def share(self, batch: Any, desc: dict) -> None:
         if self.values is None:      # reduced already (or failed: None)
@@ -142,6 +152,8 @@ class Small(Handle):
             return None
         if self.staged is not None and same_bytes(self, t):
             return None     # (its bytes, copied when first described, still wait for the flush)
+        if self.digest == AT_FLUSH and same_clone(self.values, t):
+            return None     # (its clone still waits for the flush)
         check = batch.snapshot(desc, t)
         if check is not None:
             check.original, check.where = self, where
@@ -166,6 +178,17 @@ def digest(t: torch.Tensor) -> int:
     return hash(ctypes.string_at(t.data_ptr(), t.numel() * t.element_size()))
 
 
+def same_clone(values: Any, t: torch.Tensor) -> bool:
+    """Whether `values`, a clone of a tensor over one memory block (same strides), holds t's
+    bytes: compared in place, in memory order."""
+    if not isinstance(values, torch.Tensor):
+        return False
+    nbytes = t.numel() * t.element_size()
+    if values.numel() * values.element_size() != nbytes or not one_block(t) or not one_block(values):
+        return False
+    return same_memory(t.data_ptr(), values.data_ptr(), nbytes)
+
+
 def same_sum(t: torch.Tensor, stats: dict) -> bool:
     """Whether t's sum is still the one its statistics' mean came from (float32/64 tensors:
     cpu_stats sums them the same way); False when it cannot tell cheaply."""
@@ -176,5 +199,5 @@ def same_sum(t: torch.Tensor, stats: dict) -> bool:
     return encode_float(flat.sum().item() / flat.numel()) == stats.get("mean")
 
 
-__all__ = ["Handle", "Known", "NO_STATS", "DeviceVector", "Small", "STAGED", "settle", "digest",
-           "same_sum", "SUMMED_AS_IS"]
+__all__ = ["Handle", "Known", "NO_STATS", "DeviceVector", "Small", "STAGED", "AT_FLUSH", "settle",
+           "digest", "same_clone", "same_sum", "SUMMED_AS_IS"]

@@ -6,7 +6,11 @@ The copy is one `memmove` from the tensor's memory block into a NumPy buffer of 
 torch op (a clone is a dispatcher round trip, twice the host time), no NumPy view of the user's
 storage (that would make it unresizable for good), the version counter untouched. At flush each
 buffer becomes float64 values in one conversion, and the bytes of every tensor are hashed there
-(handles.py compares a later read with that hash), not when it is described.
+(handles.py compares a later read with that hash), not when it is described; a read before the
+flush compares its bytes with the staged copy in place (`same_bytes`, one `memcmp`). Nothing is
+hashed for a tensor that is gone by then (most of a step's activations and gradients at its last
+flushes), nor at the step's last flush: its describer, the only reader of the hashes, ends with
+the step.
 
 Only contiguous tensors of a dtype NumPy reads exactly are staged (`stageable`); the others are
 cloned as before. (A transposed tensor fills one block too, but its values would be summed in
@@ -88,6 +92,30 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _memmove = ctypes.memmove
 
 
+def _find_memcmp():
+    """The C library's memcmp (None where ctypes cannot find one: bytes are then copied and
+    compared by Python)."""
+    for load in (lambda: ctypes.CDLL(None), lambda: ctypes.cdll.msvcrt):
+        try:
+            found = load().memcmp
+        except (OSError, AttributeError, TypeError):
+            continue
+        found.restype = ctypes.c_int
+        found.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+        return found
+    return None
+
+
+_memcmp = _find_memcmp()
+
+
+def same_memory(a: int, b: int, nbytes: int) -> bool:
+    """Whether the `nbytes` bytes at addresses a and b are the same (compared in place)."""
+    if _memcmp is not None:
+        return _memcmp(a, b, nbytes) == 0
+    return ctypes.string_at(a, nbytes) == ctypes.string_at(b, nbytes)
+
+
 def stageable(t: torch.Tensor) -> bool:
     """Whether `put` can take t (a small, non-empty, strided CPU tensor is assumed)."""
     return (type(t) in _PLAIN and t.dtype in _NUMPY and not t.is_neg() and not t.is_conj()
@@ -99,11 +127,25 @@ def one_block(t: torch.Tensor) -> bool:
     another order of its dimensions with positive strides (a transpose, a permute)."""
     if t.is_contiguous():
         return True
+    key = (t.stride(), t.shape)     # (answered once per layout: the sort costs 3-4 us)
+    found = _layouts.get(key)
+    if found is None:
+        found = _dense(*key)
+        if len(_layouts) < 4096:
+            _layouts[key] = found
+    return found
+
+
+_layouts: dict = {}     # (strides, shape) -> whether a tensor of that layout fills one block
+
+
+def _dense(strides: tuple, shape: tuple) -> bool:
     expected = 1
-    for stride, size in sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz != 1):
-        if stride != expected:
-            return False
-        expected *= size
+    for stride, size in sorted(zip(strides, shape)):    # (size-1 dimensions do not count)
+        if size != 1:
+            if stride != expected:
+                return False
+            expected *= size
     return True
 
 
@@ -171,13 +213,13 @@ class HostStaging(PooledWork):
         start = chunk[2]
         _memmove(chunk[1] + start, ptr, nbytes)
         chunk[2] = start + nbytes
-        pending.staged = (chunk[0], start, nbytes)
+        pending.staged = (chunk[0], start, nbytes, chunk[1] + start)
         self.waiting.append((pending, len(chunks) - 1, start, nbytes))
 
-    def fetch(self) -> None:
-        """Hand each waiting tensor its values as float64, the hash of its bytes, and its
-        reductions (`columns`): each buffer is reduced where it lies, its tensors being
-        consecutive segments of it.
+    def fetch(self, digests: bool = True) -> None:
+        """Hand each waiting tensor its values as float64, the hash of its bytes (unless not
+        `digests`: nothing will read them), and its reductions (`columns`): each buffer is
+        reduced where it lies, its tensors being consecutive segments of it.
 
         The values are views of a work buffer that is reused once `release` gives it back: they
         are read before this flush ends (stats.StatsBatch.resolve), and copied by whatever
@@ -196,7 +238,9 @@ class HostStaging(PooledWork):
                 reduced = reduce_segments(_native(buf[:used], self.np_dtype), wide_all[offset:offset + n],
                                           squares_all[offset:offset + n], segments)
                 for (pending, _, start, nbytes), (values, columns) in zip(entries, reduced):
-                    pending.digest = hash(buf[start:start + nbytes].tobytes())
+                    # (a tensor gone is never read again: nothing to verify)
+                    if digests and (pending.ref is None or pending.ref() is not None):
+                        pending.digest = hash(buf[start:start + nbytes].tobytes())
                     pending.staged = None
                     pending.values, pending.columns = values, columns
             offset += n
@@ -208,10 +252,10 @@ class HostStaging(PooledWork):
 def same_bytes(pending, t: torch.Tensor) -> bool:
     """Whether t's memory block holds the bytes staged for `pending` (still waiting for its
     flush); False when t does not fill one block (handles.py then copies it again)."""
-    buf, start, nbytes = pending.staged
+    nbytes, address = pending.staged[2:]
     if t.numel() * t.element_size() != nbytes or not one_block(t):
         return False
-    return ctypes.string_at(t.data_ptr(), nbytes) == buf[start:start + nbytes].tobytes()
+    return same_memory(t.data_ptr(), address, nbytes)
 
 
 def _native(raw: np.ndarray, np_dtype) -> np.ndarray:
@@ -240,4 +284,4 @@ def columns_of(native: np.ndarray, wide: np.ndarray, starts: np.ndarray,
 
 
 __all__ = ["HOST_DTYPES", "HostStaging", "PooledWork", "columns_of", "pool", "reduce_segments", "same_bytes",
-           "stageable", "flat_in_memory_order"]
+           "same_memory", "stageable", "flat_in_memory_order"]

@@ -154,7 +154,7 @@ class Session:
     def close_step(self) -> None:
         """Flush and close this step's dump; counters restart for the next step."""
         self.sink.flush_param_grads()
-        self.sink.flush()
+        self.sink.flush(last=True)
         self.sink.close_writer()
         for undo in self.at_close:   # let this step's graphs go; leaves forget its hooks
             undo()

@@ -147,8 +147,9 @@ class StepSink:
         if len(self.pending) >= _FLUSH_EVERY:
             self.flush()
 
-    def flush(self, wait_for_tensors: bool = False) -> None:
-        """Resolve the statistics of the queued records and write them."""
+    def flush(self, wait_for_tensors: bool = False, last: bool = False) -> None:
+        """Resolve the statistics of the queued records and write them (`last`: the step's last
+        flush, after which its describer verifies nothing: no hashes of staged bytes)."""
         if not self.pending and not len(self.stats):
             if wait_for_tensors and self.writer is not None:
                 self.writer.flush(wait_for_tensors=True)
@@ -157,7 +158,7 @@ class StepSink:
             return
         with self._own():
             try:
-                self.stats.resolve()
+                self.stats.resolve(digests=not last)
             except Exception as exc:
                 self._failed("statistics", exc)
                 for record in self.pending:
@@ -217,7 +218,7 @@ class StepSink:
         self.emit(record)
 
 
-_YOUNG_FACTOR = 8
+_YOUNG_FACTOR = 32
 _SET_BY_US: set[int] = set()    # youngest-generation thresholds opdiff itself has set
 
 
@@ -226,10 +227,12 @@ def _raised(threshold: int) -> int:
 
 
 def _fewer_young_collections() -> tuple | None:
-    """Collect the youngest generation 8 times less often while the step is recorded: its
+    """Collect the youngest generation 32 times less often while the step is recorded: its
     records and descriptors (some 20 small objects a record) triggered a collection every 35
     records, each scanning what the step had allocated since (1.5 ms of a 50 ms step on the
-    per-op benchmark). They are freed by reference counting as before; the thresholds come back
+    per-op benchmark); 8 times less often still left one a step on a tiny Llama, scanning the
+    queued records and the describer's caches (2 ms a step there; 0.4 ms at 32).
+    They are freed by reference counting as before; the thresholds come back
     when the step closes (unless the program changed them meanwhile). Returns the thresholds to
     restore, or None where nothing was changed. A threshold opdiff set itself (a step of another
     debugger still open, or one never closed) is left as it is: raised again at every step, it

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import threading
+from typing import Any
 
 import numpy as np
 import torch
@@ -252,13 +253,16 @@ def _reduce_small(pending: list) -> None:
             p.descs = []
 
 
-def _host_values(pending: list) -> None:
+def _host_values(pending: list, digests: bool = True) -> None:
     """Clones of small CPU tensors (see StatsBatch.snapshot) as float64 NumPy values: one
-    concatenation and one conversion per dtype."""
+    concatenation and one conversion per dtype; the bytes of a clone over one memory block
+    hashed first (`handles.AT_FLUSH`), where `digests`."""
     groups: dict = {}
     for p in pending:
         if isinstance(p.values, torch.Tensor):
             groups.setdefault(p.values.dtype, []).append(p)
+            if p.digest == handles.AT_FLUSH:
+                p.digest = handles.digest(p.values) if digests and one_block(p.values) else None
     for dtype, group in groups.items():
         flat = torch.cat([p.values.reshape(-1) for p in group])
         if dtype not in _NUMPY_EXACT:      # bf16, fp8: exact in float32
@@ -322,15 +326,18 @@ class StatsBatch:
         return handle
 
     def add_contiguous(self, desc: dict, t: torch.Tensor, dtype: torch.dtype, numel: int,
-                       ptr: int) -> Handle:
+                       ptr: int, ref: Any = None) -> Handle:
         """`add` for a plain, strided, contiguous CPU tensor whose dtype, element count and
-        data pointer the caller has read (the describer's common case)."""
+        data pointer the caller has read (the describer's common case). `ref`: a weak
+        reference to t, through which the flush finds it dead (its bytes then go unhashed:
+        no later read of it can be verified)."""
         if dtype in _HOST_DTYPES and 0 < numel <= _SMALL and not self._cpu_as_device \
                 and not t.is_neg():
             stage = self._host.get(dtype)
             if stage is None:
                 stage = self._host[dtype] = HostStaging(dtype)
             staged = Small(STAGED, desc)
+            staged.ref = ref
             stage.put_block(staged, ptr, numel)
             self._small.append(staged)
             return staged
@@ -367,8 +374,8 @@ class StatsBatch:
             except (RuntimeError, TypeError, NotImplementedError):   # tensor subclasses
                 return None
             small = Small(values, desc)
-            if one_block(t):
-                small.digest = handles.digest(t)
+            if one_block(t):    # verified against the clone's bytes (handles.same_clone)
+                small.digest = handles.AT_FLUSH
             self._small.append(small)
             return small
         return self._stage(desc, t)
@@ -411,9 +418,10 @@ class StatsBatch:
     def __len__(self) -> int:
         return len(self._descs) + len(self._small)
 
-    def resolve(self) -> None:
+    def resolve(self, digests: bool = True) -> None:
         """Fill every pending descriptor: small CPU tensors together, device tensors with one
-        host copy per device."""
+        host copy per device. `digests=False`: no later read will be verified against these
+        tensors (the step's last flush), so their bytes are not hashed."""
         if self._small:
             pending, self._small = self._small, []
             try:
@@ -422,8 +430,8 @@ class StatsBatch:
                         stage.fetch()
                 for host in self._host.values():
                     if host.waiting:
-                        host.fetch()
-                _host_values(pending)
+                        host.fetch(digests)
+                _host_values(pending, digests)
                 _reduce_small(pending)
                 handles.settle(pending, self.on_outside)
             except Exception:
