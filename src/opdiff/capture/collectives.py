@@ -197,7 +197,9 @@ def record_ddp_allreduce(ddp_model: Any, process_group: Any = None) -> None:
     # DDP checks the hook's annotations as objects (this module's are strings).
     hook.__annotations__ = {"state": object, "bucket": dist.GradBucket,
                             "return": torch.futures.Future[torch.Tensor]}
-    ddp_model.register_comm_hook(process_group, hook)
+    # DDP's own group (a data-parallel subgroup of a 2-D mesh): `allreduce_hook` with no state
+    # would reduce over the whole world, mixing in the tensor-parallel peers' gradients.
+    ddp_model.register_comm_hook(process_group or getattr(ddp_model, "process_group", None), hook)
     _auto_done.add(ddp_model)        # start(ddp_model) need not (and cannot) add it again
 
 

@@ -20,6 +20,7 @@ from ..result import Note
 from .attribute import name_ranks
 from .chain import ChainedSource
 from .merged import MergedSource
+from .mesh import inner_groups
 from .placement import Unsupported
 
 Pair = tuple[DumpSource, DumpSource]
@@ -66,6 +67,9 @@ def _side(step: int, dumps: list[DumpSource], side: str,
                           f"dumps: not merged into one run; compared rank by rank",
                           Note.SHARDING))
         return None
+    groups = inner_groups(dumps)
+    if groups is not None:
+        return _two_level(step, groups, side, notes)
     try:
         merged = MergedSource(dumps)
     except Unsupported as exc:
@@ -81,7 +85,7 @@ def _side(step: int, dumps: list[DumpSource], side: str,
                           f"and their buffers left out)", Note.SHARDING))
         return chained
     plan = merged.plan
-    kinds = ", ".join(f"{n} {k}" for k, n in sorted(plan.merged.items()))
+    kinds = ", ".join(f"{n} {k}" for k, n in sorted(plan.merged.items()) if n)
     notes.append(Note(f"step {step}: the {side}'s ranks {plan.ranks} were merged into one run "
                       f"({kinds} tensors; {len(plan.dropped)} layout records left out)",
                       Note.SHARDING))
@@ -89,6 +93,31 @@ def _side(step: int, dumps: list[DumpSource], side: str,
         notes.append(Note(f"step {step}: {plan.unknown} of the {side}'s tensors have a layout "
                           f"nothing records (not judged)", Note.SHARDING))
     for finding in plan.replicas[:5]:
+        notes.append(Note(f"step {step}: the {side}: {finding}", Note.RANKS))
+    return merged
+
+
+def _two_level(step: int, groups: list[list[DumpSource]], side: str,
+               notes: list[str]) -> Optional[DumpSource]:
+    """A 2-D mesh: each inner group merged (tensor parallel), then the groups (`mesh.py`)."""
+    shown = ", ".join(str([d.rank for d in g]) for g in groups)
+    try:
+        inner = [MergedSource(g) for g in groups]
+        merged = MergedSource(inner)
+    except Unsupported as exc:
+        notes.append(Note(f"step {step}: the {side}'s ranks, a mesh of groups {shown}, were not "
+                          f"merged into one run ({exc}); compared rank by rank", Note.SHARDING))
+        return None
+    kinds = ", ".join(f"{n} {k}" for k, n in sorted(merged.plan.merged.items()) if n)
+    notes.append(Note(f"step {step}: the {side}'s ranks were merged into one run as a "
+                      f"{len(groups)} x {len(groups[0])} mesh: each of the groups {shown} "
+                      f"first, then those as {merged.plan.mode} parallel ({kinds} tensors)",
+                      Note.SHARDING))
+    unknown = merged.plan.unknown     # (an inner group's unknowns reach it, or were left out)
+    if unknown:
+        notes.append(Note(f"step {step}: {unknown} of the {side}'s tensors have a layout "
+                          f"nothing records (not judged)", Note.SHARDING))
+    for finding in [f for m in (*inner, merged) for f in m.plan.replicas][:5]:
         notes.append(Note(f"step {step}: the {side}: {finding}", Note.RANKS))
     return merged
 

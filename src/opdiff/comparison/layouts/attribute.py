@@ -26,9 +26,11 @@ def _find(source: DumpSource, tensor: str) -> Optional[dict[str, Any]]:
     return None
 
 
-def _piece_errors(merged: Any, tensor: str, golden: Any) -> Optional[dict[int, float]]:
+def _piece_errors(merged: Any, tensor: str, golden: Any,
+                  scale: Optional[float] = None) -> Optional[dict[int, float]]:
     """{rank: max |target - golden| / max |golden|} over each rank's piece; None when the
-    pieces cannot be measured apart (statistics; partial sums, whose pieces are summands)."""
+    pieces cannot be measured apart (statistics; partial sums, whose pieces are summands). A
+    piece itself merged (a 2-D mesh's group) is measured by its own pieces' ranks."""
     import torch
 
     layout = merged.layout_of(tensor)
@@ -37,7 +39,8 @@ def _piece_errors(merged: Any, tensor: str, golden: Any) -> Optional[dict[int, f
     kind, dim = layout
     out: dict[int, float] = {}
     g = golden.detach().to(torch.float64)
-    scale = float(g.abs().max()) if g.numel() else 0.0
+    if scale is None:
+        scale = float(g.abs().max()) if g.numel() else 0.0
     recipe = merged.recipe(tensor)
     for piece, (i, key), c in zip(merged.pieces(tensor), recipe, merged.coefficients(tensor)):
         t = merged.sources[i].tensor(key)
@@ -50,6 +53,12 @@ def _piece_errors(merged: Any, tensor: str, golden: Any) -> Optional[dict[int, f
             part = g
         if tuple(part.shape) != tuple(t.shape):
             return None
+        inner = merged.sources[i]
+        nested = _piece_errors(inner, key, part / c, scale) \
+            if hasattr(inner, "layout_of") and c != 0 else None
+        if nested:                    # a 2-D mesh: the ranks of the group this piece joined
+            out.update(nested)
+            continue
         err = float((t - part).abs().max()) if t.numel() else 0.0
         out[int(piece["rank"])] = err / scale if scale > 0 else err
     return out
@@ -90,6 +99,8 @@ def name_ranks(result: CompareResult, target: DumpSource, golden: DumpSource) ->
         g_tensor = golden.tensor(g_desc["key"]) if g_desc and "key" in g_desc else None
         errors = _piece_errors(target, fd.tensor, g_tensor)
     guilty = _guilty(errors) if errors else []
+    if errors:
+        ranks = sorted(errors)
     where = desc.get("layout", "")
     if guilty:
         shown = ", ".join(f"rank {r}" for r in guilty)

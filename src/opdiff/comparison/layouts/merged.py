@@ -20,7 +20,8 @@ from typing import Any, Iterator, Optional, Sequence
 from ...store.records import producer_of
 from ...store.source import DumpSource
 from . import statistics
-from .placement import PARTIAL, REPLICATE, SHARD, UNKNOWN, Layout
+from .fsdp import as_leaf
+from .placement import PARTIAL, REPLICATE, REPLICATED, SHARD, UNKNOWN, Layout
 from .plan import GroupPlan, plan_group, tensor_slots
 
 
@@ -100,6 +101,7 @@ class MergedSource(RankGroup):
         plan = self.plan
         iters = [iter(s.records()) for s in self.sources]
         pos = -1
+        waiting: dict[int, list[dict[str, Any]]] = {}      # leaves moved to their reader
         while True:
             recs = [next(it, None) for it in iters]
             if any(r is None for r in recs):
@@ -107,6 +109,14 @@ class MergedSource(RankGroup):
             pos += 1
             if pos in plan.dropped:
                 continue
+            if pos in plan.deferred:
+                leaf = self._merged(pos, recs)
+                leaf["reader"] = plan.reader_of[pos]
+                waiting.setdefault(plan.deferred[pos], []).append(leaf)
+                continue
+            yield from waiting.pop(pos, ())
+            for path, fqn in plan.leaves.get(pos, ()):    # FSDP2: a gathered parameter
+                yield self._leaf(pos, recs, path, fqn)
             yield self._merged(pos, recs)
 
     # -- the merge ------------------------------------------------------------------------------
@@ -125,6 +135,25 @@ class MergedSource(RankGroup):
             descs = [p[j][2] for p in per_rank]
             self._merge_desc(desc, descs, layout, f"{out['name']}.{role}.{path}",
                              (recs[0].get("seq"), path) if role == "output" else None)
+            for read, fqn in plan.leaves.get(pos, ()):
+                if role == "input" and path == read:  # reads an FSDP2-gathered parameter
+                    desc["leaf"], desc["fqn"] = "parameter", fqn
+            for read, what, fqn in plan.tags.get(pos, ()):
+                if role == "input" and path == read:  # reads a moved leaf (`held.py`)
+                    desc["leaf"], desc["fqn"] = what, fqn
+        return out
+
+    def _leaf(self, pos: int, recs: list[Any], path: str, fqn: str) -> dict[str, Any]:
+        """The leaf record of FSDP2's gathered parameter `fqn`, which record `pos` reads as
+        its input `path` (`fsdp.py`): the ranks' copies, replicas of the whole parameter."""
+        leaves = []
+        for rec in recs:
+            desc = next(d for role, p, d in tensor_slots(rec) if role == "input" and p == path)
+            leaves.append(as_leaf(rec, desc, fqn))
+        out = copy.deepcopy(leaves[0])
+        out["reader"] = self.plan.renamed.get(str(out["reader"]), out["reader"])
+        self._merge_desc(out["outputs"][0], [r["outputs"][0] for r in leaves], REPLICATED,
+                         f"{out['name']}.output.0", None)
         return out
 
     def _unwrapped(self, out: dict[str, Any]) -> None:

@@ -26,7 +26,7 @@ from typing import Any, Iterator, Optional, Sequence
 from ...store.records import iter_tensors, producer_of
 from ...store.schema import Kind, Phase, RecordName
 from ...store.source import DumpSource
-from . import statistics
+from . import fsdp, held, redistribute, statistics
 from .placement import (PARTIAL, REPLICATE, REPLICATED, SHARD, UNKNOWN_LAYOUT, Layout, Unsupported,
                         coordinate, from_placement)
 
@@ -44,12 +44,6 @@ def tensor_slots(record: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, A
     for name, role, desc in iter_tensors(record):
         yield role, name.split(f".{role}.", 1)[-1] if f".{role}." in name else \
             name.rsplit(".", 1)[-1], desc
-
-
-def _stats_key(desc: dict[str, Any]) -> tuple[Any, ...]:
-    s = desc.get("stats") or {}
-    return (tuple(desc.get("shape") or ()), desc.get("dtype"),
-            tuple(s.get(k) for k in ("max", "min", "mean", "norm")))
 
 
 @dataclass
@@ -70,6 +64,20 @@ class GroupPlan:
     unknown: int = 0
     merged: dict[str, int] = field(default_factory=dict)           # how many tensors, by layout
     kept: int = 0
+    # FSDP2: a reader's position -> [(its input's path, the gathered parameter's fqn)]
+    leaves: dict[int, list[tuple[str, str]]] = field(default_factory=dict)
+    outputs: dict[Slot, int] = field(default_factory=dict)   # an unknown output's position
+    # leaves read first by a layout op (DDP x TP's `from_local` of every parameter up front):
+    # moved to just before the op that reads the DTensor made of them (`held`)
+    deferred: dict[int, int] = field(default_factory=dict)   # leaf pos -> its reader's pos
+    reader_of: dict[int, str] = field(default_factory=dict)  # leaf pos -> its reader's name
+    tags: dict[int, list[tuple[str, str, str]]] = field(default_factory=dict)  # pos -> (path,
+    #                                                          leaf kind, fqn) of inputs read
+    leaf_slots: dict[tuple[Any, ...], list[tuple[int, Slot, str, str]]] = field(
+        default_factory=dict)                                # leaves by their values
+    fqn_slot: dict[str, Slot] = field(default_factory=dict)  # a parameter's leaf output
+    dropped_names: set[str] = field(default_factory=set)
+    leaf_reader: dict[int, str] = field(default_factory=dict)   # leaf pos -> its first reader
 
     def resolve(self, slot: Optional[Slot]) -> Optional[Slot]:
         seen = 0
@@ -102,11 +110,14 @@ def plan_group(sources: Sequence[DumpSource]) -> GroupPlan:
         plan.mode, plan.weights = "data", weights
     out_layout: dict[Slot, Layout] = {}
     forward_layouts: dict[str, dict[tuple[str, str], Layout]] = {}
-    dropped_names: set[str] = set()
+    dropped_names = plan.dropped_names
     recent: list[tuple[tuple[tuple[Any, ...], ...], Slot]] = []
     counters: dict[str, int] = {}
     placed = False
     fqns: list[str] = []
+    gather, moves = _layout_ops(sources[0])
+    reads: list[fsdp.Read] = []                  # FSDP2: inputs that may be whole parameters
+    sharded: list[fsdp.Sharded] = []
     iters = [iter(s.records()) for s in sources]
     pos = -1
     while True:
@@ -129,7 +140,12 @@ def plan_group(sources: Sequence[DumpSource]) -> GroupPlan:
         if first.get("phase") == Phase.BACKWARD and first.get("forward") in dropped_names:
             plan.dropped.add(pos)
             continue
-        if _is_self_view(first) or _group_collective(first, ranks):
+        if pos in gather:                # FSDP2 gathering a module's parameters (fsdp.py)
+            plan.dropped.add(pos)
+            dropped_names.add(name)
+            out_layout[(seq, "0")] = REPLICATED
+            continue
+        if _is_self_view(first) or _group_collective(first, ranks) or pos in moves:
             plan.dropped.add(pos)
             dropped_names.add(name)
             _drop(plan, first, recs, seq, out_layout)
@@ -143,6 +159,10 @@ def plan_group(sources: Sequence[DumpSource]) -> GroupPlan:
             counters[parsed.op] = idx + 1
             if idx != parsed.index:
                 plan.renamed[name] = RecordName(parsed.op, parsed.phase, idx, parsed.kind).text
+        if gather and first.get("phase") == Phase.FORWARD and first.get("kind") != Kind.LEAF:
+            reads.extend(fsdp.Read(pos, path, list(d.get("shape") or []), d.get("stats"))
+                         for role, path, d in tensor_slots(first) if role == "input"
+                         and producer_of(d) is None and "leaf" not in d and d.get("shape"))
         backward_of = forward_layouts.get(str(first.get("forward"))) \
             if first.get("phase") == Phase.BACKWARD else None
         mine: dict[tuple[str, str], Layout] = {}
@@ -150,13 +170,15 @@ def plan_group(sources: Sequence[DumpSource]) -> GroupPlan:
         for j, (role, path, desc) in enumerate(per_rank[0]):
             descs = [p[j][2] if j < len(p) else {} for p in per_rank]
             layout = _decide(plan, descs, role, path, first, mine, out_layout, backward_of,
-                             recent, seq)
+                             recent, seq, pos)
             if from_placement(desc) is not None:
                 placed = True
                 c = [x for x in (coordinate(d) for d in descs) if x is not None]
                 if len(c) == len(descs) and sorted(c) == list(range(len(c))):
                     plan.order = sorted(range(len(c)), key=lambda i: c[i])
             plan.layouts[(pos, role, path)] = layout
+            if gather and first.get("leaf") == "parameter" and layout.kind == SHARD:
+                sharded.append(_sharded(plan, pos, first, descs, layout))
             mine[(role, path)] = layout
             plan.merged[layout.kind] = plan.merged.get(layout.kind, 0) + 1
             if layout.kind == REPLICATE:
@@ -168,10 +190,17 @@ def plan_group(sources: Sequence[DumpSource]) -> GroupPlan:
                         break
             if role == "output":
                 out_layout[(seq, path)] = layout
-                recent.append((tuple(_stats_key(d) for d in descs), (seq, path)))
+                if layout.kind == "unknown":
+                    plan.outputs[(seq, path)] = pos
+                if first.get("kind") == Kind.LEAF:
+                    plan.leaf_reader[pos] = str(first.get("reader"))
+                    held.leaf(plan, pos, (seq, path), first, descs)
+                recent.append((tuple(statistics.signature(d) for d in descs), (seq, path)))
         del recent[:-_RECENT]
         if first.get("phase") == Phase.FORWARD:
             forward_layouts[name] = mine
+    if reads and sharded:
+        _name_gathered(plan, reads, sharded)
     if plan.mode == "data" and fqns and all(f.startswith("module.") for f in fqns):
         plan.wrapper = "module."      # DistributedDataParallel's: the model's own names
     if not placed and plan.mode != "data":
@@ -181,6 +210,41 @@ def plan_group(sources: Sequence[DumpSource]) -> GroupPlan:
     return plan
 
 
+def _sharded(plan: GroupPlan, pos: int, first: dict[str, Any], descs: list[dict[str, Any]],
+             layout: Layout) -> fsdp.Sharded:
+    """An optimizer-time parameter leaf of FSDP2 (a `Shard(0)` DTensor), merged whole."""
+    shapes = [list(descs[i].get("shape") or []) for i in plan.order]
+    whole = list(shapes[0])
+    if layout.dim < len(whole):
+        whole[layout.dim] = sum(s[layout.dim] for s in shapes if layout.dim < len(s))
+    stats = statistics.merge_shards([descs[i].get("stats") for i in plan.order],
+                                    [_numel(s) for s in shapes])
+    return fsdp.Sharded(pos, str(first.get("tensor", "")), whole, stats)
+
+
+def _name_gathered(plan: GroupPlan, reads: list[fsdp.Read],
+                   sharded: list[fsdp.Sharded]) -> None:
+    """FSDP2's gathered parameters get their leaf records where the one-device run records
+    them; the optimizer step's leaves of their shards are left out (the same values, seen)."""
+    for read, param in fsdp.name_gathered(reads, sharded):
+        plan.leaves.setdefault(read.pos, []).append((read.path, param.fqn))
+        plan.dropped.add(param.pos)
+        plan.kept -= 1
+        plan.merged[SHARD] = plan.merged.get(SHARD, 0) - 1
+        plan.merged[REPLICATE] = plan.merged.get(REPLICATE, 0) + 1
+    plan.kept += sum(len(v) for v in plan.leaves.values())
+
+
+def _layout_ops(source: DumpSource) -> tuple[set[int], set[int]]:
+    """Positions of FSDP2's parameter all-gathers (`fsdp.py`) and of DTensor's redistribution
+    ops around collectives (`redistribute.py`) in one rank's records (one pass)."""
+    gather, moves = fsdp.Unshards(), redistribute.Finder()
+    for pos, rec in enumerate(source.records()):
+        gather.feed(pos, rec)
+        moves.feed(pos, rec)
+    return gather.positions, moves.positions
+
+
 def _drop(plan: GroupPlan, first: dict[str, Any], recs: list[Any], seq: int,
           out_layout: dict[Slot, Layout]) -> None:
     """A layout op left out: its output stands for its input (a view) or for the whole its
@@ -188,24 +252,42 @@ def _drop(plan: GroupPlan, first: dict[str, Any], recs: list[Any], seq: int,
     ins = [d for _, role, d in iter_tensors(first) if role == "input"]
     src = plan.resolve(producer_of(ins[0])) if ins else None
     op = str(first.get("op"))
-    if src is not None:
-        plan.alias[(seq, "0")] = src
-    if op.startswith("Distributed."):
-        out_layout[(seq, "0")] = REPLICATED
-        if src is not None and op in _GATHERING:
-            outs = [d for _, role, d in iter_tensors(first) if role == "output"]
-            if outs and outs[0].get("stats") is not None:
-                plan.reduced[src] = outs[0]["stats"]
-    elif ins:
-        p = producer_of(ins[0])
-        out_layout[(seq, "0")] = out_layout.get(p, UNKNOWN_LAYOUT) if p else UNKNOWN_LAYOUT
+    slots = [path for role, path, _ in tensor_slots(first) if role == "output"] or ["0"]
+    for slot in slots:
+        if src is not None:
+            plan.alias[(seq, slot)] = src
+        if op.startswith("Distributed."):
+            out_layout[(seq, slot)] = REPLICATED
+        elif ins:
+            p = producer_of(ins[0])
+            out_layout[(seq, slot)] = out_layout.get(p, UNKNOWN_LAYOUT) if p else UNKNOWN_LAYOUT
+    if src is None or not op.startswith("Distributed."):
+        return
+    if op in _GATHERING:
+        outs = [d for _, role, d in iter_tensors(first) if role == "output"]
+        if outs and outs[0].get("stats") is not None:
+            plan.reduced[src] = outs[0]["stats"]
+    elif "reduce_scatter" in op:     # the ranks' outputs are the pieces of the whole sum
+        pieces = [[d for _, role, d in iter_tensors(r) if role == "output"][:1] for r in recs]
+        if all(pieces):
+            found = statistics.merge_shards([p[0].get("stats") for p in pieces],
+                                            [_numel(p[0].get("shape") or []) for p in pieces])
+            if found is not None:
+                plan.reduced[src] = found
 
 
 def _decide(plan: GroupPlan, descs: list[dict[str, Any]], role: str, path: str,
             first: dict[str, Any], mine: dict[tuple[str, str], Layout],
             out_layout: dict[Slot, Layout], backward_of: Optional[dict[tuple[str, str], Layout]],
-            recent: list[tuple[tuple[tuple[Any, ...], ...], Slot]], seq: int) -> Layout:
+            recent: list[tuple[tuple[tuple[Any, ...], ...], Slot]], seq: int,
+            pos: int) -> Layout:
     placed = [from_placement(d) for d in descs]
+    if placed[0] is not None and role == "input" and producer_of(descs[0]) is None:
+        held.from_local(plan, descs, placed[0], out_layout, recent, pos, path, first)
+    if role == "input" and placed[0] is None and producer_of(descs[0]) is None:
+        found = held.read(plan, descs, first, mine, out_layout)
+        if found is not None:
+            return found
     if plan.mode == "data" and placed[0] is None:
         found = _data_layout(descs, role, first, mine, backward_of)
         if found is not None:
@@ -230,14 +312,15 @@ def _decide(plan: GroupPlan, descs: list[dict[str, Any]], role: str, path: str,
         found = _propagated(descs, mine)
         if found is not None:
             return found
-    key = tuple(_stats_key(d) for d in descs)
+    key = tuple(statistics.signature(d) for d in descs)
     if descs[0].get("stats") is not None:
         for earlier, slot in reversed(recent):
             if earlier == key and slot[0] != seq:
                 found = out_layout.get(slot)
                 if found is not None and found.kind != "unknown":
                     return found
-    if all(_stats_key(d) == key[0] for d in descs) and descs[0].get("stats") is not None:
+    if all(statistics.signature(d) == key[0] for d in descs) and \
+            descs[0].get("stats") is not None:
         return REPLICATED
     return UNKNOWN_LAYOUT
 
@@ -251,18 +334,24 @@ def _batch_shares(sources: Sequence[DumpSource]) -> Optional[list[float]]:
     shape but dim 0 (data parallel: the batch split between them); None otherwise."""
     found: list[dict[str, Any]] = []
     for source in sources:
+        seen: Optional[dict[str, Any]] = None
         for i, rec in enumerate(source.records()):
-            if rec.get("kind") == Kind.LEAF and rec.get("leaf") == "input" and rec.get("outputs"):
-                found.append(rec["outputs"][0])
-                break
-            if i > 500:
+            if seen is None and rec.get("kind") == Kind.LEAF and rec.get("leaf") == "input" \
+                    and rec.get("outputs"):
+                seen, i0 = rec["outputs"][0], i
+                found.append(seen)
+            elif seen is not None and any(
+                    "placement" in d and statistics.signature(d) == statistics.signature(seen)
+                    for _, role, d in iter_tensors(rec) if role == "input"):
+                return None           # the input is a DTensor's local piece: its placement says
+            if i > 500 or (seen is not None and i > i0 + _RECENT):
                 break
     if len(found) != len(sources) or any("placement" in d for d in found):
         return None
     shapes = [list(d.get("shape") or []) for d in found]
     if not shapes[0] or any(len(s) != len(shapes[0]) or s[1:] != shapes[0][1:] for s in shapes):
         return None
-    if all(_stats_key(d) == _stats_key(found[0]) for d in found):
+    if all(statistics.signature(d) == statistics.signature(found[0]) for d in found):
         return None                   # the same input on every rank: not a batch split
     total = sum(s[0] for s in shapes)
     return [s[0] / total for s in shapes] if total else None

@@ -67,6 +67,14 @@ def combined_scalars(pieces: Sequence[Optional[dict[str, Any]]],
     return {k: encode_float(v) if isinstance(v, float) else v for k, v in out.items()}
 
 
+def signature(desc: dict[str, Any]) -> tuple[Any, ...]:
+    """A descriptor's shape, dtype and statistics as they were recorded: equal on two ranks
+    when they hold the same values (a replica, or the tensor a DTensor was made of)."""
+    s = desc.get("stats") or {}
+    return (tuple(desc.get("shape") or ()), desc.get("dtype"),
+            tuple(s.get(k) for k in _KEYS))
+
+
 def same(a: Optional[dict[str, Any]], b: Optional[dict[str, Any]]) -> bool:
     """Two replicas' statistics are the same (exactly: replicas are copies)."""
     if not isinstance(a, dict) or not isinstance(b, dict):
@@ -78,4 +86,4 @@ def same(a: Optional[dict[str, Any]], b: Optional[dict[str, Any]]) -> bool:
     return not dropped & set(_KEYS)
 
 
-__all__ = ["merge_shards", "same", "scaled", "combined_scalars"]
+__all__ = ["merge_shards", "same", "signature", "scaled", "combined_scalars"]
