@@ -235,8 +235,10 @@ def test_scope_ending_at_a_module_includes_that_modules_ops(dump_root, read_dump
     dbg.stop()
     dbg.step()
     names = read_dump(dump_root).names()
-    assert names[0] == "Parameter.layer1.0.conv2.weight.0.forward"   # what that op reads first
-    names = [n for n in names if not n.startswith("Parameter.")]
+    # what the scope starts from (made before it opened), then what its first op reads first
+    assert names[:2] == ["Input.layer1.0.conv2.input0.0.forward",
+                         "Parameter.layer1.0.conv2.weight.0.forward"]
+    names = [n for n in names if not n.startswith(("Parameter.", "Input."))]
     assert names[0] == "Functional.conv2d.2.forward"            # first module's own op
     assert "Functional.adaptive_avg_pool2d.0.forward" in names  # last module's own op
     assert names[-1] == "Module.pool.AdaptiveAvgPool2d.forward.0"

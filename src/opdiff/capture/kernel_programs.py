@@ -9,7 +9,7 @@ aten ops back to the nodes that the input parameters hold:
 
     {"steps": [{"op": "Aten.reshape", "args": [{"ref": "input", "index": 0},
                                                 {"type": "list", "items": [...]}],
-                "kwargs": {}, "node": "view_2"}, ...],
+                "kwargs": {}, "node": "view_2"}, ...],      # ("item": k: its k-th result)
      "outputs": [{"output": 0, "value": {"ref": "step", "index": 4}}, ...]}
 
 `index` counts the kernel record's inputs (its `in_ptr`/`in_out_ptr` arguments) and outputs
@@ -28,6 +28,7 @@ this process: its kernels have no program (`opdiff check` says so).
 from __future__ import annotations
 
 import logging
+import operator
 from typing import Any, Callable, Optional
 
 import torch
@@ -112,9 +113,14 @@ class _Builder:
             return {"ref": "input", "index": self.inputs[node]}
         if node in self.index:
             return {"ref": "step", "index": self.index[node]}
-        whole = self.undecomposed(node)
-        if whole is not None:
-            return whole
+        undecomposed = self.undecomposed(node)
+        if undecomposed is not None:
+            return undecomposed
+        whole = node         # (the node whose value the step makes)
+        item: Optional[int] = None
+        picked = _item(node)
+        if picked is not None:      # (one result of a multi-result op: `var_mean(x)[1]`)
+            node, item = picked
         op, args, kwargs = _call(node)
         if node not in self.fused and op.split(".", 1)[1] not in _VIEWS:
             raise Unmapped(f"it reads {node.name} ({op}), which is neither one of its arguments "
@@ -123,9 +129,11 @@ class _Builder:
             raise Unmapped(f"it fuses more than {MAX_STEPS} ops")
         step = {"op": op, "args": [self.value(a) for a in args],
                 "kwargs": {str(k): self.value(v) for k, v in kwargs.items()}, "node": node.name}
-        self.index[node] = len(self.steps)
+        if item is not None:
+            step["item"] = item
+        self.index[whole] = len(self.steps)
         self.steps.append(step)
-        return {"ref": "step", "index": self.index[node]}
+        return {"ref": "step", "index": self.index[whole]}
 
     def undecomposed(self, node: Any) -> Optional[dict[str, Any]]:
         """The op a decomposition replaced, as one step, where `node` is the last node of the
@@ -165,6 +173,17 @@ class _Builder:
         if isinstance(v, (list, tuple)):
             return {"type": "list", "items": [self.value(x) for x in v]}
         raise Unmapped(f"an argument of type {type(v).__name__} ({str(v)[:40]})")
+
+
+def _item(node: Any) -> Optional[tuple[Any, int]]:
+    """(the multi-result aten op's node, which result) for `operator.getitem(node, k)`."""
+    if node.op != "call_function" or node.target is not operator.getitem or len(node.args) != 2:
+        return None
+    source, k = node.args
+    if not isinstance(source, torch.fx.Node) or not isinstance(k, int) or isinstance(k, bool) \
+            or not isinstance(source.target, torch._ops.OpOverload):
+        return None
+    return source, k
 
 
 def _decomposed_key(node: Any) -> Optional[tuple[Any, Any]]:

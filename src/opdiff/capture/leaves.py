@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import torch
 
-from ..store.schema import Kind, Phase, Role, record_name
+from ..store.schema import Kind, Phase, Role, module_path, record_name
 from .guards import never_compiled
 
 PARAMETER, BUFFER, INPUT = "parameter", "buffer", "input"
@@ -107,6 +107,21 @@ class Leaves:
                     continue
         return None
 
+    def scope_inputs(self, module_label: str, args: tuple) -> None:
+        """Tag the tensors a module call that opens a dump's `scope` reads as inputs: made
+        before the dump, they are what the scope starts from (`scope_input_fqn`)."""
+        path = module_path(module_label)
+        if not path:
+            return          # (the root call's are inputs already)
+        for slot, value in enumerate(args):
+            if isinstance(value, torch.Tensor) and id(value) not in self.table \
+                    and id(value) not in self._inputs:
+                try:
+                    self._inputs[id(value)] = (weakref.ref(value), INPUT,
+                                               scope_input_fqn(path, slot))
+                except TypeError:
+                    continue
+
     @property
     def has_inputs(self) -> bool:
         """Whether root-call inputs are known this step."""
@@ -150,6 +165,14 @@ class Leaves:
         return True
 
 
+def scope_input_fqn(path: str, slot: int) -> str:
+    """The FQN of a scope's input: `blocks.1.input0` (a root call's input is its slot)."""
+    return f"{path}.{SCOPE_INPUT}{slot}"
+
+
+SCOPE_INPUT = "input"
+
+
 def leaf_record(what: str, fqn: str, desc: dict, reader: dict) -> dict:
     """The record of one leaf read first by the record `reader` (see module docstring)."""
     op = f"{_PREFIX[what]}.{fqn}"
@@ -189,4 +212,4 @@ def _tag_one(session: Any, leaves: Leaves, t: torch.Tensor, desc: dict, reader: 
     session.emit(leaf_record(what, fqn, own, reader))
 
 
-__all__ = ["Leaves", "leaf_record", "tag_leaves", "PARAMETER", "BUFFER", "INPUT"]
+__all__ = ["Leaves", "leaf_record", "scope_input_fqn", "tag_leaves", "PARAMETER", "BUFFER", "INPUT"]

@@ -254,6 +254,8 @@ class ModuleCapture:
                     if not s.ops_advance_epoch:    # L0: user code may have run since the last call
                         s.new_epoch()
                     record["inputs"] = s.describe_all(args, name, Role.INPUT)
+                    if s.selection.opened == name:     # (a scope opens at this call)
+                        s.leaves.scope_inputs(label, args)
                     tag_leaves(s, zip(args, record["inputs"]), record)
                     if backward:
                         # before the call: an in-place module moves its input onto its own node

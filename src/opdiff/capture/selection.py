@@ -53,6 +53,9 @@ class Selection:
         """A new step: the scope has not begun yet."""
         self._state = _BEFORE if self.scope else _INSIDE
         self._closing: str | None = None      # the module call whose return ends the scope
+        # the record whose name opened the scope this step: what it reads comes from before
+        # the dump, so capture records its tensors as inputs (`Leaves.scope_inputs`)
+        self.opened: str | None = None
 
     def selected(self, name: str, forward_selected: bool = False) -> bool:
         """Apply `scope` and `list` to a record name (counters advance either way).
@@ -65,6 +68,7 @@ class Selection:
             first, last = self.scope
             if self._state == _BEFORE and _matches(first, name):
                 self._state = _INSIDE
+                self.opened = name
             if self._state != _INSIDE:
                 return False
             if _matches(last, name):

@@ -298,6 +298,7 @@ def analyse(op_scores: list[OpScore], rows: list[TensorRow], policy: Policy,
     for op in op_scores:
         if op.kind != REGION:   # (a region's rows are its caller's: pair.py)
             _revise_rows(op, rows, op.name in unjudged, withheld.get(op.name))
+    origins.relate_to_first(op_scores, rows)   # rows after the first divergence
     shown = noise.measured_floors(rows, policy, judged=False)
     noise.say_multiples(rows, shown)
     return noise.with_multiple(first_divergence(op_scores, rows), rows, shown)
@@ -322,21 +323,26 @@ def explained(op_scores: list[OpScore], policy: Policy) -> set[str]:
     before those ops' backward records: name the op, not the gradient.
     """
     parent = {op.name: op.module for op in op_scores if op.module}
-    inner_diverged: set[str] = set()
+    # (a forward call is explained by forward ops only: the gradients its backward ops show
+    # differ because its output does, and cannot say the call's own output was made inside)
+    inner: dict[str, set[str]] = {Phase.FORWARD: set(), Phase.BACKWARD: set()}
     for op in op_scores:
         if op.kind == Kind.MODULE or not _shows_error(op, policy):
             continue
-        inner_diverged.update(_ancestors(op.name, parent))
+        side = inner[Phase.BACKWARD if op.phase == Phase.BACKWARD else Phase.FORWARD]
+        side.update(_ancestors(op.name, parent))
         if op.forward:
-            inner_diverged.add(op.forward)
-            inner_diverged.update(_ancestors(op.forward, parent))
+            side.add(op.forward)
+            side.update(_ancestors(op.forward, parent))
+    either = inner[Phase.FORWARD] | inner[Phase.BACKWARD]
     out = set()
     for op in op_scores:
+        shown = inner[Phase.BACKWARD if op.phase == Phase.BACKWARD else Phase.FORWARD]
         if op.kind == Kind.MODULE and op.local and (
-                op.name in inner_diverged or (op.forward and op.forward in inner_diverged)):
+                op.name in shown or (op.forward and op.forward in shown)):
             out.add(op.name)
         if op.kind == Kind.PARAM_GRAD and op.local and any(
-                n in inner_diverged for n in linked(op)[:1]):
+                n in either for n in linked(op)[:1]):
             out.add(op.name)
     return out
 

@@ -39,6 +39,7 @@ divergence's `name`, `op`, `phase` and `location` are those of the first op that
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, cast
 
@@ -47,7 +48,8 @@ from ..store.schema import Kind, RecordName
 from . import ranks, reasons
 from .region_verdict import region_divergence
 from .regions import REGION
-from .result import ERROR, LEAF_KIND, NUMBER, RANDOM, WARNING, Divergence, Origin, TensorRow
+from .result import (ERROR, INTEGER, LEAF_KIND, NONFINITE, NUMBER, RANDOM, REPLAY, WARNING, Divergence, Origin,
+                     TensorRow)
 from .verdicts import Policy
 
 if TYPE_CHECKING:       # (blame imports this module)
@@ -56,6 +58,8 @@ if TYPE_CHECKING:       # (blame imports this module)
 # A leaf's statistics, compared in one dtype, move by more than this (relative to its
 # magnitude) only when its values differ: the same tensor gives the same statistics.
 STATISTICS_LEAF_TOLERANCE = 1e-6
+# A scope's input (capture.leaves.scope_input_fqn: `blocks.1.input0`; a root call's is its slot)
+SCOPE_INPUT = re.compile(r".+\.input\d+$")
 # From this share of differing parameters on, the runs start from different weights.
 MOST_PARAMETERS = 0.5
 
@@ -142,6 +146,33 @@ def outside_divergence(op: "OpScore", rows: list[TensorRow], op_scores: Sequence
         context=reasons.source_context(op.location), kind=LEAF_KIND, origin=origin)
 
 
+def relate_to_first(op_scores: Sequence["OpScore"], rows: list[TensorRow]) -> None:
+    """The rows of ops blamed after the first divergence say how they relate to it: a second
+    error of its own where the evidence is independent of it (its inputs agree exactly, replay
+    on its own inputs, inf/NaN from finite inputs, random draws, number arguments); else its
+    inputs already differ, and an output that differs only more is what statistics cannot tell
+    from the first divergence's difference amplified: inherited (a warning)."""
+    blamed = sorted((op for op in op_scores if op.local), key=lambda o: o.seq)
+    first = (blamed[0].reader or blamed[0].name) if blamed else ""   # (the Divergence's name)
+    for op in blamed[1:]:
+        if op.kind in (REGION, Kind.LEAF) or op.worst_out is None:
+            continue
+        independent = (op.error_in == 0.0 or op.blame in (REPLAY, NONFINITE, INTEGER)
+                       or op.divergence_kind == NUMBER or random_reason(op) is not None
+                       or (op.replay is not None and op.replay.culprit))
+        statistics = rows[op.worst_out].mode == "statistics"
+        for i, _, _, _ in op.outputs:
+            row = rows[i]
+            if row.result != ERROR:
+                continue
+            if independent or not statistics:
+                rows[i] = replace(row, reason=reasons.after_first(
+                    row.reason, first, op.error_in, independent))
+            else:
+                rows[i] = replace(row, result=WARNING, reason=reasons.after_first(
+                    row.reason, first, op.error_in, None))
+
+
 def _what(op: "OpScore") -> str:
     return op.leaf or Origin.PARAMETER
 
@@ -160,6 +191,9 @@ def leaf_reason(op: "OpScore", rows: list[TensorRow], op_scores: Sequence["OpSco
            Origin.BUFFER: "the runs do not start from the same model state (a running statistic, a "
                    "mask or a table the model keeps)",
            Origin.INPUT: "the runs are not given the same data"}.get(what, "")
+    if what == Origin.INPUT and SCOPE_INPUT.match(op.fqn or ""):
+        why = ("the dumped scope starts from different values, made before it opened: dump "
+               "without the scope (or with one that opens earlier) to find where")
     return f"{what} {op.fqn} differs before any op uses it ({_numbers(op, rows)}): {why}"
 
 
@@ -336,6 +370,8 @@ def op_divergence(op: "OpScore", rows: list[TensorRow], op_scores: Sequence["OpS
         kind=op.divergence_kind if random is None else RANDOM, origin=origin)
 
 
+# The heading of an op's (or a region's) own error where the evidence says its inputs agree.
+AGREE = "Inputs agree, outputs do not"
 Holds = Callable[["OpScore"], bool]
 # (the earliest op still blamed, the pair's rows, all its OpScores, the rule's origin)
 Make = Callable[["OpScore", list[TensorRow], Sequence["OpScore"], str], Divergence]
@@ -379,12 +415,12 @@ RULES = (
          leaf_divergence),
     Rule(Origin.OUTSIDE, "Changed outside torch", lambda op: op.blame == Origin.OUTSIDE,
          outside_divergence),
-    Rule(Origin.REGION, "Inputs agree, outputs do not", lambda op: op.kind == REGION, _region),
+    Rule(Origin.REGION, AGREE, lambda op: op.kind == REGION, _region),
     Rule(Origin.RANDOM, "Random draws differ", lambda op: random_reason(op) is not None,
          op_divergence),
     Rule(Origin.NUMBER, "Its number arguments differ", lambda op: op.divergence_kind == NUMBER,
          op_divergence),
-    Rule(Origin.OP, "Inputs agree, outputs do not", lambda op: True, op_divergence),
+    Rule(Origin.OP, AGREE, lambda op: True, op_divergence),
     Rule(Origin.COLLECTIVE, "Received through a collective", across=ranks.attribute_collectives),
     Rule(Origin.OPTIMIZER, "The optimizer's update differs", across=across_steps),
 )
@@ -414,10 +450,28 @@ def heading(fd: Any) -> str:
         return CARRIED_HEADING
     origin = getattr(fd, "origin", None)
     by_origin = {r.origin: r.heading for r in RULES}
-    return by_origin.get(origin or Origin.OP, by_origin[Origin.OP])
+    said = by_origin.get(origin or Origin.OP, by_origin[Origin.OP])
+    if said != AGREE:
+        return said
+    if getattr(fd, "kind", None) == REPLAY:      # (its error was told apart by replay)
+        return "Re-run on its own inputs, its output is off"
+    if _statistics_differ(getattr(fd, "input_metrics", None) or {}):
+        return "Its output differs more than its inputs do"
+    return said
 
 
-__all__ = ["Origin", "Rule", "RULES", "pair_rules", "divergence", "heading", "op_divergence",
+# A statistics comparison's differences (comparison/metrics.py's `stats_measure`)
+_STAT_DIFFS = ("Max diff", "Min diff", "Mean diff", "L2norm diff")
+
+
+def _statistics_differ(metrics: dict[str, Any]) -> bool:
+    """Whether statistics' metrics show a difference (whole tensors' are judged relative to the
+    output's error: "agree" is blame's word for them; statistics cannot establish it)."""
+    return "Cosine" not in metrics and any(
+        isinstance(metrics.get(k), (int, float)) and metrics[k] != 0 for k in _STAT_DIFFS)
+
+
+__all__ = ["relate_to_first", "Origin", "Rule", "RULES", "pair_rules", "divergence", "heading", "op_divergence",
            "CARRIED_HEADING", "judge_leaf", "judge_outside", "outside_divergence",
            "leaf_reason", "leaf_divergence", "leaf_input_reason",
            "optimizer_origin", "across_steps", "carried_over", "is_carried_over", "CARRIED",

@@ -149,6 +149,20 @@ def not_this_op(op: "OpScore", reason: str) -> str:
     return f"{reason}; {cause}{replayed}"
 
 
+def after_first(reason: str, first: str, error_in: float, independent: Optional[bool]) -> str:
+    """An op blamed after the first divergence, related to it: independent (`True`: evidence
+    of its own), amplified beyond its inputs (`False`: whole tensors, its inputs differ), or
+    inherited (`None`: statistics cannot tell it from the first divergence's difference)."""
+    if independent:
+        return f"{reason}; a second error, independent of the first divergence {first}"
+    if independent is not None:
+        return (f"{reason}; after the first divergence {first}, its inputs already differ "
+                f"(input rel err {human(error_in)}): its output differs more than they carry")
+    return (f"{reason.replace('local error: ', '', 1)}; inherited from the first divergence "
+            f"{first}: its inputs already differ (input rel err {human(error_in)}), and "
+            f"statistics cannot tell a larger output difference from that one amplified")
+
+
 def made_earlier(reason: str) -> str:
     """An input beyond its tolerance: some earlier op's output."""
     return f"{reason}; already differs when it reaches this op (made earlier)"
@@ -392,5 +406,6 @@ def placement_note(rows: list[TensorRow]) -> Optional[str]:
 __all__ = ["NOT_COMPARABLE", "not_comparable", "incomparable_ops", "not_judged",
            "placement_note",
            "describe", "describe_statistics", "local_row", "unread_note", "UNREAD", "not_this_op", "made_earlier",
+           "after_first",
            "outside_reason", "source_context", "source_file", "stored_context", "with_code",
            "with_context", "statistics_limits"]

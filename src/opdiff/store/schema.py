@@ -127,6 +127,7 @@ class ProgramStep(TypedDict, total=False):
     kwargs: Required[Dict[str, ProgramArgument]]   # its keyword arguments
     node: str                   # the post-grad FX node it stands for
     decomposed: List[str]       # the FX nodes of the decomposition it stands for
+    item: int                   # the op returns several tensors: this step is its item-th (var_mean)
 
 
 class ProgramOutput(TypedDict):

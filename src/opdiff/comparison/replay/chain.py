@@ -45,7 +45,7 @@ import torch
 
 from ...numbers import human
 from ...store.records import iter_tensors
-from ...store.schema import Phase, Role
+from ...store.schema import Kind, Phase, Role
 from .backchain import judge_backward
 from .calls import NotReplayable, read_once
 from .chainrun import Readers, judge_outputs, producer_of, refusal, run_chain
@@ -127,7 +127,14 @@ def _judge(members: list[Record], readers: Readers, load: Load,
     refused = refusal(members)
     if refused:
         raise NotReplayable(refused)
-    outputs = readers.outputs(members)
+    # (a kernel's results its program does not compute, Inductor's buffers such as a norm's
+    # mean kept for the backward, are not judged, as `opdiff check` does not judge them)
+    unnamed = {f"{m['name']}.output.{i}" for m in members if m.get("kind") == Kind.KERNEL
+               for i in range(len(m.get("outputs") or ()))
+               if i not in {o["output"] for o in m["program"]["outputs"]}}
+    outputs = [n for n in readers.outputs(members) if n not in unnamed]
+    if not outputs:
+        raise NotReplayable("its results are buffers its kernels' programs do not compute")
     descs = {n: d for m in members for n, role, d in iter_tensors(m) if role == Role.OUTPUT}
     targets = []
     for n in outputs:

@@ -141,6 +141,11 @@ def run_chain(members: list[Record], load: Load, cast: Optional[torch.dtype],
             _keep(rec, outs, values, grads is not None)
         for n in [n for n, at in last_use.items() if at == i and n not in wanted]:
             values.pop(n, None)
+    missing = [n for n in wanted if n not in values]
+    if missing:     # (an output its kernel's program does not name: _kernel)
+        raise NotReplayable(f"{missing[0]} is a result of its kernel that the kernel's recorded "
+                            f"program does not compute (an Inductor buffer), so the chain "
+                            f"cannot make it")
     return {n: values[n] for n in wanted}, used
 
 

@@ -69,6 +69,8 @@ def _steps(record: Record) -> tuple[list[dict[str, Any]], list[tuple[int, int]]]
             raise NotReplayable(f"step {i}: {refused}")
         for arg in list(step["args"]) + list(step.get("kwargs", {}).values()):
             _check_refs(arg, i, n_in, f"step {i}")
+        if "item" in step and not _index(step["item"], 8):
+            raise _untrusted(f"has a malformed result index in step {i}")
     pairs = []
     for o in outputs:
         value = o.get("value") if isinstance(o, dict) else None
@@ -143,6 +145,8 @@ def _run(record: Record, steps: list[dict[str, Any]], load: Load,
         if rng["consumed"]:
             raise NotReplayable(f"step {i} ({step['op']}) draws random numbers")
         made = flat_tensors([result])
+        if "item" in step:      # (one result of a multi-result op: `var_mean(x)[1]`)
+            made = made[step["item"]:step["item"] + 1]
         if len(made) != 1:
             raise NotReplayable(f"step {i} ({step['op']}) makes {len(made)} tensors, not one")
         values[f"step:{i}"] = made[0].detach()
