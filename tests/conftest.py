@@ -292,3 +292,48 @@ def _gc_freeze_left_behind(request):
         gc.unfreeze()
         warnings.warn(f"{request.node.nodeid} left {frozen} objects frozen out of the garbage "
                       "collector (a capture step not closed?)", stacklevel=1)
+
+
+_SEEDED_ENV = ("PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG", "NCCL_DETERMINISTIC",
+               "HCCL_DETERMINISTIC", "FLASH_ATTENTION_DETERMINISTIC")
+_PROCESS_AS_STARTED: dict = {}
+
+
+def _torch_flags():
+    import torch
+
+    return (torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled(),
+            torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
+            torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+
+
+def pytest_sessionstart(session):
+    import os
+
+    _PROCESS_AS_STARTED["flags"] = _torch_flags()
+    _PROCESS_AS_STARTED["env"] = {k: os.environ.get(k) for k in _SEEDED_ENV}
+
+
+@pytest.fixture(autouse=True)
+def _deterministic_mode_left_behind():
+    """`opdiff.seed_all` (a user's call, made by many tests and module fixtures) turns torch's
+    deterministic algorithms on for the process, and Inductor then compiles other kernels: a
+    test run after one that seeded, in the same worker, dumped another program (the pinned
+    counts of test_verdicts_unchanged's Inductor pair moved with the test order). After each
+    test the process is put back as the session found it (not as the test found it: a module
+    fixture seeds before any function fixture runs: `pytest_sessionstart` takes the state)."""
+    import os
+
+    yield
+    import torch
+
+    det, warn_only, *cudnn = _PROCESS_AS_STARTED["flags"]
+    torch.use_deterministic_algorithms(det, warn_only=warn_only)
+    (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
+     torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) = cudnn
+    for k, v in _PROCESS_AS_STARTED["env"].items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
