@@ -104,7 +104,7 @@ class _PairCompare:
     def run(self) -> CompareResult:
         t_records, g_records, t_view, notes = self._comparable()
         t, g = self._recordings(t_records, g_records)
-        said_after = []
+        said_after, measures = [], []
         for rewrite in rewrites(t, g):      # the plan table's RECORDS rows (plans.py)
             made = rewrite.rewrite(t_records, g_records, (self.t, self.g), self.options)
             if made is not None:
@@ -112,6 +112,7 @@ class _PairCompare:
                     notes + made.notes
                 self.t, self.g = made.sources or (self.t, self.g)   # (serving its tensors)
                 said_after += [made.after] if made.after is not None else []
+                measures += [made.measured] if made.measured is not None else []
                 t, g = self._recordings(t_records, g_records)
         plan = plan_for(t, g)               # its PAIRS rows: how the two runs pair
         # a module class renamed at the same path (align.py): paired as if spelled alike
@@ -141,8 +142,10 @@ class _PairCompare:
                                        ((self.t, t_records), (self.g, g_records)))
         for after in said_after:            # (a rewrite's words on the culprit: its tokens)
             notes += after(divergence, self.rows)
-        return self._result(plan, divergence, held, regions, region_ops, replayer, t_records,
-                            notes)
+        result = self._result(plan, divergence, held, regions, region_ops, replayer, t_records,
+                              notes)
+        result.token_errors = next(filter(None, (m(self.rows) for m in measures)), None)
+        return result
 
     def _comparable(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
                                    list[dict[str, Any]], list[Note]]:

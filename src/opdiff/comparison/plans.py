@@ -66,6 +66,7 @@ class Rewritten:
     notes: list[Note] = field(default_factory=list)
     sources: Optional[tuple[DumpSource, DumpSource]] = None
     after: Optional[Callable[[Optional[Divergence], list[TensorRow]], list[Note]]] = None
+    measured: Optional[Callable[[list[TensorRow]], Any]] = None     # error per token, or None
 
 
 class RecordsPlan(Protocol):
@@ -218,7 +219,7 @@ class TokenLayouts:
         if aligned is None:
             return None
         return Rewritten(aligned.target_records, aligned.golden_records, list(aligned.notes),
-                         (aligned.target, aligned.golden), aligned.where)
+                         (aligned.target, aligned.golden), aligned.where, aligned.errors)
 
 
 Then = Union[SourcesPlan, RecordsPlan, type[Plan]]

@@ -9,6 +9,7 @@ from .metric_table import METRICS  # noqa: F401  (re-exported: the metric column
 
 if TYPE_CHECKING:
     from .facts import PairFacts
+    from .tokens.where import TokenErrors
 
 PASS, WARNING, ERROR, UNMATCHED = "pass", "warning", "error", "unmatched"
 
@@ -193,6 +194,8 @@ class CompareResult:
     # what each pair's plan decided that the judge needs besides the rows (`facts.PairFacts`;
     # only pairs that decided something): summary.json "facts", read back by `rejudge`
     facts: list[PairFacts] = field(default_factory=list)
+    # each layer output's error per token of matched token layouts (`tokens.TokenErrors`)
+    token_errors: Optional[TokenErrors] = None
 
 
     @property

@@ -40,6 +40,7 @@ from ..comparison.result import PASS, CompareResult, Note
 from ..comparison.spool import on_disk
 from ..errors import OpdiffError
 from .outputs import atomic_write_text
+from .heatmap import heatmap_section
 from .payload import build_payload
 
 log = logging.getLogger("opdiff")
@@ -95,6 +96,7 @@ def render_html(result: CompareResult, files: Optional[dict] = None) -> str:
         "STYLE": style,
         "DATA": json_for_script(build_payload(page_view(result), files)),
         "SCRIPT": script,
+        "HEATMAP": heatmap_section(result),
     }
     # One pass, so text substituted for one placeholder is never scanned for another.
     return re.sub(r"%%([A-Z_]+)%%", lambda m: values[m.group(1)], template)

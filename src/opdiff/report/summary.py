@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from ..comparison.facts import PairFacts
+from ..comparison.tokens.where import TokenErrors
 from ..comparison.origins import CARRIED
 from ..comparison.result import CompareResult, Divergence, Note, Origin, note_kind
 from ..errors import DumpError
@@ -112,6 +113,8 @@ def summary_dict(result, files: dict | None = None) -> dict:
                           for p in out["pairs"] for c in p.get("cut") or []]
     out["worst"] = worst
     out["facts"] = [f.to_json() for f in getattr(result, "facts", ()) if f]
+    if getattr(result, "token_errors", None) is not None:
+        out["token_errors"] = result.token_errors.to_json()
     out["files"] = dict(result.files if files is None else files)
     out["evidence"] = evidence_of(result)
     return _clean(out)
@@ -154,6 +157,7 @@ def load_summary(path) -> CompareResult:
     facts = data.get("facts")
     kwargs["facts"] = [f for f in map(PairFacts.from_json, facts if isinstance(facts, list) else [])
                        if f is not None]
+    kwargs["token_errors"] = TokenErrors.from_json(data.get("token_errors"))
     return CompareResult(rows=rows, first_divergence=_load_divergence(data.get("first_divergence")),
                          **kwargs)
 

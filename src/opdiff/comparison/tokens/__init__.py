@@ -30,7 +30,7 @@ from .sequences import INSIDE_ROW, SAME_IDS, Layout, Match, Sequence, first_ids,
     match, read_layout
 from .source import SlicedSource
 from .decode import PREFIX, decode_alignment
-from .where import token_positions
+from .where import TokenErrors, token_errors, token_positions
 
 log = logging.getLogger("opdiff")
 
@@ -97,6 +97,16 @@ class TokenAlignment:
             log.warning("opdiff: cannot say at which tokens %s differs (%s)", divergence.name, exc)
             return []
         return [Note(said, Note.PAIRING)] if said else []
+
+    def errors(self, rows: list[Any]) -> Optional[TokenErrors]:
+        """Each layer output's error per token of the first matched sequence (`where.py`)."""
+        if self.facts is None or not self.facts.matches or self.facts.decoding:
+            return None
+        try:
+            return token_errors(rows, self.target, self.golden, self.facts.matches)
+        except Exception as exc:    # a picture for people: never the reason a compare fails
+            log.warning("opdiff: cannot measure the error per token (%s)", exc)
+            return None
 
 
 def _same_layout(golden: Layout, target: Layout) -> bool:
@@ -245,5 +255,5 @@ def _ids_shape(records: list[dict[str, Any]]) -> Optional[tuple[int, ...]]:
     return tuple(desc.get("shape") or ()) if desc is not None else None
 
 
-__all__ = ["align_tokens", "TokenAlignment", "TokenFacts", "TokenIds", "Match", "Sequence",
+__all__ = ["align_tokens", "TokenAlignment", "TokenFacts", "TokenIds", "TokenErrors", "Match", "Sequence",
            "SAME_IDS", "INSIDE_ROW"]

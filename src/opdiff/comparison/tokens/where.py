@@ -2,6 +2,8 @@
 matched sequence, with each side's row and position."""
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence as Seq
 
 from ...store.records import iter_tensors
@@ -46,11 +48,7 @@ def token_positions(divergence: Divergence, rows: Seq[Any], target: Any, golden:
     t_desc, g_desc = _descriptor(target, row.target_name), _descriptor(golden, row.golden_name)
     if not t_desc or not g_desc or not t_desc.get("key") or not g_desc.get("key"):
         return ""
-    cut = _cut(target, t_desc["key"]) or _cut(golden, g_desc["key"])
-    if cut is None:
-        return ""
-    dim, offset = (0, 0) if cut.lead == FLAT else (cut.tokens[0], 0) if cut.tokens else \
-        cut.windows[0][:2] if cut.windows else (None, 0)
+    dim, offset = _token_dim(target, golden, t_desc["key"], g_desc["key"])
     if dim is None:
         return ""
     said = []
@@ -81,4 +79,85 @@ def token_positions(divergence: Divergence, rows: Seq[Any], target: Any, golden:
     return f"{divergence.name} differs on its tokens: " + "; ".join(said)
 
 
-__all__ = ["token_positions"]
+# A module call's first output whose module path ends in an index (a ModuleList's item: a
+# decoder layer, an encoder block), e.g. Module.model.layers.3.LlamaDecoderLayer.forward.0.output.0
+_LAYER = re.compile(r"^Module\.(?P<path>.+\.\d+)\.[A-Za-z_]\w*\.forward\.\d+\.output\.0$")
+
+
+@dataclass(frozen=True)
+class TokenErrors:
+    """The relative error of each layer's output at each real token of the first matched
+    sequence, target against golden: errors[i][p] = |t - g| / |g| over the token's values
+    (L2), layer `layers[i]` at position `positions[p]` of the sequence."""
+
+    layers: tuple[str, ...]
+    positions: tuple[int, ...]
+    errors: tuple[tuple[float, ...], ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"layers": list(self.layers), "positions": list(self.positions),
+                "errors": [list(row) for row in self.errors]}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Optional["TokenErrors"]:
+        if not isinstance(data, dict):
+            return None
+        try:
+            return cls(tuple(map(str, data["layers"])), tuple(map(int, data["positions"])),
+                       tuple(tuple(float(e) for e in row) for row in data["errors"]))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+def token_errors(rows: Seq[Any], target: Any, golden: Any, matches: Seq[Match]
+                 ) -> Optional[TokenErrors]:
+    """Each layer output's error per token of the first matched sequence (None: no layer
+    output holds a token dim both sides' tensors can be read at)."""
+    import torch
+
+    layers, errors, positions = [], [], None
+    for row in rows:
+        found = _LAYER.match(row.target_name or "")
+        if found is None or not row.golden_name:
+            continue
+        t_desc, g_desc = _descriptor(target, row.target_name), _descriptor(golden, row.golden_name)
+        if not t_desc or not g_desc or not t_desc.get("key") or not g_desc.get("key"):
+            continue
+        dim, offset = _token_dim(target, golden, t_desc["key"], g_desc["key"])
+        if dim is None:
+            continue
+        t, g = _part(target, t_desc["key"], 0, len(matches)), \
+            _part(golden, g_desc["key"], 0, len(matches))
+        if t is None or g is None or t.shape != g.shape or t.dim() <= dim or \
+                not (t.is_floating_point() and g.is_floating_point()):
+            continue
+        length = t.shape[dim]
+        if positions is not None and len(positions) != length:
+            continue
+        positions = tuple(range(offset, offset + length))
+        diff = (t.double() - g.double()).movedim(dim, 0).reshape(length, -1).norm(dim=1)
+        norm = g.double().movedim(dim, 0).reshape(length, -1).norm(dim=1)
+        rel = diff / norm.clamp_min(torch.finfo(torch.float64).tiny)
+        layers.append(found.group("path"))
+        errors.append(tuple(float(e) for e in rel))
+    if not layers or positions is None:
+        return None
+    return TokenErrors(tuple(layers), positions, tuple(errors))
+
+
+def _token_dim(target: Any, golden: Any, t_key: str, g_key: str
+               ) -> tuple[Optional[int], int]:
+    """The token dim of a tensor as the sides cut it, and the position its part starts at."""
+    cut = _cut(target, t_key) or _cut(golden, g_key)
+    if cut is None:
+        return None, 0
+    if cut.lead == FLAT:
+        return 0, 0
+    if cut.tokens:
+        return cut.tokens[0], 0
+    if cut.windows:
+        return cut.windows[0][0], cut.windows[0][1]
+    return None, 0
+
+
+__all__ = ["token_positions", "token_errors", "TokenErrors"]
