@@ -30,6 +30,7 @@ from .sequences import INSIDE_ROW, SAME_IDS, Layout, Match, Sequence, first_ids,
     match, read_layout
 from .source import SlicedSource
 from .decode import PREFIX, decode_alignment
+from .ties import generated_split
 from .where import TokenErrors, token_errors, token_positions
 
 log = logging.getLogger("opdiff")
@@ -140,14 +141,17 @@ def _align(target: DumpSource, golden: DumpSource, t_records: list[dict[str, Any
     t_layout, g_layout = read_layout(target, t_records), read_layout(golden, g_records)
     if t_layout is None or g_layout is None:
         return _unaligned(target, golden, t_records, g_records, t_layout, g_layout)
+    split = _split(target, golden, t_records, g_records)
     if _same_layout(g_layout, t_layout):
-        return None
+        return TokenAlignment(target, golden, t_records, g_records, None, split) if split \
+            else None
     decoded = decode_alignment(target, golden, t_records, g_records, t_layout, g_layout)
     if decoded is not None:
         return _decoded(target, golden, t_records, g_records, decoded)
     matches = match(g_layout, t_layout)
     if not matches:
-        return None         # other inputs, not another layout: compared as recorded
+        return TokenAlignment(target, golden, t_records, g_records, None, split) if split \
+            else None       # other inputs, not another layout: compared as recorded
     used_g = {m.golden.row for m in matches}
     used_t = {m.target.row for m in matches}
     if (g_layout.batch, g_layout.length) == (t_layout.batch, t_layout.length) and \
@@ -163,13 +167,24 @@ def _align(target: DumpSource, golden: DumpSource, t_records: list[dict[str, Any
     g_new = rewrite(g_side, g_records, shapes_by_place(t_records), t_layout)
     t_side.keep(t_new)
     g_side.keep(g_new)
-    notes = [Note(facts.sentence(), Note.PAIRING)]
+    notes = [Note(facts.sentence(), Note.PAIRING)] + split
     if facts.golden_left and facts.target_left:
         notes.append(Note(
             f"inconclusive: {len(facts.golden_left)} golden and {len(facts.target_left)} target "
             f"sequence(s) have no partner with the same tokens: their inputs may differ, and "
             f"they are not compared", Note.INCONCLUSIVE))
     return TokenAlignment(t_side, g_side, t_new, g_new, facts, notes)
+
+
+def _split(target: DumpSource, golden: DumpSource, t_records: list[dict[str, Any]],
+           g_records: list[dict[str, Any]]) -> list[Note]:
+    """Where the runs' generated tokens part, a tie or a real split (`ties.py`), as a note."""
+    try:
+        found = generated_split(target, golden, t_records, g_records)
+    except Exception as exc:    # a sentence for people: never the reason a compare fails
+        log.warning("opdiff: cannot tell whether the generated tokens' split is a tie (%s)", exc)
+        return []
+    return [found] if found is not None else []
 
 
 def _decoded(target: DumpSource, golden: DumpSource, t_records: list[dict[str, Any]],
