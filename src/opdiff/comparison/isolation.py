@@ -133,7 +133,7 @@ class _Side:
         self.parent = {r["name"]: r.get("module") for r in self.records if r["kind"] == Kind.MODULE}
         self.params = {d.get("fqn"): d for r in self.records for d in _tensors(r, Role.OUTPUT)
                        if r["kind"] == Kind.LEAF and d.get("fqn") and d.get("key")} | {
-            str(r.get("op", "")).split(".", 1)[-1]: d for r in self.records
+            str(r["op"]).split(".", 1)[-1]: d for r in self.records
             if r["kind"] == Kind.LEAF and r.get("leaf") in ("parameter", "buffer")
             for d in _tensors(r, Role.OUTPUT) if d.get("key")}
         self.members: dict[str, list[Record]] = defaultdict(list)

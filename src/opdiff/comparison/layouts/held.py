@@ -84,9 +84,9 @@ def read(plan: "GroupPlan", descs: list[dict[str, Any]], rec: dict[str, Any],
         slot = plan.fqn_slot.get(fqn)
         found = out_layout.get(slot) if slot is not None else None
         return found if found is not None and found.kind != UNKNOWN else None
-    if rec.get("kind") == Kind.LEAF or not str(rec.get("op", "")).endswith("_"):
+    if rec["kind"] == Kind.LEAF or not str(rec["op"]).endswith("_"):
         return None
-    first = (rec.get("inputs") or [None])[0]
+    first = (rec["inputs"] or [None])[0]
     if not isinstance(first, dict) or first.get("leaf") != "parameter" or \
             producer_of(descs[0]) is not None or first.get("shape") != descs[0].get("shape"):
         return None

@@ -130,7 +130,7 @@ def _judge(members: list[Record], readers: Readers, load: Load,
     # (a kernel's results its program does not compute, Inductor's buffers such as a norm's
     # mean kept for the backward, are not judged, as `opdiff check` does not judge them)
     unnamed = {f"{m['name']}.output.{i}" for m in members if m.get("kind") == Kind.KERNEL
-               for i in range(len(m.get("outputs") or ()))
+               for i in range(len(m["outputs"]))
                if i not in {o["output"] for o in m["program"]["outputs"]}}
     outputs = [n for n in readers.outputs(members) if n not in unnamed]
     if not outputs:
