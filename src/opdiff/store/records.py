@@ -325,7 +325,7 @@ def stack_frame(f: tuple[Any, ...]) -> dict[str, Any]:
     return frame
 
 
-_MAX_STACK_LINES = 1 << 14
+_MAX_STACK_LINES = 1 << 12     # (a line holds its frames' source context: about 1 kB)
 _stack_lines: dict[tuple[int, Any], str] = {}      # (stack id, frames) -> its line
 
 
