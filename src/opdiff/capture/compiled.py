@@ -53,9 +53,8 @@ def provenance(skip: int = 1) -> Optional[dict[str, Any]]:
         if frame is None:
             return None
         code = frame.f_code
-        kind = kinds.get(code)
-        if kind is None:
-            kind = _classify(code, frame.f_globals)
+        known = kinds.get(id(code))    # (by id: hashing a code object hashes its contents)
+        kind = known[1] if known is not None and known[0] is code else _classify(code, frame.f_globals)
         if kind == _INDUCTOR:
             # Inductor's wrapper calling an extern kernel (mm, bmm...): its fused kernels are
             # C++ or Triton, run without a dispatch (capture/inductor.py records the C++ ones);
@@ -82,7 +81,10 @@ def provenance(skip: int = 1) -> Optional[dict[str, Any]]:
 
 
 _PLAIN, _GRAPH, _INDUCTOR = 0, 1, 2
-_kinds: dict[Any, int] = {}     # code object -> what runs it (a frame walk is the hot path)
+# id(code object) -> (that code object, what runs it): a frame walk per op is the hot path, and
+# hashing a code object hashes its bytecode and constants (0.2 us a frame); the entry holds the
+# code, so its id is not reused while the entry exists
+_kinds: dict[int, tuple[Any, int]] = {}
 
 
 def _classify(code: Any, names: dict[str, Any]) -> int:
@@ -94,7 +96,7 @@ def _classify(code: Any, names: dict[str, Any]) -> int:
         kind = _PLAIN
     if len(_kinds) > _CACHE_MAX:
         _kinds.clear()
-    _kinds[code] = kind
+    _kinds[id(code)] = (code, kind)
     return kind
 
 

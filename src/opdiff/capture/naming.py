@@ -139,11 +139,27 @@ def operator_name(name: str) -> str:
         f = f.f_back
     if f is None or f.f_lasti < 0:
         return name
-    bytecode = f.f_code.co_code
-    op = bytecode[f.f_lasti]
+    # what the instruction at (code, offset) makes of `name` never changes: worked out once
+    code, lasti = f.f_code, f.f_lasti
+    key = (name, id(code), lasti)
+    known = _renamed.get(key)
+    if known is None or known[0] is not code:
+        if len(_renamed) >= _MAX_RENAMED:      # generated code must not grow this forever
+            _renamed.clear()
+        known = _renamed[key] = (code, _operator_at(name, code.co_code, lasti))
+    return known[1]
+
+
+_MAX_RENAMED = 1 << 14
+_renamed: dict = {}    # (name, id(code), instruction offset) -> (that code, the operator's name)
+
+
+def _operator_at(name: str, bytecode: bytes, lasti: int) -> str:
+    """`name` (a `Tensor.` method) as the operator the instruction at `lasti` executed."""
+    op = bytecode[lasti]
     dunder = None
     if op == _BINARY_OP:
-        arg = bytecode[f.f_lasti + 1]
+        arg = bytecode[lasti + 1]
         if arg < len(_BINARY_OP_NAMES):
             dunder = _BINARY_OP_NAMES[arg]
     else:

@@ -323,3 +323,18 @@ def stack_frame(f: tuple[Any, ...]) -> dict[str, Any]:
     if len(f) > 4 and f[4]:
         frame["context"] = [list(c) for c in f[4]]
     return frame
+
+
+_MAX_STACK_LINES = 1 << 12     # (a line holds its frames' source context: about 1 kB)
+_stack_lines: dict[tuple[int, Any], str] = {}      # (stack id, frames) -> its line
+
+
+def stack_line(sid: int, frames: tuple[tuple[Any, ...], ...]) -> str:
+    """The stacks.jsonl line of stack `sid` (frames as `stack_frame` takes them). Each step's
+    dump writes its call sites again, in the same order: their lines are made once a process."""
+    line = _stack_lines.get((sid, frames))
+    if line is None:
+        if len(_stack_lines) >= _MAX_STACK_LINES:     # generated code must not grow this forever
+            _stack_lines.clear()
+        line = _stack_lines[(sid, frames)] = dumps({"id": sid, "frames": [stack_frame(f) for f in frames]})
+    return line

@@ -28,7 +28,7 @@ from ..dtypes import SAFETENSORS_CODES, short_dtype
 from . import layout
 from .reader import REF_PREFIX
 from .durable import RawFile, Unfinished, disk_full, write_replacing
-from .records import SCHEMA_VERSION, dumps, json_text, stack_frame
+from .records import SCHEMA_VERSION, dumps, json_text, stack_frame, stack_line
 from .references import Aliases, Base, Ref, host_elements
 
 if TYPE_CHECKING:
@@ -380,8 +380,7 @@ class DumpWriter:
         if sid is None:
             sid = len(self._stack_ids)
             self._stack_ids[frames] = sid
-            entry = {"id": sid, "frames": [stack_frame(f) for f in frames]}
-            self._buffer.append(("s", dumps(entry), None))
+            self._buffer.append(("s", stack_line(sid, frames), None))
         return sid
 
     def stack_frames(self, stack_id: int | None) -> list[dict[str, Any]]:
