@@ -14,11 +14,6 @@ rank 0's differences are received through the collective that carried them (orig
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -26,84 +21,27 @@ import torch
 import torch.distributed as dist
 
 import opdiff
+from layout_runs import run_layout
 from opdiff.capture import collectives
 from opdiff.errors import ConfigError
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not built")]
 
-_WORKER = textwrap.dedent('''
-    import contextlib, sys
-    import torch, torch.distributed as dist, torch.multiprocessing as mp
-    import opdiff
-    from opdiff.testing.faults import inject_fault
 
-    def work(rank, root, store, faulty, kind):
-        dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=2)
-        from torch.distributed.device_mesh import init_device_mesh
-        mesh = init_device_mesh("cpu", (2,))
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 2))
-        if kind == "fsdp2":
-            from torch.distributed.fsdp import fully_shard
-            fully_shard(model[0], mesh=mesh)
-            fully_shard(model[2], mesh=mesh)
-            fully_shard(model, mesh=mesh)
-            from opdiff.capture.collectives import record_fsdp_reduce_scatter
-            record_fsdp_reduce_scatter(model)        # FSDP2's gradient reduce-scatter, recorded
-            torch.manual_seed(1 + rank)              # data parallel: each rank its own batch
-        else:
-            from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
-                                                           parallelize_module)
-            parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
-        x = torch.randn(4, 8)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)   # steps DTensor parameters (both kinds)
-        fault = inject_fault("Functional.gelu", call=0, scale=1.05) if rank == faulty \\
-            else contextlib.nullcontext()
-        with fault:
-            dbg = opdiff.PrecisionDebugger(dump_path=root, level="L1", task="statistics")
-            dbg.start()
-            model(x).sum().backward()
-            opt.step()
-            dbg.stop()
-            dbg.step()
-        dist.barrier()
-        dist.destroy_process_group()
-
-    if __name__ == "__main__":
-        mp.spawn(work, args=(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]), nprocs=2,
-                 join=True)
-''')
-
-
-# Both kinds take ~20 s a run here without load.
-LIMIT_S = 300
-
-
-def _run(tmp: Path, kind: str, name: str, faulty: int) -> tuple[str, str]:
-    """(the dump root, why it cannot be used: "" when it can)."""
-    script = tmp / "worker.py"
-    script.write_text(_WORKER)
-    root = tmp / name
-    limit = LIMIT_S
-    # Its own session, so that on a timeout the spawned ranks go too (killpg of this group).
-    proc = subprocess.Popen([sys.executable, str(script), str(root), str(tmp / f"store_{name}"),
-                             str(faulty), kind], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        _, stderr = proc.communicate(timeout=limit)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        return str(root), f"{kind} under opdiff capture does not finish a 2-rank step in {limit} s"
-    if proc.returncode != 0:
-        lines = [ln for ln in stderr.splitlines() if "Error" in ln and ":" in ln]
-        return str(root), f"{kind} under opdiff capture fails: {lines[-1] if lines else stderr[-300:]}"
-    empty = [r for r in (0, 1)
-             if not (root / "step0" / f"rank{r}" / "records.jsonl").read_text().strip()]
-    if empty:
-        return str(root), f"{kind} under opdiff capture records no op on rank(s) {empty}"
-    return str(root), ""
+@pytest.fixture(scope="module")
+def kind_roots(tmp_path_factory):
+    """{run: {kind: root}}: one spawn writes both kinds of every run; a rank that recorded no
+    op fails it."""
+    runs = run_layout(tmp_path_factory.mktemp("fsdp_tp"), "collective", 2,
+                      "target:Functional.gelu:0", "golden", "golden2")
+    out = {name: {kind: f"{root}/{kind}" for kind in CARRIER} for name, root in runs.items()}
+    for kinds in out.values():
+        for root in kinds.values():
+            empty = [r for r in (0, 1) if not
+                     (Path(root) / "step0" / f"rank{r}" / "records.jsonl").read_text().strip()]
+            assert not empty, f"{root}: no op recorded on rank(s) {empty}"
+    return out
 
 
 # the collective that brings rank 1's difference to rank 0
@@ -111,13 +49,8 @@ CARRIER = {"fsdp2": "Distributed.reduce_scatter_single", "tp": "Distributed.all_
 
 
 @pytest.mark.parametrize("kind", ["fsdp2", "tp"])
-def test_fault_on_one_rank_is_named_and_a_healthy_pair_names_nothing(kind, tmp_path):
-    target, why = _run(tmp_path, kind, "target", faulty=1)
-    assert not why, why
-    golden, why = _run(tmp_path, kind, "golden", faulty=-1)
-    assert not why, why
-    again, why = _run(tmp_path, kind, "golden2", faulty=-1)
-    assert not why, why
+def test_fault_on_one_rank_is_named_and_a_healthy_pair_names_nothing(kind, kind_roots):
+    target, golden, again = (kind_roots[run][kind] for run in ("target", "golden", "golden2"))
     result = opdiff.compare(target, golden)
     fd = result.first_divergence
     assert fd is not None and fd.rank == 1 and fd.op == "Functional.gelu"

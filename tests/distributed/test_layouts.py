@@ -5,85 +5,31 @@ replicas checked), so a healthy pair names nothing and scores every tensor, and 
 after rank 1's second gelu is named at that gelu. Before, the healthy pair named an SGD update
 on a sharded weight, rank 1 had "no golden counterpart" and 53 tensors were "not comparable".
 
-One spawn per run, shared by the tests (session fixture): ~20 s a run here without load.
+One spawn of all the 2-rank runs and one of the 4-rank run, shared by the tests (session
+fixture; the workers are in layout_runs.py).
 """
 from __future__ import annotations
 
 import json
 import math
-import textwrap
 from pathlib import Path
 
 import pytest
 import torch.distributed as dist
 
 import opdiff
-from layout_runs import run_worker
+from layout_runs import run_layout
 from opdiff.store.adapters import discover
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not built")]
 
-_WORKER = textwrap.dedent('''
-    import contextlib, sys
-    import torch, torch.distributed as dist, torch.multiprocessing as mp
-    import opdiff
-    from opdiff.testing.faults import inject_fault
-
-    def model_():
-        torch.manual_seed(0)
-        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 8),
-                                   torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 8))
-
-    def step(model, root, fault, task):
-        torch.manual_seed(5)
-        x = torch.randn(4, 8)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        with fault:
-            dbg = opdiff.PrecisionDebugger(dump_path=root + "/" + task, level="L1", task=task)
-            dbg.start(model)
-            model(x).pow(2).mean().backward()
-            opt.step()
-            dbg.stop()
-            dbg.step()
-
-    def work(rank, root, store, faulty, world):
-        dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world)
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
-                                                       parallelize_module)
-        mesh = init_device_mesh("cpu", (world,))
-        for task in ("statistics", "tensor"):
-            model = parallelize_module(model_(), mesh,
-                                       {"0": ColwiseParallel(), "2": RowwiseParallel(),
-                                        "3": ColwiseParallel(), "5": RowwiseParallel()})
-            fault = inject_fault("Functional.gelu", call=1, scale=1.01) if rank == faulty \\
-                else contextlib.nullcontext()
-            if faulty == -3 and rank == 1:               # a replica that differs: rank 1's bias
-                with torch.no_grad():
-                    model[2].bias._local_tensor.add_(1e-3)
-            step(model, root, fault, task)
-        dist.barrier()
-        dist.destroy_process_group()
-
-    if __name__ == "__main__":
-        root, store, faulty, world = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-        if faulty == -2:                                   # the one-device golden
-            for task in ("statistics", "tensor"):
-                step(model_(), root, contextlib.nullcontext(), task)
-        else:
-            mp.spawn(work, args=(root, store, faulty, world), nprocs=world, join=True)
-''')
-def _run(tmp: Path, name: str, faulty: int, world: int = 2) -> str:
-    return run_worker(tmp, _WORKER, name, "a 2-rank TP step", faulty, world)
-
-
 @pytest.fixture(scope="session")
 def tp_roots(tmp_path_factory):
-    """{run: root}; each root holds a statistics and a tensor dump (one spawn each)."""
+    """{run: root}; each root holds a statistics and a tensor dump (two spawns: 2 and 4 ranks)."""
     tmp = tmp_path_factory.mktemp("layouts")
-    return {"one": _run(tmp, "one", -2), "tp": _run(tmp, "tp", -1), "faulty": _run(tmp, "faulty", 1),
-            "tp4": _run(tmp, "tp4", -1, world=4), "replica": _run(tmp, "replica", -3)}
+    return {**run_layout(tmp, "tp", 2, "one", "tp", "faulty:Functional.gelu:1", "replica"),
+            "tp4": run_layout(tmp, "tp", 4, "tp4")["tp4"]}
 
 
 @pytest.fixture(scope="session")

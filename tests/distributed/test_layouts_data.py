@@ -6,73 +6,24 @@ gradients), so a healthy pair names nothing with nothing unmatched, and a 1% fau
 1's second gelu is named at that gelu (with tensors: on rank 1). Before, the compare refused the
 pair ("look like dumps of different models") or named rank 0.
 
-One spawn per run, statistics and tensors in it (session fixture).
+One spawn of the 2-rank runs, statistics and tensors in each (session fixture; the workers are
+in layout_runs.py).
 """
 from __future__ import annotations
-
-import textwrap
-from pathlib import Path
 
 import pytest
 import torch.distributed as dist
 
 import opdiff
-from layout_runs import run_worker
+from layout_runs import run_layout
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not built")]
 
-_WORKER = textwrap.dedent('''
-    import contextlib, sys
-    import torch, torch.distributed as dist, torch.multiprocessing as mp
-    import opdiff
-    from opdiff.testing.faults import inject_fault
-
-    def model_():
-        torch.manual_seed(0)
-        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 8),
-                                   torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 8))
-
-    def batch():
-        torch.manual_seed(5)
-        return torch.randn(8, 8)
-
-    def run(model, x, root, faulty):
-        for task in ("statistics", "tensor"):
-            fault = inject_fault("Functional.gelu", call=1, scale=1.01) if faulty \\
-                else contextlib.nullcontext()
-            opt = torch.optim.SGD(model.parameters(), lr=0.0)     # the same weights both times
-            dbg = opdiff.PrecisionDebugger(dump_path=f"{root}/{task}", level="L1", task=task)
-            with fault:
-                dbg.start(model)
-                model(x).pow(2).mean().backward()
-                opt.step()
-                dbg.stop()
-                dbg.step()
-            opt.zero_grad()
-
-    def work(rank, root, store, faulty):
-        dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=2)
-        model = torch.nn.parallel.DistributedDataParallel(model_())
-        run(model, batch().chunk(2)[rank], root, rank == faulty)
-        dist.barrier()
-        dist.destroy_process_group()
-
-    if __name__ == "__main__":
-        root, store, faulty = sys.argv[1], sys.argv[2], int(sys.argv[3])
-        if faulty == -2:
-            run(model_(), batch(), root, False)
-        else:
-            mp.spawn(work, args=(root, store, faulty), nprocs=2, join=True)
-''')
-def _run(tmp: Path, name: str, faulty: int) -> str:
-    return run_worker(tmp, _WORKER, name, "a 2-rank DDP step", faulty)
-
-
 @pytest.fixture(scope="session")
 def dp_roots(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("data")
-    return {"one": _run(tmp, "one", -2), "dp": _run(tmp, "dp", -1), "faulty": _run(tmp, "faulty", 1)}
+    return run_layout(tmp_path_factory.mktemp("data"), "ddp", 2,
+                      "one", "dp", "faulty:Functional.gelu:1")
 
 
 @pytest.mark.parametrize("task", ["statistics", "tensor"])

@@ -8,84 +8,27 @@ a 1% fault after rank 1's second gelu is named at that gelu (with tensors: on ra
 layer is 15 wide: its parameters' shards are uneven (8 and 7 rows). Before, 100 rows were
 unmatched (the all-gathers' staging ops and the parameters' leaves).
 
-One spawn per run, statistics and tensors in it (session fixture).
+One spawn of the 2-rank runs, statistics and tensors in each (session fixture; the workers are
+in layout_runs.py).
 """
 from __future__ import annotations
 
 import math
-import textwrap
-from pathlib import Path
 
 import pytest
 import torch.distributed as dist
 
 import opdiff
-from layout_runs import run_worker
+from layout_runs import run_layout
 from opdiff.store.adapters import discover
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not built")]
 
-_WORKER = textwrap.dedent('''
-    import contextlib, sys
-    import torch, torch.distributed as dist, torch.multiprocessing as mp
-    import opdiff
-    from opdiff.testing.faults import inject_fault
-
-    def model_():
-        torch.manual_seed(0)
-        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 8),
-                                   torch.nn.Linear(8, 15), torch.nn.GELU(), torch.nn.Linear(15, 8))
-
-    def batch():
-        torch.manual_seed(5)
-        return torch.randn(8, 8)
-
-    def run(model, x, root, faulty):
-        for task in ("statistics", "tensor"):       # the second step: parameters gathered again
-            fault = inject_fault("Functional.gelu", call=1, scale=1.01) if faulty \\
-                else contextlib.nullcontext()
-            opt = torch.optim.SGD(model.parameters(), lr=0.0)     # the same weights both times
-            dbg = opdiff.PrecisionDebugger(dump_path=f"{root}/{task}", level="L1", task=task)
-            with fault:
-                dbg.start(model)
-                model(x).pow(2).mean().backward()
-                opt.step()
-                dbg.stop()
-                dbg.step()
-            opt.zero_grad()
-
-    def work(rank, root, store, faulty):
-        dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=2)
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-        mesh = init_device_mesh("cpu", (2,))
-        model = model_()
-        for i in (0, 2, 3, 5):
-            fully_shard(model[i], mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        run(model, batch().chunk(2)[rank], root, rank == faulty)
-        dist.barrier()
-        dist.destroy_process_group()
-
-    if __name__ == "__main__":
-        root, store, faulty = sys.argv[1], sys.argv[2], int(sys.argv[3])
-        if faulty == -2:
-            run(model_(), batch(), root, False)
-        else:
-            mp.spawn(work, args=(root, store, faulty), nprocs=2, join=True)
-''')
-
-
-def _run(tmp: Path, name: str, faulty: int) -> str:
-    return run_worker(tmp, _WORKER, name, "a 2-rank FSDP2 step", faulty)
-
-
 @pytest.fixture(scope="session")
 def fsdp_roots(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("fsdp")
-    return {"one": _run(tmp, "one", -2), "fsdp": _run(tmp, "fsdp", -1),
-            "faulty": _run(tmp, "faulty", 1)}
+    return run_layout(tmp_path_factory.mktemp("fsdp"), "fsdp", 2,
+                      "one", "fsdp", "faulty:Functional.gelu:1")
 
 
 @pytest.mark.parametrize("task", ["statistics", "tensor"])

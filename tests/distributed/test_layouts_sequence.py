@@ -10,100 +10,24 @@ fault on rank 1 is named at its op: the gelu on the hidden dim's shard, or the s
 norm on the sequence's. Before, 26 rows were unmatched, the input was taken for a batch split
 (an error row) and the gelu's gradient was judged 0.5 off.
 
-One spawn per run, statistics and tensors in it (session fixture).
+One spawn of the 2-rank runs, statistics and tensors in each (session fixture; the workers are
+in layout_runs.py).
 """
 from __future__ import annotations
-
-import textwrap
-from pathlib import Path
 
 import pytest
 import torch.distributed as dist
 
 import opdiff
-from layout_runs import run_worker
+from layout_runs import run_layout
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not built")]
 
-_WORKER = textwrap.dedent('''
-    import contextlib, sys
-    import torch, torch.distributed as dist, torch.multiprocessing as mp
-    import opdiff
-    from opdiff.testing.faults import inject_fault
-
-    class Block(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.norm = torch.nn.LayerNorm(8)
-            self.fc1 = torch.nn.Linear(8, 16)
-            self.fc2 = torch.nn.Linear(16, 8)
-            self.norm2 = torch.nn.LayerNorm(8)
-            self.head = torch.nn.Linear(8, 4)
-
-        def forward(self, x):
-            h = self.fc2(torch.nn.functional.gelu(self.fc1(self.norm(x))))
-            return self.head(self.norm2(h))
-
-    def model_():
-        torch.manual_seed(0)
-        return Block()
-
-    def batch():
-        torch.manual_seed(5)
-        return torch.randn(2, 8, 8)
-
-    def run(model, x, root, fault):
-        for task in ("statistics", "tensor"):
-            opt = torch.optim.SGD(model.parameters(), lr=0.0)     # the same weights both times
-            dbg = opdiff.PrecisionDebugger(dump_path=f"{root}/{task}", level="L1", task=task)
-            with (inject_fault(fault[0], call=fault[1], scale=1.01) if fault
-                  else contextlib.nullcontext()):
-                dbg.start(model)
-                model(x).pow(2).mean().backward()
-                opt.step()
-                dbg.stop()
-                dbg.step()
-            opt.zero_grad()
-
-    def work(rank, root, store, fault):
-        dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=2)
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.tensor import Replicate, Shard
-        from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
-                                                       SequenceParallel, parallelize_module)
-        model = parallelize_module(model_(), init_device_mesh("cpu", (2,)), {
-            "norm": SequenceParallel(),
-            "fc1": ColwiseParallel(input_layouts=Shard(1)),
-            "fc2": RowwiseParallel(output_layouts=Shard(1)),
-            "norm2": SequenceParallel(),
-            "head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
-        })
-        run(model, batch().chunk(2, dim=1)[rank], root, fault if rank == 1 else None)
-        dist.barrier()
-        dist.destroy_process_group()
-
-    if __name__ == "__main__":
-        root, store, fault = sys.argv[1], sys.argv[2], sys.argv[3]
-        op, _, call = fault.partition(":")
-        fault = (op, int(call)) if op not in ("one", "healthy") else None
-        if op == "one":
-            run(model_(), batch(), root, None)
-        else:
-            mp.spawn(work, args=(root, store, fault), nprocs=2, join=True)
-''')
-
-
-def _run(tmp: Path, name: str, fault: str) -> str:
-    return run_worker(tmp, _WORKER, name, "a 2-rank sequence-parallel step", fault)
-
-
 @pytest.fixture(scope="session")
 def sp_roots(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("sequence")
-    return {"one": _run(tmp, "one", "one"), "sp": _run(tmp, "sp", "healthy"),
-            "gelu": _run(tmp, "gelu", "Functional.gelu:0"),
-            "norm": _run(tmp, "norm", "Functional.layer_norm:1")}
+    return run_layout(tmp_path_factory.mktemp("sequence"), "sequence", 2, "one", "sp",
+                      "gelu:Functional.gelu:0", "norm:Functional.layer_norm:1")
 
 
 @pytest.mark.parametrize("task", ["statistics", "tensor"])

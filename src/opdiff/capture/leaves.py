@@ -11,7 +11,9 @@ before any op (and names it, not the op that reads it, when it differs):
 
 The reading op's input descriptor carries `"leaf"` and `"fqn"` too. Parameters and buffers are
 matched by identity (one dict lookup per tensor argument); the table holds weak references and is
-built once per `start()`.
+built once per `start()`. A DTensor made of a parameter (`from_local`) in an earlier step and
+read again in this one (DDP's hook for tensor-parallel modules keeps them) is a read of that
+parameter: its leaf record is written there, the DTensor's descriptor left untagged.
 """
 from __future__ import annotations
 
@@ -156,6 +158,14 @@ class Leaves:
             return None
         return entry[1], entry[2], t
 
+    def made_of(self, t: torch.Tensor) -> Optional[tuple[str, str, torch.Tensor]]:
+        """(what, fqn, the leaf) when t is a DTensor whose local tensor is a followed leaf or a
+        view of one (`DTensor.from_local` of a parameter), else None."""
+        if type(t) is torch.Tensor:
+            return None          # (the common case, without an attribute lookup)
+        local = getattr(t, "_local_tensor", None)
+        return self.find(local) if isinstance(local, torch.Tensor) else None
+
     def first_use(self, t: torch.Tensor) -> bool:
         """True the first time this step a leaf is read (its record is then due)."""
         key = id(t)
@@ -198,6 +208,13 @@ def tag_leaves(session: Any, values: Any, reader: dict) -> None:
 def _tag_one(session: Any, leaves: Leaves, t: torch.Tensor, desc: dict, reader: dict) -> None:
     found = leaves.find(t)
     if found is None:
+        # A DTensor made of a parameter in an earlier step and kept (DDP's hook for
+        # tensor-parallel modules puts its `from_local` DTensors in the module after the first
+        # forward, and reads them from then on): the parameter is read here, untagged as in the
+        # step that made it (its record, then a reader of a DTensor made of it).
+        made = leaves.made_of(t)
+        if made is not None and leaves.first_use(made[2]) and session.selection.want_forward:
+            _emit(session, *made, reader)
         return
     what, fqn, t = found
     desc["leaf"] = what
@@ -206,6 +223,10 @@ def _tag_one(session: Any, leaves: Leaves, t: torch.Tensor, desc: dict, reader: 
         return        # written without being read (an initialiser): its first read comes later
     if not leaves.first_use(t) or not session.selection.want_forward:
         return
+    _emit(session, what, fqn, t, reader)
+
+
+def _emit(session: Any, what: str, fqn: str, t: torch.Tensor, reader: dict) -> None:
     # (described again under its own name: statistics shared, a saved tensor referenced)
     own = session.describe(t, record_name(f"{_PREFIX[what]}.{fqn}", Phase.FORWARD, 0), Role.OUTPUT, 0)
     own.pop("leaf", None)

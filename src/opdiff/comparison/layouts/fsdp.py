@@ -3,7 +3,8 @@
 Before a module's forward, FSDP2 gathers its parameters: `Torch.empty` buffers,
 `Torch.all_gather_copy_in`, the all-gather, `Tensor.view`s of the staging buffers,
 `Torch.split_with_sizes_copy` and, the first time, one `Torch.as_strided` per parameter
-(`torch.ops.fsdp`'s own ops). `Unshards` finds these runs in a rank's records: layout ops, left
+(`torch.ops.fsdp`'s own ops), each followed by a `Tensor.detach` when the parameters are
+tensor-parallel DTensors (FSDP2 x TP). `Unshards` finds these runs in a rank's records: layout ops, left
 out of the logical run.
 
 The module's ops then read its whole parameters, which capture does not know as parameters
@@ -40,7 +41,7 @@ class Unshards:
 
     def feed(self, pos: int, rec: dict[str, Any]) -> None:
         op, state = str(rec.get("op")), self._state
-        if state == "views" and op == _VIEW:
+        if state == "views" and (op == _VIEW or op == "Tensor.detach"):
             self.positions.add(pos)
         elif state == "gather" and (op in _STAGING or op.startswith("Distributed.all_gather")):
             self._block.append(pos)

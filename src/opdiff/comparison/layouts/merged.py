@@ -19,7 +19,7 @@ from typing import Any, Iterator, Optional, Sequence
 
 from ...store.records import producer_of
 from ...store.source import DumpSource
-from . import statistics
+from . import mesh, statistics
 from .fsdp import as_leaf
 from .placement import PARTIAL, REPLICATE, REPLICATED, SHARD, UNKNOWN, Layout
 from .plan import GroupPlan, plan_group, tensor_slots
@@ -132,9 +132,10 @@ class MergedSource(RankGroup):
         targets = list(tensor_slots(out))
         for j, (role, path, desc) in enumerate(targets):
             layout = plan.layouts.get((pos, role, path))
-            descs = [p[j][2] for p in per_rank]
+            descs = mesh.project([p[j][2] for p in per_rank])
             self._merge_desc(desc, descs, layout, f"{out['name']}.{role}.{path}",
                              (recs[0].get("seq"), path) if role == "output" else None)
+            mesh.carried(descs[plan.order[0]], desc)
             for read, fqn in plan.leaves.get(pos, ()):
                 if role == "input" and path == read:  # reads an FSDP2-gathered parameter
                     desc["leaf"], desc["fqn"] = "parameter", fqn
@@ -152,8 +153,9 @@ class MergedSource(RankGroup):
             leaves.append(as_leaf(rec, desc, fqn))
         out = copy.deepcopy(leaves[0])
         out["reader"] = self.plan.renamed.get(str(out["reader"]), out["reader"])
-        self._merge_desc(out["outputs"][0], [r["outputs"][0] for r in leaves], REPLICATED,
-                         f"{out['name']}.output.0", None)
+        descs = mesh.project([r["outputs"][0] for r in leaves])
+        self._merge_desc(out["outputs"][0], descs, REPLICATED, f"{out['name']}.output.0", None)
+        mesh.carried(descs[self.plan.order[0]], out["outputs"][0])
         return out
 
     def _unwrapped(self, out: dict[str, Any]) -> None:

@@ -6,14 +6,27 @@ all-reduce) come later and span the other dim. `inner_groups` reads each rank's 
 collective: when they split the ranks into equal proper groups, each group is merged first
 (`MergedSource`: tensor parallel, one logical rank per group, named by its first rank), and
 those logical ranks are then merged as data parallel (`MergedSource` over them).
+
+FSDP2 x TP is the other way round: FSDP2's parameter all-gather over the data-parallel group
+comes first, so each data-parallel group (ranks holding the same tensor-parallel shard) is
+merged first, as data parallel, and the logical ranks then as tensor parallel. Within a group,
+`project` reads every DTensor placement as its ranks see it: the mesh dim along which the
+group's coordinates differ is the group's own (FSDP2's `_StridedShard` on it joins to the
+tensor-parallel shard: a shard along that dim), and the other dims' placements are carried
+(`OUTER`) to the merged tensor for the next level; a placement on none of the group's dims (a
+tensor-parallel DTensor, alike on every rank of the group) is carried whole.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+import re
+from typing import Any, Optional, Sequence
 
 from ...store.source import DumpSource
 
 _LOOK = 2000          # records read per rank for its first group collective
+OUTER = "outer_placement"    # a descriptor's placement over the mesh dims its group is not on
+_STRIDED = re.compile(r"^_S(?:tridedShard)?\((?:dim=)?(-?\d+)")
+_SHARDED = re.compile(r"^(?:_S|S|Shard|_StridedShard)\((?:dim=)?(-?\d+)")
 
 
 def _first_group(source: DumpSource) -> Optional[tuple[int, ...]]:
@@ -47,4 +60,71 @@ def inner_groups(dumps: Sequence[DumpSource]) -> Optional[list[list[DumpSource]]
     return [groups[g] for g in sorted(groups)]
 
 
-__all__ = ["inner_groups"]
+def _coordinates(descs: Sequence[dict[str, Any]]) -> Optional[list[list[Any]]]:
+    found = []
+    for d in descs:
+        placed = d.get("placement")
+        if not isinstance(placed, dict) or not isinstance(placed.get("placements"), list) or \
+                not isinstance(placed.get("coordinate"), list) or \
+                len(placed["coordinate"]) != len(placed["placements"]):
+            return None
+        found.append(placed["coordinate"])
+    return found if found and all(len(c) == len(found[0]) for c in found) else None
+
+
+def project(descs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The group's ranks' descriptors of one tensor with their placements read as the group
+    sees them (see the module docstring); the same list when nothing is to be read again."""
+    coords = _coordinates(descs)
+    if coords is None or len(descs) < 2:
+        return descs
+    names = [str(p) for p in descs[0]["placement"]["placements"]]
+    varying = [j for j in range(len(names)) if len({str(c[j]) for c in coords}) > 1]
+    if len(names) == 1 and varying:
+        return descs                      # a one-dim mesh over the group: as it is
+    if len(varying) > 1 or (not varying and len(names) > 1):
+        return descs                      # not one dim of the mesh: left to fail as before
+    k = varying[0] if varying else -1
+    if k >= 0 and not _nested_last(names, k):
+        return descs
+    out = []
+    for d, c in zip(descs, coords):
+        placed = d["placement"]
+        rest = [j for j in range(len(names)) if j != k]
+        new = {key: v for key, v in d.items() if key != "placement"}
+        new[OUTER] = {**placed, "placements": [placed["placements"][j] for j in rest],
+                      "coordinate": [c[j] for j in rest]}
+        if k >= 0:
+            own = names[k]
+            m = _STRIDED.match(own)
+            new["placement"] = {"placements": [f"S({m.group(1)})" if m else own],
+                                "coordinate": [c[k]], "global_shape": None,
+                                "whole": placed.get("whole")}
+        out.append(new)
+    return out
+
+
+def _nested_last(names: list[str], k: int) -> bool:
+    """Whether joining the pieces along mesh dim `k` alone gives one contiguous block of what
+    the other dims split: dim k's shard is the finest of the tensor dim it splits (a
+    `_StridedShard`, or a plain shard after every other dim's shard of that tensor dim)."""
+    m = _SHARDED.match(names[k])
+    if m is None or _STRIDED.match(names[k]):
+        return True
+    for j, name in enumerate(names):
+        other = _SHARDED.match(name)
+        if j > k and other is not None and other.group(1) == m.group(1):
+            return False
+    return True
+
+
+def carried(desc: dict[str, Any], merged: dict[str, Any]) -> None:
+    """The merged descriptor of a group's tensor takes the placement its pieces carried over
+    the other mesh dims (`project`), for the next level's merge."""
+    outer = desc.get(OUTER)
+    merged.pop(OUTER, None)
+    if isinstance(outer, dict) and outer.get("placements"):
+        merged["placement"] = outer
+
+
+__all__ = ["inner_groups", "project", "carried", "OUTER"]

@@ -26,7 +26,7 @@ from typing import Any, Iterator, Optional, Sequence
 from ...store.records import iter_tensors, producer_of
 from ...store.schema import Kind, Phase, RecordName
 from ...store.source import DumpSource
-from . import fsdp, held, redistribute, statistics
+from . import fsdp, held, mesh, redistribute, statistics
 from .placement import (PARTIAL, REPLICATE, REPLICATED, SHARD, UNKNOWN_LAYOUT, Layout, Unsupported,
                         coordinate, from_placement)
 
@@ -118,6 +118,7 @@ def plan_group(sources: Sequence[DumpSource]) -> GroupPlan:
     gather, moves = _layout_ops(sources[0])
     reads: list[fsdp.Read] = []                  # FSDP2: inputs that may be whole parameters
     sharded: list[fsdp.Sharded] = []
+    gathered: set[Slot] = set()                  # FSDP2: its gathers' outputs (a DTensor's view)
     iters = [iter(s.records()) for s in sources]
     pos = -1
     while True:
@@ -144,6 +145,7 @@ def plan_group(sources: Sequence[DumpSource]) -> GroupPlan:
             plan.dropped.add(pos)
             dropped_names.add(name)
             out_layout[(seq, "0")] = REPLICATED
+            gathered.add((seq, "0"))
             continue
         if _is_self_view(first) or _group_collective(first, ranks) or pos in moves:
             plan.dropped.add(pos)
@@ -162,13 +164,15 @@ def plan_group(sources: Sequence[DumpSource]) -> GroupPlan:
         if gather and first.get("phase") == Phase.FORWARD and first.get("kind") != Kind.LEAF:
             reads.extend(fsdp.Read(pos, path, list(d.get("shape") or []), d.get("stats"))
                          for role, path, d in tensor_slots(first) if role == "input"
-                         and producer_of(d) is None and "leaf" not in d and d.get("shape"))
+                         and producer_of(d) in (None, *gathered) and "leaf" not in d
+                         and d.get("shape"))
         backward_of = forward_layouts.get(str(first.get("forward"))) \
             if first.get("phase") == Phase.BACKWARD else None
         mine: dict[tuple[str, str], Layout] = {}
         per_rank = [list(tensor_slots(r)) for r in recs if r is not None]
-        for j, (role, path, desc) in enumerate(per_rank[0]):
-            descs = [p[j][2] if j < len(p) else {} for p in per_rank]
+        for j, (role, path, _) in enumerate(per_rank[0]):
+            descs = mesh.project([p[j][2] if j < len(p) else {} for p in per_rank])
+            desc = descs[0]
             layout = _decide(plan, descs, role, path, first, mine, out_layout, backward_of,
                              recent, seq, pos)
             if from_placement(desc) is not None:
@@ -341,7 +345,7 @@ def _batch_shares(sources: Sequence[DumpSource]) -> Optional[list[float]]:
                 seen, i0 = rec["outputs"][0], i
                 found.append(seen)
             elif seen is not None and any(
-                    "placement" in d and statistics.signature(d) == statistics.signature(seen)
+                    _splits(d) and statistics.signature(d) == statistics.signature(seen)
                     for _, role, d in iter_tensors(rec) if role == "input"):
                 return None           # the input is a DTensor's local piece: its placement says
             if i > 500 or (seen is not None and i > i0 + _RECENT):
@@ -355,6 +359,14 @@ def _batch_shares(sources: Sequence[DumpSource]) -> Optional[list[float]]:
         return None                   # the same input on every rank: not a batch split
     total = sum(s[0] for s in shapes)
     return [s[0] / total for s in shapes] if total else None
+
+
+def _splits(desc: dict[str, Any]) -> bool:
+    """A DTensor placement that splits the tensor (a replicated DTensor made of the input, as
+    tensor parallelism makes of each data-parallel rank's batch, does not)."""
+    placed = desc.get("placement")
+    names = placed.get("placements") if isinstance(placed, dict) else None
+    return isinstance(names, list) and any(str(n) not in ("R", "Replicate()") for n in names)
 
 
 def _data_layout(descs: list[dict[str, Any]], role: str, first: dict[str, Any],
