@@ -42,11 +42,12 @@ SOURCES, RECORDS, PAIRS = "sources", "records", "pairs"
 
 class SourcesPlan(Protocol):
     """SOURCES level: the dumps of one step on each side, laid out again (several ranks merged
-    into one logical DumpSource, say) before step/rank pairs are formed."""
+    into one logical DumpSource, say) before step/rank pairs are formed. options: the
+    compare's `CompareOptions` (its layout files), or None."""
     name: str
 
-    def arrange(self, targets: list[DumpSource], goldens: list[DumpSource]
-                ) -> tuple[list[DumpSource], list[DumpSource], list[Note]]: ...
+    def arrange(self, targets: list[DumpSource], goldens: list[DumpSource],
+                options: Any = None) -> tuple[list[DumpSource], list[DumpSource], list[Note]]: ...
 
     def made(self, source: DumpSource) -> bool:
         """`source` is one this plan made (compared in this process: no path reopens it)."""
@@ -181,16 +182,17 @@ class RankLayouts:
     stages chained); the culprit's rank is named once the pair is judged."""
     name = "rank layouts"
 
-    def arrange(self, targets: list[DumpSource], goldens: list[DumpSource]
-                ) -> tuple[list[DumpSource], list[DumpSource], list[Note]]:
+    def arrange(self, targets: list[DumpSource], goldens: list[DumpSource],
+                options: Any = None) -> tuple[list[DumpSource], list[DumpSource], list[Note]]:
         from . import layouts
-        found = layouts.logical_pairs(targets, goldens)
+        found = layouts.logical_pairs(targets, goldens, (getattr(options, "layout", None),
+                                                         getattr(options, "golden_layout", None)))
         if found is None:                   # laid out alike: compared rank by rank
             return targets, goldens, []
         pairs, said = found
         notes = [n if isinstance(n, Note) else Note(n, Note.SHARDING) for n in said]
         if not pairs:                       # not merged: rank by rank, the notes say why
-            return targets, goldens, notes
+            return layouts.unlaid(targets), layouts.unlaid(goldens), notes
         return [t for t, _ in pairs], [g for _, g in pairs], notes
 
     def made(self, source: DumpSource) -> bool:
@@ -200,7 +202,7 @@ class RankLayouts:
     def judged(self, result: CompareResult, target: DumpSource, golden: DumpSource
                ) -> CompareResult:
         from . import layouts
-        return layouts.name_ranks(result, target, golden)
+        return layouts.judged(result, target, golden)
 
 
 class TokenLayouts:
@@ -297,10 +299,11 @@ def rewrites(t: Recording, g: Recording, table: Optional[Sequence[Row]] = None
 
 
 def arrange(targets: list[DumpSource], goldens: list[DumpSource],
-            table: Optional[Sequence[Row]] = None
+            table: Optional[Sequence[Row]] = None, options: Any = None
             ) -> tuple[list[DumpSource], list[DumpSource], list[Note]]:
     """Each side's dumps laid out by the SOURCES rows of `table` (default `PLANS`) that hold
-    (read from the first dump's meta on each side); as they are when none does."""
+    (read from the first dump's meta on each side); as they are when none does. options: the
+    compare's `CompareOptions` (layout files), handed to each row."""
     notes: list[Note] = []
     rows = [row for row in (PLANS if table is None else table) if row.level == SOURCES]
     if not rows or not targets or not goldens:
@@ -310,7 +313,7 @@ def arrange(targets: list[DumpSource], goldens: list[DumpSource],
     for row in rows:
         if row.when(t, g):
             plan = cast(SourcesPlan, row.then)
-            targets, goldens, said = plan.arrange(targets, goldens)
+            targets, goldens, said = plan.arrange(targets, goldens, options)
             notes += said
     return targets, goldens, notes
 
