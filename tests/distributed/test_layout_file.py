@@ -97,3 +97,18 @@ def test_a_bad_line_exits_2_naming_file_and_line(manual, tmp_path, capsys, text,
     assert code == 2, err
     assert f"{bad}:{line}: " in err and said in err, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_the_golden_side_takes_its_own_layout_file(manual):
+    result = opdiff.compare(f"{manual['one']}/tensor", f"{manual['tp']}/tensor",
+                            golden_layout=manual["layout"])
+    assert result.first_divergence is None, result.first_divergence
+    assert result.counts["error"] == result.counts["unmatched"] == 0, result.counts
+    assert any("golden's ranks [0, 1] were merged into one run" in n for n in result.notes)
+
+
+def test_a_layout_file_with_nothing_to_say_is_said_unused(manual):
+    result = opdiff.compare(f"{manual['tp']}/statistics", f"{manual['tp']}/statistics",
+                            layout=manual["layout"])
+    assert any(n.startswith(f"the target's layout file {manual['layout']} was not used")
+               for n in result.notes), result.notes

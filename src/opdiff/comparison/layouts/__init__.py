@@ -19,7 +19,8 @@ from ...store.source import DumpSource
 from ..result import CompareResult, Note
 from .attribute import name_ranks
 from .chain import ChainedSource
-from .declared import Declared, DeclaredSource, LayoutError, LayoutFile, Unlaid, unclaimed
+from .declared import (Declared, DeclaredSource, LayoutError, LayoutFile, Unlaid, unclaimed,
+                       unused)
 from .merged import MergedSource
 from .mesh import inner_groups
 from .placement import Unsupported
@@ -62,6 +63,8 @@ def _laid_out_unlike(targets: Sequence[DumpSource], goldens: Sequence[DumpSource
 def _side(step: int, dumps: list[DumpSource], side: str,
           notes: list[str], layout: Optional[LayoutFile] = None) -> Optional[DumpSource]:
     if len(dumps) == 1:
+        if layout is not None:
+            notes.append(unused(layout, side, f"step {step} of the {side} is one rank's"))
         return dumps[0]
     if layout is not None:          # the user's layout file says what the dump does not
         declared = Declared.bind(layout, dumps, side)
@@ -151,7 +154,10 @@ def _logical_pairs(targets: Sequence[DumpSource], goldens: Sequence[DumpSource],
                    ) -> Optional[tuple[list[Pair], list[str]]]:
     t_steps, g_steps = _by_step(targets), _by_step(goldens)
     if not _laid_out_unlike(targets, goldens, t_steps, g_steps):
-        return None
+        said: list[str] = [unused(f, side, "both runs have as many ranks (compared rank by "
+                                  "rank)") for f, side in zip(layouts, ("target", "golden"))
+                           if f is not None]
+        return ([], said) if said else None       # (no pairs: rank by rank, as before)
     pairs: list[Pair] = []
     notes: list[str] = []
     for step in sorted(set(t_steps) & set(g_steps)):

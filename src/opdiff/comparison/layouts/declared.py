@@ -36,7 +36,7 @@ from ...store.schema import Kind, Phase
 from ...store.source import DumpSource
 
 if TYPE_CHECKING:
-    from ..result import CompareResult
+    from ..result import CompareResult, Note
 
 MAX_LAYOUT_BYTES = 16 << 20
 SPLITS = {"column": 0, "row": 1}          # the weight's dim each splits along by default
@@ -294,6 +294,12 @@ class DeclaredSource(Unlaid):
         return out
 
 
+def unused(layout: LayoutFile, side: str, why: str) -> "Note":
+    """The note for a layout file that had nothing to say: `why` its side needed none."""
+    from ..result import Note
+    return Note(f"the {side}'s layout file {layout.path} was not used: {why}", Note.PAIRING)
+
+
 def unclaimed(result: "CompareResult", side: str) -> "CompareResult":
     """A rank-by-rank pair of an `Unlaid` side: no culprit claimed (a shard against the whole
     differs where nothing went wrong), and "inconclusive: ..." saying what would tell."""
@@ -308,4 +314,4 @@ def unclaimed(result: "CompareResult", side: str) -> "CompareResult":
 
 
 __all__ = ["LayoutFile", "LayoutError", "Split", "load", "Declared", "DeclaredSource", "Unlaid",
-           "unclaimed"]
+           "unclaimed", "unused"]
