@@ -39,3 +39,23 @@ def test_a_good_file_reads_each_line_with_its_number(tmp_path):
     assert got == [(2, "column", "layers.0.mlp.up", 0, (0, 1)),
                    (4, "row", "layers.0.mlp.down", 1, None),
                    (5, "column", "h.0.attn.c_attn", 1, None)]
+
+
+@pytest.mark.parametrize("text,said", [
+    ("stage 0 ranks=0,1\n", "a stage over several ranks"),
+    ("stage first ranks=0\n", "write 'stage N ranks=R'"),
+    ("stage 0 ranks=0\nstage 1 ranks=0\n", "rank 0 runs stage 0 already (line 1)"),
+])
+def test_a_bad_stage_line_is_refused_with_its_line(tmp_path, text, said):
+    path = tmp_path / "layout.txt"
+    path.write_text(text)
+    with pytest.raises(LayoutError) as raised:
+        load(path)
+    line = len(text.splitlines())
+    assert str(raised.value).startswith(f"{path}:{line}: ") and said in str(raised.value)
+
+
+def test_stage_lines_read_in_any_order(tmp_path):
+    path = tmp_path / "layout.txt"
+    path.write_text("stage 1 ranks=0\nstage 0 ranks=1\n")
+    assert [(s.stage, s.ranks) for s in load(path).stages] == [(1, (0,)), (0, (1,))]

@@ -7,6 +7,10 @@ forward, identity backward). No DTensor: nothing in the dump says which tensor i
 `run(tmp, name, faulty)`: faulty -2 is the same model on one process (world 1: the same code,
 no collective), -1 the healthy 2-rank run, 1 a 1% fault after rank 1's second gelu. Each root
 holds a `statistics` and a `tensor` dump of one training step.
+
+`run_stages(tmp, name, faulty)`: the same model as a 2-stage pipeline whose stage 0 runs on
+rank 1 and stage 1 on rank 0 (activations and gradients sent between them), faulty -1 healthy,
+0 a 1% fault after rank 0's gelu (stage 1's). `STAGES` is its layout file.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from pathlib import Path
 from layout_runs import run_worker
 
 LAYOUT = "column 0\nrow 2\ncolumn 3 dim=0 ranks=0,1\nrow 5   # the second block\n"
+STAGES = "# stage 0 (block 0) runs on rank 1\nstage 0 ranks=1\nstage 1 ranks=0\n"
 
 WORKER = textwrap.dedent('''
     import contextlib, sys
@@ -106,3 +111,67 @@ WORKER = textwrap.dedent('''
 
 def run(tmp: Path, name: str, faulty: int) -> str:
     return run_worker(tmp, WORKER, name, "a 2-rank hand-split TP step", faulty)
+
+
+STAGE_WORKER = textwrap.dedent('''
+    import contextlib, sys
+    import torch, torch.distributed as dist, torch.multiprocessing as mp
+    import opdiff
+    from opdiff.testing.faults import inject_fault
+
+    FIRST = 1                      # the rank that runs stage 0
+
+    def model_():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 8),
+                                   torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 8))
+
+    def step(model, root, fault, task, rank=None):
+        torch.manual_seed(5)
+        x = torch.randn(4, 8)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        dbg = opdiff.PrecisionDebugger(dump_path=f"{root}/{task}", level="L1", task=task)
+        with fault:
+            dbg.start(model)
+            if rank is None:
+                model(x).pow(2).mean().backward()
+            elif rank == FIRST:
+                out = model(x)
+                dist.send(out.detach(), 1 - FIRST)
+                grad = torch.empty_like(out)
+                dist.recv(grad, 1 - FIRST)
+                out.backward(grad)
+            else:
+                inp = torch.empty(4, 8)
+                dist.recv(inp, FIRST)
+                inp.requires_grad_(True)
+                model(inp).pow(2).mean().backward()
+                dist.send(inp.grad, FIRST)
+            opt.step()
+            dbg.stop()
+            dbg.step()
+
+    def work(rank, root, store, faulty):
+        dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=2)
+        for task in ("statistics", "tensor"):
+            model = model_()
+            for i in ((3, 4, 5) if rank == FIRST else (0, 1, 2)):     # this rank's stage only
+                model[i] = torch.nn.Identity()
+            fault = inject_fault("Functional.gelu", call=0, scale=1.01) if rank == faulty \\
+                else contextlib.nullcontext()
+            step(model, root, fault, task, rank)
+        dist.barrier()
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        root, store, faulty = sys.argv[1], sys.argv[2], int(sys.argv[3])
+        if faulty == -2:
+            for task in ("statistics", "tensor"):
+                step(model_(), root, contextlib.nullcontext(), task)
+        else:
+            mp.spawn(work, args=(root, store, faulty), nprocs=2, join=True)
+''')
+
+
+def run_stages(tmp: Path, name: str, faulty: int) -> str:
+    return run_worker(tmp, STAGE_WORKER, name, "a 2-stage pipeline step", faulty)

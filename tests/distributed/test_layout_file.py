@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch.distributed as dist
-from manual_tp_runs import LAYOUT, run
+from manual_tp_runs import LAYOUT, STAGES, run, run_stages
 
 import opdiff
 from opdiff.cli import main
@@ -28,8 +28,13 @@ def manual(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("manual_tp")
     layout = tmp / "layout.txt"
     layout.write_text(LAYOUT)
+    stages = tmp / "stages.txt"
+    stages.write_text(STAGES)
     return {"one": run(tmp, "one", -2), "tp": run(tmp, "tp", -1),
-            "faulty": run(tmp, "faulty", 1), "layout": str(layout)}
+            "faulty": run(tmp, "faulty", 1), "layout": str(layout),
+            "pp": run_stages(tmp, "pp", -1), "pp_faulty": run_stages(tmp, "pp_faulty", 0),
+            "pp_one": run_stages(tmp, "pp_one", -2),
+            "stages": str(stages)}
 
 
 @pytest.mark.parametrize("task", ["statistics", "tensor"])
@@ -78,6 +83,39 @@ def test_the_cli_takes_the_layout_file(manual, capsys):
                  "--layout", manual["layout"], "--fail-on-divergence"])
     out = capsys.readouterr().out
     assert code == 1 and "Functional.gelu.1.forward" in out
+
+
+@pytest.mark.parametrize("task", ["statistics", "tensor"])
+def test_pipeline_stages_in_another_order_than_the_ranks_chain_by_the_file(manual, task):
+    healthy = opdiff.compare(f"{manual['pp']}/{task}", f"{manual['pp_one']}/{task}",
+                             layout=manual["stages"])
+    assert healthy.first_divergence is None, healthy.first_divergence
+    assert healthy.counts["error"] == healthy.counts["unmatched"] == 0, healthy.counts
+    assert not any(n.startswith("inconclusive") for n in healthy.notes), healthy.notes
+    assert any("ranks [1, 0] were chained into one run as pipeline stages 0 to 1, as the "
+               "layout file says" in n for n in healthy.notes), healthy.notes
+    faulty = opdiff.compare(f"{manual['pp_faulty']}/{task}", f"{manual['pp_one']}/{task}",
+                            layout=manual["stages"])
+    fd = faulty.first_divergence
+    assert fd is not None and fd.name == "Functional.gelu.1.forward", fd
+    assert fd.rank == 0 and "run on rank 0 (pipeline stage 1)" in fd.reason, fd
+
+
+@pytest.mark.parametrize("text,line,said", [
+    ("stage 0 ranks=1\nstage 1 ranks=7\n", 2, "rank 7 is not in the target's dump"),
+    ("stage 0 ranks=1\nstage 0 ranks=0\n", 2, "stage 0 is given already on line 1"),
+    ("stage 0 ranks=1\nstage 2 ranks=0\n", 2, "stage 2 without stage 1"),
+    ("stage 0 ranks=1\ncolumn 0\n", 2, "'stage' and 'column'/'row' lines in one file"),
+])
+def test_a_bad_stage_line_exits_2_naming_file_and_line(manual, tmp_path, capsys, text, line, said):
+    bad = tmp_path / "bad_stages.txt"
+    bad.write_text(text)
+    code = main(["compare", f"{manual['pp']}/statistics", f"{manual['pp_one']}/statistics",
+                 "--layout", str(bad)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"{bad}:{line}: " in err and said in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
 
 
 @pytest.mark.parametrize("text,line,said", [

@@ -68,6 +68,8 @@ def _side(step: int, dumps: list[DumpSource], side: str,
         return dumps[0]
     if layout is not None:          # the user's layout file says what the dump does not
         declared = Declared.bind(layout, dumps, side)
+        if declared.order is not None:
+            return _staged(step, dumps, declared.order, side, notes)
         dumps = [declared.wrap(d) for d in dumps]
     world = _world(dumps)
     if world is not None and world != len(dumps):
@@ -105,6 +107,24 @@ def _side(step: int, dumps: list[DumpSource], side: str,
     for finding in plan.replicas[:5]:
         notes.append(Note(f"step {step}: the {side}: {finding}", Note.RANKS))
     return merged
+
+
+def _staged(step: int, dumps: list[DumpSource], order: list[int], side: str,
+            notes: list[str]) -> Optional[DumpSource]:
+    """Pipeline stages in the order a layout file's `stage` lines give."""
+    by_rank = {int(d.rank if d.rank is not None else i): d for i, d in enumerate(dumps)}
+    try:
+        chained = ChainedSource([by_rank[r] for r in order], ordered=True)
+    except Unsupported as why:
+        notes.append(Note(f"step {step}: the {side}'s ranks {order} were not chained as the "
+                          f"layout file's pipeline stages ({why}); compared rank by rank",
+                          Note.SHARDING))
+        return None
+    notes.append(Note(f"step {step}: the {side}'s ranks {order} were chained into one run as "
+                      f"pipeline stages 0 to {len(order) - 1}, as the layout file says "
+                      f"({chained.kept} records; sends, receives and their buffers left out)",
+                      Note.SHARDING))
+    return chained
 
 
 def _two_level(step: int, groups: list[list[DumpSource]], side: str,

@@ -39,8 +39,8 @@ def _p2p(rec: dict[str, Any]) -> bool:
 class ChainedSource(RankGroup):
     """One step of a pipeline's ranks, as one logical `DumpSource` (see the module docstring)."""
 
-    def __init__(self, sources: Sequence[DumpSource]):
-        super().__init__(sources)
+    def __init__(self, sources: Sequence[DumpSource], ordered: bool = False):
+        super().__init__(sources, ordered)         # ordered: in stage order (a layout file's)
         self.ranks = [int(s.rank if s.rank is not None else i) for i, s in enumerate(self.sources)]
         self.meta["logical"] = {"ranks": self.ranks, "pipeline": True}
         self.dropped: list[set[int]] = [set() for _ in self.sources]

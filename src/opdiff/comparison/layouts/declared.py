@@ -14,7 +14,13 @@ its dump says which tensors are shards. One small text file says it, one module 
 input is sharded along its last dim and the op reading its weight (split along `dim`, default
 1) makes a partial sum; its 1-D parameters are whole on every rank (added after the reduce).
 `ranks` (default: every rank of the side) must be the ranks the dump holds. `#` starts a
-comment; blank lines are skipped.
+comment; blank lines are skipped. A pipeline whose stages run on ranks in another order:
+
+    stage 0 ranks=1               # stage 0 (the model's first blocks) runs on rank 1
+    stage 1 ranks=0
+
+chains the ranks in stage order (`chain.ChainedSource(ordered=True)`); `stage` and
+`column`/`row` lines do not mix in one file yet.
 
 `load` checks every line's shape (`LayoutError` naming file:line); `Declared.bind` checks it
 against one side's dumps (a module whose parameters no record reads, a dim the weight lacks,
@@ -40,7 +46,8 @@ if TYPE_CHECKING:
 
 MAX_LAYOUT_BYTES = 16 << 20
 SPLITS = {"column": 0, "row": 1}          # the weight's dim each splits along by default
-USAGE = "write 'column MODULE [dim=D] [ranks=0,1]' or 'row MODULE [dim=D] [ranks=0,1]'"
+USAGE = ("write 'column MODULE [dim=D] [ranks=0,1]', 'row MODULE [dim=D] [ranks=0,1]' or "
+         "'stage N ranks=R'")
 
 
 class LayoutError(OpdiffError):
@@ -58,9 +65,18 @@ class Split:
 
 
 @dataclass(frozen=True)
+class Stage:
+    """One line: pipeline stage `stage` runs on `ranks` (one rank a stage, for now)."""
+    line: int
+    stage: int
+    ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class LayoutFile:
     path: str
     splits: tuple[Split, ...] = ()
+    stages: tuple[Stage, ...] = ()
 
     def where(self, split: Split) -> str:
         return f"{self.path}:{split.line}"
@@ -87,20 +103,52 @@ def load(path: "str | os.PathLike[str]") -> LayoutFile:
         raise LayoutError(f"{where}: cannot read the layout file ({e}); pass a UTF-8 text file "
                           f"to --layout") from None
     splits: list[Split] = []
+    stages: list[Stage] = []
     seen: dict[str, int] = {}
     for number, line in enumerate(text.splitlines(), 1):
         words = line.split("#", 1)[0].split()
         if not words:
             continue
-        split = _split(f"{where}:{number}", number, words)
-        if split.module in seen:
-            raise LayoutError(f"{where}:{number}: module {split.module!r} is laid out already on "
-                              f"line {seen[split.module]}; give each module one line")
-        seen[split.module] = number
-        splits.append(split)
-    if not splits:
+        at = f"{where}:{number}"
+        if words[0] == "stage":
+            stages.append(_stage(at, number, words, stages))
+        else:
+            split = _split(at, number, words)
+            if split.module in seen:
+                raise LayoutError(f"{at}: module {split.module!r} is laid out already on line "
+                                  f"{seen[split.module]}; give each module one line")
+            seen[split.module] = number
+            splits.append(split)
+        if splits and stages:
+            raise LayoutError(f"{at}: 'stage' and 'column'/'row' lines in one file (tensor "
+                              f"parallel inside pipeline stages) are not merged yet")
+    if not splits and not stages:
         raise LayoutError(f"{where}: says nothing; {USAGE}")
-    return LayoutFile(where, tuple(splits))
+    numbers = sorted(s.stage for s in stages)
+    if numbers != list(range(len(numbers))):
+        missing = min(set(range(len(numbers) + 1)) - set(numbers))
+        last = max(stages, key=lambda s: s.stage)
+        raise LayoutError(f"{where}:{last.line}: stage {last.stage} without stage {missing}; "
+                          f"number the stages 0, 1, 2, ... in the order the batch goes through")
+    return LayoutFile(where, tuple(splits), tuple(stages))
+
+
+def _stage(at: str, number: int, words: list[str], stages: list[Stage]) -> Stage:
+    usage = "write 'stage N ranks=R' (N from 0, R the rank that runs it)"
+    if len(words) != 3 or not words[1].isdigit() or not words[2].startswith("ranks="):
+        raise LayoutError(f"{at}: {usage}")
+    ranks = _ranks(at, words[2][len("ranks="):], least=1)
+    if len(ranks) > 1:
+        raise LayoutError(f"{at}: a stage over several ranks (tensor parallel inside a pipeline "
+                          f"stage) is not merged yet; give one rank a stage")
+    stage = int(words[1])
+    for other in stages:
+        if other.stage == stage:
+            raise LayoutError(f"{at}: stage {stage} is given already on line {other.line}")
+        if set(other.ranks) & set(ranks):
+            raise LayoutError(f"{at}: rank {ranks[0]} runs stage {other.stage} already (line "
+                              f"{other.line})")
+    return Stage(number, stage, ranks)
 
 
 def _split(at: str, number: int, words: list[str]) -> Split:
@@ -129,7 +177,7 @@ def _split(at: str, number: int, words: list[str]) -> Split:
     return Split(number, kind, module, dim, ranks)
 
 
-def _ranks(at: str, value: str) -> tuple[int, ...]:
+def _ranks(at: str, value: str, least: int = 2) -> tuple[int, ...]:
     """`0,1,2,3` or `0-3`."""
     out: list[int] = []
     for part in value.split(","):
@@ -137,8 +185,9 @@ def _ranks(at: str, value: str) -> tuple[int, ...]:
         if not low.isdigit() or (dash and not high.isdigit()):
             raise LayoutError(f"{at}: ranks={value!r}: give ranks as '0,1' or '0-3'")
         out += list(range(int(low), int(high) + 1)) if dash else [int(low)]
-    if len(set(out)) != len(out) or len(out) < 2:
-        raise LayoutError(f"{at}: ranks={value!r}: give two or more different ranks")
+    if len(set(out)) != len(out) or len(out) < least:
+        raise LayoutError(f"{at}: ranks={value!r}: give "
+                          f"{'two or more different ranks' if least > 1 else 'different ranks'}")
     return tuple(out)
 
 
@@ -152,13 +201,17 @@ class Param:
 class Declared:
     """A layout file bound to one side's ranks of one step (`bind`)."""
 
-    def __init__(self, layout: LayoutFile, params: dict[str, Param], ranks: list[int]):
+    def __init__(self, layout: LayoutFile, params: dict[str, Param], ranks: list[int],
+                 order: Optional[list[int]] = None):
         self.layout, self.params, self.ranks = layout, params, ranks
+        self.order = order          # pipeline: the ranks in stage order; None: no stage lines
 
     @staticmethod
     def bind(layout: LayoutFile, sources: Sequence[DumpSource], side: str) -> "Declared":
         """Check every line against the side's dumps of one step; `LayoutError` names the line."""
         ranks = sorted(int(s.rank if s.rank is not None else i) for i, s in enumerate(sources))
+        if layout.stages:
+            return Declared(layout, {}, ranks, _stage_order(layout, ranks, side))
         shapes: dict[str, list[int]] = {}
         for rec in sources[0].records():
             if rec.get("kind") == Kind.LEAF and rec.get("leaf") == "parameter" and rec["outputs"]:
@@ -193,6 +246,19 @@ class Declared:
     def wrap(self, source: DumpSource) -> "DeclaredSource":
         rank = int(source.rank) if source.rank is not None else 0
         return DeclaredSource(source, self, self.ranks.index(rank) if rank in self.ranks else 0)
+
+
+def _stage_order(layout: LayoutFile, ranks: list[int], side: str) -> list[int]:
+    """The side's ranks in the order of the stages they run; every rank runs one."""
+    for stage in layout.stages:
+        if stage.ranks[0] not in ranks:
+            raise LayoutError(f"{layout.path}:{stage.line}: rank {stage.ranks[0]} is not in the "
+                              f"{side}'s dump (it holds ranks {ranks})")
+    named = {stage.ranks[0] for stage in layout.stages}
+    if named != set(ranks):
+        raise LayoutError(f"{layout.path}: no stage line for rank(s) {sorted(set(ranks) - named)} "
+                          f"of the {side}'s dump; give every rank its stage")
+    return [stage.ranks[0] for stage in sorted(layout.stages, key=lambda s: s.stage)]
 
 
 def _placement(name: str, coordinate: int) -> dict[str, Any]:
@@ -313,5 +379,5 @@ def unclaimed(result: "CompareResult", side: str) -> "CompareResult":
     return replace(result, first_divergence=None, notes=[*result.notes, note])
 
 
-__all__ = ["LayoutFile", "LayoutError", "Split", "load", "Declared", "DeclaredSource", "Unlaid",
+__all__ = ["LayoutFile", "LayoutError", "Split", "Stage", "load", "Declared", "DeclaredSource", "Unlaid",
            "unclaimed", "unused"]
