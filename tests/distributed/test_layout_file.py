@@ -101,6 +101,19 @@ def test_pipeline_stages_in_another_order_than_the_ranks_chain_by_the_file(manua
     assert fd.rank == 0 and "run on rank 0 (pipeline stage 1)" in fd.reason, fd
 
 
+def test_without_the_file_the_stage_order_is_read_from_the_sends(manual):
+    """Stage 0 sends before it receives: the ranks are chained [1, 0] (before: in rank order,
+    and the pair named `Functional.linear.0.forward`'s input, 46 rows unmatched)."""
+    for task in ("statistics", "tensor"):
+        healthy = opdiff.compare(f"{manual['pp']}/{task}", f"{manual['pp_one']}/{task}")
+        assert healthy.first_divergence is None, healthy.first_divergence
+        assert healthy.counts["error"] == healthy.counts["unmatched"] == 0, healthy.counts
+        assert any("ranks [1, 0] were chained" in n for n in healthy.notes), healthy.notes
+        fd = opdiff.compare(f"{manual['pp_faulty']}/{task}",
+                            f"{manual['pp_one']}/{task}").first_divergence
+        assert fd is not None and fd.name == "Functional.gelu.1.forward" and fd.rank == 0, fd
+
+
 @pytest.mark.parametrize("text,line,said", [
     ("stage 0 ranks=1\nstage 1 ranks=7\n", 2, "rank 7 is not in the target's dump"),
     ("stage 0 ranks=1\nstage 0 ranks=0\n", 2, "stage 0 is given already on line 1"),
