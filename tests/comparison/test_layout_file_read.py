@@ -45,8 +45,9 @@ def test_a_good_file_reads_each_line_with_its_number(tmp_path):
     ("stage 0 ranks=0,1\n", "a stage over several ranks"),
     ("stage first ranks=0\n", "write 'stage N ranks=R'"),
     ("stage 0 ranks=0\nstage 1 ranks=0\n", "rank 0 runs stage 0 already (line 1)"),
+    ("column 0 ranks=0-99999999999\n", "more than 65536 ranks"),
 ])
-def test_a_bad_stage_line_is_refused_with_its_line(tmp_path, text, said):
+def test_a_bad_line_is_refused_with_its_line(tmp_path, text, said):
     path = tmp_path / "layout.txt"
     path.write_text(text)
     with pytest.raises(LayoutError) as raised:

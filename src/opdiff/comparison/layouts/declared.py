@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from ..result import CompareResult, Note
 
 MAX_LAYOUT_BYTES = 16 << 20
+MAX_RANKS = 1 << 16           # a range `0-N` is made into a list: bounded
 SPLITS = {"column": 0, "row": 1}          # the weight's dim each splits along by default
 USAGE = ("write 'column MODULE [dim=D] [ranks=0,1]', 'row MODULE [dim=D] [ranks=0,1]' or "
          "'stage N ranks=R'")
@@ -184,6 +185,8 @@ def _ranks(at: str, value: str, least: int = 2) -> tuple[int, ...]:
         low, dash, high = part.partition("-")
         if not low.isdigit() or (dash and not high.isdigit()):
             raise LayoutError(f"{at}: ranks={value!r}: give ranks as '0,1' or '0-3'")
+        if dash and int(high) - int(low) > MAX_RANKS:
+            raise LayoutError(f"{at}: ranks={value!r}: more than {MAX_RANKS} ranks")
         out += list(range(int(low), int(high) + 1)) if dash else [int(low)]
     if len(set(out)) != len(out) or len(out) < least:
         raise LayoutError(f"{at}: ranks={value!r}: give "
