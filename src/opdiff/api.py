@@ -16,6 +16,8 @@ import os
 from dataclasses import replace
 
 from .capture.debugger import PrecisionDebugger, dump
+from .comparison.layouts.declared import LayoutFile
+from .comparison.layouts.declared import load as load_layout
 from .comparison.mapping import Mapping
 from .comparison.mapping import load as load_mapping
 from .comparison.tokens.given import TokenIds, load_token_ids
@@ -43,6 +45,8 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
             source_root: str | os.PathLike[str] | None = None,
             mapping: str | os.PathLike[str] | Mapping | None = None,
             token_ids: str | os.PathLike[str] | TokenIds | None = None,
+            layout: str | os.PathLike[str] | LayoutFile | None = None,
+            golden_layout: str | os.PathLike[str] | LayoutFile | None = None,
             ray_address: str | None = None, ray_pins: dict | None = None,
             ray_shard_mb: float | None = None,
             noise: str | os.PathLike[str] | NoiseFloor | None = None) -> CompareResult:
@@ -85,6 +89,10 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
     token_ids: a JSON file of each side's input ids (and masks), or one parsed by
         `opdiff.comparison.tokens.given.load_token_ids`, for dumps that did not save them
         (statistics dumps): how each side laid its tokens out; docs/howto/token-layouts.md.
+    layout, golden_layout: the target's (golden's) layout file, or one parsed by
+        `opdiff.comparison.layouts.declared.load`: which modules its ranks split by hand with
+        plain tensors (column/row parallel); docs/howto/parallel-layouts.md. A bad line raises
+        `LayoutError` naming the file and line.
 
     noise: a noise floor measured by `opdiff calibrate` (its directory, its noise_floor.json or
         a `NoiseFloor`): each tensor it measured is judged against max(dtype floor, k x its
@@ -115,10 +123,13 @@ def compare(target, golden, output_path=None, *, thresholds=None, shape_flag: bo
     floor = noise if noise is None or isinstance(noise, NoiseFloor) else NoiseFloor.load(noise)
     given = token_ids if token_ids is None or isinstance(token_ids, TokenIds) else \
         load_token_ids(token_ids)
+    t_layout, g_layout = (x if x is None or isinstance(x, LayoutFile) else load_layout(x)
+                          for x in (layout, golden_layout))
     options = replace(options, policy=Policy(thresholds, floor), mapping=parsed,   # (made once)
-                      token_ids=given)
+                      token_ids=given, layout=t_layout, golden_layout=g_layout)
     targets, goldens = discover(target), discover(golden)
-    targets, goldens, arranged = arrange(targets, goldens)  # the plan table's SOURCES rows
+    targets, goldens, arranged = arrange(targets, goldens,  # the plan table's SOURCES rows
+                                         options=options)
     pairs, notes = pair_dumps(targets, goldens)
     notes = [*arranged, *notes, *noise_note(floor, options.policy)]
     pairs, incomplete = split_incomplete(pairs)     # ranks that crashed before a step's first op

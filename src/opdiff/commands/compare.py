@@ -37,6 +37,12 @@ def add_parser(subparsers) -> None:
                         "fused output against several golden outputs joined along a dim, "
                         "'ignore:' ops to drop, 'ops:' op calls or tensors paired as named; "
                         "msprobe's data_mapping.yaml / cell_mapping.yaml too)")
+    p.add_argument("--layout", metavar="FILE", default=None,
+                   help="the target's layout file, for ranks that split modules by hand with "
+                        "plain tensors (Megatron-style): one line a module, 'column 0' or "
+                        "'row 2 dim=1 ranks=0,1'")
+    p.add_argument("--golden-layout", metavar="FILE", default=None,
+                   help="the golden's layout file (as --layout)")
     p.add_argument("--token-ids", metavar="FILE", default=None,
                    help='JSON file of each side\'s input ids, for dumps that did not save them '
                         '(statistics dumps): {"target": [[ids], ...], "golden": [[ids]], '
@@ -179,6 +185,7 @@ def run(args) -> int:
                      progress=args.progress, replay=args.replay,
                      engine=_engine(args), replay_jobs=_jobs(args.replay_jobs),
                      source_root=args.source_root, mapping=args.mapping, noise=args.noise,
-                     token_ids=args.token_ids)
+                     token_ids=args.token_ids, layout=args.layout,
+                     golden_layout=args.golden_layout)
     print_result(result)
     return 1 if result.failed else 0

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from ..errors import OpdiffError
+from .layouts.declared import LayoutFile
 from .mapping import Mapping
 from .tokens.given import TokenIds, check_token_ids
 from .verdicts import Policy
@@ -38,6 +39,8 @@ class CompareOptions:
     replay_jobs: Optional[int] = None
     mapping: Optional[Mapping] = None
     token_ids: Optional[TokenIds] = None
+    layout: Optional[LayoutFile] = None
+    golden_layout: Optional[LayoutFile] = None
 
     def __post_init__(self) -> None:
         check_replay(self.replay)

@@ -19,6 +19,7 @@ Adding a plan is one row here and its package (ARCHITECTURE.md, "the everyday ch
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence, Union, cast
 
@@ -42,11 +43,12 @@ SOURCES, RECORDS, PAIRS = "sources", "records", "pairs"
 
 class SourcesPlan(Protocol):
     """SOURCES level: the dumps of one step on each side, laid out again (several ranks merged
-    into one logical DumpSource, say) before step/rank pairs are formed."""
+    into one logical DumpSource, say) before step/rank pairs are formed. options (a plan may
+    leave it out of its `arrange`): the compare's `CompareOptions` (its layout files), or None."""
     name: str
 
-    def arrange(self, targets: list[DumpSource], goldens: list[DumpSource]
-                ) -> tuple[list[DumpSource], list[DumpSource], list[Note]]: ...
+    def arrange(self, targets: list[DumpSource], goldens: list[DumpSource],
+                options: Any = None) -> tuple[list[DumpSource], list[DumpSource], list[Note]]: ...
 
     def made(self, source: DumpSource) -> bool:
         """`source` is one this plan made (compared in this process: no path reopens it)."""
@@ -181,16 +183,17 @@ class RankLayouts:
     stages chained); the culprit's rank is named once the pair is judged."""
     name = "rank layouts"
 
-    def arrange(self, targets: list[DumpSource], goldens: list[DumpSource]
-                ) -> tuple[list[DumpSource], list[DumpSource], list[Note]]:
+    def arrange(self, targets: list[DumpSource], goldens: list[DumpSource],
+                options: Any = None) -> tuple[list[DumpSource], list[DumpSource], list[Note]]:
         from . import layouts
-        found = layouts.logical_pairs(targets, goldens)
+        found = layouts.logical_pairs(targets, goldens, (getattr(options, "layout", None),
+                                                         getattr(options, "golden_layout", None)))
         if found is None:                   # laid out alike: compared rank by rank
             return targets, goldens, []
         pairs, said = found
         notes = [n if isinstance(n, Note) else Note(n, Note.SHARDING) for n in said]
         if not pairs:                       # not merged: rank by rank, the notes say why
-            return targets, goldens, notes
+            return layouts.unlaid(targets), layouts.unlaid(goldens), notes
         return [t for t, _ in pairs], [g for _, g in pairs], notes
 
     def made(self, source: DumpSource) -> bool:
@@ -200,7 +203,7 @@ class RankLayouts:
     def judged(self, result: CompareResult, target: DumpSource, golden: DumpSource
                ) -> CompareResult:
         from . import layouts
-        return layouts.name_ranks(result, target, golden)
+        return layouts.judged(result, target, golden)
 
 
 class TokenLayouts:
@@ -297,10 +300,11 @@ def rewrites(t: Recording, g: Recording, table: Optional[Sequence[Row]] = None
 
 
 def arrange(targets: list[DumpSource], goldens: list[DumpSource],
-            table: Optional[Sequence[Row]] = None
+            table: Optional[Sequence[Row]] = None, options: Any = None
             ) -> tuple[list[DumpSource], list[DumpSource], list[Note]]:
     """Each side's dumps laid out by the SOURCES rows of `table` (default `PLANS`) that hold
-    (read from the first dump's meta on each side); as they are when none does."""
+    (read from the first dump's meta on each side); as they are when none does. options: the
+    compare's `CompareOptions` (layout files), handed to each row."""
     notes: list[Note] = []
     rows = [row for row in (PLANS if table is None else table) if row.level == SOURCES]
     if not rows or not targets or not goldens:
@@ -310,7 +314,9 @@ def arrange(targets: list[DumpSource], goldens: list[DumpSource],
     for row in rows:
         if row.when(t, g):
             plan = cast(SourcesPlan, row.then)
-            targets, goldens, said = plan.arrange(targets, goldens)
+            takes = "options" in inspect.signature(plan.arrange).parameters
+            targets, goldens, said = (plan.arrange(targets, goldens, options) if takes
+                                      else plan.arrange(targets, goldens))
             notes += said
     return targets, goldens, notes
 

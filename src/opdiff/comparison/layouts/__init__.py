@@ -16,9 +16,11 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from ...store.source import DumpSource
-from ..result import Note
+from ..result import CompareResult, Note
 from .attribute import name_ranks
 from .chain import ChainedSource
+from .declared import (Declared, DeclaredSource, LayoutError, LayoutFile, Unlaid, unclaimed,
+                       unused)
 from .merged import MergedSource
 from .mesh import inner_groups
 from .placement import Unsupported
@@ -26,6 +28,7 @@ from .placement import Unsupported
 Pair = tuple[DumpSource, DumpSource]
 
 _last: dict[tuple[int, ...], Optional[tuple[list[Pair], list[str]]]] = {}
+_unlaid: set[int] = set()       # ids of the dumps of a side `_side` found no layout for
 
 
 def _by_step(dumps: Sequence[DumpSource]) -> dict[int, list[DumpSource]]:
@@ -58,9 +61,16 @@ def _laid_out_unlike(targets: Sequence[DumpSource], goldens: Sequence[DumpSource
 
 
 def _side(step: int, dumps: list[DumpSource], side: str,
-          notes: list[str]) -> Optional[DumpSource]:
+          notes: list[str], layout: Optional[LayoutFile] = None) -> Optional[DumpSource]:
     if len(dumps) == 1:
+        if layout is not None:
+            notes.append(unused(layout, side, f"step {step} of the {side} is one rank's"))
         return dumps[0]
+    if layout is not None:          # the user's layout file says what the dump does not
+        declared = Declared.bind(layout, dumps, side)
+        if declared.order is not None:
+            return _staged(step, dumps, declared.order, side, notes)
+        dumps = [declared.wrap(d) for d in dumps]
     world = _world(dumps)
     if world is not None and world != len(dumps):
         notes.append(Note(f"step {step}: the {side} holds {len(dumps)} of its {world} ranks' "
@@ -79,6 +89,8 @@ def _side(step: int, dumps: list[DumpSource], side: str,
             notes.append(Note(f"step {step}: the {side}'s {len(dumps)} ranks were not merged "
                               f"into one run (not tensor parallel: {exc}; not a pipeline: {why}); "
                               f"compared rank by rank", Note.SHARDING))
+            if layout is None:      # what is a shard nothing says: no culprit is claimed
+                _unlaid.update(id(d) for d in dumps)
             return None
         notes.append(Note(f"step {step}: the {side}'s ranks {chained.ranks} were chained into "
                           f"one run as pipeline stages ({chained.kept} records; sends, receives "
@@ -95,6 +107,24 @@ def _side(step: int, dumps: list[DumpSource], side: str,
     for finding in plan.replicas[:5]:
         notes.append(Note(f"step {step}: the {side}: {finding}", Note.RANKS))
     return merged
+
+
+def _staged(step: int, dumps: list[DumpSource], order: list[int], side: str,
+            notes: list[str]) -> Optional[DumpSource]:
+    """Pipeline stages in the order a layout file's `stage` lines give."""
+    by_rank = {int(d.rank if d.rank is not None else i): d for i, d in enumerate(dumps)}
+    try:
+        chained = ChainedSource([by_rank[r] for r in order], ordered=True)
+    except Unsupported as why:
+        notes.append(Note(f"step {step}: the {side}'s ranks {order} were not chained as the "
+                          f"layout file's pipeline stages ({why}); compared rank by rank",
+                          Note.SHARDING))
+        return None
+    notes.append(Note(f"step {step}: the {side}'s ranks {order} were chained into one run as "
+                      f"pipeline stages 0 to {len(order) - 1}, as the layout file says "
+                      f"({chained.kept} records; sends, receives and their buffers left out)",
+                      Note.SHARDING))
+    return chained
 
 
 def _two_level(step: int, groups: list[list[DumpSource]], side: str,
@@ -122,39 +152,62 @@ def _two_level(step: int, groups: list[list[DumpSource]], side: str,
     return merged
 
 
-def logical_pairs(targets: Sequence[DumpSource], goldens: Sequence[DumpSource]
+def logical_pairs(targets: Sequence[DumpSource], goldens: Sequence[DumpSource],
+                  layouts: tuple[Optional[LayoutFile], Optional[LayoutFile]] = (None, None)
                   ) -> Optional[tuple[list[Pair], list[str]]]:
     """[(target, golden)] per step with each side laid out over several ranks merged, and notes
     saying what was merged; None when both sides have as many ranks in every step (compared
-    rank by rank, as before); no pairs, and a note why, when a side cannot be merged."""
-    key = tuple(id(d) for d in (*targets, *goldens))
+    rank by rank, as before); no pairs, and a note why, when a side cannot be merged.
+    layouts: each side's layout file (`declared.py`), for ranks that split modules by hand;
+    a line the dumps contradict raises `LayoutError`."""
+    key = (*(id(d) for d in (*targets, *goldens)), *map(id, layouts))
     if key in _last:
         return _last[key]
     _last.clear()
-    _last[key] = found = _logical_pairs(targets, goldens)
+    _unlaid.clear()
+    _last[key] = found = _logical_pairs(targets, goldens, layouts)
     return found
 
 
-def _logical_pairs(targets: Sequence[DumpSource], goldens: Sequence[DumpSource]
+def _logical_pairs(targets: Sequence[DumpSource], goldens: Sequence[DumpSource],
+                   layouts: tuple[Optional[LayoutFile], Optional[LayoutFile]]
                    ) -> Optional[tuple[list[Pair], list[str]]]:
     t_steps, g_steps = _by_step(targets), _by_step(goldens)
     if not _laid_out_unlike(targets, goldens, t_steps, g_steps):
-        return None
+        said: list[str] = [unused(f, side, "both runs have as many ranks (compared rank by "
+                                  "rank)") for f, side in zip(layouts, ("target", "golden"))
+                           if f is not None]
+        return ([], said) if said else None       # (no pairs: rank by rank, as before)
     pairs: list[Pair] = []
     notes: list[str] = []
     for step in sorted(set(t_steps) & set(g_steps)):
-        t = _side(step, t_steps[step], "target", notes)
-        g = _side(step, g_steps[step], "golden", notes)
+        t = _side(step, t_steps[step], "target", notes, layouts[0])
+        g = _side(step, g_steps[step], "golden", notes, layouts[1])
         if t is None or g is None:
             return [], notes            # compared rank by rank, with the note saying why
         pairs.append((t, g))
     return pairs, notes
 
 
+def unlaid(sources: list[DumpSource]) -> list[DumpSource]:
+    """`sources` after `logical_pairs` could not merge them: each rank of a side laid out in a
+    way nothing records is `Unlaid` (its pairs' culprits are not claimed: `judged`)."""
+    return [Unlaid(s) if id(s) in _unlaid else s for s in sources]
+
+
+def judged(result: CompareResult, target: DumpSource, golden: DumpSource) -> CompareResult:
+    """A judged pair of sides this package made: the culprit's rank named (`name_ranks`), or,
+    for an `Unlaid` side, no culprit claimed."""
+    for source, side in ((target, "target"), (golden, "golden")):
+        if isinstance(source, Unlaid) and not isinstance(source, DeclaredSource):
+            return unclaimed(result, side)
+    return name_ranks(result, target, golden)
+
+
 def is_logical(source: Any) -> bool:
     """A merged side: compared in this process (a worker cannot open it again by its path)."""
-    return isinstance(source, (MergedSource, ChainedSource))
+    return isinstance(source, (MergedSource, ChainedSource, Unlaid))
 
 
-__all__ = ["logical_pairs", "name_ranks", "is_logical", "MergedSource", "ChainedSource",
-           "Unsupported"]
+__all__ = ["logical_pairs", "name_ranks", "judged", "unlaid", "is_logical", "MergedSource", "ChainedSource",
+           "Unsupported", "LayoutFile", "LayoutError"]

@@ -39,8 +39,10 @@ def _p2p(rec: dict[str, Any]) -> bool:
 class ChainedSource(RankGroup):
     """One step of a pipeline's ranks, as one logical `DumpSource` (see the module docstring)."""
 
-    def __init__(self, sources: Sequence[DumpSource]):
-        super().__init__(sources)
+    def __init__(self, sources: Sequence[DumpSource], ordered: bool = False):
+        super().__init__(sources, ordered)         # ordered: in stage order (a layout file's)
+        if not ordered:
+            self.sources = _stage_order(self.sources)
         self.ranks = [int(s.rank if s.rank is not None else i) for i, s in enumerate(self.sources)]
         self.meta["logical"] = {"ranks": self.ranks, "pipeline": True}
         self.dropped: list[set[int]] = [set() for _ in self.sources]
@@ -209,6 +211,36 @@ class ChainedSource(RankGroup):
 
 
 __all__ = ["ChainedSource"]
+
+
+def _first_p2p(source: DumpSource) -> tuple[Optional[str], Optional[int]]:
+    """(op, peer) of a rank's first recorded point-to-point op, its first send's peer."""
+    first: Optional[str] = None
+    for rec in source.records():
+        if _p2p(rec):
+            op = str(rec.get("op"))
+            first = first or op
+            if op.endswith("send"):
+                return first, int(rec["group"]["peer"])
+    return first, None
+
+
+def _stage_order(sources: list[DumpSource]) -> list[DumpSource]:
+    """The ranks in the order the batch goes through them, from their sends: stage 0 sends
+    before it receives, and each stage's first send goes to the next one (the last stage's
+    first send, the gradient, back to one seen already). Rank order where they do not say."""
+    by_rank = {int(s.rank if s.rank is not None else i): s for i, s in enumerate(sources)}
+    firsts = {rank: _first_p2p(s) for rank, s in by_rank.items()}
+    starts = [r for r, (op, _) in firsts.items() if op is not None and op.endswith("send")]
+    if len(starts) != 1:
+        return sources
+    order = [starts[0]]
+    while True:
+        peer = firsts[order[-1]][1]
+        if peer is None or peer in order or peer not in by_rank:
+            break
+        order.append(peer)
+    return [by_rank[r] for r in order] if len(order) == len(sources) else sources
 
 
 def _group_seq(group: dict[str, Any]) -> int:

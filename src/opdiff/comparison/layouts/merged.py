@@ -35,12 +35,14 @@ def _numel(shape: Sequence[int]) -> int:
 class RankGroup:
     """Several ranks' dumps of one step, in rank order, standing as one logical `DumpSource`:
     its path, step, rank and meta are its first rank's (the meta copied, to say how it was
-    made under "logical")."""
+    made under "logical"). ordered: the sources are in their order already (pipeline stages a
+    layout file names), not to be sorted by rank."""
 
     format = "opdiff"
 
-    def __init__(self, sources: Sequence[DumpSource]):
-        self.sources = sorted(sources, key=lambda s: s.rank if s.rank is not None else -1)
+    def __init__(self, sources: Sequence[DumpSource], ordered: bool = False):
+        self.sources = list(sources) if ordered else \
+            sorted(sources, key=lambda s: s.rank if s.rank is not None else -1)
         first = self.sources[0]
         self.path: Path = first.path
         self.step = first.step

@@ -27,6 +27,7 @@ from ...store.records import iter_tensors, producer_of
 from ...store.schema import Kind, Phase, RecordName
 from ...store.source import DumpSource
 from . import fsdp, held, mesh, redistribute, statistics
+from .declared import DeclaredSource
 from .placement import (PARTIAL, REPLICATE, REPLICATED, SHARD, UNKNOWN_LAYOUT, Layout, Unsupported,
                         coordinate, from_placement)
 
@@ -116,6 +117,9 @@ def plan_group(sources: Sequence[DumpSource]) -> GroupPlan:
     placed = False
     fqns: list[str] = []
     gather, moves = _layout_ops(sources[0])
+    # a layout file's run (`declared.py`): its self-views are its own ops (autograd Functions
+    # returning their input), not DTensor's to_local/from_local
+    views = not any(isinstance(s, DeclaredSource) for s in sources)
     reads: list[fsdp.Read] = []                  # FSDP2: inputs that may be whole parameters
     sharded: list[fsdp.Sharded] = []
     gathered: set[Slot] = set()                  # FSDP2: its gathers' outputs (a DTensor's view)
@@ -147,7 +151,7 @@ def plan_group(sources: Sequence[DumpSource]) -> GroupPlan:
             out_layout[(seq, "0")] = REPLICATED
             gathered.add((seq, "0"))
             continue
-        if _is_self_view(first) or _group_collective(first, ranks) or pos in moves:
+        if (views and _is_self_view(first)) or _group_collective(first, ranks) or pos in moves:
             plan.dropped.add(pos)
             dropped_names.add(name)
             _drop(plan, first, recs, seq, out_layout)
