@@ -36,8 +36,7 @@ WORKER = textwrap.dedent('''
         @staticmethod
         def backward(ctx, g):
             if dist.is_initialized():
-                g = g.clone()
-                dist.all_reduce(g)
+                dist.all_reduce(g)      # in place, as Megatron does: bumps no version counter
             return g
 
     class Reduce(torch.autograd.Function):        # out of it: the partial sums added

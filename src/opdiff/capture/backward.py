@@ -17,6 +17,7 @@ import threading
 from typing import Any
 
 import torch
+from torch.autograd.function import BackwardCFunction
 
 from ..store.schema import Kind, Phase, Role, record_name
 from .describe import tensors_in
@@ -108,6 +109,8 @@ def hook_api_backward(session, pending, outputs, first_seq: int | None = None) -
     for i, fn, nr, t in pending.edges or ():
         if fn is not None:
             targets[(id(fn), nr)] = i
+            if isinstance(fn, BackwardCFunction):
+                fn.register_hook(_after_custom(session))
         else:
             leaves[id(t)] = i
         if i >= n_inputs:
@@ -149,6 +152,20 @@ def hook_api_backward(session, pending, outputs, first_seq: int | None = None) -
         node.register_prehook(op_backward.output_node(slots))
     if not boundary:  # no argument needs a gradient (e.g. a factory with requires_grad=True)
         nodes[0].register_hook(lambda grad_inputs, grad_outputs: op_backward.emit())
+
+
+def _after_custom(session):
+    """The post hook of a custom autograd Function's node that a recorded op reads from. Its
+    backward is user code autograd runs with no capture mode active: it may write the
+    gradients it is given in place without a version bump (Megatron's copy-to-region function
+    all-reduces its gradient), so what capture described of them before is stale."""
+    def hook(grad_inputs, grad_outputs):
+        if session.recording:
+            try:
+                session.written_unseen((grad_inputs, grad_outputs))
+            except Exception as exc:  # noqa: BLE001 - capture must not break the backward
+                session.failed("a custom autograd Function's backward", exc)
+    return hook
 
 
 class BackwardRecord:

@@ -84,6 +84,14 @@ class Describer:
                 self._stats.pop(key, None)
                 self._blocks.pop(key, None)
 
+    def written_unseen(self, values) -> None:
+        """`values` may have been written by code capture did not see (a custom autograd
+        Function's backward): what was described of them is stale, and the op that made them
+        is no longer what they hold, so later readers name no producer."""
+        self.forget(values)
+        for t in tensors_in(values):
+            self.producers.pop(id(t), None)
+
     def _remember(self, table: dict, t: torch.Tensor, entry: tuple) -> None:
         try:
             table[id(t)] = (weakref.ref(t),) + entry

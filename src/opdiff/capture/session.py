@@ -256,6 +256,12 @@ class Session:
         """An op is about to overwrite `values`: what was described of them is stale."""
         cast("Describer", self.sink.describer).forget(values)
 
+    def written_unseen(self, values) -> None:
+        """Code capture does not see may have written `values` (see Describer.written_unseen)."""
+        describer = self.sink.describer
+        if describer is not None:
+            cast("Describer", describer).written_unseen(values)
+
     def new_epoch(self) -> None:
         """User code may have run since the last op: descriptions cached before are checked
         again when read (see handles.py)."""
