@@ -27,19 +27,18 @@ from dataclasses import replace
 from typing import Any, Callable, Iterable, Optional
 
 from ..store.records import iter_tensors
-from ..store.schema import Kind, Location, Phase, Role, locations_from_frames
+from ..store.schema import Descriptor, Kind, Location, Phase, Record, Role, compiled_facts, locations_from_frames
 from .compiled_modules import by_inductor
 from .compiled_params import ModuleTwins, backward_modules, link_modules
 from .compiled_spans import span_said
 from .recording import Recording
 
 Pair = tuple[Optional[int], Optional[int]]
-Record = dict[str, Any]
 
 INCONCLUSIVE = "inconclusive"
 
 
-def _inputs(record: Record) -> dict[str, dict[str, Any]]:
+def _inputs(record: Record) -> dict[str, Descriptor]:
     """Input descriptors by their name's suffix (`.input.0`, `.kwargs.x`)."""
     name = record["name"]
     return {n[len(name):]: d for n, role, d in iter_tensors(record) if role != Role.OUTPUT}
@@ -115,9 +114,9 @@ def link_backward(pairs: list[Pair], target: list[Record], golden: list[Record])
     used: set[int] = set()
     out: list[Pair] = []
     for ti, gi in pairs:
-        if ti is not None and gi is None and target[ti].get("forward"):
+        if ti is not None and gi is None and (forward := target[ti].get("forward")):
             t = target[ti]
-            f = t_by_name.get(t["forward"])
+            f = t_by_name.get(forward)
             twin = partner.get(f) if f is not None else None
             if twin is not None:
                 waiting = free.get((golden[twin]["name"],) + signature(t))
@@ -301,7 +300,7 @@ def by_name(pairs: list[Pair], target: list[Record], golden: list[Record]) -> li
 def where(record: Optional[Record]) -> str:
     """" (compiled graph `<eval_with_key>.5`, node `silu_1`, in `model.layers.1.mlp`)": what the
     compiler says of a record it ran ("" for an eager record)."""
-    facts = (record or {}).get("compiled") or {}
+    facts = compiled_facts(record)
     if not facts.get("node"):
         return ""
     inside = f", in `{facts['module']}`" if facts.get("module") else ""
@@ -321,7 +320,7 @@ def source(record: Optional[Record],
     """The user's line the compiler names for a record it ran (its node's stack trace). The
     line's text comes from `code_of(file, line)` (what the dumps hold: `stored_code`), never
     from the file the dump names (a dump is untrusted: SECURITY.md)."""
-    found = ((record or {}).get("compiled") or {}).get("source")
+    found = compiled_facts(record).get("source")
     if not isinstance(found, list) or len(found) != 2:
         return None
     try:
@@ -436,7 +435,7 @@ def annotate(divergence: Any, target: list[Record], golden: list[Record],
     if rec is None and divergence.region:
         ops = divergence.region.get("target_ops") or []
         rec = next((by_name.get(o.get("name")) for o in ops
-                    if (by_name.get(o.get("name")) or {}).get("compiled")), None)
+                    if compiled_facts(by_name.get(o.get("name")))), None)
     said = where(rec)
     if not said:
         return divergence
@@ -449,7 +448,7 @@ def annotate(divergence: Any, target: list[Record], golden: list[Record],
         loc = region_line(divergence.region, loc, lambda name: source(g_by.get(name), code))
     # a span of module calls (compiled_spans.py): its first and last call, and the line of
     # the one that made the output that differs
-    spanned, line = span_said(rec or {}, dumps, divergence.tensor)
+    spanned, line = span_said(rec, dumps, divergence.tensor)
     return replace(divergence, reason=divergence.reason + said + spanned, location=line or loc)
 
 

@@ -21,9 +21,8 @@ from __future__ import annotations
 from typing import Any, Iterable, Optional
 
 from ..store.records import iter_tensors
-from ..store.schema import Kind, Phase, Role
+from ..store.schema import Kind, Phase, Record, Role
 
-Record = dict[str, Any]
 
 
 def cut(seqs: set[Any], records: list[Record]) -> Optional[list[set[Any]]]:

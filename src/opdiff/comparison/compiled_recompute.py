@@ -27,9 +27,8 @@ from typing import Any, NamedTuple
 
 from .. import ops
 from ..store.records import iter_tensors
-from ..store.schema import Kind, Phase, Role, module_path
+from ..store.schema import Descriptor, Kind, Phase, Record, Role, module_path
 
-Record = dict[str, Any]
 
 
 class Constants(NamedTuple):
@@ -64,7 +63,7 @@ def constant_code(golden: list[Record]) -> Constants:
                                if all_constant and calls.get(p) == 1), frozenset(made))
 
 
-def _constant(d: dict[str, Any], made: set[tuple[Any, Any]]) -> bool:
+def _constant(d: Descriptor, made: set[tuple[Any, Any]]) -> bool:
     if d.get("leaf"):
         return d["leaf"] in ("parameter", "buffer")     # (the model's inputs are data)
     found = d.get("producer")

@@ -38,21 +38,21 @@ import os
 from typing import Any, Iterable, NamedTuple, Optional
 
 from ..store.records import iter_tensors
-from ..store.schema import (Kind, Location, Phase, RecordName, Role, locations_from_frames,
-                            module_op, module_path, record_name, split_tensor_name)
+from ..store.schema import (CompiledFacts, Descriptor, Kind, Location, Phase, Record, RecordName, Role, compiled_facts,
+                            locations_from_frames, module_op, module_path, record_name,
+                            split_tensor_name)
 from .compiled_modules import (Boundary, boundary, compiled_record, flattened, inside,
                                modules_of)
 from .compiled_cuts import cut
 from .compiled_recompute import Constants, constant_code
 
-Record = dict[str, Any]
 SPAN_CLASS = "Span"
 Made = tuple[tuple[int, Record], tuple[int, Record]]    # (index, record) on each side
 
 
 class _Entering(NamedTuple):
     """A tensor the eager span reads from outside it."""
-    desc: dict[str, Any]
+    desc: Descriptor
     maker: Optional[str]        # the module path of the torch call that made it (None: input)
     constant: bool              # made from parameters, buffers and constants alone
 
@@ -137,7 +137,7 @@ def _closure(start: set[str], compiled: list[Record], recomputed: frozenset[str]
 
 
 def _spans(units: set[str], calls: dict[str, tuple[int, Record]], compiled: list[Record],
-           target: list[Record], golden: list[Record], by_seq: dict[Any, Record],
+           target: list[Record], golden: list[Record], by_seq: dict[int, Record],
            constants: Constants) -> list[Made]:
     """The records of the span of `units` (each its own code): where its dataflow leaves it
     and comes back, of each part that corresponds (compiled_cuts.py), and of the whole where
@@ -166,7 +166,7 @@ def _spans(units: set[str], calls: dict[str, tuple[int, Record]], compiled: list
 
 
 def _span(unit_of: dict[Any, str], members: list[Record], calls: dict[str, tuple[int, Record]],
-          target: list[Record], golden: list[Record], by_seq: dict[Any, Record],
+          target: list[Record], golden: list[Record], by_seq: dict[int, Record],
           constants: Constants, spare: frozenset[str] = frozenset()) -> Optional[Made]:
     """The records of the span made of the eager torch calls `unit_of` (seq -> its module
     call) and the compiled calls `members`, where their boundaries correspond. `spare`: for
@@ -191,7 +191,7 @@ def _span(unit_of: dict[Any, str], members: list[Record], calls: dict[str, tuple
         "phase": Phase.FORWARD, "module": first.get("module"), "stack": first.get("stack"),
         "seq": None, "inputs": [d for d, _ in inputs], "outputs": [d for d, _ in outputs],
         "kwargs": {}, "parameters": {}}
-    span: dict[str, Any] = {
+    span: CompiledFacts = {
         "span": [calls[u][1]["name"] for u in units],
         # (which module call of the span made each output: the verdict's line)
         "outputs_of": [calls[made_in[id(d)]][1]["name"] for d, _ in outputs]}
@@ -262,27 +262,27 @@ def _eager_boundary(unit_of: dict[Any, str], golden: list[Record], constants: Co
     return list(reads.values()), Boundary([e.desc for e in reads.values()], leaving), made_in
 
 
-def _output(record: Optional[Record], slot: Any) -> Optional[dict[str, Any]]:
-    outs = (record or {}).get("outputs")
+def _output(record: Optional[Record], slot: Any) -> Optional[Descriptor]:
+    outs = record.get("outputs") if record is not None else None
     if not isinstance(outs, list) or not isinstance(slot, int) or not 0 <= slot < len(outs):
         return None
     d = outs[slot]
     return d if isinstance(d, dict) and d.get("type") == "tensor" else None
 
 
-def _shape(d: dict[str, Any]) -> tuple[int, ...]:
+def _shape(d: Descriptor) -> tuple[int, ...]:
     return tuple(d.get("shape") or ())
 
 
-def _entering(golden: list[_Entering], target: Boundary, by_seq: dict[Any, Record],
-              recomputes: set[str]) -> Optional[list[tuple[dict[str, Any], dict[str, Any]]]]:
+def _entering(golden: list[_Entering], target: Boundary, by_seq: dict[int, Record],
+              recomputes: set[str]) -> Optional[list[tuple[Descriptor, Descriptor]]]:
     """Each golden entering tensor with the one target tensor it corresponds to, else None:
     each target tensor pairs with the one golden tensor of its shape (or that shape regrouped)
     whose maker's module made the target's too (where both makers are known); a target
     tensor whose maker is not recorded only with the model's input; no golden tensor twice.
     Golden tensors left over must be constants of code the span recomputes
     (compiled_recompute.py): none else is left out."""
-    paired: dict[int, dict[str, Any]] = {}
+    paired: dict[int, Descriptor] = {}
     for i, t in enumerate(target.entering):
         seq = target.made_by[i] if i < len(target.made_by) else None
         mods = set(modules_of(by_seq[seq]) or ()) if seq in by_seq else set()
@@ -301,7 +301,7 @@ def _entering(golden: list[_Entering], target: Boundary, by_seq: dict[Any, Recor
 
 
 def _leaving(golden: Boundary, target: Boundary, spare: frozenset[str] = frozenset()
-             ) -> Optional[list[tuple[dict[str, Any], dict[str, Any]]]]:
+             ) -> Optional[list[tuple[Descriptor, Descriptor]]]:
     """Each golden leaving tensor with the one target tensor of its shape read by a module
     that reads it in eager too (one to one, none left over), else None. A golden tensor read
     only by code of `spare` (the other part of a cut span) that no target tensor fits is left
@@ -326,20 +326,22 @@ def _leaving(golden: Boundary, target: Boundary, spare: frozenset[str] = frozens
     return out if len(used) == len(target.leaving) else None
 
 
-def _as_golden(t: dict[str, Any], g: dict[str, Any]) -> dict[str, Any]:
+def _as_golden(t: Descriptor, g: Descriptor) -> Descriptor:
     """A target descriptor in the golden shape (saying the one it was saved in)."""
     if _shape(t) == _shape(g):
         return t
-    return {**t, "shape": list(_shape(g)), "saved_shape": t.get("shape")}
+    shaped = t.copy()
+    shaped["shape"], shaped["saved_shape"] = list(_shape(g)), t.get("shape")
+    return shaped
 
 
-def span_said(record: Record, dumps: Iterable[tuple[Any, list[Record]]],
+def span_said(record: Optional[Record], dumps: Iterable[tuple[Any, list[Record]]],
               tensor: Optional[str]) -> tuple[str, Optional[Location]]:
     """What a verdict at a span's record adds: its first and last module call with their
     call lines (from the eager dump's stacks), the call that made the output `tensor` (the one
     that differs most), and that call's line as the verdict's location ("", None for a record
     that is no span)."""
-    facts = record.get("compiled") or {}
+    facts = compiled_facts(record)
     calls = [c for c in facts.get("span") or () if isinstance(c, str)]
     if not calls:
         return "", None

@@ -33,9 +33,8 @@ from typing import Any, Callable, Optional
 
 from ..errors import OpdiffError
 from ..store.records import iter_tensors, producer_of
-from ..store.schema import Kind, Role
+from ..store.schema import Descriptor, Kind, Record, Role
 
-Record = dict[str, Any]
 EQUAL, ROUNDING, DIFFERS, NOT_REPLAYED = "bitwise equal", "within the dtype's rounding", \
     "differs", "not replayed"
 
@@ -119,7 +118,7 @@ def _places(records: list[Record]) -> dict[tuple[str, str, int], Record]:
     return out
 
 
-def _tensors(record: Record, role: str) -> list[dict[str, Any]]:
+def _tensors(record: Record, role: str) -> list[Descriptor]:
     return [d for _, r, d in iter_tensors(record) if r == role]
 
 
@@ -148,8 +147,8 @@ class _Side:
         return self.dump.tensor(key)
 
 
-def _golden_input(t_desc: dict[str, Any], t: _Side, g: _Side, g_by_name: dict[str, Record],
-                  boundary: dict[str, dict[str, Any]]) -> Optional[dict[str, Any]]:
+def _golden_input(t_desc: Descriptor, t: _Side, g: _Side, g_by_name: dict[str, Record],
+                  boundary: dict[str, Descriptor]) -> Optional[Descriptor]:
     """Golden's counterpart of a target input made outside the unit: the unit's own input at
     the same position, the parameter of the same name, or the same-named producer's output."""
     key = t_desc.get("key")
@@ -157,13 +156,13 @@ def _golden_input(t_desc: dict[str, Any], t: _Side, g: _Side, g_by_name: dict[st
         return boundary[key]
     fqn = t_desc.get("fqn")
     if t_desc.get("leaf") in ("parameter", "buffer") and fqn in g.params:
-        found: dict[str, Any] = g.params[fqn]
+        found: Descriptor = g.params[fqn]
         return found
     producer = producer_of(t_desc)
     if producer is not None and producer[0] in t.by_seq:
         made = t.by_seq[producer[0]]
         if made["kind"] == Kind.LEAF and made.get("leaf") in ("parameter", "buffer"):
-            param: Optional[dict[str, Any]] = g.params.get(str(made["op"]).split(".", 1)[-1])
+            param: Optional[Descriptor] = g.params.get(str(made["op"]).split(".", 1)[-1])
             return param
         other = g_by_name.get(made["name"])
         if other is not None:

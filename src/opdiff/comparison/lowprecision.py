@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from ..lowp.units import quantize_units
 from .result import Note
+from ..store.schema import Record
 
 if TYPE_CHECKING:
     from ..store.source import DumpSource
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 _SHOWN = 3          # wrong quantize ops named in the note
 
 
-def judged_notes(side: str, records: list[dict[str, Any]], dump: "DumpSource") -> list[Note]:
+def judged_notes(side: str, records: list[Record], dump: "DumpSource") -> list[Note]:
     """What the quantize ops of one side's records say, as notes ([] when it has none)."""
     from ..lowp import judge_run
 
@@ -57,7 +58,7 @@ class LowPrecision:
     """RECORDS level: each side's quantize ops judged by their format and scale (notes only)."""
     name = "low precision"
 
-    def rewrite(self, target: list[dict[str, Any]], golden: list[dict[str, Any]],
+    def rewrite(self, target: list[Record], golden: list[Record],
                 sources: tuple["DumpSource", "DumpSource"], options: Any = None) -> Optional[Any]:
         from .plans import Rewritten      # (plans.py imports this module)
 

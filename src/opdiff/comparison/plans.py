@@ -28,7 +28,8 @@ from .facts import PairFacts
 from .recording import Recording
 from .region_onesided import one_sided
 from .regions import Region
-from .compiled import Record
+from ..store.schema import Record
+from ..store.source import plain_records, typed_records
 from .result import CompareResult, Divergence, Note, TensorRow
 from .verdicts import Policy
 from .lowprecision import LowPrecision
@@ -214,11 +215,12 @@ class TokenLayouts:
                 sources: tuple[DumpSource, DumpSource], options: Any = None
                 ) -> Optional[Rewritten]:
         from .tokens import align_tokens
-        aligned = align_tokens(sources[0], sources[1], target, golden,
+        aligned = align_tokens(sources[0], sources[1], plain_records(target), plain_records(golden),
                                getattr(options, "token_ids", None))
         if aligned is None:
             return None
-        return Rewritten(aligned.target_records, aligned.golden_records, list(aligned.notes),
+        return Rewritten(typed_records(aligned.target_records), typed_records(aligned.golden_records),
+                         list(aligned.notes),
                          (aligned.target, aligned.golden), aligned.where, aligned.errors)
 
 

@@ -24,14 +24,13 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
 from ..store.records import iter_tensors
-from ..store.schema import Kind, Phase, RecordName, Role
+from ..store.schema import Kind, Phase, Record, RecordName, Role
 from .compiled_modules import by_inductor
 from .region_gradients import Gradients
 
 if TYPE_CHECKING:
     from .regions import Region     # (regions.py imports this module)
 
-Record = dict[str, Any]
 # (row index, Measurement, t dtype, g dtype); `region_onesided` tries a boundary with stand-ins
 Entry = tuple[int, Any, Optional[str], Optional[str]]
 

@@ -29,13 +29,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Union
 
 from ..store.records import iter_tensors, producer_of
-from ..store.schema import Kind, Phase, RecordName, Role, module_path
+from ..store.schema import Kind, Phase, Record, RecordName, Role, module_path
 
 
 if TYPE_CHECKING:
     from .region_boundaries import Entry     # (it imports this module)
 
-Record = dict[str, Any]
 
 
 class Gradients:

@@ -27,7 +27,7 @@ import torch
 
 from ... import ops
 from ...store.records import iter_tensors, producer_of
-from ...store.schema import Kind, Role
+from ...store.schema import Kind, Record, Role
 from .calls import NotReplayable, flat_tensors, rebuild_call
 from .kernels import program_refusal, run_program
 from .rules import TensorLocalError, judge_tensor, settle
@@ -37,7 +37,6 @@ from .calls import Load
 if TYPE_CHECKING:
     from ..verdicts import Policy
 
-Record = dict[str, Any]
 _LOW = (torch.bfloat16, torch.float16)
 
 
