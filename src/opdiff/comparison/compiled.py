@@ -140,7 +140,7 @@ def signature(record: Record) -> tuple[Any, ...]:
 
 
 def _contradicts(t: Record, g: Record, partner: dict[int, int], taken: dict[int, int],
-                 t_by_seq: dict[Any, int], g_by_seq: dict[Any, int], strict: bool,
+                 t_by_seq: dict[int, int], g_by_seq: dict[int, int], strict: bool,
                  in_backward: frozenset[int] = frozenset()) -> bool:
     """Whether the inputs of t and g were made by ops that are not each other's twins."""
     if t["kind"] not in Kind.REPLAYABLE:
@@ -176,7 +176,7 @@ def _contradicts(t: Record, g: Record, partner: dict[int, int], taken: dict[int,
             # in backward, a tensor without a producer is a gradient (or a view): one side
             # reads a forward op's output where the other reads a gradient (Inductor's
             # backward calls name the ones that made theirs: gradients too)
-            made = t_by_seq.get(tp[0]) if tp else g_by_seq.get((gp or (None,))[0])
+            made = t_by_seq.get(tp[0]) if tp else g_by_seq.get(gp[0]) if gp else None
             if tp and made in in_backward:
                 continue
             if made is not None and (made in partner if tp else made in taken):
@@ -336,7 +336,7 @@ def stored_code(dumps: Iterable[tuple[Any, list[Record]]]) -> Callable[[str, int
     (DumpSource, its records) pairs; read only when asked."""
     def code_of(file: str, line: int) -> str:
         for dump, records in dumps:
-            seen: set[Any] = set()
+            seen: set[int] = set()
             for r in records:
                 sid = r["stack"]
                 if sid is None or sid in seen:

@@ -288,7 +288,7 @@ def _foreign_parameters(record: Optional[Record], slot: Any, members: list[Recor
     return owners is not None and not any(o in mine for o in owners)
 
 
-def _read_by(who: list[Record], target: list[Record], seqs: set[Any]) -> set[str]:
+def _read_by(who: list[Record], target: list[Record], seqs: set[Optional[int]]) -> set[str]:
     """The modules of the compiled calls that read a tensor (through one reshape: its readers)."""
     out: set[str] = set()
     for r in who:

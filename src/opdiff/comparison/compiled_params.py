@@ -13,7 +13,7 @@ golden op of its kind, shapes and module, in the target op's place (`link_module
 from __future__ import annotations
 
 from bisect import bisect_right
-from typing import Any, Optional
+from typing import Optional
 
 from ..store.records import iter_tensors
 from ..store.schema import Kind, Phase, Record, Role
@@ -197,7 +197,7 @@ def in_golden_order(pairs: list[Pair], golden: list[Record]) -> list[Pair]:
     return [pair for _, _, pair in sorted(placed, key=lambda p: (p[0], p[1]))]
 
 
-def parameter_modules(record: Record, records: list[Record], by_seq: dict[Any, int],
+def parameter_modules(record: Record, records: list[Record], by_seq: dict[int, int],
                       depth: int = 4) -> set[str]:
     """The modules whose parameters `record` reads, directly or through `CARRIERS`."""
     out: set[str] = set()

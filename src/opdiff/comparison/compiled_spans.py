@@ -35,7 +35,7 @@ with their lines.
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, NamedTuple, Optional
+from typing import Any, Iterable, NamedTuple, Optional, Union
 
 from ..store.records import iter_tensors
 from ..store.schema import (CompiledFacts, Descriptor, Kind, Location, Phase, Record, RecordName, Role, compiled_facts,
@@ -148,7 +148,7 @@ def _spans(units: set[str], calls: dict[str, tuple[int, Record]], compiled: list
                                   for r in members):
         return []       # (one module call straddling nothing: compiled_modules.py's)
     where = {g["name"]: module_path(g["op"]) for g in golden if g["kind"] == Kind.MODULE}
-    unit_of: dict[Any, str] = {}        # seq of a torch call inside the span -> its unit
+    unit_of: dict[Optional[int], str] = {}        # seq of a torch call inside the span -> its unit
     for g in golden:
         path = where.get(g.get("module") or "")
         if g["kind"] in Kind.OPS and g["phase"] == Phase.FORWARD and path in units:
@@ -165,7 +165,7 @@ def _spans(units: set[str], calls: dict[str, tuple[int, Record]], compiled: list
     return made if len(made) == 2 or whole is None else made + [whole]
 
 
-def _span(unit_of: dict[Any, str], members: list[Record], calls: dict[str, tuple[int, Record]],
+def _span(unit_of: dict[Optional[int], str], members: list[Record], calls: dict[str, tuple[int, Record]],
           target: list[Record], golden: list[Record], by_seq: dict[int, Record],
           constants: Constants, spare: frozenset[str] = frozenset()) -> Optional[Made]:
     """The records of the span made of the eager torch calls `unit_of` (seq -> its module
@@ -203,7 +203,7 @@ def _span(unit_of: dict[Any, str], members: list[Record], calls: dict[str, tuple
     return (ti, t_record), (max(calls[u][0] for u in units), g_record)
 
 
-def _eager_boundary(unit_of: dict[Any, str], golden: list[Record], constants: Constants
+def _eager_boundary(unit_of: dict[Optional[int], str], golden: list[Record], constants: Constants
                     ) -> Optional[tuple[list[_Entering], Boundary, dict[int, str]]]:
     """The eager span's boundary: the tensors its torch calls (`unit_of`: seq -> its module
     call) read that calls outside made (or that are the model's inputs), and those they made
@@ -213,8 +213,8 @@ def _eager_boundary(unit_of: dict[Any, str], golden: list[Record], constants: Co
     ops = [g for g in golden if g["kind"] in Kind.OPS and g["phase"] == Phase.FORWARD]
     if not unit_of or None in unit_of:
         return None
-    by_seq = {g["seq"]: g for g in golden if g["seq"] is not None}
-    reads: dict[Any, _Entering] = {}
+    by_seq: dict[Optional[int], Record] = {g["seq"]: g for g in golden if g["seq"] is not None}
+    reads: dict[tuple[Union[int, str], Union[int, str]], _Entering] = {}   # as `boundary` keys them
     for seq in unit_of:
         for _, role, d in iter_tensors(by_seq[seq]):
             if role == Role.OUTPUT or d.get("leaf") in ("parameter", "buffer"):
@@ -234,13 +234,13 @@ def _eager_boundary(unit_of: dict[Any, str], golden: list[Record], constants: Co
                     (made[0], made[1]) in constants.tensors))
     # who reads each torch call's outputs (a call reading one tensor, `[:, -n:]` in the
     # model's own code, is read through: the compiled graph folds it into its readers)
-    read_by: dict[Any, set[str]] = {}
+    read_by: dict[Optional[int], set[str]] = {}
     for g in ops:
         for _, role, d in iter_tensors(g):
             made = d.get("producer") if role != Role.OUTPUT else None
             if made:
                 read_by.setdefault(made[0], set()).add(where.get(g.get("module") or "", ""))
-    readers: dict[Any, set[str]] = {}
+    readers: dict[tuple[int, int], set[str]] = {}
     for g in ops:
         if g["seq"] in unit_of:
             continue

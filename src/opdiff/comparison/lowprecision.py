@@ -12,7 +12,7 @@ rewritten.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from ..lowp.units import quantize_units
 from .result import Note
@@ -20,6 +20,8 @@ from ..store.schema import Record
 
 if TYPE_CHECKING:
     from ..store.source import DumpSource
+    from .options import CompareOptions
+    from .plans import Rewritten
 
 _SHOWN = 3          # wrong quantize ops named in the note
 
@@ -59,7 +61,8 @@ class LowPrecision:
     name = "low precision"
 
     def rewrite(self, target: list[Record], golden: list[Record],
-                sources: tuple["DumpSource", "DumpSource"], options: Any = None) -> Optional[Any]:
+                sources: tuple["DumpSource", "DumpSource"], options: Optional["CompareOptions"] = None
+                ) -> Optional["Rewritten"]:
         from .plans import Rewritten      # (plans.py imports this module)
 
         notes = judged_notes("target", target, sources[0]) + \

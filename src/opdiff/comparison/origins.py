@@ -292,7 +292,7 @@ def across_steps(results: Sequence[Any]) -> None:
 CARRIED = "carried over from step"
 
 
-def carried_over(earlier: Divergence, current: Divergence, rows: Any) -> Divergence:
+def carried_over(earlier: Divergence, current: Divergence, rows: Sequence[TensorRow]) -> Divergence:
     """Step S's divergence when an earlier step S0 of the run diverged already: the parameters
     of step S were trained from that difference. A differing parameter (origin "parameter")
     says so instead of "the runs do not start from the same weights"; an op named while the
@@ -328,7 +328,7 @@ def is_carried_over(fd: Optional[Divergence]) -> bool:
     return fd is not None and fd.origin == Origin.PARAMETER and fd.carried_from is not None
 
 
-def _differing_parameters(rows: Any) -> list[TensorRow]:
+def _differing_parameters(rows: Sequence[TensorRow]) -> list[TensorRow]:
     """The parameter leaf rows of a pair that differ at all (statistics beyond their own
     rounding; whole tensors in any element)."""
     out = []

@@ -41,6 +41,7 @@ from .recording import Recording
 from .result import (ERROR, PASS, UNMATCHED, WARNING, CompareResult, Divergence, Note, TensorRow,
                      count, noted)
 from .scores import add_row, counts_as_output, op_score
+from .shards import KeyPair
 
 if TYPE_CHECKING:
     from .replay import Replayer
@@ -78,7 +79,7 @@ class _PairCompare:
 
     def __init__(self, target_dump: DumpSource, golden_dump: DumpSource,
                  options: CompareOptions, tick: Optional[Callable[[int], None]] = None,
-                 measured: Optional[dict[tuple[Any, Any], Measurement]] = None) -> None:
+                 measured: Optional[dict[KeyPair, Measurement]] = None) -> None:
         self.t, self.g = target_dump, golden_dump
         self.options = options
         self.mapping = options.mapping
@@ -90,7 +91,7 @@ class _PairCompare:
         self.ops: list[OpScore] = []
         # A saved tensor is referenced by every record that saw it (an op's output is the next
         # op's input and its module's output): measure each pair of saved tensors once.
-        self._measured: dict[tuple[Any, Any], Measurement] = dict(measured or {})  # shards.py
+        self._measured: dict[KeyPair, Measurement] = dict(measured or {})  # shards.py
         # what a region's boundary is measured by (region_boundaries.Boundaries)
         self._by_tensor: dict[str, Any] = {}       # target tensor name -> row entry
         self._modules: dict[str, Any] = {}         # paired module call -> (inputs, outputs)
@@ -420,9 +421,9 @@ class _PairCompare:
                 return TensorRow(result=PASS, accuracy_reached="", reason=reason, **common), None
         if numel(t_shape) == 0:             # capture saves neither statistics nor values of it
             return TensorRow(result=PASS, accuracy_reached="Yes", reason=EMPTY, **common), None
-        pair = (td.get("key"), gd.get("key"))
+        t_key, g_key = td.get("key"), gd.get("key")
         unread: list[str] = []
-        m = self._measured.get(pair)
+        m = self._measured.get((t_key, g_key)) if t_key and g_key else None
         if m is not None:
             m = replace(m, metrics=dict(m.metrics))
         else:
@@ -435,8 +436,8 @@ class _PairCompare:
                                          reason=f"saved shapes differ: {list(tt.shape)} vs "
                                                 f"{list(gt.shape)}", **common), None
                     m = measure(tt, gt)
-                    if all(pair):
-                        self._measured[pair] = m
+                    if t_key and g_key:
+                        self._measured[(t_key, g_key)] = m
                 del tt, gt
         if m is None:
             if common["target_stats"] and common["golden_stats"]:
@@ -460,7 +461,7 @@ class _PairCompare:
 def compare_pair(target_dump: DumpSource, golden_dump: DumpSource,
                  options: Optional[CompareOptions] = None, *,
                  tick: Optional[Callable[[int], None]] = None,
-                 measured: Optional[dict[tuple[Any, Any], Measurement]] = None,
+                 measured: Optional[dict[KeyPair, Measurement]] = None,
                  **changes: Any) -> CompareResult:
     """Compare two opened Dump-like objects (one step/rank each) and return the result.
 

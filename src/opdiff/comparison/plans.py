@@ -36,6 +36,7 @@ from .lowprecision import LowPrecision
 
 if TYPE_CHECKING:
     from ..store.source import DumpSource
+    from .options import CompareOptions
 
 Pair = tuple[Optional[int], Optional[int]]
 SOURCES, RECORDS, PAIRS = "sources", "records", "pairs"
@@ -77,7 +78,7 @@ class RecordsPlan(Protocol):
     name: str
 
     def rewrite(self, target: list[Record], golden: list[Record],
-                sources: tuple[DumpSource, DumpSource], options: Any = None
+                sources: tuple[DumpSource, DumpSource], options: Optional[CompareOptions] = None
                 ) -> Optional[Rewritten]: ...
 
 
@@ -168,7 +169,7 @@ class ModuleCalls:
     name = "compiled module calls"
 
     def rewrite(self, target: list[Record], golden: list[Record],
-                sources: tuple[DumpSource, DumpSource], options: Any = None
+                sources: tuple[DumpSource, DumpSource], options: Optional[CompareOptions] = None
                 ) -> Optional[Rewritten]:
         target = compiled_modules.module_calls(target, golden)
         target, golden = compiled_spans.span_calls(target, golden)
@@ -212,11 +213,11 @@ class TokenLayouts:
     name = "token layouts"
 
     def rewrite(self, target: list[Record], golden: list[Record],
-                sources: tuple[DumpSource, DumpSource], options: Any = None
+                sources: tuple[DumpSource, DumpSource], options: Optional[CompareOptions] = None
                 ) -> Optional[Rewritten]:
         from .tokens import align_tokens
         aligned = align_tokens(sources[0], sources[1], plain_records(target), plain_records(golden),
-                               getattr(options, "token_ids", None))
+                               options.token_ids if options is not None else None)
         if aligned is None:
             return None
         return Rewritten(typed_records(aligned.target_records), typed_records(aligned.golden_records),

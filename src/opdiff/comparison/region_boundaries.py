@@ -48,9 +48,9 @@ class Boundaries:
                  golden: Optional[list[Record]] = None, upstream: bool = False) -> None:
         self.target, self.dataflow, self.golden = target, dataflow, golden or []
         self.upstream = upstream and dataflow       # (see the module docstring)
-        self.regional: set[Any] = set()     # seqs of judged forward regions' target ops
+        self.regional: set[Optional[int]] = set()     # seqs of judged forward regions' target ops
         self.traced: list[str] = []         # ops `_read` traced through (`upstream`)
-        self.sources: dict[Any, Optional[tuple[dict[int, Entry], list[str], list[str]]]] = {}
+        self.sources: dict[Optional[int], Optional[tuple[dict[int, Entry], list[str], list[str]]]] = {}
         self.measured, self.module_entries = measured, module_entries
         self.by_seq = {r["seq"]: r for r in target} if dataflow else {}
         self.leaf_names = {(r.get("leaf"), r.get("tensor")): r["name"] for r in target
@@ -66,7 +66,7 @@ class Boundaries:
         self.flows: set[int] = set()
         # (producer seq, slot) of a backward call's output -> (input name, shape) of its readers
         self.read_at: Optional[dict[tuple[Any, ...], list[tuple[str, Any]]]] = None
-        self.read_by: dict[Any, set[Any]] = {}     # backward call's seq -> seqs of its readers
+        self.read_by: dict[Optional[int], set[Optional[int]]] = {}     # backward call's seq -> seqs of its readers
 
     def consumers(self, regions: list[Region]) -> dict[int, dict[str, str]]:
         """region number -> {consumer's input tensor name: the region's output tensor it reads};

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 class Gradients:
     """The forward dataflow of one dump, read for backward regions (built once per pair)."""
 
-    def __init__(self, records: list[Record], by_seq: dict[Any, Record]) -> None:
+    def __init__(self, records: list[Record], by_seq: dict[Optional[int], Record]) -> None:
         self.by_seq = by_seq                              # seq -> record (the dump's)
         self.by_name: dict[str, Record] = {}              # forward op calls by name
         self.backward_of: dict[str, Record] = {}          # forward call name -> backward record

@@ -49,6 +49,8 @@ from .ranks import received_from
 from .result import CompareResult, Divergence, Note, Origin, TensorRow, count, reworded
 from .spool import ChainedRows, PairRows, Spool, SpoolFile, encode_pair, on_disk, write_pair
 from .workers import watch_parent
+from .shards import KeyPair
+from .metrics import Measurement
 
 log = logging.getLogger("opdiff")
 
@@ -196,7 +198,7 @@ def count_records(dump: DumpSource) -> int:
 
 
 def _worker(target_path: str, golden_path: str, options: CompareOptions,
-            spool_path: Optional[str] = None, measured: Optional[dict[Any, Any]] = None
+            spool_path: Optional[str] = None, measured: Optional[dict[KeyPair, Measurement]] = None
             ) -> tuple[CompareResult, SpoolFile, Optional[bytes]]:
     """Compare one pair in a worker; its rows go to `spool_path` (this machine's disk) or, when
     None, come back as the spool file's bytes (a remote task: the driver writes them).

@@ -178,7 +178,7 @@ def _kernel(rec: Record, load: Load, cast: Optional[torch.dtype],
         values[names[o]] = out.detach()
 
 
-def _fed(rec: Record, seqs: dict[Any, Record], values: dict[str, torch.Tensor],
+def _fed(rec: Record, seqs: dict[Optional[int], Record], values: dict[str, torch.Tensor],
          kernel: bool = False) -> dict[str, torch.Tensor]:
     """{saved key: chain value} for the record's inputs made by earlier ops of the chain;
     NotReplayable where an input is neither made there nor saved (a kernel's: where its
