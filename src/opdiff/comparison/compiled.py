@@ -24,7 +24,7 @@ is not refused: what pairs (leaves, parameter gradients) is compared, and the re
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional, TYPE_CHECKING
 
 from ..store.records import iter_tensors
 from ..store.schema import Descriptor, Kind, Location, Phase, Record, Role, compiled_facts, locations_from_frames
@@ -32,6 +32,10 @@ from .compiled_modules import by_inductor
 from .compiled_params import ModuleTwins, backward_modules, link_modules
 from .compiled_spans import span_said
 from .recording import Recording
+
+if TYPE_CHECKING:
+    from ..store.source import DumpSource
+    from .result import Divergence
 
 Pair = tuple[Optional[int], Optional[int]]
 
@@ -330,7 +334,7 @@ def source(record: Optional[Record],
     return Location(file, line, code_of(file, line))
 
 
-def stored_code(dumps: Iterable[tuple[Any, list[Record]]]) -> Callable[[str, int], str]:
+def stored_code(dumps: Iterable[tuple[DumpSource, list[Record]]]) -> Callable[[str, int], str]:
     """`code_of(file, line)`: the text of a source line as the dumps' own stacks hold it (a
     frame's `code`, or a line of its stored `context`), "" when no dump holds it. `dumps`:
     (DumpSource, its records) pairs; read only when asked."""
@@ -362,7 +366,7 @@ _MAX_CODE = 1000
 
 
 def module_line(call: str, kernel_line: Optional[Location], golden: list[Record],
-                dumps: Iterable[tuple[Any, list[Record]]]) -> Optional[Location]:
+                dumps: Iterable[tuple[DumpSource, list[Record]]]) -> Optional[Location]:
     """Where to point for the compiled ops judged as the module call `call`: the line its first
     kernel names (`kernel_line`) if the golden run executed that line inside that call (a frame
     of one of its ops' stacks); else the line of golden's first op inside the call. A kernel
@@ -423,8 +427,8 @@ def region_line(region: dict[str, Any], kernel_line: Optional[Location],
     return lines[-1]
 
 
-def annotate(divergence: Any, target: list[Record], golden: list[Record],
-             dumps: Iterable[tuple[Any, list[Record]]] = ()) -> Any:
+def annotate(divergence: Optional[Divergence], target: list[Record], golden: list[Record],
+             dumps: Iterable[tuple[DumpSource, list[Record]]] = ()) -> Optional[Divergence]:
     """A divergence at an op of compiled code says where the compiler put it: its graph node,
     the module and the user's line (the op's own call site is inside torch). `dumps`: where the
     line's text may come from (see `stored_code`)."""

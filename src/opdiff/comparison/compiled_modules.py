@@ -261,7 +261,7 @@ def boundary(members: list[Record], target: list[Record], by_seq: dict[int, Reco
                     tuple(None if key[0] in ("input", "unmade") else key[0] for key in reads))
 
 
-def _parameters_of(record: Optional[Record], slot: Any) -> Optional[list[str]]:
+def _parameters_of(record: Optional[Record], slot: Union[int, str]) -> Optional[list[str]]:
     """The modules of the parameters an Inductor call's output `slot` is computed from alone
     (`compiled.from_parameters`, capture/inductor.py), or None where it reads anything else."""
     for entry in compiled_facts(record).get("from_parameters") or ():
@@ -270,7 +270,7 @@ def _parameters_of(record: Optional[Record], slot: Any) -> Optional[list[str]]:
     return None
 
 
-def _own_parameters(record: Optional[Record], slot: Any, members: list[Record]) -> bool:
+def _own_parameters(record: Optional[Record], slot: Union[int, str], members: list[Record]) -> bool:
     """Whether a tensor the members read is computed from parameters alone, each of a module
     the members' own code runs in (autocast's weight cast, done in eager inside that module's
     call: the parameters are compared as leaves, the cast is the call's own code)."""
@@ -279,7 +279,7 @@ def _own_parameters(record: Optional[Record], slot: Any, members: list[Record]) 
     return owners is not None and all(o in mine for o in owners)
 
 
-def _foreign_parameters(record: Optional[Record], slot: Any, members: list[Record]) -> bool:
+def _foreign_parameters(record: Optional[Record], slot: Union[int, str], members: list[Record]) -> bool:
     """Whether a tensor the members hand out is computed from parameters alone, none of a
     module the members' own code runs in (another module's weight cast, fused into a kernel of
     the members): not data the members compute."""
@@ -351,7 +351,7 @@ def _random(op: str) -> bool:
     return ops.traits("Aten." + op.split(".", 1)[1] if op.startswith("Torch.") else op).random
 
 
-def _output(record: Optional[Record], slot: Any) -> Optional[Descriptor]:
+def _output(record: Optional[Record], slot: Union[int, str]) -> Optional[Descriptor]:
     outs = record.get("outputs") if record is not None else None
     if not isinstance(outs, list) or not isinstance(slot, int) or not 0 <= slot < len(outs):
         return None

@@ -35,7 +35,7 @@ with their lines.
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, NamedTuple, Optional, Union
+from typing import Iterable, NamedTuple, Optional, TYPE_CHECKING, Union
 
 from ..store.records import iter_tensors
 from ..store.schema import (CompiledFacts, Descriptor, Kind, Location, Phase, Record, RecordName, Role, compiled_facts,
@@ -45,6 +45,9 @@ from .compiled_modules import (Boundary, boundary, compiled_record, flattened, i
                                modules_of)
 from .compiled_cuts import cut
 from .compiled_recompute import Constants, constant_code
+
+if TYPE_CHECKING:
+    from ..store.source import DumpSource
 
 SPAN_CLASS = "Span"
 Made = tuple[tuple[int, Record], tuple[int, Record]]    # (index, record) on each side
@@ -262,7 +265,7 @@ def _eager_boundary(unit_of: dict[Optional[int], str], golden: list[Record], con
     return list(reads.values()), Boundary([e.desc for e in reads.values()], leaving), made_in
 
 
-def _output(record: Optional[Record], slot: Any) -> Optional[Descriptor]:
+def _output(record: Optional[Record], slot: Union[int, str]) -> Optional[Descriptor]:
     outs = record.get("outputs") if record is not None else None
     if not isinstance(outs, list) or not isinstance(slot, int) or not 0 <= slot < len(outs):
         return None
@@ -335,7 +338,7 @@ def _as_golden(t: Descriptor, g: Descriptor) -> Descriptor:
     return shaped
 
 
-def span_said(record: Optional[Record], dumps: Iterable[tuple[Any, list[Record]]],
+def span_said(record: Optional[Record], dumps: Iterable[tuple[DumpSource, list[Record]]],
               tensor: Optional[str]) -> tuple[str, Optional[Location]]:
     """What a verdict at a span's record adds: its first and last module call with their
     call lines (from the eager dump's stacks), the call that made the output `tensor` (the one

@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from .mapping import Mapping, Rule
     from .result import TensorRow
 
+Item = tuple[str, str, Descriptor]   # (tensor name, role, descriptor), as `iter_tensors` yields them
 _LEAVES = ("parameter", "buffer", "input")
 
 
@@ -73,7 +74,7 @@ class ForcedPair:
     # lines take from the others, (target suffix, the golden tensor (name, role, descriptor)),
     # and those golden records' indices. Judged as one op: its inputs against the golden
     # tensors the lines name wherever they are, its outputs the same (a region, in effect).
-    borrowed: tuple[tuple[str, Any], ...] = ()
+    borrowed: tuple[tuple[str, Item], ...] = ()
     others: tuple[int, ...] = ()
 
     def said(self, path: str) -> str:
@@ -81,8 +82,8 @@ class ForcedPair:
         at = ", ".join(str(n) for n in self.lines)
         return f"{self.names[0]} against {self.names[1]} ({path}:{at})"
 
-    def keyed(self, t_tensors: dict[str, Any], g_tensors: dict[str, Any]
-              ) -> tuple[dict[str, Any], dict[str, Any]]:
+    def keyed(self, t_tensors: dict[str, Item], g_tensors: dict[str, Item]
+              ) -> tuple[dict[str, Item], dict[str, Item]]:
         """The two records' tensors ({suffix: item}) as the pair compares them: one key per
         listed pair, the target's suffix naming both."""
         borrowed = dict(self.borrowed)

@@ -154,8 +154,8 @@ class CompiledPlan(Plan):
 
     def annotate(self, divergence: Divergence, target: list[Record], golden: list[Record],
                  dumps: tuple[tuple[DumpSource, list[Record]], ...]) -> Divergence:
-        annotated: Divergence = compiled.annotate(divergence, target, golden, dumps)
-        return annotated
+        annotated = compiled.annotate(divergence, target, golden, dumps)
+        return annotated if annotated is not None else divergence   # (never None for one)
 
     def unexplained(self, rows: list[TensorRow], target: list[Record], held: dict[str, str],
                     policy: Policy) -> Optional[str]:
