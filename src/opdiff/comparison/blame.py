@@ -97,7 +97,7 @@ class OpScore:
     reader: Optional[str] = None    # ... the record of the first op that reads it
     leaf_inputs: dict[int, str] = field(default_factory=dict)  # input row index -> "parameter <fqn>"
     leaf_strict: bool = True    # ... judged exactly (step 0: nothing trained them yet)
-    rng: tuple[Any, ...] = ()             # random ops: (target's, golden's) generator fingerprints
+    rng: tuple[Optional[str], ...] = ()   # random ops: (target's, golden's) generator fingerprints
     region: Optional[RegionUnit] = None     # kind "region": its region, ops and what it made
     unjudged: bool = False      # a forced pair whose outputs are not judged (forced.py)
 

@@ -234,6 +234,8 @@ def random_reason(op: "OpScore") -> Optional[str]:
     if len(op.rng) != 2 or op.rng[0] == op.rng[1] or not all(op.rng):
         return None
     t, g = op.rng
+    if t is None or g is None:      # (`all` above: never; says so to the type checker)
+        return None
     t_dev, g_dev = t.split(":", 1)[0], g.split(":", 1)[0]
     if t_dev != g_dev:
         return (f"{op.op} draws random numbers on {t_dev} in the target and {g_dev} in golden: "

@@ -38,7 +38,7 @@ import contextlib
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import replace
-from typing import Any, Callable, Iterator, Optional, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, cast
 
 from ..errors import DumpError
 from ..store.reader import Dump
@@ -49,8 +49,10 @@ from .ranks import received_from
 from .result import CompareResult, Divergence, Note, Origin, TensorRow, count, reworded
 from .spool import ChainedRows, PairRows, Spool, SpoolFile, encode_pair, on_disk, write_pair
 from .workers import watch_parent
-from .shards import KeyPair
-from .metrics import Measurement
+
+if TYPE_CHECKING:     # (runs.py stays free of torch: the CSV writer imports it)
+    from .metrics import Measurement
+    from .shards import KeyPair
 
 log = logging.getLogger("opdiff")
 
