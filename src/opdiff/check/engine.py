@@ -29,7 +29,7 @@ from ..comparison.replay.kernels import kernel_tensors
 from ..comparison.replay.local import one_thread
 from ..comparison.replay.tensors import replay_tensors
 from ..comparison.verdicts import Policy
-from ..store.schema import Kind, Location, locations_from_frames
+from ..store.schema import Kind, Location, Record, locations_from_frames
 from .standards import FAIL, PASS, OutputCheck, judge_output
 
 log = logging.getLogger("opdiff")
@@ -115,8 +115,8 @@ class CheckResult:
                 "notes": list(self.notes), "seconds": round(self.seconds, 3)}
 
 
-def location_of(dump: Any, record: dict[str, Any],
-                records: dict[str, dict[str, Any]]) -> Optional[Location]:
+def location_of(dump: Any, record: Record,
+                records: dict[str, Record]) -> Optional[Location]:
     """The user's source line of a record (a backward record: its forward call's; an op of a
     torch.compile'd graph: the line its graph node names, without its text, which the dump
     does not hold)."""
@@ -124,15 +124,16 @@ def location_of(dump: Any, record: dict[str, Any],
     if line is not None:
         return line
     rec = record
-    if rec["stack"] is None and rec.get("forward") in records:
-        rec = records[rec["forward"]]
+    forward = rec.get("forward")
+    if rec["stack"] is None and forward in records:
+        rec = records[str(forward)]
     if rec["stack"] is None:
         return None
     frames = locations_from_frames(dump.stack(rec["stack"]))
     return frames[0] if frames else None
 
 
-def check_record(record: dict[str, Any], records: dict[str, dict[str, Any]],
+def check_record(record: Record, records: dict[str, Record],
                  load: Callable[[str], Any], index: int, policy: Optional[Policy] = None,
                  device: Optional[str] = None, location: Optional[Location] = None,
                  known: Optional[dict[str, Any]] = None) -> OpCheck:
@@ -140,7 +141,7 @@ def check_record(record: dict[str, Any], records: dict[str, dict[str, Any]],
     kept across the records of one dump (see `opdiff.comparison.replay.tensors.replay_tensors`)."""
     policy = policy or Policy()
     start = time.perf_counter()
-    base = dict(name=record["name"], op=record["op"], phase=record["phase"],
+    base: dict[str, Any] = dict(name=record["name"], op=record["op"], phase=record["phase"],
                 index=index, location=location,
                 module=record["module"] or (record.get("compiled") or {}).get("module"))
     if record["kind"] == Kind.KERNEL:
@@ -148,7 +149,8 @@ def check_record(record: dict[str, Any], records: dict[str, dict[str, Any]],
     if record["kind"] not in Kind.REPLAYABLE:
         return OpCheck(**base, status=NOT_CHECKED, reason=f"a {record['kind']} record is "
                        "made of other ops (its ops are checked one by one)")
-    fwd = records.get(record["forward"]) if record.get("forward") else None
+    forward = record.get("forward")
+    fwd = records.get(forward) if forward else None
     try:
         with one_thread():      # the same numbers in every process (see replay.local)
             rep = replay_tensors(record, load, forward_record=fwd, device=device, known=known)
@@ -166,7 +168,7 @@ def check_record(record: dict[str, Any], records: dict[str, dict[str, Any]],
                    reference=rep.reference, outputs=outs, seconds=time.perf_counter() - start)
 
 
-def check_kernel(record: dict[str, Any], load: Callable[[str], Any], base: dict[str, Any],
+def check_kernel(record: Record, load: Callable[[str], Any], base: dict[str, Any],
                  policy: Policy, device: Optional[str], start: float) -> OpCheck:
     """A compiled kernel judged as an op is: its outputs against its fused aten ops replayed in
     float64 from its saved inputs, with the same ops in their own dtypes on the CPU as the
@@ -191,8 +193,8 @@ def check_kernel(record: dict[str, Any], load: Callable[[str], Any], base: dict[
                    reference=rep.reference, outputs=outs, seconds=time.perf_counter() - start)
 
 
-def select(records: Iterable[dict[str, Any]], names: Iterable[str] = (),
-           scope: Iterable[str] = ()) -> list[dict[str, Any]]:
+def select(records: Iterable[Record], names: Iterable[str] = (),
+           scope: Iterable[str] = ()) -> list[Record]:
     """The records `--list` and `--scope` keep, as capture's `list`/`scope` select them: a
     pattern matches a record name exactly, without its counter, or as a substring; a scope of
     two names keeps the records from the first match of the first through the first match of

@@ -39,15 +39,14 @@ from __future__ import annotations
 import bisect
 import functools
 from difflib import SequenceMatcher
-from typing import Any, Optional, Sequence, cast
+from typing import Any, Literal, Optional, Sequence, cast
 
 from ..store.records import iter_tensors
-from ..store.schema import PARAM_GRAD_WORD, Kind, RecordName, module_class
+from ..store.schema import Kind, PARAM_GRAD_WORD, Record, RecordName, module_class
 from ..store.schema import module_path as path_of
 
 Pair = tuple[Optional[int], Optional[int]]   # (target index, golden index)
 Pair2 = tuple[int, int]                       # ... both known
-Record = dict[str, Any]
 SWAP_WINDOW = 4         # how far apart (in the pair list) two swapped neighbours may end up
 
 
@@ -193,7 +192,8 @@ def _same_shapes(t: Record, g: Record) -> bool:
     return common > 0
 
 
-_SPELLED = ("name", "op", "module", "reader", "forward")
+_SPELLED: tuple[Literal["name", "op", "module", "reader", "forward"], ...] = (
+    "name", "op", "module", "reader", "forward")
 
 
 def _spelled(record: Record, renames: dict[str, str], seen: dict[str, str]) -> Record:
@@ -207,7 +207,7 @@ def _spelled(record: Record, renames: dict[str, str], seen: dict[str, str]) -> R
         if new is None:
             new = seen[value] = _respelled(value, renames)
         if new != value:
-            changed = changed if changed is not None else dict(record)
+            changed = changed if changed is not None else record.copy()
             changed[f] = new
     return changed if changed is not None else record
 

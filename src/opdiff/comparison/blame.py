@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional, cast
 from .. import ops
 from ..dtypes import LARGEST_FINITE, canonical_dtype, is_float
 from ..store.records import input_numbers
-from ..store.schema import Kind, Location, Phase, param_grad_links
+from ..store.schema import Kind, Location, Phase, Record, param_grad_links
 from . import noise, origins, reasons
 from .result import (ERROR, INTEGER, LOCAL, NONFINITE, NUMBER, REPLAY, SCALE, WARNING,
                      Divergence, TensorRow)
@@ -97,7 +97,7 @@ class OpScore:
     reader: Optional[str] = None    # ... the record of the first op that reads it
     leaf_inputs: dict[int, str] = field(default_factory=dict)  # input row index -> "parameter <fqn>"
     leaf_strict: bool = True    # ... judged exactly (step 0: nothing trained them yet)
-    rng: tuple[Any, ...] = ()             # random ops: (target's, golden's) generator fingerprints
+    rng: tuple[Optional[str], ...] = ()   # random ops: (target's, golden's) generator fingerprints
     region: Optional[RegionUnit] = None     # kind "region": its region, ops and what it made
     unjudged: bool = False      # a forced pair whose outputs are not judged (forced.py)
 
@@ -108,7 +108,7 @@ class OpScore:
         return NUMBER if self.arg_diffs and self.blame != REPLAY else self.blame
 
 
-def differing_numbers(t_rec: dict[str, Any], g_rec: dict[str, Any]) -> tuple[list[str], list[str]]:
+def differing_numbers(t_rec: Record, g_rec: Record) -> tuple[list[str], list[str]]:
     """The Python number arguments of a paired call that differ (`x[0] = 2.0` against
     `x[0] = 1.0`), as "input.2: 2 vs 1": (those that differ, those that are dtype limits).
 

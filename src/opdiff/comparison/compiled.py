@@ -24,22 +24,25 @@ is not refused: what pairs (leaves, parameter gradients) is compared, and the re
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional, TYPE_CHECKING
 
 from ..store.records import iter_tensors
-from ..store.schema import Kind, Location, Phase, Role, locations_from_frames
+from ..store.schema import Descriptor, Kind, Location, Phase, Record, Role, compiled_facts, locations_from_frames
 from .compiled_modules import by_inductor
 from .compiled_params import ModuleTwins, backward_modules, link_modules
 from .compiled_spans import span_said
 from .recording import Recording
 
+if TYPE_CHECKING:
+    from ..store.source import DumpSource
+    from .result import Divergence
+
 Pair = tuple[Optional[int], Optional[int]]
-Record = dict[str, Any]
 
 INCONCLUSIVE = "inconclusive"
 
 
-def _inputs(record: Record) -> dict[str, dict[str, Any]]:
+def _inputs(record: Record) -> dict[str, Descriptor]:
     """Input descriptors by their name's suffix (`.input.0`, `.kwargs.x`)."""
     name = record["name"]
     return {n[len(name):]: d for n, role, d in iter_tensors(record) if role != Role.OUTPUT}
@@ -115,9 +118,9 @@ def link_backward(pairs: list[Pair], target: list[Record], golden: list[Record])
     used: set[int] = set()
     out: list[Pair] = []
     for ti, gi in pairs:
-        if ti is not None and gi is None and target[ti].get("forward"):
+        if ti is not None and gi is None and (forward := target[ti].get("forward")):
             t = target[ti]
-            f = t_by_name.get(t["forward"])
+            f = t_by_name.get(forward)
             twin = partner.get(f) if f is not None else None
             if twin is not None:
                 waiting = free.get((golden[twin]["name"],) + signature(t))
@@ -141,7 +144,7 @@ def signature(record: Record) -> tuple[Any, ...]:
 
 
 def _contradicts(t: Record, g: Record, partner: dict[int, int], taken: dict[int, int],
-                 t_by_seq: dict[Any, int], g_by_seq: dict[Any, int], strict: bool,
+                 t_by_seq: dict[int, int], g_by_seq: dict[int, int], strict: bool,
                  in_backward: frozenset[int] = frozenset()) -> bool:
     """Whether the inputs of t and g were made by ops that are not each other's twins."""
     if t["kind"] not in Kind.REPLAYABLE:
@@ -177,7 +180,7 @@ def _contradicts(t: Record, g: Record, partner: dict[int, int], taken: dict[int,
             # in backward, a tensor without a producer is a gradient (or a view): one side
             # reads a forward op's output where the other reads a gradient (Inductor's
             # backward calls name the ones that made theirs: gradients too)
-            made = t_by_seq.get(tp[0]) if tp else g_by_seq.get((gp or (None,))[0])
+            made = t_by_seq.get(tp[0]) if tp else g_by_seq.get(gp[0]) if gp else None
             if tp and made in in_backward:
                 continue
             if made is not None and (made in partner if tp else made in taken):
@@ -301,7 +304,7 @@ def by_name(pairs: list[Pair], target: list[Record], golden: list[Record]) -> li
 def where(record: Optional[Record]) -> str:
     """" (compiled graph `<eval_with_key>.5`, node `silu_1`, in `model.layers.1.mlp`)": what the
     compiler says of a record it ran ("" for an eager record)."""
-    facts = (record or {}).get("compiled") or {}
+    facts = compiled_facts(record)
     if not facts.get("node"):
         return ""
     inside = f", in `{facts['module']}`" if facts.get("module") else ""
@@ -321,7 +324,7 @@ def source(record: Optional[Record],
     """The user's line the compiler names for a record it ran (its node's stack trace). The
     line's text comes from `code_of(file, line)` (what the dumps hold: `stored_code`), never
     from the file the dump names (a dump is untrusted: SECURITY.md)."""
-    found = ((record or {}).get("compiled") or {}).get("source")
+    found = compiled_facts(record).get("source")
     if not isinstance(found, list) or len(found) != 2:
         return None
     try:
@@ -331,13 +334,13 @@ def source(record: Optional[Record],
     return Location(file, line, code_of(file, line))
 
 
-def stored_code(dumps: Iterable[tuple[Any, list[Record]]]) -> Callable[[str, int], str]:
+def stored_code(dumps: Iterable[tuple[DumpSource, list[Record]]]) -> Callable[[str, int], str]:
     """`code_of(file, line)`: the text of a source line as the dumps' own stacks hold it (a
     frame's `code`, or a line of its stored `context`), "" when no dump holds it. `dumps`:
     (DumpSource, its records) pairs; read only when asked."""
     def code_of(file: str, line: int) -> str:
         for dump, records in dumps:
-            seen: set[Any] = set()
+            seen: set[int] = set()
             for r in records:
                 sid = r["stack"]
                 if sid is None or sid in seen:
@@ -363,7 +366,7 @@ _MAX_CODE = 1000
 
 
 def module_line(call: str, kernel_line: Optional[Location], golden: list[Record],
-                dumps: Iterable[tuple[Any, list[Record]]]) -> Optional[Location]:
+                dumps: Iterable[tuple[DumpSource, list[Record]]]) -> Optional[Location]:
     """Where to point for the compiled ops judged as the module call `call`: the line its first
     kernel names (`kernel_line`) if the golden run executed that line inside that call (a frame
     of one of its ops' stacks); else the line of golden's first op inside the call. A kernel
@@ -424,8 +427,8 @@ def region_line(region: dict[str, Any], kernel_line: Optional[Location],
     return lines[-1]
 
 
-def annotate(divergence: Any, target: list[Record], golden: list[Record],
-             dumps: Iterable[tuple[Any, list[Record]]] = ()) -> Any:
+def annotate(divergence: Optional[Divergence], target: list[Record], golden: list[Record],
+             dumps: Iterable[tuple[DumpSource, list[Record]]] = ()) -> Optional[Divergence]:
     """A divergence at an op of compiled code says where the compiler put it: its graph node,
     the module and the user's line (the op's own call site is inside torch). `dumps`: where the
     line's text may come from (see `stored_code`)."""
@@ -436,7 +439,7 @@ def annotate(divergence: Any, target: list[Record], golden: list[Record],
     if rec is None and divergence.region:
         ops = divergence.region.get("target_ops") or []
         rec = next((by_name.get(o.get("name")) for o in ops
-                    if (by_name.get(o.get("name")) or {}).get("compiled")), None)
+                    if compiled_facts(by_name.get(o.get("name")))), None)
     said = where(rec)
     if not said:
         return divergence
@@ -449,7 +452,7 @@ def annotate(divergence: Any, target: list[Record], golden: list[Record],
         loc = region_line(divergence.region, loc, lambda name: source(g_by.get(name), code))
     # a span of module calls (compiled_spans.py): its first and last call, and the line of
     # the one that made the output that differs
-    spanned, line = span_said(rec or {}, dumps, divergence.tensor)
+    spanned, line = span_said(rec, dumps, divergence.tensor)
     return replace(divergence, reason=divergence.reason + said + spanned, location=line or loc)
 
 

@@ -15,16 +15,15 @@ compute, and the first judged call whose input already differs.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
-from ..store.schema import Kind, Phase, RecordName, Role, module_path, param_grad_links
+from ..store.schema import Kind, Phase, Record, RecordName, Role, compiled_facts, module_path, param_grad_links
 from .compiled import INCONCLUSIVE
 from .compiled_modules import inside, modules_of
 from .reasons import made_earlier
 from .result import ERROR, WARNING, TensorRow
 from .verdicts import Policy, run_precision
 
-Record = dict[str, Any]
 WITHHELD = ("not named: the compiled backward that made it is not recorded at this level, and "
             "the gradient it was computed from depends on every forward computation after its "
             "module, not all of which is judged")
@@ -54,7 +53,7 @@ def judged_paths(target: list[Record]) -> list[tuple[set[str], set[str]]]:
     code: compiled_spans.py, with the code its kernels recompute)."""
     out: list[tuple[set[str], set[str]]] = []
     for r in target:
-        facts = r.get("compiled") or {}
+        facts = compiled_facts(r)
         if r["kind"] != Kind.MODULE or not facts:
             continue
         calls = [c for c in facts.get("span") or () if isinstance(c, str)]

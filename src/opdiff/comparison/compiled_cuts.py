@@ -18,15 +18,15 @@ order, and each is judged only where its boundary corresponds (compiled_spans.py
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 from ..store.records import iter_tensors
-from ..store.schema import Kind, Phase, Role
+from ..store.schema import Kind, Phase, Record, Role
 
-Record = dict[str, Any]
+Seq = Optional[int]      # a record's seq
 
 
-def cut(seqs: set[Any], records: list[Record]) -> Optional[list[set[Any]]]:
+def cut(seqs: set[Seq], records: list[Record]) -> Optional[list[set[Seq]]]:
     """[seqs] where the calls `seqs` (seq numbers in `records`) never read what calls outside
     made from their outputs; else [early, late] (see the module docstring) where each part is
     such a span itself; else None."""
@@ -40,9 +40,9 @@ def cut(seqs: set[Any], records: list[Record]) -> Optional[list[set[Any]]]:
     return [early, late]
 
 
-def _inputs_made_by(records: list[Record]) -> dict[Any, set[Any]]:
+def _inputs_made_by(records: list[Record]) -> dict[Seq, set[Seq]]:
     """Seq of each forward call -> the seqs of the calls that made the tensors it reads."""
-    out: dict[Any, set[Any]] = {}
+    out: dict[Seq, set[Seq]] = {}
     for r in records:
         if r["kind"] not in Kind.OPS or r["phase"] != Phase.FORWARD or r["seq"] is None:
             continue
@@ -52,11 +52,11 @@ def _inputs_made_by(records: list[Record]) -> dict[Any, set[Any]]:
     return out
 
 
-def _late(seqs: Iterable[Any], made_from: dict[Any, set[Any]]) -> set[Any]:
+def _late(seqs: Iterable[Seq], made_from: dict[Seq, set[Seq]]) -> set[Seq]:
     """The calls of `seqs` that read, directly or through calls of `seqs`, a tensor made by a
     call outside `seqs` from their outputs."""
     inside = set(seqs)
-    readers: dict[Any, set[Any]] = {}
+    readers: dict[Seq, set[Seq]] = {}
     for seq, makers in made_from.items():
         for m in makers:
             readers.setdefault(m, set()).add(seq)
@@ -67,7 +67,7 @@ def _late(seqs: Iterable[Any], made_from: dict[Any, set[Any]]) -> set[Any]:
     return _reach(back, readers, lambda s: s in inside)
 
 
-def _reach(start: set[Any], readers: dict[Any, set[Any]], allowed: Any) -> set[Any]:
+def _reach(start: set[Seq], readers: dict[Seq, set[Seq]], allowed: Callable[[Seq], bool]) -> set[Seq]:
     found, todo = set(start), list(start)
     while todo:
         for s in readers.get(todo.pop(), ()):

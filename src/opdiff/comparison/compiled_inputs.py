@@ -19,13 +19,11 @@ judged as ever.
 """
 from __future__ import annotations
 
-from typing import Any
 
-from ..store.schema import Kind, Phase, Role
+from ..store.schema import Kind, Phase, Record, Role
 from .compiled_backward import unjudged_calls
 from .result import ERROR, WARNING, TensorRow
 
-Record = dict[str, Any]
 LATE = ("not named: its input already differs in statistics, which understate an element-wise "
         "error, and compiled code that no judged module call holds ran before it and may have "
         "made the difference")

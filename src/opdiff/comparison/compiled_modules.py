@@ -33,14 +33,13 @@ parameters are compared as leaves) and leaves none of calls that own none of the
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+from typing import Any, Literal, NamedTuple, Optional, Union
 
 from .. import ops
 from ..store.records import iter_tensors
-from ..store.schema import Kind, Phase, Role, module_path
+from ..store.schema import CompiledFacts, Descriptor, Kind, Phase, Record, Role, compiled_facts, module_path
 from ..store.schema import is_inductor as by_inductor   # (the one predicate: store/schema.py)
 
-Record = dict[str, Any]
 _RESHAPES = frozenset({"Torch.view.default", "Torch._unsafe_view.default",
                        "Torch.reshape.default"})
 
@@ -55,7 +54,7 @@ def _shape(desc: Any) -> Optional[tuple[int, ...]]:
     return tuple(desc.get("shape") or ())
 
 
-def _tensors(descs: Any) -> list[dict[str, Any]]:
+def _tensors(descs: Any) -> list[Descriptor]:
     return [d for d in (descs if isinstance(descs, list) else []) if _shape(d) is not None]
 
 
@@ -78,18 +77,18 @@ def flattened(shape: Optional[tuple[int, ...]], golden: Optional[tuple[int, ...]
     return max(small, default=0) == max(large, default=0) and small <= large
 
 
-def unique_shapes(descs: list[dict[str, Any]]) -> bool:
+def unique_shapes(descs: list[Descriptor]) -> bool:
     """Whether no two of `descs` have one shape."""
     shapes = [_shape(d) for d in descs]
     return len(set(shapes)) == len(shapes)
 
 
-def _same(d: dict[str, Any], g: dict[str, Any]) -> bool:
+def _same(d: Descriptor, g: Descriptor) -> bool:
     return _shape(d) == _shape(g) or flattened(_shape(d), _shape(g))
 
 
-def _matched(golden: list[dict[str, Any]], found: list[list[dict[str, Any]]]
-             ) -> Optional[list[dict[str, Any]]]:
+def _matched(golden: list[Descriptor], found: list[list[Descriptor]]
+             ) -> Optional[list[Descriptor]]:
     """One descriptor of each `found` tensor (each has one or more spellings: itself, the
     reshape that alone reads it) in the order of `golden`'s descriptors, matched by shape (or
     that shape flattened, `flattened`: the descriptor then takes the golden shape and says the
@@ -106,7 +105,8 @@ def _matched(golden: list[dict[str, Any]], found: list[list[dict[str, Any]]]
             return None
         d = same[0]
         if _shape(d) != _shape(g):
-            d = {**d, "shape": list(_shape(g) or ()), "saved_shape": d.get("shape")}
+            d = d.copy()
+            d["shape"], d["saved_shape"] = list(_shape(g) or ()), same[0].get("shape")
         out.append(d)
     return out
 
@@ -163,7 +163,7 @@ def module_calls(target: list[Record], golden: list[Record]) -> list[Record]:
 
 
 def _module_call(g: Record, compiled: list[Record], target: list[Record],
-                 by_seq: dict[Any, Record]) -> Optional[tuple[int, Record]]:
+                 by_seq: dict[int, Record]) -> Optional[tuple[int, Record]]:
     path = module_path(g["op"])
     members, straddle = [], False
     for r in compiled:
@@ -189,15 +189,15 @@ def _module_call(g: Record, compiled: list[Record], target: list[Record],
 
 class Boundary(NamedTuple):
     """What a set of compiled calls reads from outside it and what it hands out."""
-    entering: list[dict[str, Any]]      # one descriptor per tensor read from outside
+    entering: list[Descriptor]      # one descriptor per tensor read from outside
     # per tensor read outside: its spellings (itself, the one reshape that alone reads it)
     # and the modules of the calls that read it
-    leaving: list[tuple[list[dict[str, Any]], set[str]]]
+    leaving: list[tuple[list[Descriptor], set[str]]]
     unmade: frozenset[int] = frozenset()    # entering tensors whose maker is not recorded
     made_by: tuple[Any, ...] = ()   # per entering tensor: its maker's seq (None: an input)
 
 
-def boundary(members: list[Record], target: list[Record], by_seq: dict[Any, Record],
+def boundary(members: list[Record], target: list[Record], by_seq: dict[int, Record],
              unmade: bool = False) -> Optional[Boundary]:
     """The boundary of the compiled calls `members` by the target's dataflow (the module
     docstring), or None where it is not known: no member, a member without a seq, one that
@@ -207,7 +207,8 @@ def boundary(members: list[Record], target: list[Record], by_seq: dict[Any, Reco
     seqs = {r["seq"] for r in members}
     if not members or None in seqs or any(_random(r["op"]) for r in members):
         return None     # (a random draw, dropout in training: eager's and the graph's differ)
-    reads: dict[Any, dict[str, Any]] = {}      # (seq, slot) made outside -> its descriptor
+    # (seq, slot) made outside -> its descriptor; ("input", fqn), ("unmade", id) for the others
+    reads: dict[tuple[Union[int, str], Union[int, str]], Descriptor] = {}
     for r in members:
         for _, role, d in iter_tensors(r):
             if role == Role.OUTPUT or d.get("leaf") in ("parameter", "buffer") or \
@@ -233,7 +234,7 @@ def boundary(members: list[Record], target: list[Record], by_seq: dict[Any, Reco
     passed = {r["seq"] for r in members if r["op"] in _RESHAPES and all(
         (d.get("producer") or [None])[0] not in seqs
         for _, role, d in iter_tensors(r) if role != Role.OUTPUT)}
-    readers: dict[Any, list[Record]] = {}      # (seq, slot) made inside -> who outside reads it
+    readers: dict[tuple[int, int], list[Record]] = {}      # (seq, slot) made inside -> who outside reads it
     for r in target:
         # (AOT's runtime detaches the activations the backward graph saves, after the graph)
         if r["seq"] in seqs or (r["op"] == "Tensor.detach" and not r.get("compiled")):
@@ -242,7 +243,7 @@ def boundary(members: list[Record], target: list[Record], by_seq: dict[Any, Reco
             made = d.get("producer") if role != Role.OUTPUT else None
             if made and made[0] in seqs and made[0] not in passed:
                 readers.setdefault((made[0], made[1]), []).append(r)
-    leaving: list[tuple[list[dict[str, Any]], set[str]]] = []
+    leaving: list[tuple[list[Descriptor], set[str]]] = []
     for (seq, slot), who in readers.items():
         if _foreign_parameters(by_seq.get(seq), slot, members):
             continue    # (a cast of another module's weight, fused into a member's kernel)
@@ -260,16 +261,16 @@ def boundary(members: list[Record], target: list[Record], by_seq: dict[Any, Reco
                     tuple(None if key[0] in ("input", "unmade") else key[0] for key in reads))
 
 
-def _parameters_of(record: Optional[Record], slot: Any) -> Optional[list[str]]:
+def _parameters_of(record: Optional[Record], slot: Union[int, str]) -> Optional[list[str]]:
     """The modules of the parameters an Inductor call's output `slot` is computed from alone
     (`compiled.from_parameters`, capture/inductor.py), or None where it reads anything else."""
-    for entry in ((record or {}).get("compiled") or {}).get("from_parameters") or ():
+    for entry in compiled_facts(record).get("from_parameters") or ():
         if isinstance(entry, list) and len(entry) == 2 and entry[0] == slot and entry[1]:
             return [str(fqn).rsplit(".", 1)[0] if "." in str(fqn) else "" for fqn in entry[1]]
     return None
 
 
-def _own_parameters(record: Optional[Record], slot: Any, members: list[Record]) -> bool:
+def _own_parameters(record: Optional[Record], slot: Union[int, str], members: list[Record]) -> bool:
     """Whether a tensor the members read is computed from parameters alone, each of a module
     the members' own code runs in (autocast's weight cast, done in eager inside that module's
     call: the parameters are compared as leaves, the cast is the call's own code)."""
@@ -278,7 +279,7 @@ def _own_parameters(record: Optional[Record], slot: Any, members: list[Record]) 
     return owners is not None and all(o in mine for o in owners)
 
 
-def _foreign_parameters(record: Optional[Record], slot: Any, members: list[Record]) -> bool:
+def _foreign_parameters(record: Optional[Record], slot: Union[int, str], members: list[Record]) -> bool:
     """Whether a tensor the members hand out is computed from parameters alone, none of a
     module the members' own code runs in (another module's weight cast, fused into a kernel of
     the members): not data the members compute."""
@@ -287,7 +288,7 @@ def _foreign_parameters(record: Optional[Record], slot: Any, members: list[Recor
     return owners is not None and not any(o in mine for o in owners)
 
 
-def _read_by(who: list[Record], target: list[Record], seqs: set[Any]) -> set[str]:
+def _read_by(who: list[Record], target: list[Record], seqs: set[Optional[int]]) -> set[str]:
     """The modules of the compiled calls that read a tensor (through one reshape: its readers)."""
     out: set[str] = set()
     for r in who:
@@ -300,30 +301,43 @@ def _read_by(who: list[Record], target: list[Record], seqs: set[Any]) -> set[str
 
 
 def compiled_record(g: Record, members: list[Record], target: list[Record],
-                    inputs: list[dict[str, Any]], outputs: list[dict[str, Any]],
-                    facts_added: dict[str, Any]) -> tuple[int, Record]:
+                    inputs: list[Descriptor], outputs: list[Descriptor],
+                    facts_added: CompiledFacts) -> tuple[int, Record]:
     """The target's record of the golden module (or span) call `g`, made of the compiled calls
     `members` with those boundary descriptors, and the index of the last member in `target`
     (the record goes after it)."""
     seqs = {r["seq"] for r in members}
     last = max(i for i, r in enumerate(target) if r["seq"] in seqs)
     first = next(r for r in target if r["seq"] in seqs)
-    facts = {k: v for k, v in first["compiled"].items() if k != "modules"}
+    facts = first["compiled"].copy()
+    facts.pop("modules", None)
     kernels = [r for r in members if r["kind"] == Kind.KERNEL]
     if kernels:     # Inductor: the generated kernels it ran, the first one's user line
-        facts.update(node=kernels[0]["compiled"].get("node"),
-                     kernels=list(dict.fromkeys(str(r["compiled"].get("node"))
-                                                for r in kernels)))
+        node = kernels[0]["compiled"].get("node")
+        if node is not None:
+            facts["node"] = node
+        else:
+            facts.pop("node", None)
+        facts["kernels"] = list(dict.fromkeys(str(r["compiled"].get("node")) for r in kernels))
         facts.pop("source", None)
         if kernels[0]["compiled"].get("source"):
             facts["source"] = kernels[0]["compiled"]["source"]
-    record = {**{k: v for k, v in g.items() if k not in ("inputs", "outputs", "kwargs", "seq",
-                                                             "stack", "parameters")},
-              "inputs": [_strip(d) for d in inputs], "outputs": [_strip(d) for d in outputs],
-              "kwargs": {}, "parameters": {}, "seq": None, "stack": first.get("stack"),
-              # (where the call's compiled ops begin: its first node, the user's line)
-              "compiled": {**facts, **facts_added}}
+    record = g.copy()
+    for field in _CALL_FIELDS:
+        record.pop(field, None)
+    record["inputs"] = [_strip(d) for d in inputs]
+    record["outputs"] = [_strip(d) for d in outputs]
+    record["kwargs"], record["parameters"] = {}, {}
+    record["seq"], record["stack"] = None, first.get("stack")
+    # (where the call's compiled ops begin: its first node, the user's line)
+    record["compiled"] = facts
+    facts.update(facts_added)
     return last, record
+
+
+# The fields of a golden module call its compiled twin has its own of.
+_CALL_FIELDS: tuple[Literal["inputs", "outputs", "kwargs", "seq", "stack", "parameters"], ...] = (
+    "inputs", "outputs", "kwargs", "seq", "stack", "parameters")
 
 
 _DRAWS = ("rand", "bernoulli", "dropout")     # (in an Inductor kernel's name: the ops it fuses)
@@ -337,17 +351,19 @@ def _random(op: str) -> bool:
     return ops.traits("Aten." + op.split(".", 1)[1] if op.startswith("Torch.") else op).random
 
 
-def _output(record: Optional[Record], slot: Any) -> Optional[dict[str, Any]]:
-    outs = (record or {}).get("outputs")
+def _output(record: Optional[Record], slot: Union[int, str]) -> Optional[Descriptor]:
+    outs = record.get("outputs") if record is not None else None
     if not isinstance(outs, list) or not isinstance(slot, int) or not 0 <= slot < len(outs):
         return None
     d = outs[slot]
     return d if _shape(d) is not None else None
 
 
-def _strip(desc: dict[str, Any]) -> dict[str, Any]:
+def _strip(desc: Descriptor) -> Descriptor:
     """A boundary descriptor as the module call's own (its maker is not one of the module's)."""
-    return {k: v for k, v in desc.items() if k != "producer"}
+    own = desc.copy()
+    own.pop("producer", None)
+    return own
 
 
 __all__ = ["by_inductor", "Boundary", "boundary", "compiled_record", "flattened", "inside", "module_calls",

@@ -13,14 +13,13 @@ golden op of its kind, shapes and module, in the target op's place (`link_module
 from __future__ import annotations
 
 from bisect import bisect_right
-from typing import Any, Optional
+from typing import Optional
 
 from ..store.records import iter_tensors
-from ..store.schema import Kind, Phase, Role
+from ..store.schema import Kind, Phase, Record, Role
 from .compiled_modules import by_inductor, inside, modules_of
 
 Pair = tuple[Optional[int], Optional[int]]
-Record = dict[str, Any]
 
 # ops that hand a parameter on unchanged in value (autocast's cast of a weight, its transpose)
 CARRIERS = frozenset({"Aten.t", "Aten._to_copy", "Aten.view", "Aten._unsafe_view",
@@ -101,7 +100,7 @@ def beside_makers(pairs: list[Pair], target: list[Record], golden: list[Record])
     call: golden made there what the pair reads, as that kernel did (eager's `silu_backward`
     runs after `up_proj`'s gradient `mm`s, Inductor's kernel holding it before them), so the
     region judging the kernel lists it (the region's boundary is the target's dataflow alone)."""
-    by_seq = {r["seq"]: i for i, r in enumerate(target) if r["seq"] is not None}
+    by_seq: dict[Optional[int], int] = {r["seq"]: i for i, r in enumerate(target) if r["seq"] is not None}
     place = {ti: k for k, (ti, gi) in enumerate(pairs) if ti is not None and gi is None}
     moves: dict[int, list[int]] = {}        # place of the kernel -> places to put after it
     for k, (ti, gi) in enumerate(pairs):
@@ -198,7 +197,7 @@ def in_golden_order(pairs: list[Pair], golden: list[Record]) -> list[Pair]:
     return [pair for _, _, pair in sorted(placed, key=lambda p: (p[0], p[1]))]
 
 
-def parameter_modules(record: Record, records: list[Record], by_seq: dict[Any, int],
+def parameter_modules(record: Record, records: list[Record], by_seq: dict[int, int],
                       depth: int = 4) -> set[str]:
     """The modules whose parameters `record` reads, directly or through `CARRIERS`."""
     out: set[str] = set()

@@ -23,19 +23,18 @@ op reads them. A difference the recomputation makes is the span's own.
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from .. import ops
 from ..store.records import iter_tensors
-from ..store.schema import Kind, Phase, Role, module_path
+from ..store.schema import Descriptor, Kind, Phase, Record, Role, module_path
 
-Record = dict[str, Any]
 
 
 class Constants(NamedTuple):
     """What an eager run computes from parameters, buffers and constants alone."""
     modules: frozenset[str]     # module paths (each called once) whose own code is all constant
-    tensors: frozenset[tuple[Any, Any]]     # (seq, slot) of each constant tensor a torch call made
+    tensors: frozenset[tuple[int, int]]     # (seq, slot) of each constant tensor a torch call made
 
 
 def constant_code(golden: list[Record]) -> Constants:
@@ -48,7 +47,7 @@ def constant_code(golden: list[Record]) -> Constants:
             path = module_path(g["op"])
             calls[path] = calls.get(path, 0) + 1
             where[g["name"]] = path
-    made: set[tuple[Any, Any]] = set()
+    made: set[tuple[int, int]] = set()
     code: dict[str, bool] = {}      # module path -> all its own calls constant so far
     for g in golden:
         if g["kind"] not in Kind.OPS or g["phase"] != Phase.FORWARD or g["seq"] is None:
@@ -64,7 +63,7 @@ def constant_code(golden: list[Record]) -> Constants:
                                if all_constant and calls.get(p) == 1), frozenset(made))
 
 
-def _constant(d: dict[str, Any], made: set[tuple[Any, Any]]) -> bool:
+def _constant(d: Descriptor, made: set[tuple[int, int]]) -> bool:
     if d.get("leaf"):
         return d["leaf"] in ("parameter", "buffer")     # (the model's inputs are data)
     found = d.get("producer")

@@ -14,13 +14,11 @@ backward reads are compared where a forward op reads them, or judged with the ba
 """
 from __future__ import annotations
 
-from typing import Any
 
-from ..store.schema import Kind, Phase
+from ..store.schema import Kind, Phase, Record
 from . import region_cover as cover
 from .regions import Region, common_module
 
-Record = dict[str, Any]
 
 
 def joined(regions: list[Region], target: list[Record]) -> list[Region]:

@@ -35,24 +35,27 @@ with their lines.
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, NamedTuple, Optional
+from typing import Iterable, NamedTuple, Optional, TYPE_CHECKING, Union
 
 from ..store.records import iter_tensors
-from ..store.schema import (Kind, Location, Phase, RecordName, Role, locations_from_frames,
-                            module_op, module_path, record_name, split_tensor_name)
+from ..store.schema import (CompiledFacts, Descriptor, Kind, Location, Phase, Record, RecordName, Role, compiled_facts,
+                            locations_from_frames, module_op, module_path, record_name,
+                            split_tensor_name)
 from .compiled_modules import (Boundary, boundary, compiled_record, flattened, inside,
                                modules_of)
 from .compiled_cuts import cut
 from .compiled_recompute import Constants, constant_code
 
-Record = dict[str, Any]
+if TYPE_CHECKING:
+    from ..store.source import DumpSource
+
 SPAN_CLASS = "Span"
 Made = tuple[tuple[int, Record], tuple[int, Record]]    # (index, record) on each side
 
 
 class _Entering(NamedTuple):
     """A tensor the eager span reads from outside it."""
-    desc: dict[str, Any]
+    desc: Descriptor
     maker: Optional[str]        # the module path of the torch call that made it (None: input)
     constant: bool              # made from parameters, buffers and constants alone
 
@@ -137,7 +140,7 @@ def _closure(start: set[str], compiled: list[Record], recomputed: frozenset[str]
 
 
 def _spans(units: set[str], calls: dict[str, tuple[int, Record]], compiled: list[Record],
-           target: list[Record], golden: list[Record], by_seq: dict[Any, Record],
+           target: list[Record], golden: list[Record], by_seq: dict[int, Record],
            constants: Constants) -> list[Made]:
     """The records of the span of `units` (each its own code): where its dataflow leaves it
     and comes back, of each part that corresponds (compiled_cuts.py), and of the whole where
@@ -148,7 +151,7 @@ def _spans(units: set[str], calls: dict[str, tuple[int, Record]], compiled: list
                                   for r in members):
         return []       # (one module call straddling nothing: compiled_modules.py's)
     where = {g["name"]: module_path(g["op"]) for g in golden if g["kind"] == Kind.MODULE}
-    unit_of: dict[Any, str] = {}        # seq of a torch call inside the span -> its unit
+    unit_of: dict[Optional[int], str] = {}        # seq of a torch call inside the span -> its unit
     for g in golden:
         path = where.get(g.get("module") or "")
         if g["kind"] in Kind.OPS and g["phase"] == Phase.FORWARD and path in units:
@@ -165,8 +168,8 @@ def _spans(units: set[str], calls: dict[str, tuple[int, Record]], compiled: list
     return made if len(made) == 2 or whole is None else made + [whole]
 
 
-def _span(unit_of: dict[Any, str], members: list[Record], calls: dict[str, tuple[int, Record]],
-          target: list[Record], golden: list[Record], by_seq: dict[Any, Record],
+def _span(unit_of: dict[Optional[int], str], members: list[Record], calls: dict[str, tuple[int, Record]],
+          target: list[Record], golden: list[Record], by_seq: dict[int, Record],
           constants: Constants, spare: frozenset[str] = frozenset()) -> Optional[Made]:
     """The records of the span made of the eager torch calls `unit_of` (seq -> its module
     call) and the compiled calls `members`, where their boundaries correspond. `spare`: for
@@ -191,7 +194,7 @@ def _span(unit_of: dict[Any, str], members: list[Record], calls: dict[str, tuple
         "phase": Phase.FORWARD, "module": first.get("module"), "stack": first.get("stack"),
         "seq": None, "inputs": [d for d, _ in inputs], "outputs": [d for d, _ in outputs],
         "kwargs": {}, "parameters": {}}
-    span: dict[str, Any] = {
+    span: CompiledFacts = {
         "span": [calls[u][1]["name"] for u in units],
         # (which module call of the span made each output: the verdict's line)
         "outputs_of": [calls[made_in[id(d)]][1]["name"] for d, _ in outputs]}
@@ -203,7 +206,7 @@ def _span(unit_of: dict[Any, str], members: list[Record], calls: dict[str, tuple
     return (ti, t_record), (max(calls[u][0] for u in units), g_record)
 
 
-def _eager_boundary(unit_of: dict[Any, str], golden: list[Record], constants: Constants
+def _eager_boundary(unit_of: dict[Optional[int], str], golden: list[Record], constants: Constants
                     ) -> Optional[tuple[list[_Entering], Boundary, dict[int, str]]]:
     """The eager span's boundary: the tensors its torch calls (`unit_of`: seq -> its module
     call) read that calls outside made (or that are the model's inputs), and those they made
@@ -213,8 +216,8 @@ def _eager_boundary(unit_of: dict[Any, str], golden: list[Record], constants: Co
     ops = [g for g in golden if g["kind"] in Kind.OPS and g["phase"] == Phase.FORWARD]
     if not unit_of or None in unit_of:
         return None
-    by_seq = {g["seq"]: g for g in golden if g["seq"] is not None}
-    reads: dict[Any, _Entering] = {}
+    by_seq: dict[Optional[int], Record] = {g["seq"]: g for g in golden if g["seq"] is not None}
+    reads: dict[tuple[Union[int, str], Union[int, str]], _Entering] = {}   # as `boundary` keys them
     for seq in unit_of:
         for _, role, d in iter_tensors(by_seq[seq]):
             if role == Role.OUTPUT or d.get("leaf") in ("parameter", "buffer"):
@@ -234,13 +237,13 @@ def _eager_boundary(unit_of: dict[Any, str], golden: list[Record], constants: Co
                     (made[0], made[1]) in constants.tensors))
     # who reads each torch call's outputs (a call reading one tensor, `[:, -n:]` in the
     # model's own code, is read through: the compiled graph folds it into its readers)
-    read_by: dict[Any, set[str]] = {}
+    read_by: dict[Optional[int], set[str]] = {}
     for g in ops:
         for _, role, d in iter_tensors(g):
             made = d.get("producer") if role != Role.OUTPUT else None
             if made:
                 read_by.setdefault(made[0], set()).add(where.get(g.get("module") or "", ""))
-    readers: dict[Any, set[str]] = {}
+    readers: dict[tuple[int, int], set[str]] = {}
     for g in ops:
         if g["seq"] in unit_of:
             continue
@@ -262,27 +265,27 @@ def _eager_boundary(unit_of: dict[Any, str], golden: list[Record], constants: Co
     return list(reads.values()), Boundary([e.desc for e in reads.values()], leaving), made_in
 
 
-def _output(record: Optional[Record], slot: Any) -> Optional[dict[str, Any]]:
-    outs = (record or {}).get("outputs")
+def _output(record: Optional[Record], slot: Union[int, str]) -> Optional[Descriptor]:
+    outs = record.get("outputs") if record is not None else None
     if not isinstance(outs, list) or not isinstance(slot, int) or not 0 <= slot < len(outs):
         return None
     d = outs[slot]
     return d if isinstance(d, dict) and d.get("type") == "tensor" else None
 
 
-def _shape(d: dict[str, Any]) -> tuple[int, ...]:
+def _shape(d: Descriptor) -> tuple[int, ...]:
     return tuple(d.get("shape") or ())
 
 
-def _entering(golden: list[_Entering], target: Boundary, by_seq: dict[Any, Record],
-              recomputes: set[str]) -> Optional[list[tuple[dict[str, Any], dict[str, Any]]]]:
+def _entering(golden: list[_Entering], target: Boundary, by_seq: dict[int, Record],
+              recomputes: set[str]) -> Optional[list[tuple[Descriptor, Descriptor]]]:
     """Each golden entering tensor with the one target tensor it corresponds to, else None:
     each target tensor pairs with the one golden tensor of its shape (or that shape regrouped)
     whose maker's module made the target's too (where both makers are known); a target
     tensor whose maker is not recorded only with the model's input; no golden tensor twice.
     Golden tensors left over must be constants of code the span recomputes
     (compiled_recompute.py): none else is left out."""
-    paired: dict[int, dict[str, Any]] = {}
+    paired: dict[int, Descriptor] = {}
     for i, t in enumerate(target.entering):
         seq = target.made_by[i] if i < len(target.made_by) else None
         mods = set(modules_of(by_seq[seq]) or ()) if seq in by_seq else set()
@@ -301,7 +304,7 @@ def _entering(golden: list[_Entering], target: Boundary, by_seq: dict[Any, Recor
 
 
 def _leaving(golden: Boundary, target: Boundary, spare: frozenset[str] = frozenset()
-             ) -> Optional[list[tuple[dict[str, Any], dict[str, Any]]]]:
+             ) -> Optional[list[tuple[Descriptor, Descriptor]]]:
     """Each golden leaving tensor with the one target tensor of its shape read by a module
     that reads it in eager too (one to one, none left over), else None. A golden tensor read
     only by code of `spare` (the other part of a cut span) that no target tensor fits is left
@@ -326,20 +329,22 @@ def _leaving(golden: Boundary, target: Boundary, spare: frozenset[str] = frozens
     return out if len(used) == len(target.leaving) else None
 
 
-def _as_golden(t: dict[str, Any], g: dict[str, Any]) -> dict[str, Any]:
+def _as_golden(t: Descriptor, g: Descriptor) -> Descriptor:
     """A target descriptor in the golden shape (saying the one it was saved in)."""
     if _shape(t) == _shape(g):
         return t
-    return {**t, "shape": list(_shape(g)), "saved_shape": t.get("shape")}
+    shaped = t.copy()
+    shaped["shape"], shaped["saved_shape"] = list(_shape(g)), t.get("shape")
+    return shaped
 
 
-def span_said(record: Record, dumps: Iterable[tuple[Any, list[Record]]],
+def span_said(record: Optional[Record], dumps: Iterable[tuple[DumpSource, list[Record]]],
               tensor: Optional[str]) -> tuple[str, Optional[Location]]:
     """What a verdict at a span's record adds: its first and last module call with their
     call lines (from the eager dump's stacks), the call that made the output `tensor` (the one
     that differs most), and that call's line as the verdict's location ("", None for a record
     that is no span)."""
-    facts = record.get("compiled") or {}
+    facts = compiled_facts(record)
     calls = [c for c in facts.get("span") or () if isinstance(c, str)]
     if not calls:
         return "", None

@@ -26,19 +26,28 @@ part modules move into the joined call, where they meet the target's fused op as
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+from typing import Any, Iterator, Literal, Optional, TYPE_CHECKING, Union, cast
 
 from ..store import statistics
 from ..store.records import decoded_stats
-from ..store.schema import Kind, Phase, RecordName, module_path
+from ..store.schema import Descriptor, Kind, Phase, Record, RecordName, Statistics, module_path
 
 if TYPE_CHECKING:
     from ..store.source import DumpSource
     from .mapping import Mapping, Rule
 
-Record = dict[str, Any]
 EXACT = tuple(s.key for s in statistics.STATISTICS if s.concat)   # statistics a concatenation keeps
-_ROLES = ("inputs", "outputs", "parameters")
+_Role = Literal["inputs", "outputs", "parameters"]
+# What of a part's descriptor the joined one has its own of.
+_PART_OWN: tuple[Literal["key", "stats", "shape", "producer", "fqn"], ...] = (
+    "key", "stats", "shape", "producer", "fqn")
+
+
+def _in_module(record: Record, module: str) -> Record:
+    """The record, moved into another module call."""
+    moved = record.copy()
+    moved["module"] = module
+    return moved
 _Join = tuple[Record, list[int], Optional[str], int]   # (joined record, parts, fused call, at)
 
 
@@ -182,39 +191,39 @@ class Joiner:
         for j, g in enumerate(golden):
             for rec in slots.get(j, ()):
                 to = parent.get(str(rec["module"] or ""))
-                out.append(dict(rec, module=to) if to else rec)
+                out.append(_in_module(rec, to) if to else rec)
             if j in taken or j in moved:
                 continue
             to = parent.get(str(g["module"] or ""))
-            out.append(dict(g, module=to) if to else g)
+            out.append(_in_module(g, to) if to else g)
         return out
 
     def _record(self, target: Record, parts: list[Record], rule: Rule) -> Record:
         """The joined golden record: the target's names, the parts' tensors joined."""
-        joined = dict(target)
+        joined = target.copy()
         joined["stack"] = parts[0]["stack"]
         joined["seq"] = parts[0]["seq"]
         backward = target["phase"] == Phase.BACKWARD and target["kind"] == Kind.MODULE
-        for role in _ROLES:
-            slots = target[role]
-            if isinstance(slots, list):
-                joined[role] = [self._slot(role, backward, i, d, parts, rule, target)
-                                for i, d in enumerate(slots)]
-            elif isinstance(slots, dict):
-                joined[role] = {k: self._slot(role, backward, k, d, parts, rule, target)
-                                for k, d in slots.items()}
+        # (`complete` made inputs and outputs lists, parameters an object)
+        joined["inputs"] = [self._slot("inputs", backward, i, d, parts, rule, target)
+                            for i, d in enumerate(target["inputs"])]
+        joined["outputs"] = [self._slot("outputs", backward, i, d, parts, rule, target)
+                             for i, d in enumerate(target["outputs"])]
+        joined["parameters"] = {k: self._slot("parameters", backward, k, d, parts, rule, target)
+                                for k, d in target["parameters"].items()}
         return joined
 
-    def _slot(self, role: str, backward: bool, at: Any, desc: Any, parts: list[Record],
-              rule: Rule, target: Record) -> Any:
-        none = {"type": "none"}
+    def _slot(self, role: _Role, backward: bool, at: Union[int, str], desc: Descriptor,
+              parts: list[Record], rule: Rule, target: Record) -> Descriptor:
+        none: Descriptor = {"type": "none"}
         if not isinstance(desc, dict) or desc.get("type") != "tensor":
             return desc
-        found = []
+        found: list[Descriptor] = []
         for p in parts:
             slots = p[role]
-            d = (slots.get(at) if isinstance(slots, dict) else
-                 slots[at] if isinstance(slots, list) and at < len(slots) else None)
+            d = (slots.get(at) if isinstance(slots, dict) and isinstance(at, str) else
+                 slots[at] if isinstance(slots, list) and isinstance(at, int) and at < len(slots)
+                 else None)
             if not isinstance(d, dict) or d.get("type") != "tensor" or d.get("shape") is None:
                 return none
             found.append(d)
@@ -243,9 +252,11 @@ class Joiner:
                 f"into the target's {shape} ({target.get('name')}); give the dim they join on")
         return self._joined(desc, found, dim, rule)
 
-    def _joined(self, target_desc: Record, parts: list[Record], dim: int, rule: Rule) -> Record:
-        out: Record = {k: v for k, v in parts[0].items() if k not in ("key", "stats", "shape",
-                                                                      "producer", "fqn")}
+    def _joined(self, target_desc: Descriptor, parts: list[Descriptor], dim: int,
+                rule: Rule) -> Descriptor:
+        out = parts[0].copy()
+        for own in _PART_OWN:
+            out.pop(own, None)
         out["shape"] = list(target_desc.get("shape") or [])
         if "fqn" in target_desc:
             out["fqn"] = target_desc["fqn"]
@@ -302,13 +313,14 @@ def _adding_dim(target: list[int], parts: list[list[int]]) -> Optional[int]:
 
 
 def join_stats(stats: list[dict[str, Any]], numels: list[int], dropped: set[str]
-               ) -> Optional[dict[str, Any]]:
+               ) -> Optional[Statistics]:
     """The statistics of the concatenation of tensors with `stats` and `numels`, exact where
     they can be (EXACT); the names of the others go into `dropped`. None when a part has none."""
     if not stats or any(not s for s in stats):
         return None
     pieces = [statistics.Piece(s, n) for s, n in zip(stats, numels)]
-    return statistics.merge(pieces, statistics.CONCAT, dropped)
+    # (`merge` spells them as a descriptor holds them)
+    return cast("Optional[Statistics]", statistics.merge(pieces, statistics.CONCAT, dropped))
 
 
 class JoinedSource:

@@ -10,16 +10,16 @@ parameter gradients mean the same in every format, so those are what a mixed pai
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
-from ..store.schema import Kind, Phase
+from ..store.schema import Kind, Phase, Record
 
 # backward records whose tensors depend on how the tool hooked autograd
 _TOOL_SHAPED = (Kind.API, Kind.MODULE, Kind.ATEN)
 
 
-def comparable(t_records: list[dict[str, Any]], g_records: list[dict[str, Any]], t_format: str,
-               g_format: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Optional[str]]:
+def comparable(t_records: list[Record], g_records: list[Record], t_format: str,
+               g_format: str) -> tuple[list[Record], list[Record], Optional[str]]:
     """The records of each side that mean the same in both formats, and a note when some were
     left out. Dumps of one format (or of two foreign tools that hook alike) are returned whole."""
     if (t_format == "opdiff") == (g_format == "opdiff"):
@@ -35,6 +35,6 @@ def comparable(t_records: list[dict[str, Any]], g_records: list[dict[str, Any]],
     return kept_t, kept_g, note
 
 
-def _forward_meaning(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _forward_meaning(records: list[Record]) -> list[Record]:
     return [r for r in records
             if not (r["phase"] == Phase.BACKWARD and r["kind"] in _TOOL_SHAPED)]

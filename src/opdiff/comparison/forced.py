@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 from ..store.records import iter_tensors
-from ..store.schema import Kind, Role
+from ..store.schema import Descriptor, Kind, Record, Role
 from .facts import ForcedFacts
 from .graph import RunGraph
 from .region_cover import readers
@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from .mapping import Mapping, Rule
     from .result import TensorRow
 
-Record = dict[str, Any]
+Item = tuple[str, str, Descriptor]   # (tensor name, role, descriptor), as `iter_tensors` yields them
 _LEAVES = ("parameter", "buffer", "input")
 
 
@@ -74,7 +74,7 @@ class ForcedPair:
     # lines take from the others, (target suffix, the golden tensor (name, role, descriptor)),
     # and those golden records' indices. Judged as one op: its inputs against the golden
     # tensors the lines name wherever they are, its outputs the same (a region, in effect).
-    borrowed: tuple[tuple[str, Any], ...] = ()
+    borrowed: tuple[tuple[str, Item], ...] = ()
     others: tuple[int, ...] = ()
 
     def said(self, path: str) -> str:
@@ -82,8 +82,8 @@ class ForcedPair:
         at = ", ".join(str(n) for n in self.lines)
         return f"{self.names[0]} against {self.names[1]} ({path}:{at})"
 
-    def keyed(self, t_tensors: dict[str, Any], g_tensors: dict[str, Any]
-              ) -> tuple[dict[str, Any], dict[str, Any]]:
+    def keyed(self, t_tensors: dict[str, Item], g_tensors: dict[str, Item]
+              ) -> tuple[dict[str, Item], dict[str, Item]]:
         """The two records' tensors ({suffix: item}) as the pair compares them: one key per
         listed pair, the target's suffix naming both."""
         borrowed = dict(self.borrowed)
@@ -98,7 +98,7 @@ def _listed(names: list[str]) -> str:
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
-def _tensor(record: Record, suffix: str) -> tuple[str, str, dict[str, Any]]:
+def _tensor(record: Record, suffix: str) -> tuple[str, str, Descriptor]:
     """(name, role, descriptor) of a record's tensor by its suffix (`.input.0`), as pair.py
     keys a record's tensors."""
     name = record["name"] + suffix
@@ -248,8 +248,8 @@ class CarriedInputs:
 
     def __init__(self, target: list[Record], dataflow: bool) -> None:
         self.by_seq = {r["seq"]: r for r in target} if dataflow else {}
-        self.leaf_names = {(r.get("leaf"), r.get("tensor")): r["name"] for r in target
-                           if r["kind"] == Kind.LEAF}
+        self.leaf_names: dict[tuple[Optional[str], Optional[str]], str] = {
+            (r.get("leaf"), r.get("tensor")): r["name"] for r in target if r["kind"] == Kind.LEAF}
 
     def entries(self, record: Record, measured: dict[str, Entry]) -> Optional[list[Entry]]:
         """The measured entries of the tensors `record` reads (inputs and parameters) that

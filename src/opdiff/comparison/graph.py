@@ -13,12 +13,11 @@ called alone, each builds its own.
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 from ..store.records import iter_tensors
-from ..store.schema import Kind, Role
+from ..store.schema import Kind, Record, Role
 
-Record = dict[str, Any]
 
 
 def readers_of(records: Sequence[Record]) -> dict[int, list[int]]:

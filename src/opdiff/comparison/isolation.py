@@ -26,16 +26,20 @@ kernels made of them: a faulty kernel shows there, where a CPU replay would not)
 from __future__ import annotations
 
 import math
+import os
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from ..errors import OpdiffError
 from ..store.records import iter_tensors, producer_of
-from ..store.schema import Kind, Role
+from ..store.schema import Descriptor, Kind, Record, Role
+from ..store.source import DumpSource, records_of
 
-Record = dict[str, Any]
+if TYPE_CHECKING:
+    import torch
+
 EQUAL, ROUNDING, DIFFERS, NOT_REPLAYED = "bitwise equal", "within the dtype's rounding", \
     "differs", "not replayed"
 
@@ -89,7 +93,7 @@ class IsolationTable:
         return "\n".join(lines + ["", self.summary()])
 
 
-def _open(path: Any) -> Any:
+def _open(path: Union[str, os.PathLike[str]]) -> DumpSource:
     from ..store.reader import open_dump
 
     p = Path(path)
@@ -119,16 +123,16 @@ def _places(records: list[Record]) -> dict[tuple[str, str, int], Record]:
     return out
 
 
-def _tensors(record: Record, role: str) -> list[dict[str, Any]]:
+def _tensors(record: Record, role: str) -> list[Descriptor]:
     return [d for _, r, d in iter_tensors(record) if r == role]
 
 
 class _Side:
     """One dump's records, who made each saved tensor, and each module call's members."""
 
-    def __init__(self, dump: Any) -> None:
+    def __init__(self, dump: DumpSource) -> None:
         self.dump = dump
-        self.records = [r for r in dump.records() if r["phase"] == "forward"]
+        self.records = [r for r in records_of(dump) if r["phase"] == "forward"]
         self.by_seq = {r["seq"]: r for r in self.records if isinstance(r.get("seq"), int)}
         self.parent = {r["name"]: r.get("module") for r in self.records if r["kind"] == Kind.MODULE}
         self.params = {d.get("fqn"): d for r in self.records for d in _tensors(r, Role.OUTPUT)
@@ -148,8 +152,8 @@ class _Side:
         return self.dump.tensor(key)
 
 
-def _golden_input(t_desc: dict[str, Any], t: _Side, g: _Side, g_by_name: dict[str, Record],
-                  boundary: dict[str, dict[str, Any]]) -> Optional[dict[str, Any]]:
+def _golden_input(t_desc: Descriptor, t: _Side, g: _Side, g_by_name: dict[str, Record],
+                  boundary: dict[str, Descriptor]) -> Optional[Descriptor]:
     """Golden's counterpart of a target input made outside the unit: the unit's own input at
     the same position, the parameter of the same name, or the same-named producer's output."""
     key = t_desc.get("key")
@@ -157,13 +161,13 @@ def _golden_input(t_desc: dict[str, Any], t: _Side, g: _Side, g_by_name: dict[st
         return boundary[key]
     fqn = t_desc.get("fqn")
     if t_desc.get("leaf") in ("parameter", "buffer") and fqn in g.params:
-        found: dict[str, Any] = g.params[fqn]
+        found: Descriptor = g.params[fqn]
         return found
     producer = producer_of(t_desc)
     if producer is not None and producer[0] in t.by_seq:
         made = t.by_seq[producer[0]]
         if made["kind"] == Kind.LEAF and made.get("leaf") in ("parameter", "buffer"):
-            param: Optional[dict[str, Any]] = g.params.get(str(made["op"]).split(".", 1)[-1])
+            param: Optional[Descriptor] = g.params.get(str(made["op"]).split(".", 1)[-1])
             return param
         other = g_by_name.get(made["name"])
         if other is not None:
@@ -173,7 +177,7 @@ def _golden_input(t_desc: dict[str, Any], t: _Side, g: _Side, g_by_name: dict[st
     return None
 
 
-def _same(a: Any, b: Any) -> bool:
+def _same(a: torch.Tensor, b: Optional[torch.Tensor]) -> bool:
     import torch
 
     return b is not None and a.dtype == b.dtype and a.shape == b.shape and \
@@ -181,7 +185,7 @@ def _same(a: Any, b: Any) -> bool:
                                    and torch.equal(a.nan_to_num(), b.nan_to_num())))
 
 
-def _judge(out: Any, gold: Any) -> tuple[str, float, float]:
+def _judge(out: torch.Tensor, gold: torch.Tensor) -> tuple[str, float, float]:
     import torch
 
     if out.shape != gold.shape:
@@ -262,7 +266,8 @@ def _run(unit: Record, g_unit: Record, members: list[Record], t: _Side, g: _Side
     return worst[0], min(v[1] for v in verdicts), max(v[2] for v in verdicts), ""
 
 
-def isolate(target: Any, golden: Any, progress: Callable[[str], None] = lambda s: None
+def isolate(target: Union[str, os.PathLike[str]], golden: Union[str, os.PathLike[str]],
+            progress: Callable[[str], None] = lambda s: None
             ) -> IsolationTable:
     """The same-input isolation table of two tensor dumps (a run directory or one step/rank
     directory each; see the module docstring)."""

@@ -12,18 +12,21 @@ rewritten.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from ..lowp.units import quantize_units
 from .result import Note
+from ..store.schema import Record
 
 if TYPE_CHECKING:
     from ..store.source import DumpSource
+    from .options import CompareOptions
+    from .plans import Rewritten
 
 _SHOWN = 3          # wrong quantize ops named in the note
 
 
-def judged_notes(side: str, records: list[dict[str, Any]], dump: "DumpSource") -> list[Note]:
+def judged_notes(side: str, records: list[Record], dump: "DumpSource") -> list[Note]:
     """What the quantize ops of one side's records say, as notes ([] when it has none)."""
     from ..lowp import judge_run
 
@@ -57,8 +60,9 @@ class LowPrecision:
     """RECORDS level: each side's quantize ops judged by their format and scale (notes only)."""
     name = "low precision"
 
-    def rewrite(self, target: list[dict[str, Any]], golden: list[dict[str, Any]],
-                sources: tuple["DumpSource", "DumpSource"], options: Any = None) -> Optional[Any]:
+    def rewrite(self, target: list[Record], golden: list[Record],
+                sources: tuple["DumpSource", "DumpSource"], options: Optional["CompareOptions"] = None
+                ) -> Optional["Rewritten"]:
         from .plans import Rewritten      # (plans.py imports this module)
 
         notes = judged_notes("target", target, sources[0]) + \

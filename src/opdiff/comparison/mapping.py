@@ -31,23 +31,22 @@ from __future__ import annotations
 import fnmatch
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Optional
+from typing import Any, Iterable, Literal, Optional, TYPE_CHECKING
 
 from ..errors import OpdiffError
-from ..store.schema import Kind, RecordName, split_tensor_name
+from ..store.schema import Kind, Record, RecordName, split_tensor_name
 from .forced import ForcedPair, resolve
 
 if TYPE_CHECKING:
     from ..store.source import DumpSource
 
-Record = dict[str, Any]
 SECTIONS = ("modules", "ignore", "concat", "ops")
 NO_PARTNER = "N/A"          # msprobe's data_mapping.yaml: a tensor without a partner
 SIDES = ("both", "target", "golden")
 _OP_PREFIXES = ("Functional.", "Torch.", "Tensor.", "Aten.", "NPU.", "Distributed.", "Jit.",
                 "Mint.", "Primitive.", "MintFunctional.", "VF.", "Parameter.", "Input.")
 _MODULE_PREFIXES = ("Module.", "Cell.")
-_RENAMED_FIELDS = ("name", "op", "module", "reader")
+_RENAMED_FIELDS: tuple[Literal["name", "op", "module", "reader"], ...] = ("name", "op", "module", "reader")
 
 
 class MappingError(OpdiffError):
@@ -440,7 +439,7 @@ def _renamed(record: Record, renames: list[Rule], used: set[int], golden: set[st
             if new is None:
                 new = seen[value] = _rename_text(value, renames, used, golden)
             if new != value:
-                changed = changed if changed is not None else dict(record)
+                changed = changed if changed is not None else record.copy()
                 changed[f] = new
     return changed if changed is not None else record
 

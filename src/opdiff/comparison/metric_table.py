@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 EPS = 2.220446049250313e-16       # float64 machine epsilon (numpy.finfo(numpy.float64).eps)
 KL_FLOOR = 1e-8                    # msaccucmp's floor of the scaled distributions
@@ -153,7 +153,7 @@ ALL_METRICS = tuple(m.name for m in METRIC_TABLE)
 @dataclass
 class Measurement:
     """Metrics of one tensor pair plus the two error measures verdicts use."""
-    metrics: dict[str, Any]
+    metrics: dict[str, Optional[float]]
     error: float = 0.0                  # relative L2 error, see module docstring
     scale_error: float = 0.0            # <t,g>/<g,g> - 1
     numel: int = 0
@@ -161,7 +161,7 @@ class Measurement:
     nonfinite_mismatch: int = 0         # positions where inf/NaN differ
     nonfinite_shared: int = 0           # positions holding the same inf/NaN on both sides
     message: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)   # the metrics that are not CSV columns
+    extra: dict[str, Optional[float]] = field(default_factory=dict)   # the metrics that are not CSV columns
     norm: float = 0.0                   # max(|t|, |g|), L2; 0 where not measured (identical)
 
     @property
@@ -183,7 +183,7 @@ def fold(acc: Optional[list[float]], chunk: Sequence[float]) -> list[float]:
     return acc
 
 
-def _split(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def _split(values: dict[str, Optional[float]]) -> tuple[dict[str, Optional[float]], dict[str, Optional[float]]]:
     """(CSV column metrics, the others) of one name -> value dict."""
     return ({k: v for k, v in values.items() if k in _COLUMNS},
             {k: v for k, v in values.items() if k not in _COLUMNS})
@@ -215,12 +215,12 @@ def identical(numel: int, scalar: bool, nonfinite_shared: int = 0) -> Measuremen
     return Measurement(metrics, numel=numel, nonfinite_shared=nonfinite_shared, extra=extra)
 
 
-def empty_metrics(value: Optional[float] = None) -> dict[str, Any]:
+def empty_metrics(value: Optional[float] = None) -> dict[str, Optional[float]]:
     """Every CSV metric set to one value (None: nothing to compare; NaN: nothing means anything)."""
     return {name: value for name in METRICS}
 
 
-def _extra(value: Optional[float] = None) -> dict[str, Any]:
+def _extra(value: Optional[float] = None) -> dict[str, Optional[float]]:
     return {m.name: value for m in METRIC_TABLE if not m.column}
 
 

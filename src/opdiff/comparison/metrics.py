@@ -300,7 +300,7 @@ def stats_measure(target_stats: dict[str, Any], golden_stats: dict[str, Any],
     measures every difference against the tensor's magnitude (max |value|, or the RMS for the
     mean) rather than against the statistic itself, so a mean near 0 is not a false alarm.
     """
-    metrics: dict[str, Any] = {}
+    metrics: dict[str, Optional[float]] = {}
     names = (("max", "Max"), ("min", "Min"), ("mean", "Mean"), ("norm", "L2norm"))
     diffs = {}
     for key, label in names:

@@ -63,7 +63,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from ..store.schema import Kind, Role, split_tensor_name
 from .noise_floor import multiple_words
-from .result import LOCAL, SCALE
+from .result import LOCAL, SCALE, TensorRow
 
 if TYPE_CHECKING:
     from .blame import OpScore
@@ -113,7 +113,7 @@ _MEANS: dict[str, Optional[tuple[int, ...]]] = {
 }
 
 
-def clear(op_scores: list["OpScore"], rows: list[Any], policy: "Policy",
+def clear(op_scores: list["OpScore"], rows: list[TensorRow], policy: "Policy",
           run_dtype: Optional[str]) -> None:
     """Unblame every op whose inputs' noise explains its output error (see module docstring).
     Only the random and scale rules yield to this; inf/NaN an op makes are still its own."""
@@ -125,7 +125,7 @@ def clear(op_scores: list["OpScore"], rows: list[Any], policy: "Policy",
             op.local, op.blame, op.worst_out = False, "", None
 
 
-def cancels(op: "OpScore", rows: list[Any], policy: "Policy") -> bool:
+def cancels(op: "OpScore", rows: list[TensorRow], policy: "Policy") -> bool:
     """Is the op's worst output a mean whose error its input's, amplified by cancellation,
     explains, with every other output within its tolerances (see module docstring)?"""
     if op.phase != "forward" or _method(op.op) not in _MEANS or op.worst_out is None:
@@ -158,13 +158,13 @@ def _rms(m: Any) -> float:
     return m.norm / math.sqrt(m.numel) if m.numel and math.isfinite(m.norm) else 0.0
 
 
-def _output_slot(row: Any) -> Optional[int]:
+def _output_slot(row: TensorRow) -> Optional[int]:
     _, role, slot = split_tensor_name(row.target_name or row.golden_name or "")
     head = (slot or "").split(".", 1)[0]
     return int(head) if role == Role.OUTPUT and head.isdigit() else None
 
 
-def explains_any_error(op: "OpScore", rows: list[Any], policy: "Policy",
+def explains_any_error(op: "OpScore", rows: list[TensorRow], policy: "Policy",
                        run_dtype: Optional[str]) -> bool:
     """Do the op's inputs carry noise that explains any output error (see module docstring)?"""
     if math.isfinite(op.error_in) and op.error_in >= NOISE_INPUT_ERROR:
@@ -172,7 +172,7 @@ def explains_any_error(op: "OpScore", rows: list[Any], policy: "Policy",
     return divides_by_noise(op, rows, policy, run_dtype) is not None
 
 
-def product_of_differing(op: "OpScore", rows: list[Any]) -> bool:
+def product_of_differing(op: "OpScore", rows: list[TensorRow]) -> bool:
     """Is the op, judged from statistics only, a product of two or more tensor factors that
     both differ from golden (see module docstring)?"""
     slots = _FACTORS.get(_method(op.op))
@@ -184,7 +184,7 @@ def product_of_differing(op: "OpScore", rows: list[Any]) -> bool:
     return len(differing) >= 2 or _squares(op, rows, slots)
 
 
-def selects_part(op: "OpScore", rows: list[Any]) -> bool:
+def selects_part(op: "OpScore", rows: list[TensorRow]) -> bool:
     """Is the op's worst output a part of its first input (a slice, an index) whose error the
     input's explains: the part's difference is at most the whole's, so its relative error is
     at most the input's times norm(input) / norm(part) (see module docstring)?"""
@@ -200,7 +200,7 @@ def selects_part(op: "OpScore", rows: list[Any]) -> bool:
     return max(worst.error, abs(worst.scale_error)) <= data[1].error * norm_in / norm_out
 
 
-def _norm(row: Any) -> float:
+def _norm(row: TensorRow) -> float:
     """The larger L2 norm of a row's two sides, from their statistics (0 when unknown)."""
     found = [stats.get("norm") for stats in (row.target_stats, row.golden_stats)
              if isinstance(stats, dict)]
@@ -208,14 +208,14 @@ def _norm(row: Any) -> float:
     return max(norms, default=0.0)
 
 
-def _squares(op: "OpScore", rows: list[Any], slots: tuple[int, ...]) -> bool:
+def _squares(op: "OpScore", rows: list[TensorRow], slots: tuple[int, ...]) -> bool:
     """Do two factor slots read one and the same differing tensor (`addcmul_(g, g)`)?"""
     read = [rows[i] for i, m, _, _ in op.inputs if _slot(rows[i]) in slots and m.error > 0]
     return any(a.target_stats == b.target_stats and a.golden_stats == b.golden_stats
                for k, a in enumerate(read) for b in read[k + 1:])
 
 
-def divides_by_noise(op: "OpScore", rows: list[Any], policy: "Policy",
+def divides_by_noise(op: "OpScore", rows: list[TensorRow], policy: "Policy",
                      run_dtype: Optional[str]) -> Optional[str]:
     """The name of a statistics-only divisor input of `op` with elements within noise of zero
     (see module docstring), or None."""
@@ -234,7 +234,7 @@ def divides_by_noise(op: "OpScore", rows: list[Any], policy: "Policy",
     return None
 
 
-def _slot(row: Any) -> Optional[int]:
+def _slot(row: TensorRow) -> Optional[int]:
     """The input position a row stands for (`input.2` and the elements `input.2.k` of a list)."""
     _, role, slot = split_tensor_name(row.target_name or row.golden_name or "")
     head = (slot or "").split(".", 1)[0]
@@ -255,7 +255,7 @@ def _near_zero(stats: dict[str, Any], tolerance: float) -> bool:
     return smallest <= tolerance * magnitude
 
 
-def measured_floors(rows: list[Any], policy: "Policy",
+def measured_floors(rows: list[TensorRow], policy: "Policy",
                     judged: bool = True) -> dict[int, "MeasuredFloor"]:
     """Row index -> the measured noise floor of its tensor (`opdiff compare --noise`); empty
     without one. judged: only the floors the blame rules judge by, those above 0 (healthy runs
@@ -271,7 +271,7 @@ def measured_floors(rows: list[Any], policy: "Policy",
             and (floor.error > 0 or not judged)}
 
 
-def say_multiples(rows: list[Any], floors: dict[int, "MeasuredFloor"]) -> None:
+def say_multiples(rows: list[TensorRow], floors: dict[int, "MeasuredFloor"]) -> None:
     """Each measured row's reason says its error as a multiple of its floor (in place)."""
     for i, floor in floors.items():
         row = rows[i]
@@ -280,7 +280,7 @@ def say_multiples(rows: list[Any], floors: dict[int, "MeasuredFloor"]) -> None:
             rows[i] = replace(row, reason=f"{row.reason}; {words}" if row.reason else words)
 
 
-def with_multiple(divergence: Optional["Divergence"], rows: list[Any],
+def with_multiple(divergence: Optional["Divergence"], rows: list[TensorRow],
                   floors: dict[int, "MeasuredFloor"]) -> Optional["Divergence"]:
     """The first divergence whose reason also says its worst tensor's error as a multiple of
     its measured floor."""

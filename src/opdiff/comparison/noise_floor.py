@@ -22,9 +22,13 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from .result import TensorRow
+    from .verdicts import Policy
 
 FILE = "noise_floor.json"
 
@@ -51,7 +55,7 @@ class NoiseFloor:
     pairs: int = 0
     named: list[str] = field(default_factory=list)  # what compares of healthy runs named
 
-    def add_rows(self, rows: Iterable[Any]) -> None:
+    def add_rows(self, rows: Iterable[TensorRow]) -> None:
         """Fold one compare's rows (`TensorRow`s of two healthy runs) into the floors."""
         for row in rows:
             name = row.golden_name or row.target_name
@@ -127,7 +131,7 @@ def multiple_words(error: Optional[float], floor: MeasuredFloor) -> str:
     return f"error = {times:.2g}\u00d7 its measured floor {floor.error:.3g}"
 
 
-def noise_note(floor: Optional[NoiseFloor], policy: Any) -> list[str]:
+def noise_note(floor: Optional[NoiseFloor], policy: Policy) -> list[str]:
     """The note a compare with a measured noise floor carries (none without one)."""
     if floor is None:
         return []

@@ -234,6 +234,8 @@ def random_reason(op: "OpScore") -> Optional[str]:
     if len(op.rng) != 2 or op.rng[0] == op.rng[1] or not all(op.rng):
         return None
     t, g = op.rng
+    if t is None or g is None:      # (`all` above: never; says so to the type checker)
+        return None
     t_dev, g_dev = t.split(":", 1)[0], g.split(":", 1)[0]
     if t_dev != g_dev:
         return (f"{op.op} draws random numbers on {t_dev} in the target and {g_dev} in golden: "
@@ -292,7 +294,7 @@ def across_steps(results: Sequence[Any]) -> None:
 CARRIED = "carried over from step"
 
 
-def carried_over(earlier: Divergence, current: Divergence, rows: Any) -> Divergence:
+def carried_over(earlier: Divergence, current: Divergence, rows: Sequence[TensorRow]) -> Divergence:
     """Step S's divergence when an earlier step S0 of the run diverged already: the parameters
     of step S were trained from that difference. A differing parameter (origin "parameter")
     says so instead of "the runs do not start from the same weights"; an op named while the
@@ -328,7 +330,7 @@ def is_carried_over(fd: Optional[Divergence]) -> bool:
     return fd is not None and fd.origin == Origin.PARAMETER and fd.carried_from is not None
 
 
-def _differing_parameters(rows: Any) -> list[TensorRow]:
+def _differing_parameters(rows: Sequence[TensorRow]) -> list[TensorRow]:
     """The parameter leaf rows of a pair that differ at all (statistics beyond their own
     rounding; whole tensors in any element)."""
     out = []

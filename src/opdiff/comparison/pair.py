@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, cast
 
 from ..errors import DumpError
 from ..store.records import decoded_stats, iter_tensors
-from ..store.schema import Kind, Location, locations_from_frames
-from ..store.source import DumpSource
+from ..store.schema import Descriptor, Kind, Location, Record, locations_from_frames
+from ..store.source import DumpSource, records_of
 from ..environment import diff_meta
 from . import crossformat, forced
 from .align import align, classes_note, same_classes
@@ -41,12 +41,13 @@ from .recording import Recording
 from .result import (ERROR, PASS, UNMATCHED, WARNING, CompareResult, Divergence, Note, TensorRow,
                      count, noted)
 from .scores import add_row, counts_as_output, op_score
+from .shards import KeyPair
 
 if TYPE_CHECKING:
     from .replay import Replayer
 
     # (tensor name, role, descriptor), as `iter_tensors` yields them
-    _Item = tuple[str, str, dict[str, Any]]
+    _Item = tuple[str, str, Descriptor]
 
 log = logging.getLogger("opdiff")
 
@@ -60,13 +61,13 @@ EMPTY = "empty tensor (no elements): nothing to compare"
 MIN_PAIRED_FRACTION = 0.3
 
 
-def _location(dump: DumpSource, record: dict[str, Any]) -> tuple[Location, ...]:
+def _location(dump: DumpSource, record: Record) -> tuple[Location, ...]:
     """The record's call site as Locations, innermost user frame first."""
     return locations_from_frames(dump.stack(record["stack"])
                                  if record["stack"] is not None else ())
 
 
-def _whole(desc: dict[str, Any]) -> bool:
+def _whole(desc: Descriptor) -> bool:
     """Does the tensor hold all of its values: a plain tensor, or a DTensor whose local shard is
     the global tensor (replicated, or sharded over one device) and not a partial sum?"""
     placed = desc.get("placement")
@@ -78,7 +79,7 @@ class _PairCompare:
 
     def __init__(self, target_dump: DumpSource, golden_dump: DumpSource,
                  options: CompareOptions, tick: Optional[Callable[[int], None]] = None,
-                 measured: Optional[dict[tuple[Any, Any], Measurement]] = None) -> None:
+                 measured: Optional[dict[KeyPair, Measurement]] = None) -> None:
         self.t, self.g = target_dump, golden_dump
         self.options = options
         self.mapping = options.mapping
@@ -90,7 +91,7 @@ class _PairCompare:
         self.ops: list[OpScore] = []
         # A saved tensor is referenced by every record that saw it (an op's output is the next
         # op's input and its module's output): measure each pair of saved tensors once.
-        self._measured: dict[tuple[Any, Any], Measurement] = dict(measured or {})  # shards.py
+        self._measured: dict[KeyPair, Measurement] = dict(measured or {})  # shards.py
         # what a region's boundary is measured by (region_boundaries.Boundaries)
         self._by_tensor: dict[str, Any] = {}       # target tensor name -> row entry
         self._modules: dict[str, Any] = {}         # paired module call -> (inputs, outputs)
@@ -147,13 +148,13 @@ class _PairCompare:
         result.token_errors = next(filter(None, (m(self.rows) for m in measures)), None)
         return result
 
-    def _comparable(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
-                                   list[dict[str, Any]], list[Note]]:
+    def _comparable(self) -> tuple[list[Record], list[Record],
+                                   list[Record], list[Note]]:
         """Both sides' records as alignment sees them: cross-format names made comparable
         (`crossformat`), the mapping file's renames, drops and joins (`mapping.py`); with the
         target's view (renamed) and what was left unused."""
-        t_records = list(self.t.records())
-        g_records = list(self.g.records())
+        t_records = list(records_of(self.t))
+        g_records = list(records_of(self.g))
         for dump, recs in ((self.t, t_records), (self.g, g_records)):
             if not recs:
                 raise DumpError(f"{dump.path}: the dump holds no op records; was the model run "
@@ -171,15 +172,15 @@ class _PairCompare:
             self._forced = {(f.target, f.golden): f for f in bound.forced}
         return t_records, g_records, t_view, notes
 
-    def _recordings(self, t_records: list[dict[str, Any]], g_records: list[dict[str, Any]]
+    def _recordings(self, t_records: list[Record], g_records: list[Record]
                     ) -> tuple[Recording, Recording]:
         """What each side is (recording.py), read from its meta and records."""
         return (Recording.of(self.t, t_records, mapped=self.mapping is not None),
                 Recording.of(self.g, g_records))
 
     def _check_paired(self, pairs: list[tuple[Optional[int], Optional[int]]],
-                      pairable: Optional[int], t_records: list[dict[str, Any]],
-                      g_records: list[dict[str, Any]]) -> None:
+                      pairable: Optional[int], t_records: list[Record],
+                      g_records: list[Record]) -> None:
         paired = sum(1 for ti, gi in pairs if ti is not None and gi is not None)
         if pairable is not None and paired < MIN_PAIRED_FRACTION * pairable:
             raise DumpError(f"{self.t.path} and {self.g.path} look like dumps of different models: "
@@ -187,7 +188,7 @@ class _PairCompare:
                             f"ops line up; compare dumps of the same model and step")
 
     def _judge(self, plan: Plan, t: Recording, pairs: list[tuple[Optional[int], Optional[int]]],
-               t_records: list[dict[str, Any]], g_records: list[dict[str, Any]],
+               t_records: list[Record], g_records: list[Record],
                in_regions: tuple[dict[int, Region], dict[int, Region]],
                fed: dict[int, forced.ForcedPair], regions: list[Region]
                ) -> tuple[Optional[Divergence], dict[str, str], list[OpScore], Optional[Replayer]]:
@@ -221,7 +222,7 @@ class _PairCompare:
 
     def _result(self, plan: Plan, divergence: Optional[Divergence], held: dict[str, str],
                 regions: list[Region], region_ops: list[OpScore], replayer: Optional[Replayer],
-                t_records: list[dict[str, Any]], pairing: list[Note]) -> CompareResult:
+                t_records: list[Record], pairing: list[Note]) -> CompareResult:
         """The pair's result: its rows, the culprit and what the compare could not tell."""
         scope = plan.note or (plan.unexplained(self.rows, t_records, held, self.policy)
                               if divergence is None else None)
@@ -249,7 +250,7 @@ class _PairCompare:
             step=self.t.step, rank=self.t.rank, notes=notes,
             facts=[self.facts] if self.facts else [])
 
-    def _replayer(self, t_records: list[dict[str, Any]]) -> Optional[Replayer]:
+    def _replayer(self, t_records: list[Record]) -> Optional[Replayer]:
         """Replay needs the target's own tensors (`DumpSource.holds_tensors`: statistics dumps
         and foreign dumps keep the comparison alone) and ops it can re-run."""
         if self.replay == "off" or not self.t.holds_tensors:
@@ -261,10 +262,10 @@ class _PairCompare:
         return Replayer(self.t, t_records, self.policy, jobs=self.replay_jobs)
 
     # -- one op call --------------------------------------------------------------------------
-    def _record(self, position: int, t_rec: Optional[dict[str, Any]],
-                g_rec: Optional[dict[str, Any]], region: Optional[Region] = None,
+    def _record(self, position: int, t_rec: Optional[Record],
+                g_rec: Optional[Record], region: Optional[Region] = None,
                 pair: Optional[forced.ForcedPair] = None) -> None:
-        rec = cast("dict[str, Any]", t_rec or g_rec)
+        rec = cast("Record", t_rec or g_rec)
         name = rec["name"]
         t_tensors = {n[len(t_rec["name"]):]: (n, role, d) for n, role, d in iter_tensors(t_rec)} \
             if t_rec else {}
@@ -272,7 +273,7 @@ class _PairCompare:
             if g_rec else {}
         if pair is not None:        # the mapping's tensor list: those tensors, and only those
             t_tensors, g_tensors = pair.keyed(t_tensors, g_tensors)
-        stack = _location(self.t, t_rec) if t_rec else _location(self.g, cast("dict[str, Any]", g_rec))
+        stack = _location(self.t, t_rec) if t_rec else _location(self.g, cast("Record", g_rec))
         # (the number arguments of two different ops a mapping pairs are not the same arguments)
         differ, limits = differing_numbers(t_rec, g_rec) if t_rec and g_rec and (
             pair is None or t_rec["op"] == g_rec["op"]) else ([], [])
@@ -318,9 +319,9 @@ class _PairCompare:
             if m is not None:
                 self._by_tensor[t_item[0]] = add_row(cast(OpScore, op), len(self.rows) - 1, row, m)
         if pair is not None and op is not None:
-            self._judge_forced(op, cast("dict[str, Any]", t_rec))
+            self._judge_forced(op, cast("Record", t_rec))
 
-    def _judge_forced(self, op: OpScore, t_rec: dict[str, Any]) -> None:
+    def _judge_forced(self, op: OpScore, t_rec: Record) -> None:
         """A forced pair's inputs it did not measure, taken where they were made; else it is
         not judged on its own (forced.py)."""
         carried = self._carried.entries(t_rec, self._by_tensor)
@@ -339,8 +340,8 @@ class _PairCompare:
             reason=f"in {region.label()}: the runs execute different ops here; judged as one "
                    f"through its boundary tensors"))
 
-    def _regions(self, regions: list[Region], t_records: list[dict[str, Any]],
-                 g_records: list[dict[str, Any]], compiled: bool = False) -> list[OpScore]:
+    def _regions(self, regions: list[Region], t_records: list[Record],
+                 g_records: list[Record], compiled: bool = False) -> list[OpScore]:
         """One OpScore per region whose boundary can be measured, added to the ops judged."""
         if not regions:
             return []
@@ -373,8 +374,8 @@ class _PairCompare:
         self.ops.extend(out)
         return out
 
-    def _first_location(self, dump: DumpSource) -> Callable[[dict[str, Any]], Optional[Location]]:
-        def locate(rec: dict[str, Any]) -> Optional[Location]:
+    def _first_location(self, dump: DumpSource) -> Callable[[Record], Optional[Location]]:
+        def locate(rec: Record) -> Optional[Location]:
             loc = _location(dump, rec)
             return loc[0] if loc else None
         return locate
@@ -420,9 +421,9 @@ class _PairCompare:
                 return TensorRow(result=PASS, accuracy_reached="", reason=reason, **common), None
         if numel(t_shape) == 0:             # capture saves neither statistics nor values of it
             return TensorRow(result=PASS, accuracy_reached="Yes", reason=EMPTY, **common), None
-        pair = (td.get("key"), gd.get("key"))
+        t_key, g_key = td.get("key"), gd.get("key")
         unread: list[str] = []
-        m = self._measured.get(pair)
+        m = self._measured.get((t_key, g_key)) if t_key and g_key else None
         if m is not None:
             m = replace(m, metrics=dict(m.metrics))
         else:
@@ -435,8 +436,8 @@ class _PairCompare:
                                          reason=f"saved shapes differ: {list(tt.shape)} vs "
                                                 f"{list(gt.shape)}", **common), None
                     m = measure(tt, gt)
-                    if all(pair):
-                        self._measured[pair] = m
+                    if t_key and g_key:
+                        self._measured[(t_key, g_key)] = m
                 del tt, gt
         if m is None:
             if common["target_stats"] and common["golden_stats"]:
@@ -460,7 +461,7 @@ class _PairCompare:
 def compare_pair(target_dump: DumpSource, golden_dump: DumpSource,
                  options: Optional[CompareOptions] = None, *,
                  tick: Optional[Callable[[int], None]] = None,
-                 measured: Optional[dict[tuple[Any, Any], Measurement]] = None,
+                 measured: Optional[dict[KeyPair, Measurement]] = None,
                  **changes: Any) -> CompareResult:
     """Compare two opened Dump-like objects (one step/rank each) and return the result.
 

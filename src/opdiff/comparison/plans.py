@@ -29,13 +29,15 @@ from .facts import PairFacts
 from .recording import Recording
 from .region_onesided import one_sided
 from .regions import Region
-from .compiled import Record
+from ..store.schema import Record
+from ..store.source import plain_records, typed_records
 from .result import CompareResult, Divergence, Note, TensorRow
 from .verdicts import Policy
 from .lowprecision import LowPrecision
 
 if TYPE_CHECKING:
     from ..store.source import DumpSource
+    from .options import CompareOptions
 
 Pair = tuple[Optional[int], Optional[int]]
 SOURCES, RECORDS, PAIRS = "sources", "records", "pairs"
@@ -78,7 +80,7 @@ class RecordsPlan(Protocol):
     name: str
 
     def rewrite(self, target: list[Record], golden: list[Record],
-                sources: tuple[DumpSource, DumpSource], options: Any = None
+                sources: tuple[DumpSource, DumpSource], options: Optional[CompareOptions] = None
                 ) -> Optional[Rewritten]: ...
 
 
@@ -154,8 +156,8 @@ class CompiledPlan(Plan):
 
     def annotate(self, divergence: Divergence, target: list[Record], golden: list[Record],
                  dumps: tuple[tuple[DumpSource, list[Record]], ...]) -> Divergence:
-        annotated: Divergence = compiled.annotate(divergence, target, golden, dumps)
-        return annotated
+        annotated = compiled.annotate(divergence, target, golden, dumps)
+        return annotated if annotated is not None else divergence   # (never None for one)
 
     def unexplained(self, rows: list[TensorRow], target: list[Record], held: dict[str, str],
                     policy: Policy) -> Optional[str]:
@@ -169,7 +171,7 @@ class ModuleCalls:
     name = "compiled module calls"
 
     def rewrite(self, target: list[Record], golden: list[Record],
-                sources: tuple[DumpSource, DumpSource], options: Any = None
+                sources: tuple[DumpSource, DumpSource], options: Optional[CompareOptions] = None
                 ) -> Optional[Rewritten]:
         target = compiled_modules.module_calls(target, golden)
         target, golden = compiled_spans.span_calls(target, golden)
@@ -214,14 +216,15 @@ class TokenLayouts:
     name = "token layouts"
 
     def rewrite(self, target: list[Record], golden: list[Record],
-                sources: tuple[DumpSource, DumpSource], options: Any = None
+                sources: tuple[DumpSource, DumpSource], options: Optional[CompareOptions] = None
                 ) -> Optional[Rewritten]:
         from .tokens import align_tokens
-        aligned = align_tokens(sources[0], sources[1], target, golden,
-                               getattr(options, "token_ids", None))
+        aligned = align_tokens(sources[0], sources[1], plain_records(target), plain_records(golden),
+                               options.token_ids if options is not None else None)
         if aligned is None:
             return None
-        return Rewritten(aligned.target_records, aligned.golden_records, list(aligned.notes),
+        return Rewritten(typed_records(aligned.target_records), typed_records(aligned.golden_records),
+                         list(aligned.notes),
                          (aligned.target, aligned.golden), aligned.where, aligned.errors)
 
 

@@ -27,18 +27,18 @@ Tensor parallelism's functional collectives (DTensor's all_reduce) are recorded 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Optional
+from typing import Optional
 
-from ..store.schema import RecordName, Role
-from ..store.source import DumpSource
-from .result import ERROR, WARNING, CompareResult, Divergence, Origin
+from ..store.schema import Group, Record, RecordName, Role
+from ..store.source import DumpSource, records_of
+from .result import ERROR, WARNING, CompareResult, Divergence, Origin, TensorRow
 
 Pair = tuple[DumpSource, DumpSource]
 
 
-def _group_records(dump: DumpSource) -> dict[str, dict[str, Any]]:
+def _group_records(dump: DumpSource) -> dict[str, Record]:
     """name -> record for the dump's collectives that carry a group."""
-    return {r["name"]: r for r in dump.records()
+    return {r["name"]: r for r in records_of(dump)
             if str(r["op"]).startswith("Distributed.") and r.get("group")}
 
 
@@ -56,9 +56,9 @@ def attribute_collectives(results: list[CompareResult], pairs: list[Pair]) -> li
     if not suspects:
         return results
     by_place = {(r.step, r.rank): i for i, r in enumerate(results)}
-    groups: dict[int, dict[str, dict[str, Any]]] = {}
+    groups: dict[int, dict[str, Record]] = {}
 
-    def records(i: int) -> dict[str, dict[str, Any]]:
+    def records(i: int) -> dict[str, Record]:
         if i not in groups:
             groups[i] = _group_records(pairs[i][0])
         return groups[i]
@@ -85,7 +85,7 @@ def attribute_collectives(results: list[CompareResult], pairs: list[Pair]) -> li
     return out
 
 
-def _same_collective(recs: dict[str, dict[str, Any]], group: dict[str, Any]) -> Optional[str]:
+def _same_collective(recs: dict[str, Record], group: Group) -> Optional[str]:
     for name, rec in recs.items():
         g = rec["group"]
         if g["ranks"] == group["ranks"] and g["seq"] == group["seq"] and \
@@ -94,7 +94,7 @@ def _same_collective(recs: dict[str, dict[str, Any]], group: dict[str, Any]) -> 
     return None
 
 
-def _reason(op: str, group: dict[str, Any], senders: list[int]) -> str:
+def _reason(op: str, group: Group, senders: list[int]) -> str:
     where = f"{op} #{group['seq']} (group of ranks {group['ranks']})"
     if senders:
         who = ", ".join(str(s) for s in senders)
@@ -114,7 +114,7 @@ def _records_gradient_collective(dump: DumpSource) -> bool:
     return any(str(r["op"]).startswith(_GRADIENT_COLLECTIVES) for r in dump.records())
 
 
-def _received_row(result: CompareResult) -> Optional[Any]:
+def _received_row(result: CompareResult) -> Optional[TensorRow]:
     """The first differing row when it is an input (what a recorded op gave agrees, what
     arrived does not); None when the first differing row is an op's own output or none differs."""
     for row in result.rows:
@@ -152,7 +152,7 @@ def infer_gradient_collectives(results: list[CompareResult], pairs: list[Pair]) 
     return out
 
 
-def received_from(fd: Any) -> bool:
+def received_from(fd: Optional[Divergence]) -> bool:
     """Whether a first divergence was received through a collective (not a local error)."""
     return fd is not None and getattr(fd, "origin", None) == Origin.COLLECTIVE
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Optional, TypeVar, cast
 from ..errors import OpdiffError
 from ..numbers import human
 from ..store import dumpfiles
-from ..store.schema import Location, Phase
+from ..store.schema import Location, Phase, Placement
 from . import forced
 from .result import NONFINITE, REPLAY, SCALE, LOCAL, INTEGER, UNMATCHED, TensorRow
 from .verdicts import run_precision
@@ -365,7 +365,7 @@ def statistics_limits(rows: list[TensorRow], policy: "Policy", replayed: bool = 
 NOT_COMPARABLE = "not comparable: "
 
 
-def _placed(p: Optional[dict[str, Any]]) -> str:
+def _placed(p: Optional[Placement]) -> str:
     if not p:
         return "none (a plain tensor)"
     placements = ", ".join(str(x) for x in p.get("placements") or ()) or "?"
@@ -373,7 +373,7 @@ def _placed(p: Optional[dict[str, Any]]) -> str:
             f"{p.get('global_shape')}")
 
 
-def not_comparable(tp: Optional[dict[str, Any]], gp: Optional[dict[str, Any]]) -> str:
+def not_comparable(tp: Optional[Placement], gp: Optional[Placement]) -> str:
     """The row reason of a tensor pair whose DTensor shards (capture's `placement`; None: a
     plain tensor) are placed differently: rank r of each run holds another part of the tensor."""
     return (f"{NOT_COMPARABLE}target placement {_placed(tp)}, golden {_placed(gp)}: rank r of "

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional
 
-from ..store.schema import Kind
+from ..store.schema import Kind, Record
 from .compiled_modules import by_inductor
 
 if TYPE_CHECKING:
@@ -26,13 +26,13 @@ FX = "aot_eager"            # torch.compile with a backend that runs FX graphs o
 INDUCTOR = "inductor"       # torch.compile with Inductor: its generated code and extern kernels
 
 
-def compiled_record(r: Mapping[str, Any]) -> bool:
+def compiled_record(r: Record) -> bool:
     """A record of compiled code (marked by capture/compiled.py), or an aten op of a compiled
     backward (whose autograd node is torch's CompiledFunctionBackward)."""
     return bool(r.get("compiled")) or r.get("autograd_node") == "CompiledFunctionBackward"
 
 
-def _modules_known(r: Mapping[str, Any]) -> bool:
+def _modules_known(r: Record) -> bool:
     return bool((r.get("compiled") or {}).get("modules"))
 
 
@@ -61,7 +61,7 @@ class Recording:
         return self.backend != EAGER
 
     @classmethod
-    def of(cls, source: DumpSource, records: Iterable[Mapping[str, Any]], *,
+    def of(cls, source: DumpSource, records: Iterable[Record], *,
            mapped: bool = False) -> "Recording":
         """What `source` is, read from its meta and (rewritten) records."""
         return cls.read(records, source.meta, format=source.format,
@@ -69,7 +69,7 @@ class Recording:
                         rank=source.rank)
 
     @classmethod
-    def read(cls, records: Iterable[Mapping[str, Any]], meta: Optional[Mapping[str, Any]], *,
+    def read(cls, records: Iterable[Record], meta: Optional[Mapping[str, Any]], *,
              format: str = "opdiff", tensors: bool = False, mapped: bool = False,
              step: Optional[int] = None, rank: Optional[int] = None) -> "Recording":
         meta = meta or {}

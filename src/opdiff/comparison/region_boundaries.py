@@ -21,17 +21,16 @@ tells the two apart).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional, TYPE_CHECKING, Union
 
 from ..store.records import iter_tensors
-from ..store.schema import Kind, Phase, RecordName, Role
+from ..store.schema import Kind, Phase, Record, RecordName, Role
 from .compiled_modules import by_inductor
 from .region_gradients import Gradients
 
 if TYPE_CHECKING:
     from .regions import Region     # (regions.py imports this module)
 
-Record = dict[str, Any]
 # (row index, Measurement, t dtype, g dtype); `region_onesided` tries a boundary with stand-ins
 Entry = tuple[int, Any, Optional[str], Optional[str]]
 
@@ -49,9 +48,9 @@ class Boundaries:
                  golden: Optional[list[Record]] = None, upstream: bool = False) -> None:
         self.target, self.dataflow, self.golden = target, dataflow, golden or []
         self.upstream = upstream and dataflow       # (see the module docstring)
-        self.regional: set[Any] = set()     # seqs of judged forward regions' target ops
+        self.regional: set[Optional[int]] = set()     # seqs of judged forward regions' target ops
         self.traced: list[str] = []         # ops `_read` traced through (`upstream`)
-        self.sources: dict[Any, Optional[tuple[dict[int, Entry], list[str], list[str]]]] = {}
+        self.sources: dict[Optional[int], Optional[tuple[dict[int, Entry], list[str], list[str]]]] = {}
         self.measured, self.module_entries = measured, module_entries
         self.by_seq = {r["seq"]: r for r in target} if dataflow else {}
         self.leaf_names = {(r.get("leaf"), r.get("tensor")): r["name"] for r in target
@@ -66,8 +65,8 @@ class Boundaries:
         # backward carries between its calls (capture/sink.py): their numbers
         self.flows: set[int] = set()
         # (producer seq, slot) of a backward call's output -> (input name, shape) of its readers
-        self.read_at: Optional[dict[tuple[Any, ...], list[tuple[str, Any]]]] = None
-        self.read_by: dict[Any, set[Any]] = {}     # backward call's seq -> seqs of its readers
+        self.read_at: Optional[dict[tuple[int, ...], list[tuple[str, Optional[list[int]]]]]] = None
+        self.read_by: dict[Optional[int], set[Optional[int]]] = {}     # backward call's seq -> seqs of its readers
 
     def consumers(self, regions: list[Region]) -> dict[int, dict[str, str]]:
         """region number -> {consumer's input tensor name: the region's output tensor it reads};
@@ -179,7 +178,7 @@ class Boundaries:
         seqs = {self.target[i]["seq"] for i in region.target}
         return any(self.read_by.get(seq, set()) - seqs for seq in seqs)
 
-    def _read_elsewhere(self, producer: Any, made: Optional[Record]) -> Optional[Entry]:
+    def _read_elsewhere(self, producer: tuple[int, int], made: Optional[Record]) -> Optional[Entry]:
         """A backward call's output no row measures as made, measured where a paired op reads
         it whole (another view of the same elements: the gradient kernel's output an `mm`
         reads transposed), or None."""
@@ -260,7 +259,7 @@ class Boundaries:
                 inputs[entry[0]] = entry
         return inputs, list(dict.fromkeys(unpaired))
 
-    def _source(self, seq: Any) -> Optional[tuple[dict[int, Entry], list[str], list[str]]]:
+    def _source(self, seq: int) -> Optional[tuple[dict[int, Entry], list[str], list[str]]]:
         """What the forward region op `seq` made its outputs of, all compared (`_read` of it,
         tracing on): (its input entries, unpaired parameters, the ops traced through, itself
         first), or None where one of them is not compared."""
@@ -404,7 +403,7 @@ class Boundaries:
         return f"{flow}, and {module}" if flow else module
 
 
-def _elements(shape: Any) -> Optional[int]:
+def _elements(shape: Union[list[int], tuple[int, ...], None]) -> Optional[int]:
     if not isinstance(shape, (list, tuple)):
         return None
     size = 1
@@ -419,7 +418,7 @@ def _constant(record: Record) -> bool:
         role != Role.OUTPUT for _, role, _ in iter_tensors(record))
 
 
-def common_chain(module: Optional[str], parents: dict[str, Any]) -> list[str]:
+def common_chain(module: Optional[str], parents: dict[str, Optional[str]]) -> list[str]:
     """`module` (a module call name) and every module call holding it, innermost first."""
     chain: list[str] = []
     while module and module not in chain:

@@ -9,10 +9,10 @@
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from ..store.records import iter_tensors
-from ..store.schema import Kind, Phase, RecordName, Role
+from ..store.schema import Kind, Phase, Record, RecordName, Role
 from .graph import RunGraph, readers_of
 
 Pair = tuple[Optional[int], Optional[int]]
@@ -20,7 +20,6 @@ Pair = tuple[Optional[int], Optional[int]]
 if TYPE_CHECKING:
     from .regions import Region     # (regions.py imports this module)
 
-Record = dict[str, Any]
 
 
 def readers(records: list[Record]) -> dict[int, list[int]]:
@@ -62,7 +61,7 @@ def covered_tensors(regions: list[Region], pairs: list[Pair], target: list[Recor
     if not regions:
         return {}
     parents = (graph or RunGraph(target)).parents       # (`graph`: the target's)
-    made_by: tuple[dict[int, Region], ...] = tuple(
+    made_by: tuple[dict[Optional[int], Region], ...] = tuple(
         {recs[i]["seq"]: r for r in regions for i in (r.target if side == 0 else r.golden)}
         for side, recs in ((0, target), (1, golden)))
     holders = _holders(regions, parents)

@@ -29,23 +29,22 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Union
 
 from ..store.records import iter_tensors, producer_of
-from ..store.schema import Kind, Phase, RecordName, Role, module_path
+from ..store.schema import Kind, Phase, Record, RecordName, Role, module_path
 
 
 if TYPE_CHECKING:
     from .region_boundaries import Entry     # (it imports this module)
 
-Record = dict[str, Any]
 
 
 class Gradients:
     """The forward dataflow of one dump, read for backward regions (built once per pair)."""
 
-    def __init__(self, records: list[Record], by_seq: dict[Any, Record]) -> None:
+    def __init__(self, records: list[Record], by_seq: dict[Optional[int], Record]) -> None:
         self.by_seq = by_seq                              # seq -> record (the dump's)
         self.by_name: dict[str, Record] = {}              # forward op calls by name
         self.backward_of: dict[str, Record] = {}          # forward call name -> backward record
-        self.readers: dict[tuple[Any, str], list[str]] = {}   # (seq, slot) -> reading records
+        self.readers: dict[tuple[Optional[int], str], list[str]] = {}   # (seq, slot) -> reading records
         self.param_readers: dict[str, list[str]] = {}     # parameter FQN -> reading records
         self.param_grads: dict[str, str] = {}             # parameter FQN -> its gradient's name
         for rec in records:
@@ -157,7 +156,7 @@ class Gradients:
                                          measured):
                     out.setdefault(name, (str(b["op"]), key))
 
-    def _shares(self, reader: Record, producer: tuple[Any, str], tensor: str,
+    def _shares(self, reader: Record, producer: tuple[Optional[int], str], tensor: str,
                 measured: Mapping[str, Entry]) -> list[str]:
         """The gradients `reader`'s backward record hands back for the arguments it read
         `producer`'s tensor as."""
@@ -205,7 +204,7 @@ class Gradients:
                                f"with golden")
             out.setdefault(name, f"{b['name']}.output.{i}")
 
-    def _arrives(self, maker: Optional[Record], producer: tuple[Any, str], inside: set[str]
+    def _arrives(self, maker: Optional[Record], producer: tuple[Optional[int], str], inside: set[str]
                  ) -> str:
         """The backward input of `maker` where the gradient of its output arrives whole."""
         if maker is None:

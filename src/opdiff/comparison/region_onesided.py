@@ -29,15 +29,14 @@ one-sided partitioner ops are `compiled.py`'s).
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any, Optional
+from typing import Optional
 
 from ..store.records import iter_tensors
-from ..store.schema import Kind, Phase, Role
+from ..store.schema import Kind, Phase, Record, Role
 from .region_boundaries import Boundaries, Entry
 from .regions import Region, common_module, members
 
 Pair = tuple[Optional[int], Optional[int]]
-Record = dict[str, Any]
 
 
 def one_sided(regions: list[Region], pairs: list[Pair], target: list[Record],

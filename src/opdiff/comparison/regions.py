@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 from typing_extensions import TypedDict
 
 from ..numbers import human
-from ..store.schema import Kind, Location, Phase, RecordName, module_path
+from ..store.schema import Kind, Location, Phase, Record, RecordName, module_path
 from . import region_cover as cover
 from .compiled_modules import by_inductor
 from .facts import region_label
@@ -59,7 +59,6 @@ if TYPE_CHECKING:
     from .blame import OpScore
 
 Pair = tuple[Optional[int], Optional[int]]
-Record = dict[str, Any]
 
 REGION = Origin.REGION      # OpScore.kind and Divergence.origin of a region
 SHOWN_OPS = 6               # ops listed per side in a reason

@@ -115,9 +115,9 @@ class TensorRow:
     index: int                          # position of the op in target execution order (golden's if unmatched)
     target_dtype: Optional[str] = None
     golden_dtype: Optional[str] = None
-    target_shape: Optional[tuple[Any, ...]] = None
-    golden_shape: Optional[tuple[Any, ...]] = None
-    metrics: dict[str, Any] = field(default_factory=dict)        # METRICS name -> float | None
+    target_shape: Optional[tuple[int, ...]] = None
+    golden_shape: Optional[tuple[int, ...]] = None
+    metrics: dict[str, Optional[float]] = field(default_factory=dict)        # METRICS name -> float | None
     target_stats: dict[str, Any] = field(default_factory=dict)   # max/min/mean/norm/nan/inf
     golden_stats: dict[str, Any] = field(default_factory=dict)
     result: str = PASS                  # PASS | WARNING | ERROR | UNMATCHED
@@ -138,7 +138,7 @@ class TensorRow:
     leaf_tensor: Optional[str] = None   # ... its FQN (or the input's slot)
     reader: Optional[str] = None        # ... the record of the first op that reads it
     leaf_strict: bool = True            # ... judged exactly (step 0: nothing trained it yet)
-    rng: tuple[Any, ...] = ()           # random ops: (target's, golden's) generator fingerprints
+    rng: tuple[Optional[str], ...] = ()   # random ops: (target's, golden's) generator fingerprints
     leaf_input: Optional[str] = None    # an input row that is a leaf: "parameter <fqn>", "outside <name>"
     region: Optional[str] = None        # the tensor of an op in a region ("region 2 in model.layers.0.self_attn")
     # rows.jsonl of an older opdiff: what its pair's plan decided, as marks ("in:Region.2.forward",
@@ -154,9 +154,9 @@ class Divergence:
     phase: str
     reason: str                         # one sentence: why this op is the culprit
     location: Optional[Location]
-    metrics: dict[str, Any]             # metrics of the worst output tensor
+    metrics: dict[str, Optional[float]]   # metrics of the worst output tensor
     tensor: Optional[str] = None        # the worst output tensor's name
-    input_metrics: dict[str, Any] = field(default_factory=dict)   # metrics of the worst input (agreeing)
+    input_metrics: dict[str, Optional[float]] = field(default_factory=dict)   # of the worst input (agreeing)
     module: Optional[str] = None
     step: Optional[int] = None
     rank: Optional[int] = None

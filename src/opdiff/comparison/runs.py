@@ -38,10 +38,12 @@ import contextlib
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import replace
-from typing import Any, Callable, Iterator, Optional, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Optional, Sequence, Union, cast
+
+from typing_extensions import TypedDict
 
 from ..errors import DumpError
-from ..store.reader import Dump
+from ..store.reader import Cut, Dump
 from ..store.source import DumpSource
 from .options import CompareOptions
 from .origins import across_steps, is_carried_over
@@ -50,10 +52,32 @@ from .result import CompareResult, Divergence, Note, Origin, TensorRow, count, r
 from .spool import ChainedRows, PairRows, Spool, SpoolFile, encode_pair, on_disk, write_pair
 from .workers import watch_parent
 
+if TYPE_CHECKING:     # (runs.py stays free of torch: the CSV writer imports it)
+    from .metrics import Measurement
+    from .shards import KeyPair
+
 log = logging.getLogger("opdiff")
 
 Pair = tuple[DumpSource, DumpSource]
-Incomplete = dict[str, Any]          # {"step", "rank", "side", "why"}
+
+
+class _Place(TypedDict):
+    step: Optional[int]
+    rank: Optional[int]
+    side: str                   # "target", "golden" or "both"
+    why: str
+
+
+class Incomplete(_Place, total=False):
+    """A step/rank pair that is not (wholly) compared: a side missing, empty or cut short."""
+    records: int                # cut: as `Dump.cut` says
+    last_record: Optional[str]
+    error: str
+    compared: bool              # cut after some records: those were compared
+
+
+_CUT_KEYS: tuple[Literal["side", "why", "records", "last_record", "error"], ...] = (
+    "side", "why", "records", "last_record", "error")
 
 EMPTY_WHY = "holds no op records (the run stopped before this step's first op?)"
 MISSING_WHY = "has no directory for this step and rank"
@@ -99,7 +123,7 @@ def unpaired(targets: list[DumpSource], goldens: list[DumpSource]) -> list[Incom
     return out
 
 
-def _cut(dump: DumpSource) -> Optional[dict[str, Any]]:
+def _cut(dump: DumpSource) -> Optional[Cut]:
     """Where an opdiff dump's step ends early (`Dump.cut`); None for a whole one or another format."""
     return dump.cut() if isinstance(dump, Dump) else None
 
@@ -120,13 +144,13 @@ _EMPTY_CUT = {"killed": "holds no op records: the run was killed before its firs
                         "closing the step"}
 
 
-def _said(words: dict[str, str], cut: dict[str, Any]) -> str:
+def _said(words: dict[str, str], cut: Union[Cut, Incomplete]) -> str:
     """A cut's words, with the exception a run raised (`store/durable.py`) in them."""
     text = words.get(cut.get("why", ""), words["killed"])
     return text.replace("{error}", str(cut.get("error") or "an exception"))
 
 
-def cut_words(side: str, cut: dict[str, Any]) -> str:
+def cut_words(side: str, cut: Union[Cut, Incomplete]) -> str:
     """"the target's disk filled at record 28 (after Tensor.add_.3.forward)" and the like."""
     after = f" (after {cut['last_record']})" if cut.get("last_record") else ""
     if cut.get("why") == "disk full":
@@ -196,7 +220,7 @@ def count_records(dump: DumpSource) -> int:
 
 
 def _worker(target_path: str, golden_path: str, options: CompareOptions,
-            spool_path: Optional[str] = None, measured: Optional[dict[Any, Any]] = None
+            spool_path: Optional[str] = None, measured: Optional[dict[KeyPair, Measurement]] = None
             ) -> tuple[CompareResult, SpoolFile, Optional[bytes]]:
     """Compare one pair in a worker; its rows go to `spool_path` (this machine's disk) or, when
     None, come back as the spool file's bytes (a remote task: the driver writes them).
@@ -283,8 +307,7 @@ def merge(target: str, golden: str, results: list[CompareResult], notes: list[st
     env = results[0].environment_diff if results else []
     pairs = [_pair_summary(r) for r in results] + [_incomplete_summary(i) for i in incomplete]
     for p in pairs:
-        p["cut"] = [{k: c[k] for k in ("side", "why", "records", "last_record", "error")
-                     if k in c} for c in cut
+        p["cut"] = [{k: c[k] for k in _CUT_KEYS if k in c} for c in cut
                     if (c["step"], c["rank"]) == (p["step"], p["rank"])] or None
     pairs.sort(key=lambda p: (p["step"] if p["step"] is not None else -1,
                               p["rank"] if p["rank"] is not None else -1))

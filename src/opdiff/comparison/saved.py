@@ -8,6 +8,7 @@ from typing import Any, Optional
 from ..errors import OpdiffError
 from ..store.source import DumpSource
 from .reasons import unread_note
+from ..store.schema import Descriptor
 
 log = logging.getLogger("opdiff")
 
@@ -19,7 +20,7 @@ def numel(shape: Any) -> int:
     return n
 
 
-def load_saved(dump: DumpSource, desc: dict[str, Any], unread: Optional[list[str]] = None) -> Any:
+def load_saved(dump: DumpSource, desc: Descriptor, unread: Optional[list[str]] = None) -> Any:
     key = desc.get("key")
     if not key:
         return None

@@ -23,6 +23,8 @@ from typing import Any, Iterable, Optional
 from ..errors import OpdiffError
 from ..store.records import iter_tensors
 from .align import align
+from ..store.schema import Descriptor, Record
+from ..store.source import records_of
 
 KeyPair = tuple[str, str]
 Scores = dict[KeyPair, Any]            # (target key, golden key) -> metrics.Measurement
@@ -32,19 +34,19 @@ _ITEM_BYTES = {"float64": 8, "int64": 8, "complex64": 8, "complex128": 16, "floa
 _UNREAD = ("overwritten", "uninitialized")     # capture's Describer.unread flags
 
 
-def _nbytes(desc: dict[str, Any]) -> int:
+def _nbytes(desc: Descriptor) -> int:
     n = 1
     for s in desc.get("shape") or ():
         n *= int(s)
     return n * _ITEM_BYTES.get(str(desc.get("dtype")), 1)
 
 
-def _measurable(td: dict[str, Any], gd: dict[str, Any]) -> bool:
+def _measurable(td: Descriptor, gd: Descriptor) -> bool:
     return bool(td.get("key") and gd.get("key")) and td.get("shape") == gd.get("shape") and \
         _nbytes(td) > 0 and not any(td.get(f) or gd.get(f) for f in _UNREAD)
 
 
-def tensor_pairs(t_records: list[dict[str, Any]], g_records: list[dict[str, Any]],
+def tensor_pairs(t_records: list[Record], g_records: list[Record],
                  shape_flag: bool = False) -> list[tuple[KeyPair, int]]:
     """((target key, golden key), bytes of both) of every saved tensor pair the compare of these
     records measures, each once, in execution order."""
@@ -91,7 +93,7 @@ def plan(target_path: str, golden_path: str, shard_bytes: int,
     t, g = discover(target_path)[0], discover(golden_path)[0]
     if not (t.holds_tensors and g.holds_tensors):
         return []
-    return cut(tensor_pairs(list(t.records()), list(g.records()), shape_flag), shard_bytes)
+    return cut(tensor_pairs(list(records_of(t)), list(records_of(g)), shape_flag), shard_bytes)
 
 
 def measure_shard(target_path: str, golden_path: str, pairs: Iterable[KeyPair]) -> Scores:

@@ -94,7 +94,7 @@ from ..dtypes import coarser, is_float, unit_roundoff
 from ..errors import ConfigError
 from .metric_table import Measurement
 from .noise_floor import MeasuredFloor, NoiseFloor
-from .result import ERROR, PASS, WARNING
+from .result import ERROR, PASS, WARNING, TensorRow
 
 # One row per precision class (`opdiff.dtypes.canonical_dtype`); why these numbers: see above.
 # Changing a dtype's thresholds is editing its row; a new precision class is a new row.
@@ -226,7 +226,7 @@ class Thresholds:
         return v
 
 
-def run_precision(rows: Iterable[Any]) -> str | None:
+def run_precision(rows: Iterable[TensorRow]) -> str | None:
     """The coarsest float dtype of a compare's rows: in a bf16 autocast run even fp32 ops handle
     values that carry bf16 noise, so no op is held to a finer floor than the run's precision."""
     coarsest = None
@@ -262,7 +262,7 @@ class Policy:
         self.thresholds = Thresholds.load(thresholds)
         self.noise = noise          # measured floors (`opdiff calibrate`), or None
 
-    def measured_floor(self, row: Any) -> MeasuredFloor | None:
+    def measured_floor(self, row: TensorRow) -> MeasuredFloor | None:
         """The measured noise floor of a compared tensor's row (by its golden name), if any."""
         if self.noise is None:
             return None
@@ -300,7 +300,7 @@ class Policy:
         return max(self.tolerance_for(target_dtype, golden_dtype),
                    self.tolerance_for(run_dtype, run_dtype))
 
-    def beyond_run_tolerance(self, row: Any, run_dtype: str | None) -> bool:
+    def beyond_run_tolerance(self, row: TensorRow, run_dtype: str | None) -> bool:
         """Whether a compared tensor's row (`TensorRow`) differs beyond what its run allows
         (`run_tolerance_for`): a float32 tensor of a bf16 autocast run carries bf16 noise (a
         gradient computed in bf16 and widened, a residual stream fed by bf16 matmuls), so it

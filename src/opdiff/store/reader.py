@@ -30,7 +30,9 @@ import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, NamedTuple
+from typing import Any, Iterator, NamedTuple, Optional
+
+from typing_extensions import TypedDict
 
 from ..dtypes import SAFETENSORS_CODES
 from ..errors import DumpError
@@ -44,6 +46,17 @@ from .source import DumpFormat
 log = logging.getLogger("opdiff")
 
 REF_PREFIX = "ref:"      # a `__metadata__` key naming a tensor stored as a reference
+
+
+class _CutPlace(TypedDict):
+    why: str                        # "killed", "disk full", "write failed", "raised", "exited"
+    records: int                    # the whole records the step holds
+    last_record: Optional[str]      # the last one's name
+
+
+class Cut(_CutPlace, total=False):
+    """Where a step's dump ends early (`Dump.cut`)."""
+    error: str                      # "raised": the exception
 
 
 @dataclass
@@ -112,7 +125,7 @@ class Dump:
         """True for a tensor dump (task="tensor"): every recorded tensor was saved as it was."""
         return bool(self._index())
 
-    def cut(self) -> dict[str, Any] | None:
+    def cut(self) -> Cut | None:
         """Where this step's dump ends early: {"why": "killed" | "disk full" | "write failed" |
         "raised" (with "error": the exception) | "exited" (without closing the step), "records":
         the whole records it holds, "last_record": the last one's name}; None when
@@ -129,8 +142,10 @@ class Dump:
         if state == "stopped" and mark.get("records") == count:
             return None
         why = state if state in ("disk full", "write failed", "raised", "exited") else "killed"
-        said = {"error": str(mark["error"])} if why == "raised" and mark.get("error") else {}
-        return {"why": why, "records": count, "last_record": last, **said}
+        cut: Cut = {"why": why, "records": count, "last_record": last}
+        if why == "raised" and mark.get("error"):
+            cut["error"] = str(mark["error"])
+        return cut
 
     def record_count(self) -> int:
         """Lines of records.jsonl (0 when it cannot be read)."""

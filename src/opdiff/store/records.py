@@ -37,9 +37,9 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional, Union, overload
 
-from .schema import Kind, Role
+from .schema import Descriptor, Kind, Record, Role
 
 try:
     import orjson as _orjson
@@ -147,25 +147,40 @@ def _c_encoder() -> Optional[Callable[[Any, int], Iterable[str]]]:
 _ENCODE = _c_encoder()
 
 
-def decoded_stats(desc: dict[str, Any]) -> dict[str, Any]:
+# A typed record yields typed descriptors; a plain dict (the stages not typed yet) plain ones.
+PlainRecord = dict[str, Any]
+
+
+def decoded_stats(desc: Union[Descriptor, dict[str, Any]]) -> dict[str, Any]:
     """A tensor descriptor's statistics with non-finite floats restored."""
     return {k: decode_float(v) for k, v in (desc.get("stats") or {}).items()}
 
 
-def iter_descriptors(desc: dict[str, Any], path: str) -> Iterator[tuple[str, dict[str, Any]]]:
+@overload
+def iter_descriptors(desc: Descriptor, path: str) -> Iterator[tuple[str, Descriptor]]: ...
+@overload
+def iter_descriptors(desc: PlainRecord, path: str) -> Iterator[tuple[str, PlainRecord]]: ...
+def iter_descriptors(desc: Union[Descriptor, PlainRecord], path: str
+                     ) -> Iterator[tuple[str, Union[Descriptor, PlainRecord]]]:
     """Flatten nested lists/tuples/dicts the way msprobe names them: list -> `.i`, dict -> `.key`."""
     t = desc.get("type")
     if t in ("list", "tuple"):
-        for i, item in enumerate(desc.get("items", [])):
+        items = desc.get("items", [])   # a list: `record_problem` checked it where the dump was read
+        for i, item in enumerate(items if isinstance(items, list) else items.values()):
             yield from iter_descriptors(item, f"{path}.{i}")
     elif t == "dict":
-        for k, item in desc.get("items", {}).items():
+        named = desc.get("items", {})
+        for k, item in (named.items() if isinstance(named, dict) else enumerate(named)):
             yield from iter_descriptors(item, f"{path}.{k}")
     else:
         yield path, desc
 
 
-def iter_leaves(record: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
+@overload
+def iter_leaves(record: Record) -> Iterator[tuple[str, str, Descriptor]]: ...
+@overload
+def iter_leaves(record: PlainRecord) -> Iterator[tuple[str, str, PlainRecord]]: ...
+def iter_leaves(record: Union[Record, PlainRecord]) -> Iterator[tuple[str, str, Union[Descriptor, PlainRecord]]]:
     """Yield (name, role, descriptor) for every leaf value of a record (tensors, scalars, None,
     ...), in a stable order. role is "input", "output" or "parameters". Names follow msprobe:
     `Functional.conv2d.0.forward.input.0`, `...forward.input.bias` (a kwarg),
@@ -186,19 +201,23 @@ def iter_leaves(record: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, An
         yield from _with_role(iter_descriptors(d, f"{prefix}.{k}"), Role.PARAMETERS)
 
 
-def _with_role(leaves: Iterable[tuple[str, dict[str, Any]]], role: str) -> Iterator[tuple[str, str, dict[str, Any]]]:
+def _with_role(leaves: Iterable[tuple[str, Descriptor]], role: str) -> Iterator[tuple[str, str, Descriptor]]:
     for path, leaf in leaves:
         yield path, role, leaf
 
 
-def iter_tensors(record: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
+@overload
+def iter_tensors(record: Record) -> Iterator[tuple[str, str, Descriptor]]: ...
+@overload
+def iter_tensors(record: PlainRecord) -> Iterator[tuple[str, str, PlainRecord]]: ...
+def iter_tensors(record: Union[Record, PlainRecord]) -> Iterator[tuple[str, str, Union[Descriptor, PlainRecord]]]:
     """Yield (tensor_name, role, descriptor) for every tensor of a record (see iter_leaves)."""
     for path, role, leaf in iter_leaves(record):
         if leaf.get("type") == "tensor":
             yield path, role, leaf
 
 
-def producer_of(desc: dict[str, Any]) -> Optional[tuple[int, str]]:
+def producer_of(desc: Union[Descriptor, PlainRecord]) -> Optional[tuple[int, str]]:
     """(seq, slot) of the op that made an input (`"producer": [seq, slot]`), or None. A dump is
     untrusted: anything else there (a list for a seq, a dict) is no producer."""
     found = desc.get("producer")
@@ -213,7 +232,7 @@ def producer_of(desc: dict[str, Any]) -> Optional[tuple[int, str]]:
 _NUMBERS = ("int", "float", "bool")
 
 
-def input_numbers(record: dict[str, Any]) -> dict[str, Any]:
+def input_numbers(record: Union[Record, PlainRecord]) -> dict[str, Any]:
     """{"input.2": value} of the record's Python number arguments (`x[0] = 2.0`, `x * 0.5`),
     named within the record, so that the calls of two runs can be matched whatever their
     counters."""
@@ -222,7 +241,7 @@ def input_numbers(record: dict[str, Any]) -> dict[str, Any]:
             if role == Role.INPUT and leaf.get("type") in _NUMBERS}
 
 
-def has_nonfinite_number(record: dict[str, Any]) -> bool:
+def has_nonfinite_number(record: Union[Record, PlainRecord]) -> bool:
     """True when the op was given inf or NaN as a plain number (masked_fill(mask, -inf),
     full(..., inf)): it makes inf/NaN on purpose, it is not where an overflow is born."""
     return any(isinstance(x, float) and not math.isfinite(x) for x in input_numbers(record).values())

@@ -22,20 +22,20 @@ Tensor names add a role and a slot: `Functional.conv2d.0.forward.input.0`,
 # (no `from __future__ import annotations`: TypedDict reads `Required[...]` from evaluated annotations)
 import re
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Final, Iterable, List, Mapping, Optional, Tuple, Union
 
 from typing_extensions import Literal, Required, TypedDict
 
 
 class Kind:
     """What a record is a call of."""
-    API = "api"                 # a torch API call (L1)
-    MODULE = "module"           # an nn.Module call (L0)
-    ATEN = "aten"               # an aten op (L2)
-    PARAM_GRAD = "param_grad"   # a module's parameter gradients
-    NODE = "node"               # an ONNX graph node
-    LEAF = "leaf"               # a parameter, buffer or input, at its first read in the step
-    KERNEL = "kernel"           # a compiled kernel Inductor generated (L2 under torch.compile)
+    API: Final = "api"                # a torch API call (L1)
+    MODULE: Final = "module"          # an nn.Module call (L0)
+    ATEN: Final = "aten"              # an aten op (L2)
+    PARAM_GRAD: Final = "param_grad"  # a module's parameter gradients
+    NODE: Final = "node"              # an ONNX graph node
+    LEAF: Final = "leaf"              # a parameter, buffer or input, at its first read in the step
+    KERNEL: Final = "kernel"          # a compiled kernel Inductor generated (L2 under torch.compile)
 
     ALL = (API, MODULE, ATEN, PARAM_GRAD, NODE, LEAF, KERNEL)
     REPLAYABLE = (API, ATEN)    # modules and parameter gradients are made of other ops
@@ -43,8 +43,8 @@ class Kind:
 
 
 class Phase:
-    FORWARD = "forward"
-    BACKWARD = "backward"
+    FORWARD: Final = "forward"
+    BACKWARD: Final = "backward"
 
     ALL = (FORWARD, BACKWARD)
 
@@ -103,6 +103,8 @@ class Descriptor(TypedDict, total=False):
     fqn: str                    # leaf: the parameter's or buffer's FQN, the input's slot, or the tensor's name
     outside: bool               # its values changed outside torch since it was last described (capture/handles.py)
     placement: Placement        # a DTensor's local shard: which part of the global tensor it is
+    saved_shape: Optional[List[int]]   # opdiff compare's records: a tensor compared in another
+    #                                    shape than the one it was saved in, that one (never in a dump)
 
 
 class ProgramRef(TypedDict):
@@ -159,6 +161,11 @@ class CompiledFacts(TypedDict, total=False):
     source: Tuple[str, int]     # the user's source line: [file, line]
     from_parameters: List[Tuple[int, List[str]]]   # kernels at mix: [output, [parameter FQNs]]
     #                                                for each output computed from parameters and buffers alone
+    kernels: List[str]          # opdiff compare's module calls made of Inductor kernels: their
+    #                             names (in a compare's records, never in a dump)
+    span: List[str]             # ... a span of module calls judged as one: the calls' records
+    outputs_of: List[str]       # ... the span's call that made each output
+    recomputes: List[str]       # ... modules whose code the span's kernels recompute
 
 
 class Group(TypedDict, total=False):
@@ -216,6 +223,11 @@ def is_inductor(record: Mapping[str, Any]) -> bool:
     comparison alike."""
     compiled = record.get("compiled")
     return isinstance(compiled, dict) and compiled.get("backend") == INDUCTOR
+
+
+def compiled_facts(record: Optional[Record]) -> CompiledFacts:
+    """A record's compiled facts, {} for an eager record (or no record)."""
+    return (record.get("compiled") if record is not None else None) or {}
 
 
 def complete(record: dict[str, Any]) -> dict[str, Any]:

@@ -24,7 +24,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any, Optional
 
-from ...store.schema import Kind
+from ...store.schema import Kind, Record
 from ..workers import watch_parent
 from .calls import NotReplayable, rebuild_call, resolve
 from .chain import ChainError, Readers, replay_region
@@ -46,7 +46,7 @@ class Replayer:
     without it); False runs it for every output (what `opdiff check` reports).
     """
 
-    def __init__(self, dump: Any, records: Optional[list[dict[str, Any]]] = None,
+    def __init__(self, dump: Any, records: Optional[list[Record]] = None,
                  policy: Optional["Policy"] = None, jobs: Optional[int] = None, shortcut: bool = True):
         if policy is None:
             from ..verdicts import Policy

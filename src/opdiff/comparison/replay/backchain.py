@@ -29,13 +29,13 @@ replayed" with the reason; nothing is guessed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional, TYPE_CHECKING, cast
 
 import torch
 
 from ...store.limits import TensorTooLarge
 from ...store.records import iter_tensors
-from ...store.schema import Phase, Role
+from ...store.schema import Phase, Record, Role
 from .calls import NotReplayable
 from .chainrun import Leaves, Readers, judge_outputs, output_slots, producer_of, refusal, run_chain
 from .local import compute_dtype
@@ -46,7 +46,6 @@ from .calls import Load
 if TYPE_CHECKING:
     from ..verdicts import Policy
 
-Record = dict[str, Any]
 
 
 @dataclass
@@ -93,7 +92,7 @@ def _plan(members: list[Record], readers: Readers) -> _Plan:
     refused = refusal([f for _, f in pairs])     # (the allow-list, for every call that runs)
     if refused:
         raise NotReplayable(refused)
-    pairs.sort(key=lambda p: p[1]["seq"])
+    pairs.sort(key=lambda p: cast(int, p[1]["seq"]))   # (a record without one: TypeError)
     plan = _Plan([f for _, f in pairs])
     inside_seqs = {f["seq"] for f in plan.forwards}
     inside = {f["name"] for f in plan.forwards}
@@ -128,7 +127,7 @@ def _roots(plan: _Plan, b: Record, f: Record, readers: Readers, inside: set[str]
         plan.roots.append((n, str(g["key"])))
 
 
-def _judged(plan: _Plan, b: Record, f: Record, inside_seqs: set[int]) -> None:
+def _judged(plan: _Plan, b: Record, f: Record, inside_seqs: set[Optional[int]]) -> None:
     """The gradients `b` recorded for the arguments of `f` that come from outside the region."""
     args = [(n, d) for n, role, d in iter_tensors(f) if role == Role.INPUT]
     sent = b["outputs"]

@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import torch
 
 from ... import ops
 from . import guards, sizes
 from ...store.limits import TensorTooLarge
-from ...store.records import decode_float
+from ...store.records import PlainRecord, decode_float
+from ...store.schema import Descriptor, Record
 
 # reads a saved tensor by its key (`DumpSource.tensor`; a replayed chain's own values first)
 Load = Callable[[str], torch.Tensor]
@@ -186,7 +187,7 @@ class _Builder:
         raise NotReplayable(f"untrusted: {where} is a string argument replay does not pass on "
                             f"({str(value)[:40]!r}: only known enums such as reduction='mean')")
 
-    def tensor(self, desc: dict[str, Any], where: str) -> torch.Tensor:
+    def tensor(self, desc: Descriptor, where: str) -> torch.Tensor:
         key: str = desc.get("key") or ""
         if key in self._by_key:     # the same tensor passed twice stays one tensor (aliasing)
             shared = self._by_key[key]
@@ -227,7 +228,7 @@ def _literal(text: str, where: str) -> Any:
     raise NotReplayable(f"{where}: argument recorded only as {text[:60]!r}")
 
 
-def rebuild_call(record: dict[str, Any], load: Load,
+def rebuild_call(record: Union[Record, PlainRecord], load: Load,
                  cast: Optional[torch.dtype] = None,
                  wrap: Optional[Callable[[str, torch.Tensor], torch.Tensor]] = None,
                  device: str = "cpu") -> Call:
@@ -311,7 +312,7 @@ def read_once(load: Load) -> Load:
     return cached
 
 
-def dtype_signature(record: dict[str, Any], recorded: list[Optional[torch.dtype]]) -> str:
+def dtype_signature(record: Record, recorded: list[Optional[torch.dtype]]) -> str:
     """The op and the dtypes of its argument tensors and of its outputs, as one string (the
     replay keeps which CPU autocast reproduces a call under it)."""
     args = flat_descriptors(list(record["inputs"]) +

@@ -39,13 +39,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, TYPE_CHECKING, cast
 
 import torch
 
 from ...numbers import human
 from ...store.records import iter_tensors
-from ...store.schema import Kind, Phase, Role
+from ...store.schema import Kind, Phase, Program, Record, Role
 from .backchain import judge_backward
 from .calls import NotReplayable, read_once
 from .chainrun import Readers, judge_outputs, producer_of, refusal, run_chain
@@ -56,7 +56,6 @@ from .calls import Load
 if TYPE_CHECKING:
     from ..verdicts import Policy
 
-Record = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -131,7 +130,8 @@ def _judge(members: list[Record], readers: Readers, load: Load,
     # mean kept for the backward, are not judged, as `opdiff check` does not judge them)
     unnamed = {f"{m['name']}.output.{i}" for m in members if m.get("kind") == Kind.KERNEL
                for i in range(len(m["outputs"]))
-               if i not in {o["output"] for o in m["program"]["outputs"]}}
+               # (`refusal` let through only kernels with a program)
+               if i not in {o["output"] for o in cast(Program, m["program"])["outputs"]}}
     outputs = [n for n in readers.outputs(members) if n not in unnamed]
     if not outputs:
         raise NotReplayable("its results are buffers its kernels' programs do not compute")

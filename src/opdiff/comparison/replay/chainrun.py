@@ -27,7 +27,7 @@ import torch
 
 from ... import ops
 from ...store.records import iter_tensors, producer_of
-from ...store.schema import Kind, Role
+from ...store.schema import Kind, Record, Role
 from .calls import NotReplayable, flat_tensors, rebuild_call
 from .kernels import program_refusal, run_program
 from .rules import TensorLocalError, judge_tensor, settle
@@ -37,7 +37,6 @@ from .calls import Load
 if TYPE_CHECKING:
     from ..verdicts import Policy
 
-Record = dict[str, Any]
 _LOW = (torch.bfloat16, torch.float16)
 
 
@@ -179,7 +178,7 @@ def _kernel(rec: Record, load: Load, cast: Optional[torch.dtype],
         values[names[o]] = out.detach()
 
 
-def _fed(rec: Record, seqs: dict[Any, Record], values: dict[str, torch.Tensor],
+def _fed(rec: Record, seqs: dict[Optional[int], Record], values: dict[str, torch.Tensor],
          kernel: bool = False) -> dict[str, torch.Tensor]:
     """{saved key: chain value} for the record's inputs made by earlier ops of the chain;
     NotReplayable where an input is neither made there nor saved (a kernel's: where its

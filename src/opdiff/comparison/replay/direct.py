@@ -45,11 +45,12 @@ import torch
 from ...ops import traits
 from .calls import flat_descriptors, rebuild_call
 from .calls import Load
+from ...store.schema import Record
 
 _CONV2D = ("Functional.conv2d", "Torch.conv2d")
 
 
-def exact_in_dtype(record: dict[str, Any], grads: Optional[dict[int, torch.Tensor]] = None
+def exact_in_dtype(record: Record, grads: Optional[dict[int, torch.Tensor]] = None
                    ) -> bool:
     """Is the call's result in its inputs' dtype exactly its float64 result (with `grads`, the
     output gradients of a backward: its gradients)? For the ops `ops.traits` calls
@@ -88,7 +89,7 @@ def _pair(v: Any) -> Optional[list[int]]:
     return None
 
 
-def backward_reference(fwd: dict[str, Any], load: Load, leaves: list[int],
+def backward_reference(fwd: Record, load: Load, leaves: list[int],
                        grads: dict[int, torch.Tensor], autocast: Optional[torch.dtype],
                        cast: Optional[torch.dtype] = None
                        ) -> Optional[list[Optional[torch.Tensor]]]:
@@ -171,7 +172,7 @@ def _ieee_float32() -> bool:
     return torch.get_float32_matmul_precision() == "highest" and precision in ("none", "ieee")
 
 
-def forward_float32(record: dict[str, Any], load: Load
+def forward_float32(record: Record, load: Load
                     ) -> Optional[tuple[list[torch.Tensor], list[float]]]:
     """([output in float32], [L2 bound of its distance to the float64 result]) for a conv2d
     forward record (see the module docstring), or None: another op, an input that float32
@@ -220,7 +221,7 @@ def _norm(t: torch.Tensor) -> float:
     return float(torch.linalg.vector_norm(t.reshape(-1), dtype=torch.float64))
 
 
-def backward_float32(fwd: dict[str, Any], load: Load, leaves: list[int],
+def backward_float32(fwd: Record, load: Load, leaves: list[int],
                      grads: dict[int, torch.Tensor]
                      ) -> Optional[dict[int, tuple[torch.Tensor, float]]]:
     """{leaf: (its gradient in float64 from float32 partial sums, L2 bound of its distance to
@@ -300,7 +301,7 @@ def _input_gradient_float32(x: torch.Tensor, w: torch.Tensor, g: torch.Tensor,
     return grad, slack
 
 
-def sample_autocast(fwd: dict[str, Any], load: Load,
+def sample_autocast(fwd: Record, load: Load,
                     recorded: list[Optional[torch.dtype]], candidates: list[Optional[torch.dtype]]
                     ) -> Optional[tuple[Optional[torch.dtype]]]:
     """(the first of `candidates`, a CPU autocast dtype or None for none, under which a conv2d

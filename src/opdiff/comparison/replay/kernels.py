@@ -31,8 +31,8 @@ from .calls import NotReplayable, flat_tensors, read_once, rebuild_call
 from .running import rng_guard, shielded
 from .tensors import Replayed
 from .calls import Load
+from ...store.schema import Record
 
-Record = dict[str, Any]
 MAX_STEPS = 400
 _FLOATING = ("torch.float32", "torch.float16", "torch.bfloat16", "torch.float64",
              "float32", "float16", "bfloat16", "float64")
@@ -45,7 +45,7 @@ def _untrusted(what: str) -> NotReplayable:
 def _steps(record: Record) -> tuple[list[dict[str, Any]], list[tuple[int, int]]]:
     """The program's steps and its (output index, step index) pairs, checked for shape (a
     refusal, before anything runs, for anything but a well-formed program of allowed ops)."""
-    program = record.get("program")
+    program: Any = record.get("program")     # (untrusted: each part is checked below)
     if program is None:
         raise NotReplayable("a kernel Inductor generated, recorded without its program "
                             "(an older dump)")
@@ -135,7 +135,7 @@ def _run(record: Record, steps: list[dict[str, Any]], load: Load,
 
     out = {}
     for i, step in enumerate(steps):
-        call_record = {"name": f"{record['name']}.step{i}", "op": step["op"],
+        call_record: dict[str, Any] = {"name": f"{record['name']}.step{i}", "op": step["op"],
                        "inputs": [_descriptor(a, cast) for a in step["args"]],
                        "kwargs": {str(k): _descriptor(a, cast)
                                   for k, a in step.get("kwargs", {}).items()}}

@@ -50,6 +50,7 @@ from .running import autocast_to, rng_guard, shielded, threads, vjp
 from .rules import (RATIO, SIGMAS, TensorLocalError, judge_bounded, judge_measured, judge_tensor,
                     settle)
 from .calls import Load
+from ...store.schema import Descriptor, Record
 
 if TYPE_CHECKING:
     from ..verdicts import Policy
@@ -126,7 +127,7 @@ def one_thread() -> contextlib.AbstractContextManager[None]:
     return threads(REPLAY_THREADS)
 
 
-def _run(record: dict[str, Any], load: Load, cast: Optional[torch.dtype],
+def _run(record: Record, load: Load, cast: Optional[torch.dtype],
          autocast: Optional[torch.dtype], leaves_for: Optional[list[int]] = None,
          grads: Optional[dict[int, torch.Tensor]] = None, device: str = "cpu",
          seen: Optional[list[torch.dtype]] = None) -> list[Any]:
@@ -171,7 +172,7 @@ def _run(record: dict[str, Any], load: Load, cast: Optional[torch.dtype],
     return [by_key.get(call.tensors[i][0]) if i < len(call.tensors) else None for i in leaves_for]
 
 
-def _reference(record: dict[str, Any], load: Load,
+def _reference(record: Record, load: Load,
                recorded: list[Optional[torch.dtype]],
                known: Optional[dict[str, Optional[torch.dtype]]] = None,
                leaves_for: Optional[list[int]] = None,
@@ -215,19 +216,19 @@ def _short(exc: Exception) -> str:
     return text if len(text) <= 100 else text[:97] + "..."
 
 
-def _dtype(desc: dict[str, Any]) -> Optional[torch.dtype]:
+def _dtype(desc: Descriptor) -> Optional[torch.dtype]:
     return getattr(torch, str(desc.get("dtype", "")).replace("torch.", ""), None)
 
 
-def _load_target(load: Load, desc: dict[str, Any], where: str) -> torch.Tensor:
+def _load_target(load: Load, desc: Descriptor, where: str) -> torch.Tensor:
     t: Optional[torch.Tensor] = load(desc["key"]) if desc.get("key") else None
     if t is None:
         raise NotReplayable(f"{where} was not saved")
     return t
 
 
-def replay_record(record: dict[str, Any], load: Load, policy: "Policy",
-                  forward_record: Optional[dict[str, Any]] = None,
+def replay_record(record: Record, load: Load, policy: "Policy",
+                  forward_record: Optional[Record] = None,
                   known: Optional[dict[str, Optional[torch.dtype]]] = None,
                   shortcut: bool = True) -> LocalError:
     """The local error of one record (see module docstring). Never raises for a record that
@@ -265,7 +266,7 @@ def _reference_name(dtypes: list[Optional[torch.dtype]], autocast: Optional[torc
     return f"{str(low).replace('torch.', '')} CPU kernel" if low else "CPU kernel"
 
 
-def compute_dtype(*records: dict[str, Any]) -> Optional[str]:
+def compute_dtype(*records: Record) -> Optional[str]:
     """The lowest-precision floating dtype among the records' tensors (inputs and outputs):
     what a correct kernel of the op may compute its intermediate values in
     (`rules.judge_tensor`'s `compute`)."""
@@ -276,7 +277,7 @@ def compute_dtype(*records: dict[str, Any]) -> Optional[str]:
     return str(min(floats, key=lambda d: torch.finfo(d).bits)).replace("torch.", "")
 
 
-def _forward(record: dict[str, Any], load: Load, policy: "Policy",
+def _forward(record: Record, load: Load, policy: "Policy",
              known: Optional[dict[str, Optional[torch.dtype]]] = None, shortcut: bool = True
              ) -> tuple[str, list[TensorLocalError]]:
     quick = _settled_float32(record, load, policy) if shortcut else None
@@ -296,7 +297,7 @@ def _forward(record: dict[str, Any], load: Load, policy: "Policy",
         for s, (n, t, e), r in zip(settled, out, reference)]
 
 
-def _settled_float32(record: dict[str, Any], load: Load, policy: "Policy"
+def _settled_float32(record: Record, load: Load, policy: "Policy"
                      ) -> Optional[tuple[str, list[TensorLocalError]]]:
     """A low-precision output settled on a float32 run with a proven bound (a conv2d:
     `direct.forward_float32`), else None: the float64 run decides. (A float32 output's rounding
@@ -318,7 +319,7 @@ def _settled_float32(record: dict[str, Any], load: Load, policy: "Policy"
     return _floor_name(recorded), [s for s in settled if s is not None]
 
 
-def _backward(record: dict[str, Any], fwd: dict[str, Any], load: Load,
+def _backward(record: Record, fwd: Record, load: Load,
               policy: "Policy", known: Optional[dict[str, Optional[torch.dtype]]] = None,
               shortcut: bool = True) -> tuple[str, list[TensorLocalError]]:
     leaves, g_plain, recorded, exact, slacks = _backward_exact(record, fwd, load, shortcut)
@@ -370,8 +371,8 @@ def _floor_name(dtypes: list[Optional[torch.dtype]]) -> str:
     return f"rounding to {str(low).replace('torch.', '')}" if low else "exact result"
 
 
-def _forward_exact(record: dict[str, Any], load: Load, native: bool = False
-                   ) -> tuple[list[tuple[str, dict[str, Any]]], list[Optional[torch.dtype]],
+def _forward_exact(record: Record, load: Load, native: bool = False
+                   ) -> tuple[list[tuple[str, Descriptor]], list[Optional[torch.dtype]],
                               list[Any]]:
     """The record's outputs (name, descriptor), their recorded dtypes and the float64 run
     (native: the run in the inputs' dtype where that is the float64 result exactly,
@@ -388,7 +389,7 @@ def _forward_exact(record: dict[str, Any], load: Load, native: bool = False
     return outputs, recorded, exact
 
 
-def _backward_exact(record: dict[str, Any], fwd: dict[str, Any], load: Load,
+def _backward_exact(record: Record, fwd: Record, load: Load,
                     bounded: bool = False
                     ) -> tuple[list[int], dict[int, torch.Tensor], list[Optional[torch.dtype]],
                                list[Any], list[float]]:
@@ -415,7 +416,7 @@ def _backward_exact(record: dict[str, Any], fwd: dict[str, Any], load: Load,
     return leaves, g_plain, recorded, exact, [approx[i][1] if i in approx else 0.0 for i in leaves]
 
 
-def _exact_leaves(fwd: dict[str, Any], load: Load, leaves: list[int],
+def _exact_leaves(fwd: Record, load: Load, leaves: list[int],
                   g_plain: dict[int, torch.Tensor], native: bool = False) -> list[Any]:
     """The float64 gradients of `leaves` (native: in the inputs' dtype where that is exact,
     as `_forward_exact`)."""
@@ -430,7 +431,7 @@ def _exact_leaves(fwd: dict[str, Any], load: Load, leaves: list[int],
     return exact
 
 
-def _backward_reference(fwd: dict[str, Any], load: Load, leaves: list[int],
+def _backward_reference(fwd: Record, load: Load, leaves: list[int],
                         g_plain: dict[int, torch.Tensor],
                         known: Optional[dict[str, Optional[torch.dtype]]]
                         ) -> tuple[Optional[torch.dtype], list[Any]]:

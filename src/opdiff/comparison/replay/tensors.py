@@ -17,6 +17,7 @@ from .local import (_backward_exact, _backward_reference, _forward_exact, _load_
                     _reference, _reference_name, _run, one_thread)
 from .running import shielded
 from .calls import Load
+from ...store.schema import Record
 
 
 @dataclass(frozen=True)
@@ -28,8 +29,8 @@ class Replayed:
     outputs: tuple[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor], ...]
 
 
-def replay_tensors(record: dict[str, Any], load: Load,
-                   forward_record: Optional[dict[str, Any]] = None,
+def replay_tensors(record: Record, load: Load,
+                   forward_record: Optional[Record] = None,
                    device: Optional[str] = None,
                    known: Optional[dict[str, Optional[torch.dtype]]] = None) -> Replayed:
     """Re-run one record in float64 and as the CPU reference kernel and return the tensors.
@@ -56,7 +57,7 @@ def _device_load(load: Load, device: str) -> Load:
     return on_device
 
 
-def _forward_tensors(record: dict[str, Any], load: Load,
+def _forward_tensors(record: Record, load: Load,
                      device: Optional[str],
                      known: Optional[dict[str, Optional[torch.dtype]]] = None) -> Replayed:
     outputs, recorded, exact = _forward_exact(record, load)
@@ -77,7 +78,7 @@ def _forward_tensors(record: dict[str, Any], load: Load,
     return Replayed(_reference_name(recorded, autocast), tuple(out))
 
 
-def _backward_tensors(record: dict[str, Any], fwd: dict[str, Any], load: Load,
+def _backward_tensors(record: Record, fwd: Record, load: Load,
                       device: Optional[str],
                       known: Optional[dict[str, Optional[torch.dtype]]] = None) -> Replayed:
     leaves, g_plain, recorded, exact, _ = _backward_exact(record, fwd, load)

@@ -10,12 +10,14 @@ from ...store.records import iter_tensors
 from ..result import Divergence
 from .sequences import Match
 from .slicing import FLAT, Cut
+from ...store.schema import Descriptor
+from ...store.source import DumpSource, records_of
 
 
-def _descriptor(source: Any, name: Optional[str]) -> Optional[dict[str, Any]]:
+def _descriptor(source: DumpSource, name: Optional[str]) -> Optional[Descriptor]:
     if not name:
         return None
-    for record in source.records():
+    for record in records_of(source):
         if name.startswith(record["name"]):
             for found, _, desc in iter_tensors(record):
                 if found == name:
