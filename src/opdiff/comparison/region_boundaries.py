@@ -106,14 +106,15 @@ class Boundaries:
             # (against a compiled run a backward op pairs with eager's through its forward op
             # only, and one of two alike, the o_proj weight gradient's `mm`, may meet the
             # other's twin: a forward region's output is measured where forward ops read it;
-            # a backward region's where Inductor's backward calls read it)
+            # a backward region's where Inductor's backward calls read it, or the ops after
+            # the backward (an optimizer's step reading the parameters' gradients it made))
             if k in inside:
                 continue
             reads_backward = self.upstream and rec["phase"] == Phase.BACKWARD
             for name, role, desc in iter_tensors(rec):
                 producer = desc.get("producer")
                 if role == Role.INPUT and producer and producer[0] in region_of and \
-                        (producer[0] in backward) == reads_backward:
+                        (producer[0] in backward or not reads_backward):
                     made = self.by_seq.get(producer[0])
                     out.setdefault(region_of[producer[0]], {})[name] = \
                         f"{made['name']}.output.{producer[1]}" if made else name
