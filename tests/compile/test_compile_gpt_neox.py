@@ -119,3 +119,24 @@ def test_healthy_inductor_training_step_with_adamw_is_confirmed_healthy(tmp_path
         first = wrong.first_divergence
         assert first is not None, wrong.verdict
         assert "gpt_neox.layers.1.mlp" in first.name, first.name
+        assert_cited_node_is_inside(first, tmp_path / "gelu")
+
+
+def assert_cited_node_is_inside(first, dump) -> None:
+    """Issue 46 item 7: the node a compiled culprit cites is a call of the target's that
+    computes code of the culprit's module only (not a neighbour's norm)."""
+    import re
+
+    from opdiff.store.schema import RecordName, module_path
+
+    cited = re.search(r"node `([^`]+)`", first.reason)
+    assert cited is not None, first.reason
+    parsed = RecordName.parse(first.name)
+    assert parsed is not None, first.name
+    path = module_path(parsed.op)
+    calls = [r for r in open_dump(dump / "step0" / "rank0").records()
+             if (r.get("compiled") or {}).get("node") == cited.group(1)]
+    assert calls, cited.group(1)
+    for r in calls:
+        modules = r["compiled"].get("modules") or [r["compiled"].get("module")]
+        assert all(m == path or m.startswith(path + ".") for m in modules), (modules, path)
