@@ -134,7 +134,8 @@ class Boundaries:
             self.unproven_by_dataflow[region.number] = (
                 "a tensor its kernels read is not compared with golden" if read is None else
                 "no op compared with golden's reads what it makes (gradients of parameters, "
-                "which L2 does not record, are left)")
+                "which L2 does not record, are left: record the optimizer's step in the same "
+                "window, whose ops read them, to have it judged)")
         if read is None:
             return None
         inputs, unpaired = read
