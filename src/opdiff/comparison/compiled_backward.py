@@ -17,9 +17,11 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..store.schema import Kind, Phase, Record, RecordName, Role, compiled_facts, module_path, param_grad_links
+from ..store.records import iter_tensors
+from ..store.schema import (Kind, Phase, Record, RecordName, Role, compiled_facts, module_path,
+                            param_grad_links)
 from .compiled import INCONCLUSIVE
-from .compiled_modules import inside, modules_of
+from .compiled_modules import boundary, inside, modules_of
 from .reasons import made_earlier
 from .result import ERROR, WARNING, TensorRow
 from .verdicts import Policy, run_precision
@@ -117,9 +119,11 @@ def unexplained(rows: list[TensorRow], target: list[Record], held: dict[str, str
         path, at = late
         said += (f"; the input of `{path}` already differs where that judged module call reads "
                  f"it: it was made in forward code that is not judged")
-        # (what ran after the call did not make its input)
+        # (what ran after the call did not make its input; of what ran before, the calls its
+        # input was made by, back to tensors judged calls agree on)
         ran = {id(r) for r in target[:at]}
         loose = [r for r in loose if id(r) in ran]
+        loose = _made_it(path, loose, target) or loose
     if loose:
         kernels = list(dict.fromkeys(
             f"`{(r.get('compiled') or {}).get('node') or r['op']}`" for r in loose))
@@ -131,6 +135,34 @@ def unexplained(rows: list[TensorRow], target: list[Record], held: dict[str, str
     return (said + "; the difference comes from that code or from the compiled backward; "
             "record both runs with level=\"L2\" (and backend=\"aot_eager\" for Inductor) to "
             "compare the compiled graphs op by op")
+
+
+def _made_it(path: str, loose: list[Record], target: list[Record]) -> list[Record]:
+    """Of the unjudged compiled calls `loose`, those the judged module call at `path` reads
+    from, directly or through other calls of `loose`: where its input was made. The walk stops
+    at every other maker (a member of a judged call before it, whose inputs and outputs agree;
+    a parameter; the model's input), so the difference was made in these calls. [] where the
+    call's members or boundary are not found."""
+    forward = [r for r in target if r["kind"] in Kind.OPS and r.get("compiled")
+               and r["phase"] == Phase.FORWARD and modules_of(r) is not None]
+    members = [r for r in forward if all(inside(path, m) for m in modules_of(r) or ())]
+    by_seq = {r["seq"]: r for r in target if r["seq"] is not None}
+    found = boundary(members, target, by_seq)
+    if found is None:
+        return []
+    wanted = {r["seq"] for r in loose}
+    seen: set[Optional[int]] = set()
+    todo = [seq for seq in found.made_by if seq in wanted]
+    while todo:
+        seq = todo.pop()
+        if seq in seen:
+            continue
+        seen.add(seq)
+        for _, role, d in iter_tensors(by_seq[seq]):
+            made = d.get("producer") if role != Role.OUTPUT else None
+            if made and made[0] in wanted:
+                todo.append(made[0])
+    return [r for r in loose if r["seq"] in seen]
 
 
 def _first_late_input(rows: list[TensorRow], target: list[Record]

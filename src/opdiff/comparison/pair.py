@@ -231,7 +231,7 @@ class _PairCompare:
         # whose side is recorded unlike the other has said its own: scope)
         skipped = None if scope else unjudged_note(regions, region_ops, self.rows,
                                                        divergence is not None,
-                                                       plan.compiled, self.policy)
+                                                       plan.compiled, self.policy, self.ops)
         notes = noted(skipped, Note.INCONCLUSIVE) + notes
         notes += noted(unrecorded_note(regions, region_ops, t_records, divergence is not None
                                        or bool(skipped)), Note.PAIRING)

@@ -105,14 +105,15 @@ class Boundaries:
             # (against a compiled run a backward op pairs with eager's through its forward op
             # only, and one of two alike, the o_proj weight gradient's `mm`, may meet the
             # other's twin: a forward region's output is measured where forward ops read it;
-            # a backward region's where Inductor's backward calls read it)
+            # a backward region's where Inductor's backward calls read it, or the ops after
+            # the backward (an optimizer's step reading the parameters' gradients it made))
             if k in inside:
                 continue
             reads_backward = self.upstream and rec["phase"] == Phase.BACKWARD
             for name, role, desc in iter_tensors(rec):
                 producer = desc.get("producer")
                 if role == Role.INPUT and producer and producer[0] in region_of and \
-                        (producer[0] in backward) == reads_backward:
+                        (producer[0] in backward or not reads_backward):
                     made = self.by_seq.get(producer[0])
                     out.setdefault(region_of[producer[0]], {})[name] = \
                         f"{made['name']}.output.{producer[1]}" if made else name
@@ -132,7 +133,8 @@ class Boundaries:
             self.unproven_by_dataflow[region.number] = (
                 "a tensor its kernels read is not compared with golden" if read is None else
                 "no op compared with golden's reads what it makes (gradients of parameters, "
-                "which L2 does not record, are left)")
+                "which L2 does not record, are left: record the optimizer's step in the same "
+                "window, whose ops read them, to have it judged)")
         if read is None:
             return None
         inputs, unpaired = read

@@ -52,7 +52,7 @@ from . import region_cover as cover
 from .compiled_modules import by_inductor
 from .facts import region_label
 from .graph import RunGraph
-from .result import ERROR, WARNING, Origin, TensorRow
+from .result import ERROR, PASS, WARNING, Origin, TensorRow
 from .verdicts import Policy, run_precision
 
 if TYPE_CHECKING:
@@ -287,7 +287,8 @@ def mark_region_rows(rows: list[TensorRow], region_ops: Sequence[OpScore],
 
 def unjudged_note(regions: list[Region], region_ops: Sequence[OpScore], rows: list[TensorRow],
                   found: bool, compiled: bool = False,
-                  policy: Optional[Policy] = None) -> Optional[str]:
+                  policy: Optional[Policy] = None,
+                  paired: Sequence[OpScore] = ()) -> Optional[str]:
     """"inconclusive: ..." when nothing was blamed, tensors differ, and a region could not be
     judged (its boundary not measured): the difference may start there, so opdiff does not
     say that every difference is inherited. In a compiled run (`compiled`) only a tensor beyond
@@ -297,11 +298,17 @@ def unjudged_note(regions: list[Region], region_ops: Sequence[OpScore], rows: li
     `mul`s) may pair with the other's twin: such a row is evidence only after a region of
     Inductor's compiled backward not judged whose results recorded ops may read
     (`Region.feeds_backward`; a twin mispaired there makes the answer inconclusive, never a
-    false claim of agreement)."""
+    false claim of agreement). Nor, in a compiled run, is the output of a paired op `paired`
+    whose every input agrees (an optimizer's step that turns gradients agreeing to 1e-7 into
+    updates apart by 3e-5): its difference is made there, from inputs no region spoiled beyond
+    rounding."""
     judged = {op.region.region.number for op in region_ops if op.region}
     skipped = [r for r in regions if r.number not in judged]
     run = run_precision(rows) if compiled else None
-    beyond = [row for row in rows if row.result in (ERROR, WARNING) and not row.region
+    made_here = {i for op in paired if compiled and not op.local and op.inputs and all(
+        rows[k].result == PASS for k, _, _, _ in op.inputs) for i, _, _, _ in op.outputs}
+    beyond = [row for k, row in enumerate(rows) if row.result in (ERROR, WARNING)
+              and not row.region and k not in made_here
               and not (compiled and (row.accuracy_reached != "No" or (
                   policy is not None and not policy.beyond_run_tolerance(row, run))))]
     backward = [row.index for row in beyond

@@ -24,7 +24,9 @@ A forward region:
   `rules.judge_tensor` with the own-dtype chain as the reference: what a correct chain of
   these dtypes makes).
 
-A backward region (its members are backward records, each naming its forward call) is replayed
+A backward region of Inductor's compiled backward (kernels whose stored programs compute the
+gradients, and the extern kernels between them) is replayed as a forward one is. Any other
+backward region (its members are backward records, each naming its forward call) is replayed
 as a vector-Jacobian product (`replay.backchain`): the forward calls run as the chain above with
 the region's inputs as leaves, and are differentiated with the gradients the target recorded
 arriving at the region's outputs; the region's input gradients (what its backward records
@@ -45,7 +47,7 @@ import torch
 
 from ...numbers import human
 from ...store.records import iter_tensors
-from ...store.schema import Kind, Phase, Program, Record, Role
+from ...store.schema import Kind, Phase, Program, Record, Role, is_inductor
 from .backchain import judge_backward
 from .calls import NotReplayable, read_once
 from .chainrun import Readers, judge_outputs, producer_of, refusal, run_chain
@@ -102,7 +104,9 @@ def replay_region(name: str, members: list[Record], readers: Readers,
     verdict (`rules.settle`, as one op's replay); False runs it always."""
     start = time.perf_counter()
     phases = {m.get("phase") for m in members}
-    backward = phases == {Phase.BACKWARD}
+    # (Inductor's compiled backward runs kernels whose programs compute the gradients
+    # themselves: replayed as a forward region's chain, from what they read)
+    backward = phases == {Phase.BACKWARD} and not any(is_inductor(m) for m in members)
     try:
         if len(phases) > 1:
             raise NotReplayable("its ops are of both phases, forward and backward")
