@@ -319,7 +319,7 @@ class DeclaredSource(Unlaid):
                 continue
             read = [(i, params.get(str(d.get("fqn")))) if isinstance(d, dict) and
                     d.get("leaf") == "parameter" else (i, None)
-                    for i, d in enumerate(rec.get("inputs") or [])]
+                    for i, d in enumerate(rec["inputs"])]
             split = [p for _, p in read if p is not None and p.dim is not None]
             if not split or rec.get("phase") != Phase.FORWARD or rec.get("kind") == Kind.LEAF \
                     or str(rec.get("op")).endswith("_"):    # (an optimizer's in-place update)
@@ -332,7 +332,7 @@ class DeclaredSource(Unlaid):
     def _leaf(self, rec: dict[str, Any], param: Param) -> dict[str, Any]:
         out = copy.deepcopy(rec)
         name = "R" if param.dim is None else f"S({param.dim})"
-        for desc in out.get("outputs") or []:
+        for desc in out["outputs"]:
             if isinstance(desc, dict) and desc.get("shape") is not None:
                 desc["placement"] = _placement(name, self.coordinate)
         return out
@@ -353,11 +353,11 @@ class DeclaredSource(Unlaid):
         gradient of its partial output is whole on every rank."""
         out = copy.deepcopy(rec)
         if kind == "row":
-            for desc in out.get("inputs") or []:
+            for desc in out["inputs"]:
                 if isinstance(desc, dict) and desc.get("shape") is not None:
                     desc["placement"] = _placement("R", self.coordinate)
             return out
-        for i, desc in enumerate(out.get("outputs") or []):
+        for i, desc in enumerate(out["outputs"]):
             if i in free and isinstance(desc, dict) and desc.get("shape") is not None:
                 desc["placement"] = _placement("P(sum)", self.coordinate)
         return out
