@@ -157,24 +157,17 @@ def load(path: str | os.PathLike[str]) -> Mapping:
     """Parse a mapping file (ours or msprobe's); `MappingError` names the file and line."""
     import yaml       # PyYAML (a core dependency)
 
-    from ..errors import DumpError
     from ..store import dumpfiles
 
     where = os.fspath(path)
     try:    # a regular file only, read without waiting: a FIFO or /dev/zero is refused
-        with dumpfiles.open_file(path) as f:
-            raw = f.read(MAX_MAPPING_BYTES + 1)
-        if len(raw) > MAX_MAPPING_BYTES:
-            raise MappingError(f"{where}: larger than {MAX_MAPPING_BYTES >> 20} MiB; a mapping "
-                               f"file names ops, it is never that large")
-        text = raw.decode("utf-8")
-    except DumpError as e:
-        problem = str(e).split(": ", 1)[-1].replace("; a dump holds only regular files", "")
-        raise MappingError(f"{where}: cannot read the mapping file ({problem}); pass a UTF-8 "
+        text = dumpfiles.read_text(path, MAX_MAPPING_BYTES)
+    except dumpfiles.UnreadableText as e:
+        if e.too_large:
+            raise MappingError(f"{where}: {e.problem}; a mapping file names ops, it is never "
+                               f"that large") from None
+        raise MappingError(f"{where}: cannot read the mapping file ({e.problem}); pass a UTF-8 "
                            f"YAML file to --map") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise MappingError(f"{where}: cannot read the mapping file ({e}); pass a UTF-8 YAML "
-                           f"file to --map") from None
     try:
         _check_depth(where, yaml.parse(text, Loader=yaml.SafeLoader))
         root = yaml.compose(text, Loader=yaml.SafeLoader)

@@ -109,6 +109,31 @@ def open_file(path: str | os.PathLike[str],
         raise
 
 
+class UnreadableText(ValueError):
+    """A user's small text file (`--map`, `--layout`) cannot be read: `problem` says why, in
+    words; `too_large` when it is over its limit."""
+
+    def __init__(self, problem: str, too_large: bool = False):
+        super().__init__(problem)
+        self.problem, self.too_large = problem, too_large
+
+
+def read_text(path: str | os.PathLike[str], max_bytes: int) -> str:
+    """A user's small text file as UTF-8 text: a regular file only, opened without waiting (a
+    FIFO or /dev/zero is refused), at most `max_bytes`; `UnreadableText` otherwise."""
+    try:
+        with open_file(path) as f:
+            raw = f.read(max_bytes + 1)
+        if len(raw) > max_bytes:
+            raise UnreadableText(f"larger than {max_bytes >> 20} MiB", too_large=True)
+        return raw.decode("utf-8")
+    except DumpError as e:
+        raise UnreadableText(str(e).split(": ", 1)[-1].replace(
+            "; a dump holds only regular files", "")) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UnreadableText(str(e)) from None
+
+
 def lines(f: IO[bytes], path: str | os.PathLike[str]) -> Iterator[tuple[int, bytes, bool]]:
     """(line number, raw bytes, is the file's last line) of a JSON-lines file; DumpError for a
     line longer than MAX_LINE_BYTES."""

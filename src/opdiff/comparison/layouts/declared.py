@@ -85,24 +85,17 @@ class LayoutFile:
 
 def load(path: "str | os.PathLike[str]") -> LayoutFile:
     """Parse a layout file; `LayoutError` names the file and the line."""
-    from ...errors import DumpError
     from ...store import dumpfiles
 
     where = os.fspath(path)
     try:    # a regular file only, read without waiting: a FIFO or /dev/zero is refused
-        with dumpfiles.open_file(path) as f:
-            raw = f.read(MAX_LAYOUT_BYTES + 1)
-        if len(raw) > MAX_LAYOUT_BYTES:
-            raise LayoutError(f"{where}: larger than {MAX_LAYOUT_BYTES >> 20} MiB; a layout file "
-                              f"names modules, it is never that large")
-        text = raw.decode("utf-8")
-    except DumpError as e:
-        problem = str(e).split(": ", 1)[-1].replace("; a dump holds only regular files", "")
-        raise LayoutError(f"{where}: cannot read the layout file ({problem}); pass a UTF-8 "
+        text = dumpfiles.read_text(path, MAX_LAYOUT_BYTES)
+    except dumpfiles.UnreadableText as e:
+        if e.too_large:
+            raise LayoutError(f"{where}: {e.problem}; a layout file names modules, it is never "
+                              f"that large") from None
+        raise LayoutError(f"{where}: cannot read the layout file ({e.problem}); pass a UTF-8 "
                           f"text file to --layout") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise LayoutError(f"{where}: cannot read the layout file ({e}); pass a UTF-8 text file "
-                          f"to --layout") from None
     splits: list[Split] = []
     stages: list[Stage] = []
     seen: dict[str, int] = {}
