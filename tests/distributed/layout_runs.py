@@ -371,8 +371,8 @@ class MoE(torch.nn.Module):
         self.router = torch.nn.Linear(8, EXPERTS)
         made = [torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(),
                                     torch.nn.Linear(16, 8)) for _ in range(EXPERTS)]
-        self.owned = owned
-        self.experts = torch.nn.ModuleList(made[i] for i in owned)
+        self.owned = owned          # named by their global index: `experts.2.0.weight`
+        self.experts = torch.nn.ModuleDict({str(i): made[i] for i in owned})
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         gate, chosen = torch.softmax(self.router(x), dim=-1).max(dim=-1)
@@ -383,7 +383,7 @@ class MoE(torch.nn.Module):
         gate, chosen, order = self.route(x)
         counts = torch.bincount(chosen, minlength=EXPERTS).tolist()
         pieces = x[order].split(counts)
-        out = torch.cat([expert(piece) for expert, piece in zip(self.experts, pieces)])
+        out = torch.cat([expert(piece) for expert, piece in zip(self.experts.values(), pieces)])
         back = torch.empty_like(out)
         back[order] = out
         return back * gate.unsqueeze(-1)
@@ -415,8 +415,8 @@ class ExpertParallel(MoE):
                                      got.sum(1).tolist(), sent)
         # from each source rank, its tokens of my experts in expert order: regroup by expert
         chunks = [c.split(n.tolist()) for c, n in zip(received.split(got.sum(1).tolist()), got)]
-        outs = [self.experts[e](torch.cat([chunks[src][e] for src in range(self.world)]))
-                for e in range(self.per)]
+        outs = [expert(torch.cat([chunks[src][e] for src in range(self.world)]))
+                for e, expert in enumerate(self.experts.values())]
         per_src = [[o.split(got[:, e].tolist())[src] for e, o in enumerate(outs)]
                    for src in range(self.world)]
         done = all_to_all_single(torch.empty(x.shape[0], x.shape[1]),
@@ -430,6 +430,10 @@ class ExpertParallel(MoE):
 def expert_rank(rank: int, world: int, root: str, runs: list[str]) -> None:
     """Expert parallel: 4 experts, each rank 2 of them and half the batch of 16 tokens (data
     parallel outside the experts); the router's weights the same on every rank (lr 0)."""
+    import warnings
+
+    # torch.distributed.nn.functional.all_to_all_single (differentiable) warns it is deprecated
+    warnings.filterwarnings("ignore", "torch.distributed.nn.functional", FutureWarning)
     x = batch(16, 8)
     for spec in runs:
         name, fault = _run(spec)
