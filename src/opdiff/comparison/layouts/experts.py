@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+from ...store.schema import Phase
 from ...store.source import DumpSource
 
 _ROUTING = ("Distributed.all_to_all", "Distributed.all_to_all_single")
@@ -21,11 +22,13 @@ _ROUTING = ("Distributed.all_to_all", "Distributed.all_to_all_single")
 
 def routed(sources: Sequence[DumpSource]) -> Optional[str]:
     """What says the ranks routed tensors between them (their first all-to-all over two or
-    more of them), or None. One pass over the first rank's records: every rank of the group
-    runs the same collectives."""
+    more of them), or None. One pass over the first rank's forward records (every rank of the
+    group runs the same collectives; the dispatch is in the forward)."""
     if len(sources) < 2:
         return None
     for rec in sources[0].records():
+        if rec.get("phase") == Phase.BACKWARD:
+            return None
         if rec.get("op") not in _ROUTING:
             continue
         group = rec.get("group")
