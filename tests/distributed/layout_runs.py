@@ -354,6 +354,98 @@ def collective_rank(rank: int, world: int, root: str, runs: list[str]) -> None:
                 dbg.step()
 
 
+# ---- expert parallel: a tiny mixture of experts, tokens routed to experts on other ranks ----
+
+EXPERTS = 4
+
+
+class MoE(torch.nn.Module):
+    """A router (Linear 8 -> EXPERTS), top-1 by softmax, each token through its expert (Linear,
+    gelu, Linear) scaled by its gate; `owned` experts are built here, the others live on other
+    ranks. Each expert takes its tokens in global token order (stable sort), as under expert
+    parallelism, where rank 0's tokens arrive before rank 1's."""
+
+    def __init__(self, owned: range = range(EXPERTS)) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.router = torch.nn.Linear(8, EXPERTS)
+        made = [torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(),
+                                    torch.nn.Linear(16, 8)) for _ in range(EXPERTS)]
+        self.owned = owned          # named by their global index: `experts.2.0.weight`
+        self.experts = torch.nn.ModuleDict({str(i): made[i] for i in owned})
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        gate, chosen = torch.softmax(self.router(x), dim=-1).max(dim=-1)
+        order = torch.argsort(chosen, stable=True)
+        return gate, chosen, order
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, chosen, order = self.route(x)
+        counts = torch.bincount(chosen, minlength=EXPERTS).tolist()
+        pieces = x[order].split(counts)
+        out = torch.cat([expert(piece) for expert, piece in zip(self.experts.values(), pieces)])
+        back = torch.empty_like(out)
+        back[order] = out
+        return back * gate.unsqueeze(-1)
+
+
+def _moe_loss(model: torch.nn.Module, x: torch.Tensor, tokens: int) -> None:
+    model(x).pow(2).sum().div(tokens * 8).backward()
+
+
+class ExpertParallel(MoE):
+    """MoE over WORLD ranks, each holding EXPERTS / WORLD experts: tokens sent to their
+    expert's rank with all_to_all (differentiable), sent back the same way."""
+
+    def __init__(self, rank: int, world: int) -> None:
+        per = EXPERTS // world
+        super().__init__(range(rank * per, (rank + 1) * per))
+        self.world, self.per = world, per
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.distributed.nn.functional import all_to_all_single
+
+        gate, chosen, order = self.route(x)
+        counts = torch.bincount(chosen, minlength=EXPERTS)
+        sent = counts.view(self.world, self.per).sum(1).tolist()
+        theirs = torch.empty_like(counts)
+        dist.all_to_all_single(theirs, counts)               # how many of each expert arrive
+        got = theirs.view(self.world, self.per)
+        received = all_to_all_single(torch.empty(int(got.sum()), x.shape[1]), x[order],
+                                     got.sum(1).tolist(), sent)
+        # from each source rank, its tokens of my experts in expert order: regroup by expert
+        chunks = [c.split(n.tolist()) for c, n in zip(received.split(got.sum(1).tolist()), got)]
+        outs = [expert(torch.cat([chunks[src][e] for src in range(self.world)]))
+                for e, expert in enumerate(self.experts.values())]
+        per_src = [[o.split(got[:, e].tolist())[src] for e, o in enumerate(outs)]
+                   for src in range(self.world)]
+        done = all_to_all_single(torch.empty(x.shape[0], x.shape[1]),
+                                 torch.cat([torch.cat(p) for p in per_src]),
+                                 sent, got.sum(1).tolist())
+        back = torch.empty_like(done)
+        back[order] = done
+        return back * gate.unsqueeze(-1)
+
+
+def expert_rank(rank: int, world: int, root: str, runs: list[str]) -> None:
+    """Expert parallel: 4 experts, each rank 2 of them and half the batch of 16 tokens (data
+    parallel outside the experts); the router's weights the same on every rank (lr 0)."""
+    import warnings
+
+    # torch.distributed.nn.functional.all_to_all_single (differentiable) warns it is deprecated
+    warnings.filterwarnings("ignore", "torch.distributed.nn.functional", FutureWarning)
+    x = batch(16, 8)
+    for spec in runs:
+        name, fault = _run(spec)
+        capture(functools.partial(ExpertParallel, rank, world), x.chunk(world)[rank],
+                f"{root}/{name}", fault if rank == 1 else None, lr=0.0,
+                train=functools.partial(_moe_loss, tokens=16))
+
+
+def expert_one(root: str) -> None:
+    capture(MoE, batch(16, 8), root, None, lr=0.0, train=functools.partial(_moe_loss, tokens=16))
+
+
 def _work(rank: int, layout: str, root: str, store: str, world: int, runs: list[str]) -> None:
     _init(rank, store, world)
     globals()[f"{layout}_rank"](rank, world, root, runs)

@@ -195,6 +195,8 @@ class RankLayouts:
         pairs, said = found
         notes = [n if isinstance(n, Note) else Note(n, Note.SHARDING) for n in said]
         if not pairs:                       # not merged: rank by rank, the notes say why
+            if any(n.kind == Note.INCONCLUSIVE for n in notes):
+                return [], [], notes        # (rank by rank would blame innocent ops)
             return layouts.unlaid(targets), layouts.unlaid(goldens), notes
         return [t for t, _ in pairs], [g for _, g in pairs], notes
 

@@ -105,7 +105,7 @@ def pair_dumps(targets: list[DumpSource],
     for g in g_by_key.values():
         notes.append(Note(f"golden step {g.step} rank {g.rank} has no target counterpart; skipped",
                           Note.DUMPS))
-    if not pairs:
+    if not pairs and (targets or goldens):     # (none at all: a plan left both out, noted)
         raise DumpError("no step/rank of the target dump has a counterpart in the golden dump; "
                         "point both paths at dumps of the same steps and ranks")
     return pairs, notes
@@ -198,7 +198,7 @@ def split_incomplete(pairs: list[Pair]) -> tuple[list[Pair], list[Incomplete]]:
         cut = _cut(t if empty[0] == "target" else g)
         why = EMPTY_WHY if cut is None else _said(_EMPTY_CUT, cut)
         incomplete.append({"step": t.step, "rank": t.rank, "side": side, "why": why})
-    if not complete:
+    if not complete and pairs:
         t, g = pairs[0]
         dump = t if _is_empty(t) else g
         cut = _cut(dump)

@@ -21,6 +21,7 @@ from .attribute import name_ranks
 from .chain import ChainedSource
 from .declared import (Declared, DeclaredSource, LayoutError, LayoutFile, Unlaid, unclaimed,
                        unused)
+from .experts import routed
 from .merged import MergedSource
 from .mesh import inner_groups
 from .placement import Unsupported
@@ -76,6 +77,12 @@ def _side(step: int, dumps: list[DumpSource], side: str,
         notes.append(Note(f"step {step}: the {side} holds {len(dumps)} of its {world} ranks' "
                           f"dumps: not merged into one run; compared rank by rank",
                           Note.SHARDING))
+        return None
+    why = routed(dumps)
+    if why is not None:           # expert parallel (`experts.py`): not merged, not compared
+        notes.append(Note(f"step {step}: inconclusive: the {side}'s ranks route tokens between "
+                          f"them ({why}): an expert-parallel layout (all_to_all) is not merged "
+                          f"into one run; not compared", Note.INCONCLUSIVE))
         return None
     groups = inner_groups(dumps)
     if groups is not None:
@@ -157,7 +164,8 @@ def logical_pairs(targets: Sequence[DumpSource], goldens: Sequence[DumpSource],
                   ) -> Optional[tuple[list[Pair], list[str]]]:
     """[(target, golden)] per step with each side laid out over several ranks merged, and notes
     saying what was merged; None when both sides have as many ranks in every step (compared
-    rank by rank, as before); no pairs, and a note why, when a side cannot be merged.
+    rank by rank, as before); no pairs, and a note why, when a side cannot be merged (an
+    "inconclusive" note among them: nothing is compared).
     layouts: each side's layout file (`declared.py`), for ranks that split modules by hand;
     a line the dumps contradict raises `LayoutError`."""
     key = (*(id(d) for d in (*targets, *goldens)), *map(id, layouts))
