@@ -18,29 +18,10 @@ import pytest
 import torch.distributed as dist
 
 import opdiff
-from layout_runs import run_layout
 from opdiff.store.adapters import discover
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not built")]
-
-@pytest.fixture(scope="session")
-def tp_roots(tmp_path_factory):
-    """{run: root}; each root holds a statistics and a tensor dump (two spawns: 2 and 4 ranks)."""
-    tmp = tmp_path_factory.mktemp("layouts")
-    return {**run_layout(tmp, "tp", 2, "one", "tp", "faulty:Functional.gelu:1", "replica"),
-            "tp4": run_layout(tmp, "tp", 4, "tp4")["tp4"]}
-
-
-@pytest.fixture(scope="session")
-def tp_runs(tp_roots):
-    return {name: f"{root}/statistics" for name, root in tp_roots.items()}
-
-
-@pytest.fixture(scope="session")
-def tp_tensors(tp_roots):
-    return {name: f"{root}/tensor" for name, root in tp_roots.items()}
-
 
 def test_capture_says_the_tensor_parallel_styles_in_meta(tp_runs):
     meta = json.loads((Path(tp_runs["tp"]) / "step0" / "rank1" / "meta.json").read_text())

@@ -13,16 +13,9 @@ import pytest
 import torch.distributed as dist
 
 import opdiff
-from layout_runs import run_layout
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not built")]
-
-@pytest.fixture(scope="session")
-def pp_roots(tmp_path_factory):
-    return run_layout(tmp_path_factory.mktemp("pipeline"), "pipeline", 2,
-                      "one", "pp", "faulty:Functional.gelu:0")
-
 
 @pytest.mark.parametrize("task", ["statistics", "tensor"])
 def test_healthy_pipeline_against_one_device_names_nothing(pp_roots, task):

@@ -9,6 +9,7 @@ from .metric_table import METRICS  # noqa: F401  (re-exported: the metric column
 
 if TYPE_CHECKING:
     from .facts import PairFacts
+    from .layouts.facts import LayoutFacts
     from .tokens.where import TokenErrors
 
 PASS, WARNING, ERROR, UNMATCHED = "pass", "warning", "error", "unmatched"
@@ -196,6 +197,8 @@ class CompareResult:
     facts: list[PairFacts] = field(default_factory=list)
     # each layer output's error per token of matched token layouts (`tokens.TokenErrors`)
     token_errors: Optional[TokenErrors] = None
+    # what was merged of each side laid out over ranks, and how, per step (`layouts.facts`)
+    layouts: list[LayoutFacts] = field(default_factory=list)
 
 
     @property

@@ -315,6 +315,7 @@ def merge(target: str, golden: str, results: list[CompareResult], notes: list[st
         target=target, golden=golden, rows=rows, first_divergence=first, counts=counts,
         environment_diff=env, pairs=pairs, facts=[f for r in results for f in r.facts],
         token_errors=next((r.token_errors for r in results if r.token_errors), None),
+        layouts=[f for r in results for f in r.layouts],
         notes=[Note(f"step {c['step']} rank {c['rank']}: {cut_words(c['side'], c)}; what it ran "
                     f"after that was not recorded, so only its first {c['records']} records are "
                     f"compared", Note.DUMPS) for c in cut] +

@@ -41,6 +41,7 @@ from ..comparison.spool import on_disk
 from ..errors import OpdiffError
 from .outputs import atomic_write_text
 from .heatmap import heatmap_section
+from .layouts import layouts_section
 from .payload import build_payload
 
 log = logging.getLogger("opdiff")
@@ -97,6 +98,7 @@ def render_html(result: CompareResult, files: Optional[dict] = None) -> str:
         "DATA": json_for_script(build_payload(page_view(result), files)),
         "SCRIPT": script,
         "HEATMAP": heatmap_section(result),
+        "LAYOUTS": layouts_section(result),
     }
     # One pass, so text substituted for one placeholder is never scanned for another.
     return re.sub(r"%%([A-Z_]+)%%", lambda m: values[m.group(1)], template)

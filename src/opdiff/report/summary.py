@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from ..comparison.facts import PairFacts
+from ..comparison.layouts.facts import LayoutFacts
 from ..comparison.tokens.where import TokenErrors
 from ..comparison.origins import CARRIED
 from ..comparison.result import CompareResult, Divergence, Note, Origin, note_kind
@@ -115,6 +116,7 @@ def summary_dict(result, files: dict | None = None) -> dict:
     out["facts"] = [f.to_json() for f in getattr(result, "facts", ()) if f]
     if getattr(result, "token_errors", None) is not None:
         out["token_errors"] = result.token_errors.to_json()
+    out["layouts"] = [f.to_json() for f in getattr(result, "layouts", ())]
     out["files"] = dict(result.files if files is None else files)
     out["evidence"] = evidence_of(result)
     return _clean(out)
@@ -158,6 +160,9 @@ def load_summary(path) -> CompareResult:
     kwargs["facts"] = [f for f in map(PairFacts.from_json, facts if isinstance(facts, list) else [])
                        if f is not None]
     kwargs["token_errors"] = TokenErrors.from_json(data.get("token_errors"))
+    laid = data.get("layouts")      # (absent in files of an older opdiff)
+    kwargs["layouts"] = [f for f in map(LayoutFacts.from_json, laid if isinstance(laid, list)
+                                        else []) if f is not None]
     return CompareResult(rows=rows, first_divergence=_load_divergence(data.get("first_divergence")),
                          **kwargs)
 

@@ -13,15 +13,17 @@ output differs. The one entry point the driver calls (`comparison/runs.py`, mark
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Optional, Sequence
 
 from ...store.source import DumpSource
 from ..result import CompareResult, Note
-from .attribute import name_ranks
+from .attribute import name_ranks, named_ranks
 from .chain import ChainedSource
 from .declared import (Declared, DeclaredSource, LayoutError, LayoutFile, Unlaid, unclaimed,
                        unused)
 from .experts import routed
+from .facts import LayoutFacts, Replica
 from .merged import MergedSource
 from .mesh import inner_groups
 from .placement import Unsupported
@@ -30,6 +32,7 @@ Pair = tuple[DumpSource, DumpSource]
 
 _last: dict[tuple[int, ...], Optional[tuple[list[Pair], list[str]]]] = {}
 _unlaid: set[int] = set()       # ids of the dumps of a side `_side` found no layout for
+_facts: dict[int, LayoutFacts] = {}     # id of a side `_side` made or kept -> what it did
 
 
 def _by_step(dumps: Sequence[DumpSource]) -> dict[int, list[DumpSource]]:
@@ -61,11 +64,35 @@ def _laid_out_unlike(targets: Sequence[DumpSource], goldens: Sequence[DumpSource
     return any(a != b and min(a, b) == 1 for a, b in counts)
 
 
+def _kinds(plan: Any) -> list[str]:
+    """How one group's ranks were laid out, from what pass one found (`plan.GroupPlan`)."""
+    kinds = ["fsdp" if plan.gathers else "ddp" if plan.mode == "data" else "tp"]
+    return kinds + (["sequence"] if plan.moves else [])
+
+
+def _facts_of(step: int, side: str, dumps: Sequence[DumpSource], merged: Any,
+              inner: Sequence[Any] = (), declared: bool = False) -> LayoutFacts:
+    """The facts of a side merged by `MergedSource` (its groups `inner` first, on a mesh)."""
+    plans = [m.plan for m in (*inner, merged)]
+    kinds = (["mesh"] if inner else []) + [k for p in plans for k in _kinds(p)]
+    return LayoutFacts(
+        side, step, tuple(dict.fromkeys(kinds + (["declared"] if declared else []))),
+        _world(dumps) or len(dumps), tuple(int(d.rank if d.rank is not None else i)
+                                           for i, d in enumerate(dumps)),
+        mesh=(len(inner), len(dumps) // len(inner)) if inner else (),
+        counts={k: n for k, n in merged.plan.merged.items() if n},
+        left_out=sum(len(p.dropped) for p in plans), unknown=merged.plan.unknown,
+        replicas=tuple(Replica(*r) for p in plans for r in p.differing))
+
+
 def _side(step: int, dumps: list[DumpSource], side: str,
           notes: list[str], layout: Optional[LayoutFile] = None) -> Optional[DumpSource]:
     if len(dumps) == 1:
         if layout is not None:
             notes.append(unused(layout, side, f"step {step} of the {side} is one rank's"))
+        rank = dumps[0].rank
+        _facts[id(dumps[0])] = LayoutFacts(side, step, ("none",), _world(dumps) or 1,
+                                           (rank,) if rank is not None else (), "one rank")
         return dumps[0]
     if layout is not None:          # the user's layout file says what the dump does not
         declared = Declared.bind(layout, dumps, side)
@@ -102,6 +129,7 @@ def _side(step: int, dumps: list[DumpSource], side: str,
         notes.append(Note(f"step {step}: the {side}'s ranks {chained.ranks} were chained into "
                           f"one run as pipeline stages ({chained.kept} records; sends, receives "
                           f"and their buffers left out)", Note.SHARDING))
+        _facts[id(chained)] = _chained_facts(step, side, dumps, chained, layout is not None)
         return chained
     plan = merged.plan
     kinds = ", ".join(f"{n} {k}" for k, n in sorted(plan.merged.items()) if n)
@@ -113,7 +141,16 @@ def _side(step: int, dumps: list[DumpSource], side: str,
                           f"nothing records (not judged)", Note.SHARDING))
     for finding in plan.replicas[:5]:
         notes.append(Note(f"step {step}: the {side}: {finding}", Note.RANKS))
+    _facts[id(merged)] = _facts_of(step, side, dumps, merged, declared=layout is not None)
     return merged
+
+
+def _chained_facts(step: int, side: str, dumps: Sequence[DumpSource], chained: ChainedSource,
+                   declared: bool) -> LayoutFacts:
+    left = sum(len(d) for d in chained.dropped)
+    return LayoutFacts(side, step, ("pipeline", "declared") if declared else ("pipeline",),
+                       _world(dumps) or len(dumps), tuple(chained.ranks), "chained",
+                       left_out=left)
 
 
 def _staged(step: int, dumps: list[DumpSource], order: list[int], side: str,
@@ -131,6 +168,7 @@ def _staged(step: int, dumps: list[DumpSource], order: list[int], side: str,
                       f"pipeline stages 0 to {len(order) - 1}, as the layout file says "
                       f"({chained.kept} records; sends, receives and their buffers left out)",
                       Note.SHARDING))
+    _facts[id(chained)] = _chained_facts(step, side, dumps, chained, True)
     return chained
 
 
@@ -156,6 +194,7 @@ def _two_level(step: int, groups: list[list[DumpSource]], side: str,
                           f"nothing records (not judged)", Note.SHARDING))
     for finding in [f for m in (*inner, merged) for f in m.plan.replicas][:5]:
         notes.append(Note(f"step {step}: the {side}: {finding}", Note.RANKS))
+    _facts[id(merged)] = _facts_of(step, side, [d for g in groups for d in g], merged, inner)
     return merged
 
 
@@ -173,6 +212,7 @@ def logical_pairs(targets: Sequence[DumpSource], goldens: Sequence[DumpSource],
         return _last[key]
     _last.clear()
     _unlaid.clear()
+    _facts.clear()
     _last[key] = found = _logical_pairs(targets, goldens, layouts)
     return found
 
@@ -205,11 +245,16 @@ def unlaid(sources: list[DumpSource]) -> list[DumpSource]:
 
 def judged(result: CompareResult, target: DumpSource, golden: DumpSource) -> CompareResult:
     """A judged pair of sides this package made: the culprit's rank named (`name_ranks`), or,
-    for an `Unlaid` side, no culprit claimed."""
+    for an `Unlaid` side, no culprit claimed; with what was merged of each side and how
+    (`CompareResult.layouts`, `facts.LayoutFacts`)."""
     for source, side in ((target, "target"), (golden, "golden")):
         if isinstance(source, Unlaid) and not isinstance(source, DeclaredSource):
             return unclaimed(result, side)
-    return name_ranks(result, target, golden)
+    result, culprits = named_ranks(result, target, golden)
+    facts = [f for f in (_facts.get(id(target)), _facts.get(id(golden))) if f is not None]
+    if facts and facts[0].side == "target" and culprits:
+        facts[0] = facts[0].named(culprits)
+    return replace(result, layouts=[*result.layouts, *facts])
 
 
 def is_logical(source: Any) -> bool:
@@ -218,4 +263,4 @@ def is_logical(source: Any) -> bool:
 
 
 __all__ = ["logical_pairs", "name_ranks", "judged", "unlaid", "is_logical", "MergedSource", "ChainedSource",
-           "Unsupported", "LayoutFile", "LayoutError"]
+           "Unsupported", "LayoutFile", "LayoutError", "LayoutFacts"]

@@ -74,6 +74,14 @@ def _guilty(errors: dict[int, float]) -> list[int]:
 def name_ranks(result: CompareResult, target: DumpSource, golden: DumpSource) -> CompareResult:
     """`result` with its first divergence's rank and reason naming the rank(s) whose piece of
     the culprit's output differs, when a side is merged (`MergedSource`); as it is otherwise."""
+    return named_ranks(result, target, golden)[0]
+
+
+def named_ranks(result: CompareResult, target: DumpSource, golden: DumpSource
+                ) -> tuple[CompareResult, tuple[int, ...]]:
+    """`name_ranks`, and the ranks it named: those whose piece of the culprit's output differs,
+    or the pipeline stage's rank that ran it; () where it named none (no culprit, or
+    statistics that cannot tell the pieces apart)."""
     from .chain import ChainedSource
     from .merged import MergedSource
 
@@ -81,16 +89,17 @@ def name_ranks(result: CompareResult, target: DumpSource, golden: DumpSource) ->
     if fd is not None and isinstance(target, ChainedSource):
         ran = target.rank_of(fd.name)
         if ran is None:
-            return result
+            return result, ()
         stage = target.ranks.index(ran)
         return replace(result, first_divergence=replace(
-            fd, rank=ran, reason=f"{fd.reason}; run on rank {ran} (pipeline stage {stage})"))
+            fd, rank=ran, reason=f"{fd.reason}; run on rank {ran} (pipeline stage {stage})")), \
+            (ran,)
     if fd is None or not fd.tensor or not isinstance(target, MergedSource):
-        return result
+        return result, ()
     row = next((r for r in result.rows if r.target_name == fd.tensor), None)
     desc = _find(target, fd.tensor)
     if desc is None:
-        return result
+        return result, ()
     pieces = target.pieces(fd.tensor)
     ranks = [int(p["rank"]) for p in pieces]
     errors = None
@@ -113,7 +122,7 @@ def name_ranks(result: CompareResult, target: DumpSource, golden: DumpSource) ->
                 f"which rank's piece differs" if ranks else "")
         rank = fd.rank
     divergence: Divergence = replace(fd, rank=rank, reason=fd.reason + said)
-    return replace(result, first_divergence=divergence)
+    return replace(result, first_divergence=divergence), tuple(guilty)
 
 
-__all__ = ["name_ranks"]
+__all__ = ["name_ranks", "named_ranks"]

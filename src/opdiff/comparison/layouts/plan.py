@@ -62,6 +62,9 @@ class GroupPlan:
     reduced: dict[Slot, dict[str, Any]] = field(default_factory=dict)   # a partial's summed stats
     renamed: dict[str, str] = field(default_factory=dict)          # record names renumbered
     replicas: list[str] = field(default_factory=list)              # replicas that differ: findings
+    differing: list[tuple[str, int, int]] = field(default_factory=list)  # (tensor, rank, against)
+    gathers: int = 0                # FSDP2's parameter all-gather ops left out (`fsdp.py`)
+    moves: int = 0                  # DTensor's reorders around collectives (`redistribute.py`)
     unknown: int = 0
     merged: dict[str, int] = field(default_factory=dict)           # how many tensors, by layout
     kept: int = 0
@@ -117,6 +120,7 @@ def plan_group(sources: Sequence[DumpSource]) -> GroupPlan:
     placed = False
     fqns: list[str] = []
     gather, moves = _layout_ops(sources[0])
+    plan.gathers, plan.moves = len(gather), len(moves)
     # a layout file's run (`declared.py`): its self-views are its own ops (autograd Functions
     # returning their input), not DTensor's to_local/from_local
     views = not any(isinstance(s, DeclaredSource) for s in sources)
@@ -195,6 +199,7 @@ def plan_group(sources: Sequence[DumpSource]) -> GroupPlan:
                         plan.replicas.append(
                             f"rank {ranks[i]}'s copy of {name}.{role}.{path} differs from rank "
                             f"{ranks[0]}'s (a replica that should be equal)")
+                        plan.differing.append((f"{name}.{role}.{path}", ranks[i], ranks[0]))
                         break
             if role == "output":
                 out_layout[(seq, path)] = layout
