@@ -30,7 +30,6 @@ from .recording import Recording
 from .region_onesided import one_sided
 from .regions import Region
 from ..store.schema import Record
-from ..store.source import plain_records, typed_records
 from .result import CompareResult, Divergence, Note, TensorRow
 from .verdicts import Policy
 from .lowprecision import LowPrecision
@@ -219,11 +218,11 @@ class TokenLayouts:
                 sources: tuple[DumpSource, DumpSource], options: Optional[CompareOptions] = None
                 ) -> Optional[Rewritten]:
         from .tokens import align_tokens
-        aligned = align_tokens(sources[0], sources[1], plain_records(target), plain_records(golden),
+        aligned = align_tokens(sources[0], sources[1], target, golden,
                                options.token_ids if options is not None else None)
         if aligned is None:
             return None
-        return Rewritten(typed_records(aligned.target_records), typed_records(aligned.golden_records),
+        return Rewritten(aligned.target_records, aligned.golden_records,
                          list(aligned.notes),
                          (aligned.target, aligned.golden), aligned.where, aligned.errors)
 

@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence as Seq
 
+from ...store.schema import Statistics
 from .sequences import Layout, Sequence
 
 ROW, BROADCAST, FLAT = "row", "broadcast", "flat"
@@ -138,7 +139,7 @@ def agrees(cut: Cut, shape: Seq[int], other: Optional[Seq[int]], layout: Layout,
     return Cut(lead, tokens)
 
 
-def statistics(tensor: Any) -> dict[str, Any]:
+def statistics(tensor: Any) -> Statistics:
     """max, min, mean, L2 norm, NaN and inf counts of a cut tensor, as capture records them
     (max and min of the values that are not NaN; float64, exact for integers)."""
     import torch

@@ -11,13 +11,13 @@ from ..result import Divergence
 from .sequences import Match
 from .slicing import FLAT, Cut
 from ...store.schema import Descriptor
-from ...store.source import DumpSource, records_of
+from ...store.source import DumpSource
 
 
 def _descriptor(source: DumpSource, name: Optional[str]) -> Optional[Descriptor]:
     if not name:
         return None
-    for record in records_of(source):
+    for record in source.records():
         if name.startswith(record["name"]):
             for found, _, desc in iter_tensors(record):
                 if found == name:
