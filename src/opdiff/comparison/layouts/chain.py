@@ -61,7 +61,7 @@ class ChainedSource(RankGroup):
         sent: dict[tuple[int, int, int], Key] = {}            # (sender, receiver, group seq)
         any_p2p = False
         for r, source in enumerate(self.sources):
-            made: dict[tuple[Any, ...], int] = {}
+            made: dict[tuple[int, ...], int] = {}
             first_bwd, last_bwd, pos = -1, -1, -1
             for pos, rec in enumerate(source.records()):
                 got = rec.get("seq")

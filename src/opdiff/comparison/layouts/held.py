@@ -13,18 +13,18 @@ parameter (the optimizer's `add_`) reads its gradient and states laid out like i
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from ...store.records import producer_of
 from ...store.schema import Kind, Record, Descriptor
 from .placement import UNKNOWN, UNKNOWN_LAYOUT, Layout
-from .statistics import signature
+from .statistics import Signature, signature
 
 if TYPE_CHECKING:
     from .plan import GroupPlan, Slot
 
 
-def _key(descs: list[Descriptor]) -> tuple[Any, ...]:
+def _key(descs: list[Descriptor]) -> tuple[Signature, ...]:
     return tuple(signature(d) for d in descs)
 
 
@@ -51,7 +51,8 @@ def _set(plan: "GroupPlan", at: int, slot: "Slot", layout: Layout,
 
 
 def from_local(plan: "GroupPlan", descs: list[Descriptor], layout: Layout,
-               out_layout: dict["Slot", Layout], recent: list[Any], pos: int, path: str,
+               out_layout: dict["Slot", Layout], recent: list[tuple[tuple[Signature, ...], "Slot"]],
+               pos: int, path: str,
                reader: Record) -> None:
     """A DTensor input (placed, no producer): the leaf or recent output it was made of takes
     its placement where nothing said its layout; a leaf whose first reader was left out moves

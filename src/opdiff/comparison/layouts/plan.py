@@ -21,12 +21,13 @@ that sum; its statistics are the sum's, exact where the partials' cannot be merg
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional, Sequence, cast
+from typing import Iterator, Optional, Sequence, cast
 
 from ...store.records import iter_tensors, producer_of
 from ...store.schema import Descriptor, Kind, Phase, Record, RecordName, Statistics
 from ...store.source import DumpSource
 from . import fsdp, held, mesh, redistribute, statistics
+from .statistics import Signature
 from .declared import DeclaredSource
 from .placement import (PARTIAL, REPLICATE, REPLICATED, SHARD, UNKNOWN_LAYOUT, Layout, Unsupported,
                         coordinate, from_placement)
@@ -74,7 +75,7 @@ class GroupPlan:
     reader_of: dict[int, str] = field(default_factory=dict)  # leaf pos -> its reader's name
     tags: dict[int, list[tuple[str, str, str]]] = field(default_factory=dict)  # pos -> (path,
     #                                                          leaf kind, fqn) of inputs read
-    leaf_slots: dict[tuple[Any, ...], list[tuple[int, Slot, str, str]]] = field(
+    leaf_slots: dict[tuple[Signature, ...], list[tuple[int, Slot, str, str]]] = field(
         default_factory=dict)                                # leaves by their values
     fqn_slot: dict[str, Slot] = field(default_factory=dict)  # a parameter's leaf output
     dropped_names: set[str] = field(default_factory=set)
@@ -112,7 +113,7 @@ def plan_group(sources: Sequence[DumpSource]) -> GroupPlan:
     out_layout: dict[Slot, Layout] = {}
     forward_layouts: dict[str, dict[tuple[str, str], Layout]] = {}
     dropped_names = plan.dropped_names
-    recent: list[tuple[tuple[tuple[Any, ...], ...], Slot]] = []
+    recent: list[tuple[tuple[Signature, ...], Slot]] = []
     counters: dict[str, int] = {}
     placed = False
     fqns: list[str] = []
@@ -126,13 +127,14 @@ def plan_group(sources: Sequence[DumpSource]) -> GroupPlan:
     iters = [iter(s.records()) for s in sources]
     pos = -1
     while True:
-        recs = [next(it, None) for it in iters]
-        if all(r is None for r in recs):
+        got = [next(it, None) for it in iters]
+        if all(r is None for r in got):
             break
         pos += 1
-        if any(r is None for r in recs):
-            short = [ranks[i] for i, r in enumerate(recs) if r is None]
+        if any(r is None for r in got):
+            short = [ranks[i] for i, r in enumerate(got) if r is None]
             raise Unsupported(f"rank(s) {short} recorded fewer ops than rank {ranks[0]}")
+        recs = [r for r in got if r is not None]
         first = recs[0]
         assert first is not None
         for i, r in enumerate(recs[1:], 1):
@@ -254,7 +256,7 @@ def _layout_ops(source: DumpSource) -> tuple[set[int], set[int]]:
     return gather.positions, moves.positions
 
 
-def _drop(plan: GroupPlan, first: Record, recs: list[Any], seq: int,
+def _drop(plan: GroupPlan, first: Record, recs: list[Record], seq: int,
           out_layout: dict[Slot, Layout]) -> None:
     """A layout op left out: its output stands for its input (a view) or for the whole its
     inputs are pieces of (a gathering collective)."""
@@ -289,7 +291,7 @@ def _drop(plan: GroupPlan, first: Record, recs: list[Any], seq: int,
 def _decide(plan: GroupPlan, descs: list[Descriptor], role: str, path: str,
             first: Record, mine: dict[tuple[str, str], Layout],
             out_layout: dict[Slot, Layout], backward_of: Optional[dict[tuple[str, str], Layout]],
-            recent: list[tuple[tuple[tuple[Any, ...], ...], Slot]], seq: int,
+            recent: list[tuple[tuple[Signature, ...], Slot]], seq: int,
             pos: int) -> Layout:
     placed = [from_placement(d) for d in descs]
     if placed[0] is not None and role == "input" and producer_of(descs[0]) is None:

@@ -12,13 +12,15 @@ particular to layouts (a partial sum scaled by its coefficient, a loss summed ov
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 from ...store.records import decode_float, encode_float
 from ...store.schema import Descriptor, Statistics
 from ...store.statistics import CONCAT, REPLICA, Piece, merge
 
 _KEYS = ("max", "min", "mean", "norm")
+# A descriptor's shape, dtype and statistics' values (compared for equality only).
+Signature = tuple[tuple[int, ...], Optional[str], tuple[object, ...]]
 
 
 def _floats(stats: Statistics) -> Optional[dict[str, float]]:
@@ -69,7 +71,7 @@ def combined_scalars(pieces: Sequence[Optional[Statistics]],
     return out
 
 
-def signature(desc: Descriptor) -> tuple[Any, ...]:
+def signature(desc: Descriptor) -> Signature:
     """A descriptor's shape, dtype and statistics as they were recorded: equal on two ranks
     when they hold the same values (a replica, or the tensor a DTensor was made of)."""
     s = desc.get("stats") or {}

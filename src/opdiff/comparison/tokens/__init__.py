@@ -19,18 +19,18 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Optional, cast
+from typing import Literal, Optional, Union, cast
 
-from ...store.schema import Record
 from ...errors import OpdiffError
+from ...store.schema import Record
 from ...store.source import DumpSource
-from ..result import Divergence, Note
+from ..result import Divergence, Note, TensorRow
 from .rewrite import rewrite, shapes_by_place
 from .given import TokenIds
 from .sequences import INSIDE_ROW, SAME_IDS, Layout, Match, Sequence, first_ids, given_layout, \
     match, read_layout
 from .source import SlicedSource
-from .decode import PREFIX, decode_alignment
+from .decode import PREFIX, Decoded, decode_alignment
 from .ties import generated_split
 from .where import TokenErrors, token_errors, token_positions
 
@@ -88,7 +88,7 @@ class TokenAlignment:
     facts: Optional[TokenFacts]
     notes: list[Note] = field(default_factory=list)
 
-    def where(self, divergence: Optional[Divergence], rows: list[Any]) -> list[Note]:
+    def where(self, divergence: Optional[Divergence], rows: list[TensorRow]) -> list[Note]:
         """The token positions at which the first divergence's output differs, as a note."""
         if divergence is None or self.facts is None or not self.facts.matches:
             return []
@@ -100,7 +100,7 @@ class TokenAlignment:
             return []
         return [Note(said, Note.PAIRING)] if said else []
 
-    def errors(self, rows: list[Any]) -> Optional[TokenErrors]:
+    def errors(self, rows: list[TensorRow]) -> Optional[TokenErrors]:
         """Each layer output's error per token of the first matched sequence (`where.py`)."""
         if self.facts is None or not self.facts.matches or self.facts.decoding:
             return None
@@ -189,7 +189,7 @@ def _split(target: DumpSource, golden: DumpSource, t_records: list[Record],
 
 
 def _decoded(target: DumpSource, golden: DumpSource, t_records: list[Record],
-             g_records: list[Record], decoded: Any) -> TokenAlignment:
+             g_records: list[Record], decoded: Decoded) -> TokenAlignment:
     total = sum(decoded.lengths)
     steps = Sequence(0, tuple(range(total)), decoded.one.tokens)
     pair = Match(decoded.one, steps, PREFIX) if decoded.many == "target" else \
@@ -206,7 +206,7 @@ def _decoded(target: DumpSource, golden: DumpSource, t_records: list[Record],
 
 
 def _given(target: DumpSource, golden: DumpSource, t_records: list[Record],
-           g_records: list[Record], given: TokenIds) -> Any:
+           g_records: list[Record], given: TokenIds) -> Union[TokenAlignment, None, Literal[False]]:
     """With ids given for a side that saved none: what the layouts allow a statistics dump
     (False: each side saved its own ids, aligned from them)."""
     layouts = []

@@ -100,7 +100,7 @@ def _own_positions(dump: DumpSource, desc: Descriptor, length: int) -> bool:
         torch.equal(found.long().reshape(-1), torch.arange(length))
 
 
-def _module(name: Any) -> str:
+def _module(name: Optional[str]) -> str:
     parsed = RecordName.parse(str(name or ""))
     return parsed.without_index if parsed is not None else str(name or "")
 
@@ -111,7 +111,7 @@ def _op(record: Record) -> str:
     return _CALL.sub("", op) if record["kind"] == Kind.LEAF else op
 
 
-def _signature(record: Record) -> tuple[Any, ...]:
+def _signature(record: Record) -> tuple[str, str, tuple[int, ...]]:
     """What a record is, whatever its counters and sizes: its op, kind and its outputs' ranks
     (a token dim's size differs between a pass and the one forward; its rank does not. An
     input's may: the cache a pass extends is an empty tensor in a forward that starts one)."""
@@ -300,8 +300,8 @@ def _spans(records: list[Record]) -> dict[tuple[str, str], int]:
     return out
 
 
-def _rename(name: Any, k: int, spans: dict[tuple[str, str], int]) -> Any:
-    parsed = RecordName.parse(str(name)) if isinstance(name, str) else None
+def _rename(name: str, k: int, spans: dict[tuple[str, str], int]) -> str:
+    parsed = RecordName.parse(name)
     if parsed is None or (parsed.op, parsed.kind) not in spans:
         return name
     return RecordName(parsed.op, parsed.phase, parsed.index + k * spans[(parsed.op, parsed.kind)],
@@ -321,8 +321,9 @@ def _renamed(record: Record, k: int, spans: dict[tuple[str, str], int],
     else:
         record["name"] = _rename(record["name"], k, spans)
     for field in ("module", "reader", "forward"):
-        if isinstance(record.get(field), str):
-            record[field] = _rename(record[field], k, spans)
+        value = record.get(field)
+        if isinstance(value, str):
+            record[field] = _rename(value, k, spans)
     seq = record.get("seq")
     if isinstance(seq, int):
         record["seq"] = seq + k * n

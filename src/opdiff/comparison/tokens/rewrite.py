@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from typing import Any, Optional
+from typing import Optional
 
 from ...store.records import iter_tensors
 from ...store.schema import Kind, Record, Descriptor, Statistics
@@ -16,6 +16,8 @@ from .source import SlicedSource
 
 log = logging.getLogger("opdiff")
 
+# A tensor's place: its record's module call, op and call within it, and its name in the record.
+Place = tuple[str, str, int, str]
 LEAVES = ("parameter", "buffer")     # never cut: they hold no tokens
 
 
@@ -32,7 +34,7 @@ def _places(records: list[Record]) -> list[tuple[str, str, int]]:
     return out
 
 
-def shapes_by_place(records: list[Record]) -> dict[tuple[Any, ...], tuple[int, ...]]:
+def shapes_by_place(records: list[Record]) -> dict[Place, tuple[int, ...]]:
     """Every tensor's recorded shape, by its record's place and its name within the record
     (what the other side's cuts check against)."""
     return {(*place, name[len(r["name"]):]): tuple(desc.get("shape") or ())
@@ -49,7 +51,7 @@ def _identity(cut: Cut, shape: tuple[int, ...], side: SlicedSource) -> bool:
 
 
 def rewrite(side: SlicedSource, records: list[Record],
-            other: dict[tuple[Any, ...], tuple[int, ...]], other_layout: Layout) -> list[Record]:
+            other: dict[Place, tuple[int, ...]], other_layout: Layout) -> list[Record]:
     """`records` with their activations cut (see the module docstring); `side` learns the cut keys
     and serves them."""
     out: list[Record] = []

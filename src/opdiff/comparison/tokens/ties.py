@@ -23,13 +23,16 @@ names it.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from ...store.records import iter_tensors
 from ...store.schema import Role, Record
 from ...store.source import DumpSource
 from ..result import Note
 from .sequences import load_ids, passes
+
+if TYPE_CHECKING:
+    import torch
 
 NOISE_FACTOR = 4.0
 
@@ -44,7 +47,7 @@ def _vocab(records: list[Record], at: int) -> Optional[int]:
 
 
 def _side(dump: DumpSource, records: list[Record]
-          ) -> Optional[tuple[list[int], dict[int, Any]]]:
+          ) -> Optional[tuple[list[int], dict[int, "torch.Tensor"]]]:
     """The side's tokens and its logits ([vocab]) by position, at the positions it kept them
     for (`generate` keeps only each pass's last); None where it has no single row of ids."""
     found = passes(records)
@@ -54,7 +57,7 @@ def _side(dump: DumpSource, records: list[Record]
     if vocab is None:
         return None
     tokens: list[int] = []
-    logits: dict[int, Any] = {}
+    logits: dict[int, "torch.Tensor"] = {}
     bounds = [i for i, _ in found] + [len(records)]
     for k, (_, desc) in enumerate(found):
         rows = load_ids(dump, desc)
@@ -112,14 +115,15 @@ def generated_split(target: DumpSource, golden: DumpSource, t_records: list[Reco
                 f"up to position {at}", Note.PAIRING)
 
 
-def _dtype(records: list[Record]) -> Any:
+def _dtype(records: list[Record]) -> Optional["torch.dtype"]:
     import torch
 
     for record in reversed(records):
         for _, role, desc in iter_tensors(record):
             if role == Role.OUTPUT and str(desc.get("dtype") or "").replace("torch.", "") in \
                     ("float16", "bfloat16", "float32", "float64"):
-                return getattr(torch, str(desc["dtype"]).replace("torch.", ""))
+                found: torch.dtype = getattr(torch, str(desc["dtype"]).replace("torch.", ""))
+                return found
     return None
 
 
