@@ -26,7 +26,7 @@ part modules move into the joined call, where they meet the target's fused op as
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterator, Literal, Optional, TYPE_CHECKING, Union
+from typing import Any, Iterator, Literal, Optional, Sequence, TYPE_CHECKING, Union
 
 from ..store import statistics
 from ..store.records import decoded_stats
@@ -296,7 +296,7 @@ def _first_inside(view: list[Record], joins: list[_Join]) -> dict[tuple[str, str
     return out
 
 
-def _numel(shape: Any) -> int:
+def _numel(shape: Optional[Sequence[int]]) -> int:
     n = 1
     for s in shape or ():
         n *= int(s)
