@@ -18,13 +18,14 @@ module, so every non-finite forward output matters at once (the behaviour before
 from __future__ import annotations
 
 import logging
+from typing import cast
 
 import torch
 
 from ..errors import OverflowDetected
 from ..overflow import rules
 from ..store.records import has_nonfinite_number
-from ..store.schema import Kind, Phase, Role, locations_from_frames
+from ..store.schema import Kind, Phase, Record, Role, locations_from_frames
 from .. import ops
 from .describe import tensors_in
 from .sink import PendingRecord
@@ -93,9 +94,10 @@ class OverflowMonitor:
             # that need to know which (inf turned into NaN) out, as the offline walk does when
             # it cannot tell either.
             reached = False
+            # (capture builds its records as plain dicts of `Record`'s fields, unchecked)
             verdict = rules.judge(rules.FINITE if inside or inputs_finite else rules.NONFINITE,
                                   rules.NONFINITE, inside_origin=inside,
-                                  given_nonfinite_number=has_nonfinite_number(record),
+                                  given_nonfinite_number=has_nonfinite_number(cast(Record, record)),
                                   forward_nonfinite=record.get("forward") in self.tainted)
             if verdict.kind != rules.ORIGIN:
                 if verdict.why == rules.CONTAINS_ORIGIN:

@@ -48,13 +48,13 @@ def inside(path: str, module: str) -> bool:
     return path == "" or module == path or module.startswith(path + ".")
 
 
-def _shape(desc: Any) -> Optional[tuple[int, ...]]:
+def _shape(desc: object) -> Optional[tuple[int, ...]]:
     if not isinstance(desc, dict) or desc.get("type") != "tensor":
         return None
     return tuple(desc.get("shape") or ())
 
 
-def _tensors(descs: Any) -> list[Descriptor]:
+def _tensors(descs: object) -> list[Descriptor]:
     return [d for d in (descs if isinstance(descs, list) else []) if _shape(d) is not None]
 
 

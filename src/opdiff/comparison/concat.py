@@ -26,7 +26,7 @@ part modules move into the joined call, where they meet the target's fused op as
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterator, Literal, Optional, TYPE_CHECKING, Union, cast
+from typing import Any, Iterator, Literal, Optional, Sequence, TYPE_CHECKING, Union
 
 from ..store import statistics
 from ..store.records import decoded_stats
@@ -296,7 +296,7 @@ def _first_inside(view: list[Record], joins: list[_Join]) -> dict[tuple[str, str
     return out
 
 
-def _numel(shape: Any) -> int:
+def _numel(shape: Optional[Sequence[int]]) -> int:
     n = 1
     for s in shape or ():
         n *= int(s)
@@ -320,7 +320,7 @@ def join_stats(stats: list[dict[str, Any]], numels: list[int], dropped: set[str]
         return None
     pieces = [statistics.Piece(s, n) for s, n in zip(stats, numels)]
     # (`merge` spells them as a descriptor holds them)
-    return cast("Optional[Statistics]", statistics.merge(pieces, statistics.CONCAT, dropped))
+    return statistics.merge(pieces, statistics.CONCAT, dropped)
 
 
 class JoinedSource:
@@ -333,7 +333,7 @@ class JoinedSource:
         self.meta: dict[str, Any] = inner.meta
         self.step, self.rank, self.format = inner.step, inner.rank, inner.format
 
-    def records(self) -> Iterator[dict[str, Any]]:
+    def records(self) -> Iterator[Record]:
         return self.inner.records()
 
     def tensor(self, key: str) -> Any:

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 from ..errors import OpdiffError
 from ..store.records import iter_tensors, producer_of
 from ..store.schema import Descriptor, Kind, Record, Role
-from ..store.source import DumpSource, records_of
+from ..store.source import DumpSource
 
 if TYPE_CHECKING:
     import torch
@@ -132,7 +132,7 @@ class _Side:
 
     def __init__(self, dump: DumpSource) -> None:
         self.dump = dump
-        self.records = [r for r in records_of(dump) if r["phase"] == "forward"]
+        self.records = [r for r in dump.records() if r["phase"] == "forward"]
         self.by_seq = {r["seq"]: r for r in self.records if isinstance(r.get("seq"), int)}
         self.parent = {r["name"]: r.get("module") for r in self.records if r["kind"] == Kind.MODULE}
         self.params = {d.get("fqn"): d for r in self.records for d in _tensors(r, Role.OUTPUT)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, cast
 from ..errors import DumpError
 from ..store.records import decoded_stats, iter_tensors
 from ..store.schema import Descriptor, Kind, Location, Record, locations_from_frames
-from ..store.source import DumpSource, records_of
+from ..store.source import DumpSource
 from ..environment import diff_meta
 from . import crossformat, forced
 from .align import align, classes_note, same_classes
@@ -153,8 +153,8 @@ class _PairCompare:
         """Both sides' records as alignment sees them: cross-format names made comparable
         (`crossformat`), the mapping file's renames, drops and joins (`mapping.py`); with the
         target's view (renamed) and what was left unused."""
-        t_records = list(records_of(self.t))
-        g_records = list(records_of(self.g))
+        t_records = list(self.t.records())
+        g_records = list(self.g.records())
         for dump, recs in ((self.t, t_records), (self.g, g_records)):
             if not recs:
                 raise DumpError(f"{dump.path}: the dump holds no op records; was the model run "

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence, Union, cast
+from typing import TYPE_CHECKING, Callable, Optional, Protocol, Sequence, Union, cast
 
 from . import compiled, compiled_backward, compiled_inputs, compiled_modules, compiled_regions, \
     compiled_spans
@@ -30,7 +30,6 @@ from .recording import Recording
 from .region_onesided import one_sided
 from .regions import Region
 from ..store.schema import Record
-from ..store.source import plain_records, typed_records
 from .result import CompareResult, Divergence, Note, TensorRow
 from .verdicts import Policy
 from .lowprecision import LowPrecision
@@ -38,6 +37,7 @@ from .lowprecision import LowPrecision
 if TYPE_CHECKING:
     from ..store.source import DumpSource
     from .options import CompareOptions
+    from .tokens.where import TokenErrors
 
 Pair = tuple[Optional[int], Optional[int]]
 SOURCES, RECORDS, PAIRS = "sources", "records", "pairs"
@@ -50,7 +50,8 @@ class SourcesPlan(Protocol):
     name: str
 
     def arrange(self, targets: list[DumpSource], goldens: list[DumpSource],
-                options: Any = None) -> tuple[list[DumpSource], list[DumpSource], list[Note]]: ...
+                options: Optional[CompareOptions] = None
+                ) -> tuple[list[DumpSource], list[DumpSource], list[Note]]: ...
 
     def made(self, source: DumpSource) -> bool:
         """`source` is one this plan made (compared in this process: no path reopens it)."""
@@ -70,7 +71,7 @@ class Rewritten:
     notes: list[Note] = field(default_factory=list)
     sources: Optional[tuple[DumpSource, DumpSource]] = None
     after: Optional[Callable[[Optional[Divergence], list[TensorRow]], list[Note]]] = None
-    measured: Optional[Callable[[list[TensorRow]], Any]] = None     # error per token, or None
+    measured: Optional[Callable[[list[TensorRow]], Optional[TokenErrors]]] = None   # error per token
 
 
 class RecordsPlan(Protocol):
@@ -186,7 +187,8 @@ class RankLayouts:
     name = "rank layouts"
 
     def arrange(self, targets: list[DumpSource], goldens: list[DumpSource],
-                options: Any = None) -> tuple[list[DumpSource], list[DumpSource], list[Note]]:
+                options: Optional[CompareOptions] = None
+                ) -> tuple[list[DumpSource], list[DumpSource], list[Note]]:
         from . import layouts
         found = layouts.logical_pairs(targets, goldens, (getattr(options, "layout", None),
                                                          getattr(options, "golden_layout", None)))
@@ -221,11 +223,11 @@ class TokenLayouts:
                 sources: tuple[DumpSource, DumpSource], options: Optional[CompareOptions] = None
                 ) -> Optional[Rewritten]:
         from .tokens import align_tokens
-        aligned = align_tokens(sources[0], sources[1], plain_records(target), plain_records(golden),
+        aligned = align_tokens(sources[0], sources[1], target, golden,
                                options.token_ids if options is not None else None)
         if aligned is None:
             return None
-        return Rewritten(typed_records(aligned.target_records), typed_records(aligned.golden_records),
+        return Rewritten(aligned.target_records, aligned.golden_records,
                          list(aligned.notes),
                          (aligned.target, aligned.golden), aligned.where, aligned.errors)
 
@@ -305,7 +307,7 @@ def rewrites(t: Recording, g: Recording, table: Optional[Sequence[Row]] = None
 
 
 def arrange(targets: list[DumpSource], goldens: list[DumpSource],
-            table: Optional[Sequence[Row]] = None, options: Any = None
+            table: Optional[Sequence[Row]] = None, options: Optional[CompareOptions] = None
             ) -> tuple[list[DumpSource], list[DumpSource], list[Note]]:
     """Each side's dumps laid out by the SOURCES rows of `table` (default `PLANS`) that hold
     (read from the first dump's meta on each side); as they are when none does. options: the

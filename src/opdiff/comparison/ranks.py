@@ -30,7 +30,7 @@ from dataclasses import replace
 from typing import Optional
 
 from ..store.schema import Group, Record, RecordName, Role
-from ..store.source import DumpSource, records_of
+from ..store.source import DumpSource
 from .result import ERROR, WARNING, CompareResult, Divergence, Origin, TensorRow
 
 Pair = tuple[DumpSource, DumpSource]
@@ -38,7 +38,7 @@ Pair = tuple[DumpSource, DumpSource]
 
 def _group_records(dump: DumpSource) -> dict[str, Record]:
     """name -> record for the dump's collectives that carry a group."""
-    return {r["name"]: r for r in records_of(dump)
+    return {r["name"]: r for r in dump.records()
             if str(r["op"]).startswith("Distributed.") and r.get("group")}
 
 

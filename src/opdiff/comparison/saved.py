@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from ..errors import OpdiffError
 from ..store.source import DumpSource
@@ -13,7 +13,7 @@ from ..store.schema import Descriptor
 log = logging.getLogger("opdiff")
 
 
-def numel(shape: Any) -> int:
+def numel(shape: Optional[Sequence[int]]) -> int:
     n = 1
     for s in shape or ():
         n *= int(s)

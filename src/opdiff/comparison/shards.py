@@ -24,7 +24,6 @@ from ..errors import OpdiffError
 from ..store.records import iter_tensors
 from .align import align
 from ..store.schema import Descriptor, Record
-from ..store.source import records_of
 
 KeyPair = tuple[str, str]
 Scores = dict[KeyPair, Any]            # (target key, golden key) -> metrics.Measurement
@@ -93,7 +92,7 @@ def plan(target_path: str, golden_path: str, shard_bytes: int,
     t, g = discover(target_path)[0], discover(golden_path)[0]
     if not (t.holds_tensors and g.holds_tensors):
         return []
-    return cut(tensor_pairs(list(records_of(t)), list(records_of(g)), shape_flag), shard_bytes)
+    return cut(tensor_pairs(list(t.records()), list(g.records()), shape_flag), shard_bytes)
 
 
 def measure_shard(target_path: str, golden_path: str, pairs: Iterable[KeyPair]) -> Scores:

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import Any
 
 from ..store.records import has_nonfinite_number, iter_tensors
-from ..store.schema import Kind, Location, Phase, RecordName, Role, locations_from_frames
+from ..store.schema import Descriptor, Kind, Location, Phase, Record, RecordName, Role, locations_from_frames
 from . import headroom as _headroom
 from . import rules
 from .classify import health, sides
@@ -84,7 +85,7 @@ class _Walk:
         self.headroom: list = []
         self.module_headroom: list = []
         self.scaled_loss = ScaledLoss()           # drops warnings about the scaler's own values
-        self.warned: dict[int, dict] = {}         # id(HeadroomWarning) -> its record
+        self.warned: dict[int, Record] = {}         # id(HeadroomWarning) -> its record
         self.has_ops = False
         self.last_matters = -1                    # position of the last non-finite that matters
         self.positions: dict[str, int] = {}       # origin name -> its position
@@ -92,7 +93,7 @@ class _Walk:
         self.singular: set[str] = set()           # origins at a pole or domain edge (log(0))
         self.fp16_run = False                     # an fp16 tensor was seen: the run is in fp16
 
-    def visit(self, rec: dict) -> None:
+    def visit(self, rec: Record) -> None:
         self.counts["records"] += 1
         kind, phase, name = rec["kind"], rec["phase"], rec["name"]
         if not self.fp16_run:
@@ -176,7 +177,7 @@ class _Walk:
                       nonfinite=created, outputs=tuple(outs), inputs=tuple(ins),
                       step=self.dump.step, rank=self.dump.rank)
 
-    def _link(self, rec: dict, relation: str) -> None:
+    def _link(self, rec: Record, relation: str) -> None:
         if relation == rules.PROPAGATES:
             self.counts["propagated"] += 1
         if self.origins or self.inherited is not None:
@@ -184,14 +185,14 @@ class _Walk:
             if len(self.chain) < MAX_CHAIN:
                 self.chain.append(ChainLink(rec["name"], rec["phase"], relation))
 
-    def _scaler(self, rec: dict) -> None:
+    def _scaler(self, rec: Record) -> None:
         found = scaler_found_inf(rec, self.dump)
         if self.scaler is None:
             self.scaler = {"op": rec["name"], "found_inf": found, "skipped": bool(found)}
         elif found:
             self.scaler.update(op=rec["name"], found_inf=True, skipped=True)
 
-    def _location(self, rec: dict) -> Location | None:
+    def _location(self, rec: Record) -> Location | None:
         try:
             frames = self.dump.stack(rec["stack"])
         except Exception as exc:   # a foreign stack we cannot read should not hide the finding
@@ -251,7 +252,7 @@ def _forward_form(name: str) -> str:
     return name
 
 
-def _forward_of(rec: dict) -> str | None:
+def _forward_of(rec: Record) -> str | None:
     """Name of the forward record a backward record belongs to."""
     if rec.get("forward"):
         return rec["forward"]
@@ -264,9 +265,9 @@ def _forward_of(rec: dict) -> str | None:
     return parsed.with_phase(Phase.FORWARD).text
 
 
-def _tensor_summary(name: str, desc: dict) -> dict:
+def _tensor_summary(name: str, desc: Descriptor) -> dict[str, Any]:
     stats = desc.get("stats") or {}
-    out = {"name": name, "dtype": desc.get("dtype"), "shape": desc.get("shape")}
+    out: dict[str, Any] = {"name": name, "dtype": desc.get("dtype"), "shape": desc.get("shape")}
     out.update({k: stats.get(k) for k in ("max", "min", "nan", "inf")})
     if desc.get("key"):
         out["key"] = desc["key"]

@@ -10,11 +10,11 @@ import math
 
 from ..dtypes import is_exact
 from ..store.records import decoded_stats, iter_tensors
-from ..store.schema import Kind, Role
+from ..store.schema import Descriptor, Kind, Record, Role
 from .rules import FINITE, Health
 
 
-def tensor_health(desc: dict, dump=None) -> Health:
+def tensor_health(desc: Descriptor, dump=None) -> Health:
     """Health of one tensor descriptor; loads the saved tensor only when statistics are missing."""
     if is_exact(desc.get("dtype")):         # integers and bool cannot hold inf/NaN
         return FINITE
@@ -46,7 +46,7 @@ def _health_of(t) -> Health:
     return Health(nan=bool(torch.isnan(t).any()), inf=bool(torch.isinf(t).any()))
 
 
-def sides(record: dict) -> tuple[list[dict], list[dict]]:
+def sides(record: Record) -> tuple[list[Descriptor], list[Descriptor]]:
     """(input descriptors, output descriptors) of a record, as the op saw them.
 
     A module's parameters count as its inputs; a param_grad record's gradients are outputs.
@@ -60,7 +60,7 @@ def sides(record: dict) -> tuple[list[dict], list[dict]]:
     return ins, outs
 
 
-def health(descs: list[dict], dump=None) -> Health:
+def health(descs: list[Descriptor], dump=None) -> Health:
     """Combined health of several tensor descriptors."""
     h = FINITE
     for d in descs:
@@ -68,7 +68,7 @@ def health(descs: list[dict], dump=None) -> Health:
     return h
 
 
-def max_abs(desc: dict) -> float | None:
+def max_abs(desc: Descriptor) -> float | None:
     """Largest magnitude of a tensor from its statistics (None without them, or when non-finite)."""
     stats = decoded_stats(desc)
     values = [abs(stats[k]) for k in ("max", "min") if isinstance(stats.get(k), (int, float))]

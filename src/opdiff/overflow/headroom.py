@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from ..dtypes import FP16_MAX, largest_finite, short_dtype
 from ..store.records import iter_tensors
-from ..store.schema import Kind, Role
+from ..store.schema import Kind, Record, Role
 from .classify import max_abs
 from .result import HeadroomWarning
 
@@ -36,13 +36,13 @@ def limit_for(dtype: str) -> tuple[float, str] | None:
     return limit, name
 
 
-def holds_fp16(record: dict) -> bool:
+def holds_fp16(record: Record) -> bool:
     """Does the record hold an fp16 tensor (the run computes in fp16)?"""
     return any(short_dtype(str(desc.get("dtype") or "")) == "float16"
                for _, _, desc in iter_tensors(record))
 
 
-def warnings_for(record: dict, factor: float, location=None, step=None, rank=None,
+def warnings_for(record: Record, factor: float, location=None, step=None, rank=None,
                  fp16_run: bool = False) -> list:
     """HeadroomWarnings for the output tensors of one record (at most one per record: the largest);
     fp16_run: wider outputs are wide on purpose, not measured against fp16 (module docstring)."""

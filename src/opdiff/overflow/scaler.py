@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from ..store.schema import Record
 from ..ops import method_of
 from ..store.records import decoded_stats, iter_descriptors, iter_tensors
 from .classify import health, sides, tensor_health
@@ -25,17 +26,17 @@ UPDATE_OP = "_amp_update_scale_"
 MARK = "skipped_by_loss_scaler"      # what the online monitor writes on a scaler record
 
 
-def _op(record: dict) -> str:
+def _op(record: Record) -> str:
     return str(record["op"])
 
 
-def is_scaler_op(record: dict) -> bool:
+def is_scaler_op(record: Record) -> bool:
     """True for the GradScaler's own bookkeeping ops (they handle inf on purpose; the op
     registry's `loss_scaler` trait)."""
     return is_loss_scaler(_op(record))
 
 
-def scaler_found_inf(record: dict, dump=None) -> bool | None:
+def scaler_found_inf(record: Record, dump=None) -> bool | None:
     """Did this scaler op see inf/NaN gradients? None when the record cannot tell."""
     if record.get("overflow") == MARK:
         return True
@@ -67,7 +68,7 @@ def scaler_found_inf(record: dict, dump=None) -> bool | None:
 _MULTIPLY = frozenset({"__mul__", "__rmul__", "mul", "mul_", "multiply"})
 
 
-def scales_seen(record: dict) -> set[float]:
+def scales_seen(record: Record) -> set[float]:
     """The loss scale(s) a scaler op shows: `_amp_update_scale_`'s scale before and after the
     update, and the inverse of `_amp_foreach_non_finite_check_and_unscale_`'s inv_scale."""
     method = method_of(_op(record))
@@ -112,7 +113,7 @@ class ScaledLoss:
         return dataclasses.replace(warning, message=f"{warning.message}; it carries the loss scale "
                                    f"{scale:g} (unscaled {warning.max_abs / scale:.4g})")
 
-    def see(self, record: dict) -> None:
+    def see(self, record: Record) -> None:
         """Note what a record tells about the loss scale (call for every record, in order)."""
         if is_scaler_op(record):
             self.scales |= scales_seen(record)
@@ -121,7 +122,7 @@ class ScaledLoss:
             if values:
                 self._multiplies[str(record["name"])] = values
 
-    def keep(self, record: dict, tensor: str) -> bool:
+    def keep(self, record: Record, tensor: str) -> bool:
         """False when the warned `tensor` of `record` is the loss scaler's own value."""
         if not self.scales:
             return True

@@ -40,7 +40,7 @@ from . import dumpfiles, layout
 from .durable import unfinished
 from .limits import check_size
 from .records import record_problem
-from .schema import complete
+from .schema import Record, complete
 from .source import DumpFormat
 
 log = logging.getLogger("opdiff")
@@ -73,7 +73,7 @@ class Dump:
 
     format = "opdiff"
 
-    def records(self) -> Iterator[dict[str, Any]]:
+    def records(self) -> Iterator[Record]:
         """Records in execution order, complete (`store.schema.complete`). A truncated or corrupt
         last line is skipped with a warning; any other line that is not a record is a DumpError
         (`store.dumpfiles` reads the file)."""

@@ -37,9 +37,9 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Callable, Iterable, Iterator, Optional, Union, overload
+from typing import Any, Callable, Iterable, Iterator, Optional, Tuple, Union, cast
 
-from .schema import Descriptor, Kind, Record, Role
+from .schema import Descriptor, Kind, NonFinite, Record, Role
 
 try:
     import orjson as _orjson
@@ -55,7 +55,7 @@ _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf,
 SCHEMA_VERSION = 1
 
 
-def encode_float(x: float) -> float | str:
+def encode_float(x: float) -> Union[float, NonFinite]:
     """A float as strict JSON allows it."""
     if math.isfinite(x):
         return x
@@ -147,21 +147,12 @@ def _c_encoder() -> Optional[Callable[[Any, int], Iterable[str]]]:
 _ENCODE = _c_encoder()
 
 
-# A typed record yields typed descriptors; a plain dict (the stages not typed yet) plain ones.
-PlainRecord = dict[str, Any]
-
-
 def decoded_stats(desc: Union[Descriptor, dict[str, Any]]) -> dict[str, Any]:
     """A tensor descriptor's statistics with non-finite floats restored."""
     return {k: decode_float(v) for k, v in (desc.get("stats") or {}).items()}
 
 
-@overload
-def iter_descriptors(desc: Descriptor, path: str) -> Iterator[tuple[str, Descriptor]]: ...
-@overload
-def iter_descriptors(desc: PlainRecord, path: str) -> Iterator[tuple[str, PlainRecord]]: ...
-def iter_descriptors(desc: Union[Descriptor, PlainRecord], path: str
-                     ) -> Iterator[tuple[str, Union[Descriptor, PlainRecord]]]:
+def iter_descriptors(desc: Descriptor, path: str) -> Iterator[tuple[str, Descriptor]]:
     """Flatten nested lists/tuples/dicts the way msprobe names them: list -> `.i`, dict -> `.key`."""
     t = desc.get("type")
     if t in ("list", "tuple"):
@@ -176,11 +167,7 @@ def iter_descriptors(desc: Union[Descriptor, PlainRecord], path: str
         yield path, desc
 
 
-@overload
-def iter_leaves(record: Record) -> Iterator[tuple[str, str, Descriptor]]: ...
-@overload
-def iter_leaves(record: PlainRecord) -> Iterator[tuple[str, str, PlainRecord]]: ...
-def iter_leaves(record: Union[Record, PlainRecord]) -> Iterator[tuple[str, str, Union[Descriptor, PlainRecord]]]:
+def iter_leaves(record: Record) -> Iterator[tuple[str, str, Descriptor]]:
     """Yield (name, role, descriptor) for every leaf value of a record (tensors, scalars, None,
     ...), in a stable order. role is "input", "output" or "parameters". Names follow msprobe:
     `Functional.conv2d.0.forward.input.0`, `...forward.input.bias` (a kwarg),
@@ -206,18 +193,20 @@ def _with_role(leaves: Iterable[tuple[str, Descriptor]], role: str) -> Iterator[
         yield path, role, leaf
 
 
-@overload
-def iter_tensors(record: Record) -> Iterator[tuple[str, str, Descriptor]]: ...
-@overload
-def iter_tensors(record: PlainRecord) -> Iterator[tuple[str, str, PlainRecord]]: ...
-def iter_tensors(record: Union[Record, PlainRecord]) -> Iterator[tuple[str, str, Union[Descriptor, PlainRecord]]]:
+def iter_tensors(record: Record) -> Iterator[tuple[str, str, Descriptor]]:
     """Yield (tensor_name, role, descriptor) for every tensor of a record (see iter_leaves)."""
     for path, role, leaf in iter_leaves(record):
         if leaf.get("type") == "tensor":
             yield path, role, leaf
 
 
-def producer_of(desc: Union[Descriptor, PlainRecord]) -> Optional[tuple[int, str]]:
+def producer_ref(seq: int, slot: Union[int, str]) -> Tuple[int, int]:
+    """A rewritten input's `producer` field: a [seq, slot] list, as every dump's reads back from
+    JSON (`Descriptor.producer` types its JSON shape; the slot is kept as the stage found it)."""
+    return cast(Tuple[int, int], [seq, slot])   # a list at run time, like a dump's
+
+
+def producer_of(desc: Descriptor) -> Optional[tuple[int, str]]:
     """(seq, slot) of the op that made an input (`"producer": [seq, slot]`), or None. A dump is
     untrusted: anything else there (a list for a seq, a dict) is no producer."""
     found = desc.get("producer")
@@ -232,7 +221,7 @@ def producer_of(desc: Union[Descriptor, PlainRecord]) -> Optional[tuple[int, str
 _NUMBERS = ("int", "float", "bool")
 
 
-def input_numbers(record: Union[Record, PlainRecord]) -> dict[str, Any]:
+def input_numbers(record: Record) -> dict[str, Any]:
     """{"input.2": value} of the record's Python number arguments (`x[0] = 2.0`, `x * 0.5`),
     named within the record, so that the calls of two runs can be matched whatever their
     counters."""
@@ -241,7 +230,7 @@ def input_numbers(record: Union[Record, PlainRecord]) -> dict[str, Any]:
             if role == Role.INPUT and leaf.get("type") in _NUMBERS}
 
 
-def has_nonfinite_number(record: Union[Record, PlainRecord]) -> bool:
+def has_nonfinite_number(record: Record) -> bool:
     """True when the op was given inf or NaN as a plain number (masked_fill(mask, -inf),
     full(..., inf)): it makes inf/NaN on purpose, it is not where an overflow is born."""
     return any(isinstance(x, float) and not math.isfinite(x) for x in input_numbers(record).values())

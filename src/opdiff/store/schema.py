@@ -22,7 +22,7 @@ Tensor names add a role and a slot: `Functional.conv2d.0.forward.input.0`,
 # (no `from __future__ import annotations`: TypedDict reads `Required[...]` from evaluated annotations)
 import re
 from dataclasses import dataclass
-from typing import Any, Dict, Final, Iterable, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Final, Iterable, List, Mapping, Optional, Tuple, Union, cast
 
 from typing_extensions import Literal, Required, TypedDict
 
@@ -79,8 +79,17 @@ class Placement(TypedDict, total=False):
     """Which part of a DTensor's global tensor a local shard is (capture/collectives.py)."""
     placements: List[str]       # the DTensor's placements as torch prints them (Shard(dim=0))
     coordinate: Optional[List[int]]   # this rank's coordinate in the device mesh
-    global_shape: List[int]     # the global tensor's shape
-    whole: bool                 # the local tensor holds every value of the global one
+    global_shape: Optional[List[int]]   # the global tensor's shape (null: opdiff compare's
+    #                                     records, a mesh dim's piece, not known)
+    whole: Optional[bool]       # the local tensor holds every value of the global one
+    declared: bool              # opdiff compare's records: read from a layout file, not the dump (never in a dump)
+
+
+class RankPiece(TypedDict, total=False):
+    """One rank's part of a tensor opdiff compare joined from several ranks (never in a dump)."""
+    rank: Required[int]         # the rank that held it
+    shape: Required[List[int]]  # its shape there
+    offset: int                 # a shard: where it starts along the sharded dim
 
 
 class Descriptor(TypedDict, total=False):
@@ -105,6 +114,10 @@ class Descriptor(TypedDict, total=False):
     placement: Placement        # a DTensor's local shard: which part of the global tensor it is
     saved_shape: Optional[List[int]]   # opdiff compare's records: a tensor compared in another
     #                                    shape than the one it was saved in, that one (never in a dump)
+    layout: str                 # opdiff compare's records joined across ranks: how the pieces
+    #                             join (shard(0), replicate, partial(sum)...) (never in a dump)
+    pieces: List[RankPiece]     # ... where the joined tensor came from, one piece per rank
+    outer_placement: Placement  # ... while joining a mesh dim: the placement over the other dims
 
 
 class ProgramRef(TypedDict):
@@ -230,7 +243,7 @@ def compiled_facts(record: Optional[Record]) -> CompiledFacts:
     return (record.get("compiled") if record is not None else None) or {}
 
 
-def complete(record: dict[str, Any]) -> dict[str, Any]:
+def complete(record: dict[str, Any]) -> Record:
     """The record with every defaulted field of `Record` filled, in place (and returned).
 
     Called once for each record where a dump is read (`opdiff.store.reader.Dump.records`, the
@@ -265,7 +278,9 @@ def complete(record: dict[str, Any]) -> dict[str, Any]:
         name = get("name", "")
         parts = name_parts(name) if type(name) is str else None
         record["op"] = record_op(parts[0], parts[3]) if parts is not None else name
-    return record
+    # The seam where a parsed dict becomes a typed record: every reader checks it first
+    # (`opdiff.store.records.record_problem`) and the defaults above are now filled.
+    return cast(Record, record)
 
 
 PARAM_GRAD_WORD = "parameters_grad"

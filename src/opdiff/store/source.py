@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Optional, Protocol, cast, runtime_checkable
+from typing import Any, Callable, Iterable, Iterator, Optional, Protocol, runtime_checkable
 
 from .schema import Record
 
@@ -39,7 +39,7 @@ class DumpSource(Protocol):
     rank: Optional[int]
     format: str                 # the tool's name, for people ("opdiff", "msprobe", ...)
 
-    def records(self) -> Iterator[dict[str, Any]]:
+    def records(self) -> Iterator[Record]:
         """Op records in execution order (`opdiff.store.schema.Record`), each complete: an
         adapter passes every record it yields through `opdiff.store.schema.complete`, so the
         stages index its fields and never re-apply a default."""
@@ -70,26 +70,6 @@ class DumpSource(Protocol):
         """How many records `records()` yields, counted cheaply (without building them);
         0 when the dump cannot tell."""
         ...
-
-
-def records_of(dump: DumpSource) -> Iterator[Record]:
-    """`dump.records()` as the typed records they are: every source passes each record through
-    `opdiff.store.schema.complete` (and `record_problem`) before yielding it, which is what the
-    `Record` type promises. The one place a plain record becomes a typed one."""
-    return cast("Iterator[Record]", dump.records())
-
-
-# The seam to the stages that still pass records as plain dicts (comparison/tokens/ and
-# comparison/layouts/, which rewrite records and are `DumpSource`s themselves): the same
-# objects, retyped, never copied. Remove each use as those stages take `Record`.
-def typed_records(records: list[dict[str, Any]]) -> list[Record]:
-    """Records a plain-dict stage handed back (each complete, as it was given them)."""
-    return cast("list[Record]", records)
-
-
-def plain_records(records: list[Record]) -> list[dict[str, Any]]:
-    """Records for a plain-dict stage."""
-    return cast("list[dict[str, Any]]", records)
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,13 @@ from dataclasses import replace
 from typing import Any, Optional
 
 from ...store.records import iter_tensors
+from ...store.schema import Descriptor
 from ...store.source import DumpSource
 from ..result import CompareResult, Divergence
 from .placement import PARTIAL, SHARD
 
 
-def _find(source: DumpSource, tensor: str) -> Optional[dict[str, Any]]:
+def _find(source: DumpSource, tensor: str) -> Optional[Descriptor]:
     for record in source.records():
         for name, _role, desc in iter_tensors(record):
             if name == tensor:

@@ -19,8 +19,8 @@ from __future__ import annotations
 import copy
 from typing import Any, Iterator, Optional, Sequence
 
-from ...store.records import iter_tensors, producer_of
-from ...store.schema import Kind, Phase, RecordName
+from ...store.records import iter_tensors, producer_of, producer_ref
+from ...store.schema import Group, Kind, Phase, Record, RecordName
 from ...store.source import DumpSource
 from .merged import RankGroup
 from .placement import Unsupported
@@ -31,7 +31,7 @@ _P2P = ("Distributed.send", "Distributed.recv", "Distributed.isend", "Distribute
 Key = tuple[int, int, str]          # (rank index, seq, slot)
 
 
-def _p2p(rec: dict[str, Any]) -> bool:
+def _p2p(rec: Record) -> bool:
     group = rec.get("group")
     return rec.get("op") in _P2P and isinstance(group, dict) and "peer" in group
 
@@ -61,10 +61,11 @@ class ChainedSource(RankGroup):
         sent: dict[tuple[int, int, int], Key] = {}            # (sender, receiver, group seq)
         any_p2p = False
         for r, source in enumerate(self.sources):
-            made: dict[tuple[Any, ...], int] = {}
+            made: dict[tuple[int, ...], int] = {}
             first_bwd, last_bwd, pos = -1, -1, -1
             for pos, rec in enumerate(source.records()):
-                seq: int = rec["seq"] if isinstance(rec.get("seq"), int) else pos
+                got = rec.get("seq")
+                seq: int = got if isinstance(got, int) else pos
                 op = str(rec.get("op"))
                 if rec.get("phase") == Phase.BACKWARD:
                     first_bwd = pos if first_bwd < 0 else first_bwd
@@ -128,7 +129,8 @@ class ChainedSource(RankGroup):
             for pos, rec in enumerate(self.sources[r].records()):
                 if pos < start or pos >= end or pos in self.dropped[r]:
                     continue
-                seq: int = rec["seq"] if isinstance(rec.get("seq"), int) else pos
+                got = rec.get("seq")
+                seq: int = got if isinstance(got, int) else pos
                 self.seqs[(r, seq)] = logical
                 logical += 1
                 name = str(rec.get("name"))
@@ -171,7 +173,7 @@ class ChainedSource(RankGroup):
             return None
         return self.sources[int(r)].tensor(inner)
 
-    def records(self) -> Iterator[dict[str, Any]]:
+    def records(self) -> Iterator[Record]:
         for r, start, end in self.segments:
             for pos, rec in enumerate(self.sources[r].records()):
                 if pos >= end:
@@ -185,15 +187,18 @@ class ChainedSource(RankGroup):
         r = self._origin.get(name)
         return self.ranks[r] if r is not None else None
 
-    def _chained(self, r: int, pos: int, rec: dict[str, Any]) -> dict[str, Any]:
-        out: dict[str, Any] = copy.deepcopy(rec)
-        seq: int = rec["seq"] if isinstance(rec.get("seq"), int) else pos
+    def _chained(self, r: int, pos: int, rec: Record) -> Record:
+        out: Record = copy.deepcopy(rec)
+        got = rec.get("seq")
+        seq: int = got if isinstance(got, int) else pos
         out["seq"] = self.seqs.get((r, seq), seq)
         for field in ("name", "forward", "reader"):
-            if isinstance(out.get(field), str):
-                out[field] = self.names.get((r, out[field]), out[field])
-        if isinstance(out.get("stack"), int):
-            out["stack"] = out["stack"] * len(self.sources) + r
+            value = out.get(field)
+            if isinstance(value, str):
+                out[field] = self.names.get((r, value), value)
+        stack = out.get("stack")
+        if isinstance(stack, int):
+            out["stack"] = stack * len(self.sources) + r
         for _, _, desc in iter_tensors(out):
             if isinstance(desc.get("key"), str):
                 desc["key"] = f"{r}:{desc['key']}"
@@ -204,7 +209,7 @@ class ChainedSource(RankGroup):
                 if new is None:
                     desc.pop("producer", None)
                 else:
-                    desc["producer"] = [new, found[2]]
+                    desc["producer"] = producer_ref(new, found[2])
             desc["pieces"] = [{"rank": self.ranks[r], "shape": list(desc.get("shape") or [])}]
             desc["layout"] = f"pipeline stage {r}"
         return out
@@ -243,6 +248,6 @@ def _stage_order(sources: list[DumpSource]) -> list[DumpSource]:
     return [by_rank[r] for r in order] if len(order) == len(sources) else sources
 
 
-def _group_seq(group: dict[str, Any]) -> int:
+def _group_seq(group: Group) -> int:
     """A collective's sequence number in its process group (-1: not recorded)."""
     return int(group["seq"]) if "seq" in group else -1

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
 
 from ...errors import OpdiffError
 from ...store.records import iter_tensors
-from ...store.schema import Kind, Phase
+from ...store.schema import Kind, Phase, Placement, Record
 from ...store.source import DumpSource
 
 if TYPE_CHECKING:
@@ -257,7 +257,7 @@ def _stage_order(layout: LayoutFile, ranks: list[int], side: str) -> list[int]:
     return [stage.ranks[0] for stage in sorted(layout.stages, key=lambda s: s.stage)]
 
 
-def _placement(name: str, coordinate: int) -> dict[str, Any]:
+def _placement(name: str, coordinate: int) -> Placement:
     return {"placements": [name], "coordinate": [coordinate], "declared": True}
 
 
@@ -271,7 +271,7 @@ class Unlaid:
         self.path, self.meta = source.path, source.meta
         self.step, self.rank, self.format = source.step, source.rank, source.format
 
-    def records(self) -> Iterator[dict[str, Any]]:
+    def records(self) -> Iterator[Record]:
         return self.source.records()
 
     @property
@@ -300,7 +300,7 @@ class DeclaredSource(Unlaid):
         super().__init__(source)
         self.declared, self.coordinate = declared, coordinate
 
-    def records(self) -> Iterator[dict[str, Any]]:
+    def records(self) -> Iterator[Record]:
         params = self.declared.params
         made: dict[str, tuple[str, list[int]]] = {}     # forward name -> (kind, free inputs)
         for rec in self.source.records():
@@ -322,7 +322,7 @@ class DeclaredSource(Unlaid):
             made[str(rec.get("name"))] = (kind, [i for i, p in read if p is None])
             yield self._forward(rec, kind)
 
-    def _leaf(self, rec: dict[str, Any], param: Param) -> dict[str, Any]:
+    def _leaf(self, rec: Record, param: Param) -> Record:
         out = copy.deepcopy(rec)
         name = "R" if param.dim is None else f"S({param.dim})"
         for desc in out["outputs"]:
@@ -330,7 +330,7 @@ class DeclaredSource(Unlaid):
                 desc["placement"] = _placement(name, self.coordinate)
         return out
 
-    def _forward(self, rec: dict[str, Any], kind: str) -> dict[str, Any]:
+    def _forward(self, rec: Record, kind: str) -> Record:
         """An op reading a split parameter: its outputs sharded along their last dim (column) or
         partial sums (row)."""
         out = copy.deepcopy(rec)
@@ -340,7 +340,7 @@ class DeclaredSource(Unlaid):
                                                self.coordinate)
         return out
 
-    def _backward(self, rec: dict[str, Any], kind: str, free: list[int]) -> dict[str, Any]:
+    def _backward(self, rec: Record, kind: str, free: list[int]) -> Record:
         """Column: the op's gradients of its inputs that are not parameters are each rank's
         summand of the whole (Megatron all-reduces them before the op before). Row: the
         gradient of its partial output is whole on every rank."""

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 from ...store.records import decode_float
-from ...store.schema import Kind, Phase, record_name
+from ...store.schema import Kind, Phase, record_name, Record, Descriptor, Statistics
 
 _GATHER_IN, _GATHER_OUT, _VIEW = ("Torch.all_gather_copy_in", "Torch.split_with_sizes_copy",
                                   "Torch.as_strided")
@@ -39,7 +39,7 @@ class Unshards:
         self._block: list[int] = []      # positions since a possible run began
         self._state = ""                 # "", "start" (empties), "gather" (copy-in), "views"
 
-    def feed(self, pos: int, rec: dict[str, Any]) -> None:
+    def feed(self, pos: int, rec: Record) -> None:
         op, state = str(rec.get("op")), self._state
         if state == "views" and (op == _VIEW or op == "Tensor.detach"):
             self.positions.add(pos)
@@ -59,7 +59,7 @@ class Unshards:
             self._block, self._state = [], ""
 
 
-def _close(a: Optional[dict[str, Any]], b: Optional[dict[str, Any]]) -> bool:
+def _close(a: Optional[Statistics], b: Optional[Statistics]) -> bool:
     if not isinstance(a, dict) or not isinstance(b, dict):
         return True                  # no statistics (a tensor dump without them): by shape
     try:
@@ -77,7 +77,7 @@ class Read:
     pos: int                       # the reading record's position
     path: str                      # which of its inputs
     shape: list[int]
-    stats: Optional[dict[str, Any]]
+    stats: Optional[Statistics]
 
 
 @dataclass
@@ -85,7 +85,7 @@ class Sharded:
     pos: int                       # the optimizer-time parameter leaf's position
     fqn: str
     shape: list[int]               # merged: the whole parameter's
-    stats: Optional[dict[str, Any]]
+    stats: Optional[Statistics]
 
 
 def name_gathered(reads: Sequence[Read], sharded: Sequence[Sharded]
@@ -102,10 +102,13 @@ def name_gathered(reads: Sequence[Read], sharded: Sequence[Sharded]
     return out
 
 
-def as_leaf(reader: dict[str, Any], desc: dict[str, Any], fqn: str) -> dict[str, Any]:
+def as_leaf(reader: Record, desc: Descriptor, fqn: str) -> Record:
     """The leaf record of parameter `fqn`, read first (as `desc`) by the record `reader`."""
     op = f"Parameter.{fqn}"
-    own = {k: v for k, v in desc.items() if k not in ("producer", "leaf", "fqn")}
+    own = desc.copy()
+    own.pop("producer", None)
+    own.pop("leaf", None)
+    own.pop("fqn", None)
     return {"name": record_name(op, Phase.FORWARD, 0), "op": op, "kind": Kind.LEAF,
             "phase": Phase.FORWARD, "leaf": "parameter", "tensor": fqn,
             "reader": reader.get("name"), "module": reader.get("module"),

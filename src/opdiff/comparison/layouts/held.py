@@ -13,23 +13,23 @@ parameter (the optimizer's `add_`) reads its gradient and states laid out like i
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from ...store.records import producer_of
-from ...store.schema import Kind
+from ...store.schema import Kind, Record, Descriptor
 from .placement import UNKNOWN, UNKNOWN_LAYOUT, Layout
-from .statistics import signature
+from .statistics import Signature, signature
 
 if TYPE_CHECKING:
     from .plan import GroupPlan, Slot
 
 
-def _key(descs: list[dict[str, Any]]) -> tuple[Any, ...]:
+def _key(descs: list[Descriptor]) -> tuple[Signature, ...]:
     return tuple(signature(d) for d in descs)
 
 
-def leaf(plan: "GroupPlan", pos: int, slot: "Slot", rec: dict[str, Any],
-         descs: list[dict[str, Any]]) -> None:
+def leaf(plan: "GroupPlan", pos: int, slot: "Slot", rec: Record,
+         descs: list[Descriptor]) -> None:
     """Remember a leaf record's output: for the DTensor made of it, and for its readers."""
     if descs[0].get("stats") is None:
         return
@@ -50,9 +50,10 @@ def _set(plan: "GroupPlan", at: int, slot: "Slot", layout: Layout,
     plan.merged[layout.kind] = plan.merged.get(layout.kind, 0) + 1
 
 
-def from_local(plan: "GroupPlan", descs: list[dict[str, Any]], layout: Layout,
-               out_layout: dict["Slot", Layout], recent: list[Any], pos: int, path: str,
-               reader: dict[str, Any]) -> None:
+def from_local(plan: "GroupPlan", descs: list[Descriptor], layout: Layout,
+               out_layout: dict["Slot", Layout], recent: list[tuple[tuple[Signature, ...], "Slot"]],
+               pos: int, path: str,
+               reader: Record) -> None:
     """A DTensor input (placed, no producer): the leaf or recent output it was made of takes
     its placement where nothing said its layout; a leaf whose first reader was left out moves
     to just before this reader."""
@@ -75,7 +76,7 @@ def from_local(plan: "GroupPlan", descs: list[dict[str, Any]], layout: Layout,
             return
 
 
-def read(plan: "GroupPlan", descs: list[dict[str, Any]], rec: dict[str, Any],
+def read(plan: "GroupPlan", descs: list[Descriptor], rec: Record,
          mine: dict[tuple[str, str], Layout], out_layout: dict["Slot", Layout]
          ) -> Optional[Layout]:
     """The layout of a plain input with no producer, from the parameter it names or updates."""
@@ -86,7 +87,7 @@ def read(plan: "GroupPlan", descs: list[dict[str, Any]], rec: dict[str, Any],
         return found if found is not None and found.kind != UNKNOWN else None
     if rec["kind"] == Kind.LEAF or not str(rec["op"]).endswith("_"):
         return None
-    first = (rec["inputs"] or [None])[0]
+    first = rec["inputs"][0] if rec["inputs"] else None
     if not isinstance(first, dict) or first.get("leaf") != "parameter" or \
             producer_of(descs[0]) is not None or first.get("shape") != descs[0].get("shape"):
         return None

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Iterator, Literal, Optional, Sequence, cast
 
-from ...store.records import producer_of
+from ...store.records import producer_of, producer_ref
+from ...store.schema import Descriptor, RankPiece, Record
 from ...store.source import DumpSource
 from . import mesh, statistics
 from .fsdp import as_leaf
@@ -59,7 +60,7 @@ class MergedSource(RankGroup):
         self.meta["logical"] = {"ranks": self.plan.ranks, "merged": dict(self.plan.merged)}
         # merged key -> (kind, dim, [(rank index, key)], [coefficient per piece])
         self._recipes: dict[str, tuple[str, int, list[tuple[int, str]], list[float]]] = {}
-        self._pieces: dict[str, list[dict[str, Any]]] = {}
+        self._pieces: dict[str, list[RankPiece]] = {}
 
     # -- DumpSource -----------------------------------------------------------------------------
     @property
@@ -99,14 +100,15 @@ class MergedSource(RankGroup):
             return total
         return loaded[0]
 
-    def records(self) -> Iterator[dict[str, Any]]:
+    def records(self) -> Iterator[Record]:
         plan = self.plan
         iters = [iter(s.records()) for s in self.sources]
         pos = -1
-        waiting: dict[int, list[dict[str, Any]]] = {}      # leaves moved to their reader
+        waiting: dict[int, list[Record]] = {}      # leaves moved to their reader
         while True:
-            recs = [next(it, None) for it in iters]
-            if any(r is None for r in recs):
+            got = [next(it, None) for it in iters]
+            recs = [r for r in got if r is not None]
+            if len(recs) != len(got):
                 return
             pos += 1
             if pos in plan.dropped:
@@ -122,12 +124,13 @@ class MergedSource(RankGroup):
             yield self._merged(pos, recs)
 
     # -- the merge ------------------------------------------------------------------------------
-    def _merged(self, pos: int, recs: list[Any]) -> dict[str, Any]:
+    def _merged(self, pos: int, recs: list[Record]) -> Record:
         plan = self.plan
-        out: dict[str, Any] = copy.deepcopy(recs[0])
+        out: Record = copy.deepcopy(recs[0])
         for field in ("name", "forward", "reader"):
-            if isinstance(out.get(field), str) and out[field] in plan.renamed:
-                out[field] = plan.renamed[out[field]]
+            value = out.get(field)
+            if isinstance(value, str) and value in plan.renamed:
+                out[field] = plan.renamed[value]
         if plan.wrapper:
             self._unwrapped(out)
         per_rank = [list(tensor_slots(r)) for r in recs]
@@ -143,10 +146,11 @@ class MergedSource(RankGroup):
                     desc["leaf"], desc["fqn"] = "parameter", fqn
             for read, what, fqn in plan.tags.get(pos, ()):
                 if role == "input" and path == read:  # reads a moved leaf (`held.py`)
-                    desc["leaf"], desc["fqn"] = what, fqn
+                    # (a leaf record's own `leaf`, which `record_problem` checked is text)
+                    desc["leaf"], desc["fqn"] = cast("Literal['parameter', 'buffer', 'input', 'outside']", what), fqn
         return out
 
-    def _leaf(self, pos: int, recs: list[Any], path: str, fqn: str) -> dict[str, Any]:
+    def _leaf(self, pos: int, recs: list[Record], path: str, fqn: str) -> Record:
         """The leaf record of FSDP2's gathered parameter `fqn`, which record `pos` reads as
         its input `path` (`fsdp.py`): the ranks' copies, replicas of the whole parameter."""
         leaves = []
@@ -160,7 +164,7 @@ class MergedSource(RankGroup):
         mesh.carried(descs[self.plan.order[0]], out["outputs"][0])
         return out
 
-    def _unwrapped(self, out: dict[str, Any]) -> None:
+    def _unwrapped(self, out: Record) -> None:
         """Parameter names without DDP's `module.` (the one-device model's names)."""
         prefix = self.plan.wrapper
         if out.get("kind") == "leaf" and str(out.get("tensor", "")).startswith(prefix):
@@ -172,7 +176,7 @@ class MergedSource(RankGroup):
             if str(desc.get("fqn", "")).startswith(prefix) and desc.get("leaf") != "input":
                 desc["fqn"] = desc["fqn"][len(prefix):]
 
-    def _merge_desc(self, desc: dict[str, Any], descs: list[dict[str, Any]],
+    def _merge_desc(self, desc: Descriptor, descs: list[Descriptor],
                     layout: Optional[Layout], tensor: str, slot: Any) -> None:
         plan = self.plan
         layout = layout or Layout(UNKNOWN)
@@ -184,12 +188,12 @@ class MergedSource(RankGroup):
         if src is not None:
             found = plan.resolve(src)
             if found is not None:
-                desc["producer"] = [found[0], found[1]]
+                desc["producer"] = producer_ref(found[0], found[1])
         desc["layout"] = layout.text
-        pieces: list[dict[str, Any]] = []
+        pieces: list[RankPiece] = []
         offset = 0
         for i, shape in zip(order, shapes):
-            piece: dict[str, Any] = {"rank": plan.ranks[i], "shape": shape}
+            piece: RankPiece = {"rank": plan.ranks[i], "shape": shape}
             if layout.kind == SHARD:
                 piece["offset"] = offset
                 offset += shape[layout.dim] if layout.dim < len(shape) else 0
@@ -226,7 +230,7 @@ class MergedSource(RankGroup):
             desc["key"] = tensor
         self._pieces[tensor] = pieces
 
-    def pieces(self, tensor: str) -> list[dict[str, Any]]:
+    def pieces(self, tensor: str) -> list[RankPiece]:
         """Where a merged tensor came from (after `records()` reached it): [{"rank", "shape",
         "offset"}]."""
         return self._pieces.get(tensor, [])

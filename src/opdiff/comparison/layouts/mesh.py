@@ -19,12 +19,13 @@ tensor-parallel DTensor, alike on every rank of the group) is carried whole.
 from __future__ import annotations
 
 import re
-from typing import Any, Optional, Sequence
+from typing import Final, Optional, Sequence
 
+from ...store.schema import Descriptor
 from ...store.source import DumpSource
 
 _LOOK = 2000          # records read per rank for its first group collective
-OUTER = "outer_placement"    # a descriptor's placement over the mesh dims its group is not on
+OUTER: Final = "outer_placement"    # a descriptor's placement over the mesh dims its group is not on
 _STRIDED = re.compile(r"^_S(?:tridedShard)?\((?:dim=)?(-?\d+)")
 _SHARDED = re.compile(r"^(?:_S|S|Shard|_StridedShard)\((?:dim=)?(-?\d+)")
 
@@ -60,19 +61,21 @@ def inner_groups(dumps: Sequence[DumpSource]) -> Optional[list[list[DumpSource]]
     return [groups[g] for g in sorted(groups)]
 
 
-def _coordinates(descs: Sequence[dict[str, Any]]) -> Optional[list[list[Any]]]:
+def _coordinates(descs: Sequence[Descriptor]) -> Optional[list[list[int]]]:
     found = []
     for d in descs:
         placed = d.get("placement")
-        if not isinstance(placed, dict) or not isinstance(placed.get("placements"), list) or \
-                not isinstance(placed.get("coordinate"), list) or \
-                len(placed["coordinate"]) != len(placed["placements"]):
+        if not isinstance(placed, dict):
             return None
-        found.append(placed["coordinate"])
+        placements, coordinate = placed.get("placements"), placed.get("coordinate")
+        if not isinstance(placements, list) or not isinstance(coordinate, list) or \
+                len(coordinate) != len(placements):
+            return None
+        found.append(coordinate)
     return found if found and all(len(c) == len(found[0]) for c in found) else None
 
 
-def project(descs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def project(descs: list[Descriptor]) -> list[Descriptor]:
     """The group's ranks' descriptors of one tensor with their placements read as the group
     sees them (see the module docstring); the same list when nothing is to be read again."""
     coords = _coordinates(descs)
@@ -91,7 +94,8 @@ def project(descs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for d, c in zip(descs, coords):
         placed = d["placement"]
         rest = [j for j in range(len(names)) if j != k]
-        new = {key: v for key, v in d.items() if key != "placement"}
+        new = d.copy()
+        new.pop("placement", None)
         new[OUTER] = {**placed, "placements": [placed["placements"][j] for j in rest],
                       "coordinate": [c[j] for j in rest]}
         if k >= 0:
@@ -118,7 +122,7 @@ def _nested_last(names: list[str], k: int) -> bool:
     return True
 
 
-def carried(desc: dict[str, Any], merged: dict[str, Any]) -> None:
+def carried(desc: Descriptor, merged: Descriptor) -> None:
     """The merged descriptor of a group's tensor takes the placement its pieces carried over
     the other mesh dims (`project`), for the next level's merge."""
     outer = desc.get(OUTER)

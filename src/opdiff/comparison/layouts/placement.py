@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
+from ...store.schema import Descriptor
 SHARD, PARTIAL, REPLICATE, UNKNOWN = "shard", "partial", "replicate", "unknown"
 
 _SHARD = re.compile(r"^(?:S|Shard)\((?:dim=)?(-?\d+)\)$")
@@ -60,7 +61,7 @@ class Unsupported(Exception):
     compared rank by rank as before, and a note says why."""
 
 
-def from_placement(desc: dict[str, Any]) -> Optional[Layout]:
+def from_placement(desc: Descriptor) -> Optional[Layout]:
     """The layout a DTensor descriptor's `placement` names over a one-dim mesh; None when the
     descriptor has none; `Unsupported` for a mesh of more dims or a placement not known."""
     placed = desc.get("placement")
@@ -87,7 +88,7 @@ def from_placement(desc: dict[str, Any]) -> Optional[Layout]:
     raise Unsupported(f"placement {name}")
 
 
-def coordinate(desc: dict[str, Any]) -> Optional[int]:
+def coordinate(desc: Descriptor) -> Optional[int]:
     """This rank's place on the one-dim mesh, from its DTensor placement; None when unknown."""
     placed = desc.get("placement")
     coord = placed.get("coordinate") if isinstance(placed, dict) else None

@@ -21,12 +21,13 @@ that sum; its statistics are the sum's, exact where the partials' cannot be merg
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional, Sequence
+from typing import Iterator, Optional, Sequence, cast
 
 from ...store.records import iter_tensors, producer_of
-from ...store.schema import Kind, Phase, RecordName
+from ...store.schema import Descriptor, Kind, Phase, Record, RecordName, Statistics
 from ...store.source import DumpSource
 from . import fsdp, held, mesh, redistribute, statistics
+from .statistics import Signature
 from .declared import DeclaredSource
 from .placement import (PARTIAL, REPLICATE, REPLICATED, SHARD, UNKNOWN_LAYOUT, Layout, Unsupported,
                         coordinate, from_placement)
@@ -39,7 +40,7 @@ _RECENT = 64          # outputs looked back at for a tensor found by its values 
 Slot = tuple[int, str]      # (seq, output slot)
 
 
-def tensor_slots(record: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
+def tensor_slots(record: Record) -> Iterator[tuple[str, str, Descriptor]]:
     """(role, path within the role, descriptor) of every tensor of a record; path is the
     part of the tensor's name after its role (`0`, `0.1`, `weight`)."""
     for name, role, desc in iter_tensors(record):
@@ -59,7 +60,7 @@ class GroupPlan:
     layouts: dict[tuple[int, str, str], Layout] = field(default_factory=dict)  # (pos, role, path)
     order: list[int] = field(default_factory=list)                 # piece order: rank indices
     alias: dict[Slot, Slot] = field(default_factory=dict)          # a layout op's output -> source
-    reduced: dict[Slot, dict[str, Any]] = field(default_factory=dict)   # a partial's summed stats
+    reduced: dict[Slot, Statistics] = field(default_factory=dict)   # a partial's summed stats
     renamed: dict[str, str] = field(default_factory=dict)          # record names renumbered
     replicas: list[str] = field(default_factory=list)              # replicas that differ: findings
     differing: list[tuple[str, int, int]] = field(default_factory=list)  # (tensor, rank, against)
@@ -77,7 +78,7 @@ class GroupPlan:
     reader_of: dict[int, str] = field(default_factory=dict)  # leaf pos -> its reader's name
     tags: dict[int, list[tuple[str, str, str]]] = field(default_factory=dict)  # pos -> (path,
     #                                                          leaf kind, fqn) of inputs read
-    leaf_slots: dict[tuple[Any, ...], list[tuple[int, Slot, str, str]]] = field(
+    leaf_slots: dict[tuple[Signature, ...], list[tuple[int, Slot, str, str]]] = field(
         default_factory=dict)                                # leaves by their values
     fqn_slot: dict[str, Slot] = field(default_factory=dict)  # a parameter's leaf output
     dropped_names: set[str] = field(default_factory=set)
@@ -90,7 +91,7 @@ class GroupPlan:
         return slot
 
 
-def _is_self_view(rec: dict[str, Any]) -> bool:
+def _is_self_view(rec: Record) -> bool:
     """DTensor's to_local/from_local: `Tensor.view_as` of a tensor shaped like itself."""
     if rec.get("op") != "Tensor.view_as" or rec.get("kind") != Kind.API:
         return False
@@ -98,7 +99,7 @@ def _is_self_view(rec: dict[str, Any]) -> bool:
     return len(shapes) >= 2 and all(s == shapes[0] for s in shapes)
 
 
-def _group_collective(rec: dict[str, Any], ranks: Sequence[int]) -> bool:
+def _group_collective(rec: Record, ranks: Sequence[int]) -> bool:
     group = rec.get("group")
     return (isinstance(group, dict) and str(rec["op"]).startswith("Distributed.")
             and "peer" not in group and sorted(group.get("ranks") or []) == sorted(ranks))
@@ -115,7 +116,7 @@ def plan_group(sources: Sequence[DumpSource]) -> GroupPlan:
     out_layout: dict[Slot, Layout] = {}
     forward_layouts: dict[str, dict[tuple[str, str], Layout]] = {}
     dropped_names = plan.dropped_names
-    recent: list[tuple[tuple[tuple[Any, ...], ...], Slot]] = []
+    recent: list[tuple[tuple[Signature, ...], Slot]] = []
     counters: dict[str, int] = {}
     placed = False
     fqns: list[str] = []
@@ -130,13 +131,14 @@ def plan_group(sources: Sequence[DumpSource]) -> GroupPlan:
     iters = [iter(s.records()) for s in sources]
     pos = -1
     while True:
-        recs = [next(it, None) for it in iters]
-        if all(r is None for r in recs):
+        got = [next(it, None) for it in iters]
+        if all(r is None for r in got):
             break
         pos += 1
-        if any(r is None for r in recs):
-            short = [ranks[i] for i, r in enumerate(recs) if r is None]
+        if any(r is None for r in got):
+            short = [ranks[i] for i, r in enumerate(got) if r is None]
             raise Unsupported(f"rank(s) {short} recorded fewer ops than rank {ranks[0]}")
+        recs = [r for r in got if r is not None]
         first = recs[0]
         assert first is not None
         for i, r in enumerate(recs[1:], 1):
@@ -179,7 +181,8 @@ def plan_group(sources: Sequence[DumpSource]) -> GroupPlan:
         mine: dict[tuple[str, str], Layout] = {}
         per_rank = [list(tensor_slots(r)) for r in recs if r is not None]
         for j, (role, path, _) in enumerate(per_rank[0]):
-            descs = mesh.project([p[j][2] if j < len(p) else {} for p in per_rank])
+            # (a rank short of this slot: an empty descriptor, with no shape, placement or stats)
+            descs = mesh.project([p[j][2] if j < len(p) else cast(Descriptor, {}) for p in per_rank])
             desc = descs[0]
             layout = _decide(plan, descs, role, path, first, mine, out_layout, backward_of,
                              recent, seq, pos)
@@ -223,7 +226,7 @@ def plan_group(sources: Sequence[DumpSource]) -> GroupPlan:
     return plan
 
 
-def _sharded(plan: GroupPlan, pos: int, first: dict[str, Any], descs: list[dict[str, Any]],
+def _sharded(plan: GroupPlan, pos: int, first: Record, descs: list[Descriptor],
              layout: Layout) -> fsdp.Sharded:
     """An optimizer-time parameter leaf of FSDP2 (a `Shard(0)` DTensor), merged whole."""
     shapes = [list(descs[i].get("shape") or []) for i in plan.order]
@@ -258,7 +261,7 @@ def _layout_ops(source: DumpSource) -> tuple[set[int], set[int]]:
     return gather.positions, moves.positions
 
 
-def _drop(plan: GroupPlan, first: dict[str, Any], recs: list[Any], seq: int,
+def _drop(plan: GroupPlan, first: Record, recs: list[Record], seq: int,
           out_layout: dict[Slot, Layout]) -> None:
     """A layout op left out: its output stands for its input (a view) or for the whole its
     inputs are pieces of (a gathering collective)."""
@@ -278,8 +281,9 @@ def _drop(plan: GroupPlan, first: dict[str, Any], recs: list[Any], seq: int,
         return
     if op in _GATHERING:
         outs = [d for _, role, d in iter_tensors(first) if role == "output"]
-        if outs and outs[0].get("stats") is not None:
-            plan.reduced[src] = outs[0]["stats"]
+        stats = outs[0].get("stats") if outs else None
+        if stats is not None:
+            plan.reduced[src] = stats
     elif "reduce_scatter" in op:     # the ranks' outputs are the pieces of the whole sum
         pieces = [[d for _, role, d in iter_tensors(r) if role == "output"][:1] for r in recs]
         if all(pieces):
@@ -289,10 +293,10 @@ def _drop(plan: GroupPlan, first: dict[str, Any], recs: list[Any], seq: int,
                 plan.reduced[src] = found
 
 
-def _decide(plan: GroupPlan, descs: list[dict[str, Any]], role: str, path: str,
-            first: dict[str, Any], mine: dict[tuple[str, str], Layout],
+def _decide(plan: GroupPlan, descs: list[Descriptor], role: str, path: str,
+            first: Record, mine: dict[tuple[str, str], Layout],
             out_layout: dict[Slot, Layout], backward_of: Optional[dict[tuple[str, str], Layout]],
-            recent: list[tuple[tuple[tuple[Any, ...], ...], Slot]], seq: int,
+            recent: list[tuple[tuple[Signature, ...], Slot]], seq: int,
             pos: int) -> Layout:
     placed = [from_placement(d) for d in descs]
     if placed[0] is not None and role == "input" and producer_of(descs[0]) is None:
@@ -345,9 +349,9 @@ _MEAN_LOSSES = ("mean", "mse_loss", "l1_loss", "cross_entropy", "nll_loss", "smo
 def _batch_shares(sources: Sequence[DumpSource]) -> Optional[list[float]]:
     """Each rank's share of the global batch when the ranks were given different inputs of one
     shape but dim 0 (data parallel: the batch split between them); None otherwise."""
-    found: list[dict[str, Any]] = []
+    found: list[Descriptor] = []
     for source in sources:
-        seen: Optional[dict[str, Any]] = None
+        seen: Optional[Descriptor] = None
         for i, rec in enumerate(source.records()):
             if seen is None and rec.get("kind") == Kind.LEAF and rec.get("leaf") == "input" \
                     and rec.get("outputs"):
@@ -370,7 +374,7 @@ def _batch_shares(sources: Sequence[DumpSource]) -> Optional[list[float]]:
     return [s[0] / total for s in shapes] if total else None
 
 
-def _splits(desc: dict[str, Any]) -> bool:
+def _splits(desc: Descriptor) -> bool:
     """A DTensor placement that splits the tensor (a replicated DTensor made of the input, as
     tensor parallelism makes of each data-parallel rank's batch, does not)."""
     placed = desc.get("placement")
@@ -378,7 +382,7 @@ def _splits(desc: dict[str, Any]) -> bool:
     return isinstance(names, list) and any(str(n) not in ("R", "Replicate()") for n in names)
 
 
-def _data_layout(descs: list[dict[str, Any]], role: str, first: dict[str, Any],
+def _data_layout(descs: list[Descriptor], role: str, first: Record,
                  mine: dict[tuple[str, str], Layout],
                  backward_of: Optional[dict[tuple[str, str], Layout]]) -> Optional[Layout]:
     """Data parallel: the batch is dim 0 of what the inputs made, parameters are replicas, and
@@ -419,7 +423,7 @@ def _numel(shape: Sequence[int]) -> int:
     return n
 
 
-def _propagated(descs: list[dict[str, Any]], mine: dict[tuple[str, str], Layout]
+def _propagated(descs: list[Descriptor], mine: dict[tuple[str, str], Layout]
                 ) -> Optional[Layout]:
     """An output's layout from its record's inputs (`mine`, decided already)."""
     ins = [layout for (role, _), layout in mine.items() if role == "input"]

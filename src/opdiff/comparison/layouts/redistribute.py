@@ -17,8 +17,9 @@ collective reads. The plan leaves them out like the collectives themselves (`pla
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
+from ...store.schema import Record
 from ...store.records import iter_tensors, producer_of
 
 _AFTER = ("Distributed.wait_tensor", "Torch.chunk", "Torch.cat", "Tensor.contiguous",
@@ -28,13 +29,13 @@ _PIECES = ("Torch.chunk", "Tensor.chunk", "Torch.split", "Tensor.split")
 _WINDOW = 8          # records looked back at for a collective's reorder
 
 
-def _group_collective(rec: dict[str, Any]) -> bool:
+def _group_collective(rec: Record) -> bool:
     group = rec.get("group")
     return (str(rec.get("op")).startswith("Distributed.") and isinstance(group, dict)
             and "peer" not in group and rec.get("op") != "Distributed.wait_tensor")
 
 
-def _inputs(rec: dict[str, Any]) -> list[Optional[tuple[int, str]]]:
+def _inputs(rec: Record) -> list[Optional[tuple[int, str]]]:
     return [producer_of(d) for _, role, d in iter_tensors(rec) if role == "input"]
 
 
@@ -44,10 +45,11 @@ class Finder:
     def __init__(self) -> None:
         self.positions: set[int] = set()
         self._made: set[int] = set()                  # seqs whose outputs are moved pieces
-        self._recent: list[tuple[int, int, dict[str, Any]]] = []   # (pos, seq, record)
+        self._recent: list[tuple[int, int, Record]] = []   # (pos, seq, record)
 
-    def feed(self, pos: int, rec: dict[str, Any]) -> None:
-        seq = rec["seq"] if isinstance(rec.get("seq"), int) else pos
+    def feed(self, pos: int, rec: Record) -> None:
+        got = rec.get("seq")
+        seq = got if isinstance(got, int) else pos
         op = str(rec.get("op"))
         if _group_collective(rec):
             self._made.add(seq)
@@ -60,7 +62,7 @@ class Finder:
         self._recent.append((pos, seq, rec))
         del self._recent[:-_WINDOW]
 
-    def _reorder_before(self, collective: dict[str, Any]) -> None:
+    def _reorder_before(self, collective: Record) -> None:
         """The `cat` of one `chunk`'s pieces that `collective` reads, and that `chunk`."""
         srcs = [s for s in _inputs(collective) if s is not None]
         if not srcs:

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional
 
 import torch
 
 from ... import ops
 from . import guards, sizes
 from ...store.limits import TensorTooLarge
-from ...store.records import PlainRecord, decode_float
+from ...store.records import decode_float
 from ...store.schema import Descriptor, Record
 
 # reads a saved tensor by its key (`DumpSource.tensor`; a replayed chain's own values first)
@@ -228,7 +228,7 @@ def _literal(text: str, where: str) -> Any:
     raise NotReplayable(f"{where}: argument recorded only as {text[:60]!r}")
 
 
-def rebuild_call(record: Union[Record, PlainRecord], load: Load,
+def rebuild_call(record: Record, load: Load,
                  cast: Optional[torch.dtype] = None,
                  wrap: Optional[Callable[[str, torch.Tensor], torch.Tensor]] = None,
                  device: str = "cpu") -> Call:

@@ -31,7 +31,7 @@ from .calls import NotReplayable, flat_tensors, read_once, rebuild_call
 from .running import rng_guard, shielded
 from .tensors import Replayed
 from .calls import Load
-from ...store.schema import Record
+from ...store.schema import Record, complete
 
 MAX_STEPS = 400
 _FLOATING = ("torch.float32", "torch.float16", "torch.bfloat16", "torch.float64",
@@ -139,7 +139,7 @@ def _run(record: Record, steps: list[dict[str, Any]], load: Load,
                        "inputs": [_descriptor(a, cast) for a in step["args"]],
                        "kwargs": {str(k): _descriptor(a, cast)
                                   for k, a in step.get("kwargs", {}).items()}}
-        call = rebuild_call(call_record, chain_load, cast)
+        call = rebuild_call(complete(call_record), chain_load, cast)   # (a record of a step)
         with shielded(), rng_guard() as rng, torch.no_grad():
             result = call.run()
         if rng["consumed"]:

@@ -19,17 +19,18 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Optional, cast
+from typing import Literal, Optional, Union, cast
 
 from ...errors import OpdiffError
+from ...store.schema import Record
 from ...store.source import DumpSource
-from ..result import Divergence, Note
+from ..result import Divergence, Note, TensorRow
 from .rewrite import rewrite, shapes_by_place
 from .given import TokenIds
 from .sequences import INSIDE_ROW, SAME_IDS, Layout, Match, Sequence, first_ids, given_layout, \
     match, read_layout
 from .source import SlicedSource
-from .decode import PREFIX, decode_alignment
+from .decode import PREFIX, Decoded, decode_alignment
 from .ties import generated_split
 from .where import TokenErrors, token_errors, token_positions
 
@@ -82,12 +83,12 @@ class TokenAlignment:
 
     target: DumpSource
     golden: DumpSource
-    target_records: list[dict[str, Any]]
-    golden_records: list[dict[str, Any]]
+    target_records: list[Record]
+    golden_records: list[Record]
     facts: Optional[TokenFacts]
     notes: list[Note] = field(default_factory=list)
 
-    def where(self, divergence: Optional[Divergence], rows: list[Any]) -> list[Note]:
+    def where(self, divergence: Optional[Divergence], rows: list[TensorRow]) -> list[Note]:
         """The token positions at which the first divergence's output differs, as a note."""
         if divergence is None or self.facts is None or not self.facts.matches:
             return []
@@ -99,7 +100,7 @@ class TokenAlignment:
             return []
         return [Note(said, Note.PAIRING)] if said else []
 
-    def errors(self, rows: list[Any]) -> Optional[TokenErrors]:
+    def errors(self, rows: list[TensorRow]) -> Optional[TokenErrors]:
         """Each layer output's error per token of the first matched sequence (`where.py`)."""
         if self.facts is None or not self.facts.matches or self.facts.decoding:
             return None
@@ -115,8 +116,8 @@ def _same_layout(golden: Layout, target: Layout) -> bool:
         [s.positions for s in target.rows]
 
 
-def align_tokens(target: DumpSource, golden: DumpSource, t_records: list[dict[str, Any]],
-                 g_records: list[dict[str, Any]], given: Optional[TokenIds] = None
+def align_tokens(target: DumpSource, golden: DumpSource, t_records: list[Record],
+                 g_records: list[Record], given: Optional[TokenIds] = None
                  ) -> Optional[TokenAlignment]:
     """Both sides cut to the same token sequences, or None where there is nothing to align
     (the same layout on both sides, or ids recorded on neither). given: ids from a file
@@ -136,8 +137,8 @@ def align_tokens(target: DumpSource, golden: DumpSource, t_records: list[dict[st
             f"compared as recorded", Note.INCONCLUSIVE)])
 
 
-def _align(target: DumpSource, golden: DumpSource, t_records: list[dict[str, Any]],
-           g_records: list[dict[str, Any]]) -> Optional[TokenAlignment]:
+def _align(target: DumpSource, golden: DumpSource, t_records: list[Record],
+           g_records: list[Record]) -> Optional[TokenAlignment]:
     t_layout, g_layout = read_layout(target, t_records), read_layout(golden, g_records)
     if t_layout is None or g_layout is None:
         return _unaligned(target, golden, t_records, g_records, t_layout, g_layout)
@@ -176,8 +177,8 @@ def _align(target: DumpSource, golden: DumpSource, t_records: list[dict[str, Any
     return TokenAlignment(t_side, g_side, t_new, g_new, facts, notes)
 
 
-def _split(target: DumpSource, golden: DumpSource, t_records: list[dict[str, Any]],
-           g_records: list[dict[str, Any]]) -> list[Note]:
+def _split(target: DumpSource, golden: DumpSource, t_records: list[Record],
+           g_records: list[Record]) -> list[Note]:
     """Where the runs' generated tokens part, a tie or a real split (`ties.py`), as a note."""
     try:
         found = generated_split(target, golden, t_records, g_records)
@@ -187,8 +188,8 @@ def _split(target: DumpSource, golden: DumpSource, t_records: list[dict[str, Any
     return [found] if found is not None else []
 
 
-def _decoded(target: DumpSource, golden: DumpSource, t_records: list[dict[str, Any]],
-             g_records: list[dict[str, Any]], decoded: Any) -> TokenAlignment:
+def _decoded(target: DumpSource, golden: DumpSource, t_records: list[Record],
+             g_records: list[Record], decoded: Decoded) -> TokenAlignment:
     total = sum(decoded.lengths)
     steps = Sequence(0, tuple(range(total)), decoded.one.tokens)
     pair = Match(decoded.one, steps, PREFIX) if decoded.many == "target" else \
@@ -204,8 +205,8 @@ def _decoded(target: DumpSource, golden: DumpSource, t_records: list[dict[str, A
     return found
 
 
-def _given(target: DumpSource, golden: DumpSource, t_records: list[dict[str, Any]],
-           g_records: list[dict[str, Any]], given: TokenIds) -> Any:
+def _given(target: DumpSource, golden: DumpSource, t_records: list[Record],
+           g_records: list[Record], given: TokenIds) -> Union[TokenAlignment, None, Literal[False]]:
     """With ids given for a side that saved none: what the layouts allow a statistics dump
     (False: each side saved its own ids, aligned from them)."""
     layouts = []
@@ -246,8 +247,8 @@ def _given(target: DumpSource, golden: DumpSource, t_records: list[dict[str, Any
         Note.INCONCLUSIVE)])
 
 
-def _unaligned(target: DumpSource, golden: DumpSource, t_records: list[dict[str, Any]],
-               g_records: list[dict[str, Any]], t_layout: Optional[Layout],
+def _unaligned(target: DumpSource, golden: DumpSource, t_records: list[Record],
+               g_records: list[Record], t_layout: Optional[Layout],
                g_layout: Optional[Layout]) -> Optional[TokenAlignment]:
     """One side or both without recorded ids: where the embeddings' shapes show other layouts,
     say so ("inconclusive: ..."), compared as recorded."""
@@ -265,7 +266,7 @@ def _unaligned(target: DumpSource, golden: DumpSource, t_records: list[dict[str,
                           [Note(note, Note.INCONCLUSIVE)])
 
 
-def _ids_shape(records: list[dict[str, Any]]) -> Optional[tuple[int, ...]]:
+def _ids_shape(records: list[Record]) -> Optional[tuple[int, ...]]:
     desc = first_ids(records)
     return tuple(desc.get("shape") or ()) if desc is not None else None
 

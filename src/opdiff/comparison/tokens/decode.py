@@ -20,10 +20,10 @@ import copy
 import difflib
 import re
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
-from ...store.records import iter_tensors
-from ...store.schema import Kind, RecordName, Role
+from ...store.records import iter_tensors, producer_ref
+from ...store.schema import Descriptor, Kind, Record, RecordName, Role
 from ...store.source import DumpSource
 from .rewrite import LEAVES, cut_descriptor
 from .sequences import Layout, Sequence, load_ids, passes
@@ -39,15 +39,15 @@ class Decoded:
     """The decoding side kept, the one-pass side copied per pass (see the module docstring)."""
 
     many: str                       # "target" or "golden": the side that decoded
-    many_records: list[dict[str, Any]]  # its records (positions counted from the start)
+    many_records: list[Record]  # its records (positions counted from the start)
     many_source: SlicedSource
     lengths: tuple[int, ...]        # tokens per pass
     one: Sequence                   # the one-pass side's matched row and positions
-    records: list[dict[str, Any]]   # the one-pass side's copies, one per pass
+    records: list[Record]   # the one-pass side's copies, one per pass
     source: SlicedSource
 
 
-def _pass_starts(records: list[dict[str, Any]], at: list[int]) -> list[int]:
+def _pass_starts(records: list[Record], at: list[int]) -> list[int]:
     """Where each pass begins: at its embedding call, with what ran since the previous pass's
     last outermost module call ended (the ids it reads, the caller's slicing of them)."""
     starts = []
@@ -59,9 +59,9 @@ def _pass_starts(records: list[dict[str, Any]], at: list[int]) -> list[int]:
     return starts
 
 
-def _counted_from_start(dump: DumpSource, records: list[dict[str, Any]], starts: list[int],
-                        lengths: list[int], one: list[dict[str, Any]],
-                        one_length: int) -> tuple[list[dict[str, Any]], SlicedSource]:
+def _counted_from_start(dump: DumpSource, records: list[Record], starts: list[int],
+                        lengths: list[int], one: list[Record],
+                        one_length: int) -> tuple[list[Record], SlicedSource]:
     """The decoding side with each later pass's `arange` of its own tokens (0..n-1), where its
     counterpart in the one forward counts the positions, served counted from the sequence's
     start, as the one forward counts them."""
@@ -87,7 +87,7 @@ def _counted_from_start(dump: DumpSource, records: list[dict[str, Any]], starts:
     return out, side
 
 
-def _own_positions(dump: DumpSource, desc: dict[str, Any], length: int) -> bool:
+def _own_positions(dump: DumpSource, desc: Descriptor, length: int) -> bool:
     import torch
 
     if not desc.get("key") or list(desc.get("shape") or ()) != [length]:
@@ -100,18 +100,18 @@ def _own_positions(dump: DumpSource, desc: dict[str, Any], length: int) -> bool:
         torch.equal(found.long().reshape(-1), torch.arange(length))
 
 
-def _module(name: Any) -> str:
+def _module(name: Optional[str]) -> str:
     parsed = RecordName.parse(str(name or ""))
     return parsed.without_index if parsed is not None else str(name or "")
 
 
-def _op(record: dict[str, Any]) -> str:
+def _op(record: Record) -> str:
     """The record's op, a model input's without the call it was given to (`Input.0.call1`)."""
     op = str(record["op"])
     return _CALL.sub("", op) if record["kind"] == Kind.LEAF else op
 
 
-def _signature(record: dict[str, Any]) -> tuple[Any, ...]:
+def _signature(record: Record) -> tuple[str, str, tuple[int, ...]]:
     """What a record is, whatever its counters and sizes: its op, kind and its outputs' ranks
     (a token dim's size differs between a pass and the one forward; its rank does not. An
     input's may: the cache a pass extends is an empty tensor in a forward that starts one)."""
@@ -119,7 +119,7 @@ def _signature(record: dict[str, Any]) -> tuple[Any, ...]:
                                               in iter_tensors(record) if role == Role.OUTPUT))
 
 
-def _counterparts(one: list[dict[str, Any]], part: list[dict[str, Any]]) -> dict[int, int]:
+def _counterparts(one: list[Record], part: list[Record]) -> dict[int, int]:
     """Each record of the one forward (its index) that has a counterpart in a pass (its index
     there): the records of each module (its path and class, any call) and those outside every
     module call are diffed on their signatures, longest matching blocks first, so an op only
@@ -140,7 +140,7 @@ def _counterparts(one: list[dict[str, Any]], part: list[dict[str, Any]]) -> dict
     return found
 
 
-def _shapes(one: list[dict[str, Any]], part: list[dict[str, Any]]
+def _shapes(one: list[Record], part: list[Record]
             ) -> dict[tuple[int, str], tuple[int, ...]]:
     """The pass's tensor shapes, by the one forward's record (its index) and tensor name in it."""
     out = {}
@@ -151,8 +151,8 @@ def _shapes(one: list[dict[str, Any]], part: list[dict[str, Any]]
     return out
 
 
-def decode_alignment(target: DumpSource, golden: DumpSource, t_records: list[dict[str, Any]],
-                     g_records: list[dict[str, Any]], t_layout: Layout,
+def decode_alignment(target: DumpSource, golden: DumpSource, t_records: list[Record],
+                     g_records: list[Record], t_layout: Layout,
                      g_layout: Layout) -> Optional[Decoded]:
     """The alignment where exactly one side ran several passes of one row whose tokens begin
     the other side's row; None otherwise."""
@@ -179,7 +179,7 @@ def decode_alignment(target: DumpSource, golden: DumpSource, t_records: list[dic
     starts = _pass_starts(records, [i for i, _ in found]) + [len(records)]
     spans = _spans(one_records)
     n = 1 + max((int(r.get("seq") or 0) for r in one_records), default=0)
-    copies: list[dict[str, Any]] = []
+    copies: list[Record] = []
     end = 0
     for k, length in enumerate(lengths):
         end += length
@@ -200,12 +200,12 @@ def decode_alignment(target: DumpSource, golden: DumpSource, t_records: list[dic
     return Decoded(many, kept, kept_side, tuple(lengths), one, copies, side)
 
 
-def _empty(desc: dict[str, Any]) -> bool:
+def _empty(desc: Descriptor) -> bool:
     shape = desc.get("shape")
     return isinstance(shape, list) and 0 in shape
 
 
-def _starts_a_cache(record: dict[str, Any], at: int,
+def _starts_a_cache(record: Record, at: int,
                     pass_shapes: dict[tuple[int, str], tuple[int, ...]]) -> bool:
     """An op of the one forward that makes only empty tensors and has no counterpart in a later
     pass: the forward starting its KV cache (`torch.tensor([])`), which a pass extends instead."""
@@ -214,9 +214,9 @@ def _starts_a_cache(record: dict[str, Any], at: int,
         (at, n[len(record["name"]):]) in pass_shapes for n, _ in outs)
 
 
-def _cache_so_far(record: dict[str, Any], original: dict[str, Any], at: int,
+def _cache_so_far(record: Record, original: Record, at: int,
                   pass_shapes: dict[tuple[int, str], tuple[int, ...]], span: tuple[int, int],
-                  layout: Layout, side: SlicedSource, n: int) -> dict[str, Any]:
+                  layout: Layout, side: SlicedSource, n: int) -> Record:
     """A later pass's copy of the op that extends a KV cache: where the one forward extends an
     empty cache, the pass extends the keys of every token before it. That input is served as the
     one forward's own output cut to those tokens, made by the previous pass's copy of the op
@@ -228,7 +228,8 @@ def _cache_so_far(record: dict[str, Any], original: dict[str, Any], at: int,
     full = tuple(int(v) for v in outs[0].get("shape") or ())
     found = [(name, desc) for name, role, desc in iter_tensors(record)
              if role == Role.INPUT and _empty(desc)]
-    if not found or not isinstance(original.get("seq"), int):
+    seq = original.get("seq")
+    if not found or not isinstance(seq, int):
         return record
     record = copy.deepcopy(record)
     for name, _, desc in iter_tensors(record):
@@ -240,15 +241,16 @@ def _cache_so_far(record: dict[str, Any], original: dict[str, Any], at: int,
             continue
         made = copy.deepcopy(outs[0])
         cut_descriptor(made, cut, side)
-        made["producer"] = [original["seq"] - n, 0]
-        desc.clear()
-        desc.update(made)
+        made["producer"] = producer_ref(seq - n, 0)
+        replaced = cast("dict[str, Any]", desc)   # replaced in place: the record holds this object
+        replaced.clear()
+        replaced.update(made)
     return record
 
 
-def _cut_record(record: dict[str, Any], at: int,
+def _cut_record(record: Record, at: int,
                 pass_shapes: dict[tuple[int, str], tuple[int, ...]], end: int, own: int,
-                layout: Layout, side: SlicedSource) -> dict[str, Any]:
+                layout: Layout, side: SlicedSource) -> Record:
     cuts = {}
     for name, _, desc in iter_tensors(record):
         if desc.get("leaf") in LEAVES or record.get("leaf") in LEAVES:
@@ -287,7 +289,7 @@ def _window(shape: tuple[int, ...], other: Optional[tuple[int, ...]], end: int, 
     return Cut(lead, (), tuple(windows))
 
 
-def _spans(records: list[dict[str, Any]]) -> dict[tuple[str, str], int]:
+def _spans(records: list[Record]) -> dict[tuple[str, str], int]:
     """How many calls of each op (and module) one pass makes: a copy's counters move by it."""
     out: dict[tuple[str, str], int] = {}
     for r in records:
@@ -298,16 +300,16 @@ def _spans(records: list[dict[str, Any]]) -> dict[tuple[str, str], int]:
     return out
 
 
-def _rename(name: Any, k: int, spans: dict[tuple[str, str], int]) -> Any:
-    parsed = RecordName.parse(str(name)) if isinstance(name, str) else None
+def _rename(name: str, k: int, spans: dict[tuple[str, str], int]) -> str:
+    parsed = RecordName.parse(name)
     if parsed is None or (parsed.op, parsed.kind) not in spans:
         return name
     return RecordName(parsed.op, parsed.phase, parsed.index + k * spans[(parsed.op, parsed.kind)],
                       parsed.kind).text
 
 
-def _renamed(record: dict[str, Any], k: int, spans: dict[tuple[str, str], int],
-             n: int) -> dict[str, Any]:
+def _renamed(record: Record, k: int, spans: dict[tuple[str, str], int],
+             n: int) -> Record:
     """The record as the model's k-th next forward would have named it."""
     record = copy.deepcopy(record)
     if record["kind"] == Kind.LEAF and record.get("leaf") == "input":   # (capture's spelling)
@@ -319,10 +321,12 @@ def _renamed(record: dict[str, Any], k: int, spans: dict[tuple[str, str], int],
     else:
         record["name"] = _rename(record["name"], k, spans)
     for field in ("module", "reader", "forward"):
-        if isinstance(record.get(field), str):
-            record[field] = _rename(record[field], k, spans)
-    if isinstance(record.get("seq"), int):
-        record["seq"] += k * n
+        value = record.get(field)
+        if isinstance(value, str):
+            record[field] = _rename(value, k, spans)
+    seq = record.get("seq")
+    if isinstance(seq, int):
+        record["seq"] = seq + k * n
     for _, _, desc in iter_tensors(record):
         found = desc.get("producer")
         if isinstance(found, list) and len(found) == 2 and isinstance(found[0], int):

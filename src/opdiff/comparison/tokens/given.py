@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 from ...errors import OpdiffError
 
@@ -38,7 +38,7 @@ class TokenIds:
             (self.golden, self.golden_mask)
 
 
-def _rows(value: Any, where: str, mask: bool = False) -> Rows:
+def _rows(value: object, where: str, mask: bool = False) -> Rows:
     if not isinstance(value, list) or not value or not all(isinstance(r, list) for r in value):
         raise OpdiffError(f"{where} must be a list of rows, each a list of "
                           f"{'0s and 1s' if mask else 'token ids'}")

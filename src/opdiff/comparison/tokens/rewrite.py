@@ -6,20 +6,22 @@ from __future__ import annotations
 
 import copy
 import logging
-from typing import Any, Optional
+from typing import Optional
 
 from ...store.records import iter_tensors
-from ...store.schema import Kind
+from ...store.schema import Kind, Record, Descriptor, Statistics
 from .slicing import BROADCAST, FLAT, ROW, Cut, agrees, cut_for, statistics
 from .sequences import Layout
 from .source import SlicedSource
 
 log = logging.getLogger("opdiff")
 
+# A tensor's place: its record's module call, op and call within it, and its name in the record.
+Place = tuple[str, str, int, str]
 LEAVES = ("parameter", "buffer")     # never cut: they hold no tokens
 
 
-def _places(records: list[dict[str, Any]]) -> list[tuple[str, str, int]]:
+def _places(records: list[Record]) -> list[tuple[str, str, int]]:
     """Where each record sits: (its module call, its op, how many calls of that op the module
     call made before it). Call counters shift when one side runs extra ops elsewhere (its mask
     built from the padding); a place inside a module call does not."""
@@ -32,7 +34,7 @@ def _places(records: list[dict[str, Any]]) -> list[tuple[str, str, int]]:
     return out
 
 
-def shapes_by_place(records: list[dict[str, Any]]) -> dict[tuple[Any, ...], tuple[int, ...]]:
+def shapes_by_place(records: list[Record]) -> dict[Place, tuple[int, ...]]:
     """Every tensor's recorded shape, by its record's place and its name within the record
     (what the other side's cuts check against)."""
     return {(*place, name[len(r["name"]):]): tuple(desc.get("shape") or ())
@@ -48,11 +50,11 @@ def _identity(cut: Cut, shape: tuple[int, ...], side: SlicedSource) -> bool:
     return row_kept and s.positions == tuple(range(side.layout.length))
 
 
-def rewrite(side: SlicedSource, records: list[dict[str, Any]],
-            other: dict[tuple[Any, ...], tuple[int, ...]], other_layout: Layout) -> list[dict[str, Any]]:
+def rewrite(side: SlicedSource, records: list[Record],
+            other: dict[Place, tuple[int, ...]], other_layout: Layout) -> list[Record]:
     """`records` with their activations cut (see the module docstring); `side` learns the cut keys
     and serves them."""
-    out: list[dict[str, Any]] = []
+    out: list[Record] = []
     for record, place in zip(records, _places(records)):
         cuts = {}
         if record["kind"] == Kind.PARAM_GRAD:      # a parameter's gradient holds no tokens
@@ -78,7 +80,7 @@ def rewrite(side: SlicedSource, records: list[dict[str, Any]],
     return out
 
 
-def cut_descriptor(desc: dict[str, Any], cut: Cut, side: SlicedSource) -> None:
+def cut_descriptor(desc: Descriptor, cut: Cut, side: SlicedSource) -> None:
     """The descriptor of the tensor cut: its shape, the key `side` serves it under, and the
     statistics of the cut values (each cut tensor loaded once per side)."""
     cache = side.measured
@@ -92,7 +94,7 @@ def cut_descriptor(desc: dict[str, Any], cut: Cut, side: SlicedSource) -> None:
     new_key = side.cut_key(str(key), cut)
     desc["key"] = new_key
     if new_key not in cache:
-        stats: Optional[dict[str, Any]] = None
+        stats: Optional[Statistics] = None
         try:
             part = side.tensor(new_key)
             if part is not None:

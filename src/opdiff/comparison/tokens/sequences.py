@@ -13,11 +13,11 @@ found as a contiguous run inside the other side's row (padding the user did not 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 from ...dtypes import is_exact
 from ...store.source import DumpSource
-from ...store.schema import Kind, Phase
+from ...store.schema import Kind, Phase, Record, Descriptor
 
 SAME_IDS = "same ids"               # the real tokens of the two rows are equal
 INSIDE_ROW = "ids found inside the row"   # one side's tokens, a contiguous run of the other's row
@@ -53,12 +53,12 @@ class Match:
     how: str
 
 
-def _is_embedding(record: dict[str, Any]) -> bool:
+def _is_embedding(record: Record) -> bool:
     return record["kind"] in (Kind.API, Kind.ATEN) and record["phase"] == Phase.FORWARD \
         and "embedding" in str(record.get("op") or "").lower().split(".")
 
 
-def _integer_input(record: dict[str, Any]) -> Optional[dict[str, Any]]:
+def _integer_input(record: Record) -> Optional[Descriptor]:
     for desc in record["inputs"]:
         if isinstance(desc, dict) and desc.get("type") == "tensor" \
                 and is_exact(desc.get("dtype")) and len(desc.get("shape") or ()) == 2:
@@ -66,20 +66,20 @@ def _integer_input(record: dict[str, Any]) -> Optional[dict[str, Any]]:
     return None
 
 
-def first_ids(records: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
+def first_ids(records: list[Record]) -> Optional[Descriptor]:
     """The descriptor of the first embedding call's integer input ([batch, length]), or None."""
     return next((d for r in records if _is_embedding(r) for d in [_integer_input(r)]
                  if d is not None), None)
 
 
-def passes(records: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
+def passes(records: list[Record]) -> list[tuple[int, Descriptor]]:
     """(record index, ids descriptor) of every embedding call with saved integer ids: one per
     forward pass (a prefill, then each decode step through the KV cache)."""
     return [(i, d) for i, r in enumerate(records) if _is_embedding(r)
             for d in [_integer_input(r)] if d is not None and d.get("key")]
 
 
-def load_ids(dump: DumpSource, desc: dict[str, Any]) -> Optional[list[list[int]]]:
+def load_ids(dump: DumpSource, desc: Descriptor) -> Optional[list[list[int]]]:
     """The rows of a saved ids tensor, or None where it cannot be read."""
     return _load_rows(dump, desc["key"])
 
@@ -94,7 +94,7 @@ def _load_rows(dump: DumpSource, key: str) -> Optional[list[list[int]]]:
     return [[int(v) for v in row] for row in found.tolist()]
 
 
-def read_layout(dump: DumpSource, records: list[dict[str, Any]]) -> Optional[Layout]:
+def read_layout(dump: DumpSource, records: list[Record]) -> Optional[Layout]:
     """The side's token layout from its first embedding call's ids, or None when it recorded none
     (statistics dumps, no embedding)."""
     ids_desc = first_ids(records)
@@ -124,7 +124,7 @@ def given_layout(ids: tuple[tuple[int, ...], ...],
     return Layout(batch, length, tuple(rows), tuple(ids), mask is not None, "")
 
 
-def _mask(dump: DumpSource, records: list[dict[str, Any]],
+def _mask(dump: DumpSource, records: list[Record],
           shape: tuple[int, int]) -> Optional[list[list[int]]]:
     """The recorded `attention_mask` input of the ids' shape (1: a real token), or None."""
     for record in records:

@@ -14,9 +14,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence as Seq
+from typing import TYPE_CHECKING, Optional, Sequence as Seq
 
+from ...store.schema import Statistics
 from .sequences import Layout, Sequence
+
+if TYPE_CHECKING:
+    import torch
 
 ROW, BROADCAST, FLAT = "row", "broadcast", "flat"
 
@@ -51,7 +55,7 @@ class Cut:
             out[d] = b - a
         return out
 
-    def apply(self, tensor: Any, sequences: Seq[Sequence], layout: Layout) -> Any:
+    def apply(self, tensor: "torch.Tensor", sequences: Seq[Sequence], layout: Layout) -> "torch.Tensor":
         """The tensor's values at the sequences' rows and real positions, sequences in order
         (joined along dim 0 where their parts have one shape, else flattened one after another).
         A row index (an integer tensor along the batch holding 0..batch-1) becomes the
@@ -91,7 +95,7 @@ def _joined_shape(parts: list[list[int]], lead: str) -> list[int]:
     return [sum(math.prod(p) for p in parts)]
 
 
-def _row_index(tensor: Any, batch: int) -> bool:
+def _row_index(tensor: "torch.Tensor", batch: int) -> bool:
     import torch
 
     if tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool \
@@ -138,7 +142,7 @@ def agrees(cut: Cut, shape: Seq[int], other: Optional[Seq[int]], layout: Layout,
     return Cut(lead, tokens)
 
 
-def statistics(tensor: Any) -> dict[str, Any]:
+def statistics(tensor: "torch.Tensor") -> Statistics:
     """max, min, mean, L2 norm, NaN and inf counts of a cut tensor, as capture records them
     (max and min of the values that are not NaN; float64, exact for integers)."""
     import torch

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence as Seq
 
+from ...store.schema import Record, Statistics
 from ...store.source import DumpSource
 from .sequences import Layout, Sequence
 from .slicing import Cut
@@ -15,13 +16,13 @@ class SlicedSource:
     dump's own. It holds no complete set of an op's inputs any more (they are cut), so replay,
     which re-runs ops on them with their recorded arguments, is not offered (`holds_tensors`)."""
 
-    def __init__(self, inner: DumpSource, records: list[dict[str, Any]], layout: Layout,
+    def __init__(self, inner: DumpSource, records: list[Record], layout: Layout,
                  sequences: Seq[Sequence]) -> None:
         self.inner, self.layout, self.sequences = inner, layout, tuple(sequences)
         self._records = records
         self.cuts: dict[str, tuple[str, Cut]] = {}     # cut key -> (recorded key, cut)
         # cut key -> (its shape, its statistics): each cut tensor is loaded once to describe it
-        self.measured: dict[str, tuple[list[int], Optional[dict[str, Any]]]] = {}
+        self.measured: dict[str, tuple[list[int], Optional[Statistics]]] = {}
         self.path: Path = inner.path
         self.meta: dict[str, Any] = inner.meta
         self.step, self.rank, self.format = inner.step, inner.rank, inner.format
@@ -34,11 +35,11 @@ class SlicedSource:
         self.cuts[name] = (key, cut)
         return name
 
-    def keep(self, records: list[dict[str, Any]]) -> None:
+    def keep(self, records: list[Record]) -> None:
         """The rewritten records `records()` yields."""
         self._records = records
 
-    def records(self) -> Iterator[dict[str, Any]]:
+    def records(self) -> Iterator[Record]:
         return iter(self._records)
 
     def tensor(self, key: str) -> Any:

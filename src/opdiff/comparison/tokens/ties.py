@@ -23,18 +23,21 @@ names it.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from ...store.records import iter_tensors
-from ...store.schema import Role
+from ...store.schema import Role, Record
 from ...store.source import DumpSource
 from ..result import Note
 from .sequences import load_ids, passes
 
+if TYPE_CHECKING:
+    import torch
+
 NOISE_FACTOR = 4.0
 
 
-def _vocab(records: list[dict[str, Any]], at: int) -> Optional[int]:
+def _vocab(records: list[Record], at: int) -> Optional[int]:
     """Rows of the embedding weight of the call at `at` (its 2-D floating-point input)."""
     for _, role, desc in iter_tensors(records[at]):
         shape = list(desc.get("shape") or ())
@@ -43,8 +46,8 @@ def _vocab(records: list[dict[str, Any]], at: int) -> Optional[int]:
     return None
 
 
-def _side(dump: DumpSource, records: list[dict[str, Any]]
-          ) -> Optional[tuple[list[int], dict[int, Any]]]:
+def _side(dump: DumpSource, records: list[Record]
+          ) -> Optional[tuple[list[int], dict[int, "torch.Tensor"]]]:
     """The side's tokens and its logits ([vocab]) by position, at the positions it kept them
     for (`generate` keeps only each pass's last); None where it has no single row of ids."""
     found = passes(records)
@@ -54,7 +57,7 @@ def _side(dump: DumpSource, records: list[dict[str, Any]]
     if vocab is None:
         return None
     tokens: list[int] = []
-    logits: dict[int, Any] = {}
+    logits: dict[int, "torch.Tensor"] = {}
     bounds = [i for i, _ in found] + [len(records)]
     for k, (_, desc) in enumerate(found):
         rows = load_ids(dump, desc)
@@ -76,8 +79,8 @@ def _side(dump: DumpSource, records: list[dict[str, Any]]
     return tokens, logits
 
 
-def generated_split(target: DumpSource, golden: DumpSource, t_records: list[dict[str, Any]],
-                    g_records: list[dict[str, Any]]) -> Optional[Note]:
+def generated_split(target: DumpSource, golden: DumpSource, t_records: list[Record],
+                    g_records: list[Record]) -> Optional[Note]:
     """The note on where the runs' generated tokens part (see the module docstring), or None
     where they do not part, or a side holds no ids or logits to tell."""
     import torch
@@ -112,14 +115,15 @@ def generated_split(target: DumpSource, golden: DumpSource, t_records: list[dict
                 f"up to position {at}", Note.PAIRING)
 
 
-def _dtype(records: list[dict[str, Any]]) -> Any:
+def _dtype(records: list[Record]) -> Optional["torch.dtype"]:
     import torch
 
     for record in reversed(records):
         for _, role, desc in iter_tensors(record):
             if role == Role.OUTPUT and str(desc.get("dtype") or "").replace("torch.", "") in \
                     ("float16", "bfloat16", "float32", "float64"):
-                return getattr(torch, str(desc["dtype"]).replace("torch.", ""))
+                found: torch.dtype = getattr(torch, str(desc["dtype"]).replace("torch.", ""))
+                return found
     return None
 
 

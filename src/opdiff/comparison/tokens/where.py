@@ -7,17 +7,17 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence as Seq
 
 from ...store.records import iter_tensors
-from ..result import Divergence
+from ..result import Divergence, TensorRow
 from .sequences import Match
 from .slicing import FLAT, Cut
 from ...store.schema import Descriptor
-from ...store.source import DumpSource, records_of
+from ...store.source import DumpSource
 
 
 def _descriptor(source: DumpSource, name: Optional[str]) -> Optional[Descriptor]:
     if not name:
         return None
-    for record in records_of(source):
+    for record in source.records():
         if name.startswith(record["name"]):
             for found, _, desc in iter_tensors(record):
                 if found == name:
@@ -25,12 +25,12 @@ def _descriptor(source: DumpSource, name: Optional[str]) -> Optional[Descriptor]
     return None
 
 
-def _cut(source: Any, key: str) -> Optional[Cut]:
+def _cut(source: DumpSource, key: str) -> Optional[Cut]:
     spec = getattr(source, "cuts", {}).get(key)
     return spec[1] if spec is not None else None
 
 
-def _part(source: Any, key: str, k: int, n: int) -> Any:
+def _part(source: DumpSource, key: str, k: int, n: int) -> Any:
     """Sequence k's part of a tensor: cut by its side, or the whole one where only one
     sequence was matched and that side did not need cutting."""
     part = getattr(source, "part", None)
@@ -39,7 +39,7 @@ def _part(source: Any, key: str, k: int, n: int) -> Any:
     return source.tensor(key) if n == 1 else None
 
 
-def token_positions(divergence: Divergence, rows: Seq[Any], target: Any, golden: Any,
+def token_positions(divergence: Divergence, rows: Seq[TensorRow], target: DumpSource, golden: DumpSource,
                     matches: Seq[Match]) -> str:
     """"" when the culprit's tensors cannot be read or hold no token dim."""
     import torch
@@ -101,7 +101,7 @@ class TokenErrors:
                 "errors": [list(row) for row in self.errors]}
 
     @classmethod
-    def from_json(cls, data: Any) -> Optional["TokenErrors"]:
+    def from_json(cls, data: object) -> Optional["TokenErrors"]:
         if not isinstance(data, dict):
             return None
         try:
@@ -111,7 +111,7 @@ class TokenErrors:
             return None
 
 
-def token_errors(rows: Seq[Any], target: Any, golden: Any, matches: Seq[Match]
+def token_errors(rows: Seq[TensorRow], target: DumpSource, golden: DumpSource, matches: Seq[Match]
                  ) -> Optional[TokenErrors]:
     """Each layer output's error per token of the first matched sequence (None: no layer
     output holds a token dim both sides' tensors can be read at)."""
@@ -147,7 +147,7 @@ def token_errors(rows: Seq[Any], target: Any, golden: Any, matches: Seq[Match]
     return TokenErrors(tuple(layers), positions, tuple(errors))
 
 
-def _token_dim(target: Any, golden: Any, t_key: str, g_key: str
+def _token_dim(target: DumpSource, golden: DumpSource, t_key: str, g_key: str
                ) -> tuple[Optional[int], int]:
     """The token dim of a tensor as the sides cut it, and the position its part starts at."""
     cut = _cut(target, t_key) or _cut(golden, g_key)

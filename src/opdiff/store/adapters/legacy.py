@@ -45,7 +45,7 @@ from ...dtypes import short_dtype
 from ...errors import DumpError
 from .. import dumpfiles, layout
 from ..dumpfiles import UnreadableTensor
-from ..schema import Phase, complete, tensor_name
+from ..schema import Phase, Record, complete, tensor_name
 from ..source import DumpFormat
 from . import frames as _frames
 from .descriptors import tensor_descriptor, value_descriptor
@@ -79,7 +79,7 @@ class _PklDump:
         """The format's line-name parser."""
         raise NotImplementedError
 
-    def records(self) -> Iterator[dict[str, Any]]:
+    def records(self) -> Iterator[Record]:
         """Records in execution order."""
         raise NotImplementedError
 
@@ -169,22 +169,23 @@ class PtdbgDump(_PklDump):
     def data_dir(self) -> Path:
         return self.path.with_suffix("")
 
-    def records(self) -> Iterator[dict[str, Any]]:
+    def records(self) -> Iterator[Record]:
         calls = Calls(swap_backward=False)
         files = self._npy_files()
         stacks: dict[str, Any] = {}
         count = 0
         for record in self._records(calls, files):
             # A backward call without its own stack gets its forward call's (the user's line).
-            if record["stack"] is None and record.get("forward") in stacks:
-                record["stack"] = stacks[record["forward"]]
+            forward = record.get("forward")
+            if record["stack"] is None and forward is not None and forward in stacks:
+                record["stack"] = stacks[forward]
             elif record["phase"] == Phase.FORWARD and record["stack"] is not None:
                 stacks[record["name"]] = record["stack"]
             count += 1
             yield record
         self._scanned, self._count = True, count
 
-    def _records(self, calls: "Calls", files: set[str]) -> Iterator[dict[str, Any]]:
+    def _records(self, calls: "Calls", files: set[str]) -> Iterator[Record]:
         for number, _, item in self._lines():
             tn = self.parse(item[0])
             if tn is None:
@@ -245,7 +246,7 @@ class NpuHooksDump(_PklDump):
     def parse(self, name: str) -> Optional[TensorName]:
         return parse_hooks_name(name)
 
-    def records(self) -> Iterator[dict[str, Any]]:
+    def records(self) -> Iterator[Record]:
         calls = Calls(swap_backward=True)
         offsets: dict[str, int] = {}
         count = 0
@@ -293,7 +294,7 @@ class NpuHooksDump(_PklDump):
             raise UnreadableTensor(f"{self.path}: {key}: not a tensor ({exc})") from None
 
 
-def _with_stack(record: dict[str, Any]) -> dict[str, Any]:
+def _with_stack(record: dict[str, Any]) -> Record:
     """The finished call's record, complete (`schema.complete`), with its stack id."""
     stack = record.pop("_stack", None)
     if stack is not None:

@@ -42,7 +42,7 @@ from ...errors import DumpError
 from .. import dumpfiles
 from ..dumpfiles import UnreadableTensor
 from ..records import encode_float
-from ..schema import Kind, Phase, complete, name_parts, record_name, record_op
+from ..schema import Kind, Phase, Record, complete, name_parts, record_name, record_op
 from ..source import DumpFormat
 from . import frames as _frames
 from .descriptors import tensor_descriptor
@@ -105,7 +105,7 @@ class MsprobeDump:
     format = "msprobe"
 
     # -- records --------------------------------------------------------------------------------
-    def records(self) -> Iterator[dict[str, Any]]:
+    def records(self) -> Iterator[Record]:
         """Records in execution order (dump.json's order)."""
         data = _load_json(self.path / DUMP_JSON).get("data")
         if not isinstance(data, dict):
