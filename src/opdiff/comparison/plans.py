@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence, U
 from . import compiled, compiled_backward, compiled_inputs, compiled_modules, compiled_regions, \
     compiled_spans
 from .facts import PairFacts
+from .graph import RunGraph
 from .recording import Recording
 from .region_onesided import one_sided
 from .regions import Region
@@ -173,8 +174,10 @@ class ModuleCalls:
     def rewrite(self, target: list[Record], golden: list[Record],
                 sources: tuple[DumpSource, DumpSource], options: Optional[CompareOptions] = None
                 ) -> Optional[Rewritten]:
-        target = compiled_modules.module_calls(target, golden)
-        target, golden = compiled_spans.span_calls(target, golden)
+        graph = RunGraph(target)        # (the target's seq index, shared while the list is one)
+        called = compiled_modules.module_calls(target, golden, graph)
+        target, golden = compiled_spans.span_calls(called, golden,
+                                                   graph if called is target else None)
         return Rewritten(target, golden)
 
 
