@@ -101,6 +101,7 @@ class _PairCompare:
         self._not_judged: list[str] = []        # forced pairs not judged (forced.CarriedInputs)
         self._forced_facts: list[ForcedFacts] = []  # ... and those judged with inputs carried
         self.facts = PairFacts()                # what the plan decided (facts.py)
+        self._graph: Optional[RunGraph] = None  # the target's records' (graph.py), once paired
 
     def run(self) -> CompareResult:
         t_records, g_records, t_view, notes = self._comparable()
@@ -123,6 +124,9 @@ class _PairCompare:
                                 forced=list(self._forced)), t_records, g_records)
         self._check_paired(pairs, plan.pairable(t_records, g_records), t_records, g_records)
         graphs = (RunGraph(t_view), RunGraph(g_records))   # (each side's, indexed once)
+        # the recorded target's, for the finders that name its records (renamed: a view's
+        # records are other dicts, so its own graph)
+        self._graph = graphs[0] if t_view is t_records else RunGraph(t_records)
         regions = find_regions(pairs, t_view, g_records, graphs[0])
         absorb(regions, pairs, t_view, g_records, (t.dataflow, g.dataflow), graphs)
         regions = plan.regions(regions, pairs, t_view, g_records, t)
@@ -196,7 +200,7 @@ class _PairCompare:
         target where it can."""
         t_region, g_region = in_regions
         replayer = self._replayer(t_records)
-        self._carried = forced.CarriedInputs(t_records, t.dataflow)
+        self._carried = forced.CarriedInputs(t_records, t.dataflow, self._graph)
         try:
             if replayer is not None:    # replay on a second thread while this one measures
                 replayer.prefetch([r["name"] for r in t_records])
@@ -347,7 +351,7 @@ class _PairCompare:
             return []
         dataflow = bool((self.t.meta or {}).get("dataflow"))
         bounds = Boundaries(t_records, dataflow, self._by_tensor, self._modules, g_records,
-                            upstream=compiled)
+                            upstream=compiled, graph=self._graph)
         consumers = bounds.consumers(regions)
         out: list[OpScore] = []
         for region in regions:
