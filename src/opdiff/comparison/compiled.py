@@ -211,12 +211,13 @@ def comparable_records(target: list[Record], golden: list[Record]) -> int:
     return max(len(target), len(golden))
 
 
-def linked(pairs: list[Pair], target: list[Record], golden: list[Record]) -> list[Pair]:
+def linked(pairs: list[Pair], target: list[Record], golden: list[Record],
+           graphs: Graphs = None) -> list[Pair]:
     """The alignment's pairs of eager against compiled code, op by op: module calls of compiled
     code linked (`compiled_params.link_modules`), checked against dataflow, backward ops paired
     through their forward ops, checked again, leaves and gradients paired by name. The two
-    sides' graphs (`graph.RunGraph`) are indexed once for all of them."""
-    graphs = (RunGraph(target), RunGraph(golden))
+    sides' graphs (`graph.RunGraph`, the caller's when it has them) are indexed once for all."""
+    graphs = graphs or (RunGraph(target), RunGraph(golden))
     pairs = verify(link_modules(pairs, target, golden, graphs), target, golden, graphs=graphs)
     return by_name(verify(link_backward(pairs, target, golden, graphs), target, golden,
                           strict=False, graphs=graphs), target, golden)

@@ -101,7 +101,6 @@ class _PairCompare:
         self._not_judged: list[str] = []        # forced pairs not judged (forced.CarriedInputs)
         self._forced_facts: list[ForcedFacts] = []  # ... and those judged with inputs carried
         self.facts = PairFacts()                # what the plan decided (facts.py)
-        self._graph: Optional[RunGraph] = None  # the target's records' (graph.py), once paired
 
     def run(self) -> CompareResult:
         t_records, g_records, t_view, notes = self._comparable()
@@ -117,16 +116,14 @@ class _PairCompare:
                 measures += [made.measured] if made.measured is not None else []
                 t, g = self._recordings(t_records, g_records)
         plan = plan_for(t, g)               # its PAIRS rows: how the two runs pair
+        self._graph, g_graph = RunGraph(t_records), RunGraph(g_records)   # (graph.py: once)
         # a module class renamed at the same path (align.py): paired as if spelled alike
         t_view, classes = same_classes(t_view, g_records)
         notes += noted(classes_note(classes), Note.PAIRING)
         pairs = plan.pair(align(t_view, g_records, shape_flag=plan.shape_flag(self.shape_flag),
-                                forced=list(self._forced)), t_records, g_records)
+                                forced=list(self._forced)), t_records, g_records, (self._graph, g_graph))
         self._check_paired(pairs, plan.pairable(t_records, g_records), t_records, g_records)
-        graphs = (RunGraph(t_view), RunGraph(g_records))   # (each side's, indexed once)
-        # the recorded target's, for the finders that name its records (renamed: a view's
-        # records are other dicts, so its own graph)
-        self._graph = graphs[0] if t_view is t_records else RunGraph(t_records)
+        graphs = (self._graph if t_view is t_records else RunGraph(t_view), g_graph)  # (a view: its own)
         regions = find_regions(pairs, t_view, g_records, graphs[0])
         absorb(regions, pairs, t_view, g_records, (t.dataflow, g.dataflow), graphs)
         regions = plan.regions(regions, pairs, t_view, g_records, t)
@@ -349,9 +346,8 @@ class _PairCompare:
         """One OpScore per region whose boundary can be measured, added to the ops judged."""
         if not regions:
             return []
-        dataflow = bool((self.t.meta or {}).get("dataflow"))
-        bounds = Boundaries(t_records, dataflow, self._by_tensor, self._modules, g_records,
-                            upstream=compiled, graph=self._graph)
+        bounds = Boundaries(t_records, bool((self.t.meta or {}).get("dataflow")), self._by_tensor,
+                            self._modules, g_records, upstream=compiled, graph=self._graph)
         consumers = bounds.consumers(regions)
         out: list[OpScore] = []
         for region in regions:

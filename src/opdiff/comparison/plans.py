@@ -99,8 +99,9 @@ class Plan:
         """Pair ops only where their shapes agree."""
         return asked
 
-    def pair(self, pairs: list[Pair], target: list[Record], golden: list[Record]) -> list[Pair]:
-        """The alignment's pairs, checked and completed."""
+    def pair(self, pairs: list[Pair], target: list[Record], golden: list[Record],
+             graphs: Optional[tuple[RunGraph, RunGraph]] = None) -> list[Pair]:
+        """The alignment's pairs, checked and completed (`graphs`: the two lists', `graph.py`)."""
         return pairs
 
     def pairable(self, target: list[Record], golden: list[Record]) -> Optional[int]:
@@ -139,10 +140,11 @@ class CompiledPlan(Plan):
     def shape_flag(self, asked: bool) -> bool:
         return True
 
-    def pair(self, pairs: list[Pair], target: list[Record], golden: list[Record]) -> list[Pair]:
+    def pair(self, pairs: list[Pair], target: list[Record], golden: list[Record],
+             graphs: Optional[tuple[RunGraph, RunGraph]] = None) -> list[Pair]:
         if self.note:
             return compiled.restrict(pairs, target, golden)
-        return compiled.linked(pairs, target, golden)
+        return compiled.linked(pairs, target, golden, graphs)
 
     def pairable(self, target: list[Record], golden: list[Record]) -> Optional[int]:
         return None if self.note else compiled.comparable_records(target, golden)
