@@ -29,7 +29,8 @@ from typing import Any, Callable, Iterable, Optional, TYPE_CHECKING
 from ..store.records import iter_tensors
 from ..store.schema import Descriptor, Kind, Location, Phase, Record, Role, compiled_facts, locations_from_frames
 from .compiled_modules import by_inductor
-from .compiled_params import ModuleTwins, backward_modules, link_modules
+from .compiled_params import Graphs, ModuleTwins, backward_modules, link_modules
+from .graph import RunGraph
 from .compiled_spans import span_said
 from .recording import Recording
 
@@ -49,20 +50,21 @@ def _inputs(record: Record) -> dict[str, Descriptor]:
 
 
 def verify(pairs: list[Pair], target: list[Record], golden: list[Record],
-           strict: bool = True) -> list[Pair]:
+           strict: bool = True, graphs: Graphs = None) -> list[Pair]:
     """`pairs` with every pair the dataflow contradicts split into two unpaired ops (in place
     of the pair). Repeated until nothing changes: a split producer frees its consumers' inputs.
     `strict`: also split a backward pair where one side reads a paired op's output and the
     other a tensor without a producer (a gradient, or a view of that same output: weak evidence,
-    used before `link_backward`, which prefers twins it does not contradict)."""
-    t_by_seq = {r["seq"]: i for i, r in enumerate(target) if r["seq"] is not None}
+    used before `link_backward`, which prefers twins it does not contradict).
+    graphs: the two sides' (`graph.RunGraph`), when the caller has them."""
+    graphs = graphs or (RunGraph(target), RunGraph(golden))
+    t_by_seq, g_by_seq = graphs[0].at, graphs[1].at
     in_backward = frozenset(i for i, r in enumerate(target) if r["phase"] == Phase.BACKWARD)
-    g_by_seq = {r["seq"]: j for j, r in enumerate(golden) if r["seq"] is not None}
     if not t_by_seq or not g_by_seq:
         return pairs       # no dataflow on one side: nothing to check against
     t_by_name = {r["name"]: i for i, r in enumerate(target)}
     g_by_name = {r["name"]: j for j, r in enumerate(golden)}
-    twins = ModuleTwins(golden)
+    twins = ModuleTwins(golden, graphs[1])
     out = list(pairs)
     for _ in range(8):
         partner = {ti: gi for ti, gi in out if ti is not None and gi is not None}
@@ -99,16 +101,17 @@ def _other_forward(t: Record, g: Record, partner: dict[int, int], t_by_name: dic
     return ti is None or gi is None or partner.get(ti) != gi
 
 
-def link_backward(pairs: list[Pair], target: list[Record], golden: list[Record]) -> list[Pair]:
+def link_backward(pairs: list[Pair], target: list[Record], golden: list[Record],
+                  graphs: Graphs = None) -> list[Pair]:
     """Pair unpaired backward ops through their forward ops: a target backward op whose forward
     op is paired meets an unpaired golden backward op of that forward op's twin with the same
     op and shapes (the compiled backward runs in another order than autograd's, so the
     alignment leaves most of them unpaired). The pair takes the target op's place."""
     partner = {ti: gi for ti, gi in pairs if ti is not None and gi is not None}
     taken = {gi: ti for ti, gi in partner.items()}
-    t_by_seq = {r["seq"]: i for i, r in enumerate(target) if r["seq"] is not None}
+    graphs = graphs or (RunGraph(target), RunGraph(golden))
+    t_by_seq, g_by_seq = graphs[0].at, graphs[1].at
     in_backward = frozenset(i for i, r in enumerate(target) if r["phase"] == Phase.BACKWARD)
-    g_by_seq = {r["seq"]: j for j, r in enumerate(golden) if r["seq"] is not None}
     t_by_name = {r["name"]: i for i, r in enumerate(target)}
     free: dict[tuple[Any, ...], list[int]] = {}
     for ti, gi in pairs:
@@ -208,13 +211,16 @@ def comparable_records(target: list[Record], golden: list[Record]) -> int:
     return max(len(target), len(golden))
 
 
-def linked(pairs: list[Pair], target: list[Record], golden: list[Record]) -> list[Pair]:
+def linked(pairs: list[Pair], target: list[Record], golden: list[Record],
+           graphs: Graphs = None) -> list[Pair]:
     """The alignment's pairs of eager against compiled code, op by op: module calls of compiled
     code linked (`compiled_params.link_modules`), checked against dataflow, backward ops paired
-    through their forward ops, checked again, leaves and gradients paired by name."""
-    pairs = verify(link_modules(pairs, target, golden), target, golden)
-    return by_name(verify(link_backward(pairs, target, golden), target, golden, strict=False),
-                   target, golden)
+    through their forward ops, checked again, leaves and gradients paired by name. The two
+    sides' graphs (`graph.RunGraph`, the caller's when it has them) are indexed once for all."""
+    graphs = graphs or (RunGraph(target), RunGraph(golden))
+    pairs = verify(link_modules(pairs, target, golden, graphs), target, golden, graphs=graphs)
+    return by_name(verify(link_backward(pairs, target, golden, graphs), target, golden,
+                          strict=False, graphs=graphs), target, golden)
 
 
 # The plan table's "inconclusive: ..." reasons (`plans.PLANS`), one per row that says one;

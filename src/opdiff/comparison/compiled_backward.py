@@ -22,6 +22,7 @@ from ..store.schema import (Kind, Phase, Record, RecordName, Role, compiled_fact
                             param_grad_links)
 from .compiled import INCONCLUSIVE
 from .compiled_modules import boundary, inside, modules_of
+from .graph import RunGraph
 from .reasons import made_earlier
 from .result import ERROR, WARNING, TensorRow
 from .verdicts import Policy, run_precision
@@ -146,7 +147,7 @@ def _made_it(path: str, loose: list[Record], target: list[Record]) -> list[Recor
     forward = [r for r in target if r["kind"] in Kind.OPS and r.get("compiled")
                and r["phase"] == Phase.FORWARD and modules_of(r) is not None]
     members = [r for r in forward if all(inside(path, m) for m in modules_of(r) or ())]
-    by_seq = {r["seq"]: r for r in target if r["seq"] is not None}
+    by_seq = RunGraph(target).by_seq
     found = boundary(members, target, by_seq)
     if found is None:
         return []

@@ -39,6 +39,7 @@ from .. import ops
 from ..store.records import iter_tensors
 from ..store.schema import CompiledFacts, Descriptor, Kind, Phase, Record, Role, compiled_facts, module_path
 from ..store.schema import is_inductor as by_inductor   # (the one predicate: store/schema.py)
+from .graph import RunGraph
 
 _RESHAPES = frozenset({"Torch.view.default", "Torch._unsafe_view.default",
                        "Torch.reshape.default"})
@@ -130,16 +131,18 @@ def _unplaced(r: Record) -> bool:
     return by_inductor(r) and modules_of(r) is None
 
 
-def module_calls(target: list[Record], golden: list[Record]) -> list[Record]:
+def module_calls(target: list[Record], golden: list[Record],
+                 graph: Optional[RunGraph] = None) -> list[Record]:
     """`target` with a module record added after the compiled ops of each golden forward module
-    call whose boundary corresponds (see the module docstring)."""
+    call whose boundary corresponds (see the module docstring). graph: the target's
+    (`graph.RunGraph`), when the caller has it."""
     calls = [r for r in target if r["kind"] in Kind.OPS and r["phase"] == Phase.FORWARD
              and r.get("compiled")]
     compiled = [r for r in calls if modules_of(r) is not None]
     if not compiled or any(_unplaced(r) for r in calls):
         return target
     names = {r["name"] for r in target}
-    by_seq = {r["seq"]: r for r in target if r["seq"] is not None}
+    by_seq = (graph or RunGraph(target)).by_seq
     forward = [g for g in golden if g["kind"] == Kind.MODULE and g["phase"] == Phase.FORWARD]
     count: dict[str, int] = {}
     for g in forward:

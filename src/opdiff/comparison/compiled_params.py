@@ -13,13 +13,15 @@ golden op of its kind, shapes and module, in the target op's place (`link_module
 from __future__ import annotations
 
 from bisect import bisect_right
-from typing import Optional
+from typing import Optional, cast
 
 from ..store.records import iter_tensors
 from ..store.schema import Kind, Phase, Record, Role
 from .compiled_modules import by_inductor, inside, modules_of
+from .graph import RunGraph
 
 Pair = tuple[Optional[int], Optional[int]]
+Graphs = Optional[tuple[RunGraph, RunGraph]]    # (target's, golden's: `graph.py`)
 
 # ops that hand a parameter on unchanged in value (autocast's cast of a weight, its transpose)
 CARRIERS = frozenset({"Aten.t", "Aten._to_copy", "Aten.view", "Aten._unsafe_view",
@@ -27,11 +29,14 @@ CARRIERS = frozenset({"Aten.t", "Aten._to_copy", "Aten.view", "Aten._unsafe_view
                       "Aten.alias", "Aten.contiguous"})
 
 
-def link_modules(pairs: list[Pair], target: list[Record], golden: list[Record]) -> list[Pair]:
+def link_modules(pairs: list[Pair], target: list[Record], golden: list[Record],
+                 graphs: Graphs = None) -> list[Pair]:
     """`pairs` with each forward pair whose target op names modules (`compiled.modules`) that
     the golden op's parameters do not belong to split, and each such target op paired with the
-    one free golden op of the same kind and shapes that reads its module's parameters."""
-    by_seq = {r["seq"]: j for j, r in enumerate(golden) if r["seq"] is not None}
+    one free golden op of the same kind and shapes that reads its module's parameters.
+    graphs: the two sides' (`graph.RunGraph`), when the caller has them."""
+    graphs = graphs or (RunGraph(target), RunGraph(golden))
+    by_seq = graphs[1].at
     owners = {j: parameter_modules(golden[j], golden, by_seq) for j in range(len(golden))
               if golden[j]["phase"] == Phase.FORWARD and golden[j]["kind"] == Kind.ATEN}
     split: list[Pair] = []
@@ -41,7 +46,7 @@ def link_modules(pairs: list[Pair], target: list[Record], golden: list[Record]) 
         else:
             split.append((ti, gi))
     if len(split) == len(pairs):
-        return link_backward_modules(pairs, target, golden)
+        return link_backward_modules(pairs, target, golden, graphs)
     free = {gi for ti, gi in split if ti is None and gi is not None and owners.get(gi)}
     out: list[Pair] = []
     used: set[int] = set()
@@ -55,11 +60,12 @@ def link_modules(pairs: list[Pair], target: list[Record], golden: list[Record]) 
                 continue
         out.append((ti, gi))
     return link_backward_modules(in_golden_order(
-        [(ti, gi) for ti, gi in out if not (ti is None and gi in used)], golden), target, golden)
+        [(ti, gi) for ti, gi in out if not (ti is None and gi in used)], golden), target, golden,
+        graphs)
 
 
 def link_backward_modules(pairs: list[Pair], target: list[Record],
-                          golden: list[Record]) -> list[Pair]:
+                          golden: list[Record], graphs: Graphs = None) -> list[Pair]:
     """`pairs` with each backward extern kernel of Inductor's (a weight's or an input's
     gradient `mm`) paired with the one free golden backward op of its kind and shapes whose
     forward op reads the parameters of the same modules (`compiled.modules`), reading the same
@@ -68,7 +74,8 @@ def link_backward_modules(pairs: list[Pair], target: list[Record],
     split first. Inductor's backward calls name no forward op of theirs (`forward` is the
     compiled function's), so their modules are the evidence. The pair takes the target op's
     place, golden's other ops put back in its order (`in_golden_order`)."""
-    twins = ModuleTwins(golden)
+    graphs = graphs or (RunGraph(target), RunGraph(golden))
+    twins = ModuleTwins(golden, graphs[1])
     split: list[Pair] = []
     for ti, gi in pairs:
         if ti is not None and gi is not None and backward_modules(target[ti]) and \
@@ -91,16 +98,20 @@ def link_backward_modules(pairs: list[Pair], target: list[Record],
     if len(split) == len(pairs) and not used:
         return pairs
     return beside_makers(in_golden_order(
-        [(ti, gi) for ti, gi in out if not (ti is None and gi in used)], golden), target, golden)
+        [(ti, gi) for ti, gi in out if not (ti is None and gi in used)], golden), target, golden,
+        graphs[0])
 
 
-def beside_makers(pairs: list[Pair], target: list[Record], golden: list[Record]) -> list[Pair]:
+def beside_makers(pairs: list[Pair], target: list[Record], golden: list[Record],
+                  graph: Optional[RunGraph] = None) -> list[Pair]:
     """`pairs` with each stretch of golden's backward ops alone that runs just before a pair
     whose target op reads what one unpaired call of Inductor's backward made moved beside that
     call: golden made there what the pair reads, as that kernel did (eager's `silu_backward`
     runs after `up_proj`'s gradient `mm`s, Inductor's kernel holding it before them), so the
-    region judging the kernel lists it (the region's boundary is the target's dataflow alone)."""
-    by_seq: dict[Optional[int], int] = {r["seq"]: i for i, r in enumerate(target) if r["seq"] is not None}
+    region judging the kernel lists it (the region's boundary is the target's dataflow alone).
+    graph: the target's (`graph.RunGraph`), when the caller has it."""
+    by_seq: dict[Optional[int], int] = cast("dict[Optional[int], int]",
+                                            (graph or RunGraph(target)).at)
     place = {ti: k for k, (ti, gi) in enumerate(pairs) if ti is not None and gi is None}
     moves: dict[int, list[int]] = {}        # place of the kernel -> places to put after it
     for k, (ti, gi) in enumerate(pairs):
@@ -136,9 +147,9 @@ class ModuleTwins:
     whose parameters g's forward op reads are those t names, and they read the same
     parameters, in the same shapes."""
 
-    def __init__(self, golden: list[Record]) -> None:
+    def __init__(self, golden: list[Record], graph: Optional[RunGraph] = None) -> None:
         self.golden = golden
-        self.by_seq = {r["seq"]: j for j, r in enumerate(golden) if r["seq"] is not None}
+        self.by_seq = (graph or RunGraph(golden)).at      # (`graph`: golden's)
         self.by_name = {r["name"]: j for j, r in enumerate(golden)}
         self.owners: dict[str, set[str]] = {}
 

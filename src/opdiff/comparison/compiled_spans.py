@@ -35,7 +35,7 @@ with their lines.
 from __future__ import annotations
 
 import os
-from typing import Iterable, NamedTuple, Optional, TYPE_CHECKING, Union
+from typing import Iterable, NamedTuple, Optional, TYPE_CHECKING, Union, cast
 
 from ..store.records import iter_tensors
 from ..store.schema import (CompiledFacts, Descriptor, Kind, Location, Phase, Record, RecordName, Role, compiled_facts,
@@ -44,6 +44,7 @@ from ..store.schema import (CompiledFacts, Descriptor, Kind, Location, Phase, Re
 from .compiled_modules import (Boundary, boundary, compiled_record, flattened, inside,
                                modules_of)
 from .compiled_cuts import cut
+from .graph import RunGraph
 from .compiled_recompute import Constants, constant_code
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ class _Entering(NamedTuple):
     constant: bool              # made from parameters, buffers and constants alone
 
 
-def span_calls(target: list[Record], golden: list[Record]
+def span_calls(target: list[Record], golden: list[Record], graph: Optional[RunGraph] = None
                ) -> tuple[list[Record], list[Record]]:
     """`target` and `golden`, each with a module record of every span that closes and whose
     boundary corresponds (see the module docstring) added after the span's last call."""
@@ -78,7 +79,7 @@ def span_calls(target: list[Record], golden: list[Record]
     names: dict[str, Optional[Made]] = {}
     t_after: dict[int, list[Record]] = {}
     g_after: dict[int, list[Record]] = {}
-    by_seq = {r["seq"]: r for r in target if r["seq"] is not None}
+    graphs = (graph or RunGraph(target), RunGraph(golden))     # (`graph`: the target's)
     for r in compiled:
         units = _closure(_own(r, constants.modules), compiled, constants.modules)
         if not units or frozenset(units) in tried:
@@ -88,7 +89,7 @@ def span_calls(target: list[Record], golden: list[Record]
                 any(all(inside(p, u) for u in units) for p in judged):
             continue        # (the root's own code, a module outside the model's tree)
         for (ti, t_record), (gi, g_record) in _spans(units, calls, compiled, target, golden,
-                                                      by_seq, constants):
+                                                      graphs, constants):
             if g_record["name"] not in names:   # (two spans of one name: neither is judged)
                 names[g_record["name"]] = (ti, t_record), (gi, g_record)
             else:
@@ -140,7 +141,7 @@ def _closure(start: set[str], compiled: list[Record], recomputed: frozenset[str]
 
 
 def _spans(units: set[str], calls: dict[str, tuple[int, Record]], compiled: list[Record],
-           target: list[Record], golden: list[Record], by_seq: dict[int, Record],
+           target: list[Record], golden: list[Record], graphs: tuple[RunGraph, RunGraph],
            constants: Constants) -> list[Made]:
     """The records of the span of `units` (each its own code): where its dataflow leaves it
     and comes back, of each part that corresponds (compiled_cuts.py), and of the whole where
@@ -156,20 +157,20 @@ def _spans(units: set[str], calls: dict[str, tuple[int, Record]], compiled: list
         path = where.get(g.get("module") or "")
         if g["kind"] in Kind.OPS and g["phase"] == Phase.FORWARD and path in units:
             unit_of[g["seq"]] = path
-    whole = _span(unit_of, members, calls, target, golden, by_seq, constants)
+    whole = _span(unit_of, members, calls, target, golden, graphs, constants)
     g_parts = cut(set(unit_of), golden)
     t_parts = cut({r["seq"] for r in members}, target)
     if g_parts is None or t_parts is None or len(g_parts) != 2 or len(t_parts) != 2:
         return [whole] if whole is not None else []
     parts = [_span({s: unit_of[s] for s in g}, [r for r in members if r["seq"] in t],
-                   calls, target, golden, by_seq, constants, frozenset(units))
+                   calls, target, golden, graphs, constants, frozenset(units))
              for g, t in zip(g_parts, t_parts)]
     made = [m for m in parts if m is not None]
     return made if len(made) == 2 or whole is None else made + [whole]
 
 
 def _span(unit_of: dict[Optional[int], str], members: list[Record], calls: dict[str, tuple[int, Record]],
-          target: list[Record], golden: list[Record], by_seq: dict[int, Record],
+          target: list[Record], golden: list[Record], graphs: tuple[RunGraph, RunGraph],
           constants: Constants, spare: frozenset[str] = frozenset()) -> Optional[Made]:
     """The records of the span made of the eager torch calls `unit_of` (seq -> its module
     call) and the compiled calls `members`, where their boundaries correspond. `spare`: for
@@ -178,8 +179,9 @@ def _span(unit_of: dict[Optional[int], str], members: list[Record], calls: dict[
     units = sorted(set(unit_of.values()), key=lambda u: calls[u][0])
     recomputes = sorted({m for r in members for m in modules_of(r) or ()
                          if m in constants.modules})
+    by_seq = graphs[0].by_seq
     t_side = boundary(members, target, by_seq, unmade=True)
-    eager = _eager_boundary(unit_of, golden, constants)
+    eager = _eager_boundary(unit_of, golden, graphs[1].by_seq, constants)
     if not units or t_side is None or eager is None:
         return None
     g_entering, g_side, made_in = eager
@@ -206,7 +208,8 @@ def _span(unit_of: dict[Optional[int], str], members: list[Record], calls: dict[
     return (ti, t_record), (max(calls[u][0] for u in units), g_record)
 
 
-def _eager_boundary(unit_of: dict[Optional[int], str], golden: list[Record], constants: Constants
+def _eager_boundary(unit_of: dict[Optional[int], str], golden: list[Record],
+                    golden_by_seq: dict[int, Record], constants: Constants
                     ) -> Optional[tuple[list[_Entering], Boundary, dict[int, str]]]:
     """The eager span's boundary: the tensors its torch calls (`unit_of`: seq -> its module
     call) read that calls outside made (or that are the model's inputs), and those they made
@@ -216,7 +219,7 @@ def _eager_boundary(unit_of: dict[Optional[int], str], golden: list[Record], con
     ops = [g for g in golden if g["kind"] in Kind.OPS and g["phase"] == Phase.FORWARD]
     if not unit_of or None in unit_of:
         return None
-    by_seq: dict[Optional[int], Record] = {g["seq"]: g for g in golden if g["seq"] is not None}
+    by_seq = cast("dict[Optional[int], Record]", golden_by_seq)     # (golden's graph's)
     reads: dict[tuple[Union[int, str], Union[int, str]], _Entering] = {}   # as `boundary` keys them
     for seq in unit_of:
         for _, role, d in iter_tensors(by_seq[seq]):

@@ -246,8 +246,10 @@ def borrowed(pairs: Iterable[ForcedPair]) -> set[str]:
 class CarriedInputs:
     """The inputs of a forced pair it did not measure, measured where the target made them."""
 
-    def __init__(self, target: list[Record], dataflow: bool) -> None:
-        self.by_seq = {r["seq"]: r for r in target} if dataflow else {}
+    def __init__(self, target: list[Record], dataflow: bool,
+                 graph: Optional[RunGraph] = None) -> None:
+        # seq -> record, of `graph` (the target's, when the caller has it: `graph.RunGraph`)
+        self.by_seq: dict[int, Record] = (graph or RunGraph(target)).by_seq if dataflow else {}
         self.leaf_names: dict[tuple[Optional[str], Optional[str]], str] = {
             (r.get("leaf"), r.get("tensor")): r["name"] for r in target if r["kind"] == Kind.LEAF}
 

@@ -1,14 +1,19 @@
-"""One side's records as a graph, indexed once per pair for the finders that read it: which
-ops read each record's outputs (the dump's dataflow, `"producer": [seq, slot]` on inputs) and
-each module call's parent call.
+"""One side's records as a graph, indexed once per pair for the finders that read it: each
+record by its `seq` (what `"producer": [seq, slot]` on an input names), which ops read each
+record's outputs (the dump's dataflow) and each module call's parent call.
 
     graph = RunGraph(records)
+    graph.by_seq[seq]       # the record of that seq (records without one are not indexed)
+    graph.at[seq]           # ... its index in `records`
     graph.readers[i]        # indices of the ops that read an output of record i
     graph.parents[name]     # the module call a module call ran in (None at the top)
 
-The region finders of a pair (`regions.find_regions`, `regions.absorb`,
-`region_cover.covered_tensors`, `forced.fed_ops`) share the two sides' graphs (`pair.py`);
-called alone, each builds its own.
+The finders of a pair share one graph per side and per list of records: the region finders
+(`regions.find_regions`, `regions.absorb`, `region_cover.covered_tensors`, `forced.fed_ops`,
+`region_boundaries.Boundaries`, `forced.CarriedInputs`: `pair.py`), the compiled pairing
+(`compiled.linked`: `verify`, `link_backward`, `compiled_params.link_modules`) and the compiled
+boundaries (`compiled_modules.module_calls`, `compiled_spans.span_calls`). Called alone, each
+builds its own. A graph indexes one list: a rewritten or filtered list gets its own.
 """
 from __future__ import annotations
 
@@ -39,6 +44,14 @@ class RunGraph:
 
     def __init__(self, records: Sequence[Record]) -> None:
         self.records = records
+
+    @cached_property
+    def by_seq(self) -> dict[int, Record]:
+        return {r["seq"]: r for r in self.records if r["seq"] is not None}
+
+    @cached_property
+    def at(self) -> dict[int, int]:
+        return {r["seq"]: i for i, r in enumerate(self.records) if r["seq"] is not None}
 
     @cached_property
     def readers(self) -> dict[int, list[int]]:

@@ -133,6 +133,7 @@ class _Side:
     def __init__(self, dump: DumpSource) -> None:
         self.dump = dump
         self.records = [r for r in dump.records() if r["phase"] == "forward"]
+        # (its own index, not a pair's `graph.RunGraph`: forward records only, of one dump)
         self.by_seq = {r["seq"]: r for r in self.records if isinstance(r.get("seq"), int)}
         self.parent = {r["name"]: r.get("module") for r in self.records if r["kind"] == Kind.MODULE}
         self.params = {d.get("fqn"): d for r in self.records for d in _tensors(r, Role.OUTPUT)

@@ -116,13 +116,14 @@ class _PairCompare:
                 measures += [made.measured] if made.measured is not None else []
                 t, g = self._recordings(t_records, g_records)
         plan = plan_for(t, g)               # its PAIRS rows: how the two runs pair
+        self._graph, g_graph = RunGraph(t_records), RunGraph(g_records)   # (graph.py: once)
         # a module class renamed at the same path (align.py): paired as if spelled alike
         t_view, classes = same_classes(t_view, g_records)
         notes += noted(classes_note(classes), Note.PAIRING)
         pairs = plan.pair(align(t_view, g_records, shape_flag=plan.shape_flag(self.shape_flag),
-                                forced=list(self._forced)), t_records, g_records)
+                                forced=list(self._forced)), t_records, g_records, (self._graph, g_graph))
         self._check_paired(pairs, plan.pairable(t_records, g_records), t_records, g_records)
-        graphs = (RunGraph(t_view), RunGraph(g_records))   # (each side's, indexed once)
+        graphs = (self._graph if t_view is t_records else RunGraph(t_view), g_graph)  # (a view: its own)
         regions = find_regions(pairs, t_view, g_records, graphs[0])
         absorb(regions, pairs, t_view, g_records, (t.dataflow, g.dataflow), graphs)
         regions = plan.regions(regions, pairs, t_view, g_records, t)
@@ -196,7 +197,7 @@ class _PairCompare:
         target where it can."""
         t_region, g_region = in_regions
         replayer = self._replayer(t_records)
-        self._carried = forced.CarriedInputs(t_records, t.dataflow)
+        self._carried = forced.CarriedInputs(t_records, t.dataflow, self._graph)
         try:
             if replayer is not None:    # replay on a second thread while this one measures
                 replayer.prefetch([r["name"] for r in t_records])
@@ -345,9 +346,8 @@ class _PairCompare:
         """One OpScore per region whose boundary can be measured, added to the ops judged."""
         if not regions:
             return []
-        dataflow = bool((self.t.meta or {}).get("dataflow"))
-        bounds = Boundaries(t_records, dataflow, self._by_tensor, self._modules, g_records,
-                            upstream=compiled)
+        bounds = Boundaries(t_records, bool((self.t.meta or {}).get("dataflow")), self._by_tensor,
+                            self._modules, g_records, upstream=compiled, graph=self._graph)
         consumers = bounds.consumers(regions)
         out: list[OpScore] = []
         for region in regions:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Protocol, Sequence, Union,
 from . import compiled, compiled_backward, compiled_inputs, compiled_modules, compiled_regions, \
     compiled_spans
 from .facts import PairFacts
+from .graph import RunGraph
 from .recording import Recording
 from .region_onesided import one_sided
 from .regions import Region
@@ -99,8 +100,9 @@ class Plan:
         """Pair ops only where their shapes agree."""
         return asked
 
-    def pair(self, pairs: list[Pair], target: list[Record], golden: list[Record]) -> list[Pair]:
-        """The alignment's pairs, checked and completed."""
+    def pair(self, pairs: list[Pair], target: list[Record], golden: list[Record],
+             graphs: Optional[tuple[RunGraph, RunGraph]] = None) -> list[Pair]:
+        """The alignment's pairs, checked and completed (`graphs`: the two lists', `graph.py`)."""
         return pairs
 
     def pairable(self, target: list[Record], golden: list[Record]) -> Optional[int]:
@@ -139,10 +141,11 @@ class CompiledPlan(Plan):
     def shape_flag(self, asked: bool) -> bool:
         return True
 
-    def pair(self, pairs: list[Pair], target: list[Record], golden: list[Record]) -> list[Pair]:
+    def pair(self, pairs: list[Pair], target: list[Record], golden: list[Record],
+             graphs: Optional[tuple[RunGraph, RunGraph]] = None) -> list[Pair]:
         if self.note:
             return compiled.restrict(pairs, target, golden)
-        return compiled.linked(pairs, target, golden)
+        return compiled.linked(pairs, target, golden, graphs)
 
     def pairable(self, target: list[Record], golden: list[Record]) -> Optional[int]:
         return None if self.note else compiled.comparable_records(target, golden)
@@ -174,8 +177,10 @@ class ModuleCalls:
     def rewrite(self, target: list[Record], golden: list[Record],
                 sources: tuple[DumpSource, DumpSource], options: Optional[CompareOptions] = None
                 ) -> Optional[Rewritten]:
-        target = compiled_modules.module_calls(target, golden)
-        target, golden = compiled_spans.span_calls(target, golden)
+        graph = RunGraph(target)        # (the target's seq index, shared while the list is one)
+        called = compiled_modules.module_calls(target, golden, graph)
+        target, golden = compiled_spans.span_calls(called, golden,
+                                                   graph if called is target else None)
         return Rewritten(target, golden)
 
 

@@ -21,11 +21,12 @@ tells the two apart).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Optional, TYPE_CHECKING, Union
+from typing import Any, Optional, TYPE_CHECKING, Union, cast
 
 from ..store.records import iter_tensors
 from ..store.schema import Kind, Phase, Record, RecordName, Role
 from .compiled_modules import by_inductor
+from .graph import RunGraph
 from .region_gradients import Gradients
 
 if TYPE_CHECKING:
@@ -40,19 +41,23 @@ class Boundaries:
 
     measured: target tensor name -> its measured row entry (rows of paired ops);
     module_entries: module call name -> (input entries, output entries) of paired module calls;
-    golden: golden's records, for a backward region of golden's ops alone (`Region.twins`).
+    golden: golden's records, for a backward region of golden's ops alone (`Region.twins`);
+    graph: the target's (`graph.RunGraph` of `target`), when the caller has it.
     """
 
     def __init__(self, target: list[Record], dataflow: bool, measured: Mapping[str, Entry],
                  module_entries: dict[str, tuple[list[Entry], list[Entry]]],
-                 golden: Optional[list[Record]] = None, upstream: bool = False) -> None:
+                 golden: Optional[list[Record]] = None, upstream: bool = False,
+                 graph: Optional[RunGraph] = None) -> None:
         self.target, self.dataflow, self.golden = target, dataflow, golden or []
         self.upstream = upstream and dataflow       # (see the module docstring)
         self.regional: set[Optional[int]] = set()     # seqs of judged forward regions' target ops
         self.traced: list[str] = []         # ops `_read` traced through (`upstream`)
         self.sources: dict[Optional[int], Optional[tuple[dict[int, Entry], list[str], list[str]]]] = {}
         self.measured, self.module_entries = measured, module_entries
-        self.by_seq = {r["seq"]: r for r in target} if dataflow else {}
+        # seq -> record, of `graph` (the target's, when the caller has it: `graph.RunGraph`)
+        self.by_seq = cast("dict[Optional[int], Record]",
+                           (graph or RunGraph(target)).by_seq if dataflow else {})
         self.leaf_names = {(r.get("leaf"), r.get("tensor")): r["name"] for r in target
                            if r["kind"] == Kind.LEAF}
         self.gradients: Optional[Gradients] = None     # made for the first backward region

@@ -129,6 +129,7 @@ def _read_by_paired(forward: list[Region], target: list[Record], paired: set[int
     region_of = {target[i]["seq"]: r.number for r in forward for i in r.target}
     if not region_of:
         return {}
+    # (the runs' members only, not the target's graph: a producer outside them is no key)
     by_seq = {target[i]["seq"]: target[i] for r in forward for i in r.target}
     out: dict[int, dict[str, str]] = {}
     refused: set[int] = set()

@@ -72,6 +72,7 @@ class Dataflow:
 
     def __init__(self, records: Sequence[Record]):
         self.records = list(records)
+        # (not `comparison.graph.RunGraph`'s: a record without a seq is keyed by its position)
         self.by_seq = {r.get("seq", i): r for i, r in enumerate(self.records)}
 
     def producer(self, desc: Mapping[str, Any]) -> Optional[Record]:
