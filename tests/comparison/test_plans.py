@@ -69,7 +69,7 @@ class RankZero:
     """A SOURCES plan for the test: each side laid out as its rank 0 alone."""
     name = "rank 0"
 
-    def arrange(self, targets, goldens):
+    def arrange(self, targets, goldens, options=None):
         return [d for d in targets if d.rank == 0], [d for d in goldens if d.rank == 0], \
             [Note("rank 0 only", Note.PAIRING)]
 

@@ -19,7 +19,6 @@ Adding a plan is one row here and its package (ARCHITECTURE.md, "the everyday ch
 """
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Optional, Protocol, Sequence, Union, cast
 
@@ -46,8 +45,8 @@ SOURCES, RECORDS, PAIRS = "sources", "records", "pairs"
 
 class SourcesPlan(Protocol):
     """SOURCES level: the dumps of one step on each side, laid out again (several ranks merged
-    into one logical DumpSource, say) before step/rank pairs are formed. options (a plan may
-    leave it out of its `arrange`): the compare's `CompareOptions` (its layout files), or None."""
+    into one logical DumpSource, say) before step/rank pairs are formed. options: the compare's
+    `CompareOptions` (its layout files), or None."""
     name: str
 
     def arrange(self, targets: list[DumpSource], goldens: list[DumpSource],
@@ -326,9 +325,7 @@ def arrange(targets: list[DumpSource], goldens: list[DumpSource],
     for row in rows:
         if row.when(t, g):
             plan = cast(SourcesPlan, row.then)
-            takes = "options" in inspect.signature(plan.arrange).parameters
-            targets, goldens, said = (plan.arrange(targets, goldens, options) if takes
-                                      else plan.arrange(targets, goldens))
+            targets, goldens, said = plan.arrange(targets, goldens, options)
             notes += said
     return targets, goldens, notes
 
