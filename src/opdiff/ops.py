@@ -31,6 +31,8 @@ class OpTraits:
     uninitialized: bool = False       # returns uninitialised memory (torch.empty and kin)
     random: bool = False              # draws from a random generator
     collective: bool = False          # a torch.distributed collective: depends on other ranks
+    routes: bool = False              # a collective sending each rank's pieces to the others
+                                      # (all-to-all: expert parallelism's token dispatch)
     loss_scaler: bool = False         # GradScaler's own bookkeeping (unscale, update scale)
     returns_first_argument: bool = False   # returns None, its result is its first argument
     not_replayable: str = ""          # why replay cannot rebuild it ("" = it can be tried)
@@ -248,6 +250,8 @@ register_method("dropout", "dropout_", "alpha_dropout", "feature_alpha_dropout",
                 "native_dropout", "rrelu", "rrelu_", "fused_dropout", "_fused_dropout",
                 random=True)
 register_prefix("Distributed.", collective=True, mutates=True)
+register("Distributed.all_to_all", "Distributed.all_to_all_single", collective=True, mutates=True,
+         routes=True)
 register("Tensor.__setitem__", returns_first_argument=True)
 # writes into its first argument (an assignment, not a method ending in "_")
 register("Tensor.__setitem__", mutates=True)

@@ -14,11 +14,9 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+from ... import ops
 from ...store.schema import Phase
 from ...store.source import DumpSource
-
-_ROUTING = ("Distributed.all_to_all", "Distributed.all_to_all_single")
-
 
 def routed(sources: Sequence[DumpSource]) -> Optional[str]:
     """What says the ranks routed tensors between them (their first all-to-all over two or
@@ -27,14 +25,14 @@ def routed(sources: Sequence[DumpSource]) -> Optional[str]:
     if len(sources) < 2:
         return None
     for rec in sources[0].records():
-        if rec.get("phase") == Phase.BACKWARD:
+        if rec["phase"] == Phase.BACKWARD:
             return None
-        if rec.get("op") not in _ROUTING:
+        if not ops.traits(rec["op"]).routes:
             continue
         group = rec.get("group")
         ranks = group.get("ranks") if isinstance(group, dict) else None
         if isinstance(ranks, list) and len(ranks) >= 2:
-            return f"{rec.get('name')} over ranks {sorted(ranks)}"
+            return f"{rec['name']} over ranks {sorted(ranks)}"
     return None
 
 
